@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse
+
+from app.api.deps import get_state
+from app.state import AppState
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/health")
+async def health() -> dict[str, str]:
+    """The process is alive (models may still be loading)."""
+    return {"status": "ok"}
+
+
+@router.get("/ready")
+async def ready(state: AppState = Depends(get_state)) -> JSONResponse:
+    """200 once models are loaded and the stores are open; 503 before (or if start-up failed)."""
+    if state.ready.is_set():
+        return JSONResponse({"status": "ready"})
+    body = {"status": "failed", "error": state.load_error} if state.load_error else {"status": "loading"}
+    return JSONResponse(body, status_code=503)

@@ -1,0 +1,98 @@
+"""SQLAlchemy tables. Chunk ids are integers because they double as FAISS ids."""
+
+from __future__ import annotations
+
+import enum
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Integer, LargeBinary, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class DocumentStatus(enum.StrEnum):
+    PENDING = "pending"  # visible, not answerable yet: its job has not committed it
+    READY = "ready"  # committed: chunks indexed, KV stored
+    FAILED = "failed"
+
+
+class JobStatus(enum.StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+
+class DocumentRow(Base):
+    __tablename__ = "documents"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    title: Mapped[str] = mapped_column(String(512))
+    source_path: Mapped[str | None] = mapped_column(String(2048), index=True, nullable=True)
+    content_hash: Mapped[str | None] = mapped_column(String(64), index=True, nullable=True)
+    status: Mapped[DocumentStatus] = mapped_column(Enum(DocumentStatus), index=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    num_chunks: Mapped[int] = mapped_column(Integer, default=0)
+    num_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    job_id: Mapped[str | None] = mapped_column(String(36), index=True, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    chunks: Mapped[list[ChunkRow]] = relationship(
+        back_populates="document", cascade="all, delete-orphan", order_by="ChunkRow.index"
+    )
+
+
+class ChunkRow(Base):
+    __tablename__ = "chunks"
+    # AUTOINCREMENT: a deleted chunk's id is never handed out again, so a FAISS entry that outlived its
+    # chunk (crash between the two writes) can never point at an unrelated, newer chunk.
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    document_id: Mapped[str] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    # int32 little-endian token ids: the exact ids the engine places in the prompt.
+    token_ids_blob: Mapped[bytes] = mapped_column(LargeBinary)
+    num_tokens: Mapped[int] = mapped_column(Integer)
+    page: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    char_start: Mapped[int] = mapped_column(Integer, default=0)
+    char_end: Mapped[int] = mapped_column(Integer, default=0)
+    kv_key: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+
+    document: Mapped[DocumentRow] = relationship(back_populates="chunks")
+
+
+class JobRow(Base):
+    __tablename__ = "ingest_jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    status: Mapped[JobStatus] = mapped_column(Enum(JobStatus), index=True)
+    stage: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    # {"parse": {"done": n, "total": n}, "chunk": …}
+    progress: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # [{"source": "...", "error": "..."}]
+    errors: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    # What to ingest, persisted so an interrupted job can be run again after a restart.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    document_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
+    duplicate_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)

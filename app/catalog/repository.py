@@ -1,0 +1,300 @@
+"""`Catalog`: every read and write of the SQL catalog, returning typed records (never live ORM rows)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import create_engine, delete, event, func, select, update
+from sqlalchemy.engine import Engine as SQLEngine
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.catalog.models import Base, ChunkRow, DocumentRow, DocumentStatus, JobRow, JobStatus
+
+
+def encode_token_ids(token_ids: Sequence[int]) -> bytes:
+    return np.asarray(token_ids, dtype="<i4").tobytes()
+
+
+def decode_token_ids(blob: bytes) -> list[int]:
+    return np.frombuffer(blob, dtype="<i4").tolist()
+
+
+@dataclass(frozen=True)
+class DocumentRecord:
+    id: str
+    title: str
+    source_path: str | None
+    content_hash: str | None
+    status: DocumentStatus
+    error: str | None
+    tags: list[str]
+    metadata: dict[str, Any]
+    num_chunks: int
+    num_tokens: int
+    job_id: str | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    id: int
+    document_id: str
+    index: int
+    text: str
+    token_ids: list[int]
+    page: int | None
+    kv_key: str | None
+    title: str = ""
+    char_start: int = 0
+    char_end: int = 0
+
+
+@dataclass(frozen=True)
+class NewChunk:
+    index: int
+    text: str
+    token_ids: list[int]
+    page: int | None
+    char_start: int
+    char_end: int
+    kv_key: str | None = None
+
+
+@dataclass
+class JobRecord:
+    id: str
+    status: JobStatus
+    stage: str | None
+    progress: dict[str, Any]
+    errors: list[dict[str, Any]]
+    spec: dict[str, Any]
+    document_ids: list[str]
+    duplicate_ids: list[str]
+    cancel_requested: bool
+    created_at: datetime
+    updated_at: datetime
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _doc(row: DocumentRow) -> DocumentRecord:
+    return DocumentRecord(
+        id=row.id, title=row.title, source_path=row.source_path, content_hash=row.content_hash,
+        status=row.status, error=row.error, tags=list(row.tags or []), metadata=dict(row.metadata_ or {}),
+        num_chunks=row.num_chunks, num_tokens=row.num_tokens, job_id=row.job_id,
+        created_at=row.created_at, updated_at=row.updated_at,
+    )
+
+
+def _chunk(row: ChunkRow, title: str = "") -> ChunkRecord:
+    return ChunkRecord(
+        id=row.id, document_id=row.document_id, index=row.index, text=row.text,
+        token_ids=decode_token_ids(row.token_ids_blob), page=row.page, kv_key=row.kv_key, title=title,
+        char_start=row.char_start, char_end=row.char_end,
+    )
+
+
+def _job(row: JobRow) -> JobRecord:
+    return JobRecord(
+        id=row.id, status=row.status, stage=row.stage, progress=dict(row.progress or {}),
+        errors=list(row.errors or []), spec=dict(row.spec or {}), document_ids=list(row.document_ids or []),
+        duplicate_ids=list(row.duplicate_ids or []), cancel_requested=row.cancel_requested,
+        created_at=row.created_at, updated_at=row.updated_at,
+    )
+
+
+class Catalog:
+    """Thread-safe access to the catalog database (one short session per call)."""
+
+    def __init__(self, url: str) -> None:
+        if url.startswith("sqlite:///"):
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self._engine: SQLEngine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        if url.startswith("sqlite"):
+            event.listen(self._engine, "connect", _sqlite_pragmas)
+        self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        Base.metadata.create_all(self._engine)
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    # ---- documents -------------------------------------------------------------------------------
+
+    def add_document(
+        self, *, title: str, source_path: str | None, content_hash: str | None, tags: list[str],
+        metadata: dict[str, Any], job_id: str | None, document_id: str | None = None,
+    ) -> DocumentRecord:
+        with self._session() as s:
+            row = DocumentRow(
+                id=document_id or str(uuid.uuid4()), title=title, source_path=source_path,
+                content_hash=content_hash, status=DocumentStatus.PENDING, tags=tags, metadata_=metadata,
+                job_id=job_id,
+            )
+            s.add(row)
+            s.flush()
+            return _doc(row)
+
+    def get_document(self, document_id: str) -> DocumentRecord | None:
+        with self._session() as s:
+            row = s.get(DocumentRow, document_id)
+            return _doc(row) if row else None
+
+    def find_by_hash(self, content_hash: str, statuses: Sequence[DocumentStatus]) -> DocumentRecord | None:
+        with self._session() as s:
+            row = s.scalars(
+                select(DocumentRow).where(DocumentRow.content_hash == content_hash,
+                                          DocumentRow.status.in_(list(statuses))).limit(1)
+            ).first()
+            return _doc(row) if row else None
+
+    def find_by_source(self, source_path: str, exclude_id: str | None = None) -> list[DocumentRecord]:
+        with self._session() as s:
+            q = select(DocumentRow).where(DocumentRow.source_path == source_path)
+            if exclude_id:
+                q = q.where(DocumentRow.id != exclude_id)
+            return [_doc(r) for r in s.scalars(q)]
+
+    def list_documents(
+        self, *, offset: int = 0, limit: int = 50, status: DocumentStatus | None = None
+    ) -> tuple[list[DocumentRecord], int]:
+        with self._session() as s:
+            q = select(DocumentRow)
+            count_q = select(func.count()).select_from(DocumentRow)
+            if status is not None:
+                q = q.where(DocumentRow.status == status)
+                count_q = count_q.where(DocumentRow.status == status)
+            rows = s.scalars(q.order_by(DocumentRow.created_at.desc(), DocumentRow.id).offset(offset).limit(limit))
+            return [_doc(r) for r in rows], int(s.scalar(count_q) or 0)
+
+    def all_documents(self) -> list[DocumentRecord]:
+        with self._session() as s:
+            return [_doc(r) for r in s.scalars(select(DocumentRow).order_by(DocumentRow.created_at))]
+
+    def replace_chunks(self, document_id: str, chunks: Sequence[NewChunk]) -> list[int]:
+        """Store a document's chunks (dropping any earlier ones); returns the new chunk ids in order."""
+        with self._session() as s:
+            s.execute(delete(ChunkRow).where(ChunkRow.document_id == document_id))
+            rows = [
+                ChunkRow(document_id=document_id, index=c.index, text=c.text,
+                         token_ids_blob=encode_token_ids(c.token_ids), num_tokens=len(c.token_ids),
+                         page=c.page, char_start=c.char_start, char_end=c.char_end, kv_key=c.kv_key)
+                for c in chunks
+            ]
+            s.add_all(rows)
+            s.flush()
+            doc = s.get(DocumentRow, document_id)
+            if doc is not None:
+                doc.num_chunks = len(rows)
+                doc.num_tokens = sum(len(c.token_ids) for c in chunks)
+            return [r.id for r in rows]
+
+    def set_kv_keys(self, keys_by_chunk_id: dict[int, str]) -> None:
+        with self._session() as s:
+            for chunk_id, key in keys_by_chunk_id.items():
+                s.execute(update(ChunkRow).where(ChunkRow.id == chunk_id).values(kv_key=key))
+
+    def set_content_hash(self, document_id: str, content_hash: str, metadata: dict[str, Any]) -> None:
+        with self._session() as s:
+            row = s.get(DocumentRow, document_id)
+            if row is not None:
+                row.content_hash = content_hash
+                row.metadata_ = {**dict(metadata), **(row.metadata_ or {})}
+
+    def referenced_kv_keys(self, keys: set[str]) -> set[str]:
+        """The subset of `keys` still used by some chunk (identical chunks share one KV entry)."""
+        if not keys:
+            return set()
+        with self._session() as s:
+            return set(s.scalars(select(ChunkRow.kv_key).where(ChunkRow.kv_key.in_(list(keys))).distinct()))
+
+    def set_document_status(self, document_id: str, status: DocumentStatus, error: str | None = None) -> None:
+        with self._session() as s:
+            s.execute(update(DocumentRow).where(DocumentRow.id == document_id).values(status=status, error=error))
+
+    def delete_document(self, document_id: str) -> list[ChunkRecord] | None:
+        """Delete a document and its chunks; returns the deleted chunks (None if there was no such document)."""
+        with self._session() as s:
+            row = s.get(DocumentRow, document_id)
+            if row is None:
+                return None
+            chunks = [_chunk(c, row.title) for c in row.chunks]
+            s.delete(row)
+            return chunks
+
+    # ---- chunks ----------------------------------------------------------------------------------
+
+    def chunks_by_ids(self, chunk_ids: Sequence[int]) -> dict[int, ChunkRecord]:
+        if not chunk_ids:
+            return {}
+        with self._session() as s:
+            rows = s.execute(
+                select(ChunkRow, DocumentRow.title).join(DocumentRow).where(ChunkRow.id.in_(list(chunk_ids)))
+            ).all()
+            return {c.id: _chunk(c, title) for c, title in rows}
+
+    def chunks_of(self, document_id: str) -> list[ChunkRecord]:
+        with self._session() as s:
+            row = s.get(DocumentRow, document_id)
+            return [_chunk(c, row.title) for c in row.chunks] if row else []
+
+    def iter_chunks(self, statuses: Sequence[DocumentStatus] | None = None) -> list[ChunkRecord]:
+        with self._session() as s:
+            q = select(ChunkRow, DocumentRow.title).join(DocumentRow)
+            if statuses is not None:
+                q = q.where(DocumentRow.status.in_(list(statuses)))
+            return [_chunk(c, title) for c, title in s.execute(q.order_by(ChunkRow.id)).all()]
+
+    def ready_chunk_ids(self, chunk_ids: Sequence[int]) -> set[int]:
+        if not chunk_ids:
+            return set()
+        with self._session() as s:
+            q = (select(ChunkRow.id).join(DocumentRow)
+                 .where(ChunkRow.id.in_(list(chunk_ids)), DocumentRow.status == DocumentStatus.READY))
+            return set(s.scalars(q))
+
+    # ---- jobs ------------------------------------------------------------------------------------
+
+    def create_job(self, spec: dict[str, Any]) -> JobRecord:
+        with self._session() as s:
+            row = JobRow(id=str(uuid.uuid4()), status=JobStatus.QUEUED, spec=spec, progress={}, errors=[])
+            s.add(row)
+            s.flush()
+            return _job(row)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        with self._session() as s:
+            row = s.get(JobRow, job_id)
+            return _job(row) if row else None
+
+    def update_job(self, job_id: str, **values: Any) -> None:
+        with self._session() as s:
+            s.execute(update(JobRow).where(JobRow.id == job_id).values(**values))
+
+    def jobs_with_status(self, statuses: Sequence[JobStatus]) -> list[JobRecord]:
+        with self._session() as s:
+            rows = s.scalars(select(JobRow).where(JobRow.status.in_(list(statuses))).order_by(JobRow.created_at))
+            return [_job(r) for r in rows]
+
+    def list_jobs(self, limit: int = 50) -> list[JobRecord]:
+        with self._session() as s:
+            return [_job(r) for r in s.scalars(select(JobRow).order_by(JobRow.created_at.desc()).limit(limit))]
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")  # readers never block the ingest writer
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()

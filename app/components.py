@@ -1,0 +1,64 @@
+"""Build the long-lived components (engine, scheduler, KV store, retriever, catalog) from the settings.
+
+Heavy imports happen here, lazily, so `blendrag --help` and settings validation stay instant.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.catalog import Catalog
+from app.settings import Settings
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.scheduler import Scheduler
+    from kvcache.store import TieredKVStore
+    from retrieval.retriever import Retriever
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Components:
+    settings: Settings
+    catalog: Catalog
+    engine: Engine
+    store: TieredKVStore
+    retriever: Retriever
+
+    def expected_kv_key(self, token_ids: list[int]) -> str:
+        """The KV entry key a chunk has under the current model, system prompt and storage dtype."""
+        from kvcache.keys import chunk_key
+
+        return chunk_key(self.engine.fingerprint, self.engine.prompt.prefix_ids, token_ids,
+                         self.settings.kvcache.storage_dtype)
+
+    def close(self) -> None:
+        self.retriever.save()
+        self.store.close()
+        self.catalog.close()
+
+
+def build_components(settings: Settings) -> Components:
+    """Load models and open every store. Takes a few seconds (model load), minutes on first run."""
+    from engine.engine import Engine
+    from kvcache.store import TieredKVStore
+    from retrieval.retriever import Retriever
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    catalog = Catalog(settings.catalog.url or "")
+    engine = Engine(settings.engine, models_dir=settings.models_dir)
+    store = TieredKVStore(settings.kvcache)
+    retriever = Retriever(settings.retrieval, settings.index_dir)
+    logger.info("components ready: model fingerprint %s, %d indexed chunks", engine.fingerprint[:12],
+                retriever.count)
+    return Components(settings=settings, catalog=catalog, engine=engine, store=store, retriever=retriever)
+
+
+def build_scheduler(components: Components) -> Scheduler:
+    from engine.scheduler import Scheduler
+
+    return Scheduler(components.engine, components.settings.engine)

@@ -1,0 +1,289 @@
+"""AskService: retrieve → load chunk KV → blend → stream, one typed event at a time.
+
+The router turns these events into Server-Sent Events (or one JSON body); the CLI prints them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from app.catalog.repository import ChunkRecord
+from app.services.estimates import PrefillRate
+
+if TYPE_CHECKING:
+    from app.components import Components
+    from app.metrics import Metrics
+    from engine.scheduler import Scheduler
+    from engine.types import Mode
+    from kvcache.types import LayerKVSource
+
+logger = logging.getLogger(__name__)
+
+
+class AskValidationError(ValueError):
+    """A question that cannot be asked (empty, bad ratio …): HTTP 422 / CLI exit 2."""
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    document_ids: list[str] | None = None
+    tags: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class AskRequest:
+    question: str
+    top_k: int | None = None
+    filters: SearchFilters = field(default_factory=SearchFilters)
+    mode: Mode | None = None
+    recompute_ratio: float | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Source:
+    rank: int  # 1-based, best first: the [n] a reader cites
+    chunk_id: int
+    document_id: str
+    title: str
+    page: int | None
+    score: float
+    snippet: str
+    text: str
+
+
+@dataclass(frozen=True)
+class SourcesEvent:
+    sources: list[Source]
+    retrieval_ms: float
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    context_tokens: int
+    recomputed_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Timings:
+    retrieval_ms: float
+    kv_load_ms: float
+    ttft_ms: float
+    total_ms: float
+    full_prefill_estimate_ms: float | None  # what a plain (no-reuse) prefill of this prompt would take
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    answer: str
+    mode: str
+    recompute_ratio: float
+    finish_reason: str
+    usage: Usage
+    timings: Timings
+    kv_hits: int
+    kv_misses: int
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    message: str
+    code: Literal["busy", "internal", "cancelled"] = "internal"
+
+
+AskEvent = SourcesEvent | TokenDelta | DoneEvent | ErrorEvent
+
+SNIPPET_CHARS = 240
+
+
+class AskService:
+    def __init__(self, components: Components, scheduler: Scheduler, metrics: Metrics | None = None,
+                 prefill_rate: PrefillRate | None = None) -> None:
+        self._c = components
+        self._scheduler = scheduler
+        self._metrics = metrics
+        self.prefill_rate = prefill_rate or PrefillRate()
+
+    def validate(self, request: AskRequest) -> None:
+        """Raise AskValidationError for a request that must not reach the engine."""
+        from engine.types import MODES
+
+        if not request.question or not request.question.strip():
+            raise AskValidationError("question must not be empty")
+        if request.mode is not None and request.mode not in MODES:
+            raise AskValidationError(f"unknown mode {request.mode!r}; choose one of {', '.join(MODES)}")
+        if request.recompute_ratio is not None and not 0.0 <= request.recompute_ratio <= 1.0:
+            raise AskValidationError(f"recompute_ratio must be within [0, 1], got {request.recompute_ratio}")
+        if request.top_k is not None and not 1 <= request.top_k <= 64:
+            raise AskValidationError(f"top_k must be within [1, 64], got {request.top_k}")
+        if request.max_tokens is not None and not 1 <= request.max_tokens <= 4096:
+            raise AskValidationError(f"max_tokens must be within [1, 4096], got {request.max_tokens}")
+        if request.temperature is not None and not 0.0 <= request.temperature <= 2.0:
+            raise AskValidationError(f"temperature must be within [0, 2], got {request.temperature}")
+
+    async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
+        """Answer one question as a stream of events: sources, token deltas, then done (or error)."""
+        from engine.types import BlendConfig, EngineBusy, FinishEvent, GenerationRequest, SamplingParams
+
+        self.validate(request)
+        engine_settings = self._c.settings.engine
+        mode: Mode = request.mode or engine_settings.mode
+        started = time.perf_counter()
+
+        chunks, sources = await asyncio.to_thread(self._retrieve, request)
+        retrieval_ms = (time.perf_counter() - started) * 1000
+        yield SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2))
+
+        engine = self._c.engine
+        # Best source last: nearest the question, where a small model attends most.
+        ordered = list(reversed(chunks))
+        layout = engine.prompt.layout([c.token_ids for c in ordered], request.question.strip())
+
+        kv_started = time.perf_counter()
+        kv_source, kv_hits, kv_misses = (None, 0, 0)
+        if ordered and mode != "full":
+            kv_source, kv_hits, kv_misses = await asyncio.to_thread(self._open_kv, ordered)
+        kv_load_ms = (time.perf_counter() - kv_started) * 1000
+        if self._metrics is not None:
+            self._metrics.kv_lookups.labels("hit").inc(kv_hits)
+            self._metrics.kv_lookups.labels("miss").inc(kv_misses)
+
+        blend = engine_settings.blend_config()
+        if request.recompute_ratio is not None:
+            blend = BlendConfig(recompute_ratio=request.recompute_ratio, check_layers=blend.check_layers,
+                                deviation_on=blend.deviation_on, selector=blend.selector)
+        sampling = SamplingParams(
+            max_tokens=request.max_tokens or engine_settings.max_new_tokens,
+            temperature=engine_settings.temperature if request.temperature is None else request.temperature,
+            top_p=engine_settings.top_p if request.top_p is None else request.top_p,
+            seed=request.seed, stop=request.stop,
+        )
+        gen = GenerationRequest(request_id=str(uuid.uuid4()), layout=layout, kv_source=kv_source,
+                                mode=mode if kv_source is not None else "full", blend=blend, sampling=sampling)
+        pieces: list[str] = []
+        try:
+            async for event in self._scheduler.submit(gen):
+                if isinstance(event, FinishEvent):
+                    done = self._done(event, pieces, request, retrieval_ms, kv_load_ms, kv_hits, kv_misses,
+                                      layout.num_tokens)
+                    yield done
+                    return
+                if event.text:
+                    pieces.append(event.text)
+                    yield TokenDelta(text=event.text)
+        except EngineBusy as exc:
+            self._count(mode, "busy")
+            yield ErrorEvent(message=f"the engine is busy, retry shortly ({exc})", code="busy")
+        except Exception as exc:
+            logger.exception("ask failed")
+            self._count(mode, "error")
+            yield ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="internal")
+        finally:
+            if kv_source is not None:
+                kv_source.close()
+
+    # ---- steps -----------------------------------------------------------------------------------
+
+    def _retrieve(self, request: AskRequest) -> tuple[list[ChunkRecord], list[Source]]:
+        from retrieval.types import SearchFilters as RetrievalFilters
+
+        settings = self._c.settings.retrieval
+        hits = self._c.retriever.search(
+            request.question.strip(), top_k=request.top_k or settings.top_k,
+            score_threshold=settings.score_threshold,
+            filters=RetrievalFilters(document_ids=request.filters.document_ids, tags=request.filters.tags),
+        )
+        # Only committed documents answer: a pending document's chunks may already be in the index.
+        ready = self._c.catalog.ready_chunk_ids([h.chunk_id for h in hits])
+        records = self._c.catalog.chunks_by_ids(list(ready))
+        chunks: list[ChunkRecord] = []
+        sources: list[Source] = []
+        for hit in hits:
+            record = records.get(hit.chunk_id)
+            if record is None:
+                continue
+            chunks.append(record)
+            sources.append(Source(
+                rank=len(sources) + 1, chunk_id=record.id, document_id=record.document_id, title=record.title,
+                page=record.page, score=round(float(hit.score), 6), snippet=_snippet(record.text),
+                text=record.text,
+            ))
+        return chunks, sources
+
+    def _open_kv(self, chunks: list[ChunkRecord]) -> tuple[LayerKVSource, int, int]:
+        """Open the chunks' stored KV layer-wise, recomputing (and storing) any that are missing."""
+        from kvcache.errors import KVEntryMissing
+
+        engine, store = self._c.engine, self._c.store
+        keys = [self._c.expected_kv_key(c.token_ids) for c in chunks]
+        num_misses = 0
+        for _attempt in range(3):
+            try:
+                source = store.open_layers(keys, device=engine.device, dtype=engine.dtype)
+                return source, len(set(keys)) - num_misses, num_misses
+            except KVEntryMissing as exc:
+                missing = set(exc.keys)
+                num_misses += len(missing)
+                logger.info("recomputing KV of %d chunk(s) missing from the store", len(missing))
+                for chunk, key in zip(chunks, keys, strict=True):
+                    if key in missing:
+                        kv = engine.prefill_chunk(chunk.token_ids)
+                        store.put(key, kv, model_fingerprint=engine.fingerprint)
+                        missing.discard(key)
+        raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
+
+    def _done(self, event: object, pieces: list[str], request: AskRequest, retrieval_ms: float,
+              kv_load_ms: float, kv_hits: int, kv_misses: int, num_prompt_tokens: int) -> DoneEvent:
+        from engine.types import FinishEvent
+
+        assert isinstance(event, FinishEvent)
+        ttft_ms = retrieval_ms + kv_load_ms + event.ttft_s * 1000
+        if event.mode == "full":
+            self.prefill_rate.observe(event.num_prompt_tokens, event.ttft_s)
+        estimate = self.prefill_rate.estimate_ms(event.num_prompt_tokens)
+        if self._metrics is not None:
+            self._metrics.ttft.labels(event.mode).observe(ttft_ms / 1000)
+            self._metrics.total.labels(event.mode).observe(event.total_s)
+            self._metrics.recompute_ratio.observe(event.recompute_ratio)
+        self._count(event.mode, event.finish_reason)
+        return DoneEvent(
+            answer=event.text or "".join(pieces), mode=event.mode,
+            recompute_ratio=round(event.recompute_ratio, 4), finish_reason=event.finish_reason,
+            usage=Usage(prompt_tokens=event.num_prompt_tokens, completion_tokens=event.num_completion_tokens,
+                        context_tokens=event.num_context_tokens, recomputed_tokens=event.num_recomputed_tokens),
+            timings=Timings(retrieval_ms=round(retrieval_ms, 2), kv_load_ms=round(kv_load_ms, 2),
+                            ttft_ms=round(ttft_ms, 2), total_ms=round(retrieval_ms + kv_load_ms
+                                                                      + event.total_s * 1000, 2),
+                            full_prefill_estimate_ms=None if estimate is None else round(estimate, 1)),
+            kv_hits=kv_hits, kv_misses=kv_misses,
+        )
+
+    def _count(self, mode: str, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.asks.labels(mode, outcome).inc()
+
+
+def _snippet(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= SNIPPET_CHARS else flat[: SNIPPET_CHARS - 1].rstrip() + "…"

@@ -1,0 +1,73 @@
+"""CoverageService: how much of the corpus can be answered from stored KV right now."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app.catalog import DocumentStatus
+
+if TYPE_CHECKING:
+    from app.components import Components
+
+
+@dataclass(frozen=True)
+class CoverageCountsView:
+    chunks_total: int
+    chunks_fresh: int
+    chunks_stale: int
+    chunks_missing: int
+    coverage: float
+
+
+@dataclass(frozen=True)
+class DocumentCoverage(CoverageCountsView):
+    document_id: str = ""
+    title: str = ""
+    status: str = ""
+
+
+@dataclass(frozen=True)
+class CoverageView(CoverageCountsView):
+    bytes_by_tier: dict[str, int] = field(default_factory=dict)
+    fresh_by_tier: dict[str, int] = field(default_factory=dict)
+    documents: list[DocumentCoverage] = field(default_factory=list)
+
+
+class CoverageService:
+    def __init__(self, components: Components) -> None:
+        self._c = components
+
+    def chunk_states(self, document_id: str) -> dict[int, str]:
+        """fresh / stale / missing for each chunk of one document."""
+        from kvcache.coverage import ChunkRef, compute_coverage
+
+        refs = [ChunkRef(chunk_id=c.id, document_id=c.document_id, expected_key=self._c.expected_kv_key(c.token_ids),
+                         recorded_key=c.kv_key) for c in self._c.catalog.chunks_of(document_id)]
+        report = compute_coverage(self._c.store, refs)
+        return {int(c.ref.chunk_id): c.state.value for c in report.chunks}
+
+    def compute(self) -> CoverageView:
+        from kvcache.coverage import ChunkRef, compute_coverage
+
+        docs = [d for d in self._c.catalog.all_documents() if d.status == DocumentStatus.READY]
+        chunks = self._c.catalog.iter_chunks([DocumentStatus.READY])
+        refs = [ChunkRef(chunk_id=c.id, document_id=c.document_id, expected_key=self._c.expected_kv_key(c.token_ids),
+                         recorded_key=c.kv_key) for c in chunks]
+        report = compute_coverage(self._c.store, refs)
+        per_doc = []
+        for doc in docs:
+            counts = report.documents.get(doc.id)
+            if counts is None:
+                per_doc.append(DocumentCoverage(0, 0, 0, 0, 1.0, document_id=doc.id, title=doc.title,
+                                                status=doc.status.value))
+                continue
+            per_doc.append(DocumentCoverage(
+                counts.num_chunks, counts.num_fresh, counts.num_stale, counts.num_missing,
+                round(counts.coverage, 6), document_id=doc.id, title=doc.title, status=doc.status.value,
+            ))
+        t = report.total
+        return CoverageView(
+            t.num_chunks, t.num_fresh, t.num_stale, t.num_missing, round(t.coverage, 6),
+            bytes_by_tier=dict(t.bytes_by_tier), fresh_by_tier=dict(t.fresh_by_tier), documents=per_doc,
+        )

@@ -1,0 +1,431 @@
+"""IngestService: parse → chunk → embed → precompute KV → commit, as background jobs.
+
+A document is visible (status `pending`) as soon as its job is accepted and answerable only once the job
+commits it (`ready`): its chunk rows, FAISS entries and KV entries all exist by then. Commit order is
+chosen so a crash at any point leaves nothing half-visible: chunks are written while the document is
+still pending, the index is saved, and only then does the document flip to ready. `recover()` (run at
+start-up) re-queues interrupted jobs after removing what they had half-written.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from app.catalog import DocumentStatus, JobStatus
+from app.catalog.repository import JobRecord, NewChunk
+from app.services.estimates import PrefillRate
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from app.components import Components
+    from ingest.chunker import Chunk
+    from ingest.types import LoadedDocument
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("parse", "chunk", "embed", "kv", "commit")
+ACTIVE_DOCUMENT_STATUSES = (DocumentStatus.READY, DocumentStatus.PENDING)
+
+
+class IngestError(ValueError):
+    """A request to ingest that cannot be accepted at all (nothing to ingest, unknown job …)."""
+
+
+class JobCancelled(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class IngestSource:
+    """One thing to ingest: inline text, or a file on this machine (an upload saved under the data dir)."""
+
+    kind: Literal["text", "file"]
+    title: str
+    text: str | None = None
+    path: str | None = None
+    source_path: str | None = None  # identity for re-ingest: same source + new content replaces the old
+    tags: list[str] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"kind": self.kind, "title": self.title, "text": self.text, "path": self.path,
+                "source_path": self.source_path, "tags": self.tags, "metadata": self.metadata}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> IngestSource:
+        return cls(**spec)
+
+
+@dataclass(frozen=True)
+class SubmitResult:
+    job_id: str
+    document_ids: list[str]
+
+
+@dataclass
+class _WorkItem:
+    """One document moving through the stages of a job."""
+
+    document_id: str
+    source: IngestSource
+    loaded: LoadedDocument | None = None
+    chunks: list[Chunk] = field(default_factory=list)
+    vectors: np.ndarray | None = None
+    kv_keys: list[str] = field(default_factory=list)
+    failed: str | None = None
+
+
+ProgressCallback = Callable[[JobRecord], None]
+
+
+class IngestService:
+    def __init__(self, components: Components, on_chunks_committed: Callable[[int, float], None] | None = None,
+                 prefill_rate: PrefillRate | None = None) -> None:
+        self._c = components
+        self._prefill_rate = prefill_rate
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._worker: threading.Thread | None = None
+        self._lock = threading.Lock()  # one job mutates the index at a time
+        self._on_chunks_committed = on_chunks_committed
+
+    # ---- submission ------------------------------------------------------------------------------
+
+    def submit(self, sources: list[IngestSource], *, enqueue: bool = True) -> SubmitResult:
+        if not sources:
+            raise IngestError("nothing to ingest: give at least one document or file")
+        for s in sources:
+            if s.kind == "text" and not (s.text or "").strip():
+                raise IngestError(f"document {s.title!r} has no text")
+        job = self._c.catalog.create_job({"sources": [s.to_spec() for s in sources]})
+        document_ids = []
+        for s in sources:
+            doc = self._c.catalog.add_document(
+                title=s.title, source_path=s.source_path, content_hash=None, tags=s.tags,
+                metadata=s.metadata, job_id=job.id,
+            )
+            document_ids.append(doc.id)
+        self._c.catalog.update_job(job.id, document_ids=document_ids,
+                                   progress={stage: {"done": 0, "total": 0} for stage in STAGES})
+        if enqueue:
+            self._queue.put(job.id)
+        return SubmitResult(job_id=job.id, document_ids=document_ids)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        return self._c.catalog.get_job(job_id)
+
+    def cancel(self, job_id: str) -> JobRecord:
+        job = self._c.catalog.get_job(job_id)
+        if job is None:
+            raise KeyError(job_id)
+        if not job.status.finished:
+            self._c.catalog.update_job(job_id, cancel_requested=True)
+            if job.status == JobStatus.QUEUED:
+                self._finish_cancelled(job_id, [])
+        return self._c.catalog.get_job(job_id)  # type: ignore[return-value]
+
+    # ---- the worker ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, name="ingest-worker", daemon=True)
+            self._worker.start()
+
+    def stop(self) -> None:
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=60)
+            self._worker = None
+
+    def _work(self) -> None:
+        while True:
+            job_id = self._queue.get()
+            if job_id is None:
+                return
+            try:
+                self.run_job(job_id)
+            except Exception:  # the worker must outlive any one job
+                logger.exception("ingest job %s crashed", job_id)
+
+    def recover(self) -> list[str]:
+        """At start-up: undo what interrupted jobs half-wrote and queue them again. Returns their ids."""
+        resumed = []
+        for job in self._c.catalog.jobs_with_status([JobStatus.RUNNING, JobStatus.QUEUED]):
+            for doc_id in job.document_ids:
+                doc = self._c.catalog.get_document(doc_id)
+                if doc is not None and doc.status == DocumentStatus.PENDING:
+                    chunk_ids = [c.id for c in self._c.catalog.chunks_of(doc_id)]
+                    self._c.retriever.remove(chunk_ids)
+                    self._c.catalog.replace_chunks(doc_id, [])
+            self._c.catalog.update_job(job.id, status=JobStatus.QUEUED, stage=None)
+            logger.warning("resuming interrupted ingest job %s", job.id)
+            self._queue.put(job.id)
+            resumed.append(job.id)
+        if resumed:
+            self._c.retriever.save()
+        return resumed
+
+    # ---- one job ---------------------------------------------------------------------------------
+
+    def run_job(self, job_id: str, on_progress: ProgressCallback | None = None) -> JobRecord:
+        """Run every stage of a job in this thread; returns the finished job."""
+        job = self._c.catalog.get_job(job_id)
+        if job is None:
+            raise IngestError(f"no ingest job {job_id}")
+        if job.status.finished:
+            return job
+        with self._lock:
+            return self._run_locked(job, on_progress)
+
+    def _run_locked(self, job: JobRecord, on_progress: ProgressCallback | None) -> JobRecord:
+        sources = [IngestSource.from_spec(s) for s in job.spec.get("sources", [])]
+        items = [_WorkItem(doc_id, src) for doc_id, src in zip(job.document_ids, sources, strict=True)]
+        tracker = _Progress(self._c, job.id, on_progress)
+        errors: list[dict[str, Any]] = []
+        duplicates: list[str] = []
+        self._c.catalog.update_job(job.id, status=JobStatus.RUNNING, errors=[])
+        started = time.perf_counter()
+        try:
+            self._parse(items, tracker, errors, duplicates)
+            self._chunk(items, tracker, errors)
+            self._embed(items, tracker)
+            self._precompute_kv(items, tracker)
+            num_chunks = self._commit(items, tracker)
+        except JobCancelled:
+            self._finish_cancelled(job.id, errors)
+            return self._c.catalog.get_job(job.id)  # type: ignore[return-value]
+        except Exception as exc:
+            logger.exception("ingest job %s failed", job.id)
+            for item in items:
+                self._fail_document(item, f"ingest failed: {exc}")
+            errors.append({"source": None, "error": f"{type(exc).__name__}: {exc}"})
+            self._c.catalog.update_job(job.id, status=JobStatus.FAILED, errors=errors, duplicate_ids=duplicates)
+            return tracker.emit()
+        ok = [i for i in items if i.failed is None]
+        status = JobStatus.SUCCEEDED if ok or not errors else JobStatus.FAILED
+        self._c.catalog.update_job(job.id, status=status, stage=None, errors=errors, duplicate_ids=duplicates)
+        if self._on_chunks_committed is not None:
+            self._on_chunks_committed(num_chunks, time.perf_counter() - started)
+        return tracker.emit()
+
+    def _parse(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]],
+               duplicates: list[str]) -> None:
+        from ingest.errors import LoaderError
+        from ingest.loaders import load_path, load_text
+
+        tracker.stage("parse", len(items))
+        settings = self._c.settings.ingest
+        seen_hashes: dict[str, str] = {}
+        for n, item in enumerate(items, 1):
+            tracker.check_cancel()
+            src = item.source
+            try:
+                if src.kind == "text":
+                    loaded = load_text(src.title, src.text or "", metadata=src.metadata, settings=settings)
+                else:
+                    loaded = load_path(Path(src.path or ""), settings=settings)
+                    if src.title:
+                        loaded = _with_title(loaded, src.title)
+            except LoaderError as exc:
+                self._fail_document(item, exc.message)
+                errors.append({"source": src.source_path or src.title, "error": exc.message, "code": exc.code})
+                tracker.advance(n)
+                continue
+            existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
+            duplicate_of = seen_hashes.get(loaded.content_hash)
+            if existing is not None and existing.job_id != tracker.job_id:
+                duplicate_of = existing.id
+            if duplicate_of is not None:
+                # Same content is already stored: keep one copy and report this one as a duplicate.
+                self._c.catalog.delete_document(item.document_id)
+                item.failed = f"duplicate of {duplicate_of}"
+                duplicates.append(item.document_id)
+                errors.append({"source": src.source_path or src.title, "error": f"duplicate of document "
+                               f"{duplicate_of}", "code": "duplicate", "document_id": duplicate_of})
+            else:
+                seen_hashes[loaded.content_hash] = item.document_id
+                item.loaded = loaded
+                self._c.catalog.set_content_hash(item.document_id, loaded.content_hash, loaded.metadata)
+            tracker.advance(n)
+
+    def _chunk(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]]) -> None:
+        from ingest.chunker import Chunker
+
+        live = [i for i in items if i.failed is None]
+        tracker.stage("chunk", len(live))
+        chunker = Chunker(self._c.engine.tokenizer, self._c.settings.ingest)
+        for n, item in enumerate(live, 1):
+            tracker.check_cancel()
+            assert item.loaded is not None
+            item.chunks = chunker.chunk(item.loaded)
+            if not item.chunks:
+                self._fail_document(item, "document has no text to index")
+                errors.append({"source": item.source.source_path or item.source.title,
+                               "error": "document has no text to index", "code": "empty_document"})
+            tracker.advance(n)
+
+    def _embed(self, items: list[_WorkItem], tracker: _Progress) -> None:
+        live = [i for i in items if i.failed is None]
+        total = sum(len(i.chunks) for i in live)
+        tracker.stage("embed", total)
+        done = 0
+        for item in live:
+            tracker.check_cancel()
+            item.vectors = self._c.retriever.embed_passages([c.text for c in item.chunks])
+            done += len(item.chunks)
+            tracker.advance(done)
+
+    def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress) -> None:
+        engine, store = self._c.engine, self._c.store
+        prefix_len = len(engine.prompt.prefix_ids)
+        live = [i for i in items if i.failed is None]
+        tracker.stage("kv", sum(len(i.chunks) for i in live))
+        done = 0
+        for item in live:
+            for chunk in item.chunks:
+                tracker.check_cancel()
+                key = self._c.expected_kv_key(chunk.token_ids)
+                # Content-addressed: a chunk already stored (same text, model and prompt) costs nothing.
+                if store.contains(key) is None:
+                    t0 = time.perf_counter()
+                    kv = engine.prefill_chunk(chunk.token_ids)
+                    if self._prefill_rate is not None:
+                        # A chunk precompute is a plain prefill of prefix + chunk (prefix KV reused).
+                        self._prefill_rate.observe(prefix_len + len(chunk.token_ids), time.perf_counter() - t0)
+                    store.put(key, kv, model_fingerprint=engine.fingerprint)
+                item.kv_keys.append(key)
+                done += 1
+                tracker.advance(done)
+
+    def _commit(self, items: list[_WorkItem], tracker: _Progress) -> int:
+        from retrieval.types import IndexedChunk
+
+        live = [i for i in items if i.failed is None]
+        tracker.stage("commit", len(live))
+        tracker.check_cancel()
+        catalog, retriever = self._c.catalog, self._c.retriever
+        num_chunks = 0
+        for n, item in enumerate(live, 1):
+            doc = catalog.get_document(item.document_id)
+            assert doc is not None and item.vectors is not None
+            chunk_ids = catalog.replace_chunks(item.document_id, [
+                NewChunk(index=c.index, text=c.text, token_ids=list(c.token_ids), page=c.page,
+                         char_start=c.char_start, char_end=c.char_end, kv_key=key)
+                for c, key in zip(item.chunks, item.kv_keys, strict=True)
+            ])
+            retriever.add([
+                IndexedChunk(chunk_id=cid, document_id=doc.id, text=c.text, title=doc.title, page=c.page,
+                             tags=list(doc.tags))
+                for cid, c in zip(chunk_ids, item.chunks, strict=True)
+            ], item.vectors)
+            num_chunks += len(chunk_ids)
+            tracker.advance(n)
+        retriever.save()
+        for item in live:
+            catalog.set_document_status(item.document_id, DocumentStatus.READY)
+            # Re-ingest of a changed file: the new version is live, now drop the old one.
+            if item.source.source_path:
+                for old in catalog.find_by_source(item.source.source_path, exclude_id=item.document_id):
+                    logger.info("replacing document %s (%s)", old.id, item.source.source_path)
+                    self.delete_document(old.id)
+        return num_chunks
+
+    # ---- deletion --------------------------------------------------------------------------------
+
+    def delete_document(self, document_id: str) -> bool:
+        """Delete a document with its chunks, index entries and (unshared) KV entries. Idempotent."""
+        deleted = self._c.catalog.delete_document(document_id)
+        if deleted is None:
+            return False
+        self._c.retriever.remove([c.id for c in deleted])
+        self._c.retriever.save()
+        still_used = self._c.catalog.referenced_kv_keys({c.kv_key for c in deleted if c.kv_key})
+        for key in {c.kv_key for c in deleted if c.kv_key} - still_used:
+            self._c.store.delete(key)
+        return True
+
+    # ---- helpers ---------------------------------------------------------------------------------
+
+    def _fail_document(self, item: _WorkItem, message: str) -> None:
+        item.failed = message
+        if self._c.catalog.get_document(item.document_id) is not None:
+            self._c.catalog.set_document_status(item.document_id, DocumentStatus.FAILED, error=message)
+
+    def _finish_cancelled(self, job_id: str, errors: list[dict[str, Any]]) -> None:
+        job = self._c.catalog.get_job(job_id)
+        if job is None:
+            return
+        for doc_id in job.document_ids:
+            doc = self._c.catalog.get_document(doc_id)
+            if doc is not None and doc.status == DocumentStatus.PENDING:
+                chunk_ids = [c.id for c in self._c.catalog.chunks_of(doc_id)]
+                self._c.retriever.remove(chunk_ids)
+                self._c.catalog.replace_chunks(doc_id, [])
+                self._c.catalog.set_document_status(doc_id, DocumentStatus.FAILED, error="ingest cancelled")
+        self._c.catalog.update_job(job_id, status=JobStatus.CANCELLED, errors=errors)
+
+
+def _with_title(doc: LoadedDocument, title: str) -> LoadedDocument:
+    from dataclasses import replace
+
+    return replace(doc, title=title)
+
+
+class _Progress:
+    """Writes stage progress to the job row (throttled) and tells an optional listener."""
+
+    def __init__(self, components: Components, job_id: str, listener: ProgressCallback | None) -> None:
+        self._c = components
+        self.job_id = job_id
+        self._listener = listener
+        self._progress: dict[str, dict[str, int]] = {s: {"done": 0, "total": 0} for s in STAGES}
+        self._stage = STAGES[0]
+        self._last_write = 0.0
+
+    def stage(self, name: str, total: int) -> None:
+        self._stage = name
+        self._progress[name] = {"done": 0, "total": total}
+        self._write(force=True)
+
+    def advance(self, done: int) -> None:
+        self._progress[self._stage]["done"] = done
+        self._write(force=done >= self._progress[self._stage]["total"])
+
+    def check_cancel(self) -> None:
+        job = self._c.catalog.get_job(self.job_id)
+        if job is not None and job.cancel_requested:
+            raise JobCancelled()
+
+    def emit(self) -> JobRecord:
+        job = self._c.catalog.get_job(self.job_id)
+        assert job is not None
+        if self._listener is not None:
+            self._listener(job)
+        return job
+
+    def _write(self, force: bool) -> None:
+        now = time.monotonic()
+        if not force and now - self._last_write < 0.25:
+            return
+        self._last_write = now
+        self._c.catalog.update_job(self.job_id, stage=self._stage, progress={k: dict(v) for k, v in
+                                                                            self._progress.items()})
+        self.emit()
+
+
+def save_upload(uploads_dir: Path, job_hint: str, filename: str, data_path: Path) -> Path:
+    """Move an uploaded temp file under the data dir so the job can be re-run after a restart."""
+    target_dir = uploads_dir / job_hint
+    target_dir.mkdir(parents=True, exist_ok=True)
+    safe = Path(filename).name or "upload"
+    target = target_dir / safe
+    shutil.move(str(data_path), target)
+    return target

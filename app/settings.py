@@ -1,0 +1,134 @@
+"""One settings tree, built once at start-up from `settings.yaml` plus `BLENDRAG_*` environment overrides.
+
+Each package receives only its own sub-settings (`settings.engine`, `settings.kvcache`, …) and never reads
+the environment itself. Nested values are overridden with a double underscore, e.g.
+`BLENDRAG_ENGINE__RECOMPUTE_RATIO=0.3` or `BLENDRAG_KVCACHE__STORAGE_DTYPE=bf16`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from engine.config import EngineSettings
+from ingest.config import IngestSettings
+from kvcache.config import KVCacheSettings
+from retrieval.config import RetrievalSettings
+
+SETTINGS_FILE_ENV = "BLENDRAG_SETTINGS_FILE"
+DEFAULT_SETTINGS_FILE = Path("settings.yaml")
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; the message names each bad field and why."""
+
+
+class ServerSettings(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key: str | None = Field(
+        default=None, description="When set, ingest, delete and admin routes need `Authorization: Bearer`."
+    )
+    cors_origins: list[str] = Field(default_factory=list)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class CatalogSettings(BaseModel):
+    backend: Literal["sqlite"] = "sqlite"
+    url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/catalog.db")
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BLENDRAG_", env_nested_delimiter="__", extra="forbid")
+
+    data_dir: Path = Path("./data")
+    server: ServerSettings = Field(default_factory=ServerSettings)
+    catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    kvcache: KVCacheSettings = Field(default_factory=KVCacheSettings)
+    retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
+
+    @model_validator(mode="after")
+    def _fill_paths(self) -> Settings:
+        # Everything the server persists lives under data_dir unless a path is given explicitly.
+        if self.kvcache.dir is None:
+            self.kvcache.dir = self.data_dir / "kv"
+        if self.catalog.url is None:
+            self.catalog.url = f"sqlite:///{self.data_dir / 'catalog.db'}"
+        return self
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def index_dir(self) -> Path:
+        return self.data_dir / "index"
+
+    @property
+    def uploads_dir(self) -> Path:
+        return self.data_dir / "uploads"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Precedence: explicit arguments (CLI flags) > environment > settings.yaml > defaults.
+        return (init_settings, env_settings, _YamlSource(settings_cls))
+
+
+class _YamlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings]) -> None:
+        super().__init__(settings_cls)
+        self._data = _read_yaml(_settings_file())
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+def _settings_file() -> Path | None:
+    explicit = os.environ.get(SETTINGS_FILE_ENV)
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise SettingsError(f"{SETTINGS_FILE_ENV}={explicit}: no such settings file")
+        return path
+    return DEFAULT_SETTINGS_FILE if DEFAULT_SETTINGS_FILE.is_file() else None
+
+
+def _read_yaml(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise SettingsError(f"{path}: cannot read settings: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: settings must be a mapping at the top level")
+    return data
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build and validate the settings tree; raise SettingsError with one line per bad field."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err["loc"]) or "settings"
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+        raise SettingsError("invalid settings:\n" + "\n".join(lines)) from exc

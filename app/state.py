@@ -1,0 +1,71 @@
+"""The running application's services, built in the FastAPI lifespan and handed to routers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app.metrics import Metrics
+from app.services.estimates import PrefillRate
+from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.components import Components
+    from app.services.ask_service import AskService
+    from app.services.coverage_service import CoverageService
+    from app.services.ingest_service import IngestService
+    from engine.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    metrics: Metrics = field(default_factory=Metrics)
+    prefill_rate: PrefillRate = field(default_factory=PrefillRate)
+    components: Components | None = None
+    scheduler: Scheduler | None = None
+    ingest: IngestService | None = None
+    ask: AskService | None = None
+    coverage: CoverageService | None = None
+    load_error: str | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def load(self) -> None:
+        """Load models and open stores off the event loop, so /health answers while this runs."""
+        from app.components import build_components, build_scheduler
+        from app.services.ask_service import AskService
+        from app.services.coverage_service import CoverageService
+        from app.services.ingest_service import IngestService
+
+        try:
+            components = await asyncio.to_thread(build_components, self.settings)
+        except Exception as exc:
+            logger.exception("start-up failed")
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            return
+        self.components = components
+        self.scheduler = build_scheduler(components)
+        await self.scheduler.start()
+
+        def on_commit(num_chunks: int, seconds: float) -> None:
+            self.metrics.ingest_chunks.inc(num_chunks)
+            self.metrics.ingest_seconds.inc(seconds)
+
+        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate)
+        self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
+        self.coverage = CoverageService(components)
+        self.ingest.recover()
+        self.ingest.start()
+        self.ready.set()
+
+    async def close(self) -> None:
+        if self.ingest is not None:
+            await asyncio.to_thread(self.ingest.stop)
+        if self.scheduler is not None:
+            await self.scheduler.stop()
+        if self.components is not None:
+            self.components.close()

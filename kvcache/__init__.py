@@ -1,0 +1,34 @@
+"""Chunk-KV storage for blendrag: format, content-addressed keys, tiered store, layer-wise loader.
+
+Typical use (the app builds one store from its settings and shares it across worker threads):
+
+    from kvcache import KVCacheSettings, TieredKVStore, KVEntryMissing
+    store = TieredKVStore(KVCacheSettings(dir=data_dir / "kv"))
+    key = store.key_for(model_fingerprint, prefix_token_ids, chunk_token_ids)
+    store.put(key, chunk_kv, model_fingerprint=model_fingerprint)          # at ingest
+    try:
+        with store.open_layers(keys, device, dtype) as source:              # at question time
+            k, v = source.layer(0)                                          # (kv_heads, T, head_dim)
+    except KVEntryMissing as exc:
+        ...  # recompute exc.keys, put them, retry
+
+Modules: config (settings), keys, format / reader (entry bytes), quant (int8), memory_tier,
+disk_tier, redis_tier, store, loader, stats, coverage, admin, errors, types (the shared contract).
+"""
+
+from kvcache.config import KVCacheSettings, StorageDType
+from kvcache.coverage import ChunkRef, ChunkState, CoverageCounts, CoverageReport, compute_coverage
+from kvcache.errors import KVCacheError, KVEntryCorrupt, KVEntryMissing
+from kvcache.format import StoredEntry
+from kvcache.keys import chunk_key, is_valid_key
+from kvcache.loader import StoreLayerSource
+from kvcache.stats import StoreStats, TierStats
+from kvcache.store import EntryLocation, PutResult, TieredKVStore
+from kvcache.types import ChunkKV, InMemoryLayerSource, LayerKVSource
+
+__all__ = [
+    "ChunkKV", "ChunkRef", "ChunkState", "CoverageCounts", "CoverageReport", "EntryLocation",
+    "InMemoryLayerSource", "KVCacheError", "KVCacheSettings", "KVEntryCorrupt", "KVEntryMissing",
+    "LayerKVSource", "PutResult", "StorageDType", "StoreLayerSource", "StoreStats", "StoredEntry",
+    "TierStats", "TieredKVStore", "chunk_key", "compute_coverage", "is_valid_key",
+]

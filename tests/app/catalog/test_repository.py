@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.catalog import Catalog, DocumentStatus, JobStatus
+from app.catalog.repository import NewChunk, decode_token_ids, encode_token_ids
+
+
+@pytest.fixture
+def catalog(tmp_path: Path) -> Catalog:
+    c = Catalog(f"sqlite:///{tmp_path / 'cat.db'}")
+    yield c
+    c.close()
+
+
+def _chunk(i: int, ids: list[int], key: str | None = None) -> NewChunk:
+    return NewChunk(index=i, text=f"chunk {i}", token_ids=ids, page=None, char_start=0, char_end=7, kv_key=key)
+
+
+def test_token_ids_round_trip_exactly() -> None:
+    ids = [0, 1, 49151, 2**31 - 1]
+    assert decode_token_ids(encode_token_ids(ids)) == ids
+
+
+def test_document_lifecycle_and_chunk_ids(catalog: Catalog) -> None:
+    doc = catalog.add_document(title="A", source_path="/x/a.txt", content_hash=None, tags=["t"], metadata={},
+                               job_id=None)
+    assert doc.status == DocumentStatus.PENDING
+    ids = catalog.replace_chunks(doc.id, [_chunk(0, [5, 6], "k0"), _chunk(1, [7], "k1")])
+    assert len(ids) == 2 and ids[1] == ids[0] + 1
+    assert catalog.get_document(doc.id).num_chunks == 2
+    assert catalog.get_document(doc.id).num_tokens == 3
+    # pending documents never answer
+    assert catalog.ready_chunk_ids(ids) == set()
+    catalog.set_document_status(doc.id, DocumentStatus.READY)
+    assert catalog.ready_chunk_ids(ids) == set(ids)
+    got = catalog.chunks_by_ids(ids)
+    assert [got[i].token_ids for i in ids] == [[5, 6], [7]]
+    assert got[ids[0]].title == "A"
+    # replacing chunks drops the old ones
+    new_ids = catalog.replace_chunks(doc.id, [_chunk(0, [9], "k9")])
+    assert catalog.chunks_by_ids(ids) == {}
+    assert [c.token_ids for c in catalog.chunks_of(doc.id)] == [[9]]
+    assert catalog.ready_chunk_ids(new_ids) == set(new_ids)
+
+
+def test_delete_returns_chunks_once_and_is_idempotent(catalog: Catalog) -> None:
+    doc = catalog.add_document(title="A", source_path=None, content_hash="h", tags=[], metadata={}, job_id=None)
+    catalog.replace_chunks(doc.id, [_chunk(0, [1], "shared"), _chunk(1, [2], "own")])
+    other = catalog.add_document(title="B", source_path=None, content_hash="h2", tags=[], metadata={},
+                                 job_id=None)
+    catalog.replace_chunks(other.id, [_chunk(0, [1], "shared")])
+    deleted = catalog.delete_document(doc.id)
+    assert sorted(c.kv_key for c in deleted) == ["own", "shared"]
+    assert catalog.delete_document(doc.id) is None
+    # the shared KV entry is still referenced by B's chunk, the other is not
+    assert catalog.referenced_kv_keys({"own", "shared"}) == {"shared"}
+
+
+def test_find_by_hash_respects_status(catalog: Catalog) -> None:
+    doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    catalog.set_content_hash(doc.id, "abc", {"k": 1})
+    assert catalog.find_by_hash("abc", [DocumentStatus.PENDING]).id == doc.id
+    assert catalog.find_by_hash("abc", [DocumentStatus.READY]) is None
+    assert catalog.get_document(doc.id).metadata == {"k": 1}
+
+
+def test_jobs(catalog: Catalog) -> None:
+    job = catalog.create_job({"sources": []})
+    assert job.status == JobStatus.QUEUED and not job.status.finished
+    catalog.update_job(job.id, status=JobStatus.RUNNING, stage="embed", progress={"embed": {"done": 1, "total": 2}})
+    got = catalog.get_job(job.id)
+    assert (got.status, got.stage, got.progress) == (JobStatus.RUNNING, "embed", {"embed": {"done": 1, "total": 2}})
+    assert [j.id for j in catalog.jobs_with_status([JobStatus.RUNNING])] == [job.id]
+    assert JobStatus.CANCELLED.finished
+
+
+def test_list_documents_pages(catalog: Catalog) -> None:
+    for i in range(5):
+        catalog.add_document(title=f"d{i}", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    page, total = catalog.list_documents(offset=0, limit=2)
+    assert total == 5 and len(page) == 2
+    rest, _ = catalog.list_documents(offset=2, limit=10)
+    assert len(rest) == 3
+    assert {d.id for d in page}.isdisjoint({d.id for d in rest})

