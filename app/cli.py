@@ -48,7 +48,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if not p.exists():
             print(f"error: {p}: no such file or directory", file=sys.stderr)
             return EXIT_USAGE
-    files = list(iter_paths(paths, settings.ingest))
+    files = list(iter_paths(paths, settings.ingest.allowed_extensions))
     if not files:
         print("error: no ingestible files found under the given paths", file=sys.stderr)
         return EXIT_USAGE
@@ -181,6 +181,28 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return EXIT_USAGE
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from app.components import build_components
+    from app.services.doctor import run_doctor
+
+    components = build_components(_settings(args))
+    try:
+        report = run_doctor(components, repair=args.repair)
+    finally:
+        components.close()
+    verb = "repaired" if args.repair else "found"
+    print(f"{report.num_documents} documents, {report.num_chunks} committed chunks")
+    print(f"  stranded pending documents: {len(report.stranded_document_ids)} {verb}")
+    print(f"  index entries without a committed chunk: {len(report.orphan_index_ids)} {verb}")
+    print(f"  committed chunks missing from the index: {len(report.unindexed_chunk_ids)} {verb}")
+    print(f"  committed chunks without fresh KV: {len(report.kv_missing_chunk_ids)} {verb}")
+    print(f"  KV entries no chunk uses (kept): {report.num_unreferenced_kv_entries}")
+    if report.problems and not args.repair:
+        print("run `blendrag doctor --repair` to fix these", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blendrag", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -217,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--max-bytes", type=int, required=True)
     _add_data_dir(cp)
     p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("doctor", help="check that catalog, index and KV store agree (server stopped)")
+    p.add_argument("--repair", action="store_true", help="fix what is found")
+    _add_data_dir(p)
+    p.set_defaults(func=cmd_doctor)
     return parser
 
 

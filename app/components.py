@@ -52,7 +52,7 @@ def build_components(settings: Settings) -> Components:
     catalog = Catalog(settings.catalog.url or "")
     engine = Engine(settings.engine, models_dir=settings.models_dir)
     store = TieredKVStore(settings.kvcache)
-    retriever = Retriever(settings.retrieval, settings.index_dir)
+    retriever = Retriever.open(settings.index_dir, settings.retrieval)
     logger.info("components ready: model fingerprint %s, %d indexed chunks", engine.fingerprint[:12],
                 retriever.count)
     return Components(settings=settings, catalog=catalog, engine=engine, store=store, retriever=retriever)

@@ -212,6 +212,10 @@ class Catalog:
                 row.content_hash = content_hash
                 row.metadata_ = {**dict(metadata), **(row.metadata_ or {})}
 
+    def set_title(self, document_id: str, title: str) -> None:
+        with self._session() as s:
+            s.execute(update(DocumentRow).where(DocumentRow.id == document_id).values(title=title[:512]))
+
     def referenced_kv_keys(self, keys: set[str]) -> set[str]:
         """The subset of `keys` still used by some chunk (identical chunks share one KV entry)."""
         if not keys:

@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -224,48 +224,71 @@ class IngestService:
         tracker.stage("parse", len(items))
         settings = self._c.settings.ingest
         seen_hashes: dict[str, str] = {}
-        for n, item in enumerate(items, 1):
+        extra: list[_WorkItem] = []
+        for n, item in enumerate(list(items), 1):
             tracker.check_cancel()
             src = item.source
             try:
                 if src.kind == "text":
-                    loaded = load_text(src.title, src.text or "", metadata=src.metadata, settings=settings)
+                    loaded_docs = [load_text(src.text or "", src.title, source_path=src.source_path,
+                                             metadata=src.metadata)]
                 else:
-                    loaded = load_path(Path(src.path or ""), settings=settings)
-                    if src.title:
-                        loaded = _with_title(loaded, src.title)
+                    loaded_docs = load_path(Path(src.path or ""), settings)
             except LoaderError as exc:
                 self._fail_document(item, exc.message)
                 errors.append({"source": src.source_path or src.title, "error": exc.message, "code": exc.code})
                 tracker.advance(n)
                 continue
-            existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
-            duplicate_of = seen_hashes.get(loaded.content_hash)
-            if existing is not None and existing.job_id != tracker.job_id:
-                duplicate_of = existing.id
-            if duplicate_of is not None:
-                # Same content is already stored: keep one copy and report this one as a duplicate.
-                self._c.catalog.delete_document(item.document_id)
-                item.failed = f"duplicate of {duplicate_of}"
-                duplicates.append(item.document_id)
-                errors.append({"source": src.source_path or src.title, "error": f"duplicate of document "
-                               f"{duplicate_of}", "code": "duplicate", "document_id": duplicate_of})
-            else:
-                seen_hashes[loaded.content_hash] = item.document_id
-                item.loaded = loaded
-                self._c.catalog.set_content_hash(item.document_id, loaded.content_hash, loaded.metadata)
+            # A json/jsonl file may hold many records: the first fills this item, the rest get documents.
+            targets = [item]
+            for i, loaded in enumerate(loaded_docs[1:], 1):
+                source_path = f"{src.source_path}#{i}" if src.source_path else None
+                doc = self._c.catalog.add_document(title=loaded.title, source_path=source_path,
+                                                   content_hash=None, tags=src.tags, metadata=src.metadata,
+                                                   job_id=tracker.job_id)
+                targets.append(_WorkItem(doc.id, IngestSource(kind="file", title=loaded.title, path=src.path,
+                                                              source_path=source_path, tags=src.tags)))
+            extra.extend(targets[1:])
+            for target, loaded in zip(targets, loaded_docs, strict=True):
+                if len(loaded_docs) == 1 and src.kind == "file" and src.title:
+                    loaded = replace(loaded, title=src.title)
+                self._accept_parsed(target, loaded, tracker.job_id, seen_hashes, errors, duplicates)
             tracker.advance(n)
+        if extra:
+            items.extend(extra)
+            self._c.catalog.update_job(tracker.job_id, document_ids=[i.document_id for i in items])
+
+    def _accept_parsed(self, item: _WorkItem, loaded: LoadedDocument, job_id: str, seen_hashes: dict[str, str],
+                       errors: list[dict[str, Any]], duplicates: list[str]) -> None:
+        existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
+        duplicate_of = seen_hashes.get(loaded.content_hash)
+        if existing is not None and existing.job_id != job_id:
+            duplicate_of = existing.id
+        if duplicate_of is None:
+            seen_hashes[loaded.content_hash] = item.document_id
+            item.loaded = loaded
+            self._c.catalog.set_content_hash(item.document_id, loaded.content_hash, dict(loaded.metadata))
+            if loaded.title != item.source.title:
+                self._c.catalog.set_title(item.document_id, loaded.title)
+            return
+        # Same content is already stored: keep one copy and report this one as a duplicate.
+        self._c.catalog.delete_document(item.document_id)
+        item.failed = f"duplicate of {duplicate_of}"
+        duplicates.append(item.document_id)
+        errors.append({"source": item.source.source_path or item.source.title,
+                       "error": f"duplicate of document {duplicate_of}", "code": "duplicate",
+                       "document_id": duplicate_of})
 
     def _chunk(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]]) -> None:
         from ingest.chunker import Chunker
 
         live = [i for i in items if i.failed is None]
         tracker.stage("chunk", len(live))
-        chunker = Chunker(self._c.engine.tokenizer, self._c.settings.ingest)
+        chunker = Chunker.from_settings(self._c.engine.tokenizer, self._c.settings.ingest)
         for n, item in enumerate(live, 1):
             tracker.check_cancel()
             assert item.loaded is not None
-            item.chunks = chunker.chunk(item.loaded)
+            item.chunks = chunker.chunk_document(item.loaded)
             if not item.chunks:
                 self._fail_document(item, "document has no text to index")
                 errors.append({"source": item.source.source_path or item.source.title,
@@ -273,13 +296,20 @@ class IngestService:
             tracker.advance(n)
 
     def _embed(self, items: list[_WorkItem], tracker: _Progress) -> None:
+        from retrieval.types import IndexedChunk
+
         live = [i for i in items if i.failed is None]
         total = sum(len(i.chunks) for i in live)
         tracker.stage("embed", total)
         done = 0
         for item in live:
             tracker.check_cancel()
-            item.vectors = self._c.retriever.embed_passages([c.text for c in item.chunks])
+            assert item.loaded is not None
+            # Ids are not assigned until commit; embedding only reads text and title.
+            item.vectors = self._c.retriever.embed_chunks([
+                IndexedChunk(chunk_id=c.index, document_id=item.document_id, text=c.text,
+                             title=item.loaded.title) for c in item.chunks
+            ])
             done += len(item.chunks)
             tracker.advance(done)
 
@@ -371,12 +401,6 @@ class IngestService:
                 self._c.catalog.replace_chunks(doc_id, [])
                 self._c.catalog.set_document_status(doc_id, DocumentStatus.FAILED, error="ingest cancelled")
         self._c.catalog.update_job(job_id, status=JobStatus.CANCELLED, errors=errors)
-
-
-def _with_title(doc: LoadedDocument, title: str) -> LoadedDocument:
-    from dataclasses import replace
-
-    return replace(doc, title=title)
 
 
 class _Progress:

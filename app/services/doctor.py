@@ -1,0 +1,96 @@
+"""`blendrag doctor`: check that the catalog, the FAISS index and the KV store agree, and repair them.
+
+The catalog is the source of truth. Run it with the server stopped (it rewrites the index file).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app.catalog import DocumentStatus, JobStatus
+
+if TYPE_CHECKING:
+    from app.components import Components
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DoctorReport:
+    num_documents: int = 0
+    num_chunks: int = 0
+    # pending documents no live job will finish (a crash mid-ingest): made failed, their rows dropped
+    stranded_document_ids: list[str] = field(default_factory=list)
+    # index entries whose chunk is gone or not committed: removed from the index
+    orphan_index_ids: list[int] = field(default_factory=list)
+    # committed chunks the index lacks: embedded and added again
+    unindexed_chunk_ids: list[int] = field(default_factory=list)
+    # committed chunks without a fresh KV entry: prefilled and stored again
+    kv_missing_chunk_ids: list[int] = field(default_factory=list)
+    # KV entries no chunk refers to (kept: content-addressed, reusable by a re-ingest)
+    num_unreferenced_kv_entries: int = 0
+    repaired: bool = False
+
+    @property
+    def problems(self) -> int:
+        return (len(self.stranded_document_ids) + len(self.orphan_index_ids) + len(self.unindexed_chunk_ids)
+                + len(self.kv_missing_chunk_ids))
+
+
+def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
+    catalog, retriever, store = components.catalog, components.retriever, components.store
+    report = DoctorReport(repaired=repair)
+    live_jobs = {j.id for j in catalog.jobs_with_status([JobStatus.QUEUED, JobStatus.RUNNING])}
+
+    documents = catalog.all_documents()
+    report.num_documents = len(documents)
+    for doc in documents:
+        if doc.status == DocumentStatus.PENDING and doc.job_id not in live_jobs:
+            report.stranded_document_ids.append(doc.id)
+            if repair:
+                catalog.replace_chunks(doc.id, [])
+                catalog.set_document_status(doc.id, DocumentStatus.FAILED,
+                                            error="ingest was interrupted; ingest the document again")
+
+    ready_chunks = catalog.iter_chunks([DocumentStatus.READY])
+    report.num_chunks = len(ready_chunks)
+    ready_ids = {c.id for c in ready_chunks}
+    indexed = set(retriever.chunk_ids())
+    report.orphan_index_ids = sorted(indexed - ready_ids)
+    missing_from_index = [c for c in ready_chunks if c.id not in indexed]
+    report.unindexed_chunk_ids = [c.id for c in missing_from_index]
+
+    expected = {c.id: components.expected_kv_key(c.token_ids) for c in ready_chunks}
+    present = store.locate_many(list(set(expected.values())))
+    kv_missing = [c for c in ready_chunks if expected[c.id] not in present]
+    report.kv_missing_chunk_ids = [c.id for c in kv_missing]
+    referenced = set(expected.values())
+    report.num_unreferenced_kv_entries = sum(1 for k in store.keys() if k not in referenced)  # noqa: SIM118 (a store, not a dict)
+
+    if repair:
+        _repair_index(components, report, missing_from_index)
+        engine = components.engine
+        for chunk in kv_missing:
+            key = expected[chunk.id]
+            if store.contains(key) is None:  # two chunks may share one entry
+                store.put(key, engine.prefill_chunk(chunk.token_ids), model_fingerprint=engine.fingerprint)
+        catalog.set_kv_keys({c.id: expected[c.id] for c in kv_missing})
+    return report
+
+
+def _repair_index(components: Components, report: DoctorReport, missing: list) -> None:
+    from retrieval.types import IndexedChunk
+
+    retriever, catalog = components.retriever, components.catalog
+    if report.orphan_index_ids:
+        retriever.remove(report.orphan_index_ids)
+    if missing:
+        docs = {d.id: d for d in catalog.all_documents()}
+        retriever.add([
+            IndexedChunk(chunk_id=c.id, document_id=c.document_id, text=c.text, title=c.title, page=c.page,
+                         tags=tuple(docs[c.document_id].tags))
+            for c in missing
+        ])
+    retriever.save()

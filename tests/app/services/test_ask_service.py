@@ -1,0 +1,111 @@
+"""AskService on the real stack with the tiny random Llama (exact, fast)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.components import Components, build_scheduler
+from app.services.ask_service import (
+    AskRequest,
+    AskService,
+    AskValidationError,
+    DoneEvent,
+    SearchFilters,
+    SourcesEvent,
+    TokenDelta,
+)
+from app.services.ingest_service import IngestService, IngestSource
+
+DOCS = {
+    "zorblat": "Quintaro is the capital of Zorblat. It has purple rivers and a kite festival in May.",
+    "bread": "Sourdough needs flour, water, salt and a starter. Bake it at 250 degrees for forty minutes.",
+    "moon": "The Moon orbits the Earth every 27.3 days and always shows the same face.",
+}
+
+
+@pytest.fixture
+def ingested(components: Components) -> dict[str, str]:
+    service = IngestService(components)
+    submitted = service.submit([IngestSource(kind="text", title=t, text=x, tags=[t]) for t, x in DOCS.items()],
+                               enqueue=False)
+    service.run_job(submitted.job_id)
+    return dict(zip(DOCS, submitted.document_ids, strict=True))
+
+
+def ask(components: Components, request: AskRequest) -> list:
+    async def go() -> list:
+        scheduler = build_scheduler(components)
+        await scheduler.start()
+        try:
+            return [e async for e in AskService(components, scheduler).ask(request)]
+        finally:
+            await scheduler.stop()
+
+    return asyncio.run(go())
+
+
+def test_events_come_in_order_and_tokens_make_the_answer(components: Components, ingested) -> None:
+    events = ask(components, AskRequest(question="What is the capital of Zorblat?", top_k=2, max_tokens=6))
+    assert isinstance(events[0], SourcesEvent)
+    assert isinstance(events[-1], DoneEvent)
+    assert all(isinstance(e, TokenDelta) for e in events[1:-1])
+    done = events[-1]
+    assert done.answer == "".join(e.text for e in events[1:-1])
+    assert len(events[0].sources) == 2
+    assert [s.rank for s in events[0].sources] == [1, 2]
+    assert events[0].sources[0].document_id == ingested["zorblat"]
+    assert done.kv_hits == 2 and done.kv_misses == 0
+    assert done.mode == "blend"
+    assert done.usage.completion_tokens == 6 or done.finish_reason == "stop"
+
+
+def test_blend_at_ratio_one_answers_exactly_like_full(components: Components, ingested) -> None:
+    q = "When is the kite festival?"
+    full = ask(components, AskRequest(question=q, top_k=3, mode="full", max_tokens=8))[-1]
+    blend = ask(components, AskRequest(question=q, top_k=3, mode="blend", recompute_ratio=1.0, max_tokens=8))[-1]
+    assert full.mode == "full" and blend.mode == "blend"
+    assert blend.answer == full.answer
+    assert blend.recompute_ratio == 1.0
+    assert full.usage.prompt_tokens == blend.usage.prompt_tokens
+
+
+def test_filters_restrict_sources(components: Components, ingested) -> None:
+    events = ask(components, AskRequest(question="capital?", top_k=3, max_tokens=2,
+                                        filters=SearchFilters(document_ids=[ingested["moon"]])))
+    assert [s.document_id for s in events[0].sources] == [ingested["moon"]]
+    events = ask(components, AskRequest(question="capital?", top_k=3, max_tokens=2,
+                                        filters=SearchFilters(tags=["bread"])))
+    assert [s.document_id for s in events[0].sources] == [ingested["bread"]]
+
+
+def test_missing_kv_is_recomputed_and_counted(components: Components, ingested) -> None:
+    for chunk in components.catalog.iter_chunks():
+        components.store.delete(chunk.kv_key)
+    done = ask(components, AskRequest(question="capital of Zorblat?", top_k=2, max_tokens=2))[-1]
+    assert (done.kv_hits, done.kv_misses) == (0, 2)
+    done = ask(components, AskRequest(question="capital of Zorblat?", top_k=2, max_tokens=2))[-1]
+    assert (done.kv_hits, done.kv_misses) == (2, 0)
+
+
+@pytest.mark.parametrize(
+    ("request_", "message"),
+    [
+        (AskRequest(question="  "), "must not be empty"),
+        (AskRequest(question="q", mode="turbo"), "unknown mode 'turbo'"),  # type: ignore[arg-type]
+        (AskRequest(question="q", recompute_ratio=1.5), "within [0, 1]"),
+        (AskRequest(question="q", top_k=0), "top_k"),
+    ],
+)
+def test_bad_requests_are_rejected(components: Components, request_: AskRequest, message: str) -> None:
+    service = AskService(components, scheduler=None)  # type: ignore[arg-type]  # validation needs no engine
+    with pytest.raises(AskValidationError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        service.validate(request_)
+
+
+def test_no_documents_still_answers_without_context(components: Components) -> None:
+    events = ask(components, AskRequest(question="Hello?", max_tokens=3))
+    assert events[0].sources == []
+    assert events[-1].mode == "full"
+    assert events[-1].usage.context_tokens == 0

@@ -1,0 +1,166 @@
+"""IngestService on the real stack (tiny random Llama, real MiniLM, real FAISS, SQLite, disk KV)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.catalog import DocumentStatus, JobStatus
+from app.components import Components
+from app.services.doctor import run_doctor
+from app.services.ingest_service import IngestError, IngestService, IngestSource
+
+TEXT_A = "Quintaro is the capital of Zorblat. It has purple rivers.\n\nThe kite festival is in May."
+TEXT_B = "Sourdough needs flour, water, salt and a starter. Bake it at 250 degrees."
+
+
+def text(title: str, body: str, source: str | None = None, tags: list[str] | None = None) -> IngestSource:
+    return IngestSource(kind="text", title=title, text=body, source_path=source, tags=tags or [])
+
+
+def run(service: IngestService, sources: list[IngestSource]):
+    submitted = service.submit(sources, enqueue=False)
+    return submitted, service.run_job(submitted.job_id)
+
+
+def test_text_documents_become_ready_with_index_and_kv(components: Components) -> None:
+    service = IngestService(components)
+    submitted, job = run(service, [text("A", TEXT_A), text("B", TEXT_B)])
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.errors == []
+    assert {k: v["done"] == v["total"] for k, v in job.progress.items()} == {
+        "parse": True, "chunk": True, "embed": True, "kv": True, "commit": True}
+    for doc_id in submitted.document_ids:
+        doc = components.catalog.get_document(doc_id)
+        assert doc.status == DocumentStatus.READY
+        chunks = components.catalog.chunks_of(doc_id)
+        assert len(chunks) == doc.num_chunks >= 1
+        for c in chunks:
+            assert c.kv_key == components.expected_kv_key(c.token_ids)
+            assert components.store.contains(c.kv_key) is not None
+    assert set(components.retriever.chunk_ids()) == {c.id for c in components.catalog.iter_chunks()}
+    report = run_doctor(components, repair=False)
+    assert report.problems == 0
+
+
+def test_duplicate_content_is_reported_and_not_stored_twice(components: Components) -> None:
+    service = IngestService(components)
+    first, _ = run(service, [text("A", TEXT_A)])
+    second, job = run(service, [text("A again", TEXT_A), text("B", TEXT_B)])
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.duplicate_ids == [second.document_ids[0]]
+    assert [e["code"] for e in job.errors] == ["duplicate"]
+    assert job.errors[0]["document_id"] == first.document_ids[0]
+    assert components.catalog.get_document(second.document_ids[0]) is None
+    _, total = components.catalog.list_documents()
+    assert total == 2
+
+
+def test_reingest_of_changed_source_replaces_chunks_index_and_kv(components: Components) -> None:
+    service = IngestService(components)
+    old, _ = run(service, [text("notes", TEXT_A, source="/docs/notes.md")])
+    old_chunks = components.catalog.chunks_of(old.document_ids[0])
+    new, job = run(service, [text("notes", TEXT_B, source="/docs/notes.md")])
+    assert job.status == JobStatus.SUCCEEDED
+    assert components.catalog.get_document(old.document_ids[0]) is None
+    assert components.catalog.get_document(new.document_ids[0]).status == DocumentStatus.READY
+    indexed = set(components.retriever.chunk_ids())
+    assert indexed.isdisjoint({c.id for c in old_chunks})
+    for c in old_chunks:
+        assert components.store.contains(c.kv_key) is None
+
+
+def test_delete_is_complete_idempotent_and_keeps_shared_kv(components: Components) -> None:
+    service = IngestService(components)
+    a, _ = run(service, [text("A", TEXT_A)])
+    b, _ = run(service, [text("B", TEXT_B + "\n\n" + TEXT_A)])  # shares no whole chunk with A
+    a_chunks = components.catalog.chunks_of(a.document_ids[0])
+    assert service.delete_document(a.document_ids[0]) is True
+    assert service.delete_document(a.document_ids[0]) is False
+    assert set(components.retriever.chunk_ids()).isdisjoint({c.id for c in a_chunks})
+    b_keys = {c.kv_key for c in components.catalog.chunks_of(b.document_ids[0])}
+    for c in a_chunks:
+        assert (components.store.contains(c.kv_key) is not None) == (c.kv_key in b_keys)
+    assert run_doctor(components, repair=False).problems == 0
+
+
+def test_bad_file_is_a_per_file_error_and_the_rest_goes_on(components: Components, tmp_path: Path) -> None:
+    good = tmp_path / "good.md"
+    good.write_text("# Title\n\n" + TEXT_A)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("   \n")
+    weird = tmp_path / "data.xyz"
+    weird.write_bytes(b"\x00\x01")
+    service = IngestService(components)
+    sources = [IngestSource(kind="file", title=p.name, path=str(p), source_path=str(p)) for p in (good, empty, weird)]
+    submitted, job = run(service, sources)
+    assert job.status == JobStatus.SUCCEEDED
+    assert sorted(e["code"] for e in job.errors) == ["empty_document", "unsupported_format"]
+    statuses = [components.catalog.get_document(d).status for d in submitted.document_ids]
+    assert statuses == [DocumentStatus.READY, DocumentStatus.FAILED, DocumentStatus.FAILED]
+    # a failed document can be deleted like any other
+    assert service.delete_document(submitted.document_ids[1]) is True
+
+
+def test_nothing_to_ingest_is_rejected(components: Components) -> None:
+    service = IngestService(components)
+    with pytest.raises(IngestError):
+        service.submit([])
+    with pytest.raises(IngestError):
+        service.submit([text("blank", "   ")])
+
+
+def test_cancel_before_start_fails_its_documents(components: Components) -> None:
+    service = IngestService(components)
+    submitted = service.submit([text("A", TEXT_A)], enqueue=False)
+    job = service.cancel(submitted.job_id)
+    assert job.status == JobStatus.CANCELLED
+    assert service.run_job(submitted.job_id).status == JobStatus.CANCELLED
+    doc = components.catalog.get_document(submitted.document_ids[0])
+    assert (doc.status, doc.error) == (DocumentStatus.FAILED, "ingest cancelled")
+
+
+def test_cancel_mid_job_leaves_nothing_half_visible(components: Components) -> None:
+    service = IngestService(components)
+    submitted = service.submit([text("A", TEXT_A), text("B", TEXT_B)], enqueue=False)
+
+    def cancel_during_kv(job) -> None:
+        if job.stage == "kv":
+            components.catalog.update_job(job.id, cancel_requested=True)
+
+    job = service.run_job(submitted.job_id, on_progress=cancel_during_kv)
+    assert job.status == JobStatus.CANCELLED
+    assert set(components.retriever.chunk_ids()) == set()
+    assert all(components.catalog.get_document(d).status == DocumentStatus.FAILED for d in submitted.document_ids)
+    assert run_doctor(components, repair=False).problems == 0
+
+
+def test_crash_mid_commit_is_recovered_on_restart(components: Components, tiny_settings) -> None:
+    """Simulate a process that died after writing chunks + index entries but before flipping to ready."""
+    from app.catalog.repository import NewChunk
+    from app.components import build_components
+
+    service = IngestService(components)
+    submitted = service.submit([text("A", TEXT_A)], enqueue=False)
+    doc_id = submitted.document_ids[0]
+    components.catalog.update_job(submitted.job_id, status=JobStatus.RUNNING, stage="commit")
+    ids = components.catalog.replace_chunks(doc_id, [NewChunk(0, "half", [1, 2, 3], None, 0, 4, None)])
+    from retrieval.types import IndexedChunk
+    components.retriever.add([IndexedChunk(chunk_id=ids[0], document_id=doc_id, text="half")])
+    components.retriever.save()
+    # (the "crashed" process is simply abandoned; a second set of components opens the same data dir)
+
+    restarted = build_components(tiny_settings)
+    try:
+        before = run_doctor(restarted, repair=False)
+        assert before.orphan_index_ids == ids  # index entry of an uncommitted chunk
+        fresh = IngestService(restarted)
+        assert fresh.recover() == [submitted.job_id]
+        assert ids[0] not in set(restarted.retriever.chunk_ids())
+        job = fresh.run_job(submitted.job_id)
+        assert job.status == JobStatus.SUCCEEDED
+        assert restarted.catalog.get_document(doc_id).status == DocumentStatus.READY
+        assert run_doctor(restarted, repair=False).problems == 0
+    finally:
+        restarted.close()
