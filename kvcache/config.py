@@ -1,0 +1,52 @@
+"""Settings of the KV store (`kvcache`), composed into the app's settings tree by `app/settings.py`.
+
+`KVCacheSettings` is a plain pydantic model: it never reads the environment. The app fills `dir` with
+`<data_dir>/kv`; `dir=None` runs the store without a disk tier (tests, benchmarks).
+
+Budgets: `memory_bytes` (0 turns the memory tier off) and `disk_bytes` are enforced by this process with
+LRU eviction. Redis's own budget belongs to the Redis server (`maxmemory` + `maxmemory-policy
+allkeys-lru`), because replicas share it and no single client can account for it; here we only cap the
+size of one entry (`redis_max_entry_bytes`) and set a TTL that is refreshed on every hit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+StorageDType = Literal["fp16", "bf16", "int8"]
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+
+
+class KVCacheSettings(BaseModel):
+    """Everything the tiered chunk-KV store needs; see the module docstring."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dir: Path | None = Field(default=None, description="Disk tier root (<data_dir>/kv); None: no disk tier")
+    storage_dtype: StorageDType = Field(default="fp16", description="How K/V are stored; part of the key")
+    memory_bytes: int = Field(default=512 * MiB, ge=0, description="Memory tier budget; 0 disables it")
+    disk_bytes: int = Field(default=20 * GiB, gt=0, description="Disk tier budget (LRU eviction)")
+    redis_url: str | None = Field(default=None, description="redis://host:port/db; None: no Redis tier")
+    redis_key_prefix: str = Field(default="blendrag:kv:", min_length=1)
+    redis_ttl_s: int | None = Field(default=7 * 24 * 3600, gt=0, description="Refreshed on each hit")
+    redis_max_entry_bytes: int = Field(default=256 * MiB, gt=0, le=512 * MiB)
+    redis_timeout_s: float = Field(default=1.0, gt=0, description="Connect and per-command timeout")
+    redis_retry_s: float = Field(default=5.0, ge=0, description="After a Redis failure, skip it this long")
+    prefetch: bool = Field(default=True, description="Read layer l+1 in a background thread")
+    verify_checksums: bool = Field(default=True, description="Check per-tensor CRC32 on every read")
+    promote_on_load: bool = Field(default=True, description="Copy lower-tier hits into higher tiers")
+    fsync: bool = Field(default=True, description="fsync entry files (and their dir) before rename")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        return value

@@ -1,0 +1,273 @@
+"""Layer-wise loading of a prompt's cached chunks, with a background prefetch of the next layer.
+
+`TieredKVStore.open_layers(keys, device, dtype)` resolves every key up front (raising `KVEntryMissing`
+for those no tier can serve) and returns a `StoreLayerSource`, the `LayerKVSource` the engine consumes:
+
+- `layer(l) -> (k, v)`: K (pre-RoPE) and V of all chunks concatenated in prompt order, each
+  (kv_heads, num_tokens, head_dim) in `dtype` on `device`. int8 entries are dequantized.
+- With prefetch on, opening schedules layer 0 and each `layer(l)` schedules layer l+1 on a private
+  worker thread, so reading (and checksumming, and copying to the device) hides behind the caller's
+  compute of layer l. Results are identical with and without prefetch.
+- A checksum/format failure raises `KVEntryCorrupt(key, layer_idx=l)`; the store has already removed the
+  entry from the tier it came from and counted the fault. Later `layer()` calls re-raise it.
+- `close()` (or leaving a `with` block) stops the worker, closes the files and, when every layer of a
+  lower-tier chunk was read and verified, promotes it (disk -> memory, Redis -> disk + memory).
+
+Disk chunks are read through a `FileEntryReader` opened once per chunk (not once per layer). Dtype
+conversion and int8 dequantization run on the worker with numpy (`kvcache.hostcopy`), never on torch's
+OpenMP team, so loading takes one core and leaves the others to the engine's compute. For a non-CPU
+`device` the stored bytes are staged in (pinned) host memory and converted on the device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from types import TracebackType
+
+import torch
+
+from kvcache.errors import KVEntryCorrupt
+from kvcache.format import SCALE_DTYPE, TORCH_STORAGE_DTYPES, EntryMeta, LayerData, StoredEntry
+from kvcache.hostcopy import host_copy, host_dequantize
+from kvcache.quant import dequantize_int8
+from kvcache.reader import EntryReader
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ResolvedChunk:
+    """One unique entry of a prompt, bound to the tier that will serve it."""
+
+    key: str
+    tier: str  # "memory" | "disk" | "redis"
+    meta: EntryMeta
+    entry: StoredEntry | None = None  # memory tier
+    reader: EntryReader | None = None  # disk / redis
+    raw: bytes | None = None  # Redis value, written to disk on promotion
+
+    def read_layer(self, layer_idx: int, verify: bool) -> LayerData:
+        if self.entry is not None:
+            return self.entry.layer(layer_idx)
+        assert self.reader is not None
+        return self.reader.read_layer(layer_idx, verify=verify)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+
+CorruptHandler = Callable[[ResolvedChunk, KVEntryCorrupt], None]
+PromoteHandler = Callable[[ResolvedChunk, "list[LayerData] | None"], None]
+
+
+class StoreLayerSource:
+    """A `LayerKVSource` over store entries; see the module docstring. Use as a context manager."""
+
+    def __init__(self, chunks: list[ResolvedChunk], *, device: torch.device | str, dtype: torch.dtype,
+                 prefetch: bool, verify: bool, on_corrupt: CorruptHandler,
+                 on_promote: PromoteHandler | None, collect_layers: bool,
+                 convert_on_device: bool | None = None) -> None:
+        self._unique: dict[str, ResolvedChunk] = {c.key: c for c in chunks}
+        try:
+            if not chunks:
+                raise ValueError("open_layers needs at least one key")
+            first = chunks[0].meta
+            dims = (first.num_layers, first.kv_heads, first.head_dim)
+            for c in chunks:
+                m = c.meta
+                if (m.num_layers, m.kv_heads, m.head_dim) != dims:
+                    raise ValueError(
+                        f"entry {c.key[:12]} has (layers, kv_heads, head_dim) = "
+                        f"{(m.num_layers, m.kv_heads, m.head_dim)}, entry {chunks[0].key[:12]} has "
+                        f"{dims}: different models")
+        except BaseException:
+            for c in self._unique.values():
+                c.close()
+            raise
+        self._chunks = chunks
+        self._device = torch.device(device)
+        self._dtype = dtype
+        # ship stored bytes and convert on the accelerator (a quarter / half of the bytes cross the bus)
+        self._convert_on_device = self._device.type != "cpu" if convert_on_device is None else convert_on_device
+        self._pin = self._device.type == "cuda"
+        self._verify = verify
+        self._on_corrupt = on_corrupt
+        self._on_promote = on_promote
+        self._num_layers = first.num_layers
+        self._kv_heads = first.kv_heads
+        self._head_dim = first.head_dim
+        self._spans: list[tuple[int, int]] = []
+        start = 0
+        for c in chunks:
+            self._spans.append((start, start + c.meta.num_tokens))
+            start += c.meta.num_tokens
+        self._num_tokens = start
+        # layers of lower-tier chunks kept for promotion into the memory tier at close()
+        self._collected: dict[str, list[LayerData | None]] = {
+            c.key: [None] * self._num_layers
+            for c in self._unique.values() if collect_layers and c.tier != "memory"
+        }
+        self._loaded_layers: set[int] = set()
+        self._failed: KVEntryCorrupt | None = None
+        self._closed = False
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="kv-prefetch") if prefetch else None
+        self._pending: tuple[int, Future[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._schedule(0)
+
+    # -- LayerKVSource ---------------------------------------------------------------------------------
+
+    @property
+    def num_layers(self) -> int:
+        return self._num_layers
+
+    @property
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    @property
+    def keys(self) -> list[str]:
+        return [c.key for c in self._chunks]
+
+    @property
+    def tiers(self) -> list[str]:
+        """The tier each chunk (in prompt order) is served from."""
+        return [c.tier for c in self._chunks]
+
+    @property
+    def loaded_layers(self) -> list[int]:
+        """Layers read so far, by the caller or ahead of it by the prefetch worker."""
+        return sorted(self._loaded_layers)
+
+    def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._closed:
+            raise RuntimeError("layer source is closed")
+        if not 0 <= layer_idx < self._num_layers:
+            raise IndexError(f"layer {layer_idx} out of range (num_layers={self._num_layers})")
+        if self._failed is not None:
+            raise self._failed
+        pending, self._pending = self._pending, None
+        result: tuple[torch.Tensor, torch.Tensor] | None = None
+        if pending is not None:
+            pending_idx, future = pending
+            if pending_idx == layer_idx:
+                result = future.result()  # re-raises KVEntryCorrupt from the worker
+            else:  # out-of-order access: drop the prefetch (wait so two reads never share a file offset)
+                with contextlib.suppress(KVEntryCorrupt):
+                    future.result()
+                if self._failed is not None:
+                    raise self._failed
+        if result is None:
+            result = self._load(layer_idx)
+        self._schedule(layer_idx + 1)
+        return result
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending[1].cancel():
+            with contextlib.suppress(Exception):
+                pending[1].result()
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        try:
+            self._promote()
+        finally:
+            for c in self._unique.values():
+                c.close()
+
+    def __enter__(self) -> StoreLayerSource:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------------------------------------
+
+    def _schedule(self, layer_idx: int) -> None:
+        if self._executor is not None and layer_idx < self._num_layers and self._failed is None:
+            self._pending = (layer_idx, self._executor.submit(self._load, layer_idx))
+
+    def _read_chunk_layer(self, chunk: ResolvedChunk, layer_idx: int) -> LayerData:
+        try:
+            data = chunk.read_layer(layer_idx, self._verify)
+        except KVEntryCorrupt as exc:
+            exc.layer_idx = layer_idx if exc.layer_idx is None else exc.layer_idx
+            exc.tier = chunk.tier
+            self._failed = exc
+            self._on_corrupt(chunk, exc)
+            raise
+        collected = self._collected.get(chunk.key)
+        if collected is not None:
+            collected[layer_idx] = data
+        return data
+
+    def _load(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        per_key = {key: self._read_chunk_layer(c, layer_idx) for key, c in self._unique.items()}
+        shape = (self._kv_heads, self._num_tokens, self._head_dim)
+        storage_dtypes = {c.meta.storage_dtype for c in self._unique.values()}
+        if self._convert_on_device and len(storage_dtypes) == 1:
+            k, v = self._load_to_device(per_key, shape, storage_dtypes.pop())
+        else:
+            # fill the output chunk by chunk (no torch.cat of temporaries), converting on this thread
+            k = torch.empty(shape, dtype=self._dtype)  # (kv_heads, num_tokens, head_dim)
+            v = torch.empty(shape, dtype=self._dtype)
+            for chunk, (start, end) in zip(self._chunks, self._spans, strict=True):
+                data = per_key[chunk.key]
+                if data.k_scale is None or data.v_scale is None:
+                    host_copy(k[:, start:end], data.k)
+                    host_copy(v[:, start:end], data.v)
+                else:
+                    host_dequantize(k[:, start:end], data.k, data.k_scale)
+                    host_dequantize(v[:, start:end], data.v, data.v_scale)
+            if self._device.type != "cpu":
+                k, v = k.to(self._device), v.to(self._device)
+        self._loaded_layers.add(layer_idx)
+        return k, v
+
+    def _load_to_device(self, per_key: dict[str, LayerData], shape: tuple[int, int, int], storage_dtype: str
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Ship the stored bytes (pinned staging buffer, storage dtype) and convert on the device."""
+        quantized = storage_dtype == "int8"
+        stored = TORCH_STORAGE_DTYPES[storage_dtype]
+        pin = self._pin
+        k_stage = torch.empty(shape, dtype=stored, pin_memory=pin)  # (kv_heads, num_tokens, head_dim)
+        v_stage = torch.empty(shape, dtype=stored, pin_memory=pin)
+        ks_stage = torch.empty(shape[:2], dtype=SCALE_DTYPE, pin_memory=pin) if quantized else None
+        vs_stage = torch.empty(shape[:2], dtype=SCALE_DTYPE, pin_memory=pin) if quantized else None
+        for chunk, (start, end) in zip(self._chunks, self._spans, strict=True):
+            data = per_key[chunk.key]
+            host_copy(k_stage[:, start:end], data.k)
+            host_copy(v_stage[:, start:end], data.v)
+            if ks_stage is not None and vs_stage is not None:
+                assert data.k_scale is not None and data.v_scale is not None
+                host_copy(ks_stage[:, start:end], data.k_scale)
+                host_copy(vs_stage[:, start:end], data.v_scale)
+        # blocking copies on the worker thread: the caller gets tensors that are ready to use
+        k_dev, v_dev = k_stage.to(self._device), v_stage.to(self._device)
+        if ks_stage is not None and vs_stage is not None:
+            return (dequantize_int8(k_dev, ks_stage.to(self._device), self._dtype),
+                    dequantize_int8(v_dev, vs_stage.to(self._device), self._dtype))
+        return k_dev.to(self._dtype), v_dev.to(self._dtype)
+
+    def _promote(self) -> None:
+        if self._on_promote is None or self._failed is not None:
+            return
+        if len(self._loaded_layers) != self._num_layers:
+            return  # only entries read (and verified) completely are promoted
+        for chunk in self._unique.values():
+            if chunk.tier == "memory":
+                continue
+            collected = self._collected.get(chunk.key)
+            layers = None if collected is None or any(x is None for x in collected) else collected
+            try:
+                self._on_promote(chunk, layers)  # type: ignore[arg-type]
+            except Exception:  # promotion is an optimisation; never fail the request for it
+                logger.exception("kv store: promoting %s failed", chunk.key[:12])

@@ -1,0 +1,312 @@
+"""`TieredKVStore`: the chunk-KV store the app, the engine's callers and bench use.
+
+Tiers, in lookup order: memory (LRU, `memory_bytes`; absent when 0) -> disk (`dir`, LRU, `disk_bytes`;
+absent when `dir` is None) -> Redis (`redis_url`; absent when None). Writes go to every tier; a read
+that hits a lower tier promotes the entry into the tiers above it. Every storage fault (corrupt or
+truncated entry, file deleted behind our back, full disk, Redis down) is survived, counted in
+`stats()`, logged, and turns into "not stored" / "not found", i.e. "recompute this chunk", never an
+exception from `put`/`get`/`contains` and never a wrong tensor.
+
+Public API (all methods thread-safe):
+
+    store = TieredKVStore(settings: KVCacheSettings)
+    store.key_for(model_fingerprint: str, prefix_token_ids, chunk_token_ids) -> str
+    store.put(key: str, kv: ChunkKV, *, model_fingerprint: str, overwrite: bool = False,
+              cache_in_memory: bool = True) -> PutResult
+    store.get(key: str, *, device="cpu", dtype: torch.dtype | None = None) -> ChunkKV | None
+    store.get_entry(key: str) -> StoredEntry | None
+    store.contains(key: str) -> str | None              # "memory" | "disk" | "redis" | None
+    store.locate_many(keys: Sequence[str]) -> dict[str, EntryLocation]   # present keys only
+    store.delete(key: str) -> bool                       # from every tier
+    store.keys() -> list[str]                            # sorted union over the tiers
+    store.open_layers(keys: list[str], device="cpu", dtype=None, *, prefetch: bool | None = None,
+                      convert_on_device: bool | None = None)
+        -> StoreLayerSource                              # raises KVEntryMissing(keys) up front
+    store.stats() -> StoreStats
+    store.close()
+
+`dtype=None` on reads means the stored dtype (float32 for int8 entries). `put` raises ValueError only
+for a malformed key or ChunkKV (wrong rank, empty, non-finite after conversion to the storage dtype).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvcache.config import KVCacheSettings, StorageDType
+from kvcache.disk_tier import DiskTier
+from kvcache.errors import KVEntryCorrupt, KVEntryMissing
+from kvcache.format import (
+    LayerData,
+    StoredEntry,
+    default_compute_dtype,
+    encode_entry,
+    serialize_entry,
+)
+from kvcache.keys import check_key, chunk_key
+from kvcache.loader import ResolvedChunk, StoreLayerSource
+from kvcache.memory_tier import MemoryTier
+from kvcache.reader import BytesEntryReader, deserialize_entry
+from kvcache.redis_tier import RedisTier
+from kvcache.stats import StoreStats
+from kvcache.types import ChunkKV
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PutResult:
+    key: str
+    stored_in: tuple[str, ...]  # tiers holding the entry after the put (lookup order)
+    failed: tuple[str, ...]  # tiers that could not store it (fault or over budget; see stats())
+    num_bytes: int  # serialized size
+
+    @property
+    def persisted(self) -> bool:
+        """Stored in a tier that outlives this process (disk or Redis)."""
+        return any(t in ("disk", "redis") for t in self.stored_in)
+
+
+@dataclass(frozen=True)
+class EntryLocation:
+    key: str
+    tiers: tuple[str, ...]  # every tier holding the entry, lookup order; tiers[0] serves reads
+    num_bytes_by_tier: dict[str, int]  # memory: tensor bytes; disk / redis: serialized bytes
+
+    @property
+    def tier(self) -> str:
+        return self.tiers[0]
+
+
+class TieredKVStore:
+    def __init__(self, settings: KVCacheSettings) -> None:
+        self.settings = settings
+        self.memory: MemoryTier | None = MemoryTier(settings.memory_bytes) if settings.memory_bytes else None
+        self.disk: DiskTier | None = (
+            DiskTier(settings.dir, settings.disk_bytes, fsync=settings.fsync) if settings.dir else None
+        )
+        self.redis: RedisTier | None = None
+        if settings.redis_url:
+            self.redis = RedisTier(
+                settings.redis_url, key_prefix=settings.redis_key_prefix, ttl_s=settings.redis_ttl_s,
+                timeout_s=settings.redis_timeout_s, retry_after_s=settings.redis_retry_s,
+                max_entry_bytes=settings.redis_max_entry_bytes,
+            )
+        self._lock = threading.Lock()
+        self._num_hits = 0
+        self._num_misses = 0
+
+    @property
+    def storage_dtype(self) -> StorageDType:
+        return self.settings.storage_dtype
+
+    @property
+    def tier_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in (self.memory, self.disk, self.redis) if t is not None)
+
+    def key_for(self, model_fingerprint: str, prefix_token_ids: Iterable[int],
+                chunk_token_ids: Iterable[int]) -> str:
+        """`chunk_key(...)` with this store's storage dtype."""
+        return chunk_key(model_fingerprint, prefix_token_ids, chunk_token_ids, self.storage_dtype)
+
+    def _count(self, num_hits: int, num_misses: int) -> None:
+        with self._lock:
+            self._num_hits += num_hits
+            self._num_misses += num_misses
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def put(self, key: str, kv: ChunkKV, *, model_fingerprint: str, overwrite: bool = False,
+            cache_in_memory: bool = True) -> PutResult:
+        """Store a chunk's KV in every tier (persistent ones first). Storage faults never raise."""
+        entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint,
+                             storage_dtype=self.storage_dtype)
+        return self.put_entry(entry, overwrite=overwrite, cache_in_memory=cache_in_memory)
+
+    def put_entry(self, entry: StoredEntry, *, overwrite: bool = False,
+                  cache_in_memory: bool = True) -> PutResult:
+        key = check_key(entry.key)
+        data = serialize_entry(entry) if (self.disk or self.redis) else None
+        stored: list[str] = []
+        failed: list[str] = []
+        if self.memory is not None and cache_in_memory:
+            (stored if self.memory.put(key, entry) else failed).append("memory")
+        if self.disk is not None and data is not None:
+            (stored if self.disk.put_bytes(key, data, overwrite=overwrite) else failed).append("disk")
+        if self.redis is not None and data is not None:
+            (stored if self.redis.put_bytes(key, data, overwrite=overwrite) else failed).append("redis")
+        return PutResult(key=key, stored_in=tuple(stored), failed=tuple(failed),
+                         num_bytes=len(data) if data is not None else entry.nbytes)
+
+    def delete(self, key: str) -> bool:
+        check_key(key)
+        removed = False
+        for tier in (self.memory, self.disk, self.redis):
+            if tier is not None:
+                removed = tier.delete(key) or removed
+        return removed
+
+    # -- whole-entry reads ---------------------------------------------------------------------------
+
+    def get_entry(self, key: str) -> StoredEntry | None:
+        """The entry in storage form from the highest tier that has a valid copy; promotes it."""
+        check_key(key)
+        promote = self.settings.promote_on_load
+        verify = self.settings.verify_checksums
+        if self.memory is not None:
+            entry = self.memory.get(key)
+            if entry is not None:
+                self._count(1, 0)
+                return entry
+        if self.disk is not None:
+            entry = self.disk.get(key, verify=verify)
+            if entry is not None:
+                if promote and self.memory is not None:
+                    self.memory.put(key, entry)
+                self._count(1, 0)
+                return entry
+        if self.redis is not None:
+            data = self.redis.get_bytes(key)
+            if data is not None:
+                try:
+                    entry = deserialize_entry(data, key, verify=verify)
+                except KVEntryCorrupt as exc:
+                    self.redis.remove_corrupt(key, exc)
+                else:
+                    if promote:
+                        if self.disk is not None:
+                            self.disk.put_bytes(key, data)
+                        if self.memory is not None:
+                            self.memory.put(key, entry)
+                    self._count(1, 0)
+                    return entry
+        self._count(0, 1)
+        return None
+
+    def get(self, key: str, *, device: torch.device | str = "cpu",
+            dtype: torch.dtype | None = None) -> ChunkKV | None:
+        entry = self.get_entry(key)
+        return None if entry is None else entry.to_chunk_kv(dtype, device)
+
+    # -- presence ------------------------------------------------------------------------------------
+
+    def contains(self, key: str) -> str | None:
+        """Name of the highest tier holding `key`, or None. Does not read or promote the entry."""
+        check_key(key)
+        if self.memory is not None and self.memory.contains(key):
+            return "memory"
+        if self.disk is not None and self.disk.contains(key):
+            return "disk"
+        if self.redis is not None and self.redis.contains(key):
+            return "redis"
+        return None
+
+    def locate_many(self, keys: Sequence[str]) -> dict[str, EntryLocation]:
+        """Where each present key lives and its size per tier (one Redis round trip for all keys)."""
+        unique = [check_key(k) for k in dict.fromkeys(keys)]
+        sizes: dict[str, dict[str, int]] = {k: {} for k in unique}
+        if self.memory is not None:
+            for k in unique:
+                n = self.memory.nbytes_of(k)
+                if n is not None:
+                    sizes[k]["memory"] = n
+        if self.disk is not None:
+            for k in unique:
+                n = self.disk.nbytes_of(k)
+                if n is not None:
+                    sizes[k]["disk"] = n
+        if self.redis is not None:
+            for k, n in self.redis.nbytes_many(unique).items():
+                sizes[k]["redis"] = n
+        return {k: EntryLocation(key=k, tiers=tuple(by_tier), num_bytes_by_tier=by_tier)
+                for k, by_tier in sizes.items() if by_tier}
+
+    def keys(self) -> list[str]:
+        found: set[str] = set()
+        for tier in (self.memory, self.disk, self.redis):
+            if tier is not None:
+                found.update(tier.keys())
+        return sorted(found)
+
+    # -- layer-wise reads ----------------------------------------------------------------------------
+
+    def open_layers(self, keys: list[str], device: torch.device | str = "cpu",
+                    dtype: torch.dtype | None = None, *, prefetch: bool | None = None,
+                    convert_on_device: bool | None = None) -> StoreLayerSource:
+        """Serve the prompt's chunks (in this order) layer by layer; see `kvcache.loader`.
+
+        Raises `KVEntryMissing` listing every key no tier could serve, before reading any layer, so
+        the caller can recompute exactly those chunks and store them. `prefetch=None` uses the
+        settings; `convert_on_device=None` converts/dequantizes on `device` unless it is the CPU.
+        """
+        if not keys:
+            raise ValueError("open_layers needs at least one key")
+        unique = [check_key(k) for k in dict.fromkeys(keys)]
+        resolved: dict[str, ResolvedChunk] = {}
+        need_redis: list[str] = []
+        for key in unique:
+            entry = self.memory.get(key) if self.memory is not None else None
+            if entry is not None:
+                resolved[key] = ResolvedChunk(key=key, tier="memory", meta=entry.meta, entry=entry)
+                continue
+            reader = self.disk.open_reader(key) if self.disk is not None else None
+            if reader is not None:
+                resolved[key] = ResolvedChunk(key=key, tier="disk", meta=reader.meta, reader=reader)
+                continue
+            need_redis.append(key)
+        if need_redis and self.redis is not None:
+            for key, data in self.redis.get_many_bytes(need_redis).items():
+                try:
+                    byte_reader = BytesEntryReader(data, key)
+                except KVEntryCorrupt as exc:
+                    self.redis.remove_corrupt(key, exc)
+                    continue
+                resolved[key] = ResolvedChunk(key=key, tier="redis", meta=byte_reader.meta,
+                                              reader=byte_reader, raw=data)
+        missing = [k for k in unique if k not in resolved]
+        self._count(len(unique) - len(missing), len(missing))
+        if missing:
+            for chunk in resolved.values():
+                chunk.close()
+            raise KVEntryMissing(missing)
+        first = resolved[unique[0]].meta
+        promote = self.settings.promote_on_load
+        return StoreLayerSource(
+            [resolved[k] for k in keys],
+            device=device,
+            dtype=dtype or default_compute_dtype(first.storage_dtype),
+            prefetch=self.settings.prefetch if prefetch is None else prefetch,
+            verify=self.settings.verify_checksums,
+            on_corrupt=self._on_corrupt,
+            on_promote=self._on_promote if promote else None,
+            collect_layers=promote and self.memory is not None,
+            convert_on_device=convert_on_device,
+        )
+
+    def _on_corrupt(self, chunk: ResolvedChunk, exc: KVEntryCorrupt) -> None:
+        tier = self.disk if chunk.tier == "disk" else self.redis if chunk.tier == "redis" else None
+        if tier is not None:
+            tier.remove_corrupt(chunk.key, exc)
+
+    def _on_promote(self, chunk: ResolvedChunk, layers: list[LayerData] | None) -> None:
+        if chunk.tier == "redis" and chunk.raw is not None and self.disk is not None:
+            self.disk.put_bytes(chunk.key, chunk.raw)
+        if layers is not None and self.memory is not None:
+            self.memory.put(chunk.key, StoredEntry.from_layers(chunk.meta, layers))
+
+    # -- accounting ----------------------------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        tiers = tuple(t.stats() for t in (self.memory, self.disk, self.redis) if t is not None)
+        with self._lock:
+            return StoreStats(tiers=tiers, num_hits=self._num_hits, num_misses=self._num_misses,
+                              storage_dtype=self.storage_dtype)
+
+    def close(self) -> None:
+        if self.redis is not None:
+            self.redis.close()
