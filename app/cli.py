@@ -107,7 +107,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     async def run() -> int:
         scheduler = build_scheduler(components)
-        await scheduler.start()
+        scheduler.start()
         service = AskService(components, scheduler)
         try:
             service.validate(request)
@@ -139,7 +139,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
                         print(f"\nerror: {event.message}", file=sys.stderr)
                         code = 1
         finally:
-            await scheduler.stop()
+            await asyncio.to_thread(scheduler.stop)
         return code
 
     try:

@@ -61,4 +61,6 @@ def build_components(settings: Settings) -> Components:
 def build_scheduler(components: Components) -> Scheduler:
     from engine.scheduler import Scheduler
 
-    return Scheduler(components.engine, components.settings.engine)
+    engine_settings = components.settings.engine
+    return Scheduler(components.engine, max_queue=engine_settings.max_queue,
+                     max_running=engine_settings.max_running)

@@ -49,7 +49,7 @@ class AppState:
             return
         self.components = components
         self.scheduler = build_scheduler(components)
-        await self.scheduler.start()
+        self.scheduler.start()
 
         def on_commit(num_chunks: int, seconds: float) -> None:
             self.metrics.ingest_chunks.inc(num_chunks)
@@ -66,6 +66,6 @@ class AppState:
         if self.ingest is not None:
             await asyncio.to_thread(self.ingest.stop)
         if self.scheduler is not None:
-            await self.scheduler.stop()
+            await asyncio.to_thread(self.scheduler.stop)
         if self.components is not None:
             self.components.close()

@@ -144,7 +144,15 @@ class AskService:
 
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
         """Answer one question as a stream of events: sources, token deltas, then done (or error)."""
-        from engine.types import BlendConfig, EngineBusy, FinishEvent, GenerationRequest, SamplingParams
+        from engine.types import (
+            BlendConfig,
+            EngineBusy,
+            EngineError,
+            FinishEvent,
+            GenerationRequest,
+            SamplingParams,
+        )
+        from kvcache.errors import KVEntryCorrupt
 
         self.validate(request)
         engine_settings = self._c.settings.engine
@@ -160,15 +168,6 @@ class AskService:
         ordered = list(reversed(chunks))
         layout = engine.prompt.layout([c.token_ids for c in ordered], request.question.strip())
 
-        kv_started = time.perf_counter()
-        kv_source, kv_hits, kv_misses = (None, 0, 0)
-        if ordered and mode != "full":
-            kv_source, kv_hits, kv_misses = await asyncio.to_thread(self._open_kv, ordered)
-        kv_load_ms = (time.perf_counter() - kv_started) * 1000
-        if self._metrics is not None:
-            self._metrics.kv_lookups.labels("hit").inc(kv_hits)
-            self._metrics.kv_lookups.labels("miss").inc(kv_misses)
-
         blend = engine_settings.blend_config()
         if request.recompute_ratio is not None:
             blend = BlendConfig(recompute_ratio=request.recompute_ratio, check_layers=blend.check_layers,
@@ -179,29 +178,60 @@ class AskService:
             top_p=engine_settings.top_p if request.top_p is None else request.top_p,
             seed=request.seed, stop=request.stop,
         )
-        gen = GenerationRequest(request_id=str(uuid.uuid4()), layout=layout, kv_source=kv_source,
-                                mode=mode if kv_source is not None else "full", blend=blend, sampling=sampling)
+
+        kv_load_ms, kv_hits, kv_misses = 0.0, 0, 0
         pieces: list[str] = []
-        try:
-            async for event in self._scheduler.submit(gen):
-                if isinstance(event, FinishEvent):
-                    done = self._done(event, pieces, request, retrieval_ms, kv_load_ms, kv_hits, kv_misses,
-                                      layout.num_tokens)
-                    yield done
+        # A stored entry found corrupt while its layers stream in has already been dropped by the store:
+        # opening again recomputes it. Only before the first token, so the client never sees a restart.
+        for attempt in range(2):
+            kv_started = time.perf_counter()
+            kv_source = None
+            if ordered and mode != "full":
+                kv_source, hits, misses = await asyncio.to_thread(self._open_kv, ordered)
+                kv_hits, kv_misses = (hits, misses) if attempt == 0 else (kv_hits, kv_misses + misses)
+            kv_load_ms += (time.perf_counter() - kv_started) * 1000
+            gen = GenerationRequest(request_id=str(uuid.uuid4()), layout=layout, kv_source=kv_source,
+                                    mode=mode if kv_source is not None else "full", blend=blend,
+                                    sampling=sampling)
+            try:
+                async for event in self._scheduler.submit(gen):
+                    if isinstance(event, FinishEvent):
+                        self._observe_kv(kv_hits, kv_misses)
+                        yield self._done(event, pieces, retrieval_ms, kv_load_ms, kv_hits, kv_misses)
+                        return
+                    if event.text:
+                        pieces.append(event.text)
+                        yield TokenDelta(text=event.text)
+            except (KVEntryCorrupt, EngineError) as exc:
+                corrupt = exc if isinstance(exc, KVEntryCorrupt) else exc.__cause__
+                if not isinstance(corrupt, KVEntryCorrupt):
+                    if isinstance(exc, EngineBusy):
+                        self._count(mode, "busy")
+                        yield ErrorEvent(message=f"the engine is busy, retry shortly ({exc})", code="busy")
+                        return
+                    logger.exception("ask failed")
+                    self._count(mode, "error")
+                    yield ErrorEvent(message=str(exc), code="internal")
                     return
-                if event.text:
-                    pieces.append(event.text)
-                    yield TokenDelta(text=event.text)
-        except EngineBusy as exc:
-            self._count(mode, "busy")
-            yield ErrorEvent(message=f"the engine is busy, retry shortly ({exc})", code="busy")
-        except Exception as exc:
-            logger.exception("ask failed")
-            self._count(mode, "error")
-            yield ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="internal")
-        finally:
-            if kv_source is not None:
-                kv_source.close()
+                if pieces or attempt == 1:
+                    logger.error("KV entry corrupt mid-answer: %s", exc)
+                    self._count(mode, "error")
+                    yield ErrorEvent(message=f"stored KV was corrupt: {exc}", code="internal")
+                    return
+                logger.warning("KV entry corrupt (%s); recomputing it and starting over", exc)
+            except Exception as exc:
+                logger.exception("ask failed")
+                self._count(mode, "error")
+                yield ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="internal")
+                return
+            finally:
+                if kv_source is not None:
+                    kv_source.close()
+
+    def _observe_kv(self, kv_hits: int, kv_misses: int) -> None:
+        if self._metrics is not None:
+            self._metrics.kv_lookups.labels("hit").inc(kv_hits)
+            self._metrics.kv_lookups.labels("miss").inc(kv_misses)
 
     # ---- steps -----------------------------------------------------------------------------------
 
@@ -253,8 +283,8 @@ class AskService:
                         missing.discard(key)
         raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
 
-    def _done(self, event: object, pieces: list[str], request: AskRequest, retrieval_ms: float,
-              kv_load_ms: float, kv_hits: int, kv_misses: int, num_prompt_tokens: int) -> DoneEvent:
+    def _done(self, event: object, pieces: list[str], retrieval_ms: float, kv_load_ms: float, kv_hits: int,
+              kv_misses: int) -> DoneEvent:
         from engine.types import FinishEvent
 
         assert isinstance(event, FinishEvent)

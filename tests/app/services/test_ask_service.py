@@ -37,11 +37,11 @@ def ingested(components: Components) -> dict[str, str]:
 def ask(components: Components, request: AskRequest) -> list:
     async def go() -> list:
         scheduler = build_scheduler(components)
-        await scheduler.start()
+        scheduler.start()
         try:
             return [e async for e in AskService(components, scheduler).ask(request)]
         finally:
-            await scheduler.stop()
+            await asyncio.to_thread(scheduler.stop)
 
     return asyncio.run(go())
 
@@ -109,3 +109,35 @@ def test_no_documents_still_answers_without_context(components: Components) -> N
     assert events[0].sources == []
     assert events[-1].mode == "full"
     assert events[-1].usage.context_tokens == 0
+
+
+def test_corrupt_entry_found_mid_request_is_recomputed(tmp_path, tiny_llama_dir) -> None:
+    """Disk-only store; one entry's last bytes flipped: its checksum fails while layers stream in."""
+    from app.components import build_components
+    from app.settings import load_settings
+
+    settings = load_settings(data_dir=tmp_path / "data", engine={"model": str(tiny_llama_dir)},
+                             kvcache={"memory_bytes": 0})
+    components = build_components(settings)
+    try:
+        service = IngestService(components)
+        submitted = service.submit([IngestSource(kind="text", title="zorblat", text=DOCS["zorblat"])],
+                                   enqueue=False)
+        service.run_job(submitted.job_id)
+        (chunk,) = components.catalog.chunks_of(submitted.document_ids[0])
+        files = [p for p in (tmp_path / "data" / "kv").rglob("*") if p.is_file() and chunk.kv_key in p.name]
+        assert len(files) == 1
+        data = bytearray(files[0].read_bytes())
+        for i in range(1, 65):
+            data[-i] ^= 0xFF
+        files[0].write_bytes(bytes(data))
+
+        reference = ask(components, AskRequest(question="capital?", mode="full", max_tokens=4))[-1]
+        done = ask(components, AskRequest(question="capital?", mode="blend", recompute_ratio=1.0, max_tokens=4))[-1]
+        assert isinstance(done, DoneEvent)
+        assert done.answer == reference.answer
+        assert (done.kv_hits, done.kv_misses) == (1, 1)
+        assert components.store.stats().num_faults >= 1
+        assert components.store.contains(chunk.kv_key) == "disk"  # stored again, healthy
+    finally:
+        components.close()
