@@ -15,7 +15,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -250,8 +250,8 @@ class IngestService:
                                                               source_path=source_path, tags=src.tags)))
             extra.extend(targets[1:])
             for target, loaded in zip(targets, loaded_docs, strict=True):
-                if len(loaded_docs) == 1 and src.kind == "file" and src.title:
-                    loaded = replace(loaded, title=src.title)
+                # A file's title comes from its content (heading, PDF metadata …); the file name was
+                # only the placeholder shown while the job was queued.
                 self._accept_parsed(target, loaded, tracker.job_id, seen_hashes, errors, duplicates)
             tracker.advance(n)
         if extra:

@@ -1,0 +1,68 @@
+"""The `blendrag` command line, in-process, on the tiny model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+
+
+@pytest.fixture
+def tiny_env(monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path, tmp_path: Path) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BLENDRAG_ENGINE__MODEL", str(tiny_llama_dir))
+    monkeypatch.setenv("BLENDRAG_ENGINE__MAX_NEW_TOKENS", "4")
+    return tmp_path / "data"
+
+
+def test_ingest_ask_cache_doctor(tiny_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "zorblat.md").write_text("# Zorblat\n\nQuintaro is the capital of Zorblat.\n")
+    (docs / "sub" / "bread.txt").write_text("Sourdough needs flour, water, salt and a starter.\n")
+    (docs / ".hidden.txt").write_text("never ingested\n")
+
+    assert main(["ingest", str(docs), "--data-dir", str(tiny_env)]) == 0
+    out = capsys.readouterr().out
+    assert "succeeded; 2 of 2 file(s) ingested" in out
+
+    assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--data-dir", str(tiny_env)]) == 0
+    out = capsys.readouterr().out
+    assert "Sources:\n  [1] Zorblat" in out
+    assert "mode blend" in out and "KV hits 1, misses 0" in out
+
+    assert main(["cache", "stats", "--data-dir", str(tiny_env)]) == 0
+    out = capsys.readouterr().out
+    disk_line = next(line for line in out.splitlines() if line.startswith("disk"))
+    assert disk_line.split()[1] == "2"  # two chunks, two entries
+
+    assert main(["doctor", "--data-dir", str(tiny_env)]) == 0
+    assert "committed chunks without fresh KV: 0" in capsys.readouterr().out
+
+    # losing an entry is found by doctor and repaired
+    victim = next(p for p in (tiny_env / "kv").rglob("*.safetensors"))
+    victim.unlink()
+    assert main(["doctor", "--data-dir", str(tiny_env)]) == 1
+    assert "committed chunks without fresh KV: 1 found" in capsys.readouterr().out
+    assert main(["doctor", "--repair", "--data-dir", str(tiny_env)]) == 0
+    assert main(["doctor", "--data-dir", str(tiny_env)]) == 0
+    assert "committed chunks without fresh KV: 0" in capsys.readouterr().out
+
+
+def test_errors_exit_non_zero_with_a_message(tiny_env: Path, tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main(["ingest", str(tmp_path / "missing"), "--data-dir", str(tiny_env)]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+    assert main(["ask", "  ", "--data-dir", str(tiny_env)]) == 2
+    assert "question must not be empty" in capsys.readouterr().err
+    assert main(["ask", "q", "--ratio", "2", "--data-dir", str(tiny_env)]) == 2
+    assert "within [0, 1]" in capsys.readouterr().err
+    monkeypatch.setenv("BLENDRAG_ENGINE__MODE", "turbo")
+    assert main(["ask", "q", "--data-dir", str(tiny_env)]) == 2
+    assert "engine.mode" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["ask"])
+    assert exc.value.code == 2
