@@ -1,6 +1,14 @@
 """Parsing documents into text and cutting it into token-exact chunks. Pure functions: no DB, no app."""
 
-from ingest.chunker import CHUNK_SEPARATOR, Chunk, Chunker, TokenizerLike, chunk_document, encode_chunk_text
+from ingest.chunker import (
+    CHUNK_SEPARATOR,
+    Chunk,
+    Chunker,
+    TokenizerLike,
+    chunk_document,
+    encode_chunk_text,
+    encode_text,
+)
 from ingest.config import KNOWN_EXTENSIONS, IngestSettings
 from ingest.errors import (
     DocumentTooLarge,
@@ -34,6 +42,7 @@ __all__ = [
     "content_hash",
     "detect_format",
     "encode_chunk_text",
+    "encode_text",
     "iter_load",
     "iter_paths",
     "load_bytes",

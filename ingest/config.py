@@ -1,0 +1,55 @@
+"""Settings of the ingest package (parsing and chunking). Composed into the app's settings tree."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Extension (lower case, no dot) -> loader format. The single source of truth for what can be parsed.
+KNOWN_EXTENSIONS: dict[str, str] = {
+    "txt": "txt",
+    "text": "txt",
+    "md": "md",
+    "markdown": "md",
+    "html": "html",
+    "htm": "html",
+    "xhtml": "html",
+    "pdf": "pdf",
+    "docx": "docx",
+    "json": "json",
+    "jsonl": "jsonl",
+    "ndjson": "jsonl",
+}
+
+
+class IngestSettings(BaseModel):
+    """How documents are parsed and cut into chunks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Chunk budget in LLM tokens, *including* the "\n\n" separator appended to every chunk's token ids.
+    chunk_tokens: int = Field(512, ge=16, le=32768)
+    # Tokens of the previous chunk's tail repeated at the start of the next one (sentence granular).
+    chunk_overlap: int = Field(64, ge=0)
+    # JSON / JSONL records: where the text and the title live (dotted paths like "body.text" work).
+    json_text_field: str = Field("text", min_length=1)
+    json_title_field: str = Field("title", min_length=1)
+    max_file_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    allowed_extensions: list[str] = Field(default_factory=lambda: sorted(KNOWN_EXTENSIONS))
+    # Drop a leading YAML front matter block (--- … ---) from markdown; its scalar keys go to metadata.
+    md_strip_front_matter: bool = True
+
+    @field_validator("allowed_extensions")
+    @classmethod
+    def _normalize_extensions(cls, value: list[str]) -> list[str]:
+        normalized = sorted({ext.lower().lstrip(".") for ext in value})
+        unknown = [ext for ext in normalized if ext not in KNOWN_EXTENSIONS]
+        if unknown:
+            raise ValueError(f"no loader for extension(s) {unknown}; known: {sorted(KNOWN_EXTENSIONS)}")
+        return normalized
+
+    @model_validator(mode="after")
+    def _check_overlap(self) -> IngestSettings:
+        if self.chunk_overlap >= self.chunk_tokens:
+            raise ValueError(f"chunk_overlap ({self.chunk_overlap}) must be smaller than "
+                             f"chunk_tokens ({self.chunk_tokens})")
+        return self

@@ -1,0 +1,82 @@
+"""Plain text and markdown: decode, normalize, optionally lift YAML front matter into metadata."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import yaml
+
+from ingest.errors import UnreadableDocument
+from ingest.normalize import normalize_text
+from ingest.types import MetadataValue
+
+logger = logging.getLogger(__name__)
+
+_FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)?(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
+_ATX_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+_NUL_PROBE_BYTES = 8192
+
+
+def decode_text(data: bytes, path: str | None) -> str:
+    """UTF-8 (with or without BOM), UTF-16 with BOM, else Windows-1252; binary data is refused."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError as exc:
+            raise UnreadableDocument(f"invalid UTF-16 text: {exc}", path) from exc
+    if b"\x00" in data[:_NUL_PROBE_BYTES]:
+        raise UnreadableDocument("file looks binary (NUL bytes), not text", path)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        # Legacy 8-bit text is far more common than anything else that is not UTF-8; cp1252 leaves
+        # a few bytes undefined, so fall back to latin-1 which never fails.
+        try:
+            return data.decode("cp1252")
+        except UnicodeDecodeError:
+            return data.decode("latin-1")
+
+
+def split_front_matter(text: str) -> tuple[dict[str, MetadataValue], str]:
+    """Remove a leading `---` YAML block; return its scalar keys and the remaining text.
+
+    Text that merely starts with a horizontal rule is left alone: the block must parse as a YAML
+    mapping (or be empty) to count as front matter.
+    """
+    match = _FRONT_MATTER.match(text)
+    if match is None:
+        return {}, text
+    try:
+        parsed = yaml.safe_load(match.group(1) or "")
+    except yaml.YAMLError:
+        return {}, text
+    if parsed is None:
+        parsed = {}
+    if not isinstance(parsed, dict):
+        return {}, text
+    metadata: dict[str, MetadataValue] = {
+        str(key): value for key, value in parsed.items() if isinstance(value, str | int | float | bool)
+    }
+    return metadata, text[match.end():]
+
+
+def markdown_title(text: str) -> str | None:
+    match = _ATX_HEADING.search(text)
+    return match.group(1).strip() if match else None
+
+
+def parse_text(data: bytes, path: str | None) -> str:
+    return normalize_text(decode_text(data, path))
+
+
+def parse_markdown(data: bytes, path: str | None, strip_front_matter: bool) -> tuple[str | None, str, dict]:
+    """(title or None, normalized text, metadata from front matter)."""
+    raw = decode_text(data, path).replace("\r\n", "\n").lstrip("\ufeff")
+    metadata: dict[str, MetadataValue] = {}
+    if strip_front_matter:
+        metadata, raw = split_front_matter(raw)
+    text = normalize_text(raw)
+    title = metadata.get("title")
+    title = title if isinstance(title, str) and title.strip() else markdown_title(text)
+    return title, text, metadata

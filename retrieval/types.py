@@ -1,0 +1,73 @@
+"""Typed values crossing the retrieval package boundary."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class RetrievalError(RuntimeError):
+    """Base class of retrieval failures."""
+
+
+class IndexMismatchError(RetrievalError):
+    """A persisted index does not fit the configured embedder (other model or dimension): reindex."""
+
+
+@dataclass(frozen=True)
+class IndexedChunk:
+    """What the retriever stores per chunk. `chunk_id` is the catalog's stable int64 id."""
+
+    chunk_id: int
+    document_id: str
+    text: str
+    title: str = ""
+    page: int | None = None
+    tags: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tags", tuple(self.tags))
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    """Restrict a search. Empty/None fields do not filter; fields combine with AND.
+
+    document_ids: the chunk's document is one of these. tags: the chunk has any of these tags
+    (all of them when match_all_tags).
+    """
+
+    document_ids: frozenset[str] | None = None
+    tags: frozenset[str] | None = None
+    match_all_tags: bool = False
+
+    def __post_init__(self) -> None:
+        # Accept any iterable (lists from JSON bodies); store frozensets.
+        for name in ("document_ids", "tags"):
+            value: Iterable[str] | None = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, frozenset(value))
+
+
+@dataclass(frozen=True)
+class RetrievedChunk:
+    """One search result. `score` is the final ranking score: cosine similarity for vector search,
+    the RRF score for hybrid search, the cross-encoder score when reranked. `vector_score` is always
+    the cosine similarity between query and chunk embedding."""
+
+    chunk_id: int
+    document_id: str
+    title: str
+    page: int | None
+    score: float
+    text: str
+    vector_score: float
+    tags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ScoredId:
+    """A ranked id from a single ranker (vector index or BM25)."""
+
+    chunk_id: int
+    score: float
