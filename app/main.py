@@ -8,12 +8,28 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
-from app.api import ask, documents, health
+from app.api import admin, ask, documents, health, openai_compat
+from app.api.errors import install_error_handlers
+from app.metrics import RequestMetricsMiddleware
 from app.settings import Settings
 from app.state import AppState
+from app.ui import docs_assets_dir, mount_docs, mount_ui
 
 logger = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+RAG server that answers from precomputed, blended KV caches (CacheBlend).
+
+* **documents**: ingest text or files as background jobs, follow their progress, list and delete documents.
+* **ask**: question → retrieval → blended KV → streamed answer (Server-Sent Events) with sources.
+* **openai**: `/v1/chat/completions` and `/v1/models` for OpenAI clients (sources in an extra field).
+* **admin**: KV cache coverage, serving stats and Prometheus `/metrics`.
+
+When `server.api_key` is set, the documents and admin routes need `Authorization: Bearer <key>`
+(or `X-API-Key: <key>`); asking stays open. The web UI lives at `/` (chat) and `/admin`.
+"""
 
 
 def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAPI:
@@ -31,10 +47,21 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
                 await task
             await state.close()
 
-    app = FastAPI(title="blendrag", version="0.1.0", lifespan=lifespan,
-                  description="RAG server that answers from precomputed, blended KV caches (CacheBlend).")
+    docs_assets = docs_assets_dir()
+    # Without local Swagger UI assets, FastAPI's default /docs (CDN-hosted assets) is better than none.
+    docs_url, redoc_url = (None, None) if docs_assets is not None else ("/docs", "/redoc")
+    app = FastAPI(title="blendrag", version="0.1.0", lifespan=lifespan, description=DESCRIPTION,
+                  docs_url=docs_url, redoc_url=redoc_url)
     app.state.blendrag = state
-    app.include_router(health.router)
-    app.include_router(documents.router)
-    app.include_router(ask.router)
+    install_error_handlers(app)
+    for router in (health.router, documents.router, ask.router, openai_compat.router, admin.router):
+        app.include_router(router)
+    mount_ui(app)
+    if docs_assets is not None:
+        mount_docs(app, docs_assets)
+    if settings.server.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.server.cors_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+    # Added last so it is outermost: it sees every request, including CORS preflights and errors.
+    app.add_middleware(RequestMetricsMiddleware, metrics=state.metrics)
     return app

@@ -1,10 +1,14 @@
-"""FastAPI dependencies: the app state and its services, 503 until models are loaded."""
+"""FastAPI dependencies: the app state, its services (503 until models are loaded) and the API key."""
 
 from __future__ import annotations
 
+import hmac
+
 from fastapi import HTTPException, Request
 
+from app.components import Components
 from app.services.ask_service import AskService
+from app.services.coverage_service import CoverageService
 from app.services.ingest_service import IngestService
 from app.state import AppState
 
@@ -15,7 +19,7 @@ def get_state(request: Request) -> AppState:
 
 def _not_ready(state: AppState) -> HTTPException:
     detail = f"start-up failed: {state.load_error}" if state.load_error else "models are still loading"
-    return HTTPException(status_code=503, detail=detail)
+    return HTTPException(status_code=503, detail=detail, headers={"Retry-After": "5"})
 
 
 def get_ingest(request: Request) -> IngestService:
@@ -30,3 +34,55 @@ def get_ask(request: Request) -> AskService:
     if state.ask is None:
         raise _not_ready(state)
     return state.ask
+
+
+def get_coverage(request: Request) -> CoverageService:
+    state = get_state(request)
+    if state.coverage is None:
+        raise _not_ready(state)
+    return state.coverage
+
+
+def get_components(request: Request) -> Components:
+    state = get_state(request)
+    if state.components is None:
+        raise _not_ready(state)
+    return state.components
+
+
+def queue_depth(state: AppState) -> int | None:
+    """Requests waiting or running in the engine scheduler (None before start-up)."""
+    scheduler = state.scheduler
+    if scheduler is None:
+        return None
+    return scheduler.num_waiting + scheduler.num_running
+
+
+def engine_is_full(state: AppState) -> bool:
+    """True when the scheduler would refuse a new request now: the admission check routes make before they
+    start a stream, so a full engine answers 503 instead of a 200 stream ending in an `error` event."""
+    scheduler = state.scheduler
+    return scheduler is not None and scheduler.num_waiting >= scheduler.max_queue
+
+
+def presented_key(request: Request) -> str | None:
+    """The key a client sent: `Authorization: Bearer <key>` or `X-API-Key: <key>`."""
+    auth = request.headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return request.headers.get("x-api-key") or None
+
+
+def require_api_key(request: Request) -> None:
+    """401 unless `server.api_key` is unset or the request presents it (compared in constant time)."""
+    expected = get_state(request).settings.server.api_key
+    if not expected:
+        return
+    given = presented_key(request)
+    if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
+        raise HTTPException(
+            status_code=401,
+            detail="missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )

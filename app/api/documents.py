@@ -1,70 +1,291 @@
-"""Ingest and job routes: thin, the IngestService does the work."""
+"""Ingest, job and document routes: thin, the IngestService and CoverageService do the work.
+
+Every route here is an admin route: with `server.api_key` set it answers 401 without the key.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import ValidationError
+from starlette.datastructures import UploadFile
 
-from app.api.deps import get_ingest, get_state
-from app.api.schemas import IngestAccepted, IngestIn, JobOut
-from app.catalog.repository import JobRecord
+from app.api.deps import get_components, get_coverage, get_ingest, get_state, require_api_key
+from app.api.schemas import (
+    ChunkOut,
+    DocumentDetail,
+    DocumentIn,
+    DocumentOut,
+    DocumentPage,
+    DocumentStatusName,
+    ErrorOut,
+    IngestAccepted,
+    IngestIn,
+    JobOut,
+    KVCounts,
+    ValidationErrorOut,
+)
+from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
+from app.catalog import DocumentStatus
+from app.catalog.repository import DocumentRecord, JobRecord
+from app.components import Components
+from app.services.coverage_service import CoverageService
 from app.services.ingest_service import IngestError, IngestService, IngestSource, save_upload
 from app.state import AppState
 
-router = APIRouter(tags=["documents"])
+router = APIRouter(tags=["documents"], dependencies=[Depends(require_api_key)],
+                   responses={401: {"model": ErrorOut, "description": "API key required"},
+                              422: {"model": ValidationErrorOut, "description": "Invalid request"},
+                              503: {"model": ErrorOut, "description": "Models still loading"}})
+
+JOB_POLL_S = 0.25
+KEEPALIVE_S = 10.0
+UPLOAD_BLOCK = 1 << 20
 
 
 def job_out(job: JobRecord) -> JobOut:
     return JobOut(
         job_id=job.id, status=job.status.value, stage=job.stage, progress=job.progress, errors=job.errors,
-        document_ids=job.document_ids, duplicate_ids=job.duplicate_ids, created_at=job.created_at.isoformat(),
-        updated_at=job.updated_at.isoformat(),
+        document_ids=job.document_ids, duplicate_ids=job.duplicate_ids, cancel_requested=job.cancel_requested,
+        created_at=job.created_at.isoformat(), updated_at=job.updated_at.isoformat(),
     )
 
 
-@router.post("/ingest", status_code=202, response_model=IngestAccepted)
+def document_out(doc: DocumentRecord) -> DocumentOut:
+    return DocumentOut(
+        id=doc.id, title=doc.title, status=doc.status.value, error=doc.error, source=doc.source_path,
+        tags=doc.tags, metadata=doc.metadata, num_chunks=doc.num_chunks, num_tokens=doc.num_tokens,
+        job_id=doc.job_id, created_at=doc.created_at.isoformat(), updated_at=doc.updated_at.isoformat(),
+    )
+
+
+# ---- ingest ---------------------------------------------------------------------------------------
+
+_INGEST_BODY = {
+    "requestBody": {"content": {
+        # Inline (DocumentIn has no nested models) so the schema needs no components entry.
+        "application/json": {"schema": {"type": "object", "required": ["documents"], "properties": {
+            "documents": {"type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()}}}},
+        "multipart/form-data": {"schema": {"type": "object", "properties": {
+            "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+            "tags": {"type": "string", "description": "comma-separated tags for every file"},
+            "documents": {"type": "string", "description": "optional JSON list of inline documents"},
+        }}},
+    }, "required": True},
+}
+
+
+@router.post("/ingest", status_code=202, response_model=IngestAccepted, openapi_extra=_INGEST_BODY,
+             responses={413: {"model": ErrorOut}, 415: {"model": ErrorOut}})
 async def ingest(request: Request, service: IngestService = Depends(get_ingest),
                  state: AppState = Depends(get_state)) -> IngestAccepted:
-    """Queue documents for ingest: JSON `{"documents": [...]}` or multipart `files` (+ optional `tags`)."""
+    """Queue documents for ingest; returns at once with the job to watch.
+
+    Send JSON `{"documents": [{"title", "text", "metadata", "tags", "source"}]}`, or a multipart form
+    with one or more `files` (txt, md, html, pdf, docx, json, jsonl), optional `tags` (comma-separated)
+    and optional `documents` (the same JSON list, inline). Unsupported file types answer 415 and files
+    over `ingest.max_file_bytes` 413, before anything is queued.
+    """
     content_type = request.headers.get("content-type", "")
-    sources: list[IngestSource] = []
     if content_type.startswith("multipart/form-data"):
-        form = await request.form()
-        tags = [t.strip() for t in str(form.get("tags") or "").split(",") if t.strip()]
-        batch = uuid.uuid4().hex
-        for upload in form.getlist("files"):
-            if isinstance(upload, str) or not upload.filename:
-                continue
-            with tempfile.NamedTemporaryFile(delete=False) as tmp:
-                while block := await upload.read(1 << 20):
-                    tmp.write(block)
-            stored = save_upload(state.settings.uploads_dir, batch, upload.filename, Path(tmp.name))
-            sources.append(IngestSource(kind="file", title=Path(upload.filename).name, path=str(stored),
-                                        source_path=f"upload:{Path(upload.filename).name}", tags=tags))
-        if not sources:
-            raise HTTPException(422, "multipart ingest needs at least one file in the 'files' field")
-    else:
+        sources = await _multipart_sources(request, state)
+    elif content_type.startswith("application/json") or not content_type:
         try:
             body = IngestIn.model_validate(json.loads(await request.body() or b"null"))
-        except (ValueError, ValidationError) as exc:
-            raise HTTPException(422, f"invalid ingest body: {exc}") from exc
-        sources = [IngestSource(kind="text", title=d.title, text=d.text, tags=d.tags, metadata=d.metadata,
-                                source_path=d.source) for d in body.documents]
+        except ValueError as exc:  # json.JSONDecodeError and pydantic's ValidationError both are
+            raise HTTPException(422, f"invalid ingest body: {_brief(exc)}") from exc
+        sources = [_text_source(d) for d in body.documents]
+    else:
+        raise HTTPException(415, f"send application/json or multipart/form-data, not {content_type!r}")
     try:
-        result = service.submit(sources)
+        result = await asyncio.to_thread(service.submit, sources)
     except IngestError as exc:
         raise HTTPException(422, str(exc)) from exc
     return IngestAccepted(job_id=result.job_id, document_ids=result.document_ids)
 
 
-@router.get("/ingest/jobs/{job_id}", response_model=JobOut)
-async def get_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut:
+def _text_source(d: DocumentIn) -> IngestSource:
+    return IngestSource(kind="text", title=d.title, text=d.text, tags=d.tags, metadata=d.metadata,
+                        source_path=d.source)
+
+
+def _brief(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
+    return str(exc)
+
+
+async def _multipart_sources(request: Request, state: AppState) -> list[IngestSource]:
+    from ingest.errors import UnsupportedFormat
+    from ingest.loaders import detect_format
+
+    settings = state.settings
+    form = await request.form()
+    try:
+        tags = [t.strip() for t in str(form.get("tags") or "").split(",") if t.strip()]
+        sources: list[IngestSource] = []
+        inline = form.get("documents")
+        if isinstance(inline, str) and inline.strip():
+            try:
+                raw = json.loads(inline)
+                docs = IngestIn.model_validate(raw if isinstance(raw, dict) else {"documents": raw}).documents
+            except ValueError as exc:
+                raise HTTPException(422, f"invalid 'documents' field: {_brief(exc)}") from exc
+            sources.extend(_text_source(d) for d in docs)
+        uploads = [u for u in form.getlist("files") if isinstance(u, UploadFile) and u.filename]
+        for upload in uploads:  # check every name before storing any file
+            try:
+                detect_format(upload.filename or "", settings.ingest)
+            except UnsupportedFormat as exc:
+                raise HTTPException(415, f"{upload.filename}: {exc.message}") from exc
+        batch = uuid.uuid4().hex
+        for upload in uploads:
+            name = Path(upload.filename or "upload").name
+            stored = save_upload(settings.uploads_dir, batch, name,
+                                 await _spool(upload, settings.uploads_dir, settings.ingest.max_file_bytes))
+            sources.append(IngestSource(kind="file", title=name, path=str(stored),
+                                        source_path=f"upload:{name}", tags=tags))
+    finally:
+        await form.close()
+    if not sources:
+        raise HTTPException(422, "multipart ingest needs at least one file in the 'files' field "
+                            "(or inline 'documents')")
+    return sources
+
+
+async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
+    """Copy an upload to a temp file next to its final place; 413 past `max_bytes`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    num_bytes = 0
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".upload-", delete=False) as tmp:
+        path = Path(tmp.name)
+        try:
+            while block := await upload.read(UPLOAD_BLOCK):
+                num_bytes += len(block)
+                if num_bytes > max_bytes:
+                    raise HTTPException(413, f"{upload.filename}: larger than the {max_bytes}-byte limit "
+                                        "(ingest.max_file_bytes)")
+                tmp.write(block)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+    return path
+
+
+# ---- jobs -----------------------------------------------------------------------------------------
+
+
+def _job_or_404(service: IngestService, job_id: str) -> JobRecord:
     job = service.get_job(job_id)
     if job is None:
         raise HTTPException(404, f"no ingest job {job_id}")
-    return job_out(job)
+    return job
+
+
+@router.get("/ingest/jobs/{job_id}", response_model=JobOut, responses={404: {"model": ErrorOut}})
+def get_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut:
+    """Status, current stage, per-stage progress and per-source errors of one ingest job."""
+    return job_out(_job_or_404(service, job_id))
+
+
+@router.post("/ingest/jobs/{job_id}/cancel", response_model=JobOut,
+             responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}})
+def cancel_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut:
+    """Cancel a queued or running job (a running one stops at its next step and rolls back its documents).
+
+    Answers the job as it is now: `cancelled` at once for a queued job, `running` with
+    `cancel_requested: true` for a running one until it stops. Cancelling a cancelled job is a no-op;
+    a job that already succeeded or failed answers 409.
+    """
+    job = _job_or_404(service, job_id)
+    if job.status.finished and job.status.value != "cancelled":
+        raise HTTPException(409, f"ingest job {job_id} already {job.status.value}")
+    return job_out(service.cancel(job_id))
+
+
+@router.get("/ingest/jobs/{job_id}/events", responses={**sse_openapi(
+    "`progress` events (a JobOut each time the job changes), then one `done` event (the final JobOut)"),
+    404: {"model": ErrorOut}})
+async def job_events(job_id: str, request: Request, service: IngestService = Depends(get_ingest)) -> Any:
+    """Server-Sent Events of one job's progress until it finishes (then the stream ends)."""
+    first = await asyncio.to_thread(_job_or_404, service, job_id)
+
+    async def stream() -> AsyncIterator[str]:
+        job: JobRecord | None = first
+        last: dict[str, Any] | None = None
+        idle_s = 0.0
+        while job is not None:
+            body = job_out(job).model_dump()
+            if job.status.finished:
+                yield sse_event("done", body)
+                return
+            if body != last:
+                yield sse_event("progress", body)
+                last, idle_s = body, 0.0
+            elif idle_s >= KEEPALIVE_S:
+                yield sse_comment("keepalive")
+                idle_s = 0.0
+            await asyncio.sleep(JOB_POLL_S)
+            idle_s += JOB_POLL_S
+            if await request.is_disconnected():
+                return
+            job = await asyncio.to_thread(service.get_job, job_id)
+        yield sse_event("error", {"message": f"ingest job {job_id} disappeared"})
+
+    return sse_response(stream())
+
+
+# ---- documents ------------------------------------------------------------------------------------
+
+
+@router.get("/documents", response_model=DocumentPage)
+def list_documents(
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    status: Annotated[DocumentStatusName | None, Query(description="pending | ready | failed")] = None,
+    components: Components = Depends(get_components),
+) -> DocumentPage:
+    """Documents, newest first, with the total count matching the filter."""
+    docs, total = components.catalog.list_documents(
+        offset=offset, limit=limit, status=DocumentStatus(status) if status else None)
+    return DocumentPage(total=total, offset=offset, limit=limit, documents=[document_out(d) for d in docs])
+
+
+@router.get("/documents/{document_id}", response_model=DocumentDetail, responses={404: {"model": ErrorOut}})
+def get_document(document_id: str, components: Components = Depends(get_components),
+                 coverage: CoverageService = Depends(get_coverage)) -> DocumentDetail:
+    """One document with its chunks and each chunk's KV state (fresh / stale / missing)."""
+    doc = components.catalog.get_document(document_id)
+    if doc is None:
+        raise HTTPException(404, f"no document {document_id}")
+    chunks = components.catalog.chunks_of(document_id)
+    states = coverage.chunk_states(document_id) if chunks else {}
+    out = [ChunkOut(id=c.id, index=c.index, page=c.page, num_tokens=len(c.token_ids), char_start=c.char_start,
+                    char_end=c.char_end, text=c.text, kv_state=states.get(c.id, "missing")) for c in chunks]
+    counts = KVCounts(**{s: sum(c.kv_state == s for c in out) for s in ("fresh", "stale", "missing")})
+    return DocumentDetail(**document_out(doc).model_dump(), kv=counts, chunks=out)
+
+
+@router.delete("/documents/{document_id}", status_code=204, response_class=Response,
+               responses={409: {"model": ErrorOut}})
+def delete_document(document_id: str, components: Components = Depends(get_components),
+                    service: IngestService = Depends(get_ingest)) -> Response:
+    """Delete a document with its chunks, index entries and unshared KV entries.
+
+    Idempotent: 204 whether the document existed or not (a retried DELETE must not look like a failure,
+    and an id that never existed is indistinguishable from one already deleted). 409 while the document
+    is still being ingested (`pending`): cancel its job first.
+    """
+    doc = components.catalog.get_document(document_id)
+    if doc is not None and doc.status == DocumentStatus.PENDING:
+        raise HTTPException(409, f"document {document_id} is still being ingested by job {doc.job_id}; "
+                            "cancel the job first")
+    service.delete_document(document_id)
+    return Response(status_code=204)

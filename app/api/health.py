@@ -15,7 +15,8 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready")
+@router.get("/ready", responses={503: {"description": "`{\"status\": \"loading\"}` or "
+                                         "`{\"status\": \"failed\", \"error\": …}`"}})
 async def ready(state: AppState = Depends(get_state)) -> JSONResponse:
     """200 once models are loaded and the stores are open; 503 before (or if start-up failed)."""
     if state.ready.is_set():

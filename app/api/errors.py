@@ -1,0 +1,67 @@
+"""Error bodies: `{"detail": "<one readable line>"}` everywhere, OpenAI's `{"error": {...}}` under /v1.
+
+FastAPI's default 422 body is a list of pydantic error dicts; clients (and the web UI) want one message
+they can show. The list is still there, under `errors`, for programs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+OPENAI_PREFIX = "/v1/"
+
+_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+                 422: "invalid_request_error", 503: "server_error"}
+
+
+def openai_error(status: int, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> JSONResponse:
+    """An error in the shape OpenAI clients parse (`openai.APIStatusError.message` shows `message`)."""
+    body = {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"), "param": param,
+                      "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _where(loc: tuple[Any, ...] | list[Any]) -> str:
+    # ("body", "mode") -> "mode"; query/path parameters keep their source: "query.limit".
+    parts = [str(p) for p in loc]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def validation_message(exc: RequestValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        msg = str(err.get("msg", "invalid"))
+        # pydantic prefixes messages of custom validators with "Value error, ".
+        msg = msg.removeprefix("Value error, ")
+        lines.append(f"{_where(err.get('loc', ()))}: {msg}")
+    return "; ".join(lines) or "invalid request"
+
+
+async def _on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+    message = validation_message(exc)
+    if request.url.path.startswith(OPENAI_PREFIX):
+        first = exc.errors()[0] if exc.errors() else {}
+        return openai_error(400, message, param=_where(first.get("loc", ())) if first else None)
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
+              for e in exc.errors()]
+    return JSONResponse({"detail": message, "errors": errors}, status_code=422)
+
+
+async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    headers = dict(exc.headers or {})
+    if request.url.path.startswith(OPENAI_PREFIX):
+        return openai_error(exc.status_code, str(exc.detail), headers=headers)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, _on_validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _on_http)  # type: ignore[arg-type]

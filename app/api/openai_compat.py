@@ -1,0 +1,224 @@
+"""OpenAI-compatible `POST /v1/chat/completions` and `GET /v1/models`, answered by retrieval + blend.
+
+The last user message is the question; retrieval runs on it and the answer is grounded in the retrieved
+chunks exactly like /ask. Earlier turns and client system messages are not placed in the prompt: the
+server's own system prompt is part of every stored chunk KV's key, and blending needs the prompt to be
+`[prefix][chunks][question]`. The retrieved passages come back in an extra `sources` field (on the
+response, or on the first stream chunk), and blendrag's timings in an extra `blendrag` field.
+
+Extensions accepted in the body (the `openai` client's `extra_body=`): `top_k`, `filters`, `mode`,
+`recompute_ratio`. The served model is listed by /v1/models; any `model` name is accepted (one model
+is served) and the response names the served one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.api.ask import BUSY_DETAIL, record_answer
+from app.api.deps import engine_is_full, get_ask, get_state
+from app.api.errors import openai_error
+from app.api.schemas import FiltersIn, ModeName, OpenAIErrorOut
+from app.api.sse import sse_event, sse_openapi, sse_response
+from app.services.ask_service import (
+    AskRequest,
+    AskService,
+    AskValidationError,
+    DoneEvent,
+    ErrorEvent,
+    SearchFilters,
+    SourcesEvent,
+    TokenDelta,
+)
+from app.state import AppState
+
+# "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
+router = APIRouter(prefix="/v1", tags=["openai"], responses={
+    "4XX": {"model": OpenAIErrorOut, "description": "OpenAI-style error (400 invalid request, 503 busy …)"}})
+
+SERVED_MODEL = "blendrag"
+_STARTED = int(time.time())
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text or "" for p in self.content if p.type == "text")
+        return self.content or ""
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class ChatCompletionIn(BaseModel):
+    # Unknown OpenAI parameters (presence_penalty, user, …) are accepted and ignored.
+    model_config = ConfigDict(extra="allow")
+
+    model: str = SERVED_MODEL
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=4096)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=4096)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = Field(default=1, ge=1, le=1, description="Only one choice is generated")
+    # blendrag extensions
+    top_k: int | None = Field(default=None, ge=1, le=64)
+    filters: FiltersIn = Field(default_factory=FiltersIn)
+    mode: ModeName | None = None
+    recompute_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+
+
+class ModelOut(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelOut]
+
+
+@router.get("/models", response_model=ModelList)
+def list_models() -> ModelList:
+    """The one model this server answers with (OpenAI format)."""
+    return ModelList(data=[ModelOut(id=SERVED_MODEL, created=_STARTED, owned_by="blendrag")])
+
+
+def _ask_request(body: ChatCompletionIn) -> AskRequest:
+    question = next((m.text() for m in reversed(body.messages) if m.role == "user"), "")
+    if not question.strip():
+        raise HTTPException(400, "messages must contain a user message with text (the question)")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    return AskRequest(
+        question=question, top_k=body.top_k,
+        filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
+        mode=body.mode, recompute_ratio=body.recompute_ratio,
+        max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
+        top_p=body.top_p, seed=body.seed, stop=stop,
+    )
+
+
+def _finish_reason(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _usage(done: DoneEvent) -> dict[str, int]:
+    return {"prompt_tokens": done.usage.prompt_tokens, "completion_tokens": done.usage.completion_tokens,
+            "total_tokens": done.usage.total_tokens}
+
+
+def _extras(done: DoneEvent) -> dict[str, Any]:
+    return {"mode": done.mode, "recompute_ratio": done.recompute_ratio, "kv_hits": done.kv_hits,
+            "kv_misses": done.kv_misses, "timings": dataclasses.asdict(done.timings),
+            "context_tokens": done.usage.context_tokens, "recomputed_tokens": done.usage.recomputed_tokens}
+
+
+def _fingerprint(state: AppState) -> str | None:
+    return f"fp_{state.components.engine.fingerprint[:12]}" if state.components is not None else None
+
+
+@router.post("/chat/completions", response_model=None, responses=sse_openapi(
+    "With `stream: true`, `data:` lines of `chat.completion.chunk` objects ending with `data: [DONE]` "
+    "(the first chunk carries `sources`); otherwise one `chat.completion` object with `sources`."))
+async def chat_completions(body: ChatCompletionIn, request: Request, service: AskService = Depends(get_ask),
+                           state: AppState = Depends(get_state)) -> Any:
+    """Chat completion grounded in the library (retrieval on the last user message)."""
+    ask_request = _ask_request(body)
+    try:
+        service.validate(ask_request)
+    except AskValidationError as exc:
+        return openai_error(400, str(exc))
+    if engine_is_full(state):
+        return openai_error(503, BUSY_DETAIL, code="engine_busy", headers={"Retry-After": "1"})
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    head = {"id": completion_id, "created": created, "model": SERVED_MODEL,
+            "system_fingerprint": _fingerprint(state)}
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return sse_response(_stream(service, ask_request, request, state, head, include_usage))
+
+    sources: list[dict[str, Any]] = []
+    async with aclosing(service.ask(ask_request)) as events:
+        async for event in events:
+            if isinstance(event, SourcesEvent):
+                sources = [dataclasses.asdict(s) for s in event.sources]
+            elif isinstance(event, ErrorEvent):
+                if event.code == "busy":
+                    return openai_error(503, event.message, code="engine_busy", headers={"Retry-After": "1"})
+                return openai_error(500, event.message, code=event.code)
+            elif isinstance(event, DoneEvent):
+                record_answer(state.metrics, event)
+                return JSONResponse({
+                    **head, "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": event.answer,
+                                                         "refusal": None},
+                                 "logprobs": None, "finish_reason": _finish_reason(event.finish_reason)}],
+                    "usage": _usage(event), "sources": sources, "blendrag": _extras(event),
+                })
+    return openai_error(500, "the answer ended without a result")
+
+
+async def _stream(service: AskService, ask_request: AskRequest, request: Request, state: AppState,
+                  head: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+    def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
+        body: dict[str, Any] = {**head, "object": "chat.completion.chunk",
+                                "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                             "finish_reason": finish_reason}]}
+        if include_usage:
+            body["usage"] = None  # as OpenAI does: null on every chunk but the last
+        body.update(extra)
+        return sse_event(None, body)
+
+    async with aclosing(service.ask(ask_request)) as events:
+        async for event in events:
+            if isinstance(event, SourcesEvent):
+                yield chunk({"role": "assistant", "content": ""},
+                            sources=[dataclasses.asdict(s) for s in event.sources])
+            elif isinstance(event, TokenDelta):
+                yield chunk({"content": event.text})
+            elif isinstance(event, DoneEvent):
+                record_answer(state.metrics, event)
+                yield chunk({}, _finish_reason(event.finish_reason), blendrag=_extras(event))
+                if include_usage:
+                    yield sse_event(None, {**head, "object": "chat.completion.chunk", "choices": [],
+                                           "usage": _usage(event)})
+                yield sse_event(None, "[DONE]")
+                return
+            elif isinstance(event, ErrorEvent):
+                # The openai client raises APIError on a data line carrying `error`.
+                yield sse_event(None, {"error": {"message": event.message, "type": "server_error",
+                                                 "param": None, "code": event.code}})
+                return
+            if await request.is_disconnected():
+                return

@@ -1,0 +1,341 @@
+// The admin page: documents with live ingest progress, upload, delete, KV coverage, tier stats and a
+// plot of recent TTFT by mode. Refreshes every few seconds; ingest jobs stream their progress (SSE).
+
+import { ApiError, api, authHeaders, el, errorMessage, fmtBytes, fmtPct, readSSE, setApiKey,
+  watchReadiness } from "./api.js";
+import { drawTtftChart } from "./chart.js";
+
+const $ = (id) => document.getElementById(id);
+// Coverage is computed over every chunk, so poll briskly only while something is being ingested.
+const REFRESH_BUSY_MS = 2000;
+const REFRESH_IDLE_MS = 10000;
+const PAGE_SIZE = 20;
+const STAGES = ["parse", "chunk", "embed", "kv", "commit"];
+const STAGE_NAMES = { parse: "Parsing", chunk: "Chunking", embed: "Embedding", kv: "Precomputing KV cache",
+  commit: "Committing" };
+const MAX_JOB_CARDS = 6;
+
+let offset = 0;
+let refreshTimer = null;
+let lastStats = null;
+const watchedJobs = new Map(); // job id -> card element
+
+// ---- errors and the API key ------------------------------------------------------------------
+
+function showError(message) {
+  const banner = $("admin-error");
+  banner.textContent = message;
+  banner.hidden = !message;
+}
+
+function handleError(err) {
+  if (err instanceof ApiError && err.status === 401) {
+    $("keybar").hidden = false;
+    showError("");
+    return;
+  }
+  if (err instanceof ApiError && err.status === 503) {
+    showError(`Server not ready: ${err.message}`);
+    return;
+  }
+  showError(err.message || String(err));
+}
+
+$("key-save").addEventListener("click", () => {
+  setApiKey($("api-key").value.trim());
+  $("keybar").hidden = true;
+  refresh();
+});
+
+// ---- cards -------------------------------------------------------------------------------------
+
+function covBar(fresh, stale, missing, big = false) {
+  const total = fresh + stale + missing;
+  const bar = el("div", { class: `covbar${big ? " big" : ""}`, title:
+    `${fresh} fresh · ${stale} stale · ${missing} missing` });
+  if (!total) return bar;
+  for (const [cls, n] of [["fresh", fresh], ["stale", stale], ["missing", missing]]) {
+    if (n) bar.append(el("span", { class: cls, style: `width:${(100 * n) / total}%` }));
+  }
+  return bar;
+}
+
+function renderCards(coverage, stats) {
+  const byStatus = stats.documents_by_status;
+  $("card-docs").textContent = byStatus.ready ?? 0;
+  $("card-docs-detail").textContent = `ready · ${byStatus.pending ?? 0} ingesting · ${byStatus.failed ?? 0} failed`;
+
+  const hasChunks = coverage.chunks_total > 0;
+  $("card-coverage").textContent = hasChunks ? fmtPct(coverage.coverage, coverage.coverage < 1 ? 1 : 0) : "–";
+  $("card-coverage-bar").replaceWith(Object.assign(
+    covBar(coverage.chunks_fresh, coverage.chunks_stale, coverage.chunks_missing, true), { id: "card-coverage-bar" }));
+  $("card-coverage-detail").textContent = hasChunks
+    ? `${coverage.chunks_fresh} fresh · ${coverage.chunks_stale} stale · ${coverage.chunks_missing} missing of ${coverage.chunks_total} chunks`
+    : "no chunks yet";
+
+  const tiers = $("card-tiers");
+  tiers.replaceChildren(el("tr", {}, el("td", { class: "muted" }, "tier"), el("td", { class: "muted" }, "stored"),
+    el("td", { class: "muted" }, "hit rate")));
+  for (const t of stats.kv_tiers) {
+    tiers.append(el("tr", { "data-tier": t.name }, el("td", {}, t.name, t.available ? "" : " (down)"),
+      el("td", {}, `${fmtBytes(t.num_bytes)} · ${t.num_entries}`), el("td", {}, fmtPct(t.hit_rate, 1))));
+  }
+  const fresh = Object.entries(coverage.bytes_by_tier).map(([tier, n]) => `${tier} ${fmtBytes(n)}`);
+  $("card-tiers-detail").textContent = fresh.length ? `fresh entries: ${fresh.join(" · ")}` : "";
+
+  const rows = [
+    ["model", stats.model ?? "–"],
+    ["engine queue", stats.queue_depth ?? "–"],
+    ["prefill rate", stats.prefill_tokens_per_s ? `${Math.round(stats.prefill_tokens_per_s)} tok/s` : "–"],
+    ["ingest", stats.ingest_chunks_per_s ? `${stats.ingest_chunks_per_s} chunks/s` : "–"],
+    ["ask KV hits / misses", `${stats.ask_kv_hits} / ${stats.ask_kv_misses}`],
+  ];
+  $("card-serving").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", {}, v))));
+}
+
+// ---- documents table ---------------------------------------------------------------------------
+
+function deleteButton(doc) {
+  const button = el("button", { class: "btn small danger", type: "button", "data-action": "delete" }, "Delete");
+  let armed = null;
+  button.addEventListener("click", async () => {
+    if (!armed) {
+      // Two clicks instead of confirm(): no modal, and a stray click does nothing.
+      button.textContent = "Confirm";
+      button.classList.add("confirm");
+      armed = setTimeout(() => {
+        armed = null;
+        button.textContent = "Delete";
+        button.classList.remove("confirm");
+      }, 4000);
+      return;
+    }
+    clearTimeout(armed);
+    button.disabled = true;
+    try {
+      await api(`/documents/${encodeURIComponent(doc.id)}`, { method: "DELETE" });
+      await refresh();
+    } catch (err) {
+      button.disabled = false;
+      handleError(err);
+    }
+  });
+  return button;
+}
+
+function coverageText(cov) {
+  const parts = [`${cov.chunks_fresh}/${cov.chunks_total} fresh`];
+  if (cov.chunks_stale) parts.push(`${cov.chunks_stale} stale`);
+  if (cov.chunks_missing) parts.push(`${cov.chunks_missing} missing`);
+  return parts.join(" · ");
+}
+
+function renderDocuments(page, coverage) {
+  const byDoc = new Map(coverage.documents.map((d) => [d.document_id, d]));
+  const body = $("docs-body");
+  body.replaceChildren();
+  if (!page.documents.length) {
+    body.append(el("tr", {}, el("td", { colspan: 7, class: "muted" },
+      offset ? "No more documents." : "No documents yet. Upload some above.")));
+  }
+  for (const doc of page.documents) {
+    const cov = byDoc.get(doc.id);
+    const sub = [doc.source && !doc.source.startsWith("upload:") ? doc.source : null,
+      doc.tags.length ? `tags: ${doc.tags.join(", ")}` : null].filter(Boolean).join(" · ");
+    const status = el("td", {}, el("span", { class: `badge ${doc.status}`, title: doc.error || "" }, doc.status));
+    if (doc.status === "pending") status.append(el("div", { class: "inline-progress", "data-job": doc.job_id }, "queued"));
+    if (doc.status === "failed" && doc.error) status.append(el("div", { class: "inline-progress error-text" }, doc.error));
+    const covCell = el("td", { class: "cov" });
+    if (cov) {
+      covCell.append(covBar(cov.chunks_fresh, cov.chunks_stale, cov.chunks_missing),
+        el("div", { class: "covtext" }, coverageText(cov)));
+    } else {
+      covCell.append(el("span", { class: "muted" }, "–"));
+    }
+    body.append(el("tr", { "data-doc-id": doc.id, "data-status": doc.status },
+      el("td", { class: "title" }, el("div", { class: "t", title: doc.title }, doc.title), sub ? el("div", { class: "sub" }, sub) : null),
+      status,
+      el("td", { class: "num" }, doc.num_chunks),
+      el("td", { class: "num" }, doc.num_tokens),
+      covCell,
+      el("td", { class: "muted" }, new Date(doc.created_at).toLocaleString()),
+      el("td", {}, doc.status === "pending" ? null : deleteButton(doc))));
+    if (doc.status === "pending" && doc.job_id && !watchedJobs.has(doc.job_id)) watchJob(doc.job_id, doc.title);
+  }
+  $("docs-sub").textContent = `${page.total} total`;
+  const last = Math.min(offset + page.documents.length, page.total);
+  $("page-info").textContent = page.total ? `${offset + 1}–${last} of ${page.total}` : "";
+  $("prev").disabled = offset === 0;
+  $("next").disabled = offset + PAGE_SIZE >= page.total;
+}
+
+$("prev").addEventListener("click", () => { offset = Math.max(0, offset - PAGE_SIZE); refresh(); });
+$("next").addEventListener("click", () => { offset += PAGE_SIZE; refresh(); });
+
+// ---- ingest jobs -------------------------------------------------------------------------------
+
+function jobFraction(job) {
+  if (job.status === "succeeded") return 1;
+  const index = STAGES.indexOf(job.stage);
+  if (index < 0) return 0;
+  const p = job.progress[job.stage] || { done: 0, total: 0 };
+  return (index + (p.total ? p.done / p.total : 0)) / STAGES.length;
+}
+
+function stageText(job) {
+  if (job.status === "queued") return "waiting for the ingest worker";
+  if (job.status === "running") {
+    const p = job.progress[job.stage] || { done: 0, total: 0 };
+    const name = STAGE_NAMES[job.stage] || job.stage || "starting";
+    return job.cancel_requested ? "cancelling…" : `${name} ${p.done}/${p.total}`;
+  }
+  const chunks = job.progress.kv ? job.progress.kv.total : 0;
+  if (job.status === "succeeded") return `done: ${job.document_ids.length - job.duplicate_ids.length} document(s), ${chunks} chunk(s)`;
+  return job.status;
+}
+
+function updateJobCard(card, job) {
+  card.dataset.status = job.status;
+  const badge = card.querySelector(".badge");
+  badge.className = `badge ${job.status}`;
+  badge.textContent = job.status;
+  card.querySelector(".progress > span").style.width = `${Math.round(jobFraction(job) * 100)}%`;
+  card.querySelector(".stage").textContent = stageText(job);
+  const errors = card.querySelector(".errors");
+  errors.replaceChildren(...job.errors.map((e) => el("li", {}, `${e.source ?? "job"}: ${e.error}`)));
+  const cancel = card.querySelector("[data-action=cancel]");
+  cancel.hidden = !(job.status === "queued" || job.status === "running") || job.cancel_requested;
+  // The matching document rows show the same stage inline.
+  for (const cell of document.querySelectorAll(`.inline-progress[data-job="${job.job_id}"]`)) {
+    cell.textContent = stageText(job);
+  }
+}
+
+async function watchJob(jobId, name) {
+  const cancel = el("button", { class: "btn small", type: "button", "data-action": "cancel" }, "Cancel");
+  const card = el("li", { class: "job", "data-job-id": jobId, "data-status": "queued" },
+    el("div", { class: "head" }, el("span", { class: "name", title: name }, name),
+      el("span", { class: "badge queued" }, "queued"), cancel),
+    el("div", { class: "progress" }, el("span", { style: "width:0%" })),
+    el("div", { class: "stage" }, "submitted"),
+    el("ul", { class: "errors" }));
+  cancel.addEventListener("click", async () => {
+    try {
+      updateJobCard(card, await api(`/ingest/jobs/${jobId}/cancel`, { method: "POST" }));
+    } catch (err) {
+      handleError(err);
+    }
+  });
+  watchedJobs.set(jobId, card);
+  const list = $("jobs");
+  list.prepend(card);
+  while (list.children.length > MAX_JOB_CARDS) list.lastElementChild.remove();
+
+  try {
+    const response = await fetch(`/ingest/jobs/${jobId}/events`, { headers: authHeaders() });
+    if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
+    for await (const { event, data } of readSSE(response)) {
+      if (event === "progress" || event === "done") updateJobCard(card, data);
+      if (event === "done") break;
+      if (event === "error") throw new Error(data.message);
+    }
+  } catch (err) {
+    card.querySelector(".stage").textContent = `lost track of the job: ${err.message}`;
+  }
+  await refresh();
+}
+
+const fileInput = $("files");
+const dropzone = $("dropzone");
+dropzone.addEventListener("dragover", (event) => { event.preventDefault(); dropzone.classList.add("over"); });
+dropzone.addEventListener("dragleave", () => dropzone.classList.remove("over"));
+dropzone.addEventListener("drop", (event) => {
+  event.preventDefault();
+  dropzone.classList.remove("over");
+  fileInput.files = event.dataTransfer.files;
+});
+
+$("upload-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const files = [...fileInput.files];
+  $("upload-error").textContent = "";
+  if (!files.length) {
+    $("upload-error").textContent = "Choose at least one file.";
+    return;
+  }
+  const form = new FormData();
+  for (const file of files) form.append("files", file, file.name);
+  if ($("tags").value.trim()) form.append("tags", $("tags").value.trim());
+  const button = $("upload-btn");
+  button.disabled = true;
+  try {
+    const accepted = await api("/ingest", { method: "POST", body: form });
+    fileInput.value = "";
+    const name = files.length === 1 ? files[0].name : `${files.length} files`;
+    watchJob(accepted.job_id, name);
+    refresh();
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 401) handleError(err);
+    else $("upload-error").textContent = err.message;
+  } finally {
+    button.disabled = false;
+  }
+});
+
+// ---- refresh loop ------------------------------------------------------------------------------
+
+let inFlight = null;
+let again = false;
+
+// One refresh at a time: a call while one runs asks for another afterwards, so an older response can
+// never overwrite a newer one (e.g. a "pending" row after its job's "done").
+async function refresh() {
+  if (inFlight) {
+    again = true;
+    return inFlight;
+  }
+  clearTimeout(refreshTimer);
+  inFlight = load();
+  try {
+    await inFlight;
+  } finally {
+    inFlight = null;
+  }
+  if (again) {
+    again = false;
+    await refresh();
+  } else if (!document.hidden) {
+    refreshTimer = setTimeout(refresh, busy() ? REFRESH_BUSY_MS : REFRESH_IDLE_MS);
+  }
+}
+
+async function load() {
+  try {
+    const [page, coverage, stats] = await Promise.all([
+      api(`/documents?offset=${offset}&limit=${PAGE_SIZE}`), api("/api/coverage"), api("/api/stats")]);
+    showError("");
+    renderCards(coverage, stats);
+    renderDocuments(page, coverage);
+    lastStats = stats;
+    drawTtftChart($("ttft-chart"), $("ttft-legend"), stats.recent, stats.ttft_by_mode);
+    $("chart-sub").textContent = `by mode · last ${stats.recent.length} answers`;
+  } catch (err) {
+    handleError(err);
+  }
+}
+
+function busy() {
+  return [...watchedJobs.values()].some((card) => ["queued", "running"].includes(card.dataset.status));
+}
+
+// A hidden tab does not poll; coming back refreshes at once.
+document.addEventListener("visibilitychange", () => {
+  if (document.hidden) clearTimeout(refreshTimer);
+  else refresh();
+});
+
+window.addEventListener("resize", () => {
+  if (lastStats) drawTtftChart($("ttft-chart"), $("ttft-legend"), lastStats.recent, lastStats.ttft_by_mode);
+});
+
+watchReadiness($("server-status"), refresh);

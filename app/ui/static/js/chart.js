@@ -1,0 +1,86 @@
+// A small SVG chart of recent time-to-first-token, one colour per mode (no chart library).
+
+import { el, fmtMs } from "./api.js";
+
+const SVG_NS = "http://www.w3.org/2000/svg";
+const MODES = ["blend", "full", "prefix", "reuse"];
+
+function svg(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG_NS, tag);
+  for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+  for (const child of children) node.append(child);
+  return node;
+}
+
+function modeColor(mode) {
+  const value = getComputedStyle(document.documentElement).getPropertyValue(`--mode-${mode}`).trim();
+  return value || "#667085";
+}
+
+// 1, 2, 2.5, 5 × 10^k: the smallest "nice" step giving at most `count` intervals up to `max`.
+function niceStep(max, count) {
+  const raw = max / count;
+  const power = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 2.5, 5, 10]) {
+    if (m * power >= raw) return m * power;
+  }
+  return 10 * power;
+}
+
+export function drawTtftChart(target, legend, recent, byMode) {
+  const width = Math.max(target.clientWidth || 0, 320);
+  const height = 240;
+  const m = { left: 58, right: 14, top: 12, bottom: 30 };
+  const plotW = width - m.left - m.right;
+  const plotH = height - m.top - m.bottom;
+  target.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  target.replaceChildren();
+  legend.replaceChildren();
+
+  if (!recent.length) {
+    target.append(svg("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "empty-chart" },
+      "No questions answered yet — ask one on the chat page"));
+    return;
+  }
+
+  const maxTtft = Math.max(...recent.map((r) => r.ttft_ms), 1);
+  const step = niceStep(maxTtft, 4);
+  const yMax = Math.ceil(maxTtft / step) * step;
+  const x = (i) => m.left + (recent.length === 1 ? plotW / 2 : (i / (recent.length - 1)) * plotW);
+  const y = (v) => m.top + plotH - (v / yMax) * plotH;
+
+  const grid = svg("g", { class: "grid" });
+  const axis = svg("g", { class: "axis" });
+  for (let v = 0; v <= yMax + step / 2; v += step) {
+    grid.append(svg("line", { x1: m.left, x2: width - m.right, y1: y(v), y2: y(v) }));
+    axis.append(svg("text", { x: m.left - 8, y: y(v) + 4, "text-anchor": "end" }, fmtMs(v)));
+  }
+  axis.append(svg("text", { x: m.left, y: height - 8 }, "older"));
+  axis.append(svg("text", { x: width - m.right, y: height - 8, "text-anchor": "end" }, "newer"));
+  axis.append(svg("text", { x: m.left + plotW / 2, y: height - 8, "text-anchor": "middle" },
+    `last ${recent.length} answers`));
+  target.append(grid, axis);
+
+  const seen = MODES.filter((mode) => recent.some((r) => r.mode === mode));
+  for (const mode of [...seen, ...new Set(recent.map((r) => r.mode).filter((md) => !MODES.includes(md)))]) {
+    const color = modeColor(mode);
+    const points = recent.map((r, i) => ({ r, i })).filter(({ r }) => r.mode === mode);
+    const group = svg("g", { "data-mode": mode });
+    if (points.length > 1) {
+      group.append(svg("polyline", {
+        points: points.map(({ r, i }) => `${x(i)},${y(r.ttft_ms)}`).join(" "),
+        fill: "none", stroke: color, "stroke-width": 1.5, "stroke-opacity": 0.55,
+      }));
+    }
+    for (const { r, i } of points) {
+      const ratio = r.mode === "blend" ? ` · recompute ${(r.recompute_ratio * 100).toFixed(0)}%` : "";
+      group.append(svg("circle", { cx: x(i), cy: y(r.ttft_ms), r: 4, fill: color },
+        svg("title", {}, `${r.mode}: TTFT ${fmtMs(r.ttft_ms)}${ratio} · ${r.num_prompt_tokens} prompt tokens`)));
+    }
+    target.append(group);
+    const stats = byMode[mode];
+    legend.append(el("span", {},
+      el("span", { class: "swatch", style: `background:${color}` }),
+      el("b", {}, mode), stats ? ` p50 ${fmtMs(stats.ttft_ms_p50)} · p95 ${fmtMs(stats.ttft_ms_p95)} · n=${stats.count}` : ""));
+  }
+}

@@ -1,0 +1,196 @@
+// The chat page: POST /ask with stream=true and render its Server-Sent Events as they arrive:
+// `sources` (numbered passages), `token` (text deltas), `done` (timings) or `error`.
+
+import { el, errorMessage, fmtMs, fmtPct, readSSE, watchReadiness } from "./api.js";
+
+const $ = (id) => document.getElementById(id);
+
+const form = $("ask-form");
+const question = $("question");
+const mode = $("mode");
+const ratio = $("ratio");
+const ratioOut = $("ratio-out");
+const ratioWrap = $("ratio-wrap");
+const topK = $("top-k");
+const thread = $("thread");
+const button = $("ask-btn");
+const dialog = $("passage");
+
+function syncControls() {
+  ratioOut.value = fmtPct(Number(ratio.value));
+  // Only blend has a recompute ratio; the other modes fix it (full = 1, prefix/reuse = 0).
+  ratioWrap.hidden = mode.value !== "blend";
+}
+
+function openPassage(source) {
+  $("passage-title").textContent = `[${source.rank}] ${source.title}`;
+  const meta = [];
+  if (source.page) meta.push(`p. ${source.page}`);
+  meta.push(`score ${source.score.toFixed(3)}`, `chunk ${source.chunk_id}`);
+  $("passage-meta").textContent = meta.join(" · ");
+  $("passage-text").textContent = source.text || source.snippet;
+  dialog.showModal();
+}
+
+// One question and its answer, updated as events arrive.
+class Turn {
+  constructor(text) {
+    this.sources = [];
+    this.finished = false;
+    this.answer = el("div", { class: "answer streaming", "data-testid": "answer" },
+      el("span", { class: "waiting" }, "Retrieving passages…"));
+    this.sourceList = el("ol", { class: "sources", hidden: true, "data-testid": "sources" });
+    this.stats = el("div", { class: "stats", hidden: true, "data-testid": "stats" });
+    this.root = el("article", { class: "panel turn", "data-state": "streaming" },
+      el("div", { class: "question" }, text), this.answer, this.sourceList, this.stats);
+    this.text = "";
+    this.numDeltas = 0;
+  }
+
+  setSources(sources) {
+    this.sources = sources;
+    this.sourceList.replaceChildren(el("li", { class: "label" }, sources.length
+      ? `Sources (${sources.length})` : "No passages matched; answering without documents"));
+    for (const s of sources) {
+      const page = s.page ? ` · p. ${s.page}` : "";
+      this.sourceList.append(el("li", {},
+        el("button", { class: "source", type: "button", title: s.snippet, "data-rank": s.rank,
+                       onclick: () => openPassage(s) },
+          el("span", { class: "n" }, `[${s.rank}]`), el("span", { class: "t" }, s.title + page),
+          el("span", { class: "s" }, s.score.toFixed(2)))));
+    }
+    this.sourceList.hidden = false;
+    if (!this.text) {
+      this.answer.replaceChildren(el("span", { class: "waiting" },
+        sources.length ? `Blending ${sources.length} cached passage${sources.length > 1 ? "s" : ""}…`
+          : "Thinking…"));
+    }
+  }
+
+  addText(delta) {
+    this.text += delta;
+    this.answer.textContent = this.text;
+    this.numDeltas += 1;
+    this.root.dataset.deltas = String(this.numDeltas); // how many token events arrived (tests read it)
+  }
+
+  // The final answer, with [n] citations turned into buttons that open the passage.
+  renderAnswer(text) {
+    this.answer.replaceChildren();
+    for (const part of text.split(/(\[\d+\])/)) {
+      const match = /^\[(\d+)\]$/.exec(part);
+      const source = match && this.sources.find((s) => s.rank === Number(match[1]));
+      if (source) {
+        this.answer.append(el("button", { class: "cite", type: "button", title: source.title,
+                                          onclick: () => openPassage(source) }, part));
+      } else {
+        this.answer.append(part);
+      }
+    }
+  }
+
+  done(result) {
+    this.finished = true;
+    this.answer.classList.remove("streaming");
+    this.renderAnswer(result.answer || this.text);
+    if (!(result.answer || this.text)) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+    const t = result.timings;
+    const items = [el("span", { "data-k": "ttft" }, "TTFT ", el("b", {}, fmtMs(t.ttft_ms)))];
+    if (t.full_prefill_estimate_ms !== null && t.full_prefill_estimate_ms !== undefined && result.mode !== "full") {
+      // A full prefill would pay retrieval plus the plain prefill of the whole prompt, without KV loading.
+      const fullTtft = t.retrieval_ms + t.full_prefill_estimate_ms;
+      const saved = fullTtft - t.ttft_ms;
+      items.push(saved > 0
+        ? el("span", { class: "saved", "data-k": "saved" }, "blending saved ", el("b", {}, `≈ ${fmtMs(saved)}`),
+          ` vs full prefill (est. ${fmtMs(fullTtft)})`)
+        : el("span", { "data-k": "saved" }, `no time saved vs full prefill (est. ${fmtMs(fullTtft)})`));
+    }
+    items.push(el("span", { "data-k": "mode" }, "mode ", el("b", {}, result.mode),
+      result.mode === "blend" ? ` · recompute ${fmtPct(result.recompute_ratio, 1)}` : ""));
+    items.push(el("span", { "data-k": "kv" }, "KV ", el("b", {}, result.kv_hits), " hit / ",
+      el("b", {}, result.kv_misses), " miss"));
+    items.push(el("span", {}, "tokens ", el("b", {}, result.usage.prompt_tokens), " in / ",
+      el("b", {}, result.usage.completion_tokens), " out"));
+    items.push(el("span", {}, "total ", el("b", {}, fmtMs(t.total_ms))));
+    this.stats.replaceChildren(...items);
+    this.stats.hidden = false;
+    this.root.dataset.state = "done";
+  }
+
+  fail(message) {
+    this.finished = true;
+    this.answer.classList.remove("streaming");
+    if (!this.text) this.answer.replaceChildren();
+    this.answer.append(el("div", { class: "error-text", "data-testid": "error" }, message));
+    this.root.dataset.state = "error";
+  }
+}
+
+async function ask(text, turn) {
+  const body = { question: text, mode: mode.value, stream: true };
+  if (mode.value === "blend") body.recompute_ratio = Number(ratio.value);
+  if (topK.value) body.top_k = Number(topK.value);
+  let response;
+  try {
+    response = await fetch("/ask", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      body: JSON.stringify(body),
+    });
+  } catch (err) {
+    turn.fail(`Could not reach the server: ${err.message}`);
+    return;
+  }
+  if (!response.ok) {
+    turn.fail(await errorMessage(response));
+    return;
+  }
+  try {
+    for await (const { event, data } of readSSE(response)) {
+      if (event === "sources") turn.setSources(data.sources);
+      else if (event === "token") turn.addText(data.text);
+      else if (event === "done") turn.done(data);
+      else if (event === "error") turn.fail(data.message);
+    }
+  } catch (err) {
+    turn.fail(`The answer stream broke: ${err.message}`);
+    return;
+  }
+  if (!turn.finished) turn.fail("The answer stream ended early.");
+}
+
+form.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const text = question.value.trim();
+  if (!text || button.disabled) return;
+  $("empty")?.remove();
+  const turn = new Turn(text);
+  thread.append(turn.root);
+  turn.root.scrollIntoView({ behavior: "smooth", block: "end" });
+  question.value = "";
+  button.disabled = true;
+  try {
+    await ask(text, turn);
+  } finally {
+    button.disabled = false;
+    question.focus();
+    turn.root.scrollIntoView({ behavior: "smooth", block: "end" });
+  }
+});
+
+question.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    form.requestSubmit();
+  }
+});
+mode.addEventListener("change", syncControls);
+ratio.addEventListener("input", syncControls);
+$("passage-close").addEventListener("click", () => dialog.close());
+dialog.addEventListener("click", (event) => {
+  if (event.target === dialog) dialog.close(); // a click on the backdrop
+});
+
+syncControls();
+watchReadiness($("server-status"));
+question.focus();

@@ -1,0 +1,125 @@
+"""POST /ask on a real server: the SSE stream, the JSON body, and every 4xx."""
+
+from __future__ import annotations
+
+import pytest
+from apitools import CORPUS, parse_sse
+from fastapi.testclient import TestClient
+
+QUESTION = "What is the capital of Zorblat?"
+
+
+def ask_stream(client: TestClient, **body: object) -> list[tuple[str | None, dict]]:
+    response = client.post("/ask", json={"question": QUESTION, **body})
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    assert response.headers["cache-control"] == "no-cache"
+    return parse_sse(response.text)
+
+
+def test_stream_is_sources_then_tokens_then_done(client: TestClient, corpus: dict[str, str]) -> None:
+    events = ask_stream(client, top_k=2, max_tokens=6)
+    names = [name for name, _ in events]
+    assert names[0] == "sources"
+    assert names[-1] == "done"
+    assert set(names[1:-1]) == {"token"}
+    assert len(names) >= 3
+
+    sources = events[0][1]
+    assert set(sources) == {"sources", "retrieval_ms"}
+    assert len(sources["sources"]) == 2
+    assert [s["rank"] for s in sources["sources"]] == [1, 2]
+    top = sources["sources"][0]
+    assert set(top) == {"rank", "chunk_id", "document_id", "title", "page", "score", "snippet", "text"}
+    assert top["document_id"] == corpus["Zorblat facts"]  # MiniLM ranks the right passage first
+    assert top["title"] == "Zorblat facts"
+    assert top["page"] is None
+    assert top["text"].startswith(CORPUS[0]["text"])
+    assert top["snippet"] == " ".join(top["text"].split())
+    assert sources["sources"][0]["score"] >= sources["sources"][1]["score"]
+
+    done = events[-1][1]
+    answer = "".join(data["text"] for name, data in events if name == "token")
+    assert done["answer"] == answer
+    assert done["mode"] == "blend"
+    assert done["finish_reason"] in ("stop", "length")
+    assert done["usage"]["completion_tokens"] <= 6
+    assert done["usage"]["total_tokens"] == done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"]
+    assert set(done["timings"]) == {"retrieval_ms", "kv_load_ms", "ttft_ms", "total_ms",
+                                    "full_prefill_estimate_ms"}
+    assert done["ttft_ms"] == done["timings"]["ttft_ms"] > 0
+    assert done["total_ms"] == done["timings"]["total_ms"] >= done["ttft_ms"]
+    assert done["kv_hits"] == 2 and done["kv_misses"] == 0
+    assert 0.0 < done["recompute_ratio"] <= 1.0
+
+
+@pytest.mark.parametrize("mode", ["blend", "full", "prefix", "reuse"])
+def test_every_mode_answers(client: TestClient, corpus: dict[str, str], mode: str) -> None:
+    events = ask_stream(client, mode=mode, top_k=2, max_tokens=3)
+    assert events[-1][0] == "done"
+    assert events[-1][1]["mode"] == mode
+
+
+def test_recompute_ratio_one_recomputes_every_context_token(client: TestClient, corpus: dict[str, str]) -> None:
+    done = ask_stream(client, mode="blend", recompute_ratio=1.0, top_k=2, max_tokens=2)[-1][1]
+    assert done["recompute_ratio"] == 1.0
+    assert done["usage"]["recomputed_tokens"] == done["usage"]["context_tokens"] > 0
+    reuse = ask_stream(client, mode="reuse", top_k=2, max_tokens=2)[-1][1]
+    assert reuse["recompute_ratio"] == 0.0
+    assert reuse["usage"]["recomputed_tokens"] == 0
+
+
+def test_filters_restrict_retrieval(client: TestClient, corpus: dict[str, str]) -> None:
+    by_doc = ask_stream(client, top_k=3, max_tokens=1, filters={"document_ids": [corpus["Baking notes"]]})
+    assert [s["document_id"] for s in by_doc[0][1]["sources"]] == [corpus["Baking notes"]]
+    by_tag = ask_stream(client, top_k=3, max_tokens=1, filters={"tags": ["planets"]})
+    assert {s["document_id"] for s in by_tag[0][1]["sources"]} == {corpus["Zorblat facts"], corpus["Moon notes"]}
+
+
+def test_non_streaming_answer_is_one_json_body(client: TestClient, corpus: dict[str, str]) -> None:
+    response = client.post("/ask", json={"question": QUESTION, "top_k": 2, "max_tokens": 4, "stream": False})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"answer", "sources", "mode", "recompute_ratio", "finish_reason", "usage", "timings",
+                         "kv_hits", "kv_misses", "retrieval_ms", "ttft_ms", "total_ms"}
+    assert [s["rank"] for s in body["sources"]] == [1, 2]
+    assert body["sources"][0]["document_id"] == corpus["Zorblat facts"]
+    assert body["usage"]["completion_tokens"] <= 4
+    # Greedy decoding: the same question streams the same answer.
+    streamed = ask_stream(client, top_k=2, max_tokens=4)
+    assert streamed[-1][1]["answer"] == body["answer"]
+
+
+def test_answers_are_recorded_for_the_admin_page(client: TestClient, corpus: dict[str, str]) -> None:
+    before = len(client.get("/api/stats").json()["recent"])
+    done = ask_stream(client, mode="prefix", top_k=1, max_tokens=1)[-1][1]
+    recent = client.get("/api/stats").json()["recent"]
+    assert len(recent) == min(before + 1, 200)
+    assert recent[-1]["mode"] == "prefix"
+    assert recent[-1]["ttft_ms"] == done["timings"]["ttft_ms"]
+    assert recent[-1]["kv_hits"] == done["kv_hits"]
+
+
+@pytest.mark.parametrize(("body", "detail"), [
+    ({"question": ""}, "question: question must not be empty"),
+    ({"question": "   \n"}, "question: question must not be empty"),
+    ({}, "question: Field required"),
+    ({"question": "q", "mode": "fast"}, "mode: Input should be 'blend', 'full', 'prefix' or 'reuse'"),
+    ({"question": "q", "recompute_ratio": 1.5}, "recompute_ratio: Input should be less than or equal to 1"),
+    ({"question": "q", "recompute_ratio": -0.1}, "recompute_ratio: Input should be greater than or equal to 0"),
+    ({"question": "q", "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
+    ({"question": "q", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
+    ({"question": "q", "temperature": 3}, "temperature: Input should be less than or equal to 2"),
+    ({"question": "q", "ratio": 0.5}, "ratio: Extra inputs are not permitted"),
+])
+def test_invalid_questions_are_422_with_a_message(client: TestClient, body: dict, detail: str) -> None:
+    response = client.post("/ask", json=body)
+    assert response.status_code == 422
+    assert response.json()["detail"] == detail
+    assert response.json()["errors"][0]["loc"][0] == "body"
+
+
+def test_non_json_body_is_422(client: TestClient) -> None:
+    response = client.post("/ask", content=b"question?", headers={"content-type": "text/plain"})
+    assert response.status_code == 422

@@ -1,0 +1,293 @@
+"""Ingest, jobs and documents routes on a real server (tiny Llama, MiniLM, fresh data dir)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from apitools import CORPUS, MAX_FILE_BYTES, parse_sse, wait_for_job
+from fastapi.testclient import TestClient
+
+from app.services.ingest_service import IngestSource
+
+STAGES = {"parse", "chunk", "embed", "kv", "commit"}
+
+
+def state_of(client: TestClient) -> Any:
+    return client.app.state.blendrag  # type: ignore[attr-defined]
+
+
+def queued_job(client: TestClient, title: str) -> tuple[str, str]:
+    """A job accepted but not handed to the worker: it stays `queued` and its document `pending`."""
+    submitted = state_of(client).ingest.submit([IngestSource(kind="text", title=title, text=f"{title} text.")],
+                                               enqueue=False)
+    return submitted.job_id, submitted.document_ids[0]
+
+
+# ---- POST /ingest -------------------------------------------------------------------------------
+
+
+def test_json_ingest_is_accepted_and_its_job_succeeds(client: TestClient, corpus: dict[str, str]) -> None:
+    doc = {"title": "Kite festival", "text": "The kite festival of Quintaro is held every May.",
+           "metadata": {"lang": "en"}, "tags": ["events"], "source": "test:kites"}
+    response = client.post("/ingest", json={"documents": [doc]})
+    assert response.status_code == 202
+    body = response.json()
+    assert set(body) == {"job_id", "document_ids"}
+    assert len(body["document_ids"]) == 1
+    job = wait_for_job(client, body["job_id"])
+    assert job["status"] == "succeeded"
+    assert job["stage"] is None
+    assert job["errors"] == []
+    assert job["document_ids"] == body["document_ids"]
+    assert set(job["progress"]) == STAGES
+    assert job["progress"]["kv"] == {"done": 1, "total": 1}
+    assert job["progress"]["commit"] == {"done": 1, "total": 1}
+
+    stored = client.get(f"/documents/{body['document_ids'][0]}").json()
+    assert stored["title"] == "Kite festival"
+    assert stored["status"] == "ready"
+    assert stored["tags"] == ["events"]
+    assert stored["metadata"]["lang"] == "en"
+    assert stored["source"] == "test:kites"
+    assert stored["num_chunks"] == 1
+    client.delete(f"/documents/{body['document_ids'][0]}")
+
+
+def test_multipart_upload_ingests_files_with_tags(client: TestClient) -> None:
+    files = [("files", ("rivers.txt", b"Purple rivers flow through Quintaro all year long.", "text/plain")),
+             ("files", ("notes.md", b"# Kites\n\nKites fly over Quintaro in May.", "text/markdown"))]
+    response = client.post("/ingest", files=files, data={"tags": "upload, test"})
+    assert response.status_code == 202, response.text
+    ids = response.json()["document_ids"]
+    assert len(ids) == 2
+    job = wait_for_job(client, response.json()["job_id"])
+    assert job["status"] == "succeeded", job
+    first = client.get(f"/documents/{ids[0]}").json()
+    assert first["title"] == "rivers"  # plain text: the file name without extension
+    assert client.get(f"/documents/{ids[1]}").json()["title"] == "Kites"  # markdown: its first heading
+    assert first["tags"] == ["upload", "test"]
+    assert first["source"] == "upload:rivers.txt"
+    assert first["chunks"][0]["text"].startswith("Purple rivers flow through Quintaro")
+    for doc_id in ids:
+        assert client.delete(f"/documents/{doc_id}").status_code == 204
+
+
+def test_multipart_inline_documents_field_is_ingested_too(client: TestClient) -> None:
+    inline = '[{"title": "Inline note", "text": "An inline note about Zorblat moons."}]'
+    response = client.post("/ingest", files=[("files", ("a.txt", b"File text about Zorblat.", "text/plain"))],
+                           data={"documents": inline})
+    assert response.status_code == 202, response.text
+    ids = response.json()["document_ids"]
+    job = wait_for_job(client, response.json()["job_id"])
+    assert job["status"] == "succeeded", job
+    assert [client.get(f"/documents/{i}").json()["title"] for i in ids] == ["Inline note", "a"]
+    for doc_id in ids:
+        client.delete(f"/documents/{doc_id}")
+
+
+def test_unsupported_file_type_is_refused_with_415(client: TestClient) -> None:
+    response = client.post("/ingest", files=[("files", ("slides.ppt", b"binary", "application/octet-stream"))])
+    assert response.status_code == 415
+    assert response.json()["detail"].startswith("slides.ppt: unsupported file type .ppt")
+
+
+def test_file_over_the_size_limit_is_refused_with_413(client: TestClient) -> None:
+    big = b"a" * (MAX_FILE_BYTES + 1)
+    response = client.post("/ingest", files=[("files", ("big.txt", big, "text/plain"))])
+    assert response.status_code == 413
+    assert response.json() == {"detail": f"big.txt: larger than the {MAX_FILE_BYTES}-byte limit "
+                                         "(ingest.max_file_bytes)"}
+
+
+def test_multipart_without_files_is_422(client: TestClient) -> None:
+    response = client.post("/ingest", data={"tags": "x"}, files=[("other", ("a.txt", b"x", "text/plain"))])
+    assert response.status_code == 422
+    assert response.json() == {"detail": "multipart ingest needs at least one file in the 'files' field "
+                                         "(or inline 'documents')"}
+
+
+def test_json_ingest_errors_are_422_with_a_message(client: TestClient) -> None:
+    empty = client.post("/ingest", json={"documents": []})
+    assert empty.status_code == 422
+    assert empty.json()["detail"] == ("invalid ingest body: documents: List should have at least 1 item "
+                                      "after validation, not 0")
+    no_text = client.post("/ingest", json={"documents": [{"title": "x"}]})
+    assert no_text.status_code == 422
+    assert no_text.json()["detail"] == "invalid ingest body: documents.0.text: Field required"
+    blank = client.post("/ingest", json={"documents": [{"title": "x", "text": "   "}]})
+    assert blank.status_code == 422
+    assert blank.json()["detail"] == "document 'x' has no text"
+    broken = client.post("/ingest", content=b"{not json", headers={"content-type": "application/json"})
+    assert broken.status_code == 422
+    assert broken.json()["detail"].startswith("invalid ingest body: Expecting property name")
+
+
+def test_other_content_types_are_415(client: TestClient) -> None:
+    response = client.post("/ingest", content=b"hello", headers={"content-type": "text/plain"})
+    assert response.status_code == 415
+    assert response.json() == {"detail": "send application/json or multipart/form-data, not 'text/plain'"}
+
+
+# ---- jobs ---------------------------------------------------------------------------------------
+
+
+def test_unknown_job_is_404(client: TestClient) -> None:
+    for method, path in (("GET", "/ingest/jobs/nope"), ("POST", "/ingest/jobs/nope/cancel"),
+                         ("GET", "/ingest/jobs/nope/events")):
+        response = client.request(method, path)
+        assert response.status_code == 404, path
+        assert response.json() == {"detail": "no ingest job nope"}
+
+
+def test_job_events_stream_progress_then_done(client: TestClient) -> None:
+    accepted = client.post("/ingest", json={"documents": [
+        {"title": "Streamed", "text": "A document whose ingest progress is streamed over SSE."}]}).json()
+    with client.stream("GET", f"/ingest/jobs/{accepted['job_id']}/events") as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = parse_sse(response.read().decode())
+    names = [name for name, _ in events]
+    assert names[-1] == "done"
+    assert set(names[:-1]) <= {"progress"}
+    final = events[-1][1]
+    assert final["job_id"] == accepted["job_id"]
+    assert final["status"] == "succeeded"
+    for _, job in events[:-1]:
+        assert job["status"] in ("queued", "running")
+    # Events only come when something changed.
+    bodies = [job for _, job in events]
+    assert all(a != b for a, b in zip(bodies, bodies[1:], strict=False))
+    client.delete(f"/documents/{accepted['document_ids'][0]}")
+
+
+def test_events_of_a_finished_job_are_just_done(client: TestClient, corpus: dict[str, str]) -> None:
+    doc = client.get(f"/documents/{corpus['Zorblat facts']}").json()
+    events = parse_sse(client.get(f"/ingest/jobs/{doc['job_id']}/events").text)
+    assert [name for name, _ in events] == ["done"]
+    assert events[0][1]["status"] == "succeeded"
+
+
+def test_cancel_a_queued_job(client: TestClient) -> None:
+    job_id, doc_id = queued_job(client, "To be cancelled")
+    assert client.get(f"/documents/{doc_id}").json()["status"] == "pending"
+    response = client.post(f"/ingest/jobs/{job_id}/cancel")
+    assert response.status_code == 200
+    assert response.json()["status"] == "cancelled"
+    assert response.json()["cancel_requested"] is True
+    doc = client.get(f"/documents/{doc_id}").json()
+    assert doc["status"] == "failed"
+    assert doc["error"] == "ingest cancelled"
+    again = client.post(f"/ingest/jobs/{job_id}/cancel")  # idempotent
+    assert again.status_code == 200
+    assert again.json()["status"] == "cancelled"
+    events = parse_sse(client.get(f"/ingest/jobs/{job_id}/events").text)
+    assert [(name, job["status"]) for name, job in events] == [("done", "cancelled")]
+    assert client.delete(f"/documents/{doc_id}").status_code == 204
+
+
+def test_cancel_a_finished_job_is_409(client: TestClient, corpus: dict[str, str]) -> None:
+    job_id = client.get(f"/documents/{corpus['Baking notes']}").json()["job_id"]
+    response = client.post(f"/ingest/jobs/{job_id}/cancel")
+    assert response.status_code == 409
+    assert response.json() == {"detail": f"ingest job {job_id} already succeeded"}
+
+
+# ---- documents ----------------------------------------------------------------------------------
+
+
+def test_documents_are_listed_newest_first_with_paging(client: TestClient, corpus: dict[str, str]) -> None:
+    full = client.get("/documents", params={"status": "ready"}).json()
+    ready_ids = [d["id"] for d in full["documents"]]
+    assert set(corpus.values()) <= set(ready_ids)
+    assert full["total"] == len(ready_ids)
+    assert full["offset"] == 0 and full["limit"] == 50
+    page = client.get("/documents", params={"status": "ready", "offset": 1, "limit": 1}).json()
+    assert page["total"] == full["total"]
+    assert [d["id"] for d in page["documents"]] == ready_ids[1:2]
+    first = full["documents"][0]
+    assert set(first) == {"id", "title", "status", "error", "source", "tags", "metadata", "num_chunks",
+                          "num_tokens", "job_id", "created_at", "updated_at"}
+    created = [d["created_at"] for d in full["documents"]]
+    assert created == sorted(created, reverse=True)
+
+
+def test_documents_status_filter(client: TestClient, corpus: dict[str, str]) -> None:
+    job_id, doc_id = queued_job(client, "Pending doc")
+    pending = client.get("/documents", params={"status": "pending"}).json()
+    assert [d["id"] for d in pending["documents"]] == [doc_id]
+    assert pending["total"] == 1
+    client.post(f"/ingest/jobs/{job_id}/cancel")
+    assert client.get("/documents", params={"status": "pending"}).json()["total"] == 0
+    client.delete(f"/documents/{doc_id}")
+
+
+def test_documents_query_validation(client: TestClient) -> None:
+    bad_status = client.get("/documents", params={"status": "done"})
+    assert bad_status.status_code == 422
+    assert bad_status.json()["detail"] == "query.status: Input should be 'pending', 'ready' or 'failed'"
+    bad_limit = client.get("/documents", params={"limit": 0})
+    assert bad_limit.status_code == 422
+    assert bad_limit.json()["detail"] == "query.limit: Input should be greater than or equal to 1"
+    assert client.get("/documents", params={"offset": -1}).status_code == 422
+
+
+def test_document_detail_has_chunks_with_fresh_kv(client: TestClient, corpus: dict[str, str]) -> None:
+    doc_id = corpus["Moon notes"]
+    body = client.get(f"/documents/{doc_id}").json()
+    assert body["id"] == doc_id
+    assert body["status"] == "ready"
+    assert body["num_chunks"] == len(body["chunks"]) == 1
+    chunk = body["chunks"][0]
+    assert chunk["index"] == 0
+    assert chunk["kv_state"] == "fresh"
+    assert chunk["text"].startswith(CORPUS[2]["text"])
+    assert chunk["num_tokens"] == body["num_tokens"]
+    assert body["kv"] == {"fresh": 1, "stale": 0, "missing": 0}
+
+
+def test_a_chunk_whose_kv_entry_is_gone_shows_missing(client: TestClient) -> None:
+    accepted = client.post("/ingest", json={"documents": [
+        {"title": "Evicted", "text": "This chunk's KV entry will be removed from the store."}]}).json()
+    wait_for_job(client, accepted["job_id"])
+    doc_id = accepted["document_ids"][0]
+    components = state_of(client).components
+    [chunk] = components.catalog.chunks_of(doc_id)
+    assert components.store.delete(chunk.kv_key)
+    body = client.get(f"/documents/{doc_id}").json()
+    assert [c["kv_state"] for c in body["chunks"]] == ["missing"]
+    assert body["kv"] == {"fresh": 0, "stale": 0, "missing": 1}
+    client.delete(f"/documents/{doc_id}")
+
+
+def test_unknown_document_is_404(client: TestClient) -> None:
+    response = client.get("/documents/no-such-id")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "no document no-such-id"}
+
+
+def test_delete_is_idempotent(client: TestClient) -> None:
+    accepted = client.post("/ingest", json={"documents": [
+        {"title": "Short-lived", "text": "A document that is deleted right away."}]}).json()
+    wait_for_job(client, accepted["job_id"])
+    doc_id = accepted["document_ids"][0]
+    components = state_of(client).components
+    [chunk] = components.catalog.chunks_of(doc_id)
+
+    first = client.delete(f"/documents/{doc_id}")
+    assert first.status_code == 204
+    assert first.content == b""
+    assert client.get(f"/documents/{doc_id}").status_code == 404
+    assert components.store.contains(chunk.kv_key) is None  # its unshared KV entry went too
+    assert chunk.id not in {h.chunk_id for h in components.retriever.search("deleted right away", top_k=10)}
+    assert client.delete(f"/documents/{doc_id}").status_code == 204
+    assert client.delete("/documents/never-existed").status_code == 204
+
+
+def test_delete_while_ingesting_is_409(client: TestClient) -> None:
+    job_id, doc_id = queued_job(client, "Busy doc")
+    response = client.delete(f"/documents/{doc_id}")
+    assert response.status_code == 409
+    assert response.json() == {"detail": f"document {doc_id} is still being ingested by job {job_id}; "
+                                         "cancel the job first"}
+    client.post(f"/ingest/jobs/{job_id}/cancel")
+    assert client.delete(f"/documents/{doc_id}").status_code == 204
