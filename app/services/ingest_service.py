@@ -95,6 +95,10 @@ class IngestService:
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._worker: threading.Thread | None = None
         self._lock = threading.Lock()  # one job mutates the index at a time
+        # KV keys the running job relies on but has not committed chunk rows for yet: a concurrent delete
+        # of another document sharing such an entry must not remove it.
+        self._inflight_keys: set[str] = set()
+        self._inflight_lock = threading.Lock()
         self._on_chunks_committed = on_chunks_committed
 
     # ---- submission ------------------------------------------------------------------------------
@@ -159,7 +163,13 @@ class IngestService:
         """At start-up: undo what interrupted jobs half-wrote and queue them again. Returns their ids."""
         resumed = []
         for job in self._c.catalog.jobs_with_status([JobStatus.RUNNING, JobStatus.QUEUED]):
-            for doc_id in job.document_ids:
+            num_sources = len(job.spec.get("sources", []))
+            for doc_id in job.document_ids[num_sources:]:
+                # Documents fanned out of a json/jsonl file: parse creates them again.
+                self._c.catalog.delete_document(doc_id)
+            if len(job.document_ids) > num_sources:
+                self._c.catalog.update_job(job.id, document_ids=job.document_ids[:num_sources])
+            for doc_id in job.document_ids[:num_sources]:
                 doc = self._c.catalog.get_document(doc_id)
                 if doc is not None and doc.status == DocumentStatus.PENDING:
                     chunk_ids = [c.id for c in self._c.catalog.chunks_of(doc_id)]
@@ -187,12 +197,21 @@ class IngestService:
 
     def _run_locked(self, job: JobRecord, on_progress: ProgressCallback | None) -> JobRecord:
         sources = [IngestSource.from_spec(s) for s in job.spec.get("sources", [])]
-        items = [_WorkItem(doc_id, src) for doc_id, src in zip(job.document_ids, sources, strict=True)]
+        # document_ids may be longer than sources: records of a json/jsonl file fan out at parse time.
+        items = [_WorkItem(doc_id, src) for doc_id, src in zip(job.document_ids, sources, strict=False)]
         tracker = _Progress(self._c, job.id, on_progress)
         errors: list[dict[str, Any]] = []
         duplicates: list[str] = []
         self._c.catalog.update_job(job.id, status=JobStatus.RUNNING, errors=[])
         started = time.perf_counter()
+        try:
+            return self._run_stages(job, items, tracker, errors, duplicates, started)
+        finally:
+            with self._inflight_lock:
+                self._inflight_keys.clear()
+
+    def _run_stages(self, job: JobRecord, items: list[_WorkItem], tracker: _Progress,
+                    errors: list[dict[str, Any]], duplicates: list[str], started: float) -> JobRecord:
         try:
             self._parse(items, tracker, errors, duplicates)
             self._chunk(items, tracker, errors)
@@ -323,6 +342,8 @@ class IngestService:
             for chunk in item.chunks:
                 tracker.check_cancel()
                 key = self._c.expected_kv_key(chunk.token_ids)
+                with self._inflight_lock:
+                    self._inflight_keys.add(key)
                 # Content-addressed: a chunk already stored (same text, model and prompt) costs nothing.
                 if store.contains(key) is None:
                     t0 = time.perf_counter()
@@ -377,8 +398,11 @@ class IngestService:
             return False
         self._c.retriever.remove([c.id for c in deleted])
         self._c.retriever.save()
-        still_used = self._c.catalog.referenced_kv_keys({c.kv_key for c in deleted if c.kv_key})
-        for key in {c.kv_key for c in deleted if c.kv_key} - still_used:
+        keys = {c.kv_key for c in deleted if c.kv_key}
+        still_used = self._c.catalog.referenced_kv_keys(keys)
+        with self._inflight_lock:
+            still_used |= keys & self._inflight_keys
+        for key in keys - still_used:
             self._c.store.delete(key)
         return True
 

@@ -164,3 +164,35 @@ def test_crash_mid_commit_is_recovered_on_restart(components: Components, tiny_s
         assert run_doctor(restarted, repair=False).problems == 0
     finally:
         restarted.close()
+
+
+def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    from app.components import build_components
+    from app.settings import load_settings
+
+    settings = load_settings(data_dir=tmp_path / "data", engine={"model": str(tiny_llama_dir)},
+                             ingest={"chunk_tokens": 16, "chunk_overlap": 0})
+    components = build_components(settings)
+    try:
+        service = IngestService(components)
+        shared = "Quintaro is the capital of Zorblat."
+        old, _ = run(service, [text("old", shared + "\n\nThe kite festival is in May.")])
+        old_keys = {c.kv_key for c in components.catalog.chunks_of(old.document_ids[0])}
+        new = service.submit([text("new", shared + "\n\nSourdough needs a starter.")], enqueue=False)
+
+        def delete_old_during_kv(job) -> None:
+            # after the shared chunk was found already stored (so skipped), before the commit
+            if (job.stage == "kv" and job.progress["kv"]["done"] >= 1
+                    and components.catalog.get_document(old.document_ids[0]) is not None):
+                assert service.delete_document(old.document_ids[0])
+
+        job = service.run_job(new.job_id, on_progress=delete_old_during_kv)
+        assert job.status == JobStatus.SUCCEEDED
+        new_keys = {c.kv_key for c in components.catalog.chunks_of(new.document_ids[0])}
+        assert len(old_keys & new_keys) == 1  # the shared paragraph is one content-addressed entry
+        for key in new_keys:
+            assert components.store.contains(key) is not None
+        for key in old_keys - new_keys:
+            assert components.store.contains(key) is None
+    finally:
+        components.close()
