@@ -1,0 +1,13 @@
+"""The LLM engine: Llama-family model loading, the layer loop, prefill / blend / decode, the scheduler.
+
+Public API (import from the modules; this package imports nothing eagerly):
+
+    engine.config.EngineSettings          pydantic settings (model, device, dtype, mode, ratio, …)
+    engine.engine.Engine                  Engine(settings, models_dir): prefill_chunk(s), blend, score, generate
+    engine.scheduler.Scheduler            Scheduler(engine).submit(request) -> async iterator of events
+    engine.prompt.PromptBuilder           prefix_ids, suffix_ids(question), layout(chunk_ids, question)
+    engine.types                          PromptLayout, BlendConfig, SamplingParams, GenerationRequest,
+                                          TokenEvent, FinishEvent, BlendResult, ScoreResult, Mode,
+                                          EngineError, EngineBusy
+    engine.selectors.TokenSelector        the protocol behind BlendConfig.selector (deviation, first_k, random)
+"""

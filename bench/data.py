@@ -1,0 +1,106 @@
+"""Benchmark data: question/passages files shaped like ../shared/data/musique_dev.json and nq6_dev.json,
+and prompts built from them exactly as /ask builds its prompt.
+
+File shape: a JSON list of `{"question": str, "answers": [str], "ctxs": [{"title", "text", "isgold"?}]}`.
+Each passage becomes one chunk (`ingest.chunker.encode_chunk_text` of its text, the ids ingest would
+store), the first K passages in file order, the question as suffix (`engine.prompt.PromptBuilder`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.prompt import PromptBuilder
+    from engine.types import PromptLayout
+
+
+class DatasetError(ValueError):
+    """The dataset file is missing or not of the expected shape."""
+
+
+@dataclass(frozen=True)
+class Passage:
+    title: str
+    text: str
+    is_gold: bool = False
+
+
+@dataclass(frozen=True)
+class Example:
+    index: int  # position in the dataset file
+    question: str
+    answers: list[str]
+    passages: list[Passage]
+
+
+def _passage(raw: Any, where: str) -> Passage:
+    if not isinstance(raw, dict) or not isinstance(raw.get("text"), str):
+        raise DatasetError(f"{where}: each ctx needs a 'text' string")
+    return Passage(title=str(raw.get("title") or ""), text=raw["text"], is_gold=bool(raw.get("isgold", False)))
+
+
+def load_dataset(path: Path) -> list[Example]:
+    """Every example of a dataset file, in file order."""
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise DatasetError(f"{path}: cannot read dataset: {exc}") from exc
+    if not isinstance(raw, list) or not raw:
+        raise DatasetError(f"{path}: expected a non-empty JSON list of examples")
+    examples = []
+    for i, item in enumerate(raw):
+        where = f"{path}[{i}]"
+        if not isinstance(item, dict) or not isinstance(item.get("question"), str):
+            raise DatasetError(f"{where}: each example needs a 'question' string")
+        answers = item.get("answers") or []
+        if not isinstance(answers, list) or not all(isinstance(a, str) for a in answers):
+            raise DatasetError(f"{where}: 'answers' must be a list of strings")
+        ctxs = item.get("ctxs") or []
+        if not isinstance(ctxs, list):
+            raise DatasetError(f"{where}: 'ctxs' must be a list")
+        examples.append(Example(index=i, question=item["question"], answers=list(answers),
+                                passages=[_passage(c, f"{where}.ctxs[{j}]") for j, c in enumerate(ctxs)]))
+    return examples
+
+
+def select_examples(examples: list[Example], num_examples: int | None, seed: int) -> list[Example]:
+    """`num_examples` examples (all when None), a seeded shuffle so subsets differ by seed but not by run.
+
+    Only examples with at least one passage qualify (a prompt needs context to blend).
+    """
+    usable = [e for e in examples if e.passages]
+    order = list(range(len(usable)))
+    random.Random(seed).shuffle(order)
+    chosen = [usable[i] for i in order]
+    return chosen if num_examples is None else chosen[:num_examples]
+
+
+def passage_chunk_ids(tokenizer: Any, passages: list[Passage]) -> list[list[int]]:
+    """The stored token ids of each passage as one chunk, exactly as ingest would produce them."""
+    from ingest.chunker import encode_chunk_text
+
+    return [encode_chunk_text(tokenizer, p.text) for p in passages]
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One example turned into the prompt /ask would build for it."""
+
+    example: Example
+    chunk_ids: list[list[int]]  # one chunk per passage, prompt order
+    layout: PromptLayout
+    answer_ids: list[int]  # the first gold answer as the assistant would write it (teacher forcing)
+
+
+def build_prompt(prompt: PromptBuilder, tokenizer: Any, example: Example, num_passages: int) -> BenchPrompt:
+    chunk_ids = passage_chunk_ids(tokenizer, example.passages[:num_passages])
+    layout = prompt.layout(chunk_ids, example.question)
+    answer = example.answers[0] if example.answers else ""
+    # The assistant turn opens with a newline, so the answer's first word carries no leading space.
+    answer_ids = list(tokenizer.encode(answer.strip(), add_special_tokens=False))
+    return BenchPrompt(example=example, chunk_ids=chunk_ids, layout=layout, answer_ids=answer_ids)

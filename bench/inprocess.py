@@ -1,0 +1,102 @@
+"""The whole application in this process, on a throw-away data dir: what the ingest and throughput
+benchmarks drive when no `--url` is given. It is wired exactly as the server wires it (`AppState.load`),
+so the measured path is the served path: IngestService (parse → chunk → embed → KV → commit) and
+AskService (retrieve → load KV → blend → stream) over the same scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.state import AppState
+    from bench.data import Passage
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_model(model: str, models_dir: Path) -> str:
+    """A checkpoint dir for the settings: the built-in model is converted once under models_dir (not
+    again under every temp data dir)."""
+    if model != "builtin":
+        return model
+    from engine.builtin import ensure_builtin_llm
+
+    return str(ensure_builtin_llm(Path(models_dir)))
+
+
+def bench_settings(data_dir: Path, model: str, models_dir: Path, threads: int | None, **sections: dict[str, Any]):
+    """App settings on data_dir; `sections` override whole sub-settings fields, e.g. kvcache={...}."""
+    from app.settings import load_settings
+
+    engine = {"model": resolve_model(model, models_dir), "num_threads": threads} | sections.pop("engine", {})
+    return load_settings(data_dir=data_dir, engine={k: v for k, v in engine.items() if v is not None},
+                         **sections)
+
+
+async def start_app(settings) -> AppState:
+    from app.state import AppState
+
+    state = AppState(settings)
+    await state.load()
+    if state.load_error is not None:
+        raise RuntimeError(f"the app failed to start: {state.load_error}")
+    return state
+
+
+@dataclass
+class StageClock:
+    """Start time of each ingest stage, from the job's progress callbacks."""
+
+    started: float = field(default_factory=time.perf_counter)
+    stage_starts: dict[str, float] = field(default_factory=dict)
+    finished: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __call__(self, job: Any) -> None:
+        stage = getattr(job, "stage", None)
+        with self._lock:
+            if stage and stage not in self.stage_starts:
+                self.stage_starts[stage] = time.perf_counter()
+
+    def durations(self) -> dict[str, float]:
+        """Seconds per stage: from its start to the next stage's start (the last one to the job's end)."""
+        end = self.finished if self.finished is not None else time.perf_counter()
+        ordered = sorted(self.stage_starts.items(), key=lambda kv: kv[1])
+        out = {}
+        for i, (stage, start) in enumerate(ordered):
+            stop = ordered[i + 1][1] if i + 1 < len(ordered) else end
+            out[stage] = stop - start
+        return out
+
+
+def ingest_passages(state: AppState, passages: list[Passage]) -> tuple[Any, StageClock]:
+    """Ingest each passage as one text document in one job, synchronously; returns (job, stage clock)."""
+    from app.services.ingest_service import IngestSource
+
+    assert state.ingest is not None
+    sources = [IngestSource(kind="text", title=p.title or f"passage {i}", text=p.text)
+               for i, p in enumerate(passages)]
+    submitted = state.ingest.submit(sources, enqueue=False)
+    clock = StageClock()
+    job = state.ingest.run_job(submitted.job_id, on_progress=clock)
+    clock.finished = time.perf_counter()
+    return job, clock
+
+
+def dir_bytes(path: Path, pattern: str = "*") -> int:
+    """Total size of the files under path matching pattern (0 when path does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    return sum(p.stat().st_size for p in path.rglob(pattern) if p.is_file())
+
+
+def run(coro):
+    """Run a coroutine to completion from synchronous benchmark code."""
+    return asyncio.run(coro)

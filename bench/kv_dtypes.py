@@ -1,0 +1,234 @@
+"""`python -m bench kv`: what each KV storage dtype costs and keeps, and whether disk keeps up with memory.
+
+1. Per storage dtype (fp16, bf16, int8): bytes per token (in memory and as an entry file) and, against
+   the engine's own fp32 KV, the first-token KL, first-token agreement and greedy-answer agreement at
+   reuse and at blend@--ratio.
+2. TTFT at blend@--ratio (open the entries, prompt pass, first token) with the entries only on disk (a
+   disk-only TieredKVStore in a temp dir, memory tier off, OS page cache as it is; with and without the
+   layer-wise prefetch) and only in the memory tier. Variants are interleaved within each example and
+   their order rotates between repeats, so machine-load drift hits all of them alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from bench.data import build_prompt, load_dataset, select_examples
+from bench.harness import (
+    DEFAULT_MUSIQUE,
+    STORAGE_DTYPES,
+    ChunkKVSet,
+    RunRecord,
+    add_common_args,
+    build_engine,
+    machine_info,
+    model_name,
+    new_figure,
+    plot_path,
+    put_chunks,
+    save_figure,
+    write_json,
+)
+from bench.metrics import kl_divergence, mean, percentile
+from bench.passes import blend_name, mode_specs, run_pass
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.types import BlendConfig, PromptLayout
+    from kvcache.store import TieredKVStore
+
+logger = logging.getLogger(__name__)
+
+NAME = "kv"
+TTFT_VARIANTS = ("memory", "disk", "disk_no_prefetch")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=10, passages=6, out="kv.json")
+    parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
+    parser.add_argument("--dtypes", default=",".join(STORAGE_DTYPES), help="storage dtypes, comma-separated")
+    parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (agreement)")
+    parser.add_argument("--ttft-dtype", default="fp16", choices=list(STORAGE_DTYPES),
+                        help="storage dtype of the disk vs memory TTFT runs")
+    parser.add_argument("--repeats", type=int, default=3, help="TTFT measurements per variant and example")
+    parser.add_argument("--tmp-dir", type=Path, default=None, help="where the disk tier goes (default: $TMPDIR)")
+    parser.set_defaults(func=main)
+    return parser
+
+
+def _ttft_once(engine: Engine, layout: PromptLayout, store: TieredKVStore, keys: list[str], blend: BlendConfig,
+               prefetch: bool) -> tuple[float, float]:
+    """(seconds from opening the entries to the first token, seconds the layer loop waited on KV)."""
+    t0 = time.perf_counter()
+    source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, prefetch=prefetch)
+    try:
+        result = engine.blend(layout, source, "blend", blend)
+    finally:
+        source.close()
+    int(torch.argmax(result.logits))  # the first token: what a client sees first
+    return time.perf_counter() - t0, result.timings.kv_wait_s
+
+
+def _ttft_stores(tmp: Path, storage_dtype: str, budget: int) -> dict[str, TieredKVStore]:
+    from kvcache.config import KVCacheSettings
+    from kvcache.store import TieredKVStore
+
+    disk = TieredKVStore(KVCacheSettings(dir=tmp / "kv", storage_dtype=storage_dtype, memory_bytes=0,  # type: ignore[arg-type]
+                                         disk_bytes=4 * budget + (64 << 20), fsync=False))
+    memory = TieredKVStore(KVCacheSettings(dir=None, storage_dtype=storage_dtype,  # type: ignore[arg-type]
+                                           memory_bytes=2 * budget + (64 << 20)))
+    return {"disk": disk, "memory": memory}
+
+
+def evaluate(engine: Engine, prompts: list, dtypes: list[str], ratio: float, max_tokens: int, ttft_dtype: str,
+             repeats: int, tmp_root: Path | None) -> dict[str, Any]:
+    specs = mode_specs(engine, [ratio], baselines=("reuse",))
+    blend_spec = specs[-1]
+    assert blend_spec.blend is not None
+    per_example: list[dict[str, Any]] = []
+    for n, bp in enumerate(prompts, 1):
+        t0 = time.perf_counter()
+        kvs = ChunkKVSet(engine, bp.chunk_ids, engine.prefill_chunks(bp.chunk_ids))
+        record: dict[str, Any] = {"index": bp.example.index, "num_context_tokens": kvs.num_tokens, "dtypes": {},
+                                  "ttft": {v: [] for v in TTFT_VARIANTS}, "kv_wait": {v: [] for v in TTFT_VARIANTS}}
+        refs = {s.name: run_pass(engine, bp.layout, kvs.source("fp32"), s, [], max_tokens) for s in specs}
+        for dtype in dtypes:
+            row: dict[str, Any] = {"bytes": kvs.stored_bytes(dtype), "file_bytes": kvs.serialized_bytes(dtype),
+                                   "modes": {}}
+            for spec in specs:
+                out = run_pass(engine, bp.layout, kvs.source(dtype), spec, [], max_tokens)
+                ref = refs[spec.name]
+                row["modes"][spec.name] = {
+                    "kl": kl_divergence(ref.first_logits, out.first_logits),
+                    "same_first_token": out.first_token == ref.first_token,
+                    "same_answer": out.answer_ids == ref.answer_ids,
+                    # share of the fp32 run's recomputed tokens this dtype's run also picks (1 when none)
+                    "selection_overlap": (len(set(out.selected_positions) & set(ref.selected_positions))
+                                          / len(ref.selected_positions) if ref.selected_positions else 1.0),
+                }
+            record["dtypes"][dtype] = row
+        record["ttft_dtype_bytes"] = kvs.stored_bytes(ttft_dtype)
+        with tempfile.TemporaryDirectory(prefix="blendrag-bench-kv-", dir=tmp_root) as tmp:
+            stores = _ttft_stores(Path(tmp), ttft_dtype, record["ttft_dtype_bytes"])
+            keys = {name: put_chunks(store, engine, bp.chunk_ids, kvs.kvs) for name, store in stores.items()}
+            assert all(store.contains(k) == name for name, store in stores.items() for k in keys[name])
+            variants = [("memory", "memory", True), ("disk", "disk", True), ("disk_no_prefetch", "disk", False)]
+            _ttft_once(engine, bp.layout, stores["memory"], keys["memory"], blend_spec.blend, True)  # warm-up
+            for rep in range(repeats):
+                shift = rep % len(variants)
+                for name, store_name, prefetch in variants[shift:] + variants[:shift]:
+                    ttft, wait = _ttft_once(engine, bp.layout, stores[store_name], keys[store_name],
+                                            blend_spec.blend, prefetch)
+                    record["ttft"][name].append(ttft)
+                    record["kv_wait"][name].append(wait)
+            for store in stores.values():
+                store.close()
+        per_example.append(record)
+        logger.info("kv %d/%d (example %d) in %.1fs: ttft median memory %.3fs disk %.3fs", n, len(prompts),
+                    bp.example.index, time.perf_counter() - t0, percentile(record["ttft"]["memory"], 50),
+                    percentile(record["ttft"]["disk"], 50))
+    return summarize(per_example, dtypes, [s.name for s in specs], engine) | {"per_example": per_example}
+
+
+def summarize(per_example: list[dict[str, Any]], dtypes: list[str], mode_names: list[str],
+              engine: Engine) -> dict[str, Any]:
+    num_tokens = sum(r["num_context_tokens"] for r in per_example)
+    cfg = engine.config
+    out_dtypes: dict[str, Any] = {}
+    for dtype in dtypes:
+        rows = [r["dtypes"][dtype] for r in per_example]
+        modes = {}
+        for name in mode_names:
+            cells = [row["modes"][name] for row in rows]
+            modes[name] = {
+                "kl": mean(c["kl"] for c in cells), "kl_max": max(c["kl"] for c in cells),
+                "first_token_agreement": mean(float(c["same_first_token"]) for c in cells),
+                "answer_agreement": mean(float(c["same_answer"]) for c in cells),
+                "selection_overlap": mean(c["selection_overlap"] for c in cells),
+            }
+        out_dtypes[dtype] = {
+            "bytes_per_token": sum(row["bytes"] for row in rows) / num_tokens,
+            "file_bytes_per_token": sum(row["file_bytes"] for row in rows) / num_tokens,
+            "modes": modes,
+        }
+    ttft: dict[str, Any] = {}
+    for variant in TTFT_VARIANTS:
+        # per example the median over repeats, then statistics over examples
+        medians = [percentile(r["ttft"][variant], 50) for r in per_example]
+        ttft[variant] = {"p50_s": percentile(medians, 50), "mean_s": mean(medians),
+                         "p90_s": percentile(medians, 90),
+                         "kv_wait_s": mean(percentile(r["kv_wait"][variant], 50) for r in per_example)}
+    ratios = [percentile(r["ttft"]["disk"], 50) / percentile(r["ttft"]["memory"], 50) for r in per_example]
+    ttft["disk_overhead"] = percentile(ratios, 50) - 1.0  # median over examples of disk/memory − 1
+    ttft["disk_no_prefetch_overhead"] = percentile(
+        [percentile(r["ttft"]["disk_no_prefetch"], 50) / percentile(r["ttft"]["memory"], 50)
+         for r in per_example], 50) - 1.0
+    return {
+        "dtypes": out_dtypes,
+        "ttft": ttft,
+        # K and V of every layer for one token, before any storage overhead
+        "kv_elements_per_token": 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim,
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    dtypes = list(result["dtypes"])
+    names = list(result["dtypes"][dtypes[0]]["modes"])
+    fig, (ax_bytes, ax_kl, ax_ttft) = new_figure(3)
+    ax_bytes.bar(dtypes, [result["dtypes"][d]["bytes_per_token"] / 1024 for d in dtypes], color="tab:purple")
+    ax_bytes.set_title("KV KiB per token")
+    width = 0.8 / len(names)
+    for i, name in enumerate(names):
+        xs = [j + i * width for j in range(len(dtypes))]
+        ax_kl.bar(xs, [max(result["dtypes"][d]["modes"][name]["kl"], 1e-12) for d in dtypes], width, label=name)
+    ax_kl.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(dtypes))], dtypes)
+    ax_kl.set_yscale("log")
+    ax_kl.legend(fontsize=8)
+    ax_kl.set_title("first-token KL vs fp32 KV")
+    ttft = result["ttft"]
+    ax_ttft.bar(list(TTFT_VARIANTS), [ttft[v]["p50_s"] for v in TTFT_VARIANTS], color="tab:orange")
+    ax_ttft.set_title(f"TTFT p50 at blend@{result['ratio']} ({result['ttft_dtype']})")
+    ax_ttft.set_ylabel("s")
+    ax_ttft.tick_params(axis="x", rotation=20)
+    fig.suptitle(f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × "
+                 f"{result['passages']} passages", fontsize=9)
+    save_figure(fig, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    run = RunRecord()
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    if unknown := [d for d in dtypes if d not in STORAGE_DTYPES]:
+        raise SystemExit(f"unknown storage dtype(s) {unknown}; choose from {list(STORAGE_DTYPES)}")
+    engine = build_engine(args)
+    examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
+    prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples]
+    evaluated = evaluate(engine, prompts, dtypes, args.ratio, args.max_tokens, args.ttft_dtype, args.repeats,
+                         args.tmp_dir)
+    result: dict[str, Any] = {
+        "benchmark": NAME, "model": model_name(engine), "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
+        "seed": args.seed, "ratio": args.ratio, "blend_mode": blend_name(args.ratio), "reference": "fp32",
+        "ttft_dtype": args.ttft_dtype, "repeats": args.repeats, "max_tokens": args.max_tokens,
+        "machine": machine_info(engine), **evaluated,
+    }
+    result["run"] = run.finish()
+    write_json(args.out, result)
+    plot(result, plot_path(args))
+    for dtype, d in result["dtypes"].items():
+        logger.info("%s: %.0f B/token, %s", dtype, d["bytes_per_token"],
+                    ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items()))
+    t = result["ttft"]
+    logger.info("TTFT p50: memory %.3fs, disk %.3fs (%+.1f%%), disk without prefetch %.3fs", t["memory"]["p50_s"],
+                t["disk"]["p50_s"], 100 * t["disk_overhead"], t["disk_no_prefetch"]["p50_s"])
+    return 0
+

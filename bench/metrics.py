@@ -1,0 +1,110 @@
+"""Quality metrics of the benchmarks, as pure functions (see DESIGN.md, "Quality metrics").
+
+- `f1_score` / `max_f1`: SQuAD token F1 after SQuAD normalisation (lowercase, drop punctuation and the
+  articles a/an/the, collapse whitespace), maximised over the gold answers.
+- `kl_divergence(p_logits, q_logits)`: KL(p ‖ q) of the two next-token distributions from their (float32)
+  logits. log_softmax and the sum run in float64: in float32 the rounding of the normaliser alone puts
+  ~1e-7…1e-6 of noise (of either sign) on a 49k-token vocabulary, as large as the divergences of
+  blend@1.0 vs full that the benchmark must resolve (target < 1e-6).
+- `benefit_retained`: how much of the context's NLL improvement a method keeps, computed means-first:
+  (mean NLL_no_context − mean NLL_method) ÷ (mean NLL_no_context − mean NLL_full).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import torch
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD normalisation: lowercase, strip punctuation, remove articles, collapse whitespace."""
+    lowered = text.lower()
+    no_punct = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
+    no_articles = _ARTICLES.sub(" ", no_punct)
+    return " ".join(no_articles.split())
+
+
+def f1_score(prediction: str, reference: str) -> float:
+    """Token F1 of two strings after normalisation. Two empty answers agree (1.0); one empty gives 0.0."""
+    pred_tokens = normalize_answer(prediction).split()
+    ref_tokens = normalize_answer(reference).split()
+    if not pred_tokens or not ref_tokens:
+        return float(pred_tokens == ref_tokens)
+    num_same = sum((Counter(pred_tokens) & Counter(ref_tokens)).values())
+    if num_same == 0:
+        return 0.0
+    precision = num_same / len(pred_tokens)
+    recall = num_same / len(ref_tokens)
+    return 2 * precision * recall / (precision + recall)
+
+
+def max_f1(prediction: str, references: Sequence[str]) -> float:
+    """Best F1 of `prediction` against any of the gold answers (0.0 when there are none)."""
+    return max((f1_score(prediction, ref) for ref in references), default=0.0)
+
+
+def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    """KL(p ‖ q) in nats for two (vocab,) logit vectors; p is the reference (full prefill)."""
+    if p_logits.shape != q_logits.shape or p_logits.dim() != 1:
+        raise ValueError(f"expected two (vocab,) logit vectors, got {tuple(p_logits.shape)} and "
+                         f"{tuple(q_logits.shape)}")
+    log_p = torch.log_softmax(p_logits.detach().double(), dim=-1)
+    log_q = torch.log_softmax(q_logits.detach().double(), dim=-1)
+    # p·(log p − log q); terms with p == 0 contribute 0 (0·log 0 = 0), even where q == 0 too.
+    terms = torch.where(log_p > -math.inf, log_p.exp() * (log_p - log_q), torch.zeros_like(log_p))
+    return float(terms.sum())
+
+
+def mean(values: Iterable[float]) -> float:
+    """Arithmetic mean; NaN for no values (so an empty mode is visible, not zero)."""
+    items = list(values)
+    return math.fsum(items) / len(items) if items else math.nan
+
+
+def mean_token_nll(token_nlls: Sequence[float]) -> float:
+    """Mean per-token NLL of one teacher-forced answer."""
+    if not token_nlls:
+        raise ValueError("an answer has at least one token")
+    return math.fsum(token_nlls) / len(token_nlls)
+
+
+def benefit_retained(nll_no_context: float, nll_full: float, nll_method: float) -> float:
+    """(NLL_no_context − NLL_method) ÷ (NLL_no_context − NLL_full); pass the *mean* NLLs (means first).
+
+    1.0: the method keeps all of what the context gave full prefill; 0.0: as if it had no context.
+    NaN when the context did not help full prefill at all (the ratio is undefined).
+    """
+    gain_full = nll_no_context - nll_full
+    if gain_full == 0:
+        return math.nan
+    return (nll_no_context - nll_method) / gain_full
+
+
+def agreement(a: Sequence[object], b: Sequence[object]) -> float:
+    """Share of positions where two equally long sequences hold equal items (e.g. greedy answers)."""
+    if len(a) != len(b):
+        raise ValueError(f"sequences differ in length: {len(a)} vs {len(b)}")
+    if not a:
+        return math.nan
+    return sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) like numpy's default; NaN for no values."""
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within [0, 100], got {q}")
+    items = sorted(values)
+    if not items:
+        return math.nan
+    rank = (len(items) - 1) * q / 100
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(items) - 1)
+    return items[lo] + (items[hi] - items[lo]) * (rank - lo)

@@ -1,0 +1,119 @@
+"""One prompt pass of one mode, measured the way the quality and kv benchmarks need it.
+
+A single prompt pass (`Engine.blend`) serves three measurements: the first-token logits, the
+teacher-forced NLL of the gold answer (fed after the prompt in one `extend`), and the greedy answer
+(the cache is rewound to the prompt's end first, so decode overwrites the teacher-forced rows).
+This halves the benchmark's cost against a separate scoring pass and a separate generation pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+import torch
+
+from engine.types import BlendConfig, Mode
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.types import PromptLayout
+    from kvcache.types import LayerKVSource
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """A mode as the benchmarks name it: full, prefix, reuse, blend@0.15 …"""
+
+    name: str
+    mode: Mode
+    blend: BlendConfig | None = None
+
+    @property
+    def uses_cache(self) -> bool:
+        return self.mode != "full"
+
+
+def blend_name(ratio: float) -> str:
+    return f"blend@{float(ratio)}"  # blend@0.15, blend@1.0
+
+
+def parse_ratios(text: str) -> list[float]:
+    ratios = [float(x) for x in text.split(",") if x.strip()]
+    if not ratios or any(not 0.0 <= r <= 1.0 for r in ratios):
+        raise ValueError(f"ratios must be a comma-separated list within [0, 1], got {text!r}")
+    return ratios
+
+
+def mode_specs(engine: Engine, ratios: list[float], baselines: tuple[Mode, ...] = ("full", "prefix", "reuse"),
+               ) -> list[ModeSpec]:
+    """`full` first (the reference every other mode is compared with), then the baselines, then blends
+    at each ratio with the engine's configured check layers and selector."""
+    base = engine.settings.blend_config()
+    specs = [ModeSpec("full", "full")] if "full" in baselines else []
+    specs += [ModeSpec(m, m) for m in baselines if m != "full"]
+    for ratio in ratios:
+        # A ratio schedule would override the ratio; the benchmark sweeps one ratio at every check layer.
+        specs.append(ModeSpec(blend_name(ratio), "blend", replace(base, recompute_ratio=ratio, ratio_schedule=None)))
+    return specs
+
+
+@dataclass
+class PassOutcome:
+    first_logits: torch.Tensor  # (vocab,) float32, next-token logits after the prompt
+    answer_nlls: list[float]  # -log p(gold_i | prompt, gold_<i), nats; empty without a gold answer
+    answer_ids: list[int]  # greedy answer (EOS excluded)
+    answer_text: str
+    prompt_s: float  # the prompt pass (what TTFT is made of), from the engine's own timer
+    num_recomputed_tokens: int
+    num_prompt_tokens: int
+    selected_positions: list[int]  # context positions recomputed through all layers (blend)
+
+    @property
+    def first_token(self) -> int:
+        return int(torch.argmax(self.first_logits))
+
+
+@torch.inference_mode()
+def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | None, spec: ModeSpec,
+             target_ids: list[int], max_tokens: int) -> PassOutcome:
+    """Prompt pass of `spec`, then teacher-forced NLL of target_ids, then up to max_tokens greedy tokens.
+
+    Closes kv_source. With no kv_source the engine runs `full` whatever the spec says.
+    """
+    from engine.phases import extend
+
+    tf = engine.transformer
+    try:
+        result = engine.blend(layout, kv_source, spec.mode, spec.blend,
+                              extra_capacity=max(len(target_ids), max_tokens) + 1)
+    finally:
+        if kv_source is not None:
+            kv_source.close()
+    first = result.logits.detach().float().clone()
+    cache = result.cache
+    prompt_len = cache.length
+
+    nlls: list[float] = []
+    if target_ids:
+        logits = first[None]  # (1, vocab): predicts target_ids[0]
+        if len(target_ids) > 1:
+            rest = extend(tf, cache, target_ids[:-1], all_logits=True)  # row i predicts target_ids[i + 1]
+            logits = torch.cat([logits, rest.float()], dim=0)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        targets = torch.tensor(target_ids, dtype=torch.int64, device=logprobs.device)
+        nlls = (-logprobs.gather(1, targets[:, None]).squeeze(1)).tolist()
+        cache.length = prompt_len  # rewind: greedy decode overwrites the teacher-forced rows
+
+    answer_ids: list[int] = []
+    token = int(torch.argmax(first))
+    while token not in engine.eos_token_ids:
+        answer_ids.append(token)
+        if len(answer_ids) >= max_tokens:
+            break
+        token = int(torch.argmax(extend(tf, cache, [token])))
+    text = engine.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
+    return PassOutcome(first_logits=first, answer_nlls=nlls, answer_ids=answer_ids, answer_text=text,
+                       prompt_s=result.timings.total_s, num_recomputed_tokens=result.num_recomputed_tokens,
+                       num_prompt_tokens=result.num_prompt_tokens,
+                       selected_positions=result.selected_positions.tolist())

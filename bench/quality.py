@@ -1,0 +1,187 @@
+"""`python -m bench quality`: how close each mode stays to full prefill, and how well it answers.
+
+For every example the passages' chunk KV is precomputed once (as ingest would), then each mode runs one
+prompt pass (see bench.passes): full, prefix, reuse, blend@r for each --ratios, plus the prompt without
+any chunks (no context). Per mode:
+
+    f1                gold F1 of the greedy answer (SQuAD normalisation, max over answers)
+    fidelity_f1       F1 of the mode's greedy answer against full prefill's answer
+    kl                first-token KL(full ‖ mode), nats, mean over examples
+    nll               teacher-forced NLL of the first gold answer, mean per token, mean over examples
+    benefit_retained  (NLL_no_context − NLL_mode) ÷ (NLL_no_context − NLL_full), of the mean NLLs
+
+Cached modes read the chunk KV through the store in --kv-dtype (fp16 by default, what /ask serves).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from bench.data import build_prompt, load_dataset, select_examples
+from bench.harness import (
+    DEFAULT_MUSIQUE,
+    ChunkKVSet,
+    RunRecord,
+    add_common_args,
+    build_engine,
+    machine_info,
+    model_name,
+    new_figure,
+    plot_path,
+    save_figure,
+    write_json,
+)
+from bench.metrics import benefit_retained, f1_score, kl_divergence, max_f1, mean, mean_token_nll
+from bench.passes import ModeSpec, mode_specs, parse_ratios, run_pass
+
+if TYPE_CHECKING:
+    from bench.data import BenchPrompt
+    from engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+NAME = "quality"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="gold F1, fidelity, first-token KL, NLL, benefit retained per mode",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=20, passages=6, out="quality.json")
+    parser.add_argument("--ratios", default="0.15,1.0", help="blend recompute ratios, comma-separated")
+    parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
+    parser.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "bf16", "int8"],
+                        help="storage dtype the cached modes read (fp32: the engine's tensors as is)")
+    parser.add_argument("--selector", default=None, choices=["deviation", "first_k", "random"],
+                        help="blend token selector (default: the engine's, deviation)")
+    parser.add_argument("--check-layers", default=None, help="blend check layers, comma-separated (default: 1)")
+    parser.add_argument("--baselines", default="prefix,reuse",
+                        help="cached baselines besides full, comma-separated (full always runs first)")
+    parser.set_defaults(func=main)
+    return parser
+
+
+def evaluate(engine: Engine, prompts: list[BenchPrompt], specs: list[ModeSpec], kv_dtype: str,
+             max_tokens: int) -> dict[str, Any]:
+    """Run every mode on every prompt; returns the aggregate `modes`, `no_context` and `per_example`."""
+    if not specs or specs[0].name != "full":
+        raise ValueError("the first mode must be full (the reference)")
+    per_example: list[dict[str, Any]] = []
+    for n, bp in enumerate(prompts, 1):
+        t0 = time.perf_counter()
+        answers = bp.example.answers
+        kvs = ChunkKVSet(engine, bp.chunk_ids, engine.prefill_chunks(bp.chunk_ids))
+        bare = engine.prompt.layout([], bp.example.question)
+        nc = run_pass(engine, bare, None, ModeSpec("full", "full"), bp.answer_ids, max_tokens)
+        record: dict[str, Any] = {
+            "index": bp.example.index, "question": bp.example.question, "answers": answers,
+            "num_prompt_tokens": bp.layout.num_tokens, "num_context_tokens": bp.layout.num_context_tokens,
+            "no_context": {"answer": nc.answer_text, "f1": max_f1(nc.answer_text, answers),
+                           "nll": mean_token_nll(nc.answer_nlls)},
+            "modes": {},
+        }
+        full = None
+        for spec in specs:
+            source = kvs.source(kv_dtype) if spec.uses_cache else None
+            out = run_pass(engine, bp.layout, source, spec, bp.answer_ids, max_tokens)
+            row: dict[str, Any] = {"answer": out.answer_text, "f1": max_f1(out.answer_text, answers),
+                                   "nll": mean_token_nll(out.answer_nlls), "prompt_s": round(out.prompt_s, 4),
+                                   "num_recomputed_tokens": out.num_recomputed_tokens}
+            if full is None:
+                full = out
+            else:
+                row["kl"] = kl_divergence(full.first_logits, out.first_logits)
+                row["fidelity_f1"] = f1_score(out.answer_text, full.answer_text)
+                row["same_first_token"] = out.first_token == full.first_token
+            record["modes"][spec.name] = row
+        per_example.append(record)
+        logger.info("quality %d/%d (example %d, %d tokens) in %.1fs: %s", n, len(prompts), bp.example.index,
+                    bp.layout.num_tokens, time.perf_counter() - t0,
+                    ", ".join(f"{k} kl={v.get('kl', 0.0):.2e}" for k, v in record["modes"].items()))
+    return summarize(per_example, [s.name for s in specs]) | {"per_example": per_example}
+
+
+def summarize(per_example: list[dict[str, Any]], mode_names: list[str]) -> dict[str, Any]:
+    """Means over examples; benefit retained from the mean NLLs (means first, then the ratio)."""
+    nll_nc = mean(r["no_context"]["nll"] for r in per_example)
+    nll_full = mean(r["modes"]["full"]["nll"] for r in per_example)
+    modes: dict[str, dict[str, Any]] = {}
+    for name in mode_names:
+        rows = [r["modes"][name] for r in per_example]
+        summary: dict[str, Any] = {"f1": mean(x["f1"] for x in rows), "nll": mean(x["nll"] for x in rows)}
+        if name != "full":
+            summary["fidelity_f1"] = mean(x["fidelity_f1"] for x in rows)
+            summary["kl"] = mean(x["kl"] for x in rows)
+            summary["kl_max"] = max(x["kl"] for x in rows)
+            summary["benefit_retained"] = benefit_retained(nll_nc, nll_full, summary["nll"])
+            summary["first_token_agreement"] = mean(float(x["same_first_token"]) for x in rows)
+        summary["prompt_s"] = mean(x["prompt_s"] for x in rows)
+        summary["recomputed_tokens"] = mean(x["num_recomputed_tokens"] for x in rows)
+        modes[name] = summary
+    no_context = {"f1": mean(r["no_context"]["f1"] for r in per_example), "nll": nll_nc}
+    return {"modes": modes, "no_context": no_context}
+
+
+def plot(result: dict[str, Any], path) -> None:
+    modes = result["modes"]
+    names = list(modes)
+    cached = [n for n in names if n != "full"]
+    fig, (ax_kl, ax_benefit, ax_fid, ax_f1) = new_figure(4)
+    kls = [max(modes[n]["kl"], 1e-12) for n in cached]
+    ax_kl.bar(cached, kls, color="tab:red")
+    ax_kl.set_yscale("log")
+    ax_kl.set_title("first-token KL(full ‖ mode)")
+    ax_benefit.bar(cached, [modes[n]["benefit_retained"] for n in cached], color="tab:green")
+    ax_benefit.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax_benefit.set_title("context benefit retained")
+    ax_fid.bar(cached, [modes[n]["fidelity_f1"] for n in cached], color="tab:blue")
+    ax_fid.set_ylim(0, 1.05)
+    ax_fid.set_title("answer fidelity (F1 vs full)")
+    labels = [*names, "no context"]
+    ax_f1.bar(labels, [*(modes[n]["f1"] for n in names), result["no_context"]["f1"]], color="tab:gray")
+    ax_f1.set_title("gold F1")
+    for ax in (ax_kl, ax_benefit, ax_fid, ax_f1):
+        ax.tick_params(axis="x", rotation=35)
+    fig.suptitle(f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × "
+                 f"{result['passages']} passages · KV {result['kv_dtype']}", fontsize=9)
+    save_figure(fig, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    run = RunRecord()
+    ratios = parse_ratios(args.ratios)
+    overrides: dict[str, Any] = {}
+    if args.selector:
+        overrides["selector"] = args.selector
+    if args.check_layers:
+        overrides["check_layers"] = [int(x) for x in args.check_layers.split(",") if x.strip()]
+    engine = build_engine(args, **overrides)
+    examples = [e for e in select_examples(load_dataset(args.dataset), None, args.seed) if e.answers]
+    prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples[:args.examples]]
+    baselines = tuple(b for b in args.baselines.split(",") if b and b != "full")
+    if unknown := [b for b in baselines if b not in ("prefix", "reuse")]:
+        raise SystemExit(f"unknown baseline(s) {unknown}; choose from prefix, reuse")
+    specs = mode_specs(engine, ratios, baselines=("full", *baselines))  # type: ignore[arg-type]
+    logger.info("quality: %d examples × %d passages, modes %s", len(prompts), args.passages,
+                [s.name for s in specs])
+    evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens)
+    result: dict[str, Any] = {
+        "benchmark": NAME, "model": model_name(engine), "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
+        "seed": args.seed, "ratios": ratios, "kv_dtype": args.kv_dtype, "max_tokens": args.max_tokens,
+        "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
+        "blend": {"check_layers": list(engine.settings.check_layers), "selector": engine.settings.selector,
+                  "deviation_on": engine.settings.deviation_on},
+        "machine": machine_info(engine),
+        **evaluated,
+    }
+    result["run"] = run.finish()
+    write_json(args.out, result)
+    plot(result, plot_path(args))
+    for name, m in result["modes"].items():
+        logger.info("%-11s f1=%.3f nll=%.3f %s", name, m["f1"], m["nll"],
+                    "" if name == "full" else f"fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e} "
+                    f"benefit={m['benefit_retained']:.3f}")
+    return 0

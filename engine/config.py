@@ -1,0 +1,104 @@
+"""The engine's own settings (composed into the app's settings tree; never reads the environment)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from engine.types import BlendConfig, Mode, SamplingParams, SelectorName
+
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer the question using the documents. Be concise."
+
+
+class EngineSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        default="builtin",
+        description="'builtin' (SmolLM2-135M-Instruct) or a local Hugging Face Llama-family checkpoint dir",
+    )
+    device: Literal["cpu", "cuda", "auto"] = "auto"
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        default="auto", description="auto: float32 on CPU, bfloat16 on CUDA"
+    )
+    num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU)")
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    question_template: str = Field(default="Question: {question}", description="suffix text before the "
+                                   "template closes the user turn; must contain {question}")
+
+    mode: Mode = "blend"
+    recompute_ratio: float = 0.15
+    check_layers: list[int] = Field(default_factory=lambda: [1])
+    ratio_schedule: list[float] | None = None
+    deviation_on: Literal["v", "k"] = "v"
+    selector: SelectorName = "deviation"
+
+    max_queue: int = Field(default=16, ge=1, description="requests waiting or running before EngineBusy")
+    max_running: int = Field(default=4, ge=1, description="requests whose decode steps are interleaved")
+    max_new_tokens: int = Field(default=256, ge=1)
+    temperature: float = Field(default=0.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+
+    @field_validator("model")
+    @classmethod
+    def _model_exists(cls, value: str) -> str:
+        if value == "builtin":
+            return value
+        path = Path(value).expanduser()
+        if not path.is_dir():
+            raise ValueError(
+                f"engine.model {value!r} is not a directory; use 'builtin' or the path of a local "
+                "Hugging Face checkpoint directory (config.json + *.safetensors)"
+            )
+        if not (path / "config.json").is_file():
+            raise ValueError(f"engine.model {value!r} has no config.json; is it a Hugging Face checkpoint dir?")
+        return str(path)
+
+    @field_validator("recompute_ratio")
+    @classmethod
+    def _ratio_in_range(cls, value: float) -> float:
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"recompute_ratio must be within [0, 1] (share of context tokens recomputed), "
+                             f"got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _blend_consistent(self) -> EngineSettings:
+        # BlendConfig carries the real rules; building one here surfaces mistakes at start-up.
+        self.blend_config()
+        return self
+
+    def blend_config(self) -> BlendConfig:
+        return BlendConfig(
+            recompute_ratio=self.recompute_ratio,
+            check_layers=tuple(self.check_layers),
+            ratio_schedule=tuple(self.ratio_schedule) if self.ratio_schedule is not None else None,
+            deviation_on=self.deviation_on,
+            selector=self.selector,
+        )
+
+    def sampling_params(self, **overrides: object) -> SamplingParams:
+        """Default sampling from settings; per-request values (max_tokens, temperature…) override."""
+        values: dict[str, object] = {
+            "max_tokens": self.max_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return SamplingParams(**values)  # type: ignore[arg-type]
+
+    def resolve_device(self) -> str:
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("engine.device is 'cuda' but torch sees no CUDA device")
+        return self.device
+
+    def resolve_dtype(self, device: str) -> str:
+        if self.dtype == "auto":
+            return "bfloat16" if device.startswith("cuda") else "float32"
+        return self.dtype

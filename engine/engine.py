@@ -1,0 +1,194 @@
+"""The engine's public face: one loaded model, chunk precompute for ingest, and generation for /ask.
+
+    engine = Engine(settings, models_dir)
+    kv = engine.prefill_chunk(chunk_ids)                       # ingest: K (pre-RoPE) + V of one chunk
+    layout = engine.prompt.layout(chunk_ids_list, question)    # [prefix][chunks…][suffix]
+    for event in engine.generate(GenerationRequest("r1", layout, InMemoryLayerSource(kvs))):
+        ...                                                    # TokenEvent…, FinishEvent
+
+Thread-safe: many threads may call prefill/blend/generate at once; each request has its own state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from engine import phases
+from engine.builtin import ensure_builtin_llm
+from engine.config import EngineSettings
+from engine.generation import RequestRun
+from engine.layers import Transformer
+from engine.model import LoadedModel, ModelConfig, load_model
+from engine.phases import PrefixKV, extend, prefill_chunks, prefill_prefix
+from engine.prompt import PromptBuilder
+from engine.types import (
+    BlendConfig,
+    BlendResult,
+    GenerationEvent,
+    GenerationRequest,
+    Mode,
+    PromptLayout,
+    ScoreResult,
+)
+from kvcache.types import ChunkKV, LayerKVSource
+
+logger = logging.getLogger(__name__)
+
+_PREFIX_CACHE_ENTRIES = 8
+
+
+class Engine:
+    def __init__(self, settings: EngineSettings, models_dir: Path) -> None:
+        self.settings = settings
+        path = ensure_builtin_llm(Path(models_dir)) if settings.model == "builtin" else Path(settings.model)
+        device = settings.resolve_device()
+        dtype = settings.resolve_dtype(device)
+        if settings.num_threads is not None and device == "cpu":
+            torch.set_num_threads(settings.num_threads)  # process-wide; the engine is the main CPU user
+        t0 = time.perf_counter()
+        self.model: LoadedModel = load_model(path, dtype=dtype, device=device)
+        self.transformer = Transformer(self.model)
+        self.tokenizer = _load_tokenizer(path)
+        self.eos_token_ids: frozenset[int] = _eos_ids(path, self.tokenizer)
+        self.prompt = PromptBuilder(self.tokenizer, settings.system_prompt, settings.question_template)
+        self._prefix_lock = threading.Lock()
+        self._prefixes: OrderedDict[tuple[int, ...], PrefixKV] = OrderedDict()
+        self.prefix_kv(self.prompt.prefix_ids)
+        logger.info("engine ready: %s %s on %s in %.1fs (fingerprint %s…)", path.name, dtype, device,
+                    time.perf_counter() - t0, self.fingerprint[:12])
+
+    # ------------------------------------------------------------------------------------ properties
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def fingerprint(self) -> str:
+        """sha256 hex of config + weight headers + weight samples + dtype + engine numerics version."""
+        return self.model.fingerprint
+
+    @property
+    def num_layers(self) -> int:
+        return self.model.config.num_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.model.config.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.model.config.head_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    # --------------------------------------------------------------------------------------- prefill
+    def prefix_kv(self, prefix_ids: list[int] | None = None) -> PrefixKV:
+        """Exact KV of a prefix (default: this engine's prompt prefix), computed once and kept."""
+        key = tuple(self.prompt.prefix_ids if prefix_ids is None else prefix_ids)
+        with self._prefix_lock:
+            hit = self._prefixes.get(key)
+            if hit is not None:
+                self._prefixes.move_to_end(key)
+                return hit
+        prefix = prefill_prefix(self.transformer, list(key))
+        with self._prefix_lock:
+            self._prefixes[key] = prefix
+            while len(self._prefixes) > _PREFIX_CACHE_ENTRIES:
+                self._prefixes.popitem(last=False)
+        return prefix
+
+    def prefill_chunk(self, chunk_ids: list[int], prefix_ids: list[int] | None = None) -> ChunkKV:
+        """KV of one chunk computed behind the prefix: K before RoPE and V, (layers, kv_heads, L, D)."""
+        return self.prefill_chunks([chunk_ids], prefix_ids)[0]
+
+    def prefill_chunks(self, chunks: list[list[int]], prefix_ids: list[int] | None = None,
+                       max_batch_tokens: int = 4096) -> list[ChunkKV]:
+        """Like prefill_chunk for many chunks; chunks of similar length are batched together."""
+        prefix = self.prefix_kv(prefix_ids)
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))
+        results: dict[int, ChunkKV] = {}
+        batch: list[int] = []
+        for i in [*order, None]:
+            if batch and (i is None or len(chunks[i]) * (len(batch) + 1) > max_batch_tokens):
+                for j, kv in zip(batch, prefill_chunks(self.transformer, prefix, [chunks[j] for j in batch]),
+                                 strict=True):
+                    results[j] = kv
+                batch = []
+            if i is not None:
+                batch.append(i)
+        return [results[i] for i in range(len(chunks))]
+
+    # ----------------------------------------------------------------------------------- prompt pass
+    def blend(self, layout: PromptLayout, kv_source: LayerKVSource | None, mode: Mode = "blend",
+              blend: BlendConfig | None = None, extra_capacity: int = 0,
+              should_stop: Callable[[], bool] | None = None) -> BlendResult:
+        """The prompt pass of `mode`: last-token logits + working cache (room for extra_capacity more)."""
+        prefix = self.prefix_kv(layout.prefix_ids) if mode != "full" and kv_source is not None else None
+        return phases.blend(self.transformer, layout, kv_source, mode, blend or self.settings.blend_config(),
+                          prefix, capacity=layout.num_tokens + extra_capacity, should_stop=should_stop)
+
+    def score(self, layout: PromptLayout, kv_source: LayerKVSource | None, mode: Mode,
+              blend: BlendConfig | None, target_ids: list[int]) -> ScoreResult:
+        """Teacher-forced NLL of target_ids after the prompt pass of `mode`, plus first-token logits."""
+        if not target_ids:
+            raise ValueError("score needs at least one target token")
+        result = self.blend(layout, kv_source, mode, blend, extra_capacity=len(target_ids))
+        logits = result.logits[None]  # (1, vocab): predicts target_ids[0]
+        if len(target_ids) > 1:
+            rest = extend(self.transformer, result.cache, target_ids[:-1], all_logits=True)
+            logits = torch.cat([logits, rest], dim=0)  # rest[i] predicts target_ids[i + 1]
+        logprobs = torch.log_softmax(logits, dim=-1)
+        targets = torch.tensor(target_ids, device=logprobs.device)
+        nlls = -logprobs.gather(1, targets[:, None]).squeeze(1)
+        return ScoreResult(token_nlls=nlls.tolist(), first_token_logits=result.logits,
+                           num_recomputed_tokens=result.num_recomputed_tokens)
+
+    # ------------------------------------------------------------------------------------ generation
+    def start(self, request: GenerationRequest, arrival_time: float | None = None,
+              should_stop: Callable[[], bool] | None = None) -> RequestRun:
+        """A step-wise run of one request (the scheduler interleaves several of these)."""
+        return RequestRun(self, request, arrival_time, should_stop)
+
+    def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
+        """Synchronous generation: TokenEvent… then exactly one FinishEvent. Closes request.kv_source."""
+        run = self.start(request)
+        try:
+            yield from run.prefill()
+            while not run.finished:
+                yield from run.step()
+        finally:
+            run.release()
+
+
+def _load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def _eos_ids(path: Path, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+    gen = path / "generation_config.json"
+    if gen.is_file():
+        value = json.loads(gen.read_text()).get("eos_token_id")
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, list):
+            ids.update(int(v) for v in value)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return frozenset(ids)

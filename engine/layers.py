@@ -1,0 +1,215 @@
+"""The transformer itself: RMSNorm, RoPE, GQA attention with an exact causal mask, SwiGLU MLP.
+
+One function per layer, readable top to bottom. A layer runs for an arbitrary, ascending set of rows
+(`Rows`): all prompt tokens (full prefill), a chunk (ingest), the tokens selected for recompute
+(blend), or one new token (decode). Keys are whatever the working cache holds in 0…kv_len-1, and
+whether a query may see a key is decided from their absolute positions alone (key_pos <= query_pos), so
+a recomputed token never sees a later token, whichever subset of rows is being computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.kv import KVCache
+from engine.model import LoadedModel
+from engine.rope import RopeTable, apply_rope, rope_inv_freq
+from engine.threads import SERIAL_MAX_ELEMENTS, parallel, serial
+
+# Selected rows are attended in blocks so that each block only reads keys up to its last position:
+# roughly halves attention work compared with one (rows × all keys) call, at a few calls per layer.
+_MAX_ATTENTION_BLOCKS = 6
+_MIN_BLOCK_ROWS = 64
+# Padding a contiguous block of rows with up to this share of extra (causal) attention work still beats
+# attending with an explicit mask, which cannot skip the masked half.
+_MAX_PAD_SHARE = 0.1
+
+
+@dataclass
+class AttentionBlock:
+    rows: slice  # which of the Rows' queries
+    kv_len: int  # keys 0…kv_len-1
+    mask: torch.Tensor | None  # (num_rows, kv_len) additive: 0 may attend, -inf may not; None: all keys
+    is_causal: bool = False  # rows are exactly positions pad_rows…kv_len-1: SDPA's own causal kernel
+    pad_rows: int = 0  # zero query rows put in front so that the rows line up with SDPA's causal mask
+
+
+@dataclass
+class Rows:
+    """The rows a layer computes: their absolute positions plus everything derived from them once
+    (RoPE cos/sin, attention masks), reused by every layer instead of being rebuilt per layer."""
+
+    positions: torch.Tensor  # (n,) int64, strictly ascending
+    span: slice | None  # the same positions as a slice when they are contiguous (cheaper cache writes)
+    cos: torch.Tensor  # (n, 1, head_dim/2): broadcasts over heads in the (B, n, heads, D) layout
+    sin: torch.Tensor  # (n, 1, head_dim/2)
+    blocks: list[AttentionBlock]
+
+    @property
+    def num_rows(self) -> int:
+        return self.positions.shape[0]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in float32 like the reference implementation, then scale in the model dtype.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+class Transformer:
+    """Stateless forward pass over a loaded model; safe to use from several threads at once."""
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+        self.cfg = model.config
+        self.w = model.weights
+        self.device = model.device
+        self.dtype = model.dtype
+        inv_freq, scaling = rope_inv_freq(model.hf_config, self.cfg.head_dim)
+        self.rope = RopeTable(inv_freq, scaling, model.dtype, model.device,
+                              initial_positions=min(self.cfg.max_position_embeddings, 8192))
+
+    # ----------------------------------------------------------------------------------------- rows
+    def rows(self, positions: torch.Tensor | range, kv_len: int) -> Rows:
+        """Describe the query rows at `positions` (ascending) attending to keys 0…kv_len-1."""
+        if isinstance(positions, range):
+            span: slice | None = slice(positions.start, positions.stop)
+            pos = torch.arange(positions.start, positions.stop, device=self.device)
+        else:
+            pos = positions.to(self.device, torch.int64)
+            n = pos.numel()
+            first = int(pos[0]) if n else 0
+            contiguous = n > 0 and int(pos[-1]) - first + 1 == n
+            span = slice(first, first + n) if contiguous else None
+        cos, sin = self.rope.at(span if span is not None else pos)
+        return Rows(positions=pos, span=span, cos=cos[:, None], sin=sin[:, None],
+                    blocks=self._attention_blocks(pos, span, kv_len))
+
+    def _attention_blocks(self, pos: torch.Tensor, span: slice | None, kv_len: int) -> list[AttentionBlock]:
+        n = pos.numel()
+        if n == 0:
+            return []
+        if span is not None and span.stop == kv_len and span.start ** 2 <= _MAX_PAD_SHARE * kv_len ** 2:
+            # Contiguous rows that end at the last key (full prefill, chunk prefill behind the prefix, the
+            # early blend layers): SDPA's causal kernel skips the masked half and builds no mask. Its mask
+            # is top-left aligned, so the rows are shifted down by `start` zero rows whose output is dropped.
+            return [AttentionBlock(rows=slice(0, n), kv_len=kv_len, mask=None, is_causal=True,
+                                   pad_rows=span.start)]
+        block_rows = max(_MIN_BLOCK_ROWS, -(-n // _MAX_ATTENTION_BLOCKS))
+        blocks = []
+        key_pos = torch.arange(kv_len, device=self.device)
+        for start in range(0, n, block_rows):
+            q_pos = pos[start:start + block_rows]  # (rows,)
+            first, last = (int(q_pos[0]), int(q_pos[-1])) if span is None else (
+                span.start + start, span.start + start + q_pos.numel() - 1)
+            block_kv = min(kv_len, last + 1)
+            # Exact causal mask from absolute positions (never "bottom-right aligned").
+            mask = None
+            if first + 1 < block_kv:
+                allowed = key_pos[:block_kv][None, :] <= q_pos[:, None]  # (rows, block_kv)
+                # Additive float mask, built once per row set: SDPA would convert a bool mask per call.
+                mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+                mask.masked_fill_(~allowed, float("-inf"))
+            blocks.append(AttentionBlock(rows=slice(start, start + q_pos.numel()), kv_len=block_kv, mask=mask))
+        return blocks
+
+    # ------------------------------------------------------------------------------------- helpers
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return self.w.embed[token_ids]  # (…, hidden)
+
+    def serial_small(self, h: torch.Tensor):
+        """Serialise the element-wise ops of a layer over few rows (see engine/threads.py)."""
+        numel = h.shape[0] * h.shape[1] * self.cfg.intermediate_size  # the MLP's widest activation
+        return serial(self.device.type == "cpu" and numel <= SERIAL_MAX_ELEMENTS)
+
+    @staticmethod
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        with parallel():
+            return F.linear(x, weight, bias)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """Next-token logits (float32) for hidden states (…, hidden) after the last layer."""
+        return self.linear(rms_norm(h, self.w.final_norm, self.cfg.rms_norm_eps), self.w.lm_head).float()
+
+    def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, rows: Rows) -> torch.Tensor:
+        """q (B, heads, n, D) against cache_k/v (B, kv_heads, capacity, D) → (B, n, heads, D).
+
+        The output comes back row-major (ready for the output projection) so that the blocks are
+        assembled with one copy.
+        """
+        gqa = self.cfg.num_heads != self.cfg.num_kv_heads
+        outs = []
+        for b in rows.blocks:
+            k, v = cache_k[:, :, :b.kv_len], cache_v[:, :, :b.kv_len]
+            if b.pad_rows:
+                padded = torch.cat([q.new_zeros(q.shape[0], q.shape[1], b.pad_rows, q.shape[3]), q], dim=2)
+                with parallel():
+                    out = F.scaled_dot_product_attention(padded, k, v, is_causal=True, enable_gqa=gqa)
+                out = out[:, :, b.pad_rows:]
+            else:
+                with parallel():
+                    out = F.scaled_dot_product_attention(q[:, :, b.rows], k, v, attn_mask=b.mask,
+                                                         is_causal=b.is_causal, enable_gqa=gqa)
+            outs.append(out.transpose(1, 2))  # (B, rows, heads, D)
+        return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    # --------------------------------------------------------------------------------------- layer
+    def layer(self, idx: int, h: torch.Tensor, rows: Rows, cache: KVCache,
+              kv_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run layer `idx` for `rows`. Writes their K (RoPE'd) and V into `cache` at their positions.
+
+        h: (B, n, hidden). Returns (h_out (B, n, hidden), k before RoPE (B, kv_heads, n, D),
+        v (B, kv_heads, n, D)). With kv_only the attention/MLP are skipped and h is returned unchanged
+        (the last layer of a chunk precompute only needs its K/V).
+        """
+        q, k, v = self.project_qkv(idx, h, rows, cache)
+        if kv_only:
+            return h, k, v
+        return self.attend_and_mlp(idx, h, q, rows, cache), k, v
+
+    def project_qkv(self, idx: int, h: torch.Tensor, rows: Rows,
+                    cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """First half of a layer: q (RoPE'd, (B, heads, n, D)), and K/V written into the cache.
+
+        Returns q, k before RoPE and v, the latter two as (B, kv_heads, n, D). The blend's check layer
+        stops here for all rows, picks the rows to keep from V, and runs the second half for those only.
+        """
+        with self.serial_small(h):
+            return self._project_qkv(idx, h, rows, cache)
+
+    def _project_qkv(self, idx: int, h: torch.Tensor, rows: Rows,
+                     cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        cfg, w = self.cfg, self.w.layers[idx]
+        bsz, n, _ = h.shape
+        heads, kv_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+        x = rms_norm(h, w.attn_norm, cfg.rms_norm_eps)
+        qkv = self.linear(x, w.wqkv, w.bqkv)  # (B, n, (heads + 2·kv_heads)·D)
+        q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
+        # RoPE is applied in the (B, n, heads, D) layout the GEMM produced: rotating a transposed view
+        # is far slower on CPU because every element access is strided.
+        k = k.view(bsz, n, kv_heads, d)  # (B, n, kv_heads, D), before RoPE
+        v = v.view(bsz, n, kv_heads, d)
+        k_rot = apply_rope(k, rows.cos, rows.sin)
+        where = rows.span if rows.span is not None else rows.positions
+        cache.k[idx][:, :, where] = k_rot.transpose(1, 2)
+        cache.v[idx][:, :, where] = v.transpose(1, 2)
+        q = apply_rope(q.view(bsz, n, heads, d), rows.cos, rows.sin).transpose(1, 2)  # (B, heads, n, D)
+        return q, k.transpose(1, 2), v.transpose(1, 2)
+
+    def attend_and_mlp(self, idx: int, h: torch.Tensor, q: torch.Tensor, rows: Rows,
+                       cache: KVCache) -> torch.Tensor:
+        """Second half of a layer for `rows`: attention over the cache, output projection, SwiGLU MLP."""
+        cfg, w = self.cfg, self.w.layers[idx]
+        bsz, n, _ = h.shape
+        with self.serial_small(h):
+            o = self.attend(q, cache.k[idx], cache.v[idx], rows)  # (B, n, heads, D)
+            h = h + self.linear(o.view(bsz, n, cfg.num_heads * cfg.head_dim), w.wo, w.bo)
+
+            x = rms_norm(h, w.mlp_norm, cfg.rms_norm_eps)
+            gate, up = self.linear(x, w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)  # (B, n, intermediate) each
+            return h + self.linear(F.silu(gate) * up, w.w_down, w.b_down)

@@ -1,0 +1,105 @@
+"""Next-token choice (greedy, temperature + top-p with a seeded generator) and streamed detokenization.
+
+Text is produced incrementally from token ids: a delta is only released once it decodes to complete
+characters (a multi-byte character split over several byte-level tokens shows up as U+FFFD until its
+last byte arrives), and text that could still turn out to be the start of a stop string is held back.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.types import SamplingParams
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams, device: torch.device) -> None:
+        self.params = params
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+            # Sampling runs on the CPU so a seed gives the same tokens on any device.
+            self.generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.device = device
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        """logits: (vocab,) float32 → token id."""
+        if self.params.greedy:
+            return int(torch.argmax(logits))
+        probs = torch.softmax(logits.float().cpu() / self.params.temperature, dim=-1)
+        if self.params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Drop tokens once the mass before them already reaches top_p (the first token always stays).
+            drop = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= self.params.top_p
+            sorted_probs[drop] = 0.0
+            choice = torch.multinomial(sorted_probs, 1, generator=self.generator)
+            return int(order[choice])
+        return int(torch.multinomial(probs, 1, generator=self.generator))
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas that never split a character."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.token_ids: list[int] = []
+        self._prefix_offset = 0  # decode from here so that leading-space handling stays in context
+        self._read_offset = 0  # text of tokens before this was already released
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def add(self, token_id: int) -> str:
+        self.token_ids.append(token_id)
+        prefix_text = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
+        new_text = self._decode(self.token_ids[self._prefix_offset:])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            delta = new_text[len(prefix_text):]
+            self._prefix_offset = self._read_offset
+            self._read_offset = len(self.token_ids)
+            return delta
+        return ""
+
+
+@dataclass
+class StopResult:
+    text: str  # text that may be released now
+    stopped: bool  # a stop string was found; nothing after its start is ever released
+
+
+class StopStringFilter:
+    """Holds back the tail that could be the beginning of a stop string."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self._pending = ""
+
+    def push(self, text: str) -> StopResult:
+        if not self.stops:
+            return StopResult(text, False)
+        self._pending += text
+        cut = min((i for i in (self._pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            out, self._pending = self._pending[:cut], ""
+            return StopResult(out, True)
+        hold = self._partial_stop_len(self._pending)
+        out, self._pending = self._pending[: len(self._pending) - hold], self._pending[len(self._pending) - hold:]
+        return StopResult(out, False)
+
+    def _partial_stop_len(self, text: str) -> int:
+        """Length of the longest tail of `text` that is the beginning of some stop string."""
+        best = 0
+        for stop in self.stops:
+            for k in range(min(len(stop) - 1, len(text)), best, -1):
+                if text.endswith(stop[:k]):
+                    best = k
+                    break
+        return best
+
+    def flush(self) -> str:
+        out, self._pending = self._pending, ""
+        return out

@@ -1,0 +1,233 @@
+"""Typed values the engine exchanges with its callers (AskService, ingest, bench, the scheduler).
+
+Everything here is plain data: no tensors are created and no model is touched, so importing this
+module is cheap and other packages can build requests without loading torch-heavy code paths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.kv import KVCache
+    from kvcache.types import LayerKVSource
+
+Mode = Literal["blend", "full", "prefix", "reuse"]
+MODES: tuple[Mode, ...] = ("blend", "full", "prefix", "reuse")
+SelectorName = Literal["deviation", "first_k", "random"]
+SELECTORS: tuple[SelectorName, ...] = ("deviation", "first_k", "random")
+FinishReason = Literal["stop", "length", "cancelled"]
+
+
+class EngineError(RuntimeError):
+    """A request could not be run (bad layout, KV shape mismatch, model failure)."""
+
+
+class EngineBusy(EngineError):
+    """The scheduler's queue is full; the caller should retry later (HTTP 503)."""
+
+
+class RequestCancelled(EngineError):
+    """Raised inside the layer loop when the request's consumer went away; never reaches callers."""
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """[prefix][chunk 1]…[chunk k][suffix], all as token ids; positions are indices into the concatenation.
+
+    `prefix_ids` (system prompt + chat-template opening of the user turn) is shared by every request and
+    every chunk precompute; `chunk_ids` are the stored ids of the retrieved chunks in prompt order.
+    """
+
+    prefix_ids: list[int]
+    chunk_ids: list[list[int]]
+    suffix_ids: list[int]
+
+    def __post_init__(self) -> None:
+        if not self.suffix_ids:
+            raise ValueError("PromptLayout.suffix_ids must not be empty (the question goes there)")
+        if any(len(c) == 0 for c in self.chunk_ids):
+            raise ValueError("PromptLayout.chunk_ids must not contain empty chunks")
+
+    @property
+    def num_prefix_tokens(self) -> int:
+        return len(self.prefix_ids)
+
+    @property
+    def num_context_tokens(self) -> int:
+        return sum(len(c) for c in self.chunk_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prefix_ids) + self.num_context_tokens + len(self.suffix_ids)
+
+    def all_ids(self) -> list[int]:
+        ids = list(self.prefix_ids)
+        for chunk in self.chunk_ids:
+            ids.extend(chunk)
+        ids.extend(self.suffix_ids)
+        return ids
+
+
+@dataclass(frozen=True)
+class BlendConfig:
+    """How the `blend` mode picks the tokens it recomputes (CacheBlend §4).
+
+    Layers 0…check_layers[0] compute every non-prefix token fresh. At check layer i the selector keeps
+    `ratios()[i] · #context tokens` of the still-selected context tokens (suffix tokens are always kept);
+    the last ratio is the share of context recomputed in every later layer.
+    """
+
+    recompute_ratio: float = 0.15
+    check_layers: tuple[int, ...] = (1,)
+    ratio_schedule: tuple[float, ...] | None = None
+    deviation_on: Literal["v", "k"] = "v"
+    selector: SelectorName = "deviation"
+    seed: int = 0  # only the `random` selector uses it
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.recompute_ratio <= 1.0:
+            raise ValueError(f"recompute_ratio must be within [0, 1], got {self.recompute_ratio}")
+        layers = tuple(self.check_layers)
+        if not layers:
+            raise ValueError("check_layers must name at least one layer")
+        if any(layer < 0 for layer in layers) or any(b <= a for a, b in zip(layers, layers[1:], strict=False)):
+            raise ValueError(f"check_layers must be non-negative and strictly increasing, got {list(layers)}")
+        object.__setattr__(self, "check_layers", layers)
+        if self.ratio_schedule is not None:
+            schedule = tuple(float(r) for r in self.ratio_schedule)
+            if len(schedule) != len(layers):
+                raise ValueError(
+                    f"ratio_schedule has {len(schedule)} entries but check_layers has {len(layers)}"
+                )
+            if any(not 0.0 <= r <= 1.0 for r in schedule):
+                raise ValueError(f"ratio_schedule entries must be within [0, 1], got {list(schedule)}")
+            if any(b > a for a, b in zip(schedule, schedule[1:], strict=False)):
+                raise ValueError(f"ratio_schedule must not increase (gradual filtering), got {list(schedule)}")
+            object.__setattr__(self, "ratio_schedule", schedule)
+        if self.deviation_on not in ("v", "k"):
+            raise ValueError(f"deviation_on must be 'v' or 'k', got {self.deviation_on!r}")
+        if self.selector not in SELECTORS:
+            raise ValueError(f"selector must be one of {list(SELECTORS)}, got {self.selector!r}")
+
+    def ratios(self) -> tuple[float, ...]:
+        """The keep ratio applied at each check layer."""
+        if self.ratio_schedule is not None:
+            return self.ratio_schedule
+        return tuple(self.recompute_ratio for _ in self.check_layers)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding controls. temperature 0 means greedy; a seed makes sampling reproducible."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be within (0, 1], got {self.top_p}")
+        stops = tuple(s for s in self.stop if s)
+        object.__setattr__(self, "stop", stops)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class GenerationRequest:
+    """One question to answer. `kv_source` serves the chunks' stored KV; None forces mode `full`."""
+
+    request_id: str
+    layout: PromptLayout
+    kv_source: LayerKVSource | None = None
+    mode: Mode = "blend"
+    blend: BlendConfig = field(default_factory=BlendConfig)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One generated token. `text` is the new printable text (may be "" while a multi-byte character or a
+    possible stop string is still incomplete); concatenating all `text`s gives the final answer."""
+
+    text: str
+    token_id: int
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """Always the last event of a request."""
+
+    finish_reason: FinishReason
+    num_prompt_tokens: int
+    num_completion_tokens: int
+    num_recomputed_tokens: int  # context tokens recomputed in every layer (suffix tokens not counted)
+    recompute_ratio: float  # num_recomputed_tokens / #context tokens (0 when there is no context)
+    ttft_s: float  # request start (arrival at the scheduler) → first token sampled
+    total_s: float
+    mode: Mode = "full"
+    num_context_tokens: int = 0
+    text: str = ""  # the whole answer, as streamed
+
+
+GenerationEvent = TokenEvent | FinishEvent
+
+
+@dataclass(frozen=True)
+class BlendTimings:
+    """Where the prompt phase spent its time (seconds)."""
+
+    total_s: float
+    kv_wait_s: float  # time spent inside kv_source.layer() (storage that is not hidden by compute)
+    early_layers_s: float  # layers where every non-prefix token is computed fresh
+    late_layers_s: float  # layers after the last check layer (selected rows only)
+
+
+@dataclass
+class BlendResult:
+    """Outcome of the prompt phase of any mode: logits of the last prompt token and the working cache."""
+
+    logits: torch.Tensor  # (vocab,) float32, next-token logits after the last suffix token
+    cache: KVCache  # K (RoPE'd) and V of every prompt token at every layer; decode appends to it
+    mode: Mode
+    num_prompt_tokens: int
+    num_context_tokens: int
+    num_recomputed_tokens: int  # context tokens recomputed through all layers
+    selected_positions: torch.Tensor  # (num_recomputed_tokens,) int64 absolute positions, ascending
+    timings: BlendTimings
+
+    @property
+    def recompute_ratio(self) -> float:
+        if self.num_context_tokens == 0:
+            return 0.0
+        return self.num_recomputed_tokens / self.num_context_tokens
+
+
+@dataclass(frozen=True)
+class ScoreResult:
+    """Teacher-forced scoring of `target_ids` after a prompt (quality benchmark)."""
+
+    token_nlls: list[float]  # -log p(target_i | prompt, target_<i), nats
+    first_token_logits: torch.Tensor  # (vocab,) float32, same as BlendResult.logits
+    num_recomputed_tokens: int
+
+    @property
+    def nll_sum(self) -> float:
+        return float(sum(self.token_nlls))
+
+    @property
+    def mean_nll(self) -> float:
+        return self.nll_sum / max(1, len(self.token_nlls))

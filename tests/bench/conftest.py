@@ -1,0 +1,60 @@
+"""Made-up benchmark data (the shape of ../shared/data/*.json) and a way to run `python -m bench …` in-process."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = [
+    {
+        "question": "What is the capital of Freedonia?",
+        "answers": ["Fredville", "the city of Fredville"],
+        "ctxs": [
+            {"title": "Freedonia", "text": "Freedonia is a small country. Its capital is Fredville, a city on "
+                                            "the river Fred.", "isgold": True},
+            {"title": "Sylvania", "text": "Sylvania borders Freedonia in the north and exports cheese."},
+            {"title": "Rivers", "text": "The river Fred flows from the mountains into the southern sea."},
+        ],
+    },
+    {
+        "question": "Which animal is Marvin the robot afraid of?",
+        "answers": ["ducks"],
+        "ctxs": [
+            {"title": "Cheese", "text": "Sylvanian cheese is aged for twelve months in caves."},
+            {"title": "Marvin", "text": "Marvin is a robot who is afraid of ducks but likes geese.",
+             "isgold": True},
+            {"title": "Geese", "text": "Geese migrate south in the autumn, flying in a V formation."},
+        ],
+    },
+]
+
+
+@pytest.fixture
+def dataset_path(tmp_path: Path) -> Path:
+    path = tmp_path / "made_up_dev.json"
+    path.write_text(json.dumps(EXAMPLES), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def run_bench(tmp_path: Path, tiny_llama_dir: Path):
+    """Run a subcommand through the real dispatcher on the tiny model; returns (exit code, JSON, png path)."""
+    from bench.__main__ import main
+
+    def run(command: str, *args: str) -> tuple[int, dict, Path]:
+        out = tmp_path / f"{command}.json"
+        code = main([command, "--model", str(tiny_llama_dir), "--threads", "2", "--out", str(out), *args])
+        return code, json.loads(out.read_text(encoding="utf-8")), out.with_suffix(".png")
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from engine.config import EngineSettings
+    from engine.engine import Engine
+
+    return Engine(EngineSettings(model=str(tiny_llama_dir), num_threads=2),
+                  models_dir=tmp_path_factory.mktemp("models"))

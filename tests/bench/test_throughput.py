@@ -1,0 +1,19 @@
+from __future__ import annotations
+
+
+def test_throughput_in_process_end_to_end(run_bench, dataset_path, tmp_path) -> None:
+    code, result, png = run_bench("throughput", "--dataset", str(dataset_path), "--examples", "2",
+                                  "--passages", "2", "--clients", "2", "--max-tokens", "2",
+                                  "--tmp-dir", str(tmp_path))
+    assert code == 0 and png.is_file()
+    assert result["target"] == "in-process" and result["clients"] == 2
+    assert result["corpus_passages"] == 4
+    assert list(result["modes"]) == ["blend", "full"]
+    for m in result["modes"].values():
+        assert m["requests"] == 2 and m["errors"] == 0, m["first_errors"]
+        assert m["requests_per_min"] > 0
+        assert 0 < m["ttft_p50_s"] <= m["ttft_p90_s"]
+        assert 1 <= m["completion_tokens_mean"] <= 2
+        assert m["prompt_tokens_mean"] > 0
+    assert [p["mode"] for p in result["phases"]] == ["blend", "full"]
+    assert all(r["mode"] == p["mode"] for p in result["phases"] for r in p["requests"])

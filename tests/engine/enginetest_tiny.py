@@ -1,0 +1,81 @@
+"""Tiny random Llama-family checkpoints (+ a tiny byte-level BPE tokenizer) for fast, exact tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+    "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog. Question: who jumps? Answer: the fox.",
+    "Documents describe rivers, mountains and cities; café naïve résumé — ünïcödé 東京 🙂 text.",
+    "You are a helpful assistant. Answer the question using the documents. Be concise.",
+] * 20
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int = 320):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>",
+                                                                         "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                   unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def build_model(out_dir: Path, kind: str = "llama", seed: int = 0, **overrides) -> Path:
+    """Save a randomly initialised tiny model of `kind` (llama | qwen2 | mistral) with a tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(out_dir)
+    params = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+                  pad_token_id=0)
+    params.update(overrides)
+    config = AutoConfig.for_model(kind, **params)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger-than-default weights so that attention is far from uniform
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif p.ndim == 2:
+                p.copy_(torch.randn_like(p) * (1.0 / p.shape[1] ** 0.5))
+            else:
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return out_dir
+
+
+ROPE_LLAMA3 = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+ROPE_LINEAR = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}
+
+
+def random_chunks(lengths: list[int], seed: int, vocab_size: int = 320) -> list[list[int]]:
+    """Token ids of random chunks (no special tokens: ids 0-2 are reserved)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+def hf_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
+    """Reference logits of every position from transformers' own forward pass: (T, vocab)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([token_ids])).logits[0].float()

@@ -1,0 +1,66 @@
+"""EngineSettings / BlendConfig / SamplingParams reject bad values with clear messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from engine.config import EngineSettings
+from engine.types import BlendConfig, PromptLayout, SamplingParams
+
+
+def test_defaults() -> None:
+    s = EngineSettings()
+    assert s.model == "builtin" and s.mode == "blend" and s.recompute_ratio == 0.15 and s.check_layers == [1]
+    assert s.resolve_dtype("cpu") == "float32" and s.resolve_dtype("cuda") == "bfloat16"
+    cfg = s.blend_config()
+    assert cfg.ratios() == (0.15,) and cfg.selector == "deviation" and cfg.deviation_on == "v"
+    assert s.sampling_params(max_tokens=5).max_tokens == 5
+    assert s.sampling_params().max_tokens == s.max_new_tokens
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.5])
+def test_ratio_out_of_range(ratio: float) -> None:
+    with pytest.raises(ValidationError, match=r"recompute_ratio must be within \[0, 1\]"):
+        EngineSettings(recompute_ratio=ratio)
+
+
+def test_unknown_mode_and_selector() -> None:
+    with pytest.raises(ValidationError, match="mode"):
+        EngineSettings(mode="fast")
+    with pytest.raises(ValidationError, match="selector"):
+        EngineSettings(selector="magic")
+
+
+def test_model_path_must_exist(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="is not a directory"):
+        EngineSettings(model=str(tmp_path / "nope"))
+    with pytest.raises(ValidationError, match="no config.json"):
+        EngineSettings(model=str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert EngineSettings(model=str(tmp_path)).model == str(tmp_path)
+
+
+def test_schedule_rules() -> None:
+    with pytest.raises(ValidationError, match="ratio_schedule has 1 entries"):
+        EngineSettings(check_layers=[1, 3], ratio_schedule=[0.3])
+    with pytest.raises(ValidationError, match="must not increase"):
+        EngineSettings(check_layers=[1, 3], ratio_schedule=[0.1, 0.3])
+    with pytest.raises(ValueError, match="strictly increasing"):
+        BlendConfig(check_layers=(3, 1))
+    assert BlendConfig(check_layers=(1, 3), ratio_schedule=(0.3, 0.15)).ratios() == (0.3, 0.15)
+    assert BlendConfig(check_layers=[1, 2]).check_layers == (1, 2)  # lists from settings become tuples
+
+
+def test_sampling_and_layout_validation() -> None:
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+    assert SamplingParams(stop=("", "x")).stop == ("x",)
+    with pytest.raises(ValueError, match="suffix_ids"):
+        PromptLayout([1], [[2]], [])
+    layout = PromptLayout([1, 2], [[3, 4], [5]], [6])
+    assert layout.all_ids() == [1, 2, 3, 4, 5, 6] and layout.num_context_tokens == 3 and layout.num_tokens == 6
