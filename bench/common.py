@@ -51,8 +51,9 @@ class PreparedExample:
 _STORAGE = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
 
 
-def prepare_examples(engine: Engine, dataset: Path, num_examples: int, num_passages: int, seed: int = 0,
-                     kv_dtype: str = "fp16") -> list[PreparedExample]:
+def prepare_examples(
+    engine: Engine, dataset: Path, num_examples: int, num_passages: int, seed: int = 0, kv_dtype: str = "fp16"
+) -> list[PreparedExample]:
     """Build layouts and precompute every chunk's KV (as ingest would), stored in `kv_dtype`."""
     import torch
 
@@ -69,21 +70,29 @@ def prepare_examples(engine: Engine, dataset: Path, num_examples: int, num_passa
 
             dtype = getattr(torch, storage)
             kvs = [ChunkKV(k=kv.k.to(dtype), v=kv.v.to(dtype)) for kv in kvs]
-        logger.info("example %d: %d tokens (%d in %d chunks), chunk KV precomputed in %.1fs", example.index,
-                    layout.num_tokens, layout.num_context_tokens, len(chunk_ids), time.perf_counter() - t0)
+        logger.info(
+            "example %d: %d tokens (%d in %d chunks), chunk KV precomputed in %.1fs",
+            example.index,
+            layout.num_tokens,
+            layout.num_context_tokens,
+            len(chunk_ids),
+            time.perf_counter() - t0,
+        )
         prepared.append(PreparedExample(example=example, layout=layout, kvs=kvs, kv_dtype=kv_dtype))
     if not prepared:
         raise ValueError(f"{dataset}: no example has {num_passages} passages")
     return prepared
 
 
-def time_to_first_token(engine: Engine, layout: PromptLayout, source: LayerKVSource | None, mode: Mode,
-                        blend: BlendConfig | None) -> tuple[float, int]:
+def time_to_first_token(
+    engine: Engine, layout: PromptLayout, source: LayerKVSource | None, mode: Mode, blend: BlendConfig | None
+) -> tuple[float, int]:
     """(TTFT seconds, recomputed context tokens) of one request generating a single token."""
     from engine.types import FinishEvent, GenerationRequest, SamplingParams
 
-    request = GenerationRequest("bench", layout, source, mode, blend or engine.settings.blend_config(),
-                                SamplingParams(max_tokens=1))
+    request = GenerationRequest(
+        "bench", layout, source, mode, blend or engine.settings.blend_config(), SamplingParams(max_tokens=1)
+    )
     finish = [e for e in engine.generate(request) if isinstance(e, FinishEvent)][0]
     return finish.ttft_s, finish.num_recomputed_tokens
 

@@ -62,7 +62,9 @@ class StageClock:
         stage = getattr(job, "stage", None)
         with self._lock:
             if stage and stage not in self.stage_starts:
-                self.stage_starts[stage] = time.perf_counter()
+                self.stage_starts[stage] = now = time.perf_counter()
+                total = (getattr(job, "progress", None) or {}).get(stage, {}).get("total")
+                logger.info("ingest stage %s (%s items) at %.1fs", stage, total, now - self.started)
 
     def durations(self) -> dict[str, float]:
         """Seconds per stage: from its start to the next stage's start (the last one to the job's end)."""

@@ -40,12 +40,20 @@ GIB = 1024**3
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="time to first token per mode (full, prefix, reuse, blend@r)",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="time to first token per mode (full, prefix, reuse, blend@r)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=5, passages=6, out="ttft.json")
     parser.add_argument("--ratios", default="0.05,0.15,0.3", help="blend recompute ratios, comma-separated")
-    parser.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "bf16"],
-                        help="how the chunk KV is held in memory (fp16: what the store serves)")
+    parser.add_argument(
+        "--kv-dtype",
+        default="fp16",
+        choices=["fp32", "fp16", "bf16"],
+        help="how the chunk KV is held in memory (fp16: what the store serves)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of every mode before timing")
     parser.add_argument("--rss-ratio", type=float, default=0.15, help="blend ratio of the peak-RSS probe")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe (a second process)")
@@ -96,17 +104,26 @@ def run_ttft(engine, prepared: list[PreparedExample], ratios: list[float], warmu
             time_to_first_token(engine, prepared[0].layout, source, spec.mode, spec.blend)
     per_example = []
     for n, ex in enumerate(prepared, 1):
-        row: dict[str, Any] = {"index": ex.example.index, "num_prompt_tokens": ex.layout.num_tokens,
-                               "num_context_tokens": ex.layout.num_context_tokens, "ttft_s": {},
-                               "num_recomputed_tokens": {}}
+        row: dict[str, Any] = {
+            "index": ex.example.index,
+            "num_prompt_tokens": ex.layout.num_tokens,
+            "num_context_tokens": ex.layout.num_context_tokens,
+            "ttft_s": {},
+            "num_recomputed_tokens": {},
+        }
         for spec in specs:
             source = ex.source(engine) if spec.uses_cache else None
             ttft, recomputed = time_to_first_token(engine, ex.layout, source, spec.mode, spec.blend)
             row["ttft_s"][spec.name] = round(ttft, 4)
             row["num_recomputed_tokens"][spec.name] = recomputed
         per_example.append(row)
-        logger.info("ttft %d/%d (%d tokens): %s", n, len(prepared), ex.layout.num_tokens,
-                    "  ".join(f"{k}={v:.2f}s" for k, v in row["ttft_s"].items()))
+        logger.info(
+            "ttft %d/%d (%d tokens): %s",
+            n,
+            len(prepared),
+            ex.layout.num_tokens,
+            "  ".join(f"{k}={v:.2f}s" for k, v in row["ttft_s"].items()),
+        )
     modes: dict[str, dict[str, float]] = {}
     for spec in specs:
         values = [r["ttft_s"][spec.name] for r in per_example]
@@ -121,9 +138,15 @@ def run_ttft(engine, prepared: list[PreparedExample], ratios: list[float], warmu
     # Per-example ratios too: the median of ratios is robust to load drifting between examples.
     speedup_paired = {
         spec.name: round(statistics.median(r["ttft_s"]["full"] / r["ttft_s"][spec.name] for r in per_example), 2)
-        for spec in specs if spec.name != "full"}
-    return {"modes": modes, "speedup_vs_full": speedup, "speedup_vs_full_paired_median": speedup_paired,
-            "per_example": per_example}
+        for spec in specs
+        if spec.name != "full"
+    }
+    return {
+        "modes": modes,
+        "speedup_vs_full": speedup,
+        "speedup_vs_full_paired_median": speedup_paired,
+        "per_example": per_example,
+    }
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -139,8 +162,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.annotate(label, (i, medians[i]), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("TTFT (s), median; bar to p90")
     ax.tick_params(axis="x", rotation=30)
-    ax.set_title(f"{result['model']} {result['compute_dtype']} · {result['examples']} ex × {result['passages']}"
-                 f" passages · {result['prompt_tokens_mean']:.0f} tokens", fontsize=9)
+    ax.set_title(
+        f"{result['model']} {result['compute_dtype']} · {result['examples']} ex × {result['passages']}"
+        f" passages · {result['prompt_tokens_mean']:.0f} tokens",
+        fontsize=9,
+    )
     save_figure(fig, path)
 
 
@@ -152,12 +178,21 @@ def main(args: argparse.Namespace) -> int:
     engine = build_engine(args)
     prepared = prepare_examples(engine, args.dataset, args.examples, args.passages, args.seed, args.kv_dtype)
     result: dict[str, Any] = {
-        "benchmark": NAME, "model": model_name(engine), "dataset": str(args.dataset),
-        "examples": len(prepared), "passages": args.passages, "seed": args.seed, "ratios": ratios,
-        "kv_dtype": args.kv_dtype, "compute_dtype": str(engine.dtype).removeprefix("torch."),
+        "benchmark": NAME,
+        "model": model_name(engine),
+        "dataset": str(args.dataset),
+        "examples": len(prepared),
+        "passages": args.passages,
+        "seed": args.seed,
+        "ratios": ratios,
+        "kv_dtype": args.kv_dtype,
+        "compute_dtype": str(engine.dtype).removeprefix("torch."),
         "prompt_tokens_mean": statistics.fmean(p.layout.num_tokens for p in prepared),
-        "blend": {"check_layers": list(engine.settings.check_layers), "selector": engine.settings.selector,
-                  "deviation_on": engine.settings.deviation_on},
+        "blend": {
+            "check_layers": list(engine.settings.check_layers),
+            "selector": engine.settings.selector,
+            "deviation_on": engine.settings.deviation_on,
+        },
         "machine": machine_info(engine),
     }
     result.update(run_ttft(engine, prepared, ratios, args.warmup))
@@ -165,18 +200,28 @@ def main(args: argparse.Namespace) -> int:
         settings = engine.settings.model_copy(update={"num_threads": args.threads or torch.get_num_threads()})
         rss = measure_peak_rss(settings.model_dump_json(), args.models_dir, prepared[0], args.rss_ratio)
         result["peak_rss_blend"] = {
-            "chunks": len(prepared[0].layout.chunk_ids), "ratio": args.rss_ratio,
+            "chunks": len(prepared[0].layout.chunk_ids),
+            "ratio": args.rss_ratio,
             "prompt_tokens": prepared[0].layout.num_tokens,
-            "peak_rss_bytes": rss["peak_rss_bytes"], "peak_rss_gib": round(rss["peak_rss_bytes"] / GIB, 3),
+            "peak_rss_bytes": rss["peak_rss_bytes"],
+            "peak_rss_gib": round(rss["peak_rss_bytes"] / GIB, 3),
             "rss_after_load_gib": round(rss["rss_after_load_bytes"] / GIB, 3),
         }
     result["run"] = run.finish()
     write_json(args.out, result)
     plot(result, plot_path(args))
     for name, m in result["modes"].items():
-        logger.info("%-10s median %.3fs  p90 %.3fs  speed-up %s", name, m["ttft_s_median"], m["ttft_s_p90"],
-                    "1.0" if name == "full" else result["speedup_vs_full"][name])
+        logger.info(
+            "%-10s median %.3fs  p90 %.3fs  speed-up %s",
+            name,
+            m["ttft_s_median"],
+            m["ttft_s_p90"],
+            "1.0" if name == "full" else result["speedup_vs_full"][name],
+        )
     if "peak_rss_blend" in result:
-        logger.info("peak RSS of a %d-chunk blend: %.2f GiB", result["peak_rss_blend"]["chunks"],
-                    result["peak_rss_blend"]["peak_rss_gib"])
+        logger.info(
+            "peak RSS of a %d-chunk blend: %.2f GiB",
+            result["peak_rss_blend"]["chunks"],
+            result["peak_rss_blend"]["peak_rss_gib"],
+        )
     return 0

@@ -25,8 +25,10 @@ class EngineSettings(BaseModel):
     )
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU)")
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
-    question_template: str = Field(default="Question: {question}", description="suffix text before the "
-                                   "template closes the user turn; must contain {question}")
+    question_template: str = Field(
+        default="Question: {question}",
+        description="suffix text before the template closes the user turn; must contain {question}",
+    )
 
     mode: Mode = "blend"
     recompute_ratio: float = 0.15
@@ -60,8 +62,7 @@ class EngineSettings(BaseModel):
     @classmethod
     def _ratio_in_range(cls, value: float) -> float:
         if not 0.0 <= value <= 1.0:
-            raise ValueError(f"recompute_ratio must be within [0, 1] (share of context tokens recomputed), "
-                             f"got {value}")
+            raise ValueError(f"recompute_ratio must be within [0, 1] (share of context tokens recomputed), got {value}")
         return value
 
     @model_validator(mode="after")

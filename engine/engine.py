@@ -62,8 +62,14 @@ class Engine:
         self._prefix_lock = threading.Lock()
         self._prefixes: OrderedDict[tuple[int, ...], PrefixKV] = OrderedDict()
         self.prefix_kv(self.prompt.prefix_ids)
-        logger.info("engine ready: %s %s on %s in %.1fs (fingerprint %s…)", path.name, dtype, device,
-                    time.perf_counter() - t0, self.fingerprint[:12])
+        logger.info(
+            "engine ready: %s %s on %s in %.1fs (fingerprint %s…)",
+            path.name,
+            dtype,
+            device,
+            time.perf_counter() - t0,
+            self.fingerprint[:12],
+        )
 
     # ------------------------------------------------------------------------------------ properties
     @property
@@ -115,8 +121,9 @@ class Engine:
         """KV of one chunk computed behind the prefix: K before RoPE and V, (layers, kv_heads, L, D)."""
         return self.prefill_chunks([chunk_ids], prefix_ids)[0]
 
-    def prefill_chunks(self, chunks: list[list[int]], prefix_ids: list[int] | None = None,
-                       max_batch_tokens: int = 4096) -> list[ChunkKV]:
+    def prefill_chunks(
+        self, chunks: list[list[int]], prefix_ids: list[int] | None = None, max_batch_tokens: int = 4096
+    ) -> list[ChunkKV]:
         """Like prefill_chunk for many chunks; chunks of similar length are batched together."""
         prefix = self.prefix_kv(prefix_ids)
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))
@@ -124,8 +131,9 @@ class Engine:
         batch: list[int] = []
         for i in [*order, None]:
             if batch and (i is None or len(chunks[i]) * (len(batch) + 1) > max_batch_tokens):
-                for j, kv in zip(batch, prefill_chunks(self.transformer, prefix, [chunks[j] for j in batch]),
-                                 strict=True):
+                for j, kv in zip(
+                    batch, prefill_chunks(self.transformer, prefix, [chunks[j] for j in batch]), strict=True
+                ):
                     results[j] = kv
                 batch = []
             if i is not None:
@@ -133,16 +141,36 @@ class Engine:
         return [results[i] for i in range(len(chunks))]
 
     # ----------------------------------------------------------------------------------- prompt pass
-    def blend(self, layout: PromptLayout, kv_source: LayerKVSource | None, mode: Mode = "blend",
-              blend: BlendConfig | None = None, extra_capacity: int = 0,
-              should_stop: Callable[[], bool] | None = None) -> BlendResult:
+    def blend(
+        self,
+        layout: PromptLayout,
+        kv_source: LayerKVSource | None,
+        mode: Mode = "blend",
+        blend: BlendConfig | None = None,
+        extra_capacity: int = 0,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> BlendResult:
         """The prompt pass of `mode`: last-token logits + working cache (room for extra_capacity more)."""
         prefix = self.prefix_kv(layout.prefix_ids) if mode != "full" and kv_source is not None else None
-        return phases.blend(self.transformer, layout, kv_source, mode, blend or self.settings.blend_config(),
-                          prefix, capacity=layout.num_tokens + extra_capacity, should_stop=should_stop)
+        return phases.blend(
+            self.transformer,
+            layout,
+            kv_source,
+            mode,
+            blend or self.settings.blend_config(),
+            prefix,
+            capacity=layout.num_tokens + extra_capacity,
+            should_stop=should_stop,
+        )
 
-    def score(self, layout: PromptLayout, kv_source: LayerKVSource | None, mode: Mode,
-              blend: BlendConfig | None, target_ids: list[int]) -> ScoreResult:
+    def score(
+        self,
+        layout: PromptLayout,
+        kv_source: LayerKVSource | None,
+        mode: Mode,
+        blend: BlendConfig | None,
+        target_ids: list[int],
+    ) -> ScoreResult:
         """Teacher-forced NLL of target_ids after the prompt pass of `mode`, plus first-token logits."""
         if not target_ids:
             raise ValueError("score needs at least one target token")
@@ -154,12 +182,19 @@ class Engine:
         logprobs = torch.log_softmax(logits, dim=-1)
         targets = torch.tensor(target_ids, device=logprobs.device)
         nlls = -logprobs.gather(1, targets[:, None]).squeeze(1)
-        return ScoreResult(token_nlls=nlls.tolist(), first_token_logits=result.logits,
-                           num_recomputed_tokens=result.num_recomputed_tokens)
+        return ScoreResult(
+            token_nlls=nlls.tolist(),
+            first_token_logits=result.logits,
+            num_recomputed_tokens=result.num_recomputed_tokens,
+        )
 
     # ------------------------------------------------------------------------------------ generation
-    def start(self, request: GenerationRequest, arrival_time: float | None = None,
-              should_stop: Callable[[], bool] | None = None) -> RequestRun:
+    def start(
+        self,
+        request: GenerationRequest,
+        arrival_time: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> RequestRun:
         """A step-wise run of one request (the scheduler interleaves several of these)."""
         return RequestRun(self, request, arrival_time, should_stop)
 

@@ -1,9 +1,9 @@
 """One request from prompt pass to finish, as a step-wise state machine the scheduler can interleave.
 
-    run = RequestRun(engine, request)       # WAITING
-    events = run.prefill()                   # prompt pass of the request's mode + first token
-    while not run.finished:
-        events = run.step()                  # one decode step
+run = RequestRun(engine, request)       # WAITING
+events = run.prefill()                   # prompt pass of the request's mode + first token
+while not run.finished:
+    events = run.step()                  # one decode step
 """
 
 from __future__ import annotations
@@ -39,8 +39,13 @@ class RequestStatus(enum.Enum):
 
 
 class RequestRun:
-    def __init__(self, engine: Engine, request: GenerationRequest, arrival_time: float | None = None,
-                 should_stop: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        request: GenerationRequest,
+        arrival_time: float | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> None:
         self.engine = engine
         self.request = request
         self.arrival_time = arrival_time if arrival_time is not None else time.perf_counter()
@@ -63,8 +68,14 @@ class RequestRun:
         req = self.request
         self.status = RequestStatus.PREFILLING
         try:
-            self.result = self.engine.blend(req.layout, req.kv_source, req.mode, req.blend,
-                                            extra_capacity=req.sampling.max_tokens, should_stop=self.should_stop)
+            self.result = self.engine.blend(
+                req.layout,
+                req.kv_source,
+                req.mode,
+                req.blend,
+                extra_capacity=req.sampling.max_tokens,
+                should_stop=self.should_stop,
+            )
         except RequestCancelled:
             return [self.cancel()]
         finally:

@@ -18,12 +18,19 @@ class KVCache:
     length: int = 0  # positions 0…length-1 are valid
 
     @classmethod
-    def allocate(cls, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype, device: torch.device, batch: int = 1) -> KVCache:
+    def allocate(
+        cls,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        batch: int = 1,
+    ) -> KVCache:
         shape = (num_layers, batch, num_kv_heads, capacity, head_dim)
         # empty, not zeros: every row below `length` is written before it is read.
-        return cls(k=torch.empty(shape, dtype=dtype, device=device),
-                   v=torch.empty(shape, dtype=dtype, device=device))
+        return cls(k=torch.empty(shape, dtype=dtype, device=device), v=torch.empty(shape, dtype=dtype, device=device))
 
     @property
     def capacity(self) -> int:

@@ -70,8 +70,9 @@ class Transformer:
         self.device = model.device
         self.dtype = model.dtype
         inv_freq, scaling = rope_inv_freq(model.hf_config, self.cfg.head_dim)
-        self.rope = RopeTable(inv_freq, scaling, model.dtype, model.device,
-                              initial_positions=min(self.cfg.max_position_embeddings, 8192))
+        self.rope = RopeTable(
+            inv_freq, scaling, model.dtype, model.device, initial_positions=min(self.cfg.max_position_embeddings, 8192)
+        )
 
     # ----------------------------------------------------------------------------------------- rows
     def rows(self, positions: torch.Tensor | range, kv_len: int) -> Rows:
@@ -86,26 +87,33 @@ class Transformer:
             contiguous = n > 0 and int(pos[-1]) - first + 1 == n
             span = slice(first, first + n) if contiguous else None
         cos, sin = self.rope.at(span if span is not None else pos)
-        return Rows(positions=pos, span=span, cos=cos[:, None], sin=sin[:, None],
-                    blocks=self._attention_blocks(pos, span, kv_len))
+        return Rows(
+            positions=pos,
+            span=span,
+            cos=cos[:, None],
+            sin=sin[:, None],
+            blocks=self._attention_blocks(pos, span, kv_len),
+        )
 
     def _attention_blocks(self, pos: torch.Tensor, span: slice | None, kv_len: int) -> list[AttentionBlock]:
         n = pos.numel()
         if n == 0:
             return []
-        if span is not None and span.stop == kv_len and span.start ** 2 <= _MAX_PAD_SHARE * kv_len ** 2:
+        if span is not None and span.stop == kv_len and span.start**2 <= _MAX_PAD_SHARE * kv_len**2:
             # Contiguous rows that end at the last key (full prefill, chunk prefill behind the prefix, the
             # early blend layers): SDPA's causal kernel skips the masked half and builds no mask. Its mask
             # is top-left aligned, so the rows are shifted down by `start` zero rows whose output is dropped.
-            return [AttentionBlock(rows=slice(0, n), kv_len=kv_len, mask=None, is_causal=True,
-                                   pad_rows=span.start)]
+            return [AttentionBlock(rows=slice(0, n), kv_len=kv_len, mask=None, is_causal=True, pad_rows=span.start)]
         block_rows = max(_MIN_BLOCK_ROWS, -(-n // _MAX_ATTENTION_BLOCKS))
         blocks = []
         key_pos = torch.arange(kv_len, device=self.device)
         for start in range(0, n, block_rows):
-            q_pos = pos[start:start + block_rows]  # (rows,)
-            first, last = (int(q_pos[0]), int(q_pos[-1])) if span is None else (
-                span.start + start, span.start + start + q_pos.numel() - 1)
+            q_pos = pos[start : start + block_rows]  # (rows,)
+            first, last = (
+                (int(q_pos[0]), int(q_pos[-1]))
+                if span is None
+                else (span.start + start, span.start + start + q_pos.numel() - 1)
+            )
             block_kv = min(kv_len, last + 1)
             # Exact causal mask from absolute positions (never "bottom-right aligned").
             mask = None
@@ -144,22 +152,24 @@ class Transformer:
         gqa = self.cfg.num_heads != self.cfg.num_kv_heads
         outs = []
         for b in rows.blocks:
-            k, v = cache_k[:, :, :b.kv_len], cache_v[:, :, :b.kv_len]
+            k, v = cache_k[:, :, : b.kv_len], cache_v[:, :, : b.kv_len]
             if b.pad_rows:
                 padded = torch.cat([q.new_zeros(q.shape[0], q.shape[1], b.pad_rows, q.shape[3]), q], dim=2)
                 with parallel():
                     out = F.scaled_dot_product_attention(padded, k, v, is_causal=True, enable_gqa=gqa)
-                out = out[:, :, b.pad_rows:]
+                out = out[:, :, b.pad_rows :]
             else:
                 with parallel():
-                    out = F.scaled_dot_product_attention(q[:, :, b.rows], k, v, attn_mask=b.mask,
-                                                         is_causal=b.is_causal, enable_gqa=gqa)
+                    out = F.scaled_dot_product_attention(
+                        q[:, :, b.rows], k, v, attn_mask=b.mask, is_causal=b.is_causal, enable_gqa=gqa
+                    )
             outs.append(out.transpose(1, 2))  # (B, rows, heads, D)
         return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs, dim=1)
 
     # --------------------------------------------------------------------------------------- layer
-    def layer(self, idx: int, h: torch.Tensor, rows: Rows, cache: KVCache,
-              kv_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def layer(
+        self, idx: int, h: torch.Tensor, rows: Rows, cache: KVCache, kv_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run layer `idx` for `rows`. Writes their K (RoPE'd) and V into `cache` at their positions.
 
         h: (B, n, hidden). Returns (h_out (B, n, hidden), k before RoPE (B, kv_heads, n, D),
@@ -171,8 +181,9 @@ class Transformer:
             return h, k, v
         return self.attend_and_mlp(idx, h, q, rows, cache), k, v
 
-    def project_qkv(self, idx: int, h: torch.Tensor, rows: Rows,
-                    cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def project_qkv(
+        self, idx: int, h: torch.Tensor, rows: Rows, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """First half of a layer: q (RoPE'd, (B, heads, n, D)), and K/V written into the cache.
 
         Returns q, k before RoPE and v, the latter two as (B, kv_heads, n, D). The blend's check layer
@@ -181,8 +192,9 @@ class Transformer:
         with self.serial_small(h):
             return self._project_qkv(idx, h, rows, cache)
 
-    def _project_qkv(self, idx: int, h: torch.Tensor, rows: Rows,
-                     cache: KVCache) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _project_qkv(
+        self, idx: int, h: torch.Tensor, rows: Rows, cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg, w = self.cfg, self.w.layers[idx]
         bsz, n, _ = h.shape
         heads, kv_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -201,8 +213,7 @@ class Transformer:
         q = apply_rope(q.view(bsz, n, heads, d), rows.cos, rows.sin).transpose(1, 2)  # (B, heads, n, D)
         return q, k.transpose(1, 2), v.transpose(1, 2)
 
-    def attend_and_mlp(self, idx: int, h: torch.Tensor, q: torch.Tensor, rows: Rows,
-                       cache: KVCache) -> torch.Tensor:
+    def attend_and_mlp(self, idx: int, h: torch.Tensor, q: torch.Tensor, rows: Rows, cache: KVCache) -> torch.Tensor:
         """Second half of a layer for `rows`: attention over the cache, output projection, SwiGLU MLP."""
         cfg, w = self.cfg, self.w.layers[idx]
         bsz, n, _ = h.shape

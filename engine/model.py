@@ -104,9 +104,12 @@ def _read_config(path: Path) -> tuple[Any, ModelConfig]:
     window = getattr(hf, "sliding_window", None)
     if "sliding_attention" in layer_types or (hf.model_type == "mistral" and window):
         # Full attention is exact for prompts within the window; beyond it the model was trained otherwise.
-        logger.warning("%s: sliding-window attention (window %s) is not implemented; attending to all "
-                       "tokens, which matches the checkpoint only for contexts shorter than the window",
-                       path, window)
+        logger.warning(
+            "%s: sliding-window attention (window %s) is not implemented; attending to all "
+            "tokens, which matches the checkpoint only for contexts shorter than the window",
+            path,
+            window,
+        )
     num_heads = hf.num_attention_heads
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // num_heads
     cfg = ModelConfig(
@@ -160,8 +163,11 @@ def _fingerprint(hf_config: Any, files: list[Path], tensors: dict[str, torch.Ten
     h = hashlib.sha256()
     h.update(ENGINE_NUMERICS_VERSION.encode())
     h.update(str(dtype).encode())
-    config = {k: v for k, v in hf_config.to_dict().items()
-              if k not in ("_name_or_path", "transformers_version", "_commit_hash", "dtype", "torch_dtype")}
+    config = {
+        k: v
+        for k, v in hf_config.to_dict().items()
+        if k not in ("_name_or_path", "transformers_version", "_commit_hash", "dtype", "torch_dtype")
+    }
     h.update(json.dumps(config, sort_keys=True, default=str).encode())
     for file in files:
         h.update(_safetensors_header(file))
@@ -212,27 +218,33 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Loade
         bgate = _take(tensors, p + "mlp.gate_proj.bias", required=False)
         bup = _take(tensors, p + "mlp.up_proj.bias", required=False)
         assert wq is not None and wk is not None and wv is not None and wgate is not None and wup is not None
-        layers.append(LayerWeights(
-            attn_norm=cvt(_take(tensors, p + "input_layernorm.weight")),  # type: ignore[arg-type]
-            wqkv=cvt(torch.cat([wq, wk, wv], dim=0)),  # type: ignore[arg-type]
-            bqkv=cvt(_cat_optional([bq, bk, bv], qkv_sizes, wq)),
-            wo=cvt(_take(tensors, p + "self_attn.o_proj.weight")),  # type: ignore[arg-type]
-            bo=cvt(_take(tensors, p + "self_attn.o_proj.bias", required=False)),
-            mlp_norm=cvt(_take(tensors, p + "post_attention_layernorm.weight")),  # type: ignore[arg-type]
-            w_gate_up=cvt(torch.cat([wgate, wup], dim=0)),  # type: ignore[arg-type]
-            b_gate_up=cvt(_cat_optional([bgate, bup], [cfg.intermediate_size] * 2, wgate)),
-            w_down=cvt(_take(tensors, p + "mlp.down_proj.weight")),  # type: ignore[arg-type]
-            b_down=cvt(_take(tensors, p + "mlp.down_proj.bias", required=False)),
-        ))
+        layers.append(
+            LayerWeights(
+                attn_norm=cvt(_take(tensors, p + "input_layernorm.weight")),  # type: ignore[arg-type]
+                wqkv=cvt(torch.cat([wq, wk, wv], dim=0)),  # type: ignore[arg-type]
+                bqkv=cvt(_cat_optional([bq, bk, bv], qkv_sizes, wq)),
+                wo=cvt(_take(tensors, p + "self_attn.o_proj.weight")),  # type: ignore[arg-type]
+                bo=cvt(_take(tensors, p + "self_attn.o_proj.bias", required=False)),
+                mlp_norm=cvt(_take(tensors, p + "post_attention_layernorm.weight")),  # type: ignore[arg-type]
+                w_gate_up=cvt(torch.cat([wgate, wup], dim=0)),  # type: ignore[arg-type]
+                b_gate_up=cvt(_cat_optional([bgate, bup], [cfg.intermediate_size] * 2, wgate)),
+                w_down=cvt(_take(tensors, p + "mlp.down_proj.weight")),  # type: ignore[arg-type]
+                b_down=cvt(_take(tensors, p + "mlp.down_proj.bias", required=False)),
+            )
+        )
     embed = cvt(_take(tensors, "model.embed_tokens.weight"))
     lm_head_raw = _take(tensors, "lm_head.weight", required=not cfg.tie_word_embeddings)
     lm_head = embed if lm_head_raw is None else cvt(lm_head_raw)
-    weights = ModelWeights(embed=embed, layers=layers,  # type: ignore[arg-type]
-                           final_norm=cvt(_take(tensors, "model.norm.weight")),  # type: ignore[arg-type]
-                           lm_head=lm_head)  # type: ignore[arg-type]
+    weights = ModelWeights(
+        embed=embed,
+        layers=layers,  # type: ignore[arg-type]
+        final_norm=cvt(_take(tensors, "model.norm.weight")),  # type: ignore[arg-type]
+        lm_head=lm_head,
+    )  # type: ignore[arg-type]
     leftover = [n for n in tensors if "rotary_emb" not in n]
     if leftover:
         logger.warning("%s: ignoring %d unused tensors, e.g. %s", path, len(leftover), leftover[:3])
     logger.info("loaded %s (%s, %d layers, %s on %s)", path.name, cfg.model_type, cfg.num_layers, dtype, device)
-    return LoadedModel(path=path, hf_config=hf_config, config=cfg, weights=weights, dtype=tdtype, device=dev,
-                       fingerprint=fingerprint)
+    return LoadedModel(
+        path=path, hf_config=hf_config, config=cfg, weights=weights, dtype=tdtype, device=dev, fingerprint=fingerprint
+    )

@@ -81,8 +81,9 @@ def prefill_prefix(tf: Transformer, prefix_ids: list[int]) -> PrefixKV:
 
 
 @torch.no_grad()
-def prefill_chunks(tf: Transformer, prefix: PrefixKV, chunks: list[list[int]],
-                   out_dtype: torch.dtype | None = None) -> list[ChunkKV]:
+def prefill_chunks(
+    tf: Transformer, prefix: PrefixKV, chunks: list[list[int]], out_dtype: torch.dtype | None = None
+) -> list[ChunkKV]:
     """Run prefix + chunk at positions 0…P+L-1 for several chunks at once (padded to the longest)
     and keep each chunk's rows of K before RoPE and V for every layer.
 
@@ -93,16 +94,21 @@ def prefill_chunks(tf: Transformer, prefix: PrefixKV, chunks: list[list[int]],
     cfg, p = tf.cfg, prefix.num_tokens
     bsz, longest = len(chunks), max(len(c) for c in chunks)
     out_dtype = out_dtype or tf.dtype
-    cache = KVCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, p + longest, tf.dtype,
-                             tf.device, batch=bsz)
+    cache = KVCache.allocate(
+        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, p + longest, tf.dtype, tf.device, batch=bsz
+    )
     cache.k[:, :, :, :p] = prefix.k[:, None]
     cache.v[:, :, :, :p] = prefix.v[:, None]
     ids = torch.zeros(bsz, longest, dtype=torch.int64, device=tf.device)
     for b, chunk in enumerate(chunks):
         ids[b, : len(chunk)] = _ids(tf, chunk)
-    outs = [ChunkKV(k=torch.empty(cfg.num_layers, cfg.num_kv_heads, len(c), cfg.head_dim, dtype=out_dtype),
-                    v=torch.empty(cfg.num_layers, cfg.num_kv_heads, len(c), cfg.head_dim, dtype=out_dtype))
-            for c in chunks]
+    outs = [
+        ChunkKV(
+            k=torch.empty(cfg.num_layers, cfg.num_kv_heads, len(c), cfg.head_dim, dtype=out_dtype),
+            v=torch.empty(cfg.num_layers, cfg.num_kv_heads, len(c), cfg.head_dim, dtype=out_dtype),
+        )
+        for c in chunks
+    ]
     rows = tf.rows(range(p, p + longest), kv_len=p + longest)
     h = tf.embed(ids)  # (B, L, hidden)
     for layer in range(cfg.num_layers):
@@ -140,9 +146,16 @@ def _chunk_index(layout: PromptLayout, device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def blend(tf: Transformer, layout: PromptLayout, kv_source: LayerKVSource | None, mode: Mode,
-          config: BlendConfig, prefix: PrefixKV | None, capacity: int,
-          should_stop: StopCheck | None = None) -> BlendResult:
+def blend(
+    tf: Transformer,
+    layout: PromptLayout,
+    kv_source: LayerKVSource | None,
+    mode: Mode,
+    config: BlendConfig,
+    prefix: PrefixKV | None,
+    capacity: int,
+    should_stop: StopCheck | None = None,
+) -> BlendResult:
     """The prompt pass of any mode; returns last-token logits and the working cache decode continues.
 
     Every mode is a blend with a different plan of fresh rows (see the module docstring); `config` only
@@ -159,20 +172,20 @@ def blend(tf: Transformer, layout: PromptLayout, kv_source: LayerKVSource | None
         if kv_source is not None and (kv_source.num_tokens != n_ctx or kv_source.num_layers != cfg.num_layers):
             raise EngineError(
                 f"KV source has {kv_source.num_tokens} tokens × {kv_source.num_layers} layers, layout needs "
-                f"{n_ctx} × {cfg.num_layers}")
+                f"{n_ctx} × {cfg.num_layers}"
+            )
     if mode == "blend" and config.check_layers[-1] >= cfg.num_layers:
         raise EngineError(f"check layer {config.check_layers[-1]} ≥ num_layers {cfg.num_layers}")
     plan = _plan(mode, layout)
     num_reused = plan.reuse_stop - plan.reuse_start
 
-    cache = KVCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(capacity, total), tf.dtype,
-                             tf.device)
+    cache = KVCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(capacity, total), tf.dtype, tf.device)
     if plan.fresh_start > 0:
         cache.k[:, 0, :, :p] = prefix.k  # type: ignore[union-attr]
         cache.v[:, 0, :, :p] = prefix.v  # type: ignore[union-attr]
     all_ids = _ids(tf, layout.all_ids())
     rows = tf.rows(range(plan.fresh_start, total), kv_len=total)
-    h = tf.embed(all_ids[plan.fresh_start:])[None]  # (1, rows, hidden)
+    h = tf.embed(all_ids[plan.fresh_start :])[None]  # (1, rows, hidden)
 
     # Cached context rows are rotated to their real positions with one cos/sin lookup for all layers.
     reuse_cos, reuse_sin = tf.rope.at(slice(plan.reuse_start, plan.reuse_stop))
@@ -208,9 +221,17 @@ def blend(tf: Transformer, layout: PromptLayout, kv_source: LayerKVSource | None
             # the others are never used again.
             q, k_pre, v = tf.project_qkv(layer, h, rows, cache)
             with serial(tf.device.type == "cpu"):
-                keep = _select(layer, check_at[layer], selector, rows.positions, chunk_index,  # type: ignore[arg-type]
-                               k_pre if config.deviation_on == "k" else v,
-                               cached_k if config.deviation_on == "k" else cached_v, p, n_ctx)
+                keep = _select(
+                    layer,
+                    check_at[layer],
+                    selector,
+                    rows.positions,
+                    chunk_index,  # type: ignore[arg-type]
+                    k_pre if config.deviation_on == "k" else v,
+                    cached_k if config.deviation_on == "k" else cached_v,
+                    p,
+                    n_ctx,
+                )
                 if keep is not None:
                     h, q = h[:, keep], q[:, :, keep]
                     rows = tf.rows(rows.positions[keep], kv_len=total)
@@ -224,10 +245,15 @@ def blend(tf: Transformer, layout: PromptLayout, kv_source: LayerKVSource | None
     selected = rows.positions[is_ctx].cpu()
     total_s = time.perf_counter() - t0
     return BlendResult(
-        logits=logits, cache=_with_length(cache, total), mode=mode, num_prompt_tokens=total,
-        num_context_tokens=n_ctx, num_recomputed_tokens=int(selected.numel()), selected_positions=selected,
-        timings=BlendTimings(total_s=total_s, kv_wait_s=kv_wait, early_layers_s=early,
-                             late_layers_s=total_s - early))
+        logits=logits,
+        cache=_with_length(cache, total),
+        mode=mode,
+        num_prompt_tokens=total,
+        num_context_tokens=n_ctx,
+        num_recomputed_tokens=int(selected.numel()),
+        selected_positions=selected,
+        timings=BlendTimings(total_s=total_s, kv_wait_s=kv_wait, early_layers_s=early, late_layers_s=total_s - early),
+    )
 
 
 def _with_length(cache: KVCache, length: int) -> KVCache:
@@ -235,9 +261,17 @@ def _with_length(cache: KVCache, length: int) -> KVCache:
     return cache
 
 
-def _select(layer: int, ratio: float, selector: TokenSelector, positions: torch.Tensor,
-            chunk_index: torch.Tensor, fresh: torch.Tensor, cached: torch.Tensor | None,
-            p: int, n_ctx: int) -> torch.Tensor | None:
+def _select(
+    layer: int,
+    ratio: float,
+    selector: TokenSelector,
+    positions: torch.Tensor,
+    chunk_index: torch.Tensor,
+    fresh: torch.Tensor,
+    cached: torch.Tensor | None,
+    p: int,
+    n_ctx: int,
+) -> torch.Tensor | None:
     """Row indices (into the current rows) that stay fresh after this check layer; None keeps all."""
     is_ctx = (positions >= p) & (positions < p + n_ctx)
     ctx_idx = torch.nonzero(is_ctx).squeeze(1)  # candidates: the context rows still being recomputed
@@ -247,16 +281,27 @@ def _select(layer: int, ratio: float, selector: TokenSelector, positions: torch.
     other_idx = torch.nonzero(~is_ctx).squeeze(1)  # suffix rows: always kept
     ctx_pos = positions[ctx_idx]
     assert cached is not None
-    inp = SelectionInput(layer=layer, positions=ctx_pos, chunk_index=chunk_index[ctx_pos - p],
-                         fresh=fresh[0][:, ctx_idx], cached=cached[:, ctx_pos - p], num_keep=num_keep)
+    inp = SelectionInput(
+        layer=layer,
+        positions=ctx_pos,
+        chunk_index=chunk_index[ctx_pos - p],
+        fresh=fresh[0][:, ctx_idx],
+        cached=cached[:, ctx_pos - p],
+        num_keep=num_keep,
+    )
     kept = ctx_idx[selector.select(inp)]
     return torch.cat([kept, other_idx]).sort().values
 
 
 # ------------------------------------------------------------------------------------------- decode
 @torch.no_grad()
-def extend(tf: Transformer, cache: KVCache, token_ids: list[int], all_logits: bool = False,
-           should_stop: StopCheck | None = None) -> torch.Tensor:
+def extend(
+    tf: Transformer,
+    cache: KVCache,
+    token_ids: list[int],
+    all_logits: bool = False,
+    should_stop: StopCheck | None = None,
+) -> torch.Tensor:
     """Append tokens after the cache's last position; logits (float32) of the last one, or of all of them.
 
     Teacher-forced scoring feeds the whole target at once; decode is extend with one token.

@@ -65,5 +65,8 @@ class PromptBuilder:
         return self._encode(self.question_template.format(question=question.strip()) + self._closing_text)
 
     def layout(self, chunk_ids: list[list[int]], question: str) -> PromptLayout:
-        return PromptLayout(prefix_ids=list(self.prefix_ids), chunk_ids=[list(c) for c in chunk_ids],
-                            suffix_ids=self.suffix_ids(question))
+        return PromptLayout(
+            prefix_ids=list(self.prefix_ids),
+            chunk_ids=[list(c) for c in chunk_ids],
+            suffix_ids=self.suffix_ids(question),
+        )

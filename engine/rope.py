@@ -19,8 +19,11 @@ def rope_inv_freq(hf_config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
     """(inv_freq (head_dim/2,) float32, attention_scaling) for a transformers config."""
     params = getattr(hf_config, "rope_parameters", None) or {}
     if "rope_theta" not in params and hasattr(hf_config, "rope_theta"):  # transformers 4.x configs
-        params = {"rope_type": "default", "rope_theta": hf_config.rope_theta,
-                  **(getattr(hf_config, "rope_scaling", None) or {})}
+        params = {
+            "rope_type": "default",
+            "rope_theta": hf_config.rope_theta,
+            **(getattr(hf_config, "rope_scaling", None) or {}),
+        }
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type in _UNSUPPORTED:
         raise ValueError(f"rope type {rope_type!r} is not supported (sequence-length dependent)")
@@ -42,8 +45,14 @@ def rope_inv_freq(hf_config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
 class RopeTable:
     """cos/sin per absolute position, half width: (max_pos, head_dim/2) in the model dtype."""
 
-    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float, dtype: torch.dtype,
-                 device: torch.device, initial_positions: int = 4096) -> None:
+    def __init__(
+        self,
+        inv_freq: torch.Tensor,
+        attention_scaling: float,
+        dtype: torch.dtype,
+        device: torch.device,
+        initial_positions: int = 4096,
+    ) -> None:
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float32)
         self.attention_scaling = attention_scaling
         self.dtype = dtype

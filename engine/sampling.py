@@ -55,10 +55,10 @@ class IncrementalDetokenizer:
 
     def add(self, token_id: int) -> str:
         self.token_ids.append(token_id)
-        prefix_text = self._decode(self.token_ids[self._prefix_offset:self._read_offset])
-        new_text = self._decode(self.token_ids[self._prefix_offset:])
+        prefix_text = self._decode(self.token_ids[self._prefix_offset : self._read_offset])
+        new_text = self._decode(self.token_ids[self._prefix_offset :])
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            delta = new_text[len(prefix_text):]
+            delta = new_text[len(prefix_text) :]
             self._prefix_offset = self._read_offset
             self._read_offset = len(self.token_ids)
             return delta
@@ -87,7 +87,7 @@ class StopStringFilter:
             out, self._pending = self._pending[:cut], ""
             return StopResult(out, True)
         hold = self._partial_stop_len(self._pending)
-        out, self._pending = self._pending[: len(self._pending) - hold], self._pending[len(self._pending) - hold:]
+        out, self._pending = self._pending[: len(self._pending) - hold], self._pending[len(self._pending) - hold :]
         return StopResult(out, False)
 
     def _partial_stop_len(self, text: str) -> int:

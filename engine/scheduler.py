@@ -163,14 +163,15 @@ class Scheduler:
     def submit(self, request: GenerationRequest) -> RequestStream:
         """Queue a request; call from a running event loop. Raises EngineBusy when the queue is full."""
         loop = asyncio.get_running_loop()
-        state = RequestState(request=request, arrival_time=time.perf_counter(), loop=loop,
-                             queue=asyncio.Queue())
+        state = RequestState(request=request, arrival_time=time.perf_counter(), loop=loop, queue=asyncio.Queue())
         with self._cv:
             if self._stopping or self._thread is None:
                 raise SchedulerStopped("the engine scheduler is not running")
             if len(self._waiting) >= self.max_queue:
-                raise EngineBusy(f"engine busy: {len(self._waiting)} requests waiting (max_queue="
-                                 f"{self.max_queue}), {len(self._running)} running")
+                raise EngineBusy(
+                    f"engine busy: {len(self._waiting)} requests waiting (max_queue="
+                    f"{self.max_queue}), {len(self._running)} running"
+                )
             self._waiting.append(state)
             self._cv.notify_all()
         return RequestStream(state)
@@ -183,8 +184,7 @@ class Scheduler:
                     self._cv.wait()
                 if self._stopping:
                     break
-                admit = self._waiting.popleft() if self._waiting and len(self._running) < self.max_running \
-                    else None
+                admit = self._waiting.popleft() if self._waiting and len(self._running) < self.max_running else None
             try:
                 if admit is not None:
                     self._admit(admit)
@@ -203,8 +203,11 @@ class Scheduler:
         state.status = RequestStatus.PREFILLING
 
         def prefill() -> list[GenerationEvent]:
-            state.run = self.engine.start(state.request, arrival_time=state.arrival_time,
-                                          should_stop=lambda: state.cancelled.is_set() or self._stopping)
+            state.run = self.engine.start(
+                state.request,
+                arrival_time=state.arrival_time,
+                should_stop=lambda: state.cancelled.is_set() or self._stopping,
+            )
             return state.run.prefill()
 
         self._emit(state, prefill)

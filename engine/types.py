@@ -100,9 +100,7 @@ class BlendConfig:
         if self.ratio_schedule is not None:
             schedule = tuple(float(r) for r in self.ratio_schedule)
             if len(schedule) != len(layers):
-                raise ValueError(
-                    f"ratio_schedule has {len(schedule)} entries but check_layers has {len(layers)}"
-                )
+                raise ValueError(f"ratio_schedule has {len(schedule)} entries but check_layers has {len(layers)}")
             if any(not 0.0 <= r <= 1.0 for r in schedule):
                 raise ValueError(f"ratio_schedule entries must be within [0, 1], got {list(schedule)}")
             if any(b > a for a, b in zip(schedule, schedule[1:], strict=False)):

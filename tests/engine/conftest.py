@@ -28,5 +28,4 @@ def smollm2_engine(smollm2_dir: Path):
     from engine.config import EngineSettings
     from engine.engine import Engine
 
-    return Engine(EngineSettings(model=str(smollm2_dir), device="cpu", dtype="float32"),
-                  models_dir=smollm2_dir.parent)
+    return Engine(EngineSettings(model=str(smollm2_dir), device="cpu", dtype="float32"), models_dir=smollm2_dir.parent)

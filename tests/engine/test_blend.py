@@ -111,9 +111,10 @@ def test_chunk_kv_is_prefix_plus_chunk_prefill(tiny_engine, chunks, chunk_kvs) -
     from engine.rope import apply_rope
 
     for layer in range(tiny_engine.num_layers):
-        torch.testing.assert_close(apply_rope(chunk_kvs[1].k[layer], cos, sin), full.cache.k[layer, 0, :, p:p + n],
-                                   atol=1e-5, rtol=0)
-        torch.testing.assert_close(chunk_kvs[1].v[layer], full.cache.v[layer, 0, :, p:p + n], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            apply_rope(chunk_kvs[1].k[layer], cos, sin), full.cache.k[layer, 0, :, p : p + n], atol=1e-5, rtol=0
+        )
+        torch.testing.assert_close(chunk_kvs[1].v[layer], full.cache.v[layer, 0, :, p : p + n], atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("variant", ["default", "llama3", "linear"])
@@ -127,8 +128,9 @@ def test_rerotated_k_equals_k_at_target_positions(variant, tmp_path_factory) -> 
     from engine.config import EngineSettings
     from engine.engine import Engine
 
-    rope = {"default": {}, "llama3": {"rope_parameters": ROPE_LLAMA3},
-            "linear": {"rope_parameters": ROPE_LINEAR}}[variant]
+    rope = {"default": {}, "llama3": {"rope_parameters": ROPE_LLAMA3}, "linear": {"rope_parameters": ROPE_LINEAR}}[
+        variant
+    ]
     path = build_model(tmp_path_factory.mktemp(f"rope-{variant}"), "llama", seed=2, **rope)
     engine = Engine(EngineSettings(model=str(path), device="cpu", dtype="float32"), tmp_path_factory.mktemp("m"))
     chunks = random_chunks([50, 60, 45], seed=5)  # chunk 3 lands past position 64 (llama3's original ctx)
@@ -173,23 +175,29 @@ def test_attention_mask_uses_absolute_positions(tiny_engine) -> None:
     out = tf.attend(q, k, v, rows).transpose(1, 2)  # (1, heads, rows, D)
     group = cfg.num_heads // cfg.num_kv_heads
     ke, ve = k[:, :, :kv_len].repeat_interleave(group, 1), v[:, :, :kv_len].repeat_interleave(group, 1)
-    scores = q @ ke.transpose(-1, -2) / cfg.head_dim ** 0.5
+    scores = q @ ke.transpose(-1, -2) / cfg.head_dim**0.5
     allowed = torch.arange(kv_len)[None, :] <= positions[:, None]
     ref = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ ve
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
     # Garbage in keys after a row's position must not reach it.
     k2, v2 = k.clone(), v.clone()
     cut = int(positions[60])
-    k2[:, :, cut + 1:] = 100.0
-    v2[:, :, cut + 1:] = -100.0
+    k2[:, :, cut + 1 :] = 100.0
+    v2[:, :, cut + 1 :] = -100.0
     out2 = tf.attend(q, k2, v2, rows).transpose(1, 2)
     torch.testing.assert_close(out2[:, :, :61], out[:, :, :61], atol=1e-6, rtol=0)
     assert not torch.allclose(out2[:, :, 61:], out[:, :, 61:])
 
 
 def _greedy(engine, layout, source, mode, ratio=1.0, max_tokens=12) -> list[int]:
-    req = GenerationRequest("g", layout, source, mode, BlendConfig(recompute_ratio=ratio),
-                            SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    req = GenerationRequest(
+        "g",
+        layout,
+        source,
+        mode,
+        BlendConfig(recompute_ratio=ratio),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+    )
     return [e.token_id for e in engine.generate(req) if isinstance(e, TokenEvent)]
 
 
@@ -201,9 +209,15 @@ def test_decode_after_blend_continues_blended_cache(tiny_engine, tiny_model_dir,
     hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     ids = torch.tensor([layout.all_ids()])
     with torch.no_grad():
-        ref = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
-    assert full == ref[0, ids.shape[1]:].tolist()
+        ref = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert full == ref[0, ids.shape[1] :].tolist()
     # With stale KV (r=0) decode continues from that cache, so the answer may differ from full.
     assert len(_greedy(tiny_engine, layout, _source(chunk_kvs), "reuse")) == 12
 
@@ -213,7 +227,7 @@ def test_score_matches_reference_nll(tiny_engine, tiny_model_dir, layout, chunk_
 
     target = [40, 41, 42, 43, 44]
     got = tiny_engine.score(layout, None, "full", None, target)
-    logits = hf_logits(tiny_model_dir, layout.all_ids() + target)[layout.num_tokens - 1:-1]
+    logits = hf_logits(tiny_model_dir, layout.all_ids() + target)[layout.num_tokens - 1 : -1]
     ref = -torch.log_softmax(logits, -1).gather(1, torch.tensor(target)[:, None]).squeeze(1)
     torch.testing.assert_close(torch.tensor(got.token_nlls), ref, atol=1e-4, rtol=0)
     blended = tiny_engine.score(layout, _source(chunk_kvs), "blend", BlendConfig(recompute_ratio=1.0), target)

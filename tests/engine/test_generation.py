@@ -64,7 +64,7 @@ def test_stop_string_cuts_text(tiny_engine, layout) -> None:
     free, _ = _run(tiny_engine, layout, SamplingParams(max_tokens=24, ignore_eos=True))
     text = "".join(t.text for t in free)
     assert len(text) >= 8
-    stop = text[len(text) // 2: len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     tokens, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=24, ignore_eos=True, stop=(stop,)))
     assert fin.finish_reason == "stop"
     assert fin.text == text[: text.find(stop)]
@@ -99,8 +99,13 @@ def test_generate_with_cached_chunks_reports_recompute(tiny_engine) -> None:
     source = InMemoryLayerSource(tiny_engine.prefill_chunks(chunks))
     from engine.types import BlendConfig
 
-    events = list(tiny_engine.generate(GenerationRequest("b", layout, source, "blend", BlendConfig(0.25),
-                                                         SamplingParams(max_tokens=3, ignore_eos=True))))
+    events = list(
+        tiny_engine.generate(
+            GenerationRequest(
+                "b", layout, source, "blend", BlendConfig(0.25), SamplingParams(max_tokens=3, ignore_eos=True)
+            )
+        )
+    )
     fin = events[-1]
     assert isinstance(fin, FinishEvent)
     assert fin.num_recomputed_tokens == 15 and fin.recompute_ratio == 0.25 and fin.num_context_tokens == 60

@@ -99,5 +99,9 @@ def test_rope_table_and_rotation_match_transformers(rope) -> None:
         c2, s2 = table.at(positions + 100)
         moved = apply_rope(k, c2[:, None], s2[:, None])
         c100, s100 = table.at(torch.full((300,), 100))
-        torch.testing.assert_close(apply_rope(apply_rope(k, cos[:, None], sin[:, None]), c100[:, None],
-                                              s100[:, None]), moved, atol=5e-5, rtol=0)  # fp32 angles
+        torch.testing.assert_close(
+            apply_rope(apply_rope(k, cos[:, None], sin[:, None]), c100[:, None], s100[:, None]),
+            moved,
+            atol=5e-5,
+            rtol=0,
+        )  # fp32 angles

@@ -12,9 +12,11 @@ def test_prefix_and_suffix_from_template(tiny_engine) -> None:
     suffix = builder.suffix_ids("  who?  ")
     assert tok.decode(suffix) == "Question: who?<|im_end|>\n<|im_start|>assistant\n"
     # Without chunks the layout is exactly the tokenized chat template.
-    rendered = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
-                                        {"role": "user", "content": "Question: who?"}],
-                                       tokenize=False, add_generation_prompt=True)
+    rendered = tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Question: who?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert builder.layout([], "who?").all_ids() == tok.encode(rendered, add_special_tokens=False)
 
 
@@ -22,7 +24,7 @@ def test_chunk_ids_are_kept_verbatim(tiny_engine) -> None:
     chunks = [[10, 11, 12], [13]]
     layout = tiny_engine.prompt.layout(chunks, "q")
     assert layout.chunk_ids == chunks and layout.prefix_ids == tiny_engine.prompt.prefix_ids
-    assert layout.all_ids()[len(layout.prefix_ids):len(layout.prefix_ids) + 4] == [10, 11, 12, 13]
+    assert layout.all_ids()[len(layout.prefix_ids) : len(layout.prefix_ids) + 4] == [10, 11, 12, 13]
 
 
 def test_template_without_system_role(tiny_engine) -> None:

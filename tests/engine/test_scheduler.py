@@ -25,8 +25,14 @@ from kvcache.types import InMemoryLayerSource
 def _request(engine, i: int, max_tokens: int = 8, mode: str = "blend") -> GenerationRequest:
     chunks = random_chunks([15 + i, 20], seed=100 + i)
     layout = engine.prompt.layout(chunks, f"question number {i}?")
-    return GenerationRequest(f"r{i}", layout, InMemoryLayerSource(engine.prefill_chunks(chunks)), mode,
-                             BlendConfig(0.3), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+    return GenerationRequest(
+        f"r{i}",
+        layout,
+        InMemoryLayerSource(engine.prefill_chunks(chunks)),
+        mode,
+        BlendConfig(0.3),
+        SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+    )
 
 
 async def _collect(stream) -> list:
@@ -41,8 +47,10 @@ async def _wait_until(predicate, timeout: float = 10.0) -> None:
 
 
 async def test_concurrent_equals_sequential(tiny_engine) -> None:
-    expected = [[e.token_id for e in tiny_engine.generate(_request(tiny_engine, i)) if isinstance(e, TokenEvent)]
-                for i in range(4)]
+    expected = [
+        [e.token_id for e in tiny_engine.generate(_request(tiny_engine, i)) if isinstance(e, TokenEvent)]
+        for i in range(4)
+    ]
     async with Scheduler(tiny_engine, max_queue=8, max_running=3) as scheduler:
         streams = [scheduler.submit(_request(tiny_engine, i)) for i in range(4)]
         results = await asyncio.wait_for(asyncio.gather(*(_collect(s) for s in streams)), 60)
@@ -70,6 +78,7 @@ async def test_consumer_that_stops_cancels_request(tiny_engine) -> None:
 
 async def test_dropped_iterator_and_cancelled_task_cancel(tiny_engine) -> None:
     async with Scheduler(tiny_engine) as scheduler:
+
         async def consume_forever() -> None:
             async for _ in scheduler.submit(_request(tiny_engine, 2, max_tokens=100_000)):
                 pass

@@ -9,8 +9,14 @@ from engine.selectors import DeviationSelector, FirstKSelector, RandomSelector, 
 
 def _input(num_keep: int, fresh: torch.Tensor, cached: torch.Tensor, chunk_index: list[int]) -> SelectionInput:
     n = fresh.shape[1]
-    return SelectionInput(layer=1, positions=torch.arange(10, 10 + n), chunk_index=torch.tensor(chunk_index),
-                          fresh=fresh, cached=cached, num_keep=num_keep)
+    return SelectionInput(
+        layer=1,
+        positions=torch.arange(10, 10 + n),
+        chunk_index=torch.tensor(chunk_index),
+        fresh=fresh,
+        cached=cached,
+        num_keep=num_keep,
+    )
 
 
 def test_deviation_is_squared_l2_over_heads_and_dims() -> None:
@@ -62,7 +68,8 @@ def test_equal_budget_across_selectors_in_engine(tiny_engine) -> None:
     p = layout.num_prefix_tokens
     res = tiny_engine.blend(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(0.2, selector="first_k"))
     assert res.selected_positions.tolist() == [p + i for i in range(5)] + [p + 20 + i for i in range(5)] + [
-        p + 50 + i for i in range(5)]
+        p + 50 + i for i in range(5)
+    ]
 
 
 def test_gradual_filtering_shrinks_selection(tiny_engine) -> None:
@@ -77,7 +84,8 @@ def test_gradual_filtering_shrinks_selection(tiny_engine) -> None:
     cfg = BlendConfig(check_layers=(0, 1, 2), ratio_schedule=(0.6, 0.4, 0.2))
     res = tiny_engine.blend(layout, InMemoryLayerSource(kvs), "blend", cfg)
     assert res.num_recomputed_tokens == 10
-    wide = tiny_engine.blend(layout, InMemoryLayerSource(kvs), "blend",
-                             BlendConfig(check_layers=(0, 1), ratio_schedule=(0.6, 0.4)))
+    wide = tiny_engine.blend(
+        layout, InMemoryLayerSource(kvs), "blend", BlendConfig(check_layers=(0, 1), ratio_schedule=(0.6, 0.4))
+    )
     # Later filters only choose among the tokens that survived the earlier ones.
     assert set(res.selected_positions.tolist()) <= set(wide.selected_positions.tolist())

@@ -32,7 +32,8 @@ def test_prompt_layout(setup) -> None:
     engine, layout, _ = setup
     tok = engine.tokenizer
     assert tok.decode(layout.prefix_ids) == (
-        f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n")
+        f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n"
+    )
     assert tok.decode(layout.suffix_ids).endswith("<|im_end|>\n<|im_start|>assistant\n")
     assert engine.eos_token_ids == frozenset({2})  # <|im_end|>
     assert (engine.num_layers, engine.num_kv_heads, engine.head_dim) == (30, 3, 64)
@@ -57,8 +58,9 @@ def test_greedy_decode_after_blend_equals_full(setup) -> None:
     engine, layout, kvs = setup
 
     def greedy(source, mode):
-        req = GenerationRequest("s", layout, source, mode, BlendConfig(recompute_ratio=1.0),
-                                SamplingParams(max_tokens=12))
+        req = GenerationRequest(
+            "s", layout, source, mode, BlendConfig(recompute_ratio=1.0), SamplingParams(max_tokens=12)
+        )
         return [e.token_id for e in engine.generate(req) if isinstance(e, TokenEvent)]
 
     assert greedy(InMemoryLayerSource(kvs), "blend") == greedy(None, "full")
