@@ -61,8 +61,20 @@ class PromptBuilder:
         return f"{bos}{self.system_prompt}\n\n", "\nAnswer:"
 
     def suffix_ids(self, question: str) -> list[int]:
-        """Question text + end of the user turn + opening of the assistant turn."""
-        return self._encode(self.question_template.format(question=question.strip()) + self._closing_text)
+        """Question text + end of the user turn + opening of the assistant turn.
+
+        The user's question is encoded with special-token strings kept as plain text (like document
+        chunks), so a question containing "<|im_end|>" cannot close the turn and inject a new one.
+        """
+        before, after = self.question_template.split("{question}", 1)
+        return (self._encode(before) + self._encode_untrusted(question.strip())
+                + self._encode(after + self._closing_text))
+
+    def _encode_untrusted(self, text: str) -> list[int]:
+        try:
+            return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        except TypeError:  # tokenizers without the option
+            return self._encode(text)
 
     def layout(self, chunk_ids: list[list[int]], question: str) -> PromptLayout:
         return PromptLayout(
