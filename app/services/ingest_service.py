@@ -334,7 +334,6 @@ class IngestService:
 
     def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress) -> None:
         engine, store = self._c.engine, self._c.store
-        prefix_len = len(engine.prompt.prefix_ids)
         live = [i for i in items if i.failed is None]
         tracker.stage("kv", sum(len(i.chunks) for i in live))
         done = 0
@@ -349,8 +348,10 @@ class IngestService:
                     t0 = time.perf_counter()
                     kv = engine.prefill_chunk(chunk.token_ids)
                     if self._prefill_rate is not None:
-                        # A chunk precompute is a plain prefill of prefix + chunk (prefix KV reused).
-                        self._prefill_rate.observe(prefix_len + len(chunk.token_ids), time.perf_counter() - t0)
+                        # A chunk precompute is a plain prefill of the chunk's tokens behind the cached
+                        # prefix. Short prompts prefill faster per token than long ones, so until a
+                        # full-mode answer is observed the estimate of full prefill is on the low side.
+                        self._prefill_rate.observe(len(chunk.token_ids), time.perf_counter() - t0)
                     store.put(key, kv, model_fingerprint=engine.fingerprint)
                 item.kv_keys.append(key)
                 done += 1
