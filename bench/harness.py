@@ -77,8 +77,10 @@ def machine_info(engine: Engine | None = None) -> dict[str, Any]:
 
 
 def model_name(engine: Engine) -> str:
-    model = engine.settings.model
-    return "SmolLM2-135M-Instruct" if model == "builtin" else Path(model).name
+    from engine.builtin import BUILTIN_LLM_NAME
+
+    name = Path(engine.settings.model).name
+    return "SmolLM2-135M-Instruct" if name in ("builtin", BUILTIN_LLM_NAME) else name
 
 
 def load_avg() -> list[float]:

@@ -28,6 +28,7 @@ from bench.harness import (
     RunRecord,
     add_common_args,
     machine_info,
+    model_name,
     new_figure,
     plot_path,
     save_figure,
@@ -134,7 +135,7 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
         kv = await asyncio.to_thread(_dtype_part, engine, chunk_ids)
         out: dict[str, Any] = {"ingest": ingest, "kv_bytes": kv["dtypes"],
                                "kv_sample": {k: v for k, v in kv.items() if k != "dtypes"},
-                               "model": Path(engine.settings.model).name, "machine": machine_info(engine),
+                               "model": model_name(engine), "machine": machine_info(engine),
                                "embedder": settings.retrieval.embedder}
         if not args.no_recall:
             out["retrieval"] = await asyncio.to_thread(_recall_part, args.dataset, state)

@@ -29,6 +29,7 @@ from bench.harness import (
     add_common_args,
     load_avg,
     machine_info,
+    model_name,
     new_figure,
     plot_path,
     save_figure,
@@ -225,7 +226,7 @@ async def _in_process(args: argparse.Namespace, examples: list[Example], modes: 
         logger.info("ingested %d passages in %.1fs (%s)", len(passages), time.perf_counter() - t0, job.status)
         measured = await _measure(args, InProcessClient(state), examples, modes)
         return measured | {"corpus_passages": len(passages), "machine": machine_info(state.components.engine),
-                           "model": Path(state.components.engine.settings.model).name}
+                           "model": model_name(state.components.engine)}
     finally:
         await state.close()
 
