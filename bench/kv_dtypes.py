@@ -3,16 +3,19 @@
 1. Per storage dtype (fp16, bf16, int8): bytes per token (in memory and as an entry file) and, against
    the engine's own fp32 KV, the first-token KL, first-token agreement and greedy-answer agreement at
    reuse and at blend@--ratio.
-2. TTFT at blend@--ratio (open the entries, prompt pass, first token) with the entries only on disk (a
-   disk-only TieredKVStore in a temp dir, memory tier off, OS page cache as it is; with and without the
-   layer-wise prefetch) and only in the memory tier. Variants are interleaved within each example and
-   their order rotates between repeats, so machine-load drift hits all of them alike.
+2. TTFT at blend@--ratio (open the entries, prompt pass, first token) with the entries only in the memory
+   tier, and only on disk (a disk-only TieredKVStore in a temp dir, memory tier off): `disk` with the OS
+   page cache as it is (the entries were just written, so it usually holds them), `disk_cold` with the
+   entry files evicted from the page cache before each measurement (fsync + POSIX_FADV_DONTNEED, only
+   these files), each also without the layer-wise prefetch. Variants are interleaved within each example
+   and their order rotates between repeats, so machine-load drift hits all of them alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -47,7 +50,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "kv"
-TTFT_VARIANTS = ("memory", "disk", "disk_no_prefetch")
+TTFT_VARIANTS = ("memory", "disk", "disk_no_prefetch", "disk_cold", "disk_cold_no_prefetch")
+# name -> (store, prefetch, evict the entry files from the page cache first)
+_VARIANTS = {"memory": ("memory", True, False), "disk": ("disk", True, False),
+             "disk_no_prefetch": ("disk", False, False), "disk_cold": ("disk", True, True),
+             "disk_cold_no_prefetch": ("disk", False, True)}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -76,6 +83,20 @@ def _ttft_once(engine: Engine, layout: PromptLayout, store: TieredKVStore, keys:
         source.close()
     int(torch.argmax(result.logits))  # the first token: what a client sees first
     return time.perf_counter() - t0, result.timings.kv_wait_s
+
+
+def evict_from_page_cache(paths: list[Path]) -> bool:
+    """Ask the OS to drop these files' cached pages (after writing back dirty ones). False if unsupported."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return True
 
 
 def _ttft_stores(tmp: Path, storage_dtype: str, budget: int) -> dict[str, TieredKVStore]:
@@ -121,11 +142,16 @@ def evaluate(engine: Engine, prompts: list, dtypes: list[str], ratio: float, max
             stores = _ttft_stores(Path(tmp), ttft_dtype, record["ttft_dtype_bytes"])
             keys = {name: put_chunks(store, engine, bp.chunk_ids, kvs.kvs) for name, store in stores.items()}
             assert all(store.contains(k) == name for name, store in stores.items() for k in keys[name])
-            variants = [("memory", "memory", True), ("disk", "disk", True), ("disk_no_prefetch", "disk", False)]
+            disk_tier = stores["disk"].disk
+            assert disk_tier is not None
+            files = [disk_tier.path_for(k) for k in keys["disk"]]
+            variants = list(_VARIANTS.items())
             _ttft_once(engine, bp.layout, stores["memory"], keys["memory"], blend_spec.blend, True)  # warm-up
             for rep in range(repeats):
                 shift = rep % len(variants)
-                for name, store_name, prefetch in variants[shift:] + variants[:shift]:
+                for name, (store_name, prefetch, cold) in variants[shift:] + variants[:shift]:
+                    if cold and not evict_from_page_cache(files):
+                        continue
                     ttft, wait = _ttft_once(engine, bp.layout, stores[store_name], keys[store_name],
                                             blend_spec.blend, prefetch)
                     record["ttft"][name].append(ttft)
@@ -167,11 +193,10 @@ def summarize(per_example: list[dict[str, Any]], dtypes: list[str], mode_names: 
         ttft[variant] = {"p50_s": percentile(medians, 50), "mean_s": mean(medians),
                          "p90_s": percentile(medians, 90),
                          "kv_wait_s": mean(percentile(r["kv_wait"][variant], 50) for r in per_example)}
-    ratios = [percentile(r["ttft"]["disk"], 50) / percentile(r["ttft"]["memory"], 50) for r in per_example]
-    ttft["disk_overhead"] = percentile(ratios, 50) - 1.0  # median over examples of disk/memory − 1
-    ttft["disk_no_prefetch_overhead"] = percentile(
-        [percentile(r["ttft"]["disk_no_prefetch"], 50) / percentile(r["ttft"]["memory"], 50)
-         for r in per_example], 50) - 1.0
+    for variant in TTFT_VARIANTS[1:]:
+        # median over examples of (variant / memory) − 1, each side the median over repeats
+        ratios = [percentile(r["ttft"][variant], 50) / percentile(r["ttft"]["memory"], 50) for r in per_example]
+        ttft[f"{variant}_overhead"] = percentile(ratios, 50) - 1.0
     return {
         "dtypes": out_dtypes,
         "ttft": ttft,
@@ -198,7 +223,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax_ttft.bar(list(TTFT_VARIANTS), [ttft[v]["p50_s"] for v in TTFT_VARIANTS], color="tab:orange")
     ax_ttft.set_title(f"TTFT p50 at blend@{result['ratio']} ({result['ttft_dtype']})")
     ax_ttft.set_ylabel("s")
-    ax_ttft.tick_params(axis="x", rotation=20)
+    ax_ttft.tick_params(axis="x", rotation=30)
     fig.suptitle(f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × "
                  f"{result['passages']} passages", fontsize=9)
     save_figure(fig, path)
@@ -228,7 +253,7 @@ def main(args: argparse.Namespace) -> int:
         logger.info("%s: %.0f B/token, %s", dtype, d["bytes_per_token"],
                     ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items()))
     t = result["ttft"]
-    logger.info("TTFT p50: memory %.3fs, disk %.3fs (%+.1f%%), disk without prefetch %.3fs", t["memory"]["p50_s"],
-                t["disk"]["p50_s"], 100 * t["disk_overhead"], t["disk_no_prefetch"]["p50_s"])
+    logger.info("TTFT p50: memory %.3fs; %s", t["memory"]["p50_s"],
+                ", ".join(f"{v} {t[v]['p50_s']:.3f}s ({100 * t[f'{v}_overhead']:+.1f}%)" for v in TTFT_VARIANTS[1:]))
     return 0
 

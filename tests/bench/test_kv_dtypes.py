@@ -21,10 +21,11 @@ def test_kv_end_to_end(run_bench, dataset_path, tmp_path) -> None:
     # rounding to fp16 perturbs the stale KV far less than int8 does
     assert result["dtypes"]["fp16"]["modes"]["reuse"]["kl"] < result["dtypes"]["int8"]["modes"]["reuse"]["kl"]
     ttft = result["ttft"]
-    for variant in ("memory", "disk", "disk_no_prefetch"):
+    variants = ("memory", "disk", "disk_no_prefetch", "disk_cold", "disk_cold_no_prefetch")
+    for variant in variants:
         assert ttft[variant]["p50_s"] > 0 and ttft[variant]["kv_wait_s"] >= 0
-    assert "disk_overhead" in ttft and result["ttft_dtype"] == "fp16"
-    assert len(result["per_example"][0]["ttft"]["disk"]) == 1
+        assert len(result["per_example"][0]["ttft"][variant]) == 1
+    assert all(f"{v}_overhead" in ttft for v in variants[1:]) and result["ttft_dtype"] == "fp16"
     assert not list(tmp_path.glob("blendrag-bench-kv-*"))  # the disk tier's temp dir is removed
     # reuse recomputes no context token, so its selection trivially agrees
     assert all(result["dtypes"][d]["modes"]["reuse"]["selection_overlap"] == 1.0 for d in result["dtypes"])
