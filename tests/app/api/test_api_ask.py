@@ -138,3 +138,29 @@ def test_invalid_questions_are_422_with_a_message(client: TestClient, body: dict
 def test_non_json_body_is_422(client: TestClient) -> None:
     response = client.post("/ask", content=b"question?", headers={"content-type": "text/plain"})
     assert response.status_code == 422
+
+
+def test_bench_builds_the_prompt_ask_serves(client: TestClient, corpus: dict[str, str], monkeypatch) -> None:
+    """bench/ measures the path users take: for the same question and passages (in retrieval order) bench's
+    prompt builder gives the same token ids and blend config as the request /ask submits to the engine."""
+    from bench.data import Example, Passage, build_prompt
+    from bench.passes import mode_specs
+
+    state = client.app.state.blendrag
+    submitted = []
+    real_submit = state.scheduler.submit
+
+    def spy(request, *args, **kwargs):
+        submitted.append(request)
+        return real_submit(request, *args, **kwargs)
+
+    monkeypatch.setattr(state.scheduler, "submit", spy)
+    events = ask_stream(client, top_k=3, max_tokens=1)
+    [request] = submitted
+    ranked = [Passage(title=s["title"], text=s["text"]) for s in events[0][1]["sources"]]
+    engine = state.components.engine
+    bench = build_prompt(engine.prompt, engine.tokenizer, Example(0, QUESTION, ["x"], ranked), num_passages=3)
+    assert request.layout.all_ids() == bench.layout.all_ids()
+    assert request.layout.chunk_ids == bench.chunk_ids and len(bench.chunk_ids) == 3
+    [spec] = mode_specs(engine, [engine.settings.recompute_ratio], baselines=())
+    assert request.blend == spec.blend and request.mode == spec.mode == "blend"
