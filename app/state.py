@@ -55,7 +55,8 @@ class AppState:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
 
-        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate)
+        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate,
+                                    scheduler=self.scheduler)
         self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
         self.coverage = CoverageService(components)
         self.ingest.recover()

@@ -263,6 +263,7 @@ class AskService:
 
     def _open_kv(self, chunks: list[ChunkRecord]) -> tuple[LayerKVSource, int, int]:
         """Open the chunks' stored KV layer-wise, recomputing (and storing) any that are missing."""
+        from engine.scheduler import PrefillPriority
         from kvcache.errors import KVEntryMissing
 
         engine, store = self._c.engine, self._c.store
@@ -276,11 +277,11 @@ class AskService:
                 missing = set(exc.keys)
                 num_misses += len(missing)
                 logger.info("recomputing KV of %d chunk(s) missing from the store", len(missing))
-                for chunk, key in zip(chunks, keys, strict=True):
-                    if key in missing:
-                        kv = engine.prefill_chunk(chunk.token_ids)
-                        store.put(key, kv, model_fingerprint=engine.fingerprint)
-                        missing.discard(key)
+                # The engine's worker computes them before any other prompt work: a question waits.
+                todo = {key: chunk.token_ids for chunk, key in zip(chunks, keys, strict=True) if key in missing}
+                kvs = self._scheduler.prefill_chunks(list(todo.values()), priority=PrefillPriority.QUESTION)
+                for key, kv in zip(todo, kvs, strict=True):
+                    store.put(key, kv, model_fingerprint=engine.fingerprint)
         raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
 
     def _done(self, event: object, pieces: list[str], retrieval_ms: float, kv_load_ms: float, kv_hits: int,
