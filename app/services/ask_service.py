@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from app.catalog.repository import ChunkRecord
 from app.services.estimates import PrefillRate
+from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
     from app.components import Components
@@ -26,18 +27,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class AskValidationError(ValueError):
-    """A question that cannot be asked (empty, bad ratio …): HTTP 422 / CLI exit 2."""
-
-
-@dataclass(frozen=True)
-class SearchFilters:
-    document_ids: list[str] | None = None
-    tags: list[str] | None = None
-
-
 @dataclass(frozen=True)
 class AskRequest:
+    """One question. Its values are validated where it comes in (app/api/schemas.AskParams, which the
+    CLI uses too); the service trusts them."""
+
     question: str
     top_k: int | None = None
     filters: SearchFilters = field(default_factory=SearchFilters)
@@ -125,23 +119,6 @@ class AskService:
         self._metrics = metrics
         self.prefill_rate = prefill_rate or PrefillRate()
 
-    def validate(self, request: AskRequest) -> None:
-        """Raise AskValidationError for a request that must not reach the engine."""
-        from engine.types import MODES
-
-        if not request.question or not request.question.strip():
-            raise AskValidationError("question must not be empty")
-        if request.mode is not None and request.mode not in MODES:
-            raise AskValidationError(f"unknown mode {request.mode!r}; choose one of {', '.join(MODES)}")
-        if request.recompute_ratio is not None and not 0.0 <= request.recompute_ratio <= 1.0:
-            raise AskValidationError(f"recompute_ratio must be within [0, 1], got {request.recompute_ratio}")
-        if request.top_k is not None and not 1 <= request.top_k <= 64:
-            raise AskValidationError(f"top_k must be within [1, 64], got {request.top_k}")
-        if request.max_tokens is not None and not 1 <= request.max_tokens <= 4096:
-            raise AskValidationError(f"max_tokens must be within [1, 4096], got {request.max_tokens}")
-        if request.temperature is not None and not 0.0 <= request.temperature <= 2.0:
-            raise AskValidationError(f"temperature must be within [0, 2], got {request.temperature}")
-
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
         """Answer one question as a stream of events: sources, token deltas, then done (or error)."""
         from engine.types import (
@@ -154,7 +131,6 @@ class AskService:
         )
         from kvcache.errors import KVEntryCorrupt
 
-        self.validate(request)
         engine_settings = self._c.settings.engine
         mode: Mode = request.mode or engine_settings.mode
         started = time.perf_counter()
@@ -236,13 +212,11 @@ class AskService:
     # ---- steps -----------------------------------------------------------------------------------
 
     def _retrieve(self, request: AskRequest) -> tuple[list[ChunkRecord], list[Source]]:
-        from retrieval.types import SearchFilters as RetrievalFilters
-
         settings = self._c.settings.retrieval
         hits = self._c.retriever.search(
             request.question.strip(), top_k=request.top_k or settings.top_k,
             score_threshold=settings.score_threshold,
-            filters=RetrievalFilters(document_ids=request.filters.document_ids, tags=request.filters.tags),
+            filters=request.filters,
         )
         # Only committed documents answer: a pending document's chunks may already be in the index.
         ready = self._c.catalog.ready_chunk_ids([h.chunk_id for h in hits])
