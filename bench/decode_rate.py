@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 async def _request(state: AppState, example: Example, num_passages: int, chunk_tokens: int, ratio: float,
-                   max_tokens: int):
+                   max_tokens: int, kv_cache: dict[tuple[int, ...], Any]):
     from engine.scheduler import PrefillPriority
     from engine.types import GenerationRequest
     from kvcache.types import InMemoryLayerSource
@@ -34,7 +34,10 @@ async def _request(state: AppState, example: Example, num_passages: int, chunk_t
     engine, scheduler = state.components.engine, state.scheduler
     chunks = [engine.tokenizer.encode(p.text, add_special_tokens=False)[:chunk_tokens]
               for p in example.passages[:num_passages]]
-    kvs = await asyncio.to_thread(scheduler.prefill_chunks, chunks, priority=PrefillPriority.QUESTION)
+    todo = [c for c in chunks if tuple(c) not in kv_cache]
+    computed = await asyncio.to_thread(scheduler.prefill_chunks, todo, priority=PrefillPriority.QUESTION)
+    kv_cache.update({tuple(c): kv for c, kv in zip(todo, computed, strict=True)})
+    kvs = [kv_cache[tuple(c)] for c in chunks]
     settings = state.settings.engine.model_copy(update={"recompute_ratio": ratio})
     return GenerationRequest(
         request_id=str(uuid.uuid4()), layout=engine.prompt.layout(chunks, example.question),
@@ -71,9 +74,10 @@ async def measure(state: AppState, examples: list[Example], clients: list[int], 
                   chunk_tokens: int, ratio: float, max_tokens: int) -> dict[str, Any]:
     """Decode rate at each client count; `speedup` is the largest count's rate ÷ one client's."""
     results: dict[str, Any] = {}
+    kv_cache: dict[tuple[int, ...], Any] = {}  # chunk token ids → KV, computed once for all rounds
     for n in clients:
         picked = [examples[i % len(examples)] for i in range(n)]
-        requests = [await _request(state, e, num_passages, chunk_tokens, ratio, max_tokens) for e in picked]
+        requests = [await _request(state, e, num_passages, chunk_tokens, ratio, max_tokens, kv_cache) for e in picked]
         load = load_avg()
         round_ = await _one_round(state, requests)
         results[str(n)] = round_ | {"load_avg": load}
