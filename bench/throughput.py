@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import tempfile
 import time
@@ -114,34 +113,31 @@ class HttpClient:
         self.client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout, headers=headers)
 
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
+        from app.api.sse import aiter_sse
+
         body: dict[str, Any] = {"question": question, "top_k": top_k, "mode": mode, "max_tokens": max_tokens,
                                 "temperature": 0.0, "stream": True}
         if ratio is not None:
             body["recompute_ratio"] = ratio
         t0 = time.perf_counter()
         first: float | None = None
-        event = None
         try:
             async with self.client.stream("POST", "/ask", json=body) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")[:200]
                     return AskTiming(mode, False, None, time.perf_counter() - t0,
                                      error=f"HTTP {response.status_code}: {text}")
-                async for line in response.aiter_lines():
-                    if line.startswith("event:"):
-                        event = line[6:].strip()
-                    elif line.startswith("data:"):
-                        data = json.loads(line[5:])
-                        if event == "token" and first is None and data.get("text"):
-                            first = time.perf_counter()
-                        elif event == "error":
-                            return AskTiming(mode, False, None, time.perf_counter() - t0,
-                                             error=f"{data.get('code')}: {data.get('message')}")
-                        elif event == "done":
-                            now = time.perf_counter()
-                            usage = data.get("usage", {})
-                            return AskTiming(mode, True, (first or now) - t0, now - t0, data["ttft_ms"] / 1000,
-                                             usage.get("prompt_tokens"), usage.get("completion_tokens"))
+                async for event, data in aiter_sse(response.aiter_lines()):
+                    if event == "token" and first is None and data.get("text"):
+                        first = time.perf_counter()
+                    elif event == "error":
+                        return AskTiming(mode, False, None, time.perf_counter() - t0,
+                                         error=f"{data.get('code')}: {data.get('message')}")
+                    elif event == "done":
+                        now = time.perf_counter()
+                        usage = data.get("usage", {})
+                        return AskTiming(mode, True, (first or now) - t0, now - t0, data["ttft_ms"] / 1000,
+                                         usage.get("prompt_tokens"), usage.get("completion_tokens"))
         except Exception as exc:  # network trouble is a failed request, not a crashed benchmark
             return AskTiming(mode, False, None, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
         return AskTiming(mode, False, None, time.perf_counter() - t0, error="stream ended without done")
