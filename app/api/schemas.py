@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
 from engine.types import Mode  # the modes are defined once, by the engine (plain data, no torch)
 from retrieval.types import SearchFilters
@@ -262,9 +262,15 @@ class TierStatsOut(BaseModel):
     budget_bytes: int | None
     num_hits: int
     num_misses: int
-    hit_rate: float | None = Field(description="hits / (hits + misses); null before the first read")
     num_evictions: int
     num_faults: int
+
+    @computed_field(description="hits / (hits + misses); null before the first read")  # type: ignore[prop-decorator]
+    @property
+    def hit_rate(self) -> float | None:
+        from app.services.stats_service import hit_rate
+
+        return hit_rate(self.num_hits, self.num_misses)
 
 
 class ModeStatsOut(BaseModel):

@@ -55,30 +55,29 @@ class SSEParser:
         self._event: str | None = None
         self._data: list[str] = []
 
-    def feed(self, line: str) -> SSEMessage | None:
+    def feed(self, line: str) -> list[SSEMessage]:
+        """The event this line completes (at most one)."""
+        line = line.rstrip("\r")
         if line == "":
-            return self.flush()
-        if line.startswith(":"):
-            return None
+            return self.close()
         name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
         if name == "event":
-            self._event = value
+            self._event = value.removeprefix(" ")
         elif name == "data":
-            self._data.append(value)
-        return None
+            self._data.append(value.removeprefix(" "))
+        return []  # a comment (":…") or a field blendrag does not send
 
-    def flush(self) -> SSEMessage | None:
+    def close(self) -> list[SSEMessage]:
         """The event being read, if any (at a blank line, or when the stream ends without one)."""
         event, data = self._event, self._data
         self._event, self._data = None, []
         if not data:
-            return None
+            return []
         raw = "\n".join(data)
         try:
-            return SSEMessage(event, json.loads(raw))
+            return [SSEMessage(event, json.loads(raw))]
         except json.JSONDecodeError:
-            return SSEMessage(event, raw)
+            return [SSEMessage(event, raw)]
 
 
 def iter_sse(lines: Iterable[str]) -> Iterator[SSEMessage]:
@@ -86,23 +85,17 @@ def iter_sse(lines: Iterable[str]) -> Iterator[SSEMessage]:
     blank line, so it can be called again on the same line iterator for the next event."""
     parser = SSEParser()
     for line in lines:
-        message = parser.feed(line.rstrip("\r"))
-        if message is not None:
-            yield message
-    message = parser.flush()
-    if message is not None:
-        yield message
+        yield from parser.feed(line)
+    yield from parser.close()
 
 
 async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[SSEMessage]:
     """iter_sse for async line streams (httpx's `response.aiter_lines()`)."""
     parser = SSEParser()
     async for line in lines:
-        message = parser.feed(line.rstrip("\r"))
-        if message is not None:
+        for message in parser.feed(line):
             yield message
-    message = parser.flush()
-    if message is not None:
+    for message in parser.close():
         yield message
 
 

@@ -15,21 +15,7 @@ if TYPE_CHECKING:
     from app.components import Components
     from app.services.document_service import DocumentService
     from engine.scheduler import Scheduler
-    from kvcache.stats import StoreStats
-
-
-@dataclass(frozen=True)
-class TierStats:
-    name: str
-    available: bool
-    num_entries: int
-    num_bytes: int
-    budget_bytes: int | None
-    num_hits: int
-    num_misses: int
-    hit_rate: float | None
-    num_evictions: int
-    num_faults: int
+    from kvcache.stats import TierStats
 
 
 @dataclass(frozen=True)
@@ -47,7 +33,7 @@ class ServingStats:
     queue_depth: int | None
     prefill_tokens_per_s: float | None
     documents_by_status: dict[str, int]
-    kv_tiers: list[TierStats]
+    kv_tiers: list[TierStats]  # the store's own, in lookup order
     kv_hit_rate: float | None
     ask_kv_hits: int
     ask_kv_misses: int
@@ -80,13 +66,6 @@ def ttft_by_mode(recent: list[RecentAsk]) -> dict[str, ModeStats]:
     return out
 
 
-def tier_stats(store_stats: StoreStats) -> list[TierStats]:
-    return [TierStats(name=t.name, available=t.available, num_entries=t.num_entries, num_bytes=t.num_bytes,
-                      budget_bytes=t.budget_bytes, num_hits=t.num_hits, num_misses=t.num_misses,
-                      hit_rate=hit_rate(t.num_hits, t.num_misses), num_evictions=t.num_evictions,
-                      num_faults=t.num_faults) for t in store_stats.tiers]
-
-
 class StatsService:
     def __init__(self, model_setting: str, metrics: Metrics, prefill_rate: PrefillRate) -> None:
         self._model = model_setting
@@ -101,7 +80,7 @@ class StatsService:
         if components is not None:
             store_stats = components.store.stats()
             kv_hit_rate = hit_rate(store_stats.num_hits, store_stats.num_misses)
-            tiers = tier_stats(store_stats)
+            tiers = list(store_stats.tiers)
         chunks = int(sample("blendrag_ingest_chunks_total") or 0)
         seconds = float(sample("blendrag_ingest_seconds_total") or 0.0)
         recent = self._metrics.recent.snapshot()
