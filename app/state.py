@@ -39,7 +39,7 @@ class AppState:
     ready: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
-        self.stats = StatsService(self.settings.engine.model, self.metrics, self.prefill_rate)
+        self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate)
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""

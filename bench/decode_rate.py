@@ -38,10 +38,10 @@ async def _request(state: AppState, example: Example, num_passages: int, chunk_t
     computed = await asyncio.to_thread(scheduler.prefill_chunks, todo, priority=PrefillPriority.QUESTION)
     kv_cache.update({tuple(c): kv for c, kv in zip(todo, computed, strict=True)})
     kvs = [kv_cache[tuple(c)] for c in chunks]
-    settings = state.settings.engine.model_copy(update={"recompute_ratio": ratio})
-    return GenerationRequest(
-        request_id=str(uuid.uuid4()), layout=engine.prompt.layout(chunks, example.question),
-        kv_source=InMemoryLayerSource(kvs), mode="blend", blend=settings.blend_config(),
+    settings = state.settings.engine
+    return GenerationRequest(  # as AskService builds it (the passages in their rank order)
+        request_id=str(uuid.uuid4()), layout=engine.prompt.layout_ranked(chunks, example.question),
+        kv_source=InMemoryLayerSource(kvs), mode="blend", blend=settings.blend_config(recompute_ratio=ratio),
         sampling=settings.sampling_params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
 

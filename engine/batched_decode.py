@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.kv import KVCache
 from engine.layers import Transformer, rms_norm
 from engine.rope import apply_rope
 from engine.threads import parallel
+from engine.working_cache import WorkingCache
 
 
-def decode_batch(tf: Transformer, caches: list[KVCache], token_ids: list[int]) -> torch.Tensor:
+def decode_batch(tf: Transformer, caches: list[WorkingCache], token_ids: list[int]) -> torch.Tensor:
     """Feed token_ids[b] after caches[b]'s last position; next-token logits (B, vocab) float32.
 
     Each cache grows by one position, exactly as `phases.decode` would grow it.

@@ -7,7 +7,7 @@ server's own system prompt is part of every stored chunk KV's key, and blending 
 response, or on the first stream chunk), and blendrag's timings in an extra `blendrag` field.
 
 Extensions accepted in the body (the `openai` client's `extra_body=`): `top_k`, `filters`, `mode`,
-`recompute_ratio`. The served model is listed by /v1/models; any `model` name is accepted (one model
+`recompute_ratio`, `selector`. The served model is listed by /v1/models; any `model` name is accepted (one model
 is served) and the response names the served one.
 """
 
@@ -123,7 +123,8 @@ def _usage(done: DoneEvent) -> dict[str, int]:
 
 
 def _extras(done: DoneEvent) -> dict[str, Any]:
-    return {"mode": done.mode, "recompute_ratio": done.recompute_ratio, "kv_hits": done.kv_hits,
+    return {"mode": done.mode, "selector": done.selector, "recompute_ratio": done.recompute_ratio,
+            "kv_hits": done.kv_hits,
             "kv_misses": done.kv_misses, "timings": dataclasses.asdict(done.timings),
             "context_tokens": done.usage.context_tokens, "recomputed_tokens": done.usage.recomputed_tokens}
 

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator
 
-from engine.types import Mode  # the modes are defined once, by the engine (plain data, no torch)
+from engine.types import Mode, SelectorName  # defined once, by the engine (plain data, no torch)
 from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
@@ -154,6 +154,9 @@ class AskParams(BaseModel):
                               "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
     recompute_ratio: RecomputeRatio | None = Field(default=None,
                                                    description="Share of context tokens blend recomputes")
+    selector: SelectorName | None = Field(
+        default=None, description="Which context tokens blend recomputes: query (the question's attention, "
+        "chosen before the pass), deviation (CacheBlend), first_k, random; default: settings")
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
@@ -165,7 +168,7 @@ class AskParams(BaseModel):
 
         return AskRequest(
             question=question, top_k=self.top_k, filters=self.filters.to_filters(), mode=self.mode,
-            recompute_ratio=self.recompute_ratio, max_tokens=max_tokens or self.max_tokens,
+            recompute_ratio=self.recompute_ratio, selector=self.selector, max_tokens=max_tokens or self.max_tokens,
             temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=stop,
         )
 
@@ -218,6 +221,7 @@ class AskOut(BaseModel):
     answer: str
     sources: list[SourceOut]
     mode: str
+    selector: str | None = Field(description="blend's token selector; null for modes that need none")
     recompute_ratio: float
     finish_reason: str
     usage: UsageOut
@@ -283,6 +287,7 @@ class ModeStatsOut(BaseModel):
 class RecentAskOut(BaseModel):
     at: float
     mode: str
+    selector: str | None
     ttft_ms: float
     total_ms: float
     recompute_ratio: float
@@ -296,6 +301,9 @@ class RecentAskOut(BaseModel):
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
+    default_mode: str = Field(description="The mode a question without `mode` is answered in")
+    default_selector: str = Field(description="The blend token selector a question without `selector` gets")
+    default_recompute_ratio: float
     queue_depth: int | None
     prefill_tokens_per_s: float | None
     documents_by_status: dict[str, int]

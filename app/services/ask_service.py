@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from app.components import Components
     from app.metrics import Metrics
     from engine.scheduler import Scheduler
-    from engine.types import Mode
+    from engine.types import Mode, SelectorName
     from kvcache.types import LayerKVSource
 
 logger = logging.getLogger(__name__)
@@ -37,6 +37,7 @@ class AskRequest:
     filters: SearchFilters = field(default_factory=SearchFilters)
     mode: Mode | None = None
     recompute_ratio: float | None = None
+    selector: SelectorName | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -92,6 +93,7 @@ class Timings:
 class DoneEvent:
     answer: str
     mode: str
+    selector: str | None  # the blend's token selector; None when the mode recomputes by rule (full, reuse…)
     recompute_ratio: float
     finish_reason: str
     usage: Usage
@@ -122,12 +124,10 @@ class AskService:
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
         """Answer one question as a stream of events: sources, token deltas, then done (or error)."""
         from engine.types import (
-            BlendConfig,
             EngineBusy,
             EngineError,
             FinishEvent,
             GenerationRequest,
-            SamplingParams,
         )
         from kvcache.errors import KVEntryCorrupt
 
@@ -140,18 +140,11 @@ class AskService:
         yield SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2))
 
         engine = self._c.engine
-        # Best source last: nearest the question, where a small model attends most.
-        ordered = list(reversed(chunks))
-        layout = engine.prompt.layout([c.token_ids for c in ordered], request.question.strip())
-
-        blend = engine_settings.blend_config()
-        if request.recompute_ratio is not None:
-            blend = BlendConfig(recompute_ratio=request.recompute_ratio, check_layers=blend.check_layers,
-                                deviation_on=blend.deviation_on, selector=blend.selector)
-        sampling = SamplingParams(
-            max_tokens=request.max_tokens or engine_settings.max_new_tokens,
-            temperature=engine_settings.temperature if request.temperature is None else request.temperature,
-            top_p=engine_settings.top_p if request.top_p is None else request.top_p,
+        layout = engine.prompt.layout_ranked([c.token_ids for c in chunks], request.question.strip())
+        ordered = list(reversed(chunks))  # the chunks in prompt order, for their stored KV
+        blend = engine_settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
+        sampling = engine_settings.sampling_params(
+            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
             seed=request.seed, stop=request.stop,
         )
 
@@ -273,7 +266,7 @@ class AskService:
             self._metrics.recompute_ratio.observe(event.recompute_ratio)
         self._count(event.mode, event.finish_reason)
         return DoneEvent(
-            answer=event.text or "".join(pieces), mode=event.mode,
+            answer=event.text or "".join(pieces), mode=event.mode, selector=event.selector,
             recompute_ratio=round(event.recompute_ratio, 4), finish_reason=event.finish_reason,
             usage=Usage(prompt_tokens=event.num_prompt_tokens, completion_tokens=event.num_completion_tokens,
                         context_tokens=event.num_context_tokens, recomputed_tokens=event.num_recomputed_tokens),

@@ -14,6 +14,7 @@ from app.services.estimates import PrefillRate
 if TYPE_CHECKING:
     from app.components import Components
     from app.services.document_service import DocumentService
+    from engine.config import EngineSettings
     from engine.scheduler import Scheduler
     from kvcache.stats import TierStats
 
@@ -30,6 +31,9 @@ class ModeStats:
 class ServingStats:
     model: str | None
     fingerprint: str | None
+    default_mode: str
+    default_selector: str
+    default_recompute_ratio: float
     queue_depth: int | None
     prefill_tokens_per_s: float | None
     documents_by_status: dict[str, int]
@@ -67,8 +71,8 @@ def ttft_by_mode(recent: list[RecentAsk]) -> dict[str, ModeStats]:
 
 
 class StatsService:
-    def __init__(self, model_setting: str, metrics: Metrics, prefill_rate: PrefillRate) -> None:
-        self._model = model_setting
+    def __init__(self, engine_settings: EngineSettings, metrics: Metrics, prefill_rate: PrefillRate) -> None:
+        self._engine = engine_settings
         self._metrics = metrics
         self._prefill_rate = prefill_rate
 
@@ -85,9 +89,12 @@ class StatsService:
         seconds = float(sample("blendrag_ingest_seconds_total") or 0.0)
         recent = self._metrics.recent.snapshot()
         rate = self._prefill_rate.tokens_per_s
+        model = self._engine.model
         return ServingStats(
-            model=self._model if self._model == "builtin" else Path(self._model).name,
+            model=model if model == "builtin" else Path(model).name,
             fingerprint=components.engine.fingerprint[:12] if components is not None else None,
+            default_mode=self._engine.mode, default_selector=self._engine.selector,
+            default_recompute_ratio=self._engine.recompute_ratio,
             queue_depth=queue_depth(scheduler),
             prefill_tokens_per_s=round(rate, 1) if rate is not None else None,
             documents_by_status=documents.count_by_status() if documents is not None else {},

@@ -21,8 +21,9 @@ def _prompt_caches(engine, n: int):
     for i in range(n):
         chunks = random_chunks([8 + 5 * i, 13 + i], seed=200 + i)
         layout = engine.prompt.layout(chunks, "what is it?" + " really" * i)
-        result = engine.blend(layout, InMemoryLayerSource(engine.prefill_chunks(chunks)), "blend", BlendConfig(0.3),
-                              extra_capacity=2)  # small: decode must grow some caches
+        source = InMemoryLayerSource(engine.prefill_chunks(chunks))
+        result = engine.prompt_pass(layout, source, "blend", BlendConfig(0.3),
+                                    extra_capacity=2)  # small: decode must grow some caches
         caches.append(result.cache)
         tokens.append(int(result.logits.argmax()))
     return caches, tokens

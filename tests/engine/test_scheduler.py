@@ -184,7 +184,7 @@ def test_unstarted_scheduler_prefills_in_the_callers_thread(tiny_engine) -> None
 async def test_questions_go_before_ingest(tiny_engine, monkeypatch) -> None:
     """While an ingest unit runs, a question's chunk recompute and a prompt pass arrive: both go first."""
     request = _request(tiny_engine, 0, max_tokens=2)
-    real, real_blend = tiny_engine.prefill_chunks, tiny_engine.blend
+    real, real_prompt_pass = tiny_engine.prefill_chunks, tiny_engine.prompt_pass
     calls: list[int | str] = []  # first chunk length of each prefill unit, or "prompt", in the order they ran
     release = threading.Event()
 
@@ -194,12 +194,12 @@ async def test_questions_go_before_ingest(tiny_engine, monkeypatch) -> None:
             assert release.wait(30)
         return real(chunks, prefix_ids, max_batch_tokens)
 
-    def recording_blend(*args, **kwargs):
+    def recording_prompt_pass(*args, **kwargs):
         calls.append("prompt")
-        return real_blend(*args, **kwargs)
+        return real_prompt_pass(*args, **kwargs)
 
     monkeypatch.setattr(tiny_engine, "prefill_chunks", recording)
-    monkeypatch.setattr(tiny_engine, "blend", recording_blend)
+    monkeypatch.setattr(tiny_engine, "prompt_pass", recording_prompt_pass)
     ingest_chunks = random_chunks([11, 12, 13], seed=9)
     question_chunks = random_chunks([5], seed=10)
     async with Scheduler(tiny_engine, prefill_unit_tokens=1) as scheduler:
