@@ -79,11 +79,22 @@ def test_filters_restrict_sources(components: Components, ingested) -> None:
     assert [s.document_id for s in events[0].sources] == [ingested["bread"]]
 
 
-def test_missing_kv_is_recomputed_and_counted(components: Components, ingested) -> None:
+def test_missing_kv_is_recomputed_and_counted(components: Components, ingested, monkeypatch) -> None:
+    import threading
+
+    real = components.engine.prefill_chunks
+    threads: list[str] = []
+
+    def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
+        threads.append(threading.current_thread().name)
+        return real(chunks, prefix_ids, max_batch_tokens)
+
+    monkeypatch.setattr(components.engine, "prefill_chunks", recording)
     for chunk in components.catalog.iter_chunks():
         components.store.delete(chunk.kv_key)
     done = ask(components, AskRequest(question="capital of Zorblat?", top_k=2, max_tokens=2))[-1]
     assert (done.kv_hits, done.kv_misses) == (0, 2)
+    assert threads == ["blendrag-engine"]  # both chunks in one scheduler job, run by the engine's worker
     done = ask(components, AskRequest(question="capital of Zorblat?", top_k=2, max_tokens=2))[-1]
     assert (done.kv_hits, done.kv_misses) == (2, 0)
 

@@ -192,3 +192,34 @@ def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_
             assert components.store.contains(key) is None
     finally:
         components.close()
+
+
+def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(components: Components,
+                                                                           monkeypatch) -> None:
+    """In the server, ingest shares the model with questions through the scheduler (questions first)."""
+    import threading
+
+    from app.components import build_scheduler
+
+    engine = components.engine
+    real = engine.prefill_chunks
+    threads: list[str] = []
+
+    def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
+        threads.append(threading.current_thread().name)
+        return real(chunks, prefix_ids, max_batch_tokens)
+
+    monkeypatch.setattr(engine, "prefill_chunks", recording)
+    scheduler = build_scheduler(components)
+    scheduler.start()
+    try:
+        _, job = run(IngestService(components, scheduler=scheduler), [text("A", TEXT_A)])
+    finally:
+        scheduler.stop()
+    assert job.status == JobStatus.SUCCEEDED
+    assert threads and set(threads) == {"blendrag-engine"}
+    # Without a running scheduler (CLI ingest) the ingest thread computes them itself.
+    threads.clear()
+    _, job = run(IngestService(components), [text("B", TEXT_B)])
+    assert job.status == JobStatus.SUCCEEDED
+    assert threads and set(threads) == {threading.current_thread().name}
