@@ -59,7 +59,7 @@ class PrefillPriority(enum.IntEnum):
     INGEST = 1  # after every waiting question
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the scheduler's lists hold each one once
 class RequestState:
     """One submitted request: its run (which holds the one status) and the channel to its consumer."""
 
@@ -83,7 +83,7 @@ class RequestState:
             self.cancelled.set()
 
 
-@dataclass
+@dataclass(eq=False)  # identity (its fields hold tensors)
 class PrefillJob:
     """Chunks whose KV someone waits for; the worker computes them a unit at a time."""
 
@@ -305,13 +305,13 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             job.results.extend(self.engine.prefill_chunks(job.chunks[start:end], job.prefix_ids))
-        except Exception as exc:
+            if job.on_unit is not None:
+                job.on_unit(tokens, time.perf_counter() - t0)
+        except Exception as exc:  # the caller gets it; the worker goes on
             logger.exception("chunk prefill failed")
             self._drop_job(job)
             job.future.set_exception(exc)
             return
-        if job.on_unit is not None:
-            job.on_unit(tokens, time.perf_counter() - t0)
         if job.done:
             self._drop_job(job)
             job.future.set_result(job.results)

@@ -239,3 +239,24 @@ async def test_stop_fails_pending_prefill(tiny_engine, monkeypatch) -> None:
     await stopping
     with pytest.raises(SchedulerStopped):
         await asyncio.wait_for(pending, 30)
+
+
+async def test_failed_prefill_raises_to_its_caller_and_the_worker_goes_on(tiny_engine, monkeypatch) -> None:
+    real = tiny_engine.prefill_chunks
+
+    def failing_on_seven(chunks, prefix_ids=None, max_batch_tokens=4096):
+        if any(len(c) == 7 for c in chunks):
+            raise RuntimeError("no memory for this chunk")
+        return real(chunks, prefix_ids, max_batch_tokens)
+
+    request = _request(tiny_engine, 1, max_tokens=2)
+    monkeypatch.setattr(tiny_engine, "prefill_chunks", failing_on_seven)
+    async with Scheduler(tiny_engine, prefill_unit_tokens=1) as scheduler:
+        bad = asyncio.to_thread(scheduler.prefill_chunks, random_chunks([5, 7, 9], seed=12))
+        good = asyncio.to_thread(scheduler.prefill_chunks, random_chunks([6, 8], seed=13))
+        results = await asyncio.wait_for(asyncio.gather(bad, good, return_exceptions=True), 30)
+        assert isinstance(results[0], RuntimeError) and str(results[0]) == "no memory for this chunk"
+        assert [kv.num_tokens for kv in results[1]] == [6, 8]
+        assert scheduler.num_prefill_jobs == 0
+        events = await asyncio.wait_for(_collect(scheduler.submit(request)), 30)
+        assert events[-1].finish_reason == "length"
