@@ -27,7 +27,7 @@ def _not_ready(state: AppState) -> HTTPException:
 
 
 def _loaded(pick: Callable[[AppState], T | None]) -> Callable[[Request], T]:
-    """A dependency giving one part of the loaded app (a service, the components), 503 until loaded."""
+    """A dependency giving one service of the loaded app; 503 (with Retry-After) until start-up has built it."""
 
     def dependency(request: Request) -> T:
         state = get_state(request)
