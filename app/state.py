@@ -9,12 +9,14 @@ from typing import TYPE_CHECKING
 
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
+from app.services.stats_service import StatsService
 from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.components import Components
     from app.services.ask_service import AskService
     from app.services.coverage_service import CoverageService
+    from app.services.document_service import DocumentService
     from app.services.ingest_service import IngestService
     from engine.scheduler import Scheduler
 
@@ -31,14 +33,20 @@ class AppState:
     ingest: IngestService | None = None
     ask: AskService | None = None
     coverage: CoverageService | None = None
+    documents: DocumentService | None = None
+    stats: StatsService = field(init=False)
     load_error: str | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate)
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""
         from app.components import build_components, build_scheduler
         from app.services.ask_service import AskService
         from app.services.coverage_service import CoverageService
+        from app.services.document_service import DocumentService
         from app.services.ingest_service import IngestService
 
         try:
@@ -55,9 +63,11 @@ class AppState:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
 
-        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate)
+        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate,
+                                    scheduler=self.scheduler)
         self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
         self.coverage = CoverageService(components)
+        self.documents = DocumentService(components, self.ingest, self.coverage)
         self.ingest.recover()
         self.ingest.start()
         self.ready.set()

@@ -19,10 +19,8 @@ from app.services.ask_service import (
     AskEvent,
     AskRequest,
     AskService,
-    AskValidationError,
     DoneEvent,
     ErrorEvent,
-    SearchFilters,
     SourcesEvent,
     TokenDelta,
 )
@@ -31,15 +29,6 @@ from app.state import AppState
 router = APIRouter(tags=["ask"])
 
 BUSY_DETAIL = "the engine is busy, retry shortly"
-
-
-def to_request(body: AskIn) -> AskRequest:
-    return AskRequest(
-        question=body.question, top_k=body.top_k,
-        filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
-        mode=body.mode, recompute_ratio=body.recompute_ratio, selector=body.selector, max_tokens=body.max_tokens,
-        temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-    )
 
 
 def done_payload(event: DoneEvent) -> dict[str, Any]:
@@ -81,16 +70,11 @@ def busy_error() -> HTTPException:
     return HTTPException(503, BUSY_DETAIL, headers={"Retry-After": "1"})
 
 
-def validated(service: AskService, body: AskIn, state: AppState) -> AskRequest:
-    """The service request for a body, or the HTTP error it deserves (422 invalid, 503 busy)."""
-    request = to_request(body)
-    try:
-        service.validate(request)
-    except AskValidationError as exc:
-        raise HTTPException(422, str(exc)) from exc
+def admitted(body: AskIn, state: AppState) -> AskRequest:
+    """The service request for a (validated) body, or 503 when the engine is full."""
     if engine_is_full(state):
         raise busy_error()
-    return request
+    return body.to_request(body.question)
 
 
 _STREAM_DOC = (
@@ -110,7 +94,7 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def ask(body: AskIn, request: Request, service: AskService = Depends(get_ask),
               state: AppState = Depends(get_state)) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate."""
-    ask_request = validated(service, body, state)
+    ask_request = admitted(body, state)
     if not body.stream:
         return await _answer_json(service, ask_request, state.metrics)
 
@@ -145,5 +129,4 @@ async def _answer_json(service: AskService, ask_request: AskRequest, metrics: Me
 
 
 # Used by the OpenAI-compatible router too.
-__all__ = ["busy_error", "done_payload", "event_payload", "record_answer", "router",
-           "to_request", "validated"]
+__all__ = ["admitted", "busy_error", "done_payload", "event_payload", "record_answer", "router"]

@@ -27,20 +27,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.ask import BUSY_DETAIL, record_answer
 from app.api.deps import engine_is_full, get_ask, get_state
 from app.api.errors import openai_error
-from app.api.schemas import FiltersIn, ModeName, OpenAIErrorOut
+from app.api.schemas import AskParams, MaxTokens, OpenAIErrorOut
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.services.ask_service import (
     AskRequest,
     AskService,
-    AskValidationError,
     DoneEvent,
     ErrorEvent,
-    SearchFilters,
     SourcesEvent,
     TokenDelta,
 )
 from app.state import AppState
-from engine.types import SelectorName
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
 router = APIRouter(prefix="/v1", tags=["openai"], responses={
@@ -75,7 +72,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class ChatCompletionIn(BaseModel):
+class ChatCompletionIn(AskParams):
+    """OpenAI's fields; the shared AskParams add the blendrag extensions (top_k, filters, mode, ratio)."""
+
     # Unknown OpenAI parameters (presence_penalty, user, …) are accepted and ignored.
     model_config = ConfigDict(extra="allow")
 
@@ -83,19 +82,9 @@ class ChatCompletionIn(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=4096)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=4096)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=1, description="Only one choice is generated")
-    # blendrag extensions
-    top_k: int | None = Field(default=None, ge=1, le=64)
-    filters: FiltersIn = Field(default_factory=FiltersIn)
-    mode: ModeName | None = None
-    recompute_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
-    selector: SelectorName | None = None
 
 
 class ModelOut(BaseModel):
@@ -121,13 +110,7 @@ def _ask_request(body: ChatCompletionIn) -> AskRequest:
     if not question.strip():
         raise HTTPException(400, "messages must contain a user message with text (the question)")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return AskRequest(
-        question=question, top_k=body.top_k,
-        filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
-        mode=body.mode, recompute_ratio=body.recompute_ratio, selector=body.selector,
-        max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
-        top_p=body.top_p, seed=body.seed, stop=stop,
-    )
+    return body.to_request(question, max_tokens=body.max_completion_tokens, stop=stop)
 
 
 def _finish_reason(reason: str) -> str:
@@ -157,10 +140,6 @@ async def chat_completions(body: ChatCompletionIn, request: Request, service: As
                            state: AppState = Depends(get_state)) -> Any:
     """Chat completion grounded in the library (retrieval on the last user message)."""
     ask_request = _ask_request(body)
-    try:
-        service.validate(ask_request)
-    except AskValidationError as exc:
-        return openai_error(400, str(exc))
     if engine_is_full(state):
         return openai_error(503, BUSY_DETAIL, code="engine_busy", headers={"Retry-After": "1"})
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 
 from app.catalog.repository import ChunkRecord
 from app.services.estimates import PrefillRate
+from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
     from app.components import Components
@@ -26,18 +27,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class AskValidationError(ValueError):
-    """A question that cannot be asked (empty, bad ratio …): HTTP 422 / CLI exit 2."""
-
-
-@dataclass(frozen=True)
-class SearchFilters:
-    document_ids: list[str] | None = None
-    tags: list[str] | None = None
-
-
 @dataclass(frozen=True)
 class AskRequest:
+    """One question. Its values are validated where it comes in (app/api/schemas.AskParams, which the
+    CLI uses too); the service trusts them."""
+
     question: str
     top_k: int | None = None
     filters: SearchFilters = field(default_factory=SearchFilters)
@@ -127,25 +121,6 @@ class AskService:
         self._metrics = metrics
         self.prefill_rate = prefill_rate or PrefillRate()
 
-    def validate(self, request: AskRequest) -> None:
-        """Raise AskValidationError for a request that must not reach the engine."""
-        from engine.types import MODES, SELECTORS
-
-        if not request.question or not request.question.strip():
-            raise AskValidationError("question must not be empty")
-        if request.mode is not None and request.mode not in MODES:
-            raise AskValidationError(f"unknown mode {request.mode!r}; choose one of {', '.join(MODES)}")
-        if request.selector is not None and request.selector not in SELECTORS:
-            raise AskValidationError(f"unknown selector {request.selector!r}; choose one of {', '.join(SELECTORS)}")
-        if request.recompute_ratio is not None and not 0.0 <= request.recompute_ratio <= 1.0:
-            raise AskValidationError(f"recompute_ratio must be within [0, 1], got {request.recompute_ratio}")
-        if request.top_k is not None and not 1 <= request.top_k <= 64:
-            raise AskValidationError(f"top_k must be within [1, 64], got {request.top_k}")
-        if request.max_tokens is not None and not 1 <= request.max_tokens <= 4096:
-            raise AskValidationError(f"max_tokens must be within [1, 4096], got {request.max_tokens}")
-        if request.temperature is not None and not 0.0 <= request.temperature <= 2.0:
-            raise AskValidationError(f"temperature must be within [0, 2], got {request.temperature}")
-
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
         """Answer one question as a stream of events: sources, token deltas, then done (or error)."""
         from engine.types import (
@@ -156,7 +131,6 @@ class AskService:
         )
         from kvcache.errors import KVEntryCorrupt
 
-        self.validate(request)
         engine_settings = self._c.settings.engine
         mode: Mode = request.mode or engine_settings.mode
         started = time.perf_counter()
@@ -231,13 +205,11 @@ class AskService:
     # ---- steps -----------------------------------------------------------------------------------
 
     def _retrieve(self, request: AskRequest) -> tuple[list[ChunkRecord], list[Source]]:
-        from retrieval.types import SearchFilters as RetrievalFilters
-
         settings = self._c.settings.retrieval
         hits = self._c.retriever.search(
             request.question.strip(), top_k=request.top_k or settings.top_k,
             score_threshold=settings.score_threshold,
-            filters=RetrievalFilters(document_ids=request.filters.document_ids, tags=request.filters.tags),
+            filters=request.filters,
         )
         # Only committed documents answer: a pending document's chunks may already be in the index.
         ready = self._c.catalog.ready_chunk_ids([h.chunk_id for h in hits])
@@ -258,6 +230,7 @@ class AskService:
 
     def _open_kv(self, chunks: list[ChunkRecord]) -> tuple[LayerKVSource, int, int]:
         """Open the chunks' stored KV layer-wise, recomputing (and storing) any that are missing."""
+        from engine.scheduler import PrefillPriority
         from kvcache.errors import KVEntryMissing
 
         engine, store = self._c.engine, self._c.store
@@ -271,11 +244,11 @@ class AskService:
                 missing = set(exc.keys)
                 num_misses += len(missing)
                 logger.info("recomputing KV of %d chunk(s) missing from the store", len(missing))
-                for chunk, key in zip(chunks, keys, strict=True):
-                    if key in missing:
-                        kv = engine.prefill_chunk(chunk.token_ids)
-                        store.put(key, kv, model_fingerprint=engine.fingerprint)
-                        missing.discard(key)
+                # The engine's worker computes them before any other prompt work: a question waits.
+                todo = {key: chunk.token_ids for chunk, key in zip(chunks, keys, strict=True) if key in missing}
+                kvs = self._scheduler.prefill_chunks(list(todo.values()), priority=PrefillPriority.QUESTION)
+                for key, kv in zip(todo, kvs, strict=True):
+                    store.put(key, kv, model_fingerprint=engine.fingerprint)
         raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
 
     def _done(self, event: object, pieces: list[str], retrieval_ms: float, kv_load_ms: float, kv_hits: int,
