@@ -191,8 +191,14 @@ def score_context(
         stored.fill(layer)
         q, _, _ = tf.project_qkv(layer, h, rows, cache)
         if layer in score_layers:
-            probs = tf.attention_probs(q, cache.k[layer], rows, kv_len=total)  # (1, heads, S, T)
-            per_layer.append(probs[0, :, :, p : p + n].sum(dim=(0, 1)))  # (N,)
+            probs = tf.attention_probs(q, cache.k[layer], rows, kv_len=total)[0, :, :, p : p + n]  # (heads, S, N)
+            if config.score_by == "output":
+                # What a key adds to a row's output is its weight times its value: weight by ‖v‖, so keys
+                # that soak up attention but carry little (sink-like separators, articles) rank low.
+                group = tf.cfg.num_heads // tf.cfg.num_kv_heads
+                v_norm = cache.v[layer, 0, :, p : p + n].float().norm(dim=-1)  # (kv_heads, N)
+                probs = probs * v_norm.repeat_interleave(group, dim=0)[:, None, :]
+            per_layer.append(probs.sum(dim=(0, 1)))  # (N,)
         if layer < score_layers[-1]:
             h = tf.attend_and_mlp(layer, h, q, rows, cache)
     scores = torch.stack(per_layer)  # (num_score_layers, N)
