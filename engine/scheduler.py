@@ -2,7 +2,8 @@
 
     scheduler = Scheduler(engine, max_queue=16, max_running=4)
     scheduler.start()
-    async for event in scheduler.submit(request):   # raises EngineBusy at once when the queue is full
+    stream = scheduler.submit(request)   # raises EngineBusy at once (synchronously) when the queue is full
+    async for event in stream:
         ...
     scheduler.stop()
 
@@ -121,6 +122,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._waiting: collections.deque[RequestState] = collections.deque()
         self._running: list[RequestState] = []
+        self._prefilling = 0  # requests taken off _waiting whose prompt pass runs now (0 or 1)
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -159,15 +161,32 @@ class Scheduler:
     def num_running(self) -> int:
         return len(self._running)
 
+    @property
+    def num_prefilling(self) -> int:
+        """Requests in their prompt pass now: neither waiting nor yet decoding."""
+        return self._prefilling
+
+    @property
+    def queue_depth(self) -> int:
+        """Every request the scheduler holds: waiting, in its prompt pass, or decoding."""
+        with self._cv:
+            return len(self._waiting) + self._prefilling + len(self._running)
+
     # --------------------------------------------------------------------------------------- submit
-    def submit(self, request: GenerationRequest) -> RequestStream:
-        """Queue a request; call from a running event loop. Raises EngineBusy when the queue is full."""
+    def submit(self, request: GenerationRequest, *, readmit: bool = False) -> RequestStream:
+        """Queue a request; call from a running event loop. Raises EngineBusy when the queue is full.
+
+        The check is synchronous, so a caller that submits before it answers its own client can turn a full
+        queue into an honest "busy" reply instead of a stream that fails later. `readmit=True` skips the
+        queue limit: for a request that was already admitted once and must start over (e.g. its stored KV
+        turned out corrupt before the first token), so an admitted caller is never refused half-way.
+        """
         loop = asyncio.get_running_loop()
         state = RequestState(request=request, arrival_time=time.perf_counter(), loop=loop, queue=asyncio.Queue())
         with self._cv:
             if self._stopping or self._thread is None:
                 raise SchedulerStopped("the engine scheduler is not running")
-            if len(self._waiting) >= self.max_queue:
+            if not readmit and len(self._waiting) >= self.max_queue:
                 raise EngineBusy(
                     f"engine busy: {len(self._waiting)} requests waiting (max_queue="
                     f"{self.max_queue}), {len(self._running)} running"
@@ -185,9 +204,15 @@ class Scheduler:
                 if self._stopping:
                     break
                 admit = self._waiting.popleft() if self._waiting and len(self._running) < self.max_running else None
+                if admit is not None:
+                    self._prefilling += 1
             try:
                 if admit is not None:
-                    self._admit(admit)
+                    try:
+                        self._admit(admit)
+                    finally:
+                        with self._cv:
+                            self._prefilling -= 1
                 for state in list(self._running):
                     self._advance(state)
             except Exception:  # a bug here must not kill the worker: every later request would hang

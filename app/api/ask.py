@@ -12,10 +12,13 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import engine_is_full, get_ask, get_state
+from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.schemas import AskIn, AskOut, ErrorOut, ValidationErrorOut
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
 from app.services.ask_service import (
+    AdmittedAnswer,
+    AskBusy,
     AskEvent,
     AskRequest,
     AskService,
@@ -81,7 +84,11 @@ def busy_error() -> HTTPException:
 
 
 def validated(service: AskService, body: AskIn, state: AppState) -> AskRequest:
-    """The service request for a body, or the HTTP error it deserves (422 invalid, 503 busy)."""
+    """The service request for a body, or the HTTP error it deserves (422 invalid, 503 busy).
+
+    The busy check here is only a shortcut that spares retrieval when the queue is already full; the
+    binding check is the scheduler's, in `admitted`.
+    """
     request = to_request(body)
     try:
         service.validate(request)
@@ -90,6 +97,16 @@ def validated(service: AskService, body: AskIn, state: AppState) -> AskRequest:
     if engine_is_full(state):
         raise busy_error()
     return request
+
+
+async def admitted(service: AskService, request: AskRequest) -> AdmittedAnswer:
+    """Queue the question in the engine before any response starts: 422 invalid, 503 busy."""
+    try:
+        return await service.admit(request)
+    except AskValidationError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    except AskBusy as exc:
+        raise busy_error() from exc
 
 
 _STREAM_DOC = (
@@ -109,40 +126,44 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def ask(body: AskIn, request: Request, service: AskService = Depends(get_ask),
               state: AppState = Depends(get_state)) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate."""
-    ask_request = validated(service, body, state)
+    answer = await admitted(service, validated(service, body, state))
     if not body.stream:
-        return await _answer_json(service, ask_request, state.metrics)
+        return await _answer_json(answer, request, state.metrics)
 
     async def stream() -> AsyncIterator[str]:
         # aclosing: a client that goes away closes the service generator, which cancels the engine request.
-        async with aclosing(service.ask(ask_request)) as events:
-            async for event in events:
+        async with aclosing(answer.events()) as events:
+            async for event in while_connected(request, events):
                 if isinstance(event, DoneEvent):
                     record_answer(state.metrics, event)
                 name, data = event_payload(event)
                 yield sse_event(name, data)
-                if await request.is_disconnected():
-                    return
 
     return sse_response(stream())
 
 
-async def _answer_json(service: AskService, ask_request: AskRequest, metrics: Metrics) -> JSONResponse:
+async def _answer_json(answer: AdmittedAnswer, request: Request, metrics: Metrics) -> JSONResponse:
     result: dict[str, Any] = {}
-    async with aclosing(service.ask(ask_request)) as events:
-        async for event in events:
+    watch = ConnectionWatch(request)
+    async with aclosing(answer.events()) as events:
+        async for event in watch.iterate(events):
             if isinstance(event, ErrorEvent):
-                if event.code == "busy":
-                    raise busy_error()
                 raise HTTPException(500, event.message)
             if isinstance(event, DoneEvent):
                 record_answer(metrics, event)
             name, data = event_payload(event)
             if name != "token":
                 result.update(data)
+    if watch.disconnected:
+        return client_gone()
     return JSONResponse(AskOut.model_validate(result).model_dump())
 
 
+def client_gone() -> JSONResponse:
+    """What a route returns for a client that left: nobody reads it (499, as nginx logs it)."""
+    return JSONResponse({"detail": "client closed the request"}, status_code=499)
+
+
 # Used by the OpenAI-compatible router too.
-__all__ = ["busy_error", "done_payload", "event_payload", "record_answer", "router",
+__all__ = ["admitted", "busy_error", "client_gone", "done_payload", "event_payload", "record_answer", "router",
            "to_request", "validated"]

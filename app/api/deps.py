@@ -51,16 +51,17 @@ def get_components(request: Request) -> Components:
 
 
 def queue_depth(state: AppState) -> int | None:
-    """Requests waiting or running in the engine scheduler (None before start-up)."""
+    """Requests waiting, in their prompt pass or decoding in the engine scheduler (None before start-up)."""
     scheduler = state.scheduler
     if scheduler is None:
         return None
-    return scheduler.num_waiting + scheduler.num_running
+    return scheduler.queue_depth
 
 
 def engine_is_full(state: AppState) -> bool:
-    """True when the scheduler would refuse a new request now: the admission check routes make before they
-    start a stream, so a full engine answers 503 instead of a 200 stream ending in an `error` event."""
+    """True when the scheduler would refuse a new request now: a cheap early check that spares retrieval.
+    Not binding (requests race between it and the scheduler): routes admit to the scheduler before they
+    answer (`AskService.admit`), so a full engine is always a 503, never a 200 stream ending in `busy`."""
     scheduler = state.scheduler
     return scheduler is not None and scheduler.num_waiting >= scheduler.max_queue
 

@@ -24,12 +24,15 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.ask import BUSY_DETAIL, record_answer
+from app.api.ask import BUSY_DETAIL, client_gone, record_answer
 from app.api.deps import engine_is_full, get_ask, get_state
+from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
 from app.api.schemas import FiltersIn, ModeName, OpenAIErrorOut
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.services.ask_service import (
+    AdmittedAnswer,
+    AskBusy,
     AskRequest,
     AskService,
     AskValidationError,
@@ -158,24 +161,29 @@ async def chat_completions(body: ChatCompletionIn, request: Request, service: As
         service.validate(ask_request)
     except AskValidationError as exc:
         return openai_error(400, str(exc))
-    if engine_is_full(state):
-        return openai_error(503, BUSY_DETAIL, code="engine_busy", headers={"Retry-After": "1"})
+    if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
+        return _busy(BUSY_DETAIL)
+    try:
+        answer = await service.admit(ask_request)
+    except AskValidationError as exc:
+        return openai_error(400, str(exc))
+    except AskBusy:
+        return _busy(BUSY_DETAIL)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     head = {"id": completion_id, "created": created, "model": SERVED_MODEL,
             "system_fingerprint": _fingerprint(state)}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_stream(service, ask_request, request, state, head, include_usage))
+        return sse_response(_stream(answer, request, state, head, include_usage))
 
     sources: list[dict[str, Any]] = []
-    async with aclosing(service.ask(ask_request)) as events:
-        async for event in events:
+    watch = ConnectionWatch(request)
+    async with aclosing(answer.events()) as events:
+        async for event in watch.iterate(events):
             if isinstance(event, SourcesEvent):
                 sources = [dataclasses.asdict(s) for s in event.sources]
             elif isinstance(event, ErrorEvent):
-                if event.code == "busy":
-                    return openai_error(503, event.message, code="engine_busy", headers={"Retry-After": "1"})
                 return openai_error(500, event.message, code=event.code)
             elif isinstance(event, DoneEvent):
                 record_answer(state.metrics, event)
@@ -186,10 +194,16 @@ async def chat_completions(body: ChatCompletionIn, request: Request, service: As
                                  "logprobs": None, "finish_reason": _finish_reason(event.finish_reason)}],
                     "usage": _usage(event), "sources": sources, "blendrag": _extras(event),
                 })
+    if watch.disconnected:
+        return client_gone()
     return openai_error(500, "the answer ended without a result")
 
 
-async def _stream(service: AskService, ask_request: AskRequest, request: Request, state: AppState,
+def _busy(message: str) -> JSONResponse:
+    return openai_error(503, message, code="engine_busy", headers={"Retry-After": "1"})
+
+
+async def _stream(answer: AdmittedAnswer, request: Request, state: AppState,
                   head: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
         body: dict[str, Any] = {**head, "object": "chat.completion.chunk",
@@ -200,8 +214,8 @@ async def _stream(service: AskService, ask_request: AskRequest, request: Request
         body.update(extra)
         return sse_event(None, body)
 
-    async with aclosing(service.ask(ask_request)) as events:
-        async for event in events:
+    async with aclosing(answer.events()) as events:
+        async for event in while_connected(request, events):
             if isinstance(event, SourcesEvent):
                 yield chunk({"role": "assistant", "content": ""},
                             sources=[dataclasses.asdict(s) for s in event.sources])
@@ -219,6 +233,4 @@ async def _stream(service: AskService, ask_request: AskRequest, request: Request
                 # The openai client raises APIError on a data line carrying `error`.
                 yield sse_event(None, {"error": {"message": event.message, "type": "server_error",
                                                  "param": None, "code": event.code}})
-                return
-            if await request.is_disconnected():
                 return

@@ -9,7 +9,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -19,8 +20,8 @@ from app.services.estimates import PrefillRate
 if TYPE_CHECKING:
     from app.components import Components
     from app.metrics import Metrics
-    from engine.scheduler import Scheduler
-    from engine.types import Mode
+    from engine.scheduler import RequestStream, Scheduler
+    from engine.types import GenerationRequest, Mode
     from kvcache.types import LayerKVSource
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,10 @@ logger = logging.getLogger(__name__)
 
 class AskValidationError(ValueError):
     """A question that cannot be asked (empty, bad ratio …): HTTP 422 / CLI exit 2."""
+
+
+class AskBusy(RuntimeError):
+    """The engine's queue is full: HTTP 503 with Retry-After (checked before any response starts)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,17 @@ class ErrorEvent:
 AskEvent = SourcesEvent | TokenDelta | DoneEvent | ErrorEvent
 
 SNIPPET_CHARS = 240
+MAX_QUESTION_CHARS = 8000  # /ask and /v1 alike
+MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes
+
+
+def is_valid_utf8(text: str) -> bool:
+    """False for strings JSON can carry but UTF-8 cannot (lone surrogates such as "\\ud800")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class AskService:
@@ -131,6 +147,13 @@ class AskService:
 
         if not request.question or not request.question.strip():
             raise AskValidationError("question must not be empty")
+        if len(request.question) > MAX_QUESTION_CHARS:
+            raise AskValidationError(f"the question is {len(request.question)} characters; the limit is "
+                                     f"{MAX_QUESTION_CHARS}")
+        for text in (request.question, *request.stop, *(request.filters.document_ids or ()),
+                     *(request.filters.tags or ())):
+            if not is_valid_utf8(text):
+                raise AskValidationError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
         if request.mode is not None and request.mode not in MODES:
             raise AskValidationError(f"unknown mode {request.mode!r}; choose one of {', '.join(MODES)}")
         if request.recompute_ratio is not None and not 0.0 <= request.recompute_ratio <= 1.0:
@@ -141,18 +164,35 @@ class AskService:
             raise AskValidationError(f"max_tokens must be within [1, 4096], got {request.max_tokens}")
         if request.temperature is not None and not 0.0 <= request.temperature <= 2.0:
             raise AskValidationError(f"temperature must be within [0, 2], got {request.temperature}")
+        if request.top_p is not None and not 0.0 < request.top_p <= 1.0:
+            raise AskValidationError(f"top_p must be within (0, 1], got {request.top_p}")
+        if request.seed is not None and not 0 <= request.seed <= MAX_SEED:
+            raise AskValidationError(f"seed must be within [0, {MAX_SEED}], got {request.seed}")
 
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
-        """Answer one question as a stream of events: sources, token deltas, then done (or error)."""
-        from engine.types import (
-            BlendConfig,
-            EngineBusy,
-            EngineError,
-            FinishEvent,
-            GenerationRequest,
-            SamplingParams,
-        )
-        from kvcache.errors import KVEntryCorrupt
+        """Answer one question as a stream of events: sources, token deltas, then done (or error).
+
+        For callers that cannot answer "busy" before they start (CLI, benchmarks): a full engine becomes an
+        `error` event with code `busy`. HTTP routes call `admit` first instead, so busy is a 503.
+        """
+        try:
+            answer = await self.admit(request)
+        except AskBusy as exc:
+            yield ErrorEvent(message=str(exc), code="busy")
+            return
+        async with aclosing(answer.events()) as events:
+            async for event in events:
+                yield event
+
+    async def admit(self, request: AskRequest) -> AdmittedAnswer:
+        """Validate, retrieve, open the chunks' KV and queue the request in the engine scheduler.
+
+        Raises AskValidationError (bad request, prompt longer than the model's context) or AskBusy (the
+        scheduler's queue is full) before anything is sent to the client; once this returns, the engine
+        has accepted the request and `AdmittedAnswer.events()` streams it. An answer that is never iterated
+        is cancelled when it is dropped.
+        """
+        from engine.types import BlendConfig, EngineBusy, GenerationRequest, SamplingParams
 
         self.validate(request)
         engine_settings = self._c.settings.engine
@@ -161,72 +201,38 @@ class AskService:
 
         chunks, sources = await asyncio.to_thread(self._retrieve, request)
         retrieval_ms = (time.perf_counter() - started) * 1000
-        yield SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2))
 
         engine = self._c.engine
         # Best source last: nearest the question, where a small model attends most.
         ordered = list(reversed(chunks))
         layout = engine.prompt.layout([c.token_ids for c in ordered], request.question.strip())
+        context = engine.model.config.max_position_embeddings
+        if layout.num_tokens >= context:
+            raise AskValidationError(
+                f"the prompt is {layout.num_tokens} tokens (question + {len(ordered)} retrieved chunks), longer "
+                f"than the model's context of {context} tokens; ask with a smaller top_k or a shorter question")
+        max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - layout.num_tokens)
 
         blend = engine_settings.blend_config()
         if request.recompute_ratio is not None:
             blend = BlendConfig(recompute_ratio=request.recompute_ratio, check_layers=blend.check_layers,
                                 deviation_on=blend.deviation_on, selector=blend.selector)
         sampling = SamplingParams(
-            max_tokens=request.max_tokens or engine_settings.max_new_tokens,
+            max_tokens=max_tokens,
             temperature=engine_settings.temperature if request.temperature is None else request.temperature,
             top_p=engine_settings.top_p if request.top_p is None else request.top_p,
             seed=request.seed, stop=request.stop,
         )
-
-        kv_load_ms, kv_hits, kv_misses = 0.0, 0, 0
-        pieces: list[str] = []
-        # A stored entry found corrupt while its layers stream in has already been dropped by the store:
-        # opening again recomputes it. Only before the first token, so the client never sees a restart.
-        for attempt in range(2):
-            kv_started = time.perf_counter()
-            kv_source = None
-            if ordered and mode != "full":
-                kv_source, hits, misses = await asyncio.to_thread(self._open_kv, ordered)
-                kv_hits, kv_misses = (hits, misses) if attempt == 0 else (kv_hits, kv_misses + misses)
-            kv_load_ms += (time.perf_counter() - kv_started) * 1000
-            gen = GenerationRequest(request_id=str(uuid.uuid4()), layout=layout, kv_source=kv_source,
-                                    mode=mode if kv_source is not None else "full", blend=blend,
-                                    sampling=sampling)
-            try:
-                async for event in self._scheduler.submit(gen):
-                    if isinstance(event, FinishEvent):
-                        self._observe_kv(kv_hits, kv_misses)
-                        yield self._done(event, pieces, retrieval_ms, kv_load_ms, kv_hits, kv_misses)
-                        return
-                    if event.text:
-                        pieces.append(event.text)
-                        yield TokenDelta(text=event.text)
-            except (KVEntryCorrupt, EngineError) as exc:
-                corrupt = exc if isinstance(exc, KVEntryCorrupt) else exc.__cause__
-                if not isinstance(corrupt, KVEntryCorrupt):
-                    if isinstance(exc, EngineBusy):
-                        self._count(mode, "busy")
-                        yield ErrorEvent(message=f"the engine is busy, retry shortly ({exc})", code="busy")
-                        return
-                    logger.exception("ask failed")
-                    self._count(mode, "error")
-                    yield ErrorEvent(message=str(exc), code="internal")
-                    return
-                if pieces or attempt == 1:
-                    logger.error("KV entry corrupt mid-answer: %s", exc)
-                    self._count(mode, "error")
-                    yield ErrorEvent(message=f"stored KV was corrupt: {exc}", code="internal")
-                    return
-                logger.warning("KV entry corrupt (%s); recomputing it and starting over", exc)
-            except Exception as exc:
-                logger.exception("ask failed")
-                self._count(mode, "error")
-                yield ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="internal")
-                return
-            finally:
-                if kv_source is not None:
-                    kv_source.close()
+        answer = AdmittedAnswer(self, SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2)),
+                                ordered, mode, lambda kv_source, effective: GenerationRequest(
+                                    request_id=str(uuid.uuid4()), layout=layout, kv_source=kv_source,
+                                    mode=effective, blend=blend, sampling=sampling))
+        try:
+            await answer.open_and_submit(readmit=False)
+        except EngineBusy as exc:
+            self._count(mode, "busy")
+            raise AskBusy(f"the engine is busy, retry shortly ({exc})") from exc
+        return answer
 
     def _observe_kv(self, kv_hits: int, kv_misses: int) -> None:
         if self._metrics is not None:
@@ -312,6 +318,96 @@ class AskService:
     def _count(self, mode: str, outcome: str) -> None:
         if self._metrics is not None:
             self._metrics.asks.labels(mode, outcome).inc()
+
+
+class AdmittedAnswer:
+    """A question the engine has accepted: `events()` streams sources, token deltas, then done or error."""
+
+    def __init__(self, service: AskService, sources: SourcesEvent, ordered: list[ChunkRecord], mode: Mode,
+                 build: Callable[[LayerKVSource | None, Mode], GenerationRequest]) -> None:
+        self.sources = sources
+        self._service = service
+        self._ordered = ordered
+        self._mode = mode
+        self._build = build
+        self._stream: RequestStream | None = None
+        self._kv_source: LayerKVSource | None = None
+        self._kv_load_ms = 0.0
+        self._kv_hits = 0
+        self._kv_misses = 0
+
+    async def open_and_submit(self, readmit: bool) -> None:
+        """Open the chunks' KV (recomputing missing entries) and queue the request; EngineBusy if full."""
+        started = time.perf_counter()
+        kv_source = None
+        if self._ordered and self._mode != "full":
+            kv_source, hits, misses = await asyncio.to_thread(self._service._open_kv, self._ordered)
+            if readmit:
+                self._kv_misses += misses
+            else:
+                self._kv_hits, self._kv_misses = hits, misses
+        self._kv_load_ms += (time.perf_counter() - started) * 1000
+        gen = self._build(kv_source, self._mode if kv_source is not None else "full")
+        try:
+            self._stream = self._service._scheduler.submit(gen, readmit=readmit)
+        except BaseException:
+            if kv_source is not None:
+                kv_source.close()
+            raise
+        self._kv_source = kv_source
+
+    def cancel(self) -> None:
+        if self._stream is not None:
+            self._stream.cancel()
+
+    async def events(self) -> AsyncIterator[AskEvent]:
+        from engine.types import EngineError, FinishEvent
+        from kvcache.errors import KVEntryCorrupt
+
+        service, mode = self._service, self._mode
+        pieces: list[str] = []
+        yield self.sources
+        retrieval_ms = self.sources.retrieval_ms
+        try:
+            # A stored entry found corrupt while its layers stream in has already been dropped by the store:
+            # opening again recomputes it. Only before the first token, so the client never sees a restart.
+            for attempt in range(2):
+                if attempt == 1:
+                    await self.open_and_submit(readmit=True)
+                stream = self._stream
+                assert stream is not None
+                try:
+                    async for event in stream:
+                        if isinstance(event, FinishEvent):
+                            service._observe_kv(self._kv_hits, self._kv_misses)
+                            yield service._done(event, pieces, retrieval_ms, self._kv_load_ms, self._kv_hits,
+                                                self._kv_misses)
+                            return
+                        if event.text:
+                            pieces.append(event.text)
+                            yield TokenDelta(text=event.text)
+                except (KVEntryCorrupt, EngineError) as exc:
+                    corrupt = exc if isinstance(exc, KVEntryCorrupt) else exc.__cause__
+                    if not isinstance(corrupt, KVEntryCorrupt):
+                        logger.exception("ask failed")
+                        service._count(mode, "error")
+                        yield ErrorEvent(message=str(exc), code="internal")
+                        return
+                    if pieces or attempt == 1:
+                        logger.error("KV entry corrupt mid-answer: %s", exc)
+                        service._count(mode, "error")
+                        yield ErrorEvent(message=f"stored KV was corrupt: {exc}", code="internal")
+                        return
+                    logger.warning("KV entry corrupt (%s); recomputing it and starting over", exc)
+                finally:
+                    await stream.aclose()
+                    if self._kv_source is not None:
+                        self._kv_source.close()
+                        self._kv_source = None
+        except Exception as exc:
+            logger.exception("ask failed")
+            service._count(mode, "error")
+            yield ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="internal")
 
 
 def _snippet(text: str) -> str:

@@ -156,3 +156,44 @@ async def test_source_error_keeps_its_cause(tiny_engine) -> None:
         with pytest.raises(EngineError) as info:
             await asyncio.wait_for(_collect(scheduler.submit(req)), 30)
     assert isinstance(info.value.__cause__, OSError)
+
+
+async def test_queue_depth_counts_the_request_in_its_prompt_pass(tiny_engine) -> None:
+    import threading
+
+    release = threading.Event()
+
+    class GatedSource(InMemoryLayerSource):
+        """Blocks the prompt pass at its first layer until the test lets it go."""
+
+        def layer(self, layer_idx: int):
+            release.wait(30)
+            return super().layer(layer_idx)
+
+    req = _request(tiny_engine, 0, max_tokens=2)
+    req.kv_source = GatedSource(req.kv_source._chunks)
+    async with Scheduler(tiny_engine, max_queue=4, max_running=2) as scheduler:
+        assert scheduler.queue_depth == 0
+        stream = scheduler.submit(req)
+        await _wait_until(lambda: scheduler.num_prefilling == 1)
+        assert (scheduler.num_waiting, scheduler.num_running, scheduler.queue_depth) == (0, 0, 1)
+        release.set()
+        events = await asyncio.wait_for(_collect(stream), 30)
+        assert events[-1].finish_reason == "length"
+        await _wait_until(lambda: scheduler.queue_depth == 0)
+        assert scheduler.num_prefilling == 0
+
+
+async def test_readmit_skips_the_queue_limit(tiny_engine) -> None:
+    async with Scheduler(tiny_engine, max_queue=1, max_running=1) as scheduler:
+        running = scheduler.submit(_request(tiny_engine, 0, max_tokens=100_000))
+        await running.__anext__()
+        queued = scheduler.submit(_request(tiny_engine, 1, max_tokens=2))
+        with pytest.raises(EngineBusy):
+            scheduler.submit(_request(tiny_engine, 2, max_tokens=2))
+        again = scheduler.submit(_request(tiny_engine, 3, max_tokens=2), readmit=True)  # an admitted retry
+        assert scheduler.num_waiting == 2
+        running.cancel()
+        for stream in (queued, again):
+            events = await asyncio.wait_for(_collect(stream), 30)
+            assert events[-1].finish_reason == "length"
