@@ -13,7 +13,16 @@ from fastapi.responses import JSONResponse
 
 from app.api.deps import engine_is_full, get_ask, get_state
 from app.api.disconnect import ConnectionWatch, while_connected
-from app.api.schemas import AskIn, AskOut, ErrorOut, ValidationErrorOut
+from app.api.schemas import (
+    AskDoneOut,
+    AskIn,
+    AskOut,
+    ErrorEventOut,
+    ErrorOut,
+    SourcesEventOut,
+    TokenEventOut,
+    ValidationErrorOut,
+)
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
 from app.services.ask_service import (
@@ -49,6 +58,7 @@ def done_payload(event: DoneEvent) -> dict[str, Any]:
     body = dataclasses.asdict(event)
     body["usage"]["total_tokens"] = event.usage.total_tokens
     # Flat copies of the headline numbers, for clients that do not want to dig.
+    body["retrieval_ms"] = event.timings.retrieval_ms
     body["ttft_ms"] = event.timings.ttft_ms
     body["total_ms"] = event.timings.total_ms
     return body
@@ -116,8 +126,11 @@ _STREAM_DOC = (
     "`error` `{message, code: busy|internal|cancelled}`. With `stream: false`, one AskOut JSON body."
 )
 _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **sse_openapi(_STREAM_DOC, model=AskOut),
-    422: {"model": ValidationErrorOut, "description": "Empty question, unknown mode, ratio outside [0, 1] …"},
+    **sse_openapi(_STREAM_DOC, {"sources": SourcesEventOut, "token": TokenEventOut, "done": AskDoneOut,
+                                "error": ErrorEventOut}, model=AskOut),
+    400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
+    422: {"model": ValidationErrorOut, "description": "Empty question, unknown mode, ratio outside [0, 1], prompt "
+          "longer than the model's context …"},
     503: {"model": ErrorOut, "description": "Engine queue full or models still loading; retry"},
 }
 

@@ -28,6 +28,7 @@ from app.api.schemas import (
     ErrorOut,
     IngestAccepted,
     IngestIn,
+    JobErrorEventOut,
     JobOut,
     KVCounts,
     ValidationErrorOut,
@@ -71,19 +72,25 @@ def document_out(doc: DocumentRecord) -> DocumentOut:
 _INGEST_BODY = {
     "requestBody": {"content": {
         # Inline (DocumentIn has no nested models) so the schema needs no components entry.
-        "application/json": {"schema": {"type": "object", "required": ["documents"], "properties": {
-            "documents": {"type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()}}}},
-        "multipart/form-data": {"schema": {"type": "object", "properties": {
-            "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+        "application/json": {"schema": {"type": "object", "required": ["documents"], "additionalProperties": False,
+                                        "properties": {"documents": {
+                                            "type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()}}}},
+        "multipart/form-data": {"schema": {"type": "object", "minProperties": 1, "properties": {
+            "files": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"},
+                      "description": "Files named *.txt, .md, .html, .pdf, .docx, .json or .jsonl (by default: "
+                                     "`ingest.allowed_extensions`); another extension answers 415"},
             "tags": {"type": "string", "description": "comma-separated tags for every file"},
-            "documents": {"type": "string", "description": "optional JSON list of inline documents"},
-        }}},
+            "documents": {"type": "string", "contentMediaType": "application/json",
+                          "description": "optional JSON list of inline documents"},
+        }, "anyOf": [{"required": ["files"]}, {"required": ["documents"]}]}},
     }, "required": True},
 }
 
 
 @router.post("/ingest", status_code=202, response_model=IngestAccepted, openapi_extra=_INGEST_BODY,
-             responses={413: {"model": ErrorOut}, 415: {"model": ErrorOut}})
+             responses={400: {"model": ErrorOut, "description": "A multipart body that cannot be parsed"},
+                        413: {"model": ErrorOut, "description": "A file or the body over its size limit"},
+                        415: {"model": ErrorOut, "description": "Unsupported content type or file extension"}})
 async def ingest(request: Request, service: IngestService = Depends(get_ingest),
                  state: AppState = Depends(get_state)) -> IngestAccepted:
     """Queue documents for ingest; returns at once with the job to watch.
@@ -211,7 +218,9 @@ def cancel_job(job_id: str, service: IngestService = Depends(get_ingest)) -> Job
 
 
 @router.get("/ingest/jobs/{job_id}/events", responses={**sse_openapi(
-    "`progress` events (a JobOut each time the job changes), then one `done` event (the final JobOut)"),
+    "`progress` events (a JobOut each time the job changes), then one `done` event (the final JobOut); "
+    "`: keepalive` comment lines while nothing changes",
+    {"progress": JobOut, "done": JobOut, "error": JobErrorEventOut}),
     404: {"model": ErrorOut}})
 async def job_events(job_id: str, request: Request, service: IngestService = Depends(get_ingest)) -> Any:
     """Server-Sent Events of one job's progress until it finishes (then the stream ends)."""

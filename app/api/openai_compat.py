@@ -18,19 +18,21 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.ask import BUSY_DETAIL, client_gone, record_answer
 from app.api.deps import engine_is_full, get_ask, get_state
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
-from app.api.schemas import FiltersIn, ModeName, OpenAIErrorOut
-from app.api.sse import sse_event, sse_openapi, sse_response
+from app.api.schemas import NOT_BLANK, FiltersIn, ModeName, NotBool, OpenAIErrorOut
+from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.ask_service import (
+    MAX_QUESTION_CHARS,
+    MAX_SEED,
     AdmittedAnswer,
     AskBusy,
     AskRequest,
@@ -52,6 +54,9 @@ SERVED_MODEL = "blendrag"
 _STARTED = int(time.time())
 
 
+USER_PART_CHARS = 1000  # a list-form question has at most MAX_QUESTION_CHARS // USER_PART_CHARS parts
+
+
 class TextPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -59,22 +64,46 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
+class UserTextPart(BaseModel):
+    """A part of the question: only text is read (images and audio are not supported)."""
+
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[TextPart] | None = None
+    type: Literal["text"]
+    text: str = Field(min_length=1, max_length=USER_PART_CHARS, pattern=NOT_BLANK)
+
+
+class UserMessage(BaseModel):
+    """The last one is the question: text, at most MAX_QUESTION_CHARS characters."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["user"]
+    content: Annotated[str, Field(min_length=1, max_length=MAX_QUESTION_CHARS, pattern=NOT_BLANK)] | Annotated[
+        list[UserTextPart], Field(min_length=1, max_length=MAX_QUESTION_CHARS // USER_PART_CHARS)]
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content if p.type == "text")
-        return self.content or ""
+            return "".join(p.text for p in self.content)
+        return self.content
+
+
+class OtherMessage(BaseModel):
+    """Accepted for compatibility and not placed in the prompt (see the module's docstring)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+
+
+ChatMessage = Annotated[UserMessage | OtherMessage, Field(discriminator="role")]
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, strict=True)
 
 
 class ChatCompletionIn(BaseModel):
@@ -82,21 +111,30 @@ class ChatCompletionIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = SERVED_MODEL
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    messages: list[ChatMessage] = Field(
+        min_length=1, description="At least one `user` message; the last one is the question",
+        json_schema_extra={"contains": {"type": "object", "required": ["role"],
+                                        "properties": {"role": {"const": "user"}}}})
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=4096)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=4096)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    max_tokens: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=4096)
+    max_completion_tokens: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=4096)
+    temperature: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=2.0)
+    top_p: Annotated[float | None, NotBool] = Field(default=None, gt=0.0, le=1.0)
+    seed: Annotated[int | None, NotBool] = Field(default=None, ge=0, le=MAX_SEED)
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1, description="Only one choice is generated")
+    n: Annotated[int, NotBool] = Field(default=1, ge=1, le=1, description="Only one choice is generated")
     # blendrag extensions
-    top_k: int | None = Field(default=None, ge=1, le=64)
+    top_k: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=64)
     filters: FiltersIn = Field(default_factory=FiltersIn)
     mode: ModeName | None = None
-    recompute_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    recompute_ratio: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=1.0)
+
+    @model_validator(mode="after")
+    def _has_question(self) -> ChatCompletionIn:
+        if not any(isinstance(m, UserMessage) for m in self.messages):
+            raise ValueError("messages must contain a user message (the question)")
+        return self
 
 
 class ModelOut(BaseModel):
@@ -118,9 +156,7 @@ def list_models() -> ModelList:
 
 
 def _ask_request(body: ChatCompletionIn) -> AskRequest:
-    question = next((m.text() for m in reversed(body.messages) if m.role == "user"), "")
-    if not question.strip():
-        raise HTTPException(400, "messages must contain a user message with text (the question)")
+    question = next((m.text() for m in reversed(body.messages) if isinstance(m, UserMessage)), "")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return AskRequest(
         question=question, top_k=body.top_k,
@@ -150,9 +186,26 @@ def _fingerprint(state: AppState) -> str | None:
     return f"fp_{state.components.engine.fingerprint[:12]}" if state.components is not None else None
 
 
-@router.post("/chat/completions", response_model=None, responses=sse_openapi(
-    "With `stream: true`, `data:` lines of `chat.completion.chunk` objects ending with `data: [DONE]` "
-    "(the first chunk carries `sources`); otherwise one `chat.completion` object with `sources`."))
+_CHUNK_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["id", "object", "created", "model", "choices"],
+    "properties": {"object": {"const": "chat.completion.chunk"}, "choices": {"type": "array"},
+                   "sources": {"type": "array"}, "blendrag": {"type": "object"}}}
+_STREAM_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"anyOf": [
+        {"const": "[DONE]"},
+        {"type": "string", "contentMediaType": "application/json",
+         "contentSchema": {"anyOf": [_CHUNK_SCHEMA, inline_schema(OpenAIErrorOut)]}},
+    ]}}}
+
+
+@router.post("/chat/completions", response_model=None, responses={200: {
+    "description": "With `stream: true`, `data:` lines of `chat.completion.chunk` objects ending with "
+                   "`data: [DONE]` (the first chunk carries `sources`; a failure is one `{error}` line instead); "
+                   "otherwise one `chat.completion` object with `sources`.",
+    "content": {"text/event-stream": {"schema": _STREAM_EVENT_SCHEMA},
+                "application/json": {"schema": {"type": "object", "required": ["id", "object", "choices"],
+                                                "properties": {"object": {"const": "chat.completion"}}}}}}})
 async def chat_completions(body: ChatCompletionIn, request: Request, service: AskService = Depends(get_ask),
                            state: AppState = Depends(get_state)) -> Any:
     """Chat completion grounded in the library (retrieval on the last user message)."""

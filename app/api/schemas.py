@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED, is_valid_utf8
 
 ModeName = Literal["blend", "full", "prefix", "reuse"]
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -131,27 +133,42 @@ class FiltersIn(BaseModel):
     tags: list[str] | None = Field(default=None, description="Only retrieve from documents with any tag")
 
 
+NOT_BLANK = r"\S"  # at least one character that is not white space
+
+
+def _not_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true/false as 1/0; the spec says number, so a boolean is a 422.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true/false")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)
+
+
 class AskIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(max_length=8000)
-    top_k: int | None = Field(default=None, ge=1, le=64, description="Chunks to retrieve (default: settings)")
+    question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS, pattern=NOT_BLANK)
+    top_k: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=64,
+                                                  description="Chunks to retrieve (default: settings)")
     filters: FiltersIn = Field(default_factory=FiltersIn)
     mode: ModeName | None = Field(default=None, description="blend (CacheBlend), full (no reuse), prefix "
                                   "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
-    recompute_ratio: float | None = Field(default=None, ge=0.0, le=1.0,
-                                          description="Share of context tokens blend recomputes")
-    max_tokens: int | None = Field(default=None, ge=1, le=4096)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
-    stream: bool = Field(default=True, description="Server-Sent Events (default) or one JSON body")
+    recompute_ratio: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=1.0,
+                                                              description="Share of context tokens blend recomputes")
+    max_tokens: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=4096)
+    temperature: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=2.0,
+                                                          description="0 (or below 1e-4): greedy")
+    top_p: Annotated[float | None, NotBool] = Field(default=None, gt=0.0, le=1.0)
+    seed: Annotated[int | None, NotBool] = Field(default=None, ge=0, le=MAX_SEED)
+    stream: bool = Field(default=True, strict=True, description="Server-Sent Events (default) or one JSON body")
 
     @field_validator("question")
     @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("question must not be empty")
+    def _valid_unicode(cls, value: str) -> str:
+        if not is_valid_utf8(value):
+            raise ValueError("must be valid Unicode (a lone surrogate such as \\ud800 is not)")
         return value
 
 
@@ -183,11 +200,30 @@ class TimingsOut(BaseModel):
         description="What a plain prefill of this prompt would take here (learned online); null until known")
 
 
-class AskOut(BaseModel):
-    """The non-streaming answer; the `done` SSE event carries the same fields except `sources`."""
+class SourcesEventOut(BaseModel):
+    """Data of the `sources` SSE event (first)."""
+
+    sources: list[SourceOut]
+    retrieval_ms: float
+
+
+class TokenEventOut(BaseModel):
+    """Data of each `token` SSE event: the next piece of the answer."""
+
+    text: str
+
+
+class ErrorEventOut(BaseModel):
+    """Data of an `error` SSE event (last): the answer stopped."""
+
+    message: str
+    code: Literal["busy", "internal", "cancelled"]
+
+
+class AskDoneOut(BaseModel):
+    """Data of the `done` SSE event (last): the AskOut fields except `sources`."""
 
     answer: str
-    sources: list[SourceOut]
     mode: str
     recompute_ratio: float
     finish_reason: str
@@ -198,6 +234,18 @@ class AskOut(BaseModel):
     retrieval_ms: float
     ttft_ms: float
     total_ms: float
+
+
+class AskOut(AskDoneOut):
+    """The non-streaming answer."""
+
+    sources: list[SourceOut]
+
+
+class JobErrorEventOut(BaseModel):
+    """Data of an `error` event on a job's stream."""
+
+    message: str
 
 
 # ---- admin ----------------------------------------------------------------------------------------

@@ -121,7 +121,12 @@ AskEvent = SourcesEvent | TokenDelta | DoneEvent | ErrorEvent
 
 SNIPPET_CHARS = 240
 MAX_QUESTION_CHARS = 8000  # /ask and /v1 alike
-MAX_SEED = 2**63 - 1  # what torch.Generator.manual_seed takes
+MAX_SEED = 2**53 - 1  # exact as a JSON double (torch.Generator.manual_seed takes more)
+
+
+def is_blank(text: str) -> bool:
+    """Only Unicode White_Space (what `\\s` means in the spec's regex): ASCII separators 0x1C–0x1F count as text."""
+    return all(ch.isspace() and ch not in "\x1c\x1d\x1e\x1f" for ch in text)
 
 
 def is_valid_utf8(text: str) -> bool:
@@ -145,7 +150,7 @@ class AskService:
         """Raise AskValidationError for a request that must not reach the engine."""
         from engine.types import MODES
 
-        if not request.question or not request.question.strip():
+        if is_blank(request.question):
             raise AskValidationError("question must not be empty")
         if len(request.question) > MAX_QUESTION_CHARS:
             raise AskValidationError(f"the question is {len(request.question)} characters; the limit is "
