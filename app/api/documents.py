@@ -49,6 +49,7 @@ router = APIRouter(tags=["documents"], dependencies=[Depends(require_api_key)],
 JOB_POLL_S = 0.25
 KEEPALIVE_S = 10.0
 UPLOAD_BLOCK = 1 << 20
+MAX_OFFSET = 2**62  # SQLite integers are 64-bit signed: a larger offset would be a 500, not a page
 
 
 def job_out(job: JobRecord) -> JobOut:
@@ -104,10 +105,7 @@ async def ingest(request: Request, service: IngestService = Depends(get_ingest),
     if content_type.startswith("multipart/form-data"):
         sources = await _multipart_sources(request, state)
     elif content_type.startswith("application/json") or not content_type:
-        try:
-            body = IngestIn.model_validate(json.loads(await request.body() or b"null"))
-        except ValueError as exc:  # json.JSONDecodeError and pydantic's ValidationError both are
-            raise HTTPException(422, f"invalid ingest body: {_brief(exc)}") from exc
+        body = _ingest_body(await request.body())
         sources = [_text_source(d) for d in body.documents]
     else:
         raise HTTPException(415, f"send application/json or multipart/form-data, not {content_type!r}")
@@ -116,6 +114,15 @@ async def ingest(request: Request, service: IngestService = Depends(get_ingest),
     except IngestError as exc:
         raise HTTPException(422, str(exc)) from exc
     return IngestAccepted(job_id=result.job_id, document_ids=result.document_ids)
+
+
+def _ingest_body(raw: bytes) -> IngestIn:
+    try:
+        return IngestIn.model_validate(json.loads(raw or b"null"))
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError and pydantic's ValidationError all are
+        raise HTTPException(422, f"invalid ingest body: {_brief(exc)}") from exc
+    except RecursionError as exc:  # json.loads of arrays/objects nested thousands deep
+        raise HTTPException(422, "invalid ingest body: JSON nested too deeply") from exc
 
 
 def _text_source(d: DocumentIn) -> IngestSource:
@@ -145,6 +152,8 @@ async def _multipart_sources(request: Request, state: AppState) -> list[IngestSo
                 docs = IngestIn.model_validate(raw if isinstance(raw, dict) else {"documents": raw}).documents
             except ValueError as exc:
                 raise HTTPException(422, f"invalid 'documents' field: {_brief(exc)}") from exc
+            except RecursionError as exc:
+                raise HTTPException(422, "invalid 'documents' field: JSON nested too deeply") from exc
             sources.extend(_text_source(d) for d in docs)
         uploads = [u for u in form.getlist("files") if isinstance(u, UploadFile) and u.filename]
         for upload in uploads:  # check every name before storing any file
@@ -256,7 +265,7 @@ async def job_events(job_id: str, request: Request, service: IngestService = Dep
 
 @router.get("/documents", response_model=DocumentPage)
 def list_documents(
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     status: Annotated[DocumentStatusName | None, Query(description="pending | ready | failed")] = None,
     components: Components = Depends(get_components),

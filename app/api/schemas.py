@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED, is_valid_utf8
+from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED
+from app.services.text_checks import invalid_strings, nesting_depth
 
 ModeName = Literal["blend", "full", "prefix", "reuse"]
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -38,14 +39,39 @@ class OpenAIErrorOut(BaseModel):
 # ---- ingest and documents ---------------------------------------------------------------------------
 
 
+NOT_BLANK = r"\S"  # at least one character that is not white space
+
+
+def _not_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true/false as 1/0; the spec says number, so a boolean is a 422.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true/false")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)
+
+
+MAX_METADATA_DEPTH = 16
+
+
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     title: str = Field(min_length=1, max_length=512)
-    text: str = Field(min_length=1)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    text: str = Field(min_length=1, pattern=NOT_BLANK)
+    metadata: dict[str, Any] = Field(default_factory=dict, description=f"JSON object, nested at most "
+                                     f"{MAX_METADATA_DEPTH} levels")
     tags: list[str] = Field(default_factory=list)
     source: str | None = Field(default=None, description="Stable identity; re-ingesting it replaces the old")
+
+    @model_validator(mode="after")
+    def _storable(self) -> DocumentIn:
+        if invalid_strings([self.title, self.text, self.tags, self.source, self.metadata]):
+            raise ValueError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
+        if nesting_depth(self.metadata, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
+            raise ValueError(f"metadata is nested deeper than {MAX_METADATA_DEPTH} levels")
+        return self
 
 
 class IngestIn(BaseModel):
@@ -133,17 +159,6 @@ class FiltersIn(BaseModel):
     tags: list[str] | None = Field(default=None, description="Only retrieve from documents with any tag")
 
 
-NOT_BLANK = r"\S"  # at least one character that is not white space
-
-
-def _not_bool(value: Any) -> Any:
-    # pydantic's lax mode reads true/false as 1/0; the spec says number, so a boolean is a 422.
-    if isinstance(value, bool):
-        raise ValueError("expected a number, not true/false")
-    return value
-
-
-NotBool = BeforeValidator(_not_bool)
 
 
 class AskIn(BaseModel):
@@ -163,13 +178,6 @@ class AskIn(BaseModel):
     top_p: Annotated[float | None, NotBool] = Field(default=None, gt=0.0, le=1.0)
     seed: Annotated[int | None, NotBool] = Field(default=None, ge=0, le=MAX_SEED)
     stream: bool = Field(default=True, strict=True, description="Server-Sent Events (default) or one JSON body")
-
-    @field_validator("question")
-    @classmethod
-    def _valid_unicode(cls, value: str) -> str:
-        if not is_valid_utf8(value):
-            raise ValueError("must be valid Unicode (a lone surrogate such as \\ud800 is not)")
-        return value
 
 
 class SourceOut(BaseModel):

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from app.catalog.repository import ChunkRecord
 from app.services.estimates import PrefillRate
+from app.services.text_checks import is_blank, is_valid_utf8
 
 if TYPE_CHECKING:
     from app.components import Components
@@ -122,20 +123,6 @@ AskEvent = SourcesEvent | TokenDelta | DoneEvent | ErrorEvent
 SNIPPET_CHARS = 240
 MAX_QUESTION_CHARS = 8000  # /ask and /v1 alike
 MAX_SEED = 2**53 - 1  # exact as a JSON double (torch.Generator.manual_seed takes more)
-
-
-def is_blank(text: str) -> bool:
-    """Only Unicode White_Space (what `\\s` means in the spec's regex): ASCII separators 0x1C–0x1F count as text."""
-    return all(ch.isspace() and ch not in "\x1c\x1d\x1e\x1f" for ch in text)
-
-
-def is_valid_utf8(text: str) -> bool:
-    """False for strings JSON can carry but UTF-8 cannot (lone surrogates such as "\\ud800")."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class AskService:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.catalog import DocumentStatus, JobStatus
 from app.catalog.repository import JobRecord, NewChunk
 from app.services.estimates import PrefillRate
+from app.services.text_checks import is_blank
 
 if TYPE_CHECKING:
     import numpy as np
@@ -108,7 +109,7 @@ class IngestService:
         if not sources:
             raise IngestError("nothing to ingest: give at least one document or file")
         for s in sources:
-            if s.kind == "text" and not (s.text or "").strip():
+            if s.kind == "text" and is_blank(s.text or ""):
                 raise IngestError(f"document {s.title!r} has no text")
         job = self._c.catalog.create_job({"sources": [s.to_spec() for s in sources]})
         document_ids = []

@@ -60,45 +60,61 @@ def _bounded(case: Any) -> None:
                 case.body[key] = MAX_TOKENS
 
 
-def test_schemathesis_finds_no_server_error_and_no_schema_violation(api_schema: Any) -> None:
+class Findings:
+    def __init__(self) -> None:
+        self.cases: collections.Counter[str] = collections.Counter()
+        self.server_errors: list[str] = []
+        self.failures: dict[tuple[str, str], str] = {}
+
+
+def _hunt(operation: Any, mode: Any, examples: int, findings: Findings) -> None:
+    """Run `examples` generated cases of one operation in one mode, recording what went wrong."""
     from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis.errors import Unsatisfiable
-    from schemathesis import GenerationMode
     from schemathesis.specs.openapi.checks import positive_data_acceptance
 
-    logging.getLogger("app").setLevel(logging.CRITICAL)  # generated garbage makes services log loudly
-    cases = collections.Counter()
-    server_errors: list[str] = []
-    failures: dict[tuple[str, str], str] = {}
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    def run(case: Any) -> None:
+        _bounded(case)
+        findings.cases[mode.value] += 1
+        try:
+            response = case.call()
+        except Exception as exc:  # an exception the app did not handle: a 500 for a real client
+            findings.server_errors.append(f"{operation.label} raised {type(exc).__name__}: {exc}")
+            return
+        if response.status_code >= 500:
+            findings.server_errors.append(f"{operation.label} {response.status_code}: {response.text[:200]}")
+        excluded = [positive_data_acceptance] if case.media_type == "multipart/form-data" else []
+        try:
+            case.validate_response(response, excluded_checks=excluded)
+        except (AssertionError, BaseExceptionGroup) as exc:
+            first = next((line for line in str(exc).splitlines() if line.startswith("- ")), str(exc)[:80])
+            findings.failures.setdefault((operation.label, first), str(exc)[:1500])
 
+    run()
+
+
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(api_schema: Any) -> None:
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode
+
+    logging.getLogger("app").setLevel(logging.CRITICAL)  # generated garbage makes services log loudly
+    findings = Findings()
     for result in api_schema.get_all_operations():
         operation = result.ok()
         for mode, examples in ((GenerationMode.POSITIVE, POSITIVE_EXAMPLES),
                                (GenerationMode.NEGATIVE, NEGATIVE_EXAMPLES)):
-
-            @given(case=operation.as_strategy(generation_mode=mode))
-            @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-                      suppress_health_check=list(HealthCheck))
-            def run(case: Any) -> None:
-                _bounded(case)
-                cases[mode.value] += 1
-                response = case.call()
-                if response.status_code >= 500:
-                    server_errors.append(f"{operation.label} {response.status_code}: {response.text[:200]}")
-                excluded = [positive_data_acceptance] if case.media_type == "multipart/form-data" else []
-                try:
-                    case.validate_response(response, excluded_checks=excluded)
-                except (AssertionError, BaseExceptionGroup) as exc:
-                    first = next((line for line in str(exc).splitlines() if line.startswith("- ")), str(exc)[:80])
-                    failures.setdefault((operation.label, first), f"{str(exc)[:1500]}")
-
             try:
-                run()
+                _hunt(operation, mode, examples, findings)
             except Unsatisfiable:  # nothing to make invalid (an operation without parameters or body)
                 assert mode == GenerationMode.NEGATIVE, operation.label
 
+    cases = findings.cases
     total = cases["positive"] + cases["negative"]
-    print(f"schemathesis: {total} cases ({dict(cases)}), {len(server_errors)} 5xx, {len(failures)} failures")
+    summary = (f"schemathesis: {total} cases ({dict(cases)}), {len(findings.server_errors)} 5xx, "
+               f"{len(findings.failures)} failures")
+    print(summary)  # noqa: T201 (the count the report quotes; shown with pytest -s)
     assert total >= 15 * (POSITIVE_EXAMPLES // 2)  # every operation was exercised
-    assert server_errors == []
-    assert failures == {}, "\n\n".join(f"{k}: {v}" for k, v in failures.items())
+    assert findings.server_errors == []
+    assert findings.failures == {}, "\n\n".join(f"{k}: {v}" for k, v in findings.failures.items())
