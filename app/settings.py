@@ -35,6 +35,10 @@ class ServerSettings(BaseModel):
         default=None, description="When set, ingest, delete and admin routes need `Authorization: Bearer`."
     )
     cors_origins: list[str] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0,
+                                description="Largest JSON (non-multipart) request body; larger is a 413")
+    max_upload_bytes: int = Field(default=256 * 1024 * 1024, gt=0,
+                                  description="Largest multipart request (all files together); larger is a 413")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -38,7 +39,14 @@ from app.catalog import DocumentStatus
 from app.catalog.repository import DocumentRecord, JobRecord
 from app.components import Components
 from app.services.coverage_service import CoverageService
-from app.services.ingest_service import IngestError, IngestService, IngestSource, save_upload
+from app.services.ingest_service import (
+    IngestError,
+    IngestService,
+    IngestSource,
+    IngestTooLarge,
+    check_upload_name,
+    save_upload,
+)
 from app.state import AppState
 
 router = APIRouter(tags=["documents"], dependencies=[Depends(require_api_key)],
@@ -102,8 +110,9 @@ async def ingest(request: Request, service: IngestService = Depends(get_ingest),
     over `ingest.max_file_bytes` 413, before anything is queued.
     """
     content_type = request.headers.get("content-type", "")
+    batch_dir: Path | None = None
     if content_type.startswith("multipart/form-data"):
-        sources = await _multipart_sources(request, state)
+        sources, batch_dir = await _multipart_sources(request, state)
     elif content_type.startswith("application/json") or not content_type:
         body = _ingest_body(await request.body())
         sources = [_text_source(d) for d in body.documents]
@@ -111,8 +120,14 @@ async def ingest(request: Request, service: IngestService = Depends(get_ingest),
         raise HTTPException(415, f"send application/json or multipart/form-data, not {content_type!r}")
     try:
         result = await asyncio.to_thread(service.submit, sources)
-    except IngestError as exc:
-        raise HTTPException(422, str(exc)) from exc
+    except BaseException as exc:
+        if batch_dir is not None:  # nothing was queued: the stored uploads must not linger
+            shutil.rmtree(batch_dir, ignore_errors=True)
+        if isinstance(exc, IngestTooLarge):
+            raise HTTPException(413, str(exc)) from exc
+        if isinstance(exc, IngestError):
+            raise HTTPException(422, str(exc)) from exc
+        raise
     return IngestAccepted(job_id=result.job_id, document_ids=result.document_ids)
 
 
@@ -136,7 +151,8 @@ def _brief(exc: ValueError) -> str:
     return str(exc)
 
 
-async def _multipart_sources(request: Request, state: AppState) -> list[IngestSource]:
+async def _multipart_sources(request: Request, state: AppState) -> tuple[list[IngestSource], Path | None]:
+    """The sources of a multipart form, with the directory its files were stored in (None without files)."""
     from ingest.errors import UnsupportedFormat
     from ingest.loaders import detect_format
 
@@ -156,24 +172,36 @@ async def _multipart_sources(request: Request, state: AppState) -> list[IngestSo
                 raise HTTPException(422, "invalid 'documents' field: JSON nested too deeply") from exc
             sources.extend(_text_source(d) for d in docs)
         uploads = [u for u in form.getlist("files") if isinstance(u, UploadFile) and u.filename]
+        names = []
         for upload in uploads:  # check every name before storing any file
             try:
-                detect_format(upload.filename or "", settings.ingest)
+                names.append(check_upload_name(upload.filename or ""))
+                detect_format(names[-1], settings.ingest)
+            except IngestError as exc:
+                raise HTTPException(422, str(exc)) from exc
             except UnsupportedFormat as exc:
                 raise HTTPException(415, f"{upload.filename}: {exc.message}") from exc
-        batch = uuid.uuid4().hex
-        for upload in uploads:
-            name = Path(upload.filename or "upload").name
-            stored = save_upload(settings.uploads_dir, batch, name,
-                                 await _spool(upload, settings.uploads_dir, settings.ingest.max_file_bytes))
-            sources.append(IngestSource(kind="file", title=name, path=str(stored),
-                                        source_path=f"upload:{name}", tags=tags))
+        batch_dir = settings.uploads_dir / uuid.uuid4().hex if uploads else None
+        try:
+            seen: dict[str, int] = {}
+            for index, (upload, name) in enumerate(zip(uploads, names, strict=True)):
+                spooled = await _spool(upload, settings.uploads_dir, settings.ingest.max_file_bytes)
+                stored = save_upload(settings.uploads_dir, batch_dir.name, index, name, spooled)  # type: ignore[union-attr]
+                # The second `same.txt` of one request is its own source (re-uploading it replaces it alone).
+                seen[name] = seen.get(name, 0) + 1
+                source = f"upload:{name}" if seen[name] == 1 else f"upload:{name} ({seen[name]})"
+                sources.append(IngestSource(kind="file", title=name, path=str(stored), source_path=source,
+                                            tags=tags))
+        except BaseException:
+            if batch_dir is not None:
+                shutil.rmtree(batch_dir, ignore_errors=True)
+            raise
     finally:
         await form.close()
     if not sources:
         raise HTTPException(422, "multipart ingest needs at least one file in the 'files' field "
                             "(or inline 'documents')")
-    return sources
+    return sources, batch_dir
 
 
 async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:

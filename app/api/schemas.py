@@ -59,7 +59,8 @@ class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     title: str = Field(min_length=1, max_length=512)
-    text: str = Field(min_length=1, pattern=NOT_BLANK)
+    # The pattern documents the rule; the service checks it with a message naming the document.
+    text: str = Field(min_length=1, json_schema_extra={"pattern": NOT_BLANK})
     metadata: dict[str, Any] = Field(default_factory=dict, description=f"JSON object, nested at most "
                                      f"{MAX_METADATA_DEPTH} levels")
     tags: list[str] = Field(default_factory=list)

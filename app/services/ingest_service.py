@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.catalog import DocumentStatus, JobStatus
 from app.catalog.repository import JobRecord, NewChunk
 from app.services.estimates import PrefillRate
-from app.services.text_checks import is_blank
+from app.services.text_checks import is_blank, is_valid_utf8
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,6 +40,10 @@ ACTIVE_DOCUMENT_STATUSES = (DocumentStatus.READY, DocumentStatus.PENDING)
 
 class IngestError(ValueError):
     """A request to ingest that cannot be accepted at all (nothing to ingest, unknown job …)."""
+
+
+class IngestTooLarge(IngestError):
+    """A request over an ingest cap (documents per job, tokens per document or job): HTTP 413."""
 
 
 class JobCancelled(Exception):
@@ -108,9 +112,24 @@ class IngestService:
     def submit(self, sources: list[IngestSource], *, enqueue: bool = True) -> SubmitResult:
         if not sources:
             raise IngestError("nothing to ingest: give at least one document or file")
+        limits = self._c.settings.ingest
+        if len(sources) > limits.max_job_documents:
+            raise IngestTooLarge(f"{len(sources)} documents in one request; the limit is "
+                                 f"{limits.max_job_documents} (ingest.max_job_documents)")
+        job_tokens = 0
         for s in sources:
             if s.kind == "text" and is_blank(s.text or ""):
                 raise IngestError(f"document {s.title!r} has no text")
+            if s.kind == "text":
+                # Inline text is counted now, so an oversized request is refused before anything is stored.
+                num_tokens = self._count_tokens(s.text or "")
+                if num_tokens > limits.max_document_tokens:
+                    raise IngestTooLarge(f"document {s.title!r} has {num_tokens} tokens; the limit is "
+                                         f"{limits.max_document_tokens} (ingest.max_document_tokens)")
+                job_tokens += num_tokens
+        if job_tokens > limits.max_job_tokens:
+            raise IngestTooLarge(f"the documents have {job_tokens} tokens together; the limit per request is "
+                                 f"{limits.max_job_tokens} (ingest.max_job_tokens)")
         job = self._c.catalog.create_job({"sources": [s.to_spec() for s in sources]})
         document_ids = []
         for s in sources:
@@ -124,6 +143,9 @@ class IngestService:
         if enqueue:
             self._queue.put(job.id)
         return SubmitResult(job_id=job.id, document_ids=document_ids)
+
+    def _count_tokens(self, text: str) -> int:
+        return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def get_job(self, job_id: str) -> JobRecord | None:
         return self._c.catalog.get_job(job_id)
@@ -305,15 +327,30 @@ class IngestService:
 
         live = [i for i in items if i.failed is None]
         tracker.stage("chunk", len(live))
-        chunker = Chunker.from_settings(self._c.engine.tokenizer, self._c.settings.ingest)
+        limits = self._c.settings.ingest
+        chunker = Chunker.from_settings(self._c.engine.tokenizer, limits)
+        job_tokens = 0
         for n, item in enumerate(live, 1):
             tracker.check_cancel()
             assert item.loaded is not None
             item.chunks = chunker.chunk_document(item.loaded)
+            num_tokens = sum(len(c.token_ids) for c in item.chunks)
+            problem: tuple[str, str] | None = None
             if not item.chunks:
-                self._fail_document(item, "document has no text to index")
-                errors.append({"source": item.source.source_path or item.source.title,
-                               "error": "document has no text to index", "code": "empty_document"})
+                problem = ("document has no text to index", "empty_document")
+            elif num_tokens > limits.max_document_tokens:
+                problem = (f"document has {num_tokens} tokens in {len(item.chunks)} chunks; the limit is "
+                           f"{limits.max_document_tokens} (ingest.max_document_tokens)", "too_large")
+            elif job_tokens + num_tokens > limits.max_job_tokens:
+                problem = (f"the job reached {limits.max_job_tokens} tokens (ingest.max_job_tokens) before "
+                           f"this document's {num_tokens}", "job_too_large")
+            if problem is not None:
+                item.chunks = []
+                self._fail_document(item, problem[0])
+                errors.append({"source": item.source.source_path or item.source.title, "error": problem[0],
+                               "code": problem[1]})
+            else:
+                job_tokens += num_tokens
             tracker.advance(n)
 
     def _embed(self, items: list[_WorkItem], tracker: _Progress) -> None:
@@ -409,9 +446,12 @@ class IngestService:
         retriever.save()
         for item in live:
             catalog.set_document_status(item.document_id, DocumentStatus.READY)
-            # Re-ingest of a changed file: the new version is live, now drop the old one.
+            # Re-ingest of a changed file: the new version is live, now drop the old one. Only versions from
+            # earlier jobs: two sources of one request never replace each other (that lost an upload).
             if item.source.source_path:
                 for old in catalog.find_by_source(item.source.source_path, exclude_id=item.document_id):
+                    if old.job_id == tracker.job_id:
+                        continue
                     logger.info("replacing document %s (%s)", old.id, item.source.source_path)
                     self.delete_document(old.id)
         return num_chunks
@@ -496,11 +536,33 @@ class _Progress:
         self.emit()
 
 
-def save_upload(uploads_dir: Path, job_hint: str, filename: str, data_path: Path) -> Path:
-    """Move an uploaded temp file under the data dir so the job can be re-run after a restart."""
-    target_dir = uploads_dir / job_hint
+MAX_FILENAME_BYTES = 255  # what common file systems store in one path component
+
+
+def check_upload_name(filename: str) -> str:
+    """The base name an upload is stored under; IngestError for one no file system can store."""
+    name = Path(filename.replace("\\", "/")).name
+    if "\x00" in filename:
+        raise IngestError(f"file name {filename!r} contains a NUL character")
+    if len(name.encode("utf-8", errors="surrogatepass")) > MAX_FILENAME_BYTES:
+        raise IngestError(f"file name {name[:40]!r}… is longer than {MAX_FILENAME_BYTES} bytes")
+    if not is_valid_utf8(name):
+        raise IngestError(f"file name {name!r} is not valid Unicode")
+    return name or "upload"
+
+
+def save_upload(uploads_dir: Path, job_hint: str, index: int, filename: str, data_path: Path) -> Path:
+    """Move an uploaded temp file under the data dir so the job can be re-run after a restart.
+
+    Each file of a request gets its own directory (`<batch>/<index>/<name>`): two files with the same name
+    in one request are two uploads, never one overwriting the other, and each keeps its own name.
+    """
+    target_dir = uploads_dir / job_hint / str(index)
     target_dir.mkdir(parents=True, exist_ok=True)
-    safe = Path(filename).name or "upload"
-    target = target_dir / safe
-    shutil.move(str(data_path), target)
+    target = target_dir / check_upload_name(filename)
+    try:
+        shutil.move(str(data_path), target)
+    except BaseException:
+        data_path.unlink(missing_ok=True)
+        raise
     return target
