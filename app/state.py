@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.api.rate_limit import RateLimiter
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
 from app.settings import Settings
@@ -33,6 +34,12 @@ class AppState:
     coverage: CoverageService | None = None
     load_error: str | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    rate_limiter: RateLimiter | None = None
+
+    def __post_init__(self) -> None:
+        server = self.settings.server
+        if server.ask_rate_per_minute is not None and self.rate_limiter is None:
+            self.rate_limiter = RateLimiter(server.ask_rate_per_minute, server.ask_burst)
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""

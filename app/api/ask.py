@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from app.api.deps import engine_is_full, get_ask, get_state
+from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.schemas import (
     AskDoneOut,
@@ -40,7 +40,9 @@ from app.services.ask_service import (
 )
 from app.state import AppState
 
-router = APIRouter(tags=["ask"])
+router = APIRouter(tags=["ask"], dependencies=[Depends(guard_questions)], responses={
+    401: {"model": ErrorOut, "description": "API key required (with `server.protect_ask`)"},
+    429: {"model": ErrorOut, "description": "Too many questions from this API key / IP; see Retry-After"}})
 
 BUSY_DETAIL = "the engine is busy, retry shortly"
 

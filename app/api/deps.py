@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hmac
+import math
 
 from fastapi import HTTPException, Request
 
+from app.api.rate_limit import client_id
 from app.components import Components
 from app.services.ask_service import AskService
 from app.services.coverage_service import CoverageService
@@ -77,7 +79,30 @@ def presented_key(request: Request) -> str | None:
 
 def require_api_key(request: Request) -> None:
     """401 unless `server.api_key` is unset or the request presents it (compared in constant time)."""
-    expected = get_state(request).settings.server.api_key
+    _check_key(request, get_state(request).settings.server.api_key)
+
+
+def guard_questions(request: Request) -> None:
+    """The question routes: the key when `server.protect_ask` is on (401), then the rate limit (429)."""
+    state = get_state(request)
+    server = state.settings.server
+    if server.protect_ask:
+        _check_key(request, server.api_key)
+    limiter = state.rate_limiter
+    if limiter is None:
+        return
+    client = client_id(presented_key(request), request.client.host if request.client else None)
+    wait_s = limiter.acquire(client)
+    if wait_s is not None:
+        raise HTTPException(
+            status_code=429,
+            detail=f"too many questions: at most {server.ask_rate_per_minute:g} per minute, {server.ask_burst} "
+            "at once, per API key (or IP address); retry later",
+            headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+        )
+
+
+def _check_key(request: Request, expected: str | None) -> None:
     if not expected:
         return
     given = presented_key(request)

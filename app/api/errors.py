@@ -16,7 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 OPENAI_PREFIX = "/v1/"
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 422: "invalid_request_error", 503: "server_error"}
+                 413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
+                 503: "server_error"}
 
 
 def openai_error(status: int, message: str, *, param: str | None = None, code: str | None = None,

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.api.ask import BUSY_DETAIL, client_gone, record_answer
-from app.api.deps import engine_is_full, get_ask, get_state
+from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
 from app.api.schemas import NOT_BLANK, FiltersIn, ModeName, NotBool, OpenAIErrorOut
@@ -47,7 +47,7 @@ from app.services.ask_service import (
 from app.state import AppState
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
-router = APIRouter(prefix="/v1", tags=["openai"], responses={
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(guard_questions)], responses={
     "4XX": {"model": OpenAIErrorOut, "description": "OpenAI-style error (400 invalid request, 503 busy …)"}})
 
 SERVED_MODEL = "blendrag"

@@ -28,7 +28,8 @@ from app.state import AppState
 def tight_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[LiveServer]:
     """One request decodes at a time and one more may wait: everything else must be refused with 503."""
     settings = server_settings(tmp_path_factory.mktemp("admission") / "data", tiny_llama_dir,
-                               engine={"max_queue": 1, "max_running": 1})
+                               engine={"max_queue": 1, "max_running": 1},
+                               server={"ask_rate_per_minute": None})  # one IP sends them all
     with LiveServer(create_app(settings, load_in_background=False)) as server:
         yield server
 
