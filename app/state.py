@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from app.api.rate_limit import RateLimiter
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
+from app.services.storage_faults import StorageMonitor
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -35,8 +36,10 @@ class AppState:
     load_error: str | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     rate_limiter: RateLimiter | None = None
+    storage: StorageMonitor = field(init=False)
 
     def __post_init__(self) -> None:
+        self.storage = StorageMonitor(self.settings.data_dir)
         server = self.settings.server
         if server.ask_rate_per_minute is not None and self.rate_limiter is None:
             self.rate_limiter = RateLimiter(server.ask_rate_per_minute, server.ask_burst)
@@ -62,7 +65,8 @@ class AppState:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
 
-        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate)
+        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate,
+                                    on_storage_fault=self.storage.record)
         self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
         self.coverage = CoverageService(components)
         self.ingest.recover()

@@ -13,7 +13,15 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, Response
 
 from app.api.deps import get_coverage, get_state, queue_depth, require_api_key
-from app.api.schemas import CoverageOut, ErrorOut, ModeStatsOut, RecentAskOut, StatsOut, TierStatsOut
+from app.api.schemas import (
+    CoverageOut,
+    ErrorOut,
+    ModeStatsOut,
+    RecentAskOut,
+    StatsOut,
+    StorageOut,
+    TierStatsOut,
+)
 from app.catalog import DocumentStatus
 from app.metrics import RecentAsk
 from app.services.coverage_service import CoverageService
@@ -96,4 +104,5 @@ def stats(state: AppState = Depends(get_state)) -> StatsOut:
         ingest_chunks_per_s=round(chunks / seconds, 2) if seconds > 0 else None,
         ttft_by_mode=_ttft_by_mode(recent),
         recent=[RecentAskOut.model_validate(dataclasses.asdict(r)) for r in recent],
+        storage=StorageOut.model_validate(dataclasses.asdict(state.storage.status())),
     )

@@ -6,12 +6,15 @@ they can show. The list is still there, under `errors`, for programs.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+logger = logging.getLogger(__name__)
 
 OPENAI_PREFIX = "/v1/"
 
@@ -63,6 +66,29 @@ async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONRespons
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
 
+STORAGE_FULL_DETAIL = ("insufficient storage: the disk or the catalog database is full; nothing was changed "
+                       "by this request — free space under the data dir and retry")
+
+
+async def _on_storage_error(request: Request, exc: Exception) -> JSONResponse:
+    """507 for "no space left" (ENOSPC, SQLite full); anything else is a real 500."""
+    from app.services.storage_faults import is_storage_full
+
+    if not is_storage_full(exc):
+        raise exc
+    logger.error("storage full during %s %s: %s", request.method, request.url.path, exc)
+    state = getattr(request.app.state, "blendrag", None)
+    if state is not None:
+        state.storage.record(f"{type(exc).__name__}: {exc}")
+    if request.url.path.startswith(OPENAI_PREFIX):
+        return openai_error(507, STORAGE_FULL_DETAIL, code="insufficient_storage")
+    return JSONResponse({"detail": STORAGE_FULL_DETAIL}, status_code=507)
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    from sqlalchemy.exc import OperationalError
+
     app.add_exception_handler(RequestValidationError, _on_validation)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _on_http)  # type: ignore[arg-type]
+    app.add_exception_handler(OSError, _on_storage_error)
+    app.add_exception_handler(OperationalError, _on_storage_error)

@@ -315,6 +315,13 @@ class RecentAskOut(BaseModel):
     full_prefill_estimate_ms: float | None
 
 
+class StorageOut(BaseModel):
+    ok: bool = Field(description="false after a storage fault in the last 10 minutes or with < 64 MiB free")
+    free_bytes: int | None = Field(description="Free space on the data dir's file system")
+    last_fault: str | None = Field(description="The last disk-full / database-full / KV write failure")
+    last_fault_at: float | None = Field(description="Unix time of last_fault")
+
+
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
@@ -330,3 +337,4 @@ class StatsOut(BaseModel):
     ingest_chunks_per_s: float | None
     ttft_by_mode: dict[str, ModeStatsOut] = Field(description="Over the recent asks below")
     recent: list[RecentAskOut] = Field(description="Last answers, oldest first (bounded ring buffer)")
+    storage: StorageOut

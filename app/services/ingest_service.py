@@ -9,6 +9,7 @@ start-up) re-queues interrupted jobs after removing what they had half-written.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import shutil
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.catalog import DocumentStatus, JobStatus
 from app.catalog.repository import JobRecord, NewChunk
 from app.services.estimates import PrefillRate
+from app.services.storage_faults import is_storage_full
 from app.services.text_checks import is_blank, is_valid_utf8
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 STAGES = ("parse", "chunk", "embed", "kv", "commit")
+UNSETTLED_RETRY_S = 5.0  # how often the worker retries marking a job failed that the catalog refused
 KV_BATCH_CHUNKS = 8  # chunks prefilled per engine pass at ingest (padded to the longest of the batch)
 ACTIVE_DOCUMENT_STATUSES = (DocumentStatus.READY, DocumentStatus.PENDING)
 
@@ -95,8 +98,14 @@ ProgressCallback = Callable[[JobRecord], None]
 
 class IngestService:
     def __init__(self, components: Components, on_chunks_committed: Callable[[int, float], None] | None = None,
-                 prefill_rate: PrefillRate | None = None) -> None:
+                 prefill_rate: PrefillRate | None = None,
+                 on_storage_fault: Callable[[str], None] | None = None) -> None:
         self._c = components
+        self._on_storage_fault = on_storage_fault
+        # Jobs whose failure could not be written (the catalog itself was full): job id → error. They read
+        # as failed (get_job) and the worker writes them down as soon as the catalog takes writes again.
+        self._unsettled: dict[str, str] = {}
+        self._unsettled_lock = threading.Lock()
         self._prefill_rate = prefill_rate
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -148,7 +157,13 @@ class IngestService:
         return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        return self._c.catalog.get_job(job_id)
+        job = self._c.catalog.get_job(job_id)
+        with self._unsettled_lock:
+            error = self._unsettled.get(job_id)
+        if job is not None and error is not None and not job.status.finished:
+            return dataclasses.replace(job, status=JobStatus.FAILED, stage=None,
+                                       errors=[*job.errors, {"source": None, "error": error, "code": "storage"}])
+        return job
 
     def cancel(self, job_id: str) -> JobRecord:
         job = self._c.catalog.get_job(job_id)
@@ -175,13 +190,49 @@ class IngestService:
 
     def _work(self) -> None:
         while True:
-            job_id = self._queue.get()
+            try:
+                job_id = self._queue.get(timeout=UNSETTLED_RETRY_S if self._unsettled else None)
+            except queue.Empty:
+                self._settle()
+                continue
             if job_id is None:
                 return
             try:
                 self.run_job(job_id)
-            except Exception:  # the worker must outlive any one job
+            except Exception as exc:  # the worker must outlive any one job
                 logger.exception("ingest job %s crashed", job_id)
+                self._unsettle(job_id, f"{type(exc).__name__}: {exc}")
+            self._settle()
+
+    def _unsettle(self, job_id: str, error: str) -> None:
+        """A job whose own failure handling failed: never leave it `running`."""
+        with self._unsettled_lock:
+            self._unsettled[job_id] = error
+        self._storage_fault(error)
+
+    def _settle(self) -> None:
+        """Write down the failure of jobs that could not be marked failed before (retried by the worker)."""
+        with self._unsettled_lock:
+            pending = dict(self._unsettled)
+        for job_id, error in pending.items():
+            try:
+                job = self._c.catalog.get_job(job_id)
+                if job is not None and not job.status.finished:
+                    for doc_id in job.document_ids:
+                        doc = self._c.catalog.get_document(doc_id)
+                        if doc is not None and doc.status == DocumentStatus.PENDING:
+                            self._c.catalog.set_document_status(doc_id, DocumentStatus.FAILED, error=error)
+                    self._c.catalog.update_job(job_id, status=JobStatus.FAILED, stage=None, errors=[
+                        *job.errors, {"source": None, "error": error, "code": "storage"}])
+            except Exception as exc:
+                logger.warning("ingest job %s still cannot be marked failed: %s", job_id, exc)
+                continue
+            with self._unsettled_lock:
+                self._unsettled.pop(job_id, None)
+
+    def _storage_fault(self, message: str) -> None:
+        if self._on_storage_fault is not None:
+            self._on_storage_fault(message)
 
     def recover(self) -> list[str]:
         """At start-up: undo what interrupted jobs half-wrote and queue them again. Returns their ids."""
@@ -240,17 +291,28 @@ class IngestService:
             self._parse(items, tracker, errors, duplicates)
             self._chunk(items, tracker, errors)
             self._embed(items, tracker)
-            self._precompute_kv(items, tracker)
+            self._precompute_kv(items, tracker, errors)
             num_chunks = self._commit(items, tracker)
         except JobCancelled:
             self._finish_cancelled(job.id, errors)
             return self._c.catalog.get_job(job.id)  # type: ignore[return-value]
         except Exception as exc:
             logger.exception("ingest job %s failed", job.id)
-            for item in items:
-                self._fail_document(item, f"ingest failed: {exc}")
-            errors.append({"source": None, "error": f"{type(exc).__name__}: {exc}"})
-            self._c.catalog.update_job(job.id, status=JobStatus.FAILED, errors=errors, duplicate_ids=duplicates)
+            full = is_storage_full(exc)
+            if full:
+                self._storage_fault(f"{type(exc).__name__}: {exc}")
+            message = (f"storage full: {exc}" if full else f"ingest failed: {exc}")
+            errors.append({"source": None, "error": f"{type(exc).__name__}: {exc}",
+                           "code": "storage_full" if full else "internal"})
+            try:
+                for item in items:
+                    self._fail_document(item, message)
+                self._c.catalog.update_job(job.id, status=JobStatus.FAILED, stage=None, errors=errors,
+                                           duplicate_ids=duplicates)
+            except Exception as handler_exc:  # e.g. the catalog is full too: never leave the job `running`
+                logger.error("could not mark ingest job %s failed: %s", job.id, handler_exc)
+                self._unsettle(job.id, message)
+                return self.get_job(job.id)  # type: ignore[return-value]
             return tracker.emit()
         ok = [i for i in items if i.failed is None]
         status = JobStatus.SUCCEEDED if ok or not errors else JobStatus.FAILED
@@ -380,12 +442,13 @@ class IngestService:
             item.vectors = vectors[offset:offset + len(item.chunks)]
             offset += len(item.chunks)
 
-    def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress) -> None:
+    def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]]) -> None:
         engine, store = self._c.engine, self._c.store
         live = [i for i in items if i.failed is None]
         tracker.stage("kv", sum(len(i.chunks) for i in live))
         done = 0
         pending: list[tuple[str, list[int]]] = []  # (key, token ids) still to prefill, batched
+        unstored: set[str] = set()  # keys whose KV could not be written to persistent storage
 
         def flush() -> None:
             if not pending:
@@ -400,7 +463,10 @@ class IngestService:
                 # is observed the estimate of full prefill is on the low side.
                 self._prefill_rate.observe(sum(len(ids) for _, ids in pending), time.perf_counter() - t0)
             for (key, _), kv in zip(pending, kvs, strict=True):
-                store.put(key, kv, model_fingerprint=engine.fingerprint)
+                result = store.put(key, kv, model_fingerprint=engine.fingerprint)
+                # The persistent tier is what answers after a restart: an entry only in memory is lost then.
+                if ("disk" in result.failed) or not result.stored_in:
+                    unstored.add(key)
             pending.clear()
 
         for item in live:
@@ -419,6 +485,21 @@ class IngestService:
                 tracker.advance(done - len(pending))
         flush()
         tracker.advance(done)
+        if unstored:
+            self._fail_unstored(live, unstored, errors)
+
+    def _fail_unstored(self, live: list[_WorkItem], unstored: set[str], errors: list[dict[str, Any]]) -> None:
+        """Documents with KV that could not be stored fail (their chunks are not committed): a job never reads
+        `succeeded` while part of its KV lives only in memory."""
+        message_tail = "could not be written to the KV store (disk full or unwritable; see /ready and the logs)"
+        self._storage_fault(f"KV write failed for {len(unstored)} chunk(s)")
+        for item in live:
+            missing = sum(1 for k in item.kv_keys if k in unstored)
+            if missing:
+                message = f"the KV of {missing} of {len(item.kv_keys)} chunks {message_tail}"
+                self._fail_document(item, message)
+                errors.append({"source": item.source.source_path or item.source.title, "error": message,
+                               "code": "kv_write_failed"})
 
     def _commit(self, items: list[_WorkItem], tracker: _Progress) -> int:
         from retrieval.types import IndexedChunk
