@@ -20,9 +20,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.ask import BUSY_DETAIL, client_gone, record_answer
 from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
@@ -130,12 +130,6 @@ class ChatCompletionIn(BaseModel):
     mode: ModeName | None = None
     recompute_ratio: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=1.0)
 
-    @model_validator(mode="after")
-    def _has_question(self) -> ChatCompletionIn:
-        if not any(isinstance(m, UserMessage) for m in self.messages):
-            raise ValueError("messages must contain a user message (the question)")
-        return self
-
 
 class ModelOut(BaseModel):
     id: str
@@ -157,6 +151,8 @@ def list_models() -> ModelList:
 
 def _ask_request(body: ChatCompletionIn) -> AskRequest:
     question = next((m.text() for m in reversed(body.messages) if isinstance(m, UserMessage)), "")
+    if not question:
+        raise HTTPException(400, "messages must contain a user message with text (the question)")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     return AskRequest(
         question=question, top_k=body.top_k,

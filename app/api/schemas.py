@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED
-from app.services.text_checks import invalid_strings, nesting_depth
+from app.services.text_checks import invalid_strings, is_blank, nesting_depth
 
 ModeName = Literal["blend", "full", "prefix", "reuse"]
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -165,7 +165,8 @@ class FiltersIn(BaseModel):
 class AskIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(min_length=1, max_length=MAX_QUESTION_CHARS, pattern=NOT_BLANK)
+    # min_length and pattern document the rule; the validator below checks it with a readable message.
+    question: str = Field(max_length=MAX_QUESTION_CHARS, json_schema_extra={"minLength": 1, "pattern": NOT_BLANK})
     top_k: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=64,
                                                   description="Chunks to retrieve (default: settings)")
     filters: FiltersIn = Field(default_factory=FiltersIn)
@@ -179,6 +180,13 @@ class AskIn(BaseModel):
     top_p: Annotated[float | None, NotBool] = Field(default=None, gt=0.0, le=1.0)
     seed: Annotated[int | None, NotBool] = Field(default=None, ge=0, le=MAX_SEED)
     stream: bool = Field(default=True, strict=True, description="Server-Sent Events (default) or one JSON body")
+
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if is_blank(value):
+            raise ValueError("question must not be empty")
+        return value
 
 
 class SourceOut(BaseModel):
