@@ -10,7 +10,9 @@
 Each request has its own state object (status, sampler, working KV cache); nothing is shared between
 requests except the read-only weights and the engine's exact prefix KV. The worker admits one waiting
 request at a time (its prompt pass), then runs one decode step for each running request in turn, so the
-decode steps of up to `max_running` requests are interleaved. A consumer that stops iterating (breaks,
+decode steps of up to `max_running` requests are interleaved. A prompt pass is split at its layers: between
+two layers the running requests take their next decode step (at most every DECODE_DURING_PREFILL_S), so a
+long prompt delays other answers by a little instead of stopping them for its whole length. A consumer that stops iterating (breaks,
 is cancelled, or drops the stream) cancels its request; the worker notices between layers of the
 prompt pass and between decode steps.
 """
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
     from engine.engine import Engine
 
 logger = logging.getLogger(__name__)
+
+# While a prompt pass runs, the decoding requests take one step each at most this often (between layers).
+DECODE_DURING_PREFILL_S = 0.05
 
 
 class SchedulerStopped(EngineError):
@@ -227,11 +232,24 @@ class Scheduler:
             return
         state.status = RequestStatus.PREFILLING
 
+        last_round = [time.perf_counter()]
+
+        def between_layers() -> bool:
+            # A long prompt pass is split at its layers: the requests already decoding take their next
+            # steps in between, so one long prompt does not stall every other answer.
+            # (Decode steps of this request call this too: only its own prompt pass hands out turns.)
+            if (state.status == RequestStatus.PREFILLING and self._running
+                    and time.perf_counter() - last_round[0] >= DECODE_DURING_PREFILL_S):
+                for other in list(self._running):
+                    self._advance(other)
+                last_round[0] = time.perf_counter()
+            return state.cancelled.is_set() or self._stopping
+
         def prefill() -> list[GenerationEvent]:
             state.run = self.engine.start(
                 state.request,
                 arrival_time=state.arrival_time,
-                should_stop=lambda: state.cancelled.is_set() or self._stopping,
+                should_stop=between_layers,
             )
             return state.run.prefill()
 

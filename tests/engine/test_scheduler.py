@@ -197,3 +197,42 @@ async def test_readmit_skips_the_queue_limit(tiny_engine) -> None:
         for stream in (queued, again):
             events = await asyncio.wait_for(_collect(stream), 30)
             assert events[-1].finish_reason == "length"
+
+
+async def test_decoding_requests_go_on_during_a_long_prompt_pass(tiny_engine) -> None:
+    import threading
+
+    window: list[float] = []  # when the slow prompt pass read its first and its last layer
+    lock = threading.Lock()
+
+    class SlowSource(InMemoryLayerSource):
+        """A prompt pass whose every layer takes 0.3 s (slow storage or a long prompt)."""
+
+        def layer(self, layer_idx: int):
+            with lock:
+                window.append(time.perf_counter())
+            time.sleep(0.3)
+            return super().layer(layer_idx)
+
+    slow = _request(tiny_engine, 1, max_tokens=1)
+    slow.kv_source = SlowSource(slow.kv_source._chunks)
+    async with Scheduler(tiny_engine, max_queue=4, max_running=4) as scheduler:
+        running = scheduler.submit(_request(tiny_engine, 0, max_tokens=100_000))
+        await running.__anext__()  # decoding
+        slow_stream = scheduler.submit(slow)
+        token_times: list[float] = []
+
+        async def read_tokens() -> None:
+            async for _event in running:
+                token_times.append(time.perf_counter())
+
+        reader = asyncio.create_task(read_tokens())
+        slow_events = await asyncio.wait_for(_collect(slow_stream), 60)
+        running.cancel()
+        await asyncio.wait_for(reader, 30)
+    assert slow_events[-1].finish_reason == "length"
+    start, end = window[0], window[-1]
+    during = [t for t in token_times if start < t < end]
+    # 4 layers × 0.3 s, a decode turn at each of the 3 boundaries inside the window; without the split the
+    # worker is stuck in the prompt pass and no token comes at all.
+    assert len(during) >= 2, (len(during), end - start)
