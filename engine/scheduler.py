@@ -12,9 +12,9 @@ requests except the read-only weights and the engine's exact prefix KV. The work
 request at a time (its prompt pass), then runs one decode step for each running request in turn, so the
 decode steps of up to `max_running` requests are interleaved. A prompt pass is split at its layers: between
 two layers the running requests take their next decode step (at most every DECODE_DURING_PREFILL_S), so a
-long prompt delays other answers by a little instead of stopping them for its whole length. A consumer that stops iterating (breaks,
-is cancelled, or drops the stream) cancels its request; the worker notices between layers of the
-prompt pass and between decode steps.
+long prompt delays other answers by a little instead of stopping them for its whole length. A consumer that
+stops iterating (breaks, is cancelled, or drops the stream) cancels its request; the worker notices between
+layers of the prompt pass and between decode steps.
 """
 
 from __future__ import annotations
