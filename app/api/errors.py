@@ -19,8 +19,8 @@ logger = logging.getLogger(__name__)
 OPENAI_PREFIX = "/v1/"
 
 _OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 413: "invalid_request_error", 422: "invalid_request_error", 429: "rate_limit_error",
-                 503: "server_error"}
+                 405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
+                 429: "rate_limit_error", 503: "server_error"}
 
 
 def openai_error(status: int, message: str, *, param: str | None = None, code: str | None = None,
@@ -59,8 +59,29 @@ async def _on_validation(request: Request, exc: RequestValidationError) -> JSONR
     return JSONResponse({"detail": message, "errors": errors}, status_code=422)
 
 
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette's 405 names only the first route's)."""
+    from starlette.routing import Match, Mount
+
+    methods: set[str] = set()
+    # A fresh scope: a mount on the way here (static files) has rewritten root_path in the request's own.
+    scope = {"type": "http", "path": request.url.path, "root_path": "", "path_params": {}}
+    for route in request.app.router.routes:
+        if type(route) is Mount:  # static files: read-only
+            if route.matches({**scope, "method": "GET"})[0] == Match.FULL:
+                methods.update(("GET", "HEAD"))
+            continue
+        methods.update(m for m in _METHODS if route.matches({**scope, "method": m})[0] == Match.FULL)
+    return [m for m in _METHODS if m in methods]
+
+
 async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
     if request.url.path.startswith(OPENAI_PREFIX):
         return openai_error(exc.status_code, str(exc.detail), headers=headers)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)

@@ -114,3 +114,34 @@ def test_streamed_ask_still_works(client: TestClient, corpus: dict[str, str]) ->
     response = client.post("/ask", json={"question": "Where is Quintaro?", "max_tokens": 2})
     events = parse_sse(response.text)
     assert [name for name, _ in events][0] == "sources" and events[-1][0] == "done"
+
+
+@pytest.mark.parametrize(("method", "path", "allow"), [
+    ("PATCH", "/documents/some-id", "GET, DELETE"),  # two routes at one path: both named
+    ("PUT", "/ask", "POST"),
+    ("POST", "/health", "GET"),
+    ("DELETE", "/v1/chat/completions", "POST"),
+])
+def test_405_names_every_allowed_method(client: TestClient, method: str, path: str, allow: str) -> None:
+    response = client.request(method, path)
+    assert response.status_code == 405
+    assert response.headers["allow"] == allow
+
+
+def test_spec_describes_event_streams(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    ask = spec["paths"]["/ask"]["post"]["responses"]
+    stream = ask["200"]["content"]["text/event-stream"]["schema"]
+    names = [v["properties"]["event"]["const"] for v in stream["oneOf"]]
+    assert names == ["sources", "token", "done", "error"]
+    done = stream["oneOf"][2]["properties"]["data"]
+    assert done["contentMediaType"] == "application/json"
+    assert "answer" in done["contentSchema"]["properties"]
+    assert {"400", "401", "422", "429", "503"} <= set(ask)
+    ingest = spec["paths"]["/ingest"]["post"]
+    assert {"400", "413", "415"} <= set(ingest["responses"])
+    assert "another extension answers 415" in (
+        ingest["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]["files"]["description"])
+    job_events = spec["paths"]["/ingest/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
+    assert [v["properties"]["event"]["const"] for v in job_events["text/event-stream"]["schema"]["oneOf"]] == [
+        "progress", "done", "error"]
