@@ -8,6 +8,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED
 from app.services.text_checks import invalid_strings, is_blank, nesting_depth
+from engine.types import SelectorName
 
 ModeName = Literal["blend", "full", "prefix", "reuse"]
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -174,6 +175,9 @@ class AskIn(BaseModel):
                                   "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
     recompute_ratio: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=1.0,
                                                               description="Share of context tokens blend recomputes")
+    selector: SelectorName | None = Field(
+        default=None, description="Which context tokens blend recomputes: query (the question's attention, "
+        "chosen before the pass), deviation (CacheBlend), first_k, random; default: settings")
     max_tokens: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=4096)
     temperature: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=2.0,
                                                           description="0 (or below 1e-4): greedy")
@@ -242,6 +246,7 @@ class AskDoneOut(BaseModel):
 
     answer: str
     mode: str
+    selector: str | None = Field(description="blend's token selector; null for modes that need none")
     recompute_ratio: float
     finish_reason: str
     usage: UsageOut
@@ -313,6 +318,7 @@ class ModeStatsOut(BaseModel):
 class RecentAskOut(BaseModel):
     at: float
     mode: str
+    selector: str | None
     ttft_ms: float
     total_ms: float
     recompute_ratio: float
@@ -333,6 +339,9 @@ class StorageOut(BaseModel):
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
+    default_mode: str = Field(description="The mode a question without `mode` is answered in")
+    default_selector: str = Field(description="The blend token selector a question without `selector` gets")
+    default_recompute_ratio: float
     queue_depth: int | None
     prefill_tokens_per_s: float | None
     documents_by_status: dict[str, int]

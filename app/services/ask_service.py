@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from app.components import Components
     from app.metrics import Metrics
     from engine.scheduler import RequestStream, Scheduler
-    from engine.types import GenerationRequest, Mode
+    from engine.types import GenerationRequest, Mode, SelectorName
     from kvcache.types import LayerKVSource
 
 logger = logging.getLogger(__name__)
@@ -49,6 +49,7 @@ class AskRequest:
     filters: SearchFilters = field(default_factory=SearchFilters)
     mode: Mode | None = None
     recompute_ratio: float | None = None
+    selector: SelectorName | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -104,6 +105,7 @@ class Timings:
 class DoneEvent:
     answer: str
     mode: str
+    selector: str | None  # the blend's token selector; None when the mode recomputes by rule (full, reuse…)
     recompute_ratio: float
     finish_reason: str
     usage: Usage
@@ -135,7 +137,7 @@ class AskService:
 
     def validate(self, request: AskRequest) -> None:
         """Raise AskValidationError for a request that must not reach the engine."""
-        from engine.types import MODES
+        from engine.types import MODES, SELECTORS
 
         if is_blank(request.question):
             raise AskValidationError("question must not be empty")
@@ -148,6 +150,8 @@ class AskService:
                 raise AskValidationError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
         if request.mode is not None and request.mode not in MODES:
             raise AskValidationError(f"unknown mode {request.mode!r}; choose one of {', '.join(MODES)}")
+        if request.selector is not None and request.selector not in SELECTORS:
+            raise AskValidationError(f"unknown selector {request.selector!r}; choose one of {', '.join(SELECTORS)}")
         if request.recompute_ratio is not None and not 0.0 <= request.recompute_ratio <= 1.0:
             raise AskValidationError(f"recompute_ratio must be within [0, 1], got {request.recompute_ratio}")
         if request.top_k is not None and not 1 <= request.top_k <= 64:
@@ -184,7 +188,7 @@ class AskService:
         has accepted the request and `AdmittedAnswer.events()` streams it. An answer that is never iterated
         is cancelled when it is dropped.
         """
-        from engine.types import BlendConfig, EngineBusy, GenerationRequest, SamplingParams
+        from engine.types import EngineBusy, GenerationRequest
 
         self.validate(request)
         engine_settings = self._c.settings.engine
@@ -195,24 +199,17 @@ class AskService:
         retrieval_ms = (time.perf_counter() - started) * 1000
 
         engine = self._c.engine
-        # Best source last: nearest the question, where a small model attends most.
-        ordered = list(reversed(chunks))
-        layout = engine.prompt.layout([c.token_ids for c in ordered], request.question.strip())
+        layout = engine.prompt.layout_ranked([c.token_ids for c in chunks], request.question.strip())
+        ordered = list(reversed(chunks))  # the chunks in prompt order, for their stored KV
         context = engine.model.config.max_position_embeddings
         if layout.num_tokens >= context:
             raise AskValidationError(
                 f"the prompt is {layout.num_tokens} tokens (question + {len(ordered)} retrieved chunks), longer "
                 f"than the model's context of {context} tokens; ask with a smaller top_k or a shorter question")
         max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - layout.num_tokens)
-
-        blend = engine_settings.blend_config()
-        if request.recompute_ratio is not None:
-            blend = BlendConfig(recompute_ratio=request.recompute_ratio, check_layers=blend.check_layers,
-                                deviation_on=blend.deviation_on, selector=blend.selector)
-        sampling = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=engine_settings.temperature if request.temperature is None else request.temperature,
-            top_p=engine_settings.top_p if request.top_p is None else request.top_p,
+        blend = engine_settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
+        sampling = engine_settings.sampling_params(
+            max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
             seed=request.seed, stop=request.stop,
         )
         answer = AdmittedAnswer(self, SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2)),
@@ -296,7 +293,7 @@ class AskService:
             self._metrics.recompute_ratio.observe(event.recompute_ratio)
         self._count(event.mode, event.finish_reason)
         return DoneEvent(
-            answer=event.text or "".join(pieces), mode=event.mode,
+            answer=event.text or "".join(pieces), mode=event.mode, selector=event.selector,
             recompute_ratio=round(event.recompute_ratio, 4), finish_reason=event.finish_reason,
             usage=Usage(prompt_tokens=event.num_prompt_tokens, completion_tokens=event.num_completion_tokens,
                         context_tokens=event.num_context_tokens, recomputed_tokens=event.num_recomputed_tokens),
