@@ -17,3 +17,14 @@ def test_throughput_in_process_end_to_end(run_bench, dataset_path, tmp_path) -> 
         assert m["prompt_tokens_mean"] > 0
     assert [p["mode"] for p in result["phases"]] == ["blend", "full"]
     assert all(r["mode"] == p["mode"] for p in result["phases"] for r in p["requests"])
+
+
+def test_summary_counts_503s_apart_from_200_then_busy() -> None:
+    from bench.throughput import AskTiming, summarize
+
+    timings = [AskTiming("blend", True, 0.5, 1.0), AskTiming("blend", False, None, 0.1, error="HTTP 503: busy"),
+               AskTiming("blend", False, None, 0.1, error="HTTP 503: busy"),
+               AskTiming("blend", False, None, 0.2, error="busy: the engine is busy")]
+    summary = summarize(timings, wall_s=2.0)
+    assert (summary["errors"], summary["busy_503"], summary["busy_after_200"]) == (3, 2, 1)
+    assert summary["share_503"] == 0.5
