@@ -46,7 +46,7 @@ class EngineSettings(BaseModel):
     deviation_on: Literal["v", "k"] = "v"
 
     max_queue: int = Field(default=16, ge=1, description="requests waiting or running before EngineBusy")
-    max_running: int = Field(default=4, ge=1, description="requests whose decode steps are interleaved")
+    max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
     max_new_tokens: int = Field(default=256, ge=1)
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)

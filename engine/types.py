@@ -7,7 +7,7 @@ module is cheap and other packages can build requests without loading torch-heav
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     import torch
@@ -16,9 +16,9 @@ if TYPE_CHECKING:
     from kvcache.types import LayerKVSource
 
 Mode = Literal["blend", "full", "prefix", "reuse"]
-MODES: tuple[Mode, ...] = ("blend", "full", "prefix", "reuse")
+MODES: tuple[Mode, ...] = get_args(Mode)
 SelectorName = Literal["query", "deviation", "first_k", "random"]
-SELECTORS: tuple[SelectorName, ...] = ("query", "deviation", "first_k", "random")
+SELECTORS: tuple[SelectorName, ...] = get_args(SelectorName)
 ScoreFuse = Literal["mean", "max"]
 FinishReason = Literal["stop", "length", "cancelled"]
 

@@ -34,7 +34,6 @@ from app.services.ask_service import (
     AskValidationError,
     DoneEvent,
     ErrorEvent,
-    SearchFilters,
     SourcesEvent,
     TokenDelta,
 )
@@ -45,15 +44,6 @@ router = APIRouter(tags=["ask"], dependencies=[Depends(guard_questions)], respon
     429: {"model": ErrorOut, "description": "Too many questions from this API key / IP; see Retry-After"}})
 
 BUSY_DETAIL = "the engine is busy, retry shortly"
-
-
-def to_request(body: AskIn) -> AskRequest:
-    return AskRequest(
-        question=body.question, top_k=body.top_k,
-        filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
-        mode=body.mode, recompute_ratio=body.recompute_ratio, selector=body.selector, max_tokens=body.max_tokens,
-        temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-    )
 
 
 def done_payload(event: DoneEvent) -> dict[str, Any]:
@@ -96,30 +86,30 @@ def busy_error() -> HTTPException:
     return HTTPException(503, BUSY_DETAIL, headers={"Retry-After": "1"})
 
 
-def validated(service: AskService, body: AskIn, state: AppState) -> AskRequest:
-    """The service request for a body, or the HTTP error it deserves (422 invalid, 503 busy).
+def validated(body: AskIn, state: AppState) -> AskRequest:
+    """The service request for a (validated) body, or 503 when the engine is already full.
 
-    The busy check here is only a shortcut that spares retrieval when the queue is already full; the
-    binding check is the scheduler's, in `admitted`.
+    The busy check here is only a shortcut that spares retrieval; the binding check is the scheduler's, in
+    `admitted`.
     """
-    request = to_request(body)
-    try:
-        service.validate(request)
-    except AskValidationError as exc:
-        raise HTTPException(422, str(exc)) from exc
     if engine_is_full(state):
         raise busy_error()
-    return request
+    return body.to_request(body.question)
 
 
 async def admitted(service: AskService, request: AskRequest) -> AdmittedAnswer:
-    """Queue the question in the engine before any response starts: 422 invalid, 503 busy."""
+    """Queue the question in the engine before any response starts: 422 (prompt too long), 503 busy."""
     try:
         return await service.admit(request)
     except AskValidationError as exc:
         raise HTTPException(422, str(exc)) from exc
     except AskBusy as exc:
         raise busy_error() from exc
+
+
+def client_gone() -> JSONResponse:
+    """What a route returns for a client that left: nobody reads it (499, as nginx logs it)."""
+    return JSONResponse({"detail": "client closed the request"}, status_code=499)
 
 
 _STREAM_DOC = (
@@ -142,7 +132,7 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def ask(body: AskIn, request: Request, service: AskService = Depends(get_ask),
               state: AppState = Depends(get_state)) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate."""
-    answer = await admitted(service, validated(service, body, state))
+    answer = await admitted(service, validated(body, state))
     if not body.stream:
         return await _answer_json(answer, request, state.metrics)
 
@@ -175,11 +165,6 @@ async def _answer_json(answer: AdmittedAnswer, request: Request, metrics: Metric
     return JSONResponse(AskOut.model_validate(result).model_dump())
 
 
-def client_gone() -> JSONResponse:
-    """What a route returns for a client that left: nobody reads it (499, as nginx logs it)."""
-    return JSONResponse({"detail": "client closed the request"}, status_code=499)
-
-
 # Used by the OpenAI-compatible router too.
 __all__ = ["admitted", "busy_error", "client_gone", "done_payload", "event_payload", "record_answer", "router",
-           "to_request", "validated"]
+           "validated"]

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import hmac
 import math
+from collections.abc import Callable
+from typing import TypeVar
 
 from fastapi import HTTPException, Request
 
 from app.api.rate_limit import client_id
-from app.components import Components
 from app.services.ask_service import AskService
 from app.services.coverage_service import CoverageService
+from app.services.document_service import DocumentService
 from app.services.ingest_service import IngestService
 from app.state import AppState
+
+T = TypeVar("T")
 
 
 def get_state(request: Request) -> AppState:
@@ -24,40 +28,23 @@ def _not_ready(state: AppState) -> HTTPException:
     return HTTPException(status_code=503, detail=detail, headers={"Retry-After": "5"})
 
 
-def get_ingest(request: Request) -> IngestService:
-    state = get_state(request)
-    if state.ingest is None:
-        raise _not_ready(state)
-    return state.ingest
+def _loaded(pick: Callable[[AppState], T | None]) -> Callable[[Request], T]:
+    """A dependency giving one service of the loaded app; 503 (with Retry-After) until start-up has built it."""
+
+    def dependency(request: Request) -> T:
+        state = get_state(request)
+        value = pick(state)
+        if value is None:
+            raise _not_ready(state)
+        return value
+
+    return dependency
 
 
-def get_ask(request: Request) -> AskService:
-    state = get_state(request)
-    if state.ask is None:
-        raise _not_ready(state)
-    return state.ask
-
-
-def get_coverage(request: Request) -> CoverageService:
-    state = get_state(request)
-    if state.coverage is None:
-        raise _not_ready(state)
-    return state.coverage
-
-
-def get_components(request: Request) -> Components:
-    state = get_state(request)
-    if state.components is None:
-        raise _not_ready(state)
-    return state.components
-
-
-def queue_depth(state: AppState) -> int | None:
-    """Requests waiting, in their prompt pass or decoding in the engine scheduler (None before start-up)."""
-    scheduler = state.scheduler
-    if scheduler is None:
-        return None
-    return scheduler.queue_depth
+get_ingest: Callable[[Request], IngestService] = _loaded(lambda s: s.ingest)
+get_ask: Callable[[Request], AskService] = _loaded(lambda s: s.ask)
+get_coverage: Callable[[Request], CoverageService] = _loaded(lambda s: s.coverage)
+get_documents: Callable[[Request], DocumentService] = _loaded(lambda s: s.documents)
 
 
 def engine_is_full(state: AppState) -> bool:

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from app.api.deps import get_components, get_coverage, get_ingest, get_state, require_api_key
+from app.api.deps import get_documents, get_ingest, get_state, require_api_key
 from app.api.schemas import (
     ChunkOut,
     DocumentDetail,
@@ -37,8 +37,7 @@ from app.api.schemas import (
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
 from app.catalog import DocumentStatus
 from app.catalog.repository import DocumentRecord, JobRecord
-from app.components import Components
-from app.services.coverage_service import CoverageService
+from app.services.document_service import DocumentBusy, DocumentService
 from app.services.ingest_service import (
     IngestError,
     IngestService,
@@ -296,42 +295,36 @@ def list_documents(
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     status: Annotated[DocumentStatusName | None, Query(description="pending | ready | failed")] = None,
-    components: Components = Depends(get_components),
+    service: DocumentService = Depends(get_documents),
 ) -> DocumentPage:
     """Documents, newest first, with the total count matching the filter."""
-    docs, total = components.catalog.list_documents(
-        offset=offset, limit=limit, status=DocumentStatus(status) if status else None)
+    docs, total = service.list(offset, limit, DocumentStatus(status) if status else None)
     return DocumentPage(total=total, offset=offset, limit=limit, documents=[document_out(d) for d in docs])
 
 
 @router.get("/documents/{document_id}", response_model=DocumentDetail, responses={404: {"model": ErrorOut}})
-def get_document(document_id: str, components: Components = Depends(get_components),
-                 coverage: CoverageService = Depends(get_coverage)) -> DocumentDetail:
+def get_document(document_id: str, service: DocumentService = Depends(get_documents)) -> DocumentDetail:
     """One document with its chunks and each chunk's KV state (fresh / stale / missing)."""
-    doc = components.catalog.get_document(document_id)
-    if doc is None:
+    view = service.get(document_id)
+    if view is None:
         raise HTTPException(404, f"no document {document_id}")
-    chunks = components.catalog.chunks_of(document_id)
-    states = coverage.chunk_states(document_id) if chunks else {}
-    out = [ChunkOut(id=c.id, index=c.index, page=c.page, num_tokens=len(c.token_ids), char_start=c.char_start,
-                    char_end=c.char_end, text=c.text, kv_state=states.get(c.id, "missing")) for c in chunks]
-    counts = KVCounts(**{s: sum(c.kv_state == s for c in out) for s in ("fresh", "stale", "missing")})
-    return DocumentDetail(**document_out(doc).model_dump(), kv=counts, chunks=out)
+    out = [ChunkOut(id=c.record.id, index=c.record.index, page=c.record.page, num_tokens=len(c.record.token_ids),
+                    char_start=c.record.char_start, char_end=c.record.char_end, text=c.record.text,
+                    kv_state=c.kv_state) for c in view.chunks]  # type: ignore[arg-type]
+    return DocumentDetail(**document_out(view.document).model_dump(), kv=KVCounts(**view.kv_counts()), chunks=out)
 
 
 @router.delete("/documents/{document_id}", status_code=204, response_class=Response,
                responses={409: {"model": ErrorOut}})
-def delete_document(document_id: str, components: Components = Depends(get_components),
-                    service: IngestService = Depends(get_ingest)) -> Response:
+def delete_document(document_id: str, service: DocumentService = Depends(get_documents)) -> Response:
     """Delete a document with its chunks, index entries and unshared KV entries.
 
     Idempotent: 204 whether the document existed or not (a retried DELETE must not look like a failure,
     and an id that never existed is indistinguishable from one already deleted). 409 while the document
     is still being ingested (`pending`): cancel its job first.
     """
-    doc = components.catalog.get_document(document_id)
-    if doc is not None and doc.status == DocumentStatus.PENDING:
-        raise HTTPException(409, f"document {document_id} is still being ingested by job {doc.job_id}; "
-                            "cancel the job first")
-    service.delete_document(document_id)
+    try:
+        service.delete(document_id)
+    except DocumentBusy as exc:
+        raise HTTPException(409, str(exc)) from exc
     return Response(status_code=204)

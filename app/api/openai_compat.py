@@ -28,11 +28,10 @@ from app.api.ask import BUSY_DETAIL, client_gone, record_answer
 from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
-from app.api.schemas import NOT_BLANK, FiltersIn, ModeName, NotBool, OpenAIErrorOut
+from app.api.schemas import NOT_BLANK, AskParams, MaxTokens, NotBool, OpenAIErrorOut
 from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.ask_service import (
     MAX_QUESTION_CHARS,
-    MAX_SEED,
     AdmittedAnswer,
     AskBusy,
     AskRequest,
@@ -40,12 +39,10 @@ from app.services.ask_service import (
     AskValidationError,
     DoneEvent,
     ErrorEvent,
-    SearchFilters,
     SourcesEvent,
     TokenDelta,
 )
 from app.state import AppState
-from engine.types import SelectorName
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(guard_questions)], responses={
@@ -107,7 +104,9 @@ class StreamOptions(BaseModel):
     include_usage: bool = Field(default=False, strict=True)
 
 
-class ChatCompletionIn(BaseModel):
+class ChatCompletionIn(AskParams):
+    """OpenAI's fields; the shared AskParams add the blendrag extensions (top_k, filters, mode, ratio)."""
+
     # Unknown OpenAI parameters (presence_penalty, user, …) are accepted and ignored.
     model_config = ConfigDict(extra="allow")
 
@@ -118,19 +117,9 @@ class ChatCompletionIn(BaseModel):
                                         "properties": {"role": {"const": "user"}}}})
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    max_tokens: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=4096)
-    max_completion_tokens: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=4096)
-    temperature: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=2.0)
-    top_p: Annotated[float | None, NotBool] = Field(default=None, gt=0.0, le=1.0)
-    seed: Annotated[int | None, NotBool] = Field(default=None, ge=0, le=MAX_SEED)
+    max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, NotBool] = Field(default=1, ge=1, le=1, description="Only one choice is generated")
-    # blendrag extensions
-    top_k: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=64)
-    filters: FiltersIn = Field(default_factory=FiltersIn)
-    mode: ModeName | None = None
-    recompute_ratio: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=1.0)
-    selector: SelectorName | None = None
 
 
 class ModelOut(BaseModel):
@@ -156,13 +145,7 @@ def _ask_request(body: ChatCompletionIn) -> AskRequest:
     if not question:
         raise HTTPException(400, "messages must contain a user message with text (the question)")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return AskRequest(
-        question=question, top_k=body.top_k,
-        filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
-        mode=body.mode, recompute_ratio=body.recompute_ratio, selector=body.selector,
-        max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
-        top_p=body.top_p, seed=body.seed, stop=stop,
-    )
+    return body.to_request(question, max_tokens=body.max_completion_tokens, stop=stop)
 
 
 def _finish_reason(reason: str) -> str:
@@ -198,6 +181,10 @@ _STREAM_EVENT_SCHEMA: dict[str, Any] = {
     ]}}}
 
 
+def _busy(message: str) -> JSONResponse:
+    return openai_error(503, message, code="engine_busy", headers={"Retry-After": "1"})
+
+
 @router.post("/chat/completions", response_model=None, responses={200: {
     "description": "With `stream: true`, `data:` lines of `chat.completion.chunk` objects ending with "
                    "`data: [DONE]` (the first chunk carries `sources`; a failure is one `{error}` line instead); "
@@ -209,10 +196,6 @@ async def chat_completions(body: ChatCompletionIn, request: Request, service: As
                            state: AppState = Depends(get_state)) -> Any:
     """Chat completion grounded in the library (retrieval on the last user message)."""
     ask_request = _ask_request(body)
-    try:
-        service.validate(ask_request)
-    except AskValidationError as exc:
-        return openai_error(400, str(exc))
     if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
         return _busy(BUSY_DETAIL)
     try:
@@ -249,10 +232,6 @@ async def chat_completions(body: ChatCompletionIn, request: Request, service: As
     if watch.disconnected:
         return client_gone()
     return openai_error(500, "the answer ended without a result")
-
-
-def _busy(message: str) -> JSONResponse:
-    return openai_error(503, message, code="engine_busy", headers={"Retry-After": "1"})
 
 
 async def _stream(answer: AdmittedAnswer, request: Request, state: AppState,

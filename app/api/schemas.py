@@ -2,15 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field, field_validator, model_validator
 
 from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED
 from app.services.text_checks import invalid_strings, is_blank, nesting_depth
-from engine.types import SelectorName
+from engine.types import Mode, SelectorName  # defined once, by the engine (plain data, no torch)
+from retrieval.types import SearchFilters
 
-ModeName = Literal["blend", "full", "prefix", "reuse"]
+if TYPE_CHECKING:
+    from app.services.ask_service import AskRequest
+
+NOT_BLANK = r"\S"  # at least one character that is not white space
+
+
+def _not_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true/false as 1/0; the spec says number, so a boolean is a 422.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true/false")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)
+
+# Request limits, defined once for /ask, /v1/chat/completions and the CLI (which validates through AskIn).
+TopK = Annotated[int, Field(ge=1, le=64), NotBool]
+MaxTokens = Annotated[int, Field(ge=1, le=4096), NotBool]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 (or below 1e-4): greedy"), NotBool]
+TopP = Annotated[float, Field(gt=0.0, le=1.0), NotBool]
+RecomputeRatio = Annotated[float, Field(ge=0.0, le=1.0), NotBool]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED), NotBool]
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 DocumentStatusName = Literal["pending", "ready", "failed"]
 KVState = Literal["fresh", "stale", "missing"]
@@ -38,19 +60,6 @@ class OpenAIErrorOut(BaseModel):
 
 
 # ---- ingest and documents ---------------------------------------------------------------------------
-
-
-NOT_BLANK = r"\S"  # at least one character that is not white space
-
-
-def _not_bool(value: Any) -> Any:
-    # pydantic's lax mode reads true/false as 1/0; the spec says number, so a boolean is a 422.
-    if isinstance(value, bool):
-        raise ValueError("expected a number, not true/false")
-    return value
-
-
-NotBool = BeforeValidator(_not_bool)
 
 
 MAX_METADATA_DEPTH = 16
@@ -160,29 +169,43 @@ class FiltersIn(BaseModel):
     document_ids: list[str] | None = Field(default=None, description="Only retrieve from these documents")
     tags: list[str] | None = Field(default=None, description="Only retrieve from documents with any tag")
 
+    def to_filters(self) -> SearchFilters:
+        return SearchFilters(document_ids=self.document_ids, tags=self.tags)
 
 
+class AskParams(BaseModel):
+    """Retrieval and generation parameters shared by /ask and /v1/chat/completions."""
 
-class AskIn(BaseModel):
+    top_k: TopK | None = Field(default=None, description="Chunks to retrieve (default: settings)")
+    filters: FiltersIn = Field(default_factory=FiltersIn)
+    mode: Mode | None = Field(default=None, description="blend (CacheBlend), full (no reuse), prefix "
+                              "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
+    recompute_ratio: RecomputeRatio | None = Field(default=None,
+                                                   description="Share of context tokens blend recomputes")
+    selector: SelectorName | None = Field(
+        default=None, description="Which context tokens blend recomputes: query (the question's attention, "
+        "chosen before the pass), deviation (CacheBlend), first_k, random; default: settings")
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+
+    def to_request(self, question: str, max_tokens: int | None = None, stop: tuple[str, ...] = ()) -> AskRequest:
+        """The service request (already validated here, at the edge)."""
+        from app.services.ask_service import AskRequest
+
+        return AskRequest(
+            question=question, top_k=self.top_k, filters=self.filters.to_filters(), mode=self.mode,
+            recompute_ratio=self.recompute_ratio, selector=self.selector, max_tokens=max_tokens or self.max_tokens,
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=stop,
+        )
+
+
+class AskIn(AskParams):
     model_config = ConfigDict(extra="forbid")
 
     # min_length and pattern document the rule; the validator below checks it with a readable message.
     question: str = Field(max_length=MAX_QUESTION_CHARS, json_schema_extra={"minLength": 1, "pattern": NOT_BLANK})
-    top_k: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=64,
-                                                  description="Chunks to retrieve (default: settings)")
-    filters: FiltersIn = Field(default_factory=FiltersIn)
-    mode: ModeName | None = Field(default=None, description="blend (CacheBlend), full (no reuse), prefix "
-                                  "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
-    recompute_ratio: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=1.0,
-                                                              description="Share of context tokens blend recomputes")
-    selector: SelectorName | None = Field(
-        default=None, description="Which context tokens blend recomputes: query (the question's attention, "
-        "chosen before the pass), deviation (CacheBlend), first_k, random; default: settings")
-    max_tokens: Annotated[int | None, NotBool] = Field(default=None, ge=1, le=4096)
-    temperature: Annotated[float | None, NotBool] = Field(default=None, ge=0.0, le=2.0,
-                                                          description="0 (or below 1e-4): greedy")
-    top_p: Annotated[float | None, NotBool] = Field(default=None, gt=0.0, le=1.0)
-    seed: Annotated[int | None, NotBool] = Field(default=None, ge=0, le=MAX_SEED)
     stream: bool = Field(default=True, strict=True, description="Server-Sent Events (default) or one JSON body")
 
     @field_validator("question")
@@ -303,9 +326,15 @@ class TierStatsOut(BaseModel):
     budget_bytes: int | None
     num_hits: int
     num_misses: int
-    hit_rate: float | None = Field(description="hits / (hits + misses); null before the first read")
     num_evictions: int
     num_faults: int
+
+    @computed_field(description="hits / (hits + misses); null before the first read")  # type: ignore[prop-decorator]
+    @property
+    def hit_rate(self) -> float | None:
+        from app.services.stats_service import hit_rate
+
+        return hit_rate(self.num_hits, self.num_misses)
 
 
 class ModeStatsOut(BaseModel):

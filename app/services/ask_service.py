@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Literal
 
 from app.catalog.repository import ChunkRecord
 from app.services.estimates import PrefillRate
-from app.services.text_checks import is_blank, is_valid_utf8
+from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
     from app.components import Components
@@ -27,9 +27,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+MAX_QUESTION_CHARS = 8000  # /ask and /v1 alike (enforced at the edge, app/api/schemas.py)
+MAX_SEED = 2**53 - 1  # exact as a JSON double (torch.Generator.manual_seed takes more)
+
 
 class AskValidationError(ValueError):
-    """A question that cannot be asked (empty, bad ratio …): HTTP 422 / CLI exit 2."""
+    """A question that cannot be asked although its fields are valid (its prompt is longer than the model's
+    context): HTTP 422 / 400, CLI exit 2."""
 
 
 class AskBusy(RuntimeError):
@@ -37,13 +41,10 @@ class AskBusy(RuntimeError):
 
 
 @dataclass(frozen=True)
-class SearchFilters:
-    document_ids: list[str] | None = None
-    tags: list[str] | None = None
-
-
-@dataclass(frozen=True)
 class AskRequest:
+    """One question. Its values are validated where it comes in (app/api/schemas.AskParams, which the
+    CLI uses too); the service trusts them."""
+
     question: str
     top_k: int | None = None
     filters: SearchFilters = field(default_factory=SearchFilters)
@@ -123,8 +124,6 @@ class ErrorEvent:
 AskEvent = SourcesEvent | TokenDelta | DoneEvent | ErrorEvent
 
 SNIPPET_CHARS = 240
-MAX_QUESTION_CHARS = 8000  # /ask and /v1 alike
-MAX_SEED = 2**53 - 1  # exact as a JSON double (torch.Generator.manual_seed takes more)
 
 
 class AskService:
@@ -134,36 +133,6 @@ class AskService:
         self._scheduler = scheduler
         self._metrics = metrics
         self.prefill_rate = prefill_rate or PrefillRate()
-
-    def validate(self, request: AskRequest) -> None:
-        """Raise AskValidationError for a request that must not reach the engine."""
-        from engine.types import MODES, SELECTORS
-
-        if is_blank(request.question):
-            raise AskValidationError("question must not be empty")
-        if len(request.question) > MAX_QUESTION_CHARS:
-            raise AskValidationError(f"the question is {len(request.question)} characters; the limit is "
-                                     f"{MAX_QUESTION_CHARS}")
-        for text in (request.question, *request.stop, *(request.filters.document_ids or ()),
-                     *(request.filters.tags or ())):
-            if not is_valid_utf8(text):
-                raise AskValidationError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
-        if request.mode is not None and request.mode not in MODES:
-            raise AskValidationError(f"unknown mode {request.mode!r}; choose one of {', '.join(MODES)}")
-        if request.selector is not None and request.selector not in SELECTORS:
-            raise AskValidationError(f"unknown selector {request.selector!r}; choose one of {', '.join(SELECTORS)}")
-        if request.recompute_ratio is not None and not 0.0 <= request.recompute_ratio <= 1.0:
-            raise AskValidationError(f"recompute_ratio must be within [0, 1], got {request.recompute_ratio}")
-        if request.top_k is not None and not 1 <= request.top_k <= 64:
-            raise AskValidationError(f"top_k must be within [1, 64], got {request.top_k}")
-        if request.max_tokens is not None and not 1 <= request.max_tokens <= 4096:
-            raise AskValidationError(f"max_tokens must be within [1, 4096], got {request.max_tokens}")
-        if request.temperature is not None and not 0.0 <= request.temperature <= 2.0:
-            raise AskValidationError(f"temperature must be within [0, 2], got {request.temperature}")
-        if request.top_p is not None and not 0.0 < request.top_p <= 1.0:
-            raise AskValidationError(f"top_p must be within (0, 1], got {request.top_p}")
-        if request.seed is not None and not 0 <= request.seed <= MAX_SEED:
-            raise AskValidationError(f"seed must be within [0, {MAX_SEED}], got {request.seed}")
 
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
         """Answer one question as a stream of events: sources, token deltas, then done (or error).
@@ -181,16 +150,15 @@ class AskService:
                 yield event
 
     async def admit(self, request: AskRequest) -> AdmittedAnswer:
-        """Validate, retrieve, open the chunks' KV and queue the request in the engine scheduler.
+        """Retrieve, open the chunks' KV and queue the request in the engine scheduler.
 
-        Raises AskValidationError (bad request, prompt longer than the model's context) or AskBusy (the
-        scheduler's queue is full) before anything is sent to the client; once this returns, the engine
-        has accepted the request and `AdmittedAnswer.events()` streams it. An answer that is never iterated
-        is cancelled when it is dropped.
+        Raises AskValidationError (prompt longer than the model's context) or AskBusy (the scheduler's queue
+        is full) before anything is sent to the client; once this returns, the engine has accepted the
+        request and `AdmittedAnswer.events()` streams it. An answer that is never iterated is cancelled when
+        it is dropped.
         """
         from engine.types import EngineBusy, GenerationRequest
 
-        self.validate(request)
         engine_settings = self._c.settings.engine
         mode: Mode = request.mode or engine_settings.mode
         started = time.perf_counter()
@@ -231,13 +199,11 @@ class AskService:
     # ---- steps -----------------------------------------------------------------------------------
 
     def _retrieve(self, request: AskRequest) -> tuple[list[ChunkRecord], list[Source]]:
-        from retrieval.types import SearchFilters as RetrievalFilters
-
         settings = self._c.settings.retrieval
         hits = self._c.retriever.search(
             request.question.strip(), top_k=request.top_k or settings.top_k,
             score_threshold=settings.score_threshold,
-            filters=RetrievalFilters(document_ids=request.filters.document_ids, tags=request.filters.tags),
+            filters=request.filters,
         )
         # Only committed documents answer: a pending document's chunks may already be in the index.
         ready = self._c.catalog.ready_chunk_ids([h.chunk_id for h in hits])
@@ -258,6 +224,7 @@ class AskService:
 
     def _open_kv(self, chunks: list[ChunkRecord]) -> tuple[LayerKVSource, int, int]:
         """Open the chunks' stored KV layer-wise, recomputing (and storing) any that are missing."""
+        from engine.scheduler import PrefillPriority
         from kvcache.errors import KVEntryMissing
 
         engine, store = self._c.engine, self._c.store
@@ -271,11 +238,11 @@ class AskService:
                 missing = set(exc.keys)
                 num_misses += len(missing)
                 logger.info("recomputing KV of %d chunk(s) missing from the store", len(missing))
-                for chunk, key in zip(chunks, keys, strict=True):
-                    if key in missing:
-                        kv = engine.prefill_chunk(chunk.token_ids)
-                        store.put(key, kv, model_fingerprint=engine.fingerprint)
-                        missing.discard(key)
+                # The engine's worker computes them before any other prompt work: a question waits.
+                todo = {key: chunk.token_ids for chunk, key in zip(chunks, keys, strict=True) if key in missing}
+                kvs = self._scheduler.prefill_chunks(list(todo.values()), priority=PrefillPriority.QUESTION)
+                for key, kv in zip(todo, kvs, strict=True):
+                    store.put(key, kv, model_fingerprint=engine.fingerprint)
         raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
 
     def _done(self, event: object, pieces: list[str], retrieval_ms: float, kv_load_ms: float, kv_hits: int,

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from app.components import Components
+    from engine.scheduler import Scheduler
     from ingest.chunker import Chunk
     from ingest.types import LoadedDocument
 
@@ -98,9 +99,14 @@ ProgressCallback = Callable[[JobRecord], None]
 
 class IngestService:
     def __init__(self, components: Components, on_chunks_committed: Callable[[int, float], None] | None = None,
-                 prefill_rate: PrefillRate | None = None,
+                 prefill_rate: PrefillRate | None = None, scheduler: Scheduler | None = None,
                  on_storage_fault: Callable[[str], None] | None = None) -> None:
+        """`scheduler` computes the chunks' KV (questions go first); without one, an unstarted scheduler
+        of its own computes them in the ingest thread (CLI ingest, tests)."""
+        from app.components import build_scheduler
+
         self._c = components
+        self._scheduler = scheduler if scheduler is not None else build_scheduler(components)
         self._on_storage_fault = on_storage_fault
         # Jobs whose failure could not be written (the catalog itself was full): job id → error. They read
         # as failed (get_job) and the worker writes them down as soon as the catalog takes writes again.
@@ -443,6 +449,8 @@ class IngestService:
             offset += len(item.chunks)
 
     def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]]) -> None:
+        from engine.scheduler import PrefillPriority
+
         engine, store = self._c.engine, self._c.store
         live = [i for i in items if i.failed is None]
         tracker.stage("kv", sum(len(i.chunks) for i in live))
@@ -453,15 +461,16 @@ class IngestService:
         def flush() -> None:
             if not pending:
                 return
-            t0 = time.perf_counter()
             # Batched prefill: one pass over the layers for several chunks (exactly the same KV as one
-            # at a time); on short chunks the per-layer overhead otherwise dominates.
-            kvs = engine.prefill_chunks([ids for _, ids in pending])
-            if self._prefill_rate is not None:
-                # A chunk precompute is a plain prefill of the chunks' tokens behind the cached prefix.
-                # Short prompts prefill faster per token than long ones, so until a full-mode answer
-                # is observed the estimate of full prefill is on the low side.
-                self._prefill_rate.observe(sum(len(ids) for _, ids in pending), time.perf_counter() - t0)
+            # at a time); on short chunks the per-layer overhead otherwise dominates. The scheduler runs
+            # it between questions' work, so ingest never delays an answer by more than one unit.
+            # A chunk precompute is a plain prefill of the chunks' tokens behind the cached prefix, so
+            # its compute time feeds the full-prefill estimate (short prompts prefill faster per token
+            # than long ones: until a full-mode answer is observed the estimate is on the low side).
+            kvs = self._scheduler.prefill_chunks(
+                [ids for _, ids in pending], priority=PrefillPriority.INGEST,
+                on_unit=self._prefill_rate.observe if self._prefill_rate is not None else None,
+            )
             for (key, _), kv in zip(pending, kvs, strict=True):
                 result = store.put(key, kv, model_fingerprint=engine.fingerprint)
                 # The persistent tier is what answers after a restart: an entry only in memory is lost then.

@@ -18,8 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
-from apitools import LiveServer, parse_sse, server_settings
+from apitools import LiveServer, server_settings
 
+from app.api.sse import parse_sse
 from app.main import create_app
 from app.state import AppState
 
@@ -110,13 +111,13 @@ def test_metrics_queue_depth_counts_the_request_in_its_prompt_pass(tight_server:
     scheduler = scheduler_of(tight_server)
     release = threading.Event()
     engine = scheduler.engine
-    original = engine.start
+    original = engine.prompt_pass
 
-    def slow_start(request: Any, *args: Any, **kwargs: Any) -> Any:
+    def slow_prompt_pass(*args: Any, **kwargs: Any) -> Any:
         release.wait(30)  # the worker holds this request in its prompt pass until released
-        return original(request, *args, **kwargs)
+        return original(*args, **kwargs)
 
-    engine.start = slow_start  # type: ignore[method-assign]
+    engine.prompt_pass = slow_prompt_pass  # type: ignore[method-assign]
     try:
         with ThreadPoolExecutor(1) as pool:
             future = pool.submit(ask_once, tight_server.url, {"question": "q?", "max_tokens": 2, "mode": "full"})
@@ -126,7 +127,7 @@ def test_metrics_queue_depth_counts_the_request_in_its_prompt_pass(tight_server:
             release.set()
             assert future.result().events[-1] == "done"
     finally:
-        engine.start = original  # type: ignore[method-assign]
+        engine.prompt_pass = original  # type: ignore[method-assign]
         release.set()
 
 

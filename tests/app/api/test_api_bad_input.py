@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 import pytest
-from apitools import parse_sse
 from fastapi.testclient import TestClient
+
+from app.api.sse import parse_sse
 
 
 def _nested(depth: int) -> Any:
