@@ -34,7 +34,20 @@ class ServerSettings(BaseModel):
     api_key: str | None = Field(
         default=None, description="When set, ingest, delete and admin routes need `Authorization: Bearer`."
     )
+    protect_ask: bool = Field(
+        default=False, description="With api_key set: /ask and /v1/* need the key too (else anyone may ask, "
+        "and answers quote stored passages)",
+    )
+    ask_rate_per_minute: float | None = Field(
+        default=120.0, gt=0, description="Question requests per minute per API key (or IP without one); "
+        "null: no limit",
+    )
+    ask_burst: int = Field(default=30, ge=1, description="Question requests a client may send at once")
     cors_origins: list[str] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0,
+                                description="Largest JSON (non-multipart) request body; larger is a 413")
+    max_upload_bytes: int = Field(default=256 * 1024 * 1024, gt=0,
+                                  description="Largest multipart request (all files together); larger is a 413")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 

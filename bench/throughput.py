@@ -193,6 +193,12 @@ def summarize(timings: list[AskTiming], wall_s: float) -> dict[str, Any]:
         "prompt_tokens_mean": mean(t.prompt_tokens for t in ok if t.prompt_tokens is not None),
         "completion_tokens_mean": mean(t.completion_tokens for t in ok if t.completion_tokens is not None),
         "first_errors": [t.error for t in timings if not t.ok][:3],
+        # Refused for a full engine: an HTTP 503 (honest admission) vs a 200 whose stream then said `busy`
+        # (the admission lie; must stay 0). In-process runs report busy as the latter's error code.
+        "busy_503": sum(1 for t in timings if (t.error or "").startswith("HTTP 503")),
+        "busy_after_200": sum(1 for t in timings if (t.error or "").startswith("busy:")),
+        "share_503": (sum(1 for t in timings if (t.error or "").startswith("HTTP 503")) / len(timings)
+                      if timings else None),
     }
 
 
@@ -288,8 +294,9 @@ def main(args: argparse.Namespace) -> int:
     write_json(args.out, result)
     plot(result, plot_path(args))
     for mode, m in result["modes"].items():
-        logger.info("%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors)", mode, m["requests_per_min"] or 0,
-                    m["ttft_p50_s"], m["ttft_p90_s"], m["errors"])
+        logger.info("%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors, %d × 503, %d × 200-then-busy)", mode,
+                    m["requests_per_min"] or 0, m["ttft_p50_s"], m["ttft_p90_s"], m["errors"], m["busy_503"],
+                    m["busy_after_200"])
     decode = result.get("decode")
     if decode:
         for n, d in decode["per_clients"].items():

@@ -2,7 +2,8 @@
 
     scheduler = Scheduler(engine, max_queue=16, max_running=4)
     scheduler.start()
-    async for event in scheduler.submit(request):   # raises EngineBusy at once when the queue is full
+    stream = scheduler.submit(request)   # raises EngineBusy at once (synchronously) when the queue is full
+    async for event in stream:
         ...
     kvs = scheduler.prefill_chunks(chunks, priority=PrefillPriority.INGEST)   # blocking, from any thread
     scheduler.stop()
@@ -17,6 +18,9 @@ Policy, one iteration of the worker:
      coming while a large document is ingested);
   2. one decode step for every running request, batched into one pass over the weights
      (engine/batched_decode.py).
+A prompt pass is split at its layers: between two layers the running requests take their next (batched)
+decode step, at most every DECODE_DURING_PREFILL_S, so one long prompt delays other answers a little
+instead of stopping them for its whole length.
 A consumer that stops iterating (breaks, is cancelled, or drops the stream) cancels its request; the
 worker notices between layers of the prompt pass and between decode steps.
 
@@ -48,6 +52,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_PREFILL_UNIT_TOKENS = 2048
+# While a prompt pass runs, the decoding requests take one step each at most this often (between layers).
+DECODE_DURING_PREFILL_S = 0.05
 
 
 class SchedulerStopped(EngineError):
@@ -172,6 +178,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._waiting: collections.deque[RequestState] = collections.deque()
         self._running: list[RequestState] = []
+        self._prefilling = 0  # requests taken off _waiting whose prompt pass runs now (0 or 1)
         self._prefills: list[PrefillJob] = []  # kept sorted by priority, FIFO within one
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -215,16 +222,33 @@ class Scheduler:
     def num_prefill_jobs(self) -> int:
         return len(self._prefills)
 
+    @property
+    def num_prefilling(self) -> int:
+        """Requests in their prompt pass now: neither waiting nor yet decoding."""
+        return self._prefilling
+
+    @property
+    def queue_depth(self) -> int:
+        """Every request the scheduler holds: waiting, in its prompt pass, or decoding."""
+        with self._cv:
+            return len(self._waiting) + self._prefilling + len(self._running)
+
     # --------------------------------------------------------------------------------------- submit
-    def submit(self, request: GenerationRequest) -> RequestStream:
-        """Queue a request; call from a running event loop. Raises EngineBusy when the queue is full."""
+    def submit(self, request: GenerationRequest, *, readmit: bool = False) -> RequestStream:
+        """Queue a request; call from a running event loop. Raises EngineBusy when the queue is full.
+
+        The check is synchronous, so a caller that submits before it answers its own client can turn a full
+        queue into an honest "busy" reply instead of a stream that fails later. `readmit=True` skips the
+        queue limit: for a request that was already admitted once and must start over (e.g. its stored KV
+        turned out corrupt before the first token), so an admitted caller is never refused half-way.
+        """
         loop = asyncio.get_running_loop()
         state = RequestState(run=self.engine.start(request), loop=loop, queue=asyncio.Queue())
         state.run.should_stop = lambda: state.cancelled.is_set() or self._stopping
         with self._cv:
             if self._stopping or self._thread is None:
                 raise SchedulerStopped("the engine scheduler is not running")
-            if len(self._waiting) >= self.max_queue:
+            if not readmit and len(self._waiting) >= self.max_queue:
                 raise EngineBusy(
                     f"engine busy: {len(self._waiting)} requests waiting (max_queue="
                     f"{self.max_queue}), {len(self._running)} running"
@@ -272,11 +296,17 @@ class Scheduler:
                 if self._stopping:
                     break
                 job, admit = self._pick()
+                if admit is not None:
+                    self._prefilling += 1
             try:
                 if job is not None:
                     self._prefill_unit(job)
                 elif admit is not None:
-                    self._admit(admit)
+                    try:
+                        self._admit(admit)
+                    finally:
+                        with self._cv:
+                            self._prefilling -= 1
                 if self._running:
                     self._decode_step()
             except Exception:  # a bug here must not kill the worker: every later request would hang
@@ -327,7 +357,22 @@ class Scheduler:
             if state.request.kv_source is not None:
                 state.request.kv_source.close()
             return
-        self._emit(state, state.run.prefill)
+        plain = state.run.should_stop
+        last_round = [time.perf_counter()]
+
+        def between_layers() -> bool:
+            # The prompt pass is split at its layers: the requests already decoding take their next step
+            # in between, so one long prompt does not stall every other answer.
+            if self._running and time.perf_counter() - last_round[0] >= DECODE_DURING_PREFILL_S:
+                self._decode_step()
+                last_round[0] = time.perf_counter()
+            return plain() if plain is not None else False
+
+        state.run.should_stop = between_layers
+        try:
+            self._emit(state, state.run.prefill)
+        finally:
+            state.run.should_stop = plain
         if state.status == RequestStatus.DECODING:
             with self._cv:
                 self._running.append(state)

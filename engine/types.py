@@ -175,7 +175,11 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below MIN_TEMPERATURE, logits / temperature overflows float32: sampling that cold is greedy anyway.
+        return self.temperature < MIN_TEMPERATURE
+
+
+MIN_TEMPERATURE = 1e-4  # sampling temperatures below this are greedy
 
 
 @dataclass

@@ -28,6 +28,8 @@ def server_settings(data_dir: Path, tiny_llama_dir: Path, **overrides: Any) -> S
         "engine": {"model": str(tiny_llama_dir), "max_new_tokens": 8, "num_threads": 2},
         "kvcache": {"memory_bytes": 64 * 1024 * 1024},
         "ingest": {"max_file_bytes": MAX_FILE_BYTES},
+        # One test client asks far more often than a person: rate limits are tested where they are set.
+        "server": {"ask_rate_per_minute": None},
     }
     for section, values in overrides.items():
         sections.setdefault(section, {}).update(values)

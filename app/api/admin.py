@@ -41,4 +41,5 @@ def stats(state: AppState = Depends(get_state)) -> StatsOut:
     """Everything the admin page shows besides coverage: KV hit rates per tier, recent TTFT by mode,
     ingest throughput, queue depth."""
     snapshot = state.stats.snapshot(state.components, state.documents, state.scheduler)
-    return StatsOut.model_validate(dataclasses.asdict(snapshot))
+    return StatsOut.model_validate({**dataclasses.asdict(snapshot),
+                                    "storage": dataclasses.asdict(state.storage.status())})

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import hmac
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
 from fastapi import HTTPException, Request
 
+from app.api.rate_limit import client_id
 from app.services.ask_service import AskService
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
@@ -46,8 +48,9 @@ get_documents: Callable[[Request], DocumentService] = _loaded(lambda s: s.docume
 
 
 def engine_is_full(state: AppState) -> bool:
-    """True when the scheduler would refuse a new request now: the admission check routes make before they
-    start a stream, so a full engine answers 503 instead of a 200 stream ending in an `error` event."""
+    """True when the scheduler would refuse a new request now: a cheap early check that spares retrieval.
+    Not binding (requests race between it and the scheduler): routes admit to the scheduler before they
+    answer (`AskService.admit`), so a full engine is always a 503, never a 200 stream ending in `busy`."""
     scheduler = state.scheduler
     return scheduler is not None and scheduler.num_waiting >= scheduler.max_queue
 
@@ -63,7 +66,30 @@ def presented_key(request: Request) -> str | None:
 
 def require_api_key(request: Request) -> None:
     """401 unless `server.api_key` is unset or the request presents it (compared in constant time)."""
-    expected = get_state(request).settings.server.api_key
+    _check_key(request, get_state(request).settings.server.api_key)
+
+
+def guard_questions(request: Request) -> None:
+    """The question routes: the key when `server.protect_ask` is on (401), then the rate limit (429)."""
+    state = get_state(request)
+    server = state.settings.server
+    if server.protect_ask:
+        _check_key(request, server.api_key)
+    limiter = state.rate_limiter
+    if limiter is None:
+        return
+    client = client_id(presented_key(request), request.client.host if request.client else None)
+    wait_s = limiter.acquire(client)
+    if wait_s is not None:
+        raise HTTPException(
+            status_code=429,
+            detail=f"too many questions: at most {server.ask_rate_per_minute:g} per minute, {server.ask_burst} "
+            "at once, per API key (or IP address); retry later",
+            headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+        )
+
+
+def _check_key(request: Request, expected: str | None) -> None:
     if not expected:
         return
     given = presented_key(request)

@@ -30,10 +30,45 @@ def sse_response(stream: AsyncIterator[str]) -> StreamingResponse:
     return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-def sse_openapi(description: str, model: type[BaseModel] | None = None) -> dict[int | str, dict[str, Any]]:
-    """`responses=` entry documenting a text/event-stream body (and, with `model`, a JSON one) in OpenAPI."""
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A model's JSON schema with its `$defs` inlined, so it can sit anywhere (e.g. in a `contentSchema`)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)
+
+
+def sse_event_schema(events: dict[str | None, type[BaseModel] | dict[str, Any]]) -> dict[str, Any]:
+    """The schema of one Server-Sent Event (OpenAPI 3.1: a text/event-stream `schema` describes each event):
+    `{event, data}` where `data` is a JSON text whose own schema is the model's (`contentSchema`)."""
+    variants = []
+    for name, data in events.items():
+        content = data if isinstance(data, dict) else inline_schema(data)
+        data_schema = {"type": "string", "contentMediaType": "application/json", "contentSchema": content}
+        variant: dict[str, Any] = {"type": "object", "required": ["data"], "properties": {"data": data_schema}}
+        if name is not None:
+            variant["required"] = ["event", "data"]
+            variant["properties"]["event"] = {"const": name}
+        variants.append(variant)
+    return variants[0] if len(variants) == 1 else {"oneOf": variants}
+
+
+def sse_openapi(description: str, events: dict[str | None, type[BaseModel] | dict[str, Any]],
+                model: type[BaseModel] | None = None) -> dict[int | str, dict[str, Any]]:
+    """`responses=` entry documenting a text/event-stream body (each event's schema) and, with `model`, the
+    JSON body the same route answers without streaming."""
     entry: dict[str, Any] = {"description": description,
-                             "content": {"text/event-stream": {"schema": {"type": "string"}}}}
+                             "content": {"text/event-stream": {"schema": sse_event_schema(events)}}}
     if model is not None:
         entry["model"] = model
     return {200: entry}

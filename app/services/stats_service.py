@@ -50,7 +50,8 @@ class ServingStats:
 
 def queue_depth(scheduler: Scheduler | None) -> int | None:
     """Requests waiting or running in the engine scheduler (None before start-up)."""
-    return None if scheduler is None else scheduler.num_waiting + scheduler.num_running
+    # Waiting, in the prompt pass, or decoding: a request being prefilled is neither waiting nor running.
+    return None if scheduler is None else scheduler.queue_depth
 
 
 def hit_rate(hits: int, misses: int) -> float | None:
