@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup system-deps serve test lint bench clean
 
 setup: $(STAMP)
 
@@ -30,8 +30,14 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 serve: setup
 	$(VENV)/bin/blendrag serve --host $(HOST) --port $(PORT) --data-dir $(DATA)
 
-test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+# Debian packages the tests need (chromium, redis-server, postgresql): installed when root with apt-get,
+# otherwise one line says what to install. `make serve` needs none of them.
+system-deps:
+	scripts/system-deps.sh
+
+# -rs prints every skip's reason in the summary.
+test: setup system-deps
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -64,6 +64,7 @@ class PassOutcome:
     answer_nlls: list[float]  # -log p(gold_i | prompt, gold_<i), nats; empty without a gold answer
     answer_ids: list[int]  # greedy answer (EOS excluded)
     answer_text: str
+    finish_reason: str  # "stop" (EOS or repetition stop) or "length" (max_tokens reached)
     prompt_s: float  # the prompt pass (what TTFT is made of), from the engine's own timer
     num_recomputed_tokens: int
     num_prompt_tokens: int
@@ -106,14 +107,17 @@ def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | No
         cache.length = prompt_len  # rewind: greedy decode overwrites the teacher-forced rows
 
     answer_ids: list[int] = []
+    finish_reason = "stop"
     token = int(torch.argmax(first))
     while token not in engine.eos_token_ids:
         answer_ids.append(token)
         if len(answer_ids) >= max_tokens:
+            finish_reason = "length"
             break
         token = int(torch.argmax(extend(tf, cache, [token])))
     text = engine.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
     return PassOutcome(first_logits=first, answer_nlls=nlls, answer_ids=answer_ids, answer_text=text,
+                       finish_reason=finish_reason,
                        prompt_s=result.timings.total_s, num_recomputed_tokens=result.num_recomputed_tokens,
                        num_prompt_tokens=result.num_prompt_tokens,
                        selected_positions=result.selected_positions.tolist())

@@ -87,6 +87,7 @@ def evaluate(engine: Engine, prompts: list[BenchPrompt], specs: list[ModeSpec], 
             source = kvs.source(kv_dtype) if spec.uses_cache else None
             out = run_pass(engine, bp.layout, source, spec, bp.answer_ids, max_tokens)
             row: dict[str, Any] = {"answer": out.answer_text, "f1": max_f1(out.answer_text, answers),
+                                   "finish_reason": out.finish_reason, "num_answer_tokens": len(out.answer_ids),
                                    "nll": mean_token_nll(out.answer_nlls), "prompt_s": round(out.prompt_s, 4),
                                    "num_recomputed_tokens": out.num_recomputed_tokens}
             if full is None:
@@ -110,7 +111,9 @@ def summarize(per_example: list[dict[str, Any]], mode_names: list[str]) -> dict[
     modes: dict[str, dict[str, Any]] = {}
     for name in mode_names:
         rows = [r["modes"][name] for r in per_example]
-        summary: dict[str, Any] = {"f1": mean(x["f1"] for x in rows), "nll": mean(x["nll"] for x in rows)}
+        summary: dict[str, Any] = {"f1": mean(x["f1"] for x in rows), "nll": mean(x["nll"] for x in rows),
+                                   "length_share": mean(float(x["finish_reason"] == "length") for x in rows),
+                                   "answer_tokens": mean(x["num_answer_tokens"] for x in rows)}
         if name != "full":
             summary["fidelity_f1"] = mean(x["fidelity_f1"] for x in rows)
             summary["kl"] = mean(x["kl"] for x in rows)
@@ -181,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
     write_json(args.out, result)
     plot(result, plot_path(args))
     for name, m in result["modes"].items():
-        logger.info("%-11s f1=%.3f nll=%.3f %s", name, m["f1"], m["nll"],
+        logger.info("%-11s f1=%.3f nll=%.3f length_share=%.3f %s", name, m["f1"], m["nll"], m["length_share"],
                     "" if name == "full" else f"fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e} "
                     f"benefit={m['benefit_retained']:.3f}")
     return 0
