@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.sampling import RepetitionControl
 from engine.types import BlendConfig, Mode
 
 if TYPE_CHECKING:
@@ -106,18 +107,27 @@ def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | No
         nlls = (-logprobs.gather(1, targets[:, None]).squeeze(1)).tolist()
         cache.length = prompt_len  # rewind: greedy decode overwrites the teacher-forced rows
 
+    # Greedy, with the engine's repetition control exactly as /ask applies it (engine.sampling).
+    repetition = RepetitionControl(engine.settings.sampling_params(max_tokens=max_tokens))
     answer_ids: list[int] = []
     finish_reason = "stop"
     token = int(torch.argmax(first))
     while token not in engine.eos_token_ids:
         answer_ids.append(token)
+        if repetition.stop_on_repeated_line and repetition.should_stop(_decode(engine, answer_ids)):
+            break
         if len(answer_ids) >= max_tokens:
             finish_reason = "length"
             break
-        token = int(torch.argmax(extend(tf, cache, [token])))
+        logits = extend(tf, cache, [token])
+        token = int(torch.argmax(repetition.adjust(logits.reshape(-1), answer_ids)))
     text = engine.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
     return PassOutcome(first_logits=first, answer_nlls=nlls, answer_ids=answer_ids, answer_text=text,
                        finish_reason=finish_reason,
                        prompt_s=result.timings.total_s, num_recomputed_tokens=result.num_recomputed_tokens,
                        num_prompt_tokens=result.num_prompt_tokens,
                        selected_positions=result.selected_positions.tolist())
+
+
+def _decode(engine: Engine, ids: list[int]) -> str:
+    return engine.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -59,6 +59,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--check-layers", default=None, help="blend check layers, comma-separated (default: 1)")
     parser.add_argument("--baselines", default="prefix,reuse",
                         help="cached baselines besides full, comma-separated (full always runs first)")
+    parser.add_argument("--no-repetition-control", action="store_true",
+                        help="greedy answers without the engine's repetition penalty / repeated-line stop")
     parser.set_defaults(func=main)
     return parser
 
@@ -158,6 +160,8 @@ def main(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {}
     if args.selector:
         overrides["selector"] = args.selector
+    if args.no_repetition_control:
+        overrides.update(repetition_penalty=1.0, no_repeat_ngram_size=0, stop_on_repeated_line=False)
     if args.check_layers:
         overrides["check_layers"] = [int(x) for x in args.check_layers.split(",") if x.strip()]
     engine = build_engine(args, **overrides)
@@ -175,6 +179,8 @@ def main(args: argparse.Namespace) -> int:
         "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
         "seed": args.seed, "ratios": ratios, "kv_dtype": args.kv_dtype, "max_tokens": args.max_tokens,
         "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
+        "repetition_control": {k: getattr(engine.settings, k) for k in
+                               ("repetition_penalty", "no_repeat_ngram_size", "stop_on_repeated_line")},
         "blend": {"check_layers": list(engine.settings.check_layers), "selector": engine.settings.selector,
                   "deviation_on": engine.settings.deviation_on},
         "machine": machine_info(engine),

@@ -82,7 +82,7 @@ class RequestRun:
             if req.kv_source is not None:
                 req.kv_source.close()
         self.status = RequestStatus.DECODING
-        token_id = self.sampler(self.result.logits)
+        token_id = self.sampler(self.result.logits, self.detok.token_ids)
         self.first_token_time = time.perf_counter()
         return self._accept(token_id)
 
@@ -92,7 +92,7 @@ class RequestRun:
         if self.should_stop is not None and self.should_stop():
             return [self.cancel()]
         logits = decode(self.engine.transformer, self.result.cache, self._next_token)
-        return self._accept(self.sampler(logits))
+        return self._accept(self.sampler(logits, self.detok.token_ids))
 
     def cancel(self) -> FinishEvent:
         self.status = RequestStatus.CANCELLED
@@ -106,6 +106,9 @@ class RequestRun:
         released = self.stops.push(self.detok.add(token_id))
         if released.stopped:
             return [self._token(released.text, token_id), self._finish("stop")]
+        if self.sampler.repetition.should_stop("".join(self.text_parts) + released.text):
+            # The model began to loop: end here, as if it had emitted EOS.
+            return [self._token(released.text + self.stops.flush(), token_id), self._finish("stop")]
         if self.num_completion_tokens >= sampling.max_tokens:
             return [self._token(released.text + self.stops.flush(), token_id), self._finish("length")]
         self._next_token = token_id

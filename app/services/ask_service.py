@@ -150,7 +150,6 @@ class AskService:
             EngineError,
             FinishEvent,
             GenerationRequest,
-            SamplingParams,
         )
         from kvcache.errors import KVEntryCorrupt
 
@@ -172,10 +171,9 @@ class AskService:
         if request.recompute_ratio is not None:
             blend = BlendConfig(recompute_ratio=request.recompute_ratio, check_layers=blend.check_layers,
                                 deviation_on=blend.deviation_on, selector=blend.selector)
-        sampling = SamplingParams(
-            max_tokens=request.max_tokens or engine_settings.max_new_tokens,
-            temperature=engine_settings.temperature if request.temperature is None else request.temperature,
-            top_p=engine_settings.top_p if request.top_p is None else request.top_p,
+        # The settings' sampling (repetition control included, the same in every mode); request values win.
+        sampling = engine_settings.sampling_params(
+            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
             seed=request.seed, stop=request.stop,
         )
 
