@@ -9,8 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.types import BlendConfig, Mode, SamplingParams, SelectorName
 
-# Defaults that keep SmolLM2-135M from looping (measured with `python -m bench quality`).
-REPETITION_PENALTY = 1.1
+# Defaults that keep SmolLM2-135M from looping (see docs/benchmarks.md, `python -m bench quality`).
+REPETITION_PENALTY = 1.0  # the stop alone ends the loops without changing any token before it
 NO_REPEAT_NGRAM_SIZE = 0
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer the question using the documents. Be concise."
 

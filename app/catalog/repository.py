@@ -159,6 +159,15 @@ class Catalog:
             ).first()
             return _doc(row) if row else None
 
+    def find_by_metadata(self, key: str, value: str, statuses: Sequence[DocumentStatus]) -> DocumentRecord | None:
+        """A document whose metadata has `key` equal to the string `value` (e.g. file_sha256)."""
+        with self._session() as s:
+            row = s.scalars(
+                select(DocumentRow).where(DocumentRow.metadata_[key].as_string() == value,
+                                          DocumentRow.status.in_(list(statuses))).limit(1)
+            ).first()
+            return _doc(row) if row else None
+
     def find_by_source(self, source_path: str, exclude_id: str | None = None) -> list[DocumentRecord]:
         with self._session() as s:
             q = select(DocumentRow).where(DocumentRow.source_path == source_path)

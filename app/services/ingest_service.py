@@ -9,13 +9,14 @@ start-up) re-queues interrupted jobs after removing what they had half-written.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import queue
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 STAGES = ("parse", "chunk", "embed", "kv", "commit")
 KV_BATCH_CHUNKS = 8  # chunks prefilled per engine pass at ingest (padded to the longest of the batch)
 ACTIVE_DOCUMENT_STATUSES = (DocumentStatus.READY, DocumentStatus.PENDING)
+FILE_HASH_KEY = "file_sha256"  # document metadata: SHA-256 of the ingested file's bytes
 
 
 class IngestError(ValueError):
@@ -110,19 +112,66 @@ class IngestService:
         for s in sources:
             if s.kind == "text" and not (s.text or "").strip():
                 raise IngestError(f"document {s.title!r} has no text")
-        job = self._c.catalog.create_job({"sources": [s.to_spec() for s in sources]})
-        document_ids = []
+        # Content already stored (same text, or the same file bytes) is answered with the existing
+        # document's id right here, so the id in the 202 always resolves.
+        sources = [self._with_file_hash(s) for s in sources]
+        job = self._c.catalog.create_job({})
+        fresh: list[IngestSource] = []
+        fresh_ids: list[str] = []
+        duplicates: list[dict[str, Any]] = []
+        document_ids: list[str] = []
+        first_of: dict[tuple[str, str], str] = {}  # identity → document id within this request
         for s in sources:
-            doc = self._c.catalog.add_document(
-                title=s.title, source_path=s.source_path, content_hash=None, tags=s.tags,
-                metadata=s.metadata, job_id=job.id,
-            )
+            identity, stored = self._identity(s)
+            dup = stored or (first_of.get(identity) if identity is not None else None)
+            if dup is not None:
+                duplicates.append({"source": s.source_path or s.title, "error": f"duplicate of document {dup}",
+                                   "code": "duplicate", "document_id": dup})
+                document_ids.append(dup)
+                continue
+            doc = self._c.catalog.add_document(title=s.title, source_path=s.source_path, content_hash=None,
+                                               tags=s.tags, metadata=s.metadata, job_id=job.id)
+            if identity is not None:
+                first_of[identity] = doc.id
+            fresh.append(s)
+            fresh_ids.append(doc.id)
             document_ids.append(doc.id)
-        self._c.catalog.update_job(job.id, document_ids=document_ids,
-                                   progress={stage: {"done": 0, "total": 0} for stage in STAGES})
+        self._c.catalog.update_job(job.id, spec={"sources": [s.to_spec() for s in fresh], "duplicates": duplicates},
+                                   document_ids=fresh_ids, duplicate_ids=[d["document_id"] for d in duplicates],
+                                   errors=duplicates, progress={stage: {"done": 0, "total": 0} for stage in STAGES})
         if enqueue:
             self._queue.put(job.id)
         return SubmitResult(job_id=job.id, document_ids=document_ids)
+
+    @staticmethod
+    def _with_file_hash(source: IngestSource) -> IngestSource:
+        """A file source carries the SHA-256 of its bytes in its metadata (`file_sha256`)."""
+        if source.kind != "file" or not source.path or FILE_HASH_KEY in source.metadata:
+            return source
+        digest = hashlib.sha256()
+        try:
+            with open(source.path, "rb") as f:
+                while block := f.read(1 << 20):
+                    digest.update(block)
+        except OSError:
+            return source  # parse reports the unreadable file
+        return replace(source, metadata={**source.metadata, FILE_HASH_KEY: digest.hexdigest()})
+
+    def _identity(self, source: IngestSource) -> tuple[tuple[str, str] | None, str | None]:
+        """(what makes two sources the same, the id of an active stored document that is the same)."""
+        from ingest.loaders import load_text
+
+        if source.kind == "text":
+            loaded = load_text(source.text or "", source.title, source_path=source.source_path,
+                               metadata=source.metadata)
+            existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
+            identity = ("text", loaded.content_hash)
+        elif FILE_HASH_KEY in source.metadata:
+            identity = ("file", str(source.metadata[FILE_HASH_KEY]))
+            existing = self._c.catalog.find_by_metadata(FILE_HASH_KEY, identity[1], ACTIVE_DOCUMENT_STATUSES)
+        else:
+            return None, None
+        return identity, existing.id if existing is not None else None
 
     def get_job(self, job_id: str) -> JobRecord | None:
         return self._c.catalog.get_job(job_id)
@@ -201,9 +250,10 @@ class IngestService:
         # document_ids may be longer than sources: records of a json/jsonl file fan out at parse time.
         items = [_WorkItem(doc_id, src) for doc_id, src in zip(job.document_ids, sources, strict=False)]
         tracker = _Progress(self._c, job.id, on_progress)
-        errors: list[dict[str, Any]] = []
-        duplicates: list[str] = []
-        self._c.catalog.update_job(job.id, status=JobStatus.RUNNING, errors=[])
+        # Duplicates of stored documents were answered at submit; they stay reported.
+        errors: list[dict[str, Any]] = list(job.spec.get("duplicates", []))
+        duplicates: list[str] = [d["document_id"] for d in errors]
+        self._c.catalog.update_job(job.id, status=JobStatus.RUNNING, errors=errors)
         started = time.perf_counter()
         try:
             return self._run_stages(job, items, tracker, errors, duplicates, started)
@@ -230,7 +280,9 @@ class IngestService:
             self._c.catalog.update_job(job.id, status=JobStatus.FAILED, errors=errors, duplicate_ids=duplicates)
             return tracker.emit()
         ok = [i for i in items if i.failed is None]
-        status = JobStatus.SUCCEEDED if ok or not errors else JobStatus.FAILED
+        # A duplicate is not a failure: its content is stored, under the id the 202 gave.
+        failures = [e for e in errors if e.get("code") != "duplicate"]
+        status = JobStatus.SUCCEEDED if ok or not failures else JobStatus.FAILED
         self._c.catalog.update_job(job.id, status=status, stage=None, errors=errors, duplicate_ids=duplicates)
         if self._on_chunks_committed is not None:
             self._on_chunks_committed(num_chunks, time.perf_counter() - started)
@@ -287,7 +339,10 @@ class IngestService:
         if duplicate_of is None:
             seen_hashes[loaded.content_hash] = item.document_id
             item.loaded = loaded
-            self._c.catalog.set_content_hash(item.document_id, loaded.content_hash, dict(loaded.metadata))
+            metadata = dict(loaded.metadata)
+            if FILE_HASH_KEY in item.source.metadata:
+                metadata[FILE_HASH_KEY] = item.source.metadata[FILE_HASH_KEY]
+            self._c.catalog.set_content_hash(item.document_id, loaded.content_hash, metadata)
             if loaded.title != item.source.title:
                 self._c.catalog.set_title(item.document_id, loaded.title)
             return

@@ -105,9 +105,9 @@ def test_without_the_stop_the_same_script_runs_to_length(tiny_engine, layout, mo
 def test_settings_turn_repetition_control_on_with_a_shorter_default_length() -> None:
     params = EngineSettings().sampling_params()
     assert params.max_tokens == 128
-    assert params.repetition_penalty == 1.1 and params.stop_on_repeated_line is True
-    request_values = EngineSettings().sampling_params(max_tokens=7, temperature=0.5)
-    assert (request_values.max_tokens, request_values.temperature, request_values.repetition_penalty) == (7, 0.5, 1.1)
+    assert (params.repetition_penalty, params.no_repeat_ngram_size, params.stop_on_repeated_line) == (1.0, 0, True)
+    request_values = EngineSettings(repetition_penalty=1.2).sampling_params(max_tokens=7, temperature=0.5)
+    assert (request_values.max_tokens, request_values.temperature, request_values.repetition_penalty) == (7, 0.5, 1.2)
     off = EngineSettings(repetition_penalty=1.0, stop_on_repeated_line=False).sampling_params()
     assert not RepetitionControl(off).adjusts_logits and not RepetitionControl(off).should_stop("A b c d. A b c d.")
 

@@ -72,6 +72,21 @@ def test_multipart_upload_ingests_files_with_tags(client: TestClient) -> None:
         assert client.delete(f"/documents/{doc_id}").status_code == 204
 
 
+def test_a_duplicate_upload_answers_with_the_stored_documents_id(client: TestClient) -> None:
+    body = b"Glass bridges cross the purple rivers of Quintaro."
+    first = client.post("/ingest", files=[("files", ("bridges.txt", body, "text/plain"))])
+    assert wait_for_job(client, first.json()["job_id"])["status"] == "succeeded"
+    stored_id = first.json()["document_ids"][0]
+    again = client.post("/ingest", files=[("files", ("bridges-copy.txt", body, "text/plain"))])
+    assert again.status_code == 202
+    assert again.json()["document_ids"] == [stored_id]
+    job = wait_for_job(client, again.json()["job_id"])
+    assert (job["status"], job["duplicate_ids"], job["errors"][0]["code"]) == ("succeeded", [stored_id], "duplicate")
+    detail = client.get(f"/documents/{stored_id}")
+    assert detail.status_code == 200 and detail.json()["status"] == "ready"
+    assert client.delete(f"/documents/{stored_id}").status_code == 204
+
+
 def test_multipart_inline_documents_field_is_ingested_too(client: TestClient) -> None:
     inline = '[{"title": "Inline note", "text": "An inline note about Zorblat moons."}]'
     response = client.post("/ingest", files=[("files", ("a.txt", b"File text about Zorblat.", "text/plain"))],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -49,12 +50,38 @@ def test_duplicate_content_is_reported_and_not_stored_twice(components: Componen
     first, _ = run(service, [text("A", TEXT_A)])
     second, job = run(service, [text("A again", TEXT_A), text("B", TEXT_B)])
     assert job.status == JobStatus.SUCCEEDED
-    assert job.duplicate_ids == [second.document_ids[0]]
+    # The duplicate's id is the stored document's: it resolves, and nothing is stored twice.
+    assert second.document_ids[0] == first.document_ids[0]
+    assert job.duplicate_ids == [first.document_ids[0]]
     assert [e["code"] for e in job.errors] == ["duplicate"]
     assert job.errors[0]["document_id"] == first.document_ids[0]
-    assert components.catalog.get_document(second.document_ids[0]) is None
+    assert components.catalog.get_document(second.document_ids[0]).status == DocumentStatus.READY
     _, total = components.catalog.list_documents()
     assert total == 2
+
+
+def test_a_duplicate_file_answers_with_the_stored_documents_id(components: Components, tmp_path: Path) -> None:
+    service = IngestService(components)
+    for name in ("notes.md", "copy-of-notes.md", "other.md"):
+        (tmp_path / name).write_text("# Notes\n\n" + (TEXT_B if name == "other.md" else TEXT_A))
+
+    def file(name: str) -> IngestSource:
+        return IngestSource(kind="file", title=name, path=str(tmp_path / name), source_path=f"upload:{name}")
+
+    first, job = run(service, [file("notes.md")])
+    assert job.status == JobStatus.SUCCEEDED
+    stored = components.catalog.get_document(first.document_ids[0])
+    assert stored.metadata["file_sha256"] == hashlib.sha256((tmp_path / "notes.md").read_bytes()).hexdigest()
+    # Same bytes again (under another name), twice in one request, next to a new file.
+    second, job = run(service, [file("copy-of-notes.md"), file("other.md"), file("copy-of-notes.md")])
+    assert second.document_ids[0] == second.document_ids[2] == first.document_ids[0]
+    assert job.status == JobStatus.SUCCEEDED and job.duplicate_ids == [first.document_ids[0]] * 2
+    assert components.catalog.get_document(second.document_ids[1]).status == DocumentStatus.READY
+    _, total = components.catalog.list_documents()
+    assert total == 2
+    # Only duplicates: nothing to do, nothing failed.
+    third, job = run(service, [file("notes.md")])
+    assert (third.document_ids, job.status, job.document_ids) == (first.document_ids, JobStatus.SUCCEEDED, [])
 
 
 def test_reingest_of_changed_source_replaces_chunks_index_and_kv(components: Components) -> None:
