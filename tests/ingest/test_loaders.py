@@ -136,6 +136,16 @@ def test_markdown_front_matter_becomes_metadata(tmp_path: Path) -> None:
     assert kept.title == "Heading"
 
 
+def test_markdown_heading_attribute_lists_are_stripped(tmp_path: Path) -> None:
+    source = ("# Query Parameters { #query-parameters }\n\nUse `q`.\n\n"
+              "## Defaults {.note data-x=\"a b\" #defaults}\n\nSet {#not-a-heading} in text.\n\n"
+              "### Sets { of things }\n")
+    document = only(load_path(write(tmp_path / "params.md", source)))
+    assert document.title == "Query Parameters"
+    assert document.text == ("# Query Parameters\n\nUse `q`.\n\n## Defaults\n\nSet {#not-a-heading} in text."
+                             "\n\n### Sets { of things }")  # only real attribute lists, only on headings
+
+
 def test_markdown_horizontal_rule_is_not_front_matter(tmp_path: Path) -> None:
     source = "---\nJust a rule, then some prose.\n---\nMore."
     # The block is a YAML *string*, not a mapping: it stays in the text.
