@@ -80,6 +80,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     owner = lock_owner(settings.data_dir)
     if owner is not None:
         raise Refused(_busy_message(settings, owner, "blendrag serve"))
+    # Start-up steps (model, embedder, "ready at …") are logged at info by our own packages.
+    level = getattr(logging, settings.server.log_level.upper())
+    for package in ("app", "engine", "kvcache", "retrieval", "ingest"):
+        logging.getLogger(package).setLevel(min(level, logging.getLogger(package).getEffectiveLevel()))
     logger.info("starting the server for %s on %s", settings.data_dir, server_url(host, port))
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.server.log_level)
     return 0

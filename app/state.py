@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.datadir_lock import server_url
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
 from app.settings import Settings
@@ -60,6 +61,7 @@ class AppState:
         self.coverage = CoverageService(components)
         self.ingest.recover()
         self.ingest.start()
+        logger.info("ready at %s", server_url(self.settings.server.host, self.settings.server.port))
         self.ready.set()
 
     async def close(self) -> None:

@@ -79,6 +79,12 @@ def server(cli_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
 def test_cli_sends_its_work_to_the_running_server(server: Server, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     data = tmp_path / "data"
+    log = server.log.read_text()
+    # Start-up is logged step by step and ends with the address, only once /ready answers 200.
+    steps = ["start-up: loading the model", "start-up: model loaded", "start-up: loading the embedder",
+             "start-up: embedder loaded", f"ready at {server.url}"]
+    positions = [log.find(step) for step in steps]
+    assert -1 not in positions and positions == sorted(positions), log
     owner = lock_owner(data)
     assert owner is not None and (owner.pid, owner.command, owner.url) == (server.proc.pid, "serve", server.url)
 
