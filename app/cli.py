@@ -363,6 +363,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_purge_failed(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    remote, lock = _take_data_dir(settings, "purge-failed", "blendrag purge-failed", remote=True)
+    if remote is not None:
+        with remote:
+            num_deleted = remote.purge_failed()
+    else:
+        assert lock is not None
+        with lock:
+            from app.components import build_components
+            from app.services.ingest_service import IngestService
+
+            components = build_components(settings)
+            try:
+                num_deleted = IngestService(components).purge_failed()
+            finally:
+                components.close()
+    print(f"deleted {num_deleted} failed document(s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="blendrag", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -399,6 +420,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--max-bytes", type=int, required=True)
     _add_data_dir(cp)
     p.set_defaults(func=cmd_cache)
+
+    p = sub.add_parser("purge-failed", help="delete every failed document (what failed ingests left behind)")
+    _add_data_dir(p)
+    p.set_defaults(func=cmd_purge_failed)
 
     p = sub.add_parser("doctor", help="check that catalog, index and KV store agree (with the server stopped)")
     p.add_argument("--repair", action="store_true", help="fix what is found")

@@ -66,6 +66,9 @@ class RemoteServer:
                 return job
             time.sleep(poll_s)
 
+    def purge_failed(self) -> int:
+        return int(self._request("DELETE", "/documents", params={"status": "failed"})["deleted"])
+
     def stats(self) -> dict[str, Any]:
         return self._request("GET", "/api/stats")
 

@@ -34,6 +34,8 @@ class IngestSettings(BaseModel):
     json_text_field: str = Field("text", min_length=1)
     json_title_field: str = Field("title", min_length=1)
     max_file_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    # JSON / JSONL: a file with more records (documents) than this is refused as a whole.
+    max_records_per_file: int = Field(10_000, ge=1)
     allowed_extensions: list[str] = Field(default_factory=lambda: sorted(KNOWN_EXTENSIONS))
     # Drop a leading YAML front matter block (--- … ---) from markdown; its scalar keys go to metadata.
     md_strip_front_matter: bool = True

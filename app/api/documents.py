@@ -30,6 +30,7 @@ from app.api.schemas import (
     IngestIn,
     JobOut,
     KVCounts,
+    PurgeOut,
     ValidationErrorOut,
 )
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
@@ -271,6 +272,17 @@ def get_document(document_id: str, components: Components = Depends(get_componen
                     char_end=c.char_end, text=c.text, kv_state=states.get(c.id, "missing")) for c in chunks]
     counts = KVCounts(**{s: sum(c.kv_state == s for c in out) for s in ("fresh", "stale", "missing")})
     return DocumentDetail(**document_out(doc).model_dump(), kv=counts, chunks=out)
+
+
+@router.delete("/documents", response_model=PurgeOut, responses={422: {"model": ErrorOut}})
+def purge_documents(
+    status: Annotated[DocumentStatusName, Query(description="only `failed` can be purged in bulk")],
+    service: IngestService = Depends(get_ingest),
+) -> PurgeOut:
+    """Delete every document with this status at once (`?status=failed`: what failed ingests left)."""
+    if status != DocumentStatus.FAILED.value:
+        raise HTTPException(422, f"only failed documents can be deleted in bulk (status=failed), not {status!r}")
+    return PurgeOut(deleted=service.purge_failed())
 
 
 @router.delete("/documents/{document_id}", status_code=204, response_class=Response,

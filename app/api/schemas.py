@@ -98,6 +98,10 @@ class DocumentPage(BaseModel):
     documents: list[DocumentOut]
 
 
+class PurgeOut(BaseModel):
+    deleted: int = Field(description="Documents deleted")
+
+
 class ChunkOut(BaseModel):
     id: int
     index: int

@@ -120,6 +120,19 @@ def test_cli_sends_its_work_to_the_running_server(server: Server, tmp_path: Path
     assert rows["memory"][3] == "KiB" and rows["memory"][5] == "MiB"  # "NN.N KiB" of a "64.0 MiB" budget
     assert int(rows["memory"][6]) >= 1  # the ask above hit it
 
+    # Failed documents are purged by the server too.
+    bad = httpx.post(f"{server.url}/ingest", headers=auth, json={"documents": [{"title": "t", "text": "x"}]})
+    assert bad.status_code == 202
+    httpx.post(f"{server.url}/ingest", headers=auth,
+               files=[("files", ("broken.json", b"[{", "application/json"))]).raise_for_status()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/documents", headers=auth, params={"status": "failed"}).json()["total"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert main(["purge-failed", "--data-dir", str(data)]) == 0
+    assert capsys.readouterr().out == "deleted 1 failed document(s)\n"
+    httpx.delete(f"{server.url}/documents/{bad.json()['document_ids'][0]}", headers=auth).raise_for_status()
+
     # What cannot go over HTTP is refused, naming the owner and what to do.
     for argv, then in ((["doctor", "--repair"], "blendrag doctor --repair"), (["doctor"], "blendrag doctor"),
                        (["cache", "verify"], "blendrag cache verify")):

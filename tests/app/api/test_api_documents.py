@@ -236,6 +236,23 @@ def test_documents_status_filter(client: TestClient, corpus: dict[str, str]) -> 
     client.delete(f"/documents/{doc_id}")
 
 
+def test_failed_documents_are_purged_in_one_call(client: TestClient, corpus: dict[str, str]) -> None:
+    bad = client.post("/ingest", files=[("files", ("a.json", b'[{"text": "ok"}, {"text": broken}]', "x/y")),
+                                        ("files", ("b.json", b"[]", "x/y"))])
+    assert wait_for_job(client, bad.json()["job_id"])["status"] == "failed"
+    failed = client.get("/documents", params={"status": "failed"}).json()
+    assert sorted(d["id"] for d in failed["documents"]) == sorted(bad.json()["document_ids"])
+    ready_before = client.get("/documents", params={"status": "ready"}).json()["total"]
+    purged = client.delete("/documents", params={"status": "failed"})
+    assert (purged.status_code, purged.json()) == (200, {"deleted": 2})
+    assert client.get("/documents", params={"status": "failed"}).json()["total"] == 0
+    assert client.get("/documents", params={"status": "ready"}).json()["total"] == ready_before
+    refused = client.delete("/documents", params={"status": "ready"})
+    assert refused.status_code == 422
+    assert refused.json()["detail"] == "only failed documents can be deleted in bulk (status=failed), not 'ready'"
+    assert client.delete("/documents").status_code == 422  # no status: never everything
+
+
 def test_documents_query_validation(client: TestClient) -> None:
     bad_status = client.get("/documents", params={"status": "done"})
     assert bad_status.status_code == 422
