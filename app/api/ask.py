@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import engine_is_full, get_ask, get_state
-from app.api.schemas import AskIn, AskOut, ErrorOut, ValidationErrorOut
+from app.api.schemas import AskDefaultsOut, AskIn, AskOut, ErrorOut, ValidationErrorOut
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
 from app.services.ask_service import (
@@ -103,6 +103,14 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
     422: {"model": ValidationErrorOut, "description": "Empty question, unknown mode, ratio outside [0, 1] …"},
     503: {"model": ErrorOut, "description": "Engine queue full or models still loading; retry"},
 }
+
+
+@router.get("/api/defaults", response_model=AskDefaultsOut)
+def ask_defaults(state: AppState = Depends(get_state)) -> AskDefaultsOut:
+    """The server's defaults for the /ask fields a request leaves out (open, like /ask)."""
+    engine = state.settings.engine
+    return AskDefaultsOut(top_k=state.settings.retrieval.top_k, mode=engine.mode,
+                          recompute_ratio=engine.recompute_ratio, max_tokens=engine.max_new_tokens)
 
 
 @router.post("/ask", responses=_ASK_RESPONSES, response_model=None)

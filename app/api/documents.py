@@ -28,6 +28,7 @@ from app.api.schemas import (
     ErrorOut,
     IngestAccepted,
     IngestIn,
+    JobList,
     JobOut,
     KVCounts,
     PurgeOut,
@@ -188,6 +189,13 @@ def _job_or_404(service: IngestService, job_id: str) -> JobRecord:
     if job is None:
         raise HTTPException(404, f"no ingest job {job_id}")
     return job
+
+
+@router.get("/ingest/jobs", response_model=JobList)
+def list_jobs(limit: Annotated[int, Query(ge=1, le=100)] = 10,
+              components: Components = Depends(get_components)) -> JobList:
+    """Recent ingest jobs, newest first, whoever started them (web UI, API or CLI)."""
+    return JobList(jobs=[job_out(j) for j in components.catalog.list_jobs(limit=limit)])
 
 
 @router.get("/ingest/jobs/{job_id}", response_model=JobOut, responses={404: {"model": ErrorOut}})

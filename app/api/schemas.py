@@ -135,6 +135,19 @@ class FiltersIn(BaseModel):
     tags: list[str] | None = Field(default=None, description="Only retrieve from documents with any tag")
 
 
+class JobList(BaseModel):
+    jobs: list[JobOut] = Field(description="Most recent first")
+
+
+class AskDefaultsOut(BaseModel):
+    """What /ask uses for a field a request leaves out (the chat page starts from these)."""
+
+    top_k: int
+    mode: str
+    recompute_ratio: float
+    max_tokens: int
+
+
 class AskIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

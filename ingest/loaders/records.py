@@ -141,5 +141,3 @@ def iter_records(
         yield record
     if count == 0:
         raise EmptyDocument(f"no record has a non-empty {text_field!r} text field", path)
-
-

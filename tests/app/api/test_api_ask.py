@@ -123,3 +123,8 @@ def test_invalid_questions_are_422_with_a_message(client: TestClient, body: dict
 def test_non_json_body_is_422(client: TestClient) -> None:
     response = client.post("/ask", content=b"question?", headers={"content-type": "text/plain"})
     assert response.status_code == 422
+
+
+def test_defaults_are_the_servers_settings(client: TestClient) -> None:
+    assert client.get("/api/defaults").json() == {"top_k": 6, "mode": "blend", "recompute_ratio": 0.15,
+                                                  "max_tokens": 8}

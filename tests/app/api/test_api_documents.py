@@ -323,3 +323,16 @@ def test_delete_while_ingesting_is_409(client: TestClient) -> None:
                                          "cancel the job first"}
     client.post(f"/ingest/jobs/{job_id}/cancel")
     assert client.delete(f"/documents/{doc_id}").status_code == 204
+
+
+def test_recent_jobs_are_listed_newest_first(client: TestClient) -> None:
+    first = client.post("/ingest", json={"documents": [{"title": "J1", "text": "Job one's text."}]}).json()
+    second = client.post("/ingest", json={"documents": [{"title": "J2", "text": "Job two's text."}]}).json()
+    for accepted in (first, second):
+        wait_for_job(client, accepted["job_id"])
+    listed = client.get("/ingest/jobs", params={"limit": 2}).json()["jobs"]
+    assert [j["job_id"] for j in listed] == [second["job_id"], first["job_id"]]
+    assert listed[0]["status"] == "succeeded" and listed[0]["document_ids"] == second["document_ids"]
+    assert client.get("/ingest/jobs", params={"limit": 0}).status_code == 422
+    for accepted in (first, second):
+        client.delete(f"/documents/{accepted['document_ids'][0]}")
