@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.datadir_lock import DataDirBusy, DataDirLock, LockOwner, lock_owner, server_url
 from app.settings import Settings, SettingsError, load_settings
+from engine.types import SELECTORS
 
 if TYPE_CHECKING:
     from app.remote import RemoteServer
@@ -175,7 +176,8 @@ def _print_sources(sources: list[dict[str, Any]]) -> None:
 
 def _print_done(done: dict[str, Any]) -> None:
     t = done["timings"]
-    print(f"\nmode {done['mode']}, recompute ratio {done['recompute_ratio']:.2f}; "
+    how = f"{done['mode']} ({done['selector']})" if done.get("selector") else done["mode"]
+    print(f"\nmode {how}, recompute ratio {done['recompute_ratio']:.2f}; "
           f"retrieval {t['retrieval_ms']:.0f} ms, KV load {t['kv_load_ms']:.0f} ms, "
           f"TTFT {t['ttft_ms']:.0f} ms, total {t['total_ms']:.0f} ms; "
           f"KV hits {done['kv_hits']}, misses {done['kv_misses']}")
@@ -183,7 +185,8 @@ def _print_done(done: dict[str, Any]) -> None:
 
 def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
     body = {k: v for k, v in {"question": args.question, "top_k": args.top_k, "mode": args.mode,
-                              "recompute_ratio": args.ratio, "max_tokens": args.max_tokens}.items()
+                              "recompute_ratio": args.ratio, "selector": args.selector,
+                              "max_tokens": args.max_tokens}.items()
             if v is not None}
     sources: list[dict[str, Any]] = []
     code = 0
@@ -230,7 +233,7 @@ def _ask_local(settings: Settings, args: argparse.Namespace) -> int:
     )
 
     request = AskRequest(question=args.question, top_k=args.top_k, mode=args.mode,
-                         recompute_ratio=args.ratio, max_tokens=args.max_tokens)
+                         recompute_ratio=args.ratio, selector=args.selector, max_tokens=args.max_tokens)
     components = build_components(settings)
 
     async def run() -> int:
@@ -405,6 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("question")
     p.add_argument("--mode", choices=["blend", "full", "prefix", "reuse"], default=None)
     p.add_argument("--ratio", type=float, default=None, help="recompute ratio in [0, 1]")
+    p.add_argument("--selector", choices=SELECTORS, default=None,
+                   help="which context tokens blend recomputes (default: settings)")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     _add_data_dir(p)
