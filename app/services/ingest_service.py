@@ -162,11 +162,15 @@ class IngestService:
 
     def _identity(self, source: IngestSource) -> tuple[tuple[str, str] | None, str | None]:
         """(what makes two sources the same, the id of an active stored document that is the same)."""
+        from ingest.errors import LoaderError
         from ingest.loaders import load_text
 
         if source.kind == "text":
-            loaded = load_text(source.text or "", source.title, source_path=source.source_path,
-                               metadata=source.metadata)
+            try:
+                loaded = load_text(source.text or "", source.title, source_path=source.source_path,
+                                   metadata=source.metadata)
+            except LoaderError:
+                return None, None  # parse reports it
             existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
             identity = ("text", loaded.content_hash)
         elif FILE_HASH_KEY in source.metadata:
