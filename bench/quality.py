@@ -61,12 +61,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="cached baselines besides full, comma-separated (full always runs first)")
     parser.add_argument("--no-repetition-control", action="store_true",
                         help="greedy answers without the engine's repetition penalty / repeated-line stop")
+    parser.add_argument("--compare-repetition-control", action="store_true",
+                        help="also score each answer without the repeated-line stop (same run, same prompts)")
     parser.set_defaults(func=main)
     return parser
 
 
 def evaluate(engine: Engine, prompts: list[BenchPrompt], specs: list[ModeSpec], kv_dtype: str,
-             max_tokens: int) -> dict[str, Any]:
+             max_tokens: int, compare_uncontrolled: bool = False) -> dict[str, Any]:
     """Run every mode on every prompt; returns the aggregate `modes`, `no_context` and `per_example`."""
     if not specs or specs[0].name != "full":
         raise ValueError("the first mode must be full (the reference)")
@@ -87,11 +89,14 @@ def evaluate(engine: Engine, prompts: list[BenchPrompt], specs: list[ModeSpec], 
         full = None
         for spec in specs:
             source = kvs.source(kv_dtype) if spec.uses_cache else None
-            out = run_pass(engine, bp.layout, source, spec, bp.answer_ids, max_tokens)
+            out = run_pass(engine, bp.layout, source, spec, bp.answer_ids, max_tokens, compare_uncontrolled)
             row: dict[str, Any] = {"answer": out.answer_text, "f1": max_f1(out.answer_text, answers),
                                    "finish_reason": out.finish_reason, "num_answer_tokens": len(out.answer_ids),
                                    "nll": mean_token_nll(out.answer_nlls), "prompt_s": round(out.prompt_s, 4),
                                    "num_recomputed_tokens": out.num_recomputed_tokens}
+            if out.uncontrolled is not None:
+                text, reason = out.uncontrolled
+                row["uncontrolled"] = {"answer": text, "f1": max_f1(text, answers), "finish_reason": reason}
             if full is None:
                 full = out
             else:
@@ -116,6 +121,10 @@ def summarize(per_example: list[dict[str, Any]], mode_names: list[str]) -> dict[
         summary: dict[str, Any] = {"f1": mean(x["f1"] for x in rows), "nll": mean(x["nll"] for x in rows),
                                    "length_share": mean(float(x["finish_reason"] == "length") for x in rows),
                                    "answer_tokens": mean(x["num_answer_tokens"] for x in rows)}
+        if all("uncontrolled" in x for x in rows):  # --compare-repetition-control: the same without the stop
+            summary["uncontrolled_f1"] = mean(x["uncontrolled"]["f1"] for x in rows)
+            summary["uncontrolled_length_share"] = mean(
+                float(x["uncontrolled"]["finish_reason"] == "length") for x in rows)
         if name != "full":
             summary["fidelity_f1"] = mean(x["fidelity_f1"] for x in rows)
             summary["kl"] = mean(x["kl"] for x in rows)
@@ -169,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
     specs = mode_specs(engine, ratios, baselines=("full", *baselines))  # type: ignore[arg-type]
     logger.info("quality: %d examples × %d passages, modes %s", len(prompts), args.passages,
                 [s.name for s in specs])
-    evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens)
+    evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens, args.compare_repetition_control)
     result: dict[str, Any] = {
         "benchmark": NAME, "model": model_name(engine), "dataset": str(args.dataset),
         "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
@@ -188,7 +197,9 @@ def main(args: argparse.Namespace) -> int:
     write_json(args.out, result)
     plot(result, plot_path(args))
     for name, m in result["modes"].items():
-        logger.info("%-11s f1=%.3f nll=%.3f length_share=%.3f %s", name, m["f1"], m["nll"], m["length_share"],
+        logger.info("%-11s f1=%.3f nll=%.3f length_share=%.3f%s %s", name, m["f1"], m["nll"], m["length_share"],
+                    f" (without the stop: f1={m['uncontrolled_f1']:.3f} length_share="
+                    f"{m['uncontrolled_length_share']:.3f})" if "uncontrolled_f1" in m else "",
                     "" if name == "full" else f"fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e} "
                     f"benefit={m['benefit_retained']:.3f}")
     return 0
