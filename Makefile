@@ -35,8 +35,9 @@ serve: setup
 system-deps:
 	scripts/system-deps.sh
 
-# -rs prints every skip's reason in the summary.
+# Lint first: a lint error fails `make test` (and CI) before any test runs. -rs prints every skip's reason.
 test: setup system-deps
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 lint: setup

@@ -7,15 +7,19 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.api.rate_limit import RateLimiter
 from app.datadir_lock import server_url
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
+from app.services.stats_service import StatsService
+from app.services.storage_faults import StorageMonitor
 from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.components import Components
     from app.services.ask_service import AskService
     from app.services.coverage_service import CoverageService
+    from app.services.document_service import DocumentService
     from app.services.ingest_service import IngestService
     from engine.scheduler import Scheduler
 
@@ -32,14 +36,26 @@ class AppState:
     ingest: IngestService | None = None
     ask: AskService | None = None
     coverage: CoverageService | None = None
+    documents: DocumentService | None = None
+    stats: StatsService = field(init=False)
     load_error: str | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    rate_limiter: RateLimiter | None = None
+    storage: StorageMonitor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate)
+        self.storage = StorageMonitor(self.settings.data_dir)
+        server = self.settings.server
+        if server.ask_rate_per_minute is not None and self.rate_limiter is None:
+            self.rate_limiter = RateLimiter(server.ask_rate_per_minute, server.ask_burst)
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""
         from app.components import build_components, build_scheduler
         from app.services.ask_service import AskService
         from app.services.coverage_service import CoverageService
+        from app.services.document_service import DocumentService
         from app.services.ingest_service import IngestService
 
         try:
@@ -56,9 +72,11 @@ class AppState:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
 
-        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate)
+        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate,
+                                    scheduler=self.scheduler, on_storage_fault=self.storage.record)
         self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
         self.coverage = CoverageService(components)
+        self.documents = DocumentService(components, self.ingest, self.coverage)
         self.ingest.recover()
         self.ingest.start()
         logger.info("ready at %s", server_url(self.settings.server.host, self.settings.server.port))
