@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup serve test lint bench clean
+.PHONY: setup system-deps serve test lint bench clean
 
 setup: $(STAMP)
 
@@ -30,10 +30,15 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 serve: setup
 	$(VENV)/bin/blendrag serve --host $(HOST) --port $(PORT) --data-dir $(DATA)
 
-# Lint first: a lint error fails `make test` (and CI) before any test runs.
-test: setup
+# Debian packages the tests need (chromium, redis-server, postgresql): installed when root with apt-get,
+# otherwise one line says what to install. `make serve` needs none of them.
+system-deps:
+	scripts/system-deps.sh
+
+# Lint first: a lint error fails `make test` (and CI) before any test runs. -rs prints every skip's reason.
+test: setup system-deps
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .

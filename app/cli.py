@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from app.datadir_lock import DataDirBusy, DataDirLock, LockOwner, lock_owner, server_url
 from app.settings import Settings, SettingsError, load_settings
 from engine.types import MODES, SELECTORS
 
+if TYPE_CHECKING:
+    from app.remote import RemoteServer
+
+logger = logging.getLogger(__name__)
+
 EXIT_USAGE = 2
+EXIT_BUSY = 3  # another process owns the data dir and the work cannot be sent to it
+
+
+class Refused(RuntimeError):
+    """The command cannot run now; the message says what to do instead."""
 
 
 def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
@@ -24,6 +36,38 @@ def _add_data_dir(p: argparse.ArgumentParser) -> None:
                    help="where the catalog, index, KV store and converted models live (default ./data)")
 
 
+def _busy_message(settings: Settings, owner: LockOwner | None, then: str) -> str:
+    who = owner.describe() if owner is not None else "another blendrag process"
+    if owner is not None and owner.url is not None:
+        what = f"stop the server first (or use another --data-dir), then run `{then}` again"
+    else:
+        what = f"wait for it to finish, then run `{then}` again"
+    return f"data dir {settings.data_dir} is in use by {who}: {what}"
+
+
+def _take_data_dir(settings: Settings, command: str, then: str, *, remote: bool
+                   ) -> tuple[RemoteServer | None, DataDirLock | None]:
+    """Own the data dir for this command, or (remote=True) reach the server that owns it.
+
+    Returns (server client, None) when the work goes to the running server over HTTP, else (None, lock).
+    Raises Refused naming the owner and what to do when neither is possible.
+    """
+    owner = lock_owner(settings.data_dir)
+    if owner is None:
+        lock = DataDirLock(settings.data_dir)
+        try:
+            lock.acquire(command)
+            return None, lock
+        except DataDirBusy as exc:  # taken since we looked
+            owner = exc.owner
+    if remote and owner is not None and owner.url is not None:
+        from app.remote import RemoteServer
+
+        print(f"the server at {owner.url} owns {settings.data_dir}: sending the work to it", file=sys.stderr)
+        return RemoteServer(owner.url, settings.server.api_key), None
+    raise Refused(_busy_message(settings, owner, then))
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -32,15 +76,57 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)
     host = args.host or settings.server.host
     port = args.port or settings.server.port
+    # The server records this address in the data-dir lock, for the CLI to find it.
+    settings.server.host, settings.server.port = host, port
+    owner = lock_owner(settings.data_dir)
+    if owner is not None:
+        raise Refused(_busy_message(settings, owner, "blendrag serve"))
+    # Start-up steps (model, embedder, "ready at …") are logged at info by our own packages.
+    level = getattr(logging, settings.server.log_level.upper())
+    for package in ("app", "engine", "kvcache", "retrieval", "ingest"):
+        logging.getLogger(package).setLevel(min(level, logging.getLogger(package).getEffectiveLevel()))
+    logger.info("starting the server for %s on %s", settings.data_dir, server_url(host, port))
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.server.log_level)
     return 0
 
 
-def cmd_ingest(args: argparse.Namespace) -> int:
+def _progress_printer() -> tuple[Any, Any]:
+    """(on_progress(stage, {"done", "total"}), close()) drawing one tqdm bar per ingest stage."""
     from tqdm import tqdm
 
-    from app.components import build_components
-    from app.services.ingest_service import IngestService, IngestSource
+    bars: dict[str, tqdm] = {}
+
+    def on_progress(stage: str | None, progress: dict[str, Any]) -> None:
+        if stage is None:
+            return
+        p = progress.get(stage, {})
+        bar = bars.get(stage)
+        if bar is None:
+            for other in bars.values():
+                other.close()
+            bar = bars[stage] = tqdm(total=p.get("total", 0), desc=f"{stage:>6}", unit="item",
+                                     file=sys.stderr, leave=True)
+        bar.total = p.get("total", 0)
+        bar.n = p.get("done", 0)
+        bar.refresh()
+
+    def close() -> None:
+        for bar in bars.values():
+            bar.close()
+
+    return on_progress, close
+
+
+def _print_job(job_id: str, status: str, document_ids: list[str], errors: list[dict[str, Any]],
+               num_files: int) -> int:
+    num_ok = len(document_ids) - len({e.get("source") for e in errors})
+    print(f"job {job_id}: {status}; {max(num_ok, 0)} of {num_files} file(s) ingested")
+    for err in errors:
+        print(f"  {err.get('source')}: {err.get('error')}", file=sys.stderr)
+    return 0 if status == "succeeded" else 1
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
     from ingest.loaders import iter_paths
 
     settings = _settings(args)
@@ -54,47 +140,77 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         print("error: no ingestible files found under the given paths", file=sys.stderr)
         return EXIT_USAGE
     tags = [t for t in (args.tags or "").split(",") if t]
-    components = build_components(settings)
-    try:
-        service = IngestService(components)
-        sources = [IngestSource(kind="file", title=f.name, path=str(f.resolve()), source_path=str(f.resolve()),
-                                tags=tags) for f in files]
-        submitted = service.submit(sources, enqueue=False)
-        bars: dict[str, tqdm] = {}
+    remote, lock = _take_data_dir(settings, "ingest", "blendrag ingest", remote=True)
+    on_progress, close_bars = _progress_printer()
+    if remote is not None:
+        with remote:
+            accepted = remote.ingest_files(files, tags)
+            job = remote.wait_job(accepted["job_id"], lambda j: on_progress(j.get("stage"), j.get("progress", {})))
+        close_bars()
+        return _print_job(job["job_id"], job["status"], job["document_ids"], job["errors"], len(files))
+    assert lock is not None
+    with lock:
+        from app.components import build_components
+        from app.services.ingest_service import IngestService, IngestSource
 
-        def on_progress(job: Any) -> None:
-            stage = job.stage
-            if stage is None:
-                return
-            p = job.progress.get(stage, {})
-            bar = bars.get(stage)
-            if bar is None:
-                for other in bars.values():
-                    other.close()
-                bar = bars[stage] = tqdm(total=p.get("total", 0), desc=f"{stage:>6}", unit="item",
-                                         file=sys.stderr, leave=True)
-            bar.total = p.get("total", 0)
-            bar.n = p.get("done", 0)
-            bar.refresh()
+        components = build_components(settings)
+        try:
+            service = IngestService(components)
+            sources = [IngestSource(kind="file", title=f.name, path=str(f.resolve()),
+                                    source_path=str(f.resolve()), tags=tags) for f in files]
+            submitted = service.submit(sources, enqueue=False)
+            local_job = service.run_job(submitted.job_id, on_progress=lambda j: on_progress(j.stage, j.progress))
+            close_bars()
+        finally:
+            components.close()
+    return _print_job(local_job.id, local_job.status.value, local_job.document_ids, local_job.errors, len(files))
 
-        job = service.run_job(submitted.job_id, on_progress=on_progress)
-        for bar in bars.values():
-            bar.close()
-    finally:
-        components.close()
-    num_ok = len(job.document_ids) - len({e.get("source") for e in job.errors})
-    print(f"job {job.id}: {job.status.value}; {max(num_ok, 0)} of {len(files)} file(s) ingested")
-    for err in job.errors:
-        print(f"  {err.get('source')}: {err.get('error')}", file=sys.stderr)
-    return 0 if job.status.value == "succeeded" else 1
+
+def _print_sources(sources: list[dict[str, Any]]) -> None:
+    print("\n")
+    print("Sources:")
+    for s in sources:
+        page = f", p. {s['page']}" if s.get("page") else ""
+        print(f"  [{s['rank']}] {s['title']}{page} (score {s['score']:.3f})")
+
+
+def _print_done(done: dict[str, Any]) -> None:
+    t = done["timings"]
+    how = f"{done['mode']} ({done['selector']})" if done.get("selector") else done["mode"]
+    print(f"\nmode {how}, recompute ratio {done['recompute_ratio']:.2f}; "
+          f"retrieval {t['retrieval_ms']:.0f} ms, KV load {t['kv_load_ms']:.0f} ms, "
+          f"TTFT {t['ttft_ms']:.0f} ms, total {t['total_ms']:.0f} ms; "
+          f"KV hits {done['kv_hits']}, misses {done['kv_misses']}")
+
+
+def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
+    body = {k: v for k, v in {"question": args.question, "top_k": args.top_k, "mode": args.mode,
+                              "recompute_ratio": args.ratio, "selector": args.selector,
+                              "max_tokens": args.max_tokens}.items()
+            if v is not None}
+    sources: list[dict[str, Any]] = []
+    code = 0
+    with remote:
+        for event, data in remote.ask(body):
+            match event:
+                case "sources":
+                    sources = data["sources"]
+                case "token":
+                    sys.stdout.write(data["text"])
+                    sys.stdout.flush()
+                case "done":
+                    _print_sources(sources)
+                    _print_done(data)
+                case "error":
+                    print(f"\nerror: {data.get('message')}", file=sys.stderr)
+                    code = 1
+    return code
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from app.api.schemas import AskIn
-    from app.components import build_components, build_scheduler
-    from app.services.ask_service import AskService, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
 
     settings = _settings(args)
     try:  # the same validation (and limits) as POST /ask, before any model is loaded
@@ -106,7 +222,18 @@ def cmd_ask(args: argparse.Namespace) -> int:
             name = str(err["loc"][0]) if err["loc"] else "question"
             print(f"error: {flags.get(name, name)}: {err['msg']}", file=sys.stderr)
         return EXIT_USAGE
-    request = body.to_request(body.question)
+    remote, lock = _take_data_dir(settings, "ask", "blendrag ask", remote=True)
+    if remote is not None:
+        return _ask_remote(remote, args)
+    assert lock is not None
+    with lock:
+        return _ask_local(settings, body.to_request(body.question))
+
+
+def _ask_local(settings: Settings, request: Any) -> int:
+    from app.components import build_components, build_scheduler
+    from app.services.ask_service import AskService, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
+
     components = build_components(settings)
 
     async def run() -> int:
@@ -124,17 +251,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
                         sys.stdout.write(event.text)
                         sys.stdout.flush()
                     case DoneEvent():
-                        t = event.timings
-                        print("\n")
-                        print("Sources:")
-                        for s in sources:
-                            page = f", p. {s.page}" if s.page else ""
-                            print(f"  [{s.rank}] {s.title}{page} (score {s.score:.3f})")
-                        how = f"{event.mode} ({event.selector})" if event.selector else event.mode
-                        print(f"\nmode {how}, recompute ratio {event.recompute_ratio:.2f}; "
-                              f"retrieval {t.retrieval_ms:.0f} ms, KV load {t.kv_load_ms:.0f} ms, "
-                              f"TTFT {t.ttft_ms:.0f} ms, total {t.total_ms:.0f} ms; "
-                              f"KV hits {event.kv_hits}, misses {event.kv_misses}")
+                        _print_sources([dataclasses.asdict(s) for s in sources])
+                        _print_done(dataclasses.asdict(event))
                     case ErrorEvent():
                         print(f"\nerror: {event.message}", file=sys.stderr)
                         code = 1
@@ -148,48 +266,88 @@ def cmd_ask(args: argparse.Namespace) -> int:
         components.close()
 
 
+def human_bytes(n: int | None) -> str:
+    """1536 -> "1.5 KiB"; None -> "-"."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _print_tiers(tiers: list[dict[str, Any]], where: str) -> None:
+    """One row per KV tier: entries, size against budget, hit rate, evictions, faults."""
+    print(f"KV cache tiers ({where})")
+    print(f"{'tier':<8}{'entries':>9}{'size':>12}{'budget':>12}{'hits':>8}{'misses':>8}{'hit rate':>10}"
+          f"{'evictions':>11}{'faults':>8}")
+    for t in tiers:
+        lookups = t["num_hits"] + t["num_misses"]
+        rate = f"{100 * t['num_hits'] / lookups:.1f}%" if lookups else "-"
+        name = t["name"] if t.get("available", True) else f"{t['name']}!"
+        print(f"{name:<8}{t['num_entries']:>9}{human_bytes(t['num_bytes']):>12}{human_bytes(t['budget_bytes']):>12}"
+              f"{t['num_hits']:>8}{t['num_misses']:>8}{rate:>10}{t['num_evictions']:>11}{t['num_faults']:>8}")
+    if any(not t.get("available", True) for t in tiers):
+        print("(!: tier unreachable)")
+
+
 def cmd_cache(args: argparse.Namespace) -> int:
     from kvcache import admin
     from kvcache.store import TieredKVStore
 
     settings = _settings(args)
-    store = TieredKVStore(settings.kvcache)
-    try:
-        match args.cache_command:
-            case "stats":
-                st = admin.stats(store)
-                print(f"{'tier':<8}{'entries':>10}{'bytes':>16}{'hits':>10}{'misses':>10}{'evictions':>11}"
-                      f"{'faults':>8}")
-                for t in st.tiers:
-                    print(f"{t.name:<8}{t.num_entries:>10}{t.num_bytes:>16}{t.num_hits:>10}{t.num_misses:>10}"
-                          f"{t.num_evictions:>11}{t.num_faults:>8}")
-                return 0
-            case "verify":
-                report = admin.verify(store)
-                print(f"checked {report.num_checked} entries: {report.num_ok} ok, "
-                      f"{len(report.problems)} bad (removed)")
-                for problem in report.problems:
-                    print(f"  {problem.tier} {problem.key[:16]}: {problem.reason}")
-                return 0
-            case "prune":
-                pr = admin.prune(store, args.max_bytes)
-                print(f"pruned {pr.num_removed} entries ({pr.bytes_removed} bytes); "
-                      f"disk tier now {pr.bytes_after} bytes")
-                return 0
-    finally:
-        store.close()
+    command = f"blendrag cache {args.cache_command}"
+    remote, lock = _take_data_dir(settings, f"cache {args.cache_command}", command,
+                                  remote=args.cache_command == "stats")
+    if remote is not None:
+        with remote:
+            stats = remote.stats()
+        _print_tiers(stats["kv_tiers"], f"server at {remote.url}")
+        return 0
+    assert lock is not None
+    with lock:
+        store = TieredKVStore(settings.kvcache)
+        try:
+            match args.cache_command:
+                case "stats":
+                    st = admin.stats(store)
+                    _print_tiers([dataclasses.asdict(t) for t in st.tiers], f"{settings.data_dir}, no server running")
+                    return 0
+                case "verify":
+                    report = admin.verify(store)
+                    print(f"checked {report.num_checked} entries: {report.num_ok} ok, "
+                          f"{len(report.problems)} bad (removed)")
+                    for problem in report.problems:
+                        print(f"  {problem.tier} {problem.key[:16]}: {problem.reason}")
+                    return 0
+                case "prune":
+                    pr = admin.prune(store, args.max_bytes)
+                    print(f"pruned {pr.num_removed} entries ({human_bytes(pr.bytes_removed)}); "
+                          f"disk tier now {human_bytes(pr.bytes_after)}")
+                    return 0
+        finally:
+            store.close()
     return EXIT_USAGE
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from app.components import build_components
-    from app.services.doctor import run_doctor
+    settings = _settings(args)
+    then = "blendrag doctor" + (" --repair" if args.repair else "")
+    # Doctor compares the catalog with the index as saved on disk; a running server holds newer state
+    # in memory and saves over any repair, so it only runs on a data dir nobody else owns.
+    _, lock = _take_data_dir(settings, "doctor", then, remote=False)
+    assert lock is not None
+    with lock:
+        from app.components import build_components
+        from app.services.doctor import run_doctor
 
-    components = build_components(_settings(args))
-    try:
-        report = run_doctor(components, repair=args.repair)
-    finally:
-        components.close()
+        components = build_components(settings)
+        try:
+            report = run_doctor(components, repair=args.repair)
+        finally:
+            components.close()
     verb = "repaired" if args.repair else "found"
     print(f"{report.num_documents} documents, {report.num_chunks} committed chunks")
     print(f"  stranded pending documents: {len(report.stranded_document_ids)} {verb}")
@@ -200,6 +358,27 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if report.problems and not args.repair:
         print("run `blendrag doctor --repair` to fix these", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_purge_failed(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    remote, lock = _take_data_dir(settings, "purge-failed", "blendrag purge-failed", remote=True)
+    if remote is not None:
+        with remote:
+            num_deleted = remote.purge_failed()
+    else:
+        assert lock is not None
+        with lock:
+            from app.components import build_components
+            from app.services.ingest_service import IngestService
+
+            components = build_components(settings)
+            try:
+                num_deleted = IngestService(components).purge_failed()
+            finally:
+                components.close()
+    print(f"deleted {num_deleted} failed document(s)")
     return 0
 
 
@@ -242,11 +421,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data_dir(cp)
     p.set_defaults(func=cmd_cache)
 
-    p = sub.add_parser("doctor", help="check that catalog, index and KV store agree (server stopped)")
+    p = sub.add_parser("purge-failed", help="delete every failed document (what failed ingests left behind)")
+    _add_data_dir(p)
+    p.set_defaults(func=cmd_purge_failed)
+
+    p = sub.add_parser("doctor", help="check that catalog, index and KV store agree (with the server stopped)")
     p.add_argument("--repair", action="store_true", help="fix what is found")
     _add_data_dir(p)
     p.set_defaults(func=cmd_doctor)
     return parser
+
+
+def _remote_error() -> type[Exception]:
+    from app.remote import RemoteError
+
+    return RemoteError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -259,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     except SettingsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except Refused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BUSY
+    except _remote_error() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Heavy imports happen here, lazily, so `blendrag --help` and settings validation 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,13 +50,37 @@ def build_components(settings: Settings) -> Components:
     from retrieval.retriever import Retriever
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
     catalog = Catalog(settings.catalog.url or "")
+    logger.info("start-up: catalog open (%s)", catalog_label(settings.catalog.url or ""))
+    step = time.perf_counter()
+    model = settings.engine.model
+    logger.info("start-up: loading the model %s%s …", model,
+                " (converted to safetensors under the data dir on first start, ~20 s, then reused)"
+                if model == "builtin" else "")
     engine = Engine(settings.engine, models_dir=settings.models_dir)
+    logger.info("start-up: model loaded and its prompt prefix warmed in %.1f s", time.perf_counter() - step)
     store = TieredKVStore(settings.kvcache)
+    logger.info("start-up: KV store open (%s)", ", ".join(t.name for t in store.stats().tiers))
+    step = time.perf_counter()
     retriever = Retriever.open(settings.index_dir, settings.retrieval)
-    logger.info("components ready: model fingerprint %s, %d indexed chunks", engine.fingerprint[:12],
-                retriever.count)
+    logger.info("start-up: loading the embedder %s …", settings.retrieval.embedder)
+    retriever.embedder.load()  # now, not at the first question
+    logger.info("start-up: embedder loaded and index of %d chunks open in %.1f s", retriever.count,
+                time.perf_counter() - step)
+    logger.info("start-up: components ready in %.1f s (model fingerprint %s)", time.perf_counter() - t0,
+                engine.fingerprint[:12])
     return Components(settings=settings, catalog=catalog, engine=engine, store=store, retriever=retriever)
+
+
+def catalog_label(url: str) -> str:
+    """The catalog URL without a password, for logs."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - a log label only
+        return "catalog"
 
 
 def build_scheduler(components: Components) -> Scheduler:

@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from app.api import admin, ask, documents, health, openai_compat
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.errors import install_error_handlers
+from app.datadir_lock import DataDirBusy, DataDirLock, server_url
 from app.metrics import RequestMetricsMiddleware
 from app.settings import Settings
 from app.state import AppState
@@ -38,6 +39,13 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        # One process owns the data dir; the lock records this server's address for the CLI.
+        lock = DataDirLock(settings.data_dir)
+        try:
+            lock.acquire("serve", url=server_url(settings.server.host, settings.server.port))
+        except DataDirBusy as exc:
+            logger.error("%s: stop it first or use another data dir", exc)
+            raise
         task = asyncio.create_task(state.load())
         if not load_in_background:
             await task
@@ -47,6 +55,7 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
             if not task.done():
                 await task
             await state.close()
+            lock.release()
 
     docs_assets = docs_assets_dir()
     # Without local Swagger UI assets, FastAPI's default /docs (CDN-hosted assets) is better than none.

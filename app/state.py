@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.api.rate_limit import RateLimiter
+from app.datadir_lock import server_url
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
 from app.services.stats_service import StatsService
@@ -78,6 +79,7 @@ class AppState:
         self.documents = DocumentService(components, self.ingest, self.coverage)
         self.ingest.recover()
         self.ingest.start()
+        logger.info("ready at %s", server_url(self.settings.server.host, self.settings.server.port))
         self.ready.set()
 
     async def close(self) -> None:

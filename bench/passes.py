@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from engine.sampling import RepetitionControl
 from engine.types import BlendConfig, Mode, SelectorName
 
 if TYPE_CHECKING:
@@ -77,10 +78,14 @@ class PassOutcome:
     answer_nlls: list[float]  # -log p(gold_i | prompt, gold_<i), nats; empty without a gold answer
     answer_ids: list[int]  # greedy answer (EOS excluded)
     answer_text: str
+    finish_reason: str  # "stop" (EOS or repetition stop) or "length" (max_tokens reached)
     prompt_s: float  # the prompt pass (what TTFT is made of), from the engine's own timer
     num_recomputed_tokens: int
     num_prompt_tokens: int
     selected_positions: list[int]  # context positions recomputed through all layers (blend)
+    # With compare_uncontrolled: (answer text, finish reason) of the same greedy decode without the
+    # repeated-line stop, for before/after figures from one run.
+    uncontrolled: tuple[str, str] | None = None
 
     @property
     def first_token(self) -> int:
@@ -89,10 +94,12 @@ class PassOutcome:
 
 @torch.inference_mode()
 def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | None, spec: ModeSpec,
-             target_ids: list[int], max_tokens: int) -> PassOutcome:
+             target_ids: list[int], max_tokens: int, compare_uncontrolled: bool = False) -> PassOutcome:
     """Prompt pass of `spec`, then teacher-forced NLL of target_ids, then up to max_tokens greedy tokens.
 
-    Closes kv_source. With no kv_source the engine runs `full` whatever the spec says.
+    Closes kv_source. With no kv_source the engine runs `full` whatever the spec says. With
+    compare_uncontrolled (only when repetition control changes no logits, i.e. it can only stop early),
+    the decode goes on past the repeated-line stop to give the uncontrolled answer too.
     """
     from engine.phases import extend
 
@@ -118,15 +125,38 @@ def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | No
         nlls = (-logprobs.gather(1, targets[:, None]).squeeze(1)).tolist()
         cache.length = prompt_len  # rewind: greedy decode overwrites the teacher-forced rows
 
-    answer_ids: list[int] = []
+    # Greedy, with the engine's repetition control exactly as /ask applies it (engine.sampling).
+    repetition = RepetitionControl(engine.settings.sampling_params(max_tokens=max_tokens))
+    if compare_uncontrolled and repetition.adjusts_logits:
+        raise ValueError("compare_uncontrolled needs repetition control that only stops (no penalty, no n-gram ban)")
+    ids: list[int] = []
+    stop_at: int | None = None  # answer length when the repeated-line stop fired
+    hit_length = False
     token = int(torch.argmax(first))
     while token not in engine.eos_token_ids:
-        answer_ids.append(token)
-        if len(answer_ids) >= max_tokens:
+        ids.append(token)
+        if stop_at is None and repetition.should_stop(_decode(engine, ids)):
+            stop_at = len(ids)
+            if not compare_uncontrolled:
+                break
+        if len(ids) >= max_tokens:
+            hit_length = True
             break
-        token = int(torch.argmax(extend(tf, cache, [token])))
+        logits = extend(tf, cache, [token])
+        token = int(torch.argmax(repetition.adjust(logits.reshape(-1), ids)))
+    answer_ids = ids[:stop_at] if stop_at is not None else ids
+    finish_reason = "stop" if stop_at is not None or not hit_length else "length"
     text = engine.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
+    uncontrolled = None
+    if compare_uncontrolled:
+        uncontrolled = (engine.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+                        "length" if hit_length else "stop")
     return PassOutcome(first_logits=first, answer_nlls=nlls, answer_ids=answer_ids, answer_text=text,
+                       finish_reason=finish_reason, uncontrolled=uncontrolled,
                        prompt_s=result.timings.total_s, num_recomputed_tokens=result.num_recomputed_tokens,
                        num_prompt_tokens=result.num_prompt_tokens,
                        selected_positions=result.selected_positions.tolist())
+
+
+def _decode(engine: Engine, ids: list[int]) -> str:
+    return engine.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.types import BlendConfig, Mode, SamplingParams, SelectorName
 
+# Defaults that keep SmolLM2-135M from looping (see docs/benchmarks.md, `python -m bench quality`).
+REPETITION_PENALTY = 1.0  # the stop alone ends the loops without changing any token before it
+NO_REPEAT_NGRAM_SIZE = 0
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer the question using the documents. Be concise."
 
 
@@ -49,9 +52,17 @@ class EngineSettings(BaseModel):
 
     max_queue: int = Field(default=16, ge=1, description="requests waiting or running before EngineBusy")
     max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
-    max_new_tokens: int = Field(default=256, ge=1)
+    max_new_tokens: int = Field(default=128, ge=1, description="answer length cap when a request sets none")
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    # Repetition control, applied identically in every mode (it only looks at the generated tokens).
+    repetition_penalty: float = Field(
+        default=REPETITION_PENALTY, ge=1.0, le=2.0,
+        description="> 1 lowers the logits of tokens the answer already contains (1 = off)")
+    no_repeat_ngram_size: int = Field(
+        default=NO_REPEAT_NGRAM_SIZE, ge=0, description="never generate the same n-gram twice (0 = off)")
+    stop_on_repeated_line: bool = Field(
+        default=True, description="finish the answer once a sentence or line repeats an earlier one")
 
     @field_validator("model")
     @classmethod
@@ -104,6 +115,9 @@ class EngineSettings(BaseModel):
             "max_tokens": self.max_new_tokens,
             "temperature": self.temperature,
             "top_p": self.top_p,
+            "repetition_penalty": self.repetition_penalty,
+            "no_repeat_ngram_size": self.no_repeat_ngram_size,
+            "stop_on_repeated_line": self.stop_on_repeated_line,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return SamplingParams(**values)  # type: ignore[arg-type]

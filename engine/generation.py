@@ -86,7 +86,7 @@ class RequestRun:
             if req.kv_source is not None:
                 req.kv_source.close()
         self.status = RequestStatus.DECODING
-        token_id = self.sampler(self.result.logits)
+        token_id = self.sampler(self.result.logits, self.detok.token_ids)
         self.first_token_time = time.perf_counter()
         return self._accept(token_id)
 
@@ -110,7 +110,7 @@ class RequestRun:
 
     def advance(self, logits) -> list[GenerationEvent]:
         """Sample from the logits of a decode step that fed `pending_token` (one or batched)."""
-        return self._accept(self.sampler(logits))
+        return self._accept(self.sampler(logits, self.detok.token_ids))
 
     def fail(self) -> None:
         self.status = RequestStatus.FAILED
@@ -128,6 +128,9 @@ class RequestRun:
         released = self.stops.push(self.detok.add(token_id))
         if released.stopped:
             return [self._token(released.text, token_id), self._finish("stop")]
+        if self.sampler.repetition.should_stop("".join(self.text_parts) + released.text):
+            # The model began to loop: end here, as if it had emitted EOS.
+            return [self._token(released.text + self.stops.flush(), token_id), self._finish("stop")]
         if self.num_completion_tokens >= sampling.max_tokens:
             return [self._token(released.text + self.stops.flush(), token_id), self._finish("length")]
         self._next_token = token_id

@@ -1,4 +1,10 @@
-"""Next-token choice (greedy, temperature + top-p with a seeded generator) and streamed detokenization.
+"""Next-token choice (greedy, temperature + top-p with a seeded generator), repetition control, and
+streamed detokenization.
+
+Repetition control (RepetitionControl) is what keeps a small model from looping one sentence until
+max_tokens: a repetition penalty on the tokens already generated, a ban on generating any n-gram twice,
+and a stop once a completed sentence or line repeats an earlier one. It acts on the generated tokens
+only (never the prompt, whose words an answer should be free to copy), so it is the same in every mode.
 
 Text is produced incrementally from token ids: a delta is only released once it decodes to complete
 characters (a multi-byte character split over several byte-level tokens shows up as U+FFFD until its
@@ -8,6 +14,8 @@ last byte arrives), and text that could still turn out to be the start of a stop
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,10 +23,73 @@ import torch
 
 from engine.types import SamplingParams
 
+# A sentence ends at . ! or ? followed by white space; a line at a newline.
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
+_SPACES = re.compile(r"\s+")
+MIN_REPEATED_LINE_CHARS = 8  # shorter repeats ("Yes.", list markers) are not treated as a loop
+
+
+def _normalize(sentence: str) -> str:
+    return _SPACES.sub(" ", sentence.strip().lower())
+
+
+def ends_with_repeated_line(text: str, min_chars: int = MIN_REPEATED_LINE_CHARS) -> bool:
+    """True when the sentence or line that `text` has just completed already occurred earlier in it."""
+    stripped = text.rstrip(" \t")
+    if not stripped or (stripped[-1] not in ".!?" and not stripped.endswith("\n")):
+        return False  # the last sentence is still being written
+    parts = [_normalize(p) for p in _SENTENCE_BREAK.split(stripped)]
+    parts = [p for p in parts if p]
+    if len(parts) < 2 or len(parts[-1]) < min_chars:
+        return False
+    return parts[-1] in parts[:-1]
+
+
+class RepetitionControl:
+    """Logit adjustments and the stop test of SamplingParams' repetition settings."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.penalty = params.repetition_penalty
+        self.ngram = params.no_repeat_ngram_size
+        self.stop_on_repeated_line = params.stop_on_repeated_line
+
+    @property
+    def adjusts_logits(self) -> bool:
+        return self.penalty != 1.0 or self.ngram > 0
+
+    def adjust(self, logits: torch.Tensor, generated: Sequence[int]) -> torch.Tensor:
+        """logits (vocab,) → a new tensor with repeated tokens penalised and repeated n-grams banned."""
+        if not generated or not self.adjusts_logits:
+            return logits
+        out = logits.clone()
+        if self.penalty != 1.0:
+            ids = torch.tensor(sorted(set(generated)), dtype=torch.int64, device=out.device)
+            seen = out[ids]
+            # As in CTRL (Keskar et al. 2019): shrink positive logits, push negative ones further down.
+            out[ids] = torch.where(seen > 0, seen / self.penalty, seen * self.penalty)
+        if self.ngram > 0 and len(generated) >= self.ngram:
+            banned = banned_ngram_tokens(generated, self.ngram)
+            if banned:
+                out[torch.tensor(sorted(banned), dtype=torch.int64, device=out.device)] = float("-inf")
+        return out
+
+    def should_stop(self, text: str) -> bool:
+        return self.stop_on_repeated_line and ends_with_repeated_line(text)
+
+
+def banned_ngram_tokens(generated: Sequence[int], n: int) -> set[int]:
+    """Tokens that would complete an n-gram already present in `generated`."""
+    if n == 1:
+        return set(generated)
+    context = tuple(generated[len(generated) - n + 1 :])
+    return {generated[i + n - 1] for i in range(len(generated) - n + 1)
+            if tuple(generated[i : i + n - 1]) == context}
+
 
 class Sampler:
     def __init__(self, params: SamplingParams, device: torch.device) -> None:
         self.params = params
+        self.repetition = RepetitionControl(params)
         self.generator: torch.Generator | None = None
         if not params.greedy:
             seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
@@ -26,8 +97,9 @@ class Sampler:
             self.generator = torch.Generator(device="cpu").manual_seed(seed)
         self.device = device
 
-    def __call__(self, logits: torch.Tensor) -> int:
-        """logits: (vocab,) float32 → token id."""
+    def __call__(self, logits: torch.Tensor, generated: Sequence[int] = ()) -> int:
+        """logits: (vocab,) float32, generated: the token ids sampled so far → token id."""
+        logits = self.repetition.adjust(logits, generated)
         if self.params.greedy:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits.float().cpu() / self.params.temperature, dim=-1)

@@ -162,10 +162,19 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    # Repetition control (engine.sampling.RepetitionControl); the defaults here switch it off, the
+    # engine settings switch it on for every mode alike.
+    repetition_penalty: float = 1.0  # > 1 lowers the logits of tokens already generated
+    no_repeat_ngram_size: int = 0  # > 0: never generate an n-gram of this size twice
+    stop_on_repeated_line: bool = False  # finish ("stop") once a sentence or line repeats an earlier one
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 1.0 <= self.repetition_penalty <= 2.0:
+            raise ValueError(f"repetition_penalty must be within [1, 2], got {self.repetition_penalty}")
+        if self.no_repeat_ngram_size < 0:
+            raise ValueError(f"no_repeat_ngram_size must be >= 0 (0 = off), got {self.no_repeat_ngram_size}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

@@ -34,6 +34,8 @@ class IngestSettings(BaseModel):
     json_text_field: str = Field("text", min_length=1)
     json_title_field: str = Field("title", min_length=1)
     max_file_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    # JSON / JSONL: a file with more records (documents) than this is refused as a whole.
+    max_records_per_file: int = Field(10_000, ge=1)
     # Bounded work per request: LLM tokens (≈ KV bytes and prompt-pass time) one document / one job may add.
     # Over the document cap the document fails ("too_large"); past the job cap the rest of the job fails.
     max_document_tokens: int = Field(128 * 1024, gt=0)

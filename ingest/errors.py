@@ -45,3 +45,9 @@ class DocumentTooLarge(LoaderError):
     """The file is bigger than `IngestSettings.max_file_bytes`."""
 
     code = "document_too_large"
+
+
+class TooManyRecords(LoaderError):
+    """A JSON / JSONL file holds more records than `IngestSettings.max_records_per_file`."""
+
+    code = "too_many_records"

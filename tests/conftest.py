@@ -64,3 +64,20 @@ def tiny_settings(tmp_path: Path, tiny_llama_dir: Path):
         engine={"model": str(tiny_llama_dir), "max_new_tokens": 8, "num_threads": 2},
         kvcache={"memory_bytes": 64 * 1024 * 1024},
     )
+
+
+def _missing_system_binary(what: str, package: str) -> None:
+    import shutil
+
+    message = f"{what} not found: install the Debian package {package} (`make test` does it as root)"
+    if os.geteuid() == 0 and shutil.which("apt-get") is not None:
+        pytest.fail(message + "; scripts/system-deps.sh should have installed it", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def missing_system_binary():
+    """missing_system_binary(what, package): a test needs a binary from a Debian package that is not
+    installed. It fails where `make test` would have installed it (root with apt-get, see
+    scripts/system-deps.sh), else it skips with a reason (printed by `pytest -rs`)."""
+    return _missing_system_binary

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.schemas import (
+    AskDefaultsOut,
     AskDoneOut,
     AskIn,
     AskOut,
@@ -126,6 +127,15 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
           "longer than the model's context …"},
     503: {"model": ErrorOut, "description": "Engine queue full or models still loading; retry"},
 }
+
+
+@router.get("/api/defaults", response_model=AskDefaultsOut)
+def ask_defaults(state: AppState = Depends(get_state)) -> AskDefaultsOut:
+    """The server's defaults for the /ask fields a request leaves out (open, like /ask)."""
+    engine = state.settings.engine
+    return AskDefaultsOut(top_k=state.settings.retrieval.top_k, mode=engine.mode,
+                          recompute_ratio=engine.recompute_ratio, selector=engine.selector,
+                          max_tokens=engine.max_new_tokens)
 
 
 @router.post("/ask", responses=_ASK_RESPONSES, response_model=None)

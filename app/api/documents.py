@@ -30,8 +30,10 @@ from app.api.schemas import (
     IngestAccepted,
     IngestIn,
     JobErrorEventOut,
+    JobList,
     JobOut,
     KVCounts,
+    PurgeOut,
     ValidationErrorOut,
 )
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
@@ -232,6 +234,13 @@ def _job_or_404(service: IngestService, job_id: str) -> JobRecord:
     return job
 
 
+@router.get("/ingest/jobs", response_model=JobList)
+def list_jobs(limit: Annotated[int, Query(ge=1, le=100)] = 10,
+              service: IngestService = Depends(get_ingest)) -> JobList:
+    """Recent ingest jobs, newest first, whoever started them (web UI, API or CLI)."""
+    return JobList(jobs=[job_out(j) for j in service.recent_jobs(limit)])
+
+
 @router.get("/ingest/jobs/{job_id}", response_model=JobOut, responses={404: {"model": ErrorOut}})
 def get_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut:
     """Status, current stage, per-stage progress and per-source errors of one ingest job."""
@@ -312,6 +321,17 @@ def get_document(document_id: str, service: DocumentService = Depends(get_docume
                     char_start=c.record.char_start, char_end=c.record.char_end, text=c.record.text,
                     kv_state=c.kv_state) for c in view.chunks]  # type: ignore[arg-type]
     return DocumentDetail(**document_out(view.document).model_dump(), kv=KVCounts(**view.kv_counts()), chunks=out)
+
+
+@router.delete("/documents", response_model=PurgeOut, responses={422: {"model": ErrorOut}})
+def purge_documents(
+    status: Annotated[DocumentStatusName, Query(description="only `failed` can be purged in bulk")],
+    service: IngestService = Depends(get_ingest),
+) -> PurgeOut:
+    """Delete every document with this status at once (`?status=failed`: what failed ingests left)."""
+    if status != DocumentStatus.FAILED.value:
+        raise HTTPException(422, f"only failed documents can be deleted in bulk (status=failed), not {status!r}")
+    return PurgeOut(deleted=service.purge_failed())
 
 
 @router.delete("/documents/{document_id}", status_code=204, response_class=Response,

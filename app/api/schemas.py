@@ -137,6 +137,10 @@ class DocumentPage(BaseModel):
     documents: list[DocumentOut]
 
 
+class PurgeOut(BaseModel):
+    deleted: int = Field(description="Documents deleted")
+
+
 class ChunkOut(BaseModel):
     id: int
     index: int
@@ -171,6 +175,20 @@ class FiltersIn(BaseModel):
 
     def to_filters(self) -> SearchFilters:
         return SearchFilters(document_ids=self.document_ids, tags=self.tags)
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut] = Field(description="Most recent first")
+
+
+class AskDefaultsOut(BaseModel):
+    """What /ask uses for a field a request leaves out (the chat page starts from these)."""
+
+    top_k: int
+    mode: str
+    recompute_ratio: float
+    selector: str
+    max_tokens: int
 
 
 class AskParams(BaseModel):

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import create_engine, delete, event, func, select, update
+from sqlalchemy import create_engine, delete, event, func, insert, select, update
 from sqlalchemy.engine import Engine as SQLEngine
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.catalog.models import Base, ChunkRow, DocumentRow, DocumentStatus, JobRow, JobStatus
+from app.catalog.models import Base, ChunkRow, DocumentRow, DocumentStatus, JobRow, JobStatus, utcnow
 
 
 def encode_token_ids(token_ids: Sequence[int]) -> bytes:
@@ -146,6 +146,50 @@ class Catalog:
             s.flush()
             return _doc(row)
 
+    def add_documents(self, documents: Sequence[dict[str, Any]]) -> None:
+        """Insert many pending documents in one transaction. Each dict: id, title, source_path,
+        content_hash, tags, metadata, job_id."""
+        if not documents:
+            return
+        now = utcnow()
+        with self._session() as s:
+            s.execute(insert(DocumentRow), [
+                {"id": d["id"], "title": d["title"], "source_path": d["source_path"],
+                 "content_hash": d["content_hash"], "status": DocumentStatus.PENDING, "error": None,
+                 "tags": d["tags"], "metadata_": d["metadata"], "num_chunks": 0, "num_tokens": 0,
+                 "job_id": d["job_id"], "created_at": now, "updated_at": now}
+                for d in documents])
+
+    def find_by_hashes(self, content_hashes: set[str], statuses: Sequence[DocumentStatus]
+                       ) -> dict[str, DocumentRecord]:
+        """One active document per content hash, for those hashes that have one."""
+        found: dict[str, DocumentRecord] = {}
+        hashes = list(content_hashes)
+        with self._session() as s:
+            for start in range(0, len(hashes), 500):  # stay under SQL parameter limits
+                rows = s.scalars(select(DocumentRow).where(DocumentRow.content_hash.in_(hashes[start:start + 500]),
+                                                           DocumentRow.status.in_(list(statuses))))
+                for row in rows:
+                    found.setdefault(row.content_hash or "", _doc(row))
+        return found
+
+    def fail_pending(self, document_ids: Sequence[str], error: str) -> list[int]:
+        """Mark the still-pending ones of these documents failed and drop their chunks, in bulk;
+        returns the ids of the dropped chunks (to remove from the index)."""
+        dropped: list[int] = []
+        ids = list(document_ids)
+        with self._session() as s:
+            for start in range(0, len(ids), 500):
+                part = ids[start:start + 500]
+                pending = select(DocumentRow.id).where(DocumentRow.id.in_(part),
+                                                       DocumentRow.status == DocumentStatus.PENDING)
+                dropped += list(s.scalars(select(ChunkRow.id).where(ChunkRow.document_id.in_(pending))))
+                s.execute(delete(ChunkRow).where(ChunkRow.document_id.in_(pending)))
+                s.execute(update(DocumentRow).where(DocumentRow.id.in_(part),
+                                                    DocumentRow.status == DocumentStatus.PENDING)
+                          .values(status=DocumentStatus.FAILED, error=error, num_chunks=0, num_tokens=0))
+        return dropped
+
     def get_document(self, document_id: str) -> DocumentRecord | None:
         with self._session() as s:
             row = s.get(DocumentRow, document_id)
@@ -155,6 +199,15 @@ class Catalog:
         with self._session() as s:
             row = s.scalars(
                 select(DocumentRow).where(DocumentRow.content_hash == content_hash,
+                                          DocumentRow.status.in_(list(statuses))).limit(1)
+            ).first()
+            return _doc(row) if row else None
+
+    def find_by_metadata(self, key: str, value: str, statuses: Sequence[DocumentStatus]) -> DocumentRecord | None:
+        """A document whose metadata has `key` equal to the string `value` (e.g. file_sha256)."""
+        with self._session() as s:
+            row = s.scalars(
+                select(DocumentRow).where(DocumentRow.metadata_[key].as_string() == value,
                                           DocumentRow.status.in_(list(statuses))).limit(1)
             ).first()
             return _doc(row) if row else None
@@ -236,6 +289,15 @@ class Catalog:
             chunks = [_chunk(c, row.title) for c in row.chunks]
             s.delete(row)
             return chunks
+
+    def delete_documents_with_status(self, status: DocumentStatus) -> tuple[int, list[ChunkRecord]]:
+        """Delete every document in `status` with its chunks, in bulk; (documents deleted, their chunks)."""
+        with self._session() as s:
+            ids = select(DocumentRow.id).where(DocumentRow.status == status)
+            chunks = [_chunk(c) for c in s.scalars(select(ChunkRow).where(ChunkRow.document_id.in_(ids)))]
+            s.execute(delete(ChunkRow).where(ChunkRow.document_id.in_(ids)))
+            result = s.execute(delete(DocumentRow).where(DocumentRow.status == status))
+            return int(result.rowcount or 0), chunks  # type: ignore[attr-defined]
 
     # ---- chunks ----------------------------------------------------------------------------------
 

@@ -176,6 +176,7 @@ class AskService:
                 f"than the model's context of {context} tokens; ask with a smaller top_k or a shorter question")
         max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - layout.num_tokens)
         blend = engine_settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
+        # The settings' sampling (repetition control included, the same in every mode); request values win.
         sampling = engine_settings.sampling_params(
             max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
             seed=request.seed, stop=request.stop,

@@ -10,18 +10,20 @@ start-up) re-queues interrupted jobs after removing what they had half-written.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import queue
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from app.catalog import DocumentStatus, JobStatus
-from app.catalog.repository import JobRecord, NewChunk
+from app.catalog.repository import ChunkRecord, JobRecord, NewChunk
 from app.services.estimates import PrefillRate
 from app.services.storage_faults import is_storage_full
 from app.services.text_checks import is_blank, is_valid_utf8
@@ -40,6 +42,9 @@ STAGES = ("parse", "chunk", "embed", "kv", "commit")
 UNSETTLED_RETRY_S = 5.0  # how often the worker retries marking a job failed that the catalog refused
 KV_BATCH_CHUNKS = 8  # chunks prefilled per engine pass at ingest (padded to the longest of the batch)
 ACTIVE_DOCUMENT_STATUSES = (DocumentStatus.READY, DocumentStatus.PENDING)
+CATALOG_BATCH = 1000  # documents per catalog transaction when a JSON file fans out into many
+CANCEL_POLL_S = 0.2  # how often a running job looks for a cancel request
+FILE_HASH_KEY = "file_sha256"  # document metadata: SHA-256 of the ingested file's bytes
 
 
 class IngestError(ValueError):
@@ -145,22 +150,76 @@ class IngestService:
         if job_tokens > limits.max_job_tokens:
             raise IngestTooLarge(f"the documents have {job_tokens} tokens together; the limit per request is "
                                  f"{limits.max_job_tokens} (ingest.max_job_tokens)")
-        job = self._c.catalog.create_job({"sources": [s.to_spec() for s in sources]})
-        document_ids = []
+        # Content already stored (same text, or the same file bytes) is answered with the existing
+        # document's id right here, so the id in the 202 always resolves.
+        sources = [self._with_file_hash(s) for s in sources]
+        job = self._c.catalog.create_job({})
+        fresh: list[IngestSource] = []
+        fresh_ids: list[str] = []
+        duplicates: list[dict[str, Any]] = []
+        document_ids: list[str] = []
+        first_of: dict[tuple[str, str], str] = {}  # identity → document id within this request
         for s in sources:
-            doc = self._c.catalog.add_document(
-                title=s.title, source_path=s.source_path, content_hash=None, tags=s.tags,
-                metadata=s.metadata, job_id=job.id,
-            )
+            identity, stored = self._identity(s)
+            dup = stored or (first_of.get(identity) if identity is not None else None)
+            if dup is not None:
+                duplicates.append({"source": s.source_path or s.title, "error": f"duplicate of document {dup}",
+                                   "code": "duplicate", "document_id": dup})
+                document_ids.append(dup)
+                continue
+            doc = self._c.catalog.add_document(title=s.title, source_path=s.source_path, content_hash=None,
+                                               tags=s.tags, metadata=s.metadata, job_id=job.id)
+            if identity is not None:
+                first_of[identity] = doc.id
+            fresh.append(s)
+            fresh_ids.append(doc.id)
             document_ids.append(doc.id)
-        self._c.catalog.update_job(job.id, document_ids=document_ids,
-                                   progress={stage: {"done": 0, "total": 0} for stage in STAGES})
+        self._c.catalog.update_job(job.id, spec={"sources": [s.to_spec() for s in fresh], "duplicates": duplicates},
+                                   document_ids=fresh_ids, duplicate_ids=[d["document_id"] for d in duplicates],
+                                   errors=duplicates, progress={stage: {"done": 0, "total": 0} for stage in STAGES})
         if enqueue:
             self._queue.put(job.id)
         return SubmitResult(job_id=job.id, document_ids=document_ids)
 
+    @staticmethod
+    def _with_file_hash(source: IngestSource) -> IngestSource:
+        """A file source carries the SHA-256 of its bytes in its metadata (`file_sha256`)."""
+        if source.kind != "file" or not source.path or FILE_HASH_KEY in source.metadata:
+            return source
+        digest = hashlib.sha256()
+        try:
+            with open(source.path, "rb") as f:
+                while block := f.read(1 << 20):
+                    digest.update(block)
+        except OSError:
+            return source  # parse reports the unreadable file
+        return replace(source, metadata={**source.metadata, FILE_HASH_KEY: digest.hexdigest()})
+
+    def _identity(self, source: IngestSource) -> tuple[tuple[str, str] | None, str | None]:
+        """(what makes two sources the same, the id of an active stored document that is the same)."""
+        from ingest.errors import LoaderError
+        from ingest.loaders import load_text
+
+        if source.kind == "text":
+            try:
+                loaded = load_text(source.text or "", source.title, source_path=source.source_path,
+                                   metadata=source.metadata)
+            except LoaderError:
+                return None, None  # parse reports it
+            existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
+            identity = ("text", loaded.content_hash)
+        elif FILE_HASH_KEY in source.metadata:
+            identity = ("file", str(source.metadata[FILE_HASH_KEY]))
+            existing = self._c.catalog.find_by_metadata(FILE_HASH_KEY, identity[1], ACTIVE_DOCUMENT_STATUSES)
+        else:
+            return None, None
+        return identity, existing.id if existing is not None else None
+
     def _count_tokens(self, text: str) -> int:
         return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def recent_jobs(self, limit: int) -> list[JobRecord]:
+        return self._c.catalog.list_jobs(limit=limit)
 
     def get_job(self, job_id: str) -> JobRecord | None:
         job = self._c.catalog.get_job(job_id)
@@ -281,9 +340,10 @@ class IngestService:
         # document_ids may be longer than sources: records of a json/jsonl file fan out at parse time.
         items = [_WorkItem(doc_id, src) for doc_id, src in zip(job.document_ids, sources, strict=False)]
         tracker = _Progress(self._c, job.id, on_progress)
-        errors: list[dict[str, Any]] = []
-        duplicates: list[str] = []
-        self._c.catalog.update_job(job.id, status=JobStatus.RUNNING, errors=[])
+        # Duplicates of stored documents were answered at submit; they stay reported.
+        errors: list[dict[str, Any]] = list(job.spec.get("duplicates", []))
+        duplicates: list[str] = [d["document_id"] for d in errors]
+        self._c.catalog.update_job(job.id, status=JobStatus.RUNNING, errors=errors)
         started = time.perf_counter()
         try:
             return self._run_stages(job, items, tracker, errors, duplicates, started)
@@ -321,7 +381,9 @@ class IngestService:
                 return self.get_job(job.id)  # type: ignore[return-value]
             return tracker.emit()
         ok = [i for i in items if i.failed is None]
-        status = JobStatus.SUCCEEDED if ok or not errors else JobStatus.FAILED
+        # A duplicate is not a failure: its content is stored, under the id the 202 gave.
+        failures = [e for e in errors if e.get("code") != "duplicate"]
+        status = JobStatus.SUCCEEDED if ok or not failures else JobStatus.FAILED
         self._c.catalog.update_job(job.id, status=status, stage=None, errors=errors, duplicate_ids=duplicates)
         if self._on_chunks_committed is not None:
             self._on_chunks_committed(num_chunks, time.perf_counter() - started)
@@ -329,45 +391,78 @@ class IngestService:
 
     def _parse(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]],
                duplicates: list[str]) -> None:
+        """Parse every source. A JSON / JSONL file is read record by record (progress and cancel per
+        record); its records past the first become documents of their own, written in batches."""
         from ingest.errors import LoaderError
-        from ingest.loaders import load_path, load_text
+        from ingest.loaders import iter_documents, load_text
 
         tracker.stage("parse", len(items))
         settings = self._c.settings.ingest
         seen_hashes: dict[str, str] = {}
-        extra: list[_WorkItem] = []
-        for n, item in enumerate(list(items), 1):
+        done = 0
+        for item in list(items):
             tracker.check_cancel()
             src = item.source
+            loaded_docs: list[LoadedDocument] = []
             try:
                 if src.kind == "text":
-                    loaded_docs = [load_text(src.text or "", src.title, source_path=src.source_path,
-                                             metadata=src.metadata)]
+                    loaded_docs.append(load_text(src.text or "", src.title, source_path=src.source_path,
+                                                 metadata=src.metadata))
                 else:
-                    loaded_docs = load_path(Path(src.path or ""), settings)
+                    for loaded in iter_documents(Path(src.path or ""), settings):
+                        loaded_docs.append(loaded)
+                        if len(loaded_docs) > 1:
+                            tracker.grow(1)  # one more document to parse
+                            tracker.advance(done + len(loaded_docs) - 1)
+                            tracker.check_cancel()
             except LoaderError as exc:
+                tracker.grow(-max(len(loaded_docs) - 1, 0))
                 self._fail_document(item, exc.message)
                 errors.append({"source": src.source_path or src.title, "error": exc.message, "code": exc.code})
-                tracker.advance(n)
+                done += 1
+                tracker.advance(done)
                 continue
-            # A json/jsonl file may hold many records: the first fills this item, the rest get documents.
-            targets = [item]
-            for i, loaded in enumerate(loaded_docs[1:], 1):
-                source_path = f"{src.source_path}#{i}" if src.source_path else None
-                doc = self._c.catalog.add_document(title=loaded.title, source_path=source_path,
-                                                   content_hash=None, tags=src.tags, metadata=src.metadata,
-                                                   job_id=tracker.job_id)
-                targets.append(_WorkItem(doc.id, IngestSource(kind="file", title=loaded.title, path=src.path,
-                                                              source_path=source_path, tags=src.tags)))
-            extra.extend(targets[1:])
-            for target, loaded in zip(targets, loaded_docs, strict=True):
-                # A file's title comes from its content (heading, PDF metadata …); the file name was
-                # only the placeholder shown while the job was queued.
-                self._accept_parsed(target, loaded, tracker.job_id, seen_hashes, errors, duplicates)
-            tracker.advance(n)
-        if extra:
-            items.extend(extra)
-            self._c.catalog.update_job(tracker.job_id, document_ids=[i.document_id for i in items])
+            # A file's title comes from its content (heading, PDF metadata …); the file name was only the
+            # placeholder shown while the job was queued.
+            self._accept_parsed(item, loaded_docs[0], tracker.job_id, seen_hashes, errors, duplicates)
+            if len(loaded_docs) > 1:
+                items.extend(self._accept_records(item, loaded_docs[1:], tracker, seen_hashes, errors, duplicates,
+                                                  items))
+            done += len(loaded_docs)
+            tracker.advance(done)
+
+    def _accept_records(self, item: _WorkItem, docs: list[LoadedDocument], tracker: _Progress,
+                        seen_hashes: dict[str, str], errors: list[dict[str, Any]], duplicates: list[str],
+                        items: list[_WorkItem]) -> list[_WorkItem]:
+        """Documents for the records after a file's first, created in batched catalog writes."""
+        src, job_id = item.source, tracker.job_id
+        existing = self._c.catalog.find_by_hashes({d.content_hash for d in docs}, ACTIVE_DOCUMENT_STATUSES)
+        new_items: list[_WorkItem] = []
+        rows: list[dict[str, Any]] = []
+        for i, loaded in enumerate(docs, 1):
+            source_path = f"{src.source_path}#{i}" if src.source_path else None
+            stored = existing.get(loaded.content_hash)
+            duplicate_of = seen_hashes.get(loaded.content_hash) or (
+                stored.id if stored is not None and stored.job_id != job_id else None)
+            if duplicate_of is not None:
+                duplicates.append(duplicate_of)
+                errors.append({"source": source_path or loaded.title, "error": f"duplicate of document {duplicate_of}",
+                               "code": "duplicate", "document_id": duplicate_of})
+                continue
+            doc_id = str(uuid.uuid4())
+            seen_hashes[loaded.content_hash] = doc_id
+            rows.append({"id": doc_id, "title": loaded.title, "source_path": source_path,
+                         "content_hash": loaded.content_hash, "tags": src.tags, "metadata": dict(loaded.metadata),
+                         "job_id": job_id})
+            new_items.append(_WorkItem(doc_id, IngestSource(kind="file", title=loaded.title, path=src.path,
+                                                            source_path=source_path, tags=src.tags), loaded=loaded))
+        for start in range(0, len(rows), CATALOG_BATCH):
+            tracker.check_cancel()
+            self._c.catalog.add_documents(rows[start:start + CATALOG_BATCH])
+            # Recorded at once, so a restart (recover) or a cancel finds every document of the job.
+            written = len(items) + min(start + CATALOG_BATCH, len(rows))
+            self._c.catalog.update_job(job_id, document_ids=[i.document_id for i in (items + new_items)[:written]])
+        return new_items
 
     def _accept_parsed(self, item: _WorkItem, loaded: LoadedDocument, job_id: str, seen_hashes: dict[str, str],
                        errors: list[dict[str, Any]], duplicates: list[str]) -> None:
@@ -378,7 +473,10 @@ class IngestService:
         if duplicate_of is None:
             seen_hashes[loaded.content_hash] = item.document_id
             item.loaded = loaded
-            self._c.catalog.set_content_hash(item.document_id, loaded.content_hash, dict(loaded.metadata))
+            metadata = dict(loaded.metadata)
+            if FILE_HASH_KEY in item.source.metadata:
+                metadata[FILE_HASH_KEY] = item.source.metadata[FILE_HASH_KEY]
+            self._c.catalog.set_content_hash(item.document_id, loaded.content_hash, metadata)
             if loaded.title != item.source.title:
                 self._c.catalog.set_title(item.document_id, loaded.title)
             return
@@ -553,6 +651,20 @@ class IngestService:
         deleted = self._c.catalog.delete_document(document_id)
         if deleted is None:
             return False
+        self._drop_chunks(deleted)
+        return True
+
+    def purge_failed(self) -> int:
+        """Delete every failed document (with whatever chunks it had) in bulk; returns how many."""
+        num_deleted, chunks = self._c.catalog.delete_documents_with_status(DocumentStatus.FAILED)
+        self._drop_chunks(chunks)
+        logger.info("purged %d failed documents", num_deleted)
+        return num_deleted
+
+    def _drop_chunks(self, deleted: list[ChunkRecord]) -> None:
+        """Index entries and unshared KV entries of chunks just deleted from the catalog."""
+        if not deleted:
+            return
         self._c.retriever.remove([c.id for c in deleted])
         self._c.retriever.save()
         keys = {c.kv_key for c in deleted if c.kv_key}
@@ -561,7 +673,6 @@ class IngestService:
             still_used |= keys & self._inflight_keys
         for key in keys - still_used:
             self._c.store.delete(key)
-        return True
 
     # ---- helpers ---------------------------------------------------------------------------------
 
@@ -574,13 +685,9 @@ class IngestService:
         job = self._c.catalog.get_job(job_id)
         if job is None:
             return
-        for doc_id in job.document_ids:
-            doc = self._c.catalog.get_document(doc_id)
-            if doc is not None and doc.status == DocumentStatus.PENDING:
-                chunk_ids = [c.id for c in self._c.catalog.chunks_of(doc_id)]
-                self._c.retriever.remove(chunk_ids)
-                self._c.catalog.replace_chunks(doc_id, [])
-                self._c.catalog.set_document_status(doc_id, DocumentStatus.FAILED, error="ingest cancelled")
+        dropped = self._c.catalog.fail_pending(job.document_ids, "ingest cancelled")
+        if dropped:
+            self._c.retriever.remove(dropped)
         self._c.catalog.update_job(job_id, status=JobStatus.CANCELLED, errors=errors)
 
 
@@ -594,6 +701,7 @@ class _Progress:
         self._progress: dict[str, dict[str, int]] = {s: {"done": 0, "total": 0} for s in STAGES}
         self._stage = STAGES[0]
         self._last_write = 0.0
+        self._last_cancel_check = float("-inf")
 
     def stage(self, name: str, total: int) -> None:
         self._stage = name
@@ -604,7 +712,16 @@ class _Progress:
         self._progress[self._stage]["done"] = done
         self._write(force=done >= self._progress[self._stage]["total"])
 
+    def grow(self, extra: int) -> None:
+        """The current stage has `extra` more items than announced (records found while parsing)."""
+        self._progress[self._stage]["total"] += extra
+
     def check_cancel(self) -> None:
+        """Raise JobCancelled once a cancel was requested (looked up at most every CANCEL_POLL_S)."""
+        now = time.monotonic()
+        if now - self._last_cancel_check < CANCEL_POLL_S:
+            return
+        self._last_cancel_check = now
         job = self._c.catalog.get_job(self.job_id)
         if job is not None and job.cancel_requested:
             raise JobCancelled()

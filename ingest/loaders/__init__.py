@@ -22,7 +22,7 @@ from ingest.errors import (
 )
 from ingest.loaders.html import parse_html
 from ingest.loaders.pdf import parse_pdf
-from ingest.loaders.records import parse_records
+from ingest.loaders.records import Record, iter_records
 from ingest.loaders.text import decode_text, parse_markdown, parse_text
 from ingest.loaders.word import parse_docx
 from ingest.normalize import normalize_text
@@ -32,6 +32,7 @@ __all__ = [
     "LoadResult",
     "MIME_TYPES",
     "detect_format",
+    "iter_documents",
     "iter_load",
     "iter_paths",
     "load_bytes",
@@ -142,15 +143,22 @@ def _parse(data: bytes, fmt: str, filename: str, source: str | None,
         title, text, metadata = parse_docx(data, source)
         return _single(fmt, title, stem, [Section(text)], source, metadata)
     if fmt in ("json", "jsonl"):
-        records = parse_records(decode_text(data, source), source, lines=fmt == "jsonl",
-                                text_field=settings.json_text_field, title_field=settings.json_title_field)
-        return [
-            LoadedDocument(title=record.title or f"{stem} #{record.index + 1}", source_path=source,
-                           format=fmt, mime_type=MIME_TYPES[fmt], sections=[Section(record.text)],
-                           metadata=record.metadata)
-            for record in records
-        ]
+        return list(_iter_record_documents(data, fmt, stem, source, settings))
     raise UnsupportedFormat(f"no loader for format {fmt!r}", source)
+
+
+def _iter_record_documents(data: bytes, fmt: str, stem: str, source: str | None,
+                           settings: IngestSettings) -> Iterator[LoadedDocument]:
+    records = iter_records(decode_text(data, source), source, lines=fmt == "jsonl",
+                           text_field=settings.json_text_field, title_field=settings.json_title_field,
+                           max_records=settings.max_records_per_file)
+    for record in records:
+        yield _record_document(record, fmt, stem, source)
+
+
+def _record_document(record: Record, fmt: str, stem: str, source: str | None) -> LoadedDocument:
+    return LoadedDocument(title=record.title or f"{stem} #{record.index + 1}", source_path=source, format=fmt,
+                          mime_type=MIME_TYPES[fmt], sections=[Section(record.text)], metadata=record.metadata)
 
 
 def load_bytes(data: bytes, filename: str, settings: IngestSettings | None = None, *,
@@ -184,22 +192,51 @@ def load_path(path: str | Path, settings: IngestSettings | None = None) -> list[
     """Parse one file. Raises a `LoaderError` subclass with `path` set."""
     settings = settings or IngestSettings()
     path = Path(path)
-    source = str(path)
     detect_format(path.name, settings)  # refuse unsupported types before touching the disk
+    return load_bytes(_read_file(path, settings), path.name, settings, source_path=str(path))
+
+
+def _read_file(path: Path, settings: IngestSettings) -> bytes:
+    source = str(path)
     try:
         size = path.stat().st_size
         if not path.is_file():
             raise UnreadableDocument("not a regular file", source)
         if size > settings.max_file_bytes:
             raise DocumentTooLarge(f"file is {size} bytes; the limit is {settings.max_file_bytes}", source)
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError as exc:
         raise UnreadableDocument("no such file", source) from exc
     except PermissionError as exc:
         raise UnreadableDocument("permission denied", source) from exc
     except OSError as exc:
         raise UnreadableDocument(f"cannot read file: {exc.strerror or exc}", source) from exc
-    return load_bytes(data, path.name, settings, source_path=source)
+
+
+def iter_documents(path: str | Path, settings: IngestSettings | None = None) -> Iterator[LoadedDocument]:
+    """Like `load_path`, but a JSON / JSONL file's records come one at a time as they are parsed (a
+    caller can report progress per record and stop early). Raises `LoaderError` subclasses, possibly
+    after some documents were yielded (a bad record, or more than `max_records_per_file`)."""
+    settings = settings or IngestSettings()
+    path = Path(path)
+    fmt = detect_format(path.name, settings)
+    if fmt not in ("json", "jsonl"):
+        yield from load_path(path, settings)
+        return
+    source = str(path)
+    data = _read_file(path, settings)
+    if not data.strip():
+        raise EmptyDocument("file is empty", source)
+    stem = PurePath(path.name).stem or path.name
+    try:
+        yield from _iter_record_documents(data, fmt, stem, source, settings)
+    except LoaderError:
+        raise
+    except (MemoryError, KeyboardInterrupt, GeneratorExit):
+        raise
+    except Exception as exc:
+        logger.exception("unexpected %s while parsing %s", type(exc).__name__, source)
+        raise UnreadableDocument(f"parser failed: {type(exc).__name__}: {exc}", source) from exc
 
 
 def _is_hidden(name: str) -> bool:

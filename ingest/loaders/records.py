@@ -1,13 +1,19 @@
-"""JSON and JSON Lines: each record with a text field becomes its own document."""
+"""JSON and JSON Lines: each record with a text field becomes its own document.
+
+Records are read one at a time (`iter_records`): a JSON array is walked element by element with
+`raw_decode`, JSON Lines line by line, so a caller sees progress per record and can stop early (cancel,
+or a file over `max_records`) without first parsing the whole file.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ingest.errors import EmptyDocument, UnreadableDocument
+from ingest.errors import EmptyDocument, TooManyRecords, UnreadableDocument
 from ingest.normalize import normalize_text
 from ingest.types import MetadataValue
 
@@ -64,13 +70,47 @@ def _record(index: int, raw: Any, text_field: str, title_field: str) -> Record |
     return Record(index, title, text, metadata)
 
 
-def _json_values(data: str, path: str | None) -> list[Any]:
-    try:
-        parsed = json.loads(data)
-    except json.JSONDecodeError as exc:
-        message = f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
-        raise UnreadableDocument(message, path) from exc
-    return parsed if isinstance(parsed, list) else [parsed]
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _position(data: str, index: int) -> str:
+    line = data.count("\n", 0, index) + 1
+    return f"line {line} column {index - data.rfind(chr(10), 0, index)}"
+
+
+def _json_values(data: str, path: str | None) -> Iterator[Any]:
+    """The elements of a top-level JSON array one by one (any other top-level value: itself)."""
+    decoder = json.JSONDecoder()
+    i = _WHITESPACE.match(data, 0).end()  # type: ignore[union-attr]
+    if not data.startswith("[", i):
+        try:
+            yield json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise UnreadableDocument(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                                     path) from exc
+        return
+    i = _WHITESPACE.match(data, i + 1).end()  # type: ignore[union-attr]
+    if data.startswith("]", i):
+        i += 1
+    else:
+        while True:
+            try:
+                value, i = decoder.raw_decode(data, i)
+            except json.JSONDecodeError as exc:
+                raise UnreadableDocument(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
+                                         path) from exc
+            yield value
+            i = _WHITESPACE.match(data, i).end()  # type: ignore[union-attr]
+            if data.startswith(",", i):
+                i = _WHITESPACE.match(data, i + 1).end()  # type: ignore[union-attr]
+                continue
+            if data.startswith("]", i):
+                i += 1
+                break
+            raise UnreadableDocument(f"invalid JSON at {_position(data, i)}: expected ',' or ']'", path)
+    i = _WHITESPACE.match(data, i).end()  # type: ignore[union-attr]
+    if i != len(data):
+        raise UnreadableDocument(f"invalid JSON at {_position(data, i)}: extra data after the array", path)
 
 
 def _jsonl_values(data: str, path: str | None) -> Iterator[Any]:
@@ -83,16 +123,21 @@ def _jsonl_values(data: str, path: str | None) -> Iterator[Any]:
             raise UnreadableDocument(f"invalid JSON on line {line_number}: {exc.msg}", path) from exc
 
 
-def parse_records(
-    data: str, path: str | None, *, lines: bool, text_field: str, title_field: str
-) -> list[Record]:
-    """Records holding non-empty text; EmptyDocument when there are none."""
+def iter_records(
+    data: str, path: str | None, *, lines: bool, text_field: str, title_field: str, max_records: int | None = None,
+) -> Iterator[Record]:
+    """Records holding non-empty text, one at a time; EmptyDocument when there are none, TooManyRecords
+    as soon as there are more than `max_records`."""
     values = _jsonl_values(data, path) if lines else _json_values(data, path)
-    records = [
-        record
-        for index, raw in enumerate(values)
-        if (record := _record(index, raw, text_field, title_field)) is not None
-    ]
-    if not records:
+    count = 0
+    for index, raw in enumerate(values):
+        record = _record(index, raw, text_field, title_field)
+        if record is None:
+            continue
+        count += 1
+        if max_records is not None and count > max_records:
+            raise TooManyRecords(f"more than {max_records} records (ingest.max_records_per_file); split the "
+                                 "file or raise the setting", path)
+        yield record
+    if count == 0:
         raise EmptyDocument(f"no record has a non-empty {text_field!r} text field", path)
-    return records

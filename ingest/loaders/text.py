@@ -16,6 +16,11 @@ logger = logging.getLogger(__name__)
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)?(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
 _ATX_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
 _NUL_PROBE_BYTES = 8192
+# A heading's attribute list (mkdocs / Pandoc / kramdown): `## Query Parameters { #query-parameters }`,
+# `# Title {.class key=value}`. Only at the end of an ATX heading line.
+_ATTR = r"""(?:[#.][\w:-]+|[\w:-]+=(?:"[^"]*"|'[^']*'|[^\s}]+))"""
+_HEADING_ATTRS = re.compile(rf"^(#{{1,6}}[ \t]+.*?)[ \t]*\{{[ \t]*{_ATTR}(?:[ \t]+{_ATTR})*[ \t]*\}}[ \t]*$",
+                            re.MULTILINE)
 
 
 def decode_text(data: bytes, path: str | None) -> str:
@@ -61,6 +66,11 @@ def split_front_matter(text: str) -> tuple[dict[str, MetadataValue], str]:
     return metadata, text[match.end():]
 
 
+def strip_heading_attributes(text: str) -> str:
+    """Drop `{ #anchor .class key=value }` attribute lists from the ends of markdown headings."""
+    return _HEADING_ATTRS.sub(r"\1", text)
+
+
 def markdown_title(text: str) -> str | None:
     match = _ATX_HEADING.search(text)
     return match.group(1).strip() if match else None
@@ -76,7 +86,7 @@ def parse_markdown(data: bytes, path: str | None, strip_front_matter: bool) -> t
     metadata: dict[str, MetadataValue] = {}
     if strip_front_matter:
         metadata, raw = split_front_matter(raw)
-    text = normalize_text(raw)
+    text = normalize_text(strip_heading_attributes(raw))
     title = metadata.get("title")
     title = title if isinstance(title, str) and title.strip() else markdown_title(text)
     return title, text, metadata

@@ -77,3 +77,22 @@ def test_blend_at_one_is_full_and_storage_dtypes_serve_rounded_kv(tiny_engine, p
     assert kvs.stored_bytes("fp16") == per_token * cfg.head_dim * 2 * kvs.num_tokens
     assert kvs.stored_bytes("int8") == per_token * (cfg.head_dim + 4) * kvs.num_tokens
     assert kvs.serialized_bytes("fp16") > kvs.stored_bytes("fp16")  # plus safetensors headers
+
+
+def test_the_repeated_line_stop_ends_the_answer_and_compare_keeps_the_uncontrolled_one(
+        tiny_engine, prompt, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.sampling import RepetitionControl
+
+    spec = ModeSpec("full", "full")
+    monkeypatch.setattr(tiny_engine, "eos_token_ids", frozenset())  # the random model never ends by itself
+    free = run_pass(tiny_engine, prompt.layout, None, spec, [], max_tokens=8)
+    assert (len(free.answer_ids), free.finish_reason, free.uncontrolled) == (8, "length", None)
+    # Pretend the third token completed a repeated line (should_stop is asked once per token).
+    calls: list[str] = []
+    monkeypatch.setattr(RepetitionControl, "should_stop", lambda self, text: calls.append(text) or len(calls) == 3)
+    stopped = run_pass(tiny_engine, prompt.layout, None, spec, [], max_tokens=8)
+    calls.clear()
+    compared = run_pass(tiny_engine, prompt.layout, None, spec, [], max_tokens=8, compare_uncontrolled=True)
+    for out in (stopped, compared):
+        assert (out.finish_reason, out.answer_ids) == ("stop", free.answer_ids[:3])
+    assert compared.uncontrolled == (free.answer_text, "length")

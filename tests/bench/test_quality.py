@@ -30,16 +30,21 @@ def test_quality_end_to_end(run_bench, dataset_path) -> None:
     assert all(r["modes"]["reuse"]["num_recomputed_tokens"] == 0 for r in rows)
 
 
-def _row(nc: float, full: float, reuse: float, f1: float = 0.0) -> dict:
+def _row(nc: float, full: float, reuse: float, f1: float = 0.0, reuse_finish: str = "stop") -> dict:
     return {"no_context": {"f1": 0.0, "nll": nc},
-            "modes": {"full": {"f1": f1, "nll": full, "prompt_s": 1.0, "num_recomputed_tokens": 10},
+            "modes": {"full": {"f1": f1, "nll": full, "prompt_s": 1.0, "num_recomputed_tokens": 10,
+                               "finish_reason": "stop", "num_answer_tokens": 3},
                       "reuse": {"f1": 0.0, "nll": reuse, "prompt_s": 0.1, "num_recomputed_tokens": 0, "kl": 0.5,
-                                "fidelity_f1": 0.5, "same_first_token": False}}}
+                                "fidelity_f1": 0.5, "same_first_token": False, "finish_reason": reuse_finish,
+                                "num_answer_tokens": 32 if reuse_finish == "length" else 4}}}
 
 
 def test_summary_benefit_is_means_first() -> None:
-    summary = summarize([_row(4.0, 1.0, 2.0, f1=1.0), _row(2.0, 1.9, 1.95)], ["full", "reuse"])
+    summary = summarize([_row(4.0, 1.0, 2.0, f1=1.0, reuse_finish="length"), _row(2.0, 1.9, 1.95)],
+                        ["full", "reuse"])
     reuse = summary["modes"]["reuse"]
+    assert (reuse["length_share"], reuse["answer_tokens"]) == (0.5, 18.0)  # answers that hit max_tokens
+    assert summary["modes"]["full"]["length_share"] == 0.0
     assert reuse["nll"] == pytest.approx(1.975)
     assert reuse["benefit_retained"] == pytest.approx((3.0 - 1.975) / (3.0 - 1.45))
     assert reuse["kl"] == 0.5 and reuse["fidelity_f1"] == 0.5 and reuse["first_token_agreement"] == 0.0

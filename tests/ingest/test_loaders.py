@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import docx
@@ -28,6 +29,8 @@ from ingest import (
     load_text,
     normalize_text,
 )
+from ingest.errors import TooManyRecords
+from ingest.loaders import iter_documents
 
 HTML_PAGE = b"""<!doctype html>
 <html lang="en"><head><title>  Solar   Power </title>
@@ -134,6 +137,16 @@ def test_markdown_front_matter_becomes_metadata(tmp_path: Path) -> None:
     kept = only(load_path(tmp_path / "notes.md", IngestSettings(md_strip_front_matter=False)))
     assert kept.text == source.strip()
     assert kept.title == "Heading"
+
+
+def test_markdown_heading_attribute_lists_are_stripped(tmp_path: Path) -> None:
+    source = ("# Query Parameters { #query-parameters }\n\nUse `q`.\n\n"
+              "## Defaults {.note data-x=\"a b\" #defaults}\n\nSet {#not-a-heading} in text.\n\n"
+              "### Sets { of things }\n")
+    document = only(load_path(write(tmp_path / "params.md", source)))
+    assert document.title == "Query Parameters"
+    assert document.text == ("# Query Parameters\n\nUse `q`.\n\n## Defaults\n\nSet {#not-a-heading} in text."
+                             "\n\n### Sets { of things }")  # only real attribute lists, only on headings
 
 
 def test_markdown_horizontal_rule_is_not_front_matter(tmp_path: Path) -> None:
@@ -311,6 +324,35 @@ def test_jsonl_lines_and_errors(tmp_path: Path) -> None:
         load_path(write(tmp_path / "none.jsonl", '{"body": "x"}\n'))
     with pytest.raises(UnreadableDocument, match="line 1 column"):
         load_path(write(tmp_path / "bad.json", "{not json"))
+
+
+def test_json_array_records_stream_one_at_a_time(tmp_path: Path) -> None:
+    # Record 3 is broken: the two before it come out first, parsed on their own.
+    path = write(tmp_path / "big.json", '[ {"text": "one"} ,\n {"text": "two"},\n {"text": oops} ]')
+    stream = iter_documents(path)
+    assert [next(stream).text, next(stream).text] == ["one", "two"]
+    with pytest.raises(UnreadableDocument, match="line 3 column 11"):
+        next(stream)
+    for bad, where in (('[{"text": "a"} {"text": "b"}]', "line 1 column 16: expected ',' or ']'"),
+                       ('[{"text": "a"}] x', "line 1 column 17: extra data after the array")):
+        with pytest.raises(UnreadableDocument, match=re.escape(where)):
+            load_path(write(tmp_path / "bad.json", bad))
+    with pytest.raises(EmptyDocument):
+        load_path(write(tmp_path / "ws.json", " \n[\n]\n"))
+
+
+def test_records_over_the_per_file_cap_are_refused_early(tmp_path: Path) -> None:
+    settings = IngestSettings(max_records_per_file=3)
+    rows = "".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(5))
+    path = write(tmp_path / "rows.jsonl", rows)
+    stream = iter_documents(path, settings)
+    assert [next(stream).text for _ in range(3)] == ["row 0", "row 1", "row 2"]
+    with pytest.raises(TooManyRecords, match=r"more than 3 records \(ingest.max_records_per_file\)") as caught:
+        next(stream)
+    assert caught.value.code == "too_many_records" and caught.value.path == str(path)
+    assert len(load_path(path, IngestSettings(max_records_per_file=5))) == 5
+    with pytest.raises(ValueError, match="max_records_per_file"):
+        IngestSettings(max_records_per_file=0)
 
 
 # -- errors, bytes, text -----------------------------------------------------------------------------------

@@ -10,9 +10,9 @@ from kvtest_helpers import REDIS_BIN, RedisServer, free_port
 
 
 @pytest.fixture
-def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+def redis_server(tmp_path: Path, missing_system_binary) -> Iterator[RedisServer]:
     if REDIS_BIN is None:
-        pytest.skip("redis-server binary not found (Debian package redis-server; .ci/run installs it)")
+        missing_system_binary("redis-server", "redis-server")
     workdir = tmp_path / "redis"
     workdir.mkdir()
     server = RedisServer(port=free_port(), workdir=workdir)

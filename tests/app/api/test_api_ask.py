@@ -166,3 +166,8 @@ def test_bench_builds_the_prompt_ask_serves(client: TestClient, corpus: dict[str
     assert request.layout.chunk_ids == bench.chunk_ids and len(bench.chunk_ids) == 3
     [spec] = mode_specs(engine, [engine.settings.recompute_ratio], baselines=())
     assert request.blend == spec.blend and request.mode == spec.mode == "blend"
+
+
+def test_defaults_are_the_servers_settings(client: TestClient) -> None:
+    assert client.get("/api/defaults").json() == {"top_k": 6, "mode": "blend", "recompute_ratio": 0.15,
+                                                  "selector": "query", "max_tokens": 8}

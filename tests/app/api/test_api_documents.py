@@ -73,6 +73,21 @@ def test_multipart_upload_ingests_files_with_tags(client: TestClient) -> None:
         assert client.delete(f"/documents/{doc_id}").status_code == 204
 
 
+def test_a_duplicate_upload_answers_with_the_stored_documents_id(client: TestClient) -> None:
+    body = b"Glass bridges cross the purple rivers of Quintaro."
+    first = client.post("/ingest", files=[("files", ("bridges.txt", body, "text/plain"))])
+    assert wait_for_job(client, first.json()["job_id"])["status"] == "succeeded"
+    stored_id = first.json()["document_ids"][0]
+    again = client.post("/ingest", files=[("files", ("bridges-copy.txt", body, "text/plain"))])
+    assert again.status_code == 202
+    assert again.json()["document_ids"] == [stored_id]
+    job = wait_for_job(client, again.json()["job_id"])
+    assert (job["status"], job["duplicate_ids"], job["errors"][0]["code"]) == ("succeeded", [stored_id], "duplicate")
+    detail = client.get(f"/documents/{stored_id}")
+    assert detail.status_code == 200 and detail.json()["status"] == "ready"
+    assert client.delete(f"/documents/{stored_id}").status_code == 204
+
+
 def test_multipart_inline_documents_field_is_ingested_too(client: TestClient) -> None:
     inline = '[{"title": "Inline note", "text": "An inline note about Zorblat moons."}]'
     response = client.post("/ingest", files=[("files", ("a.txt", b"File text about Zorblat.", "text/plain"))],
@@ -222,6 +237,23 @@ def test_documents_status_filter(client: TestClient, corpus: dict[str, str]) -> 
     client.delete(f"/documents/{doc_id}")
 
 
+def test_failed_documents_are_purged_in_one_call(client: TestClient, corpus: dict[str, str]) -> None:
+    bad = client.post("/ingest", files=[("files", ("a.json", b'[{"text": "ok"}, {"text": broken}]', "x/y")),
+                                        ("files", ("b.json", b"[]", "x/y"))])
+    assert wait_for_job(client, bad.json()["job_id"])["status"] == "failed"
+    failed = client.get("/documents", params={"status": "failed"}).json()
+    assert sorted(d["id"] for d in failed["documents"]) == sorted(bad.json()["document_ids"])
+    ready_before = client.get("/documents", params={"status": "ready"}).json()["total"]
+    purged = client.delete("/documents", params={"status": "failed"})
+    assert (purged.status_code, purged.json()) == (200, {"deleted": 2})
+    assert client.get("/documents", params={"status": "failed"}).json()["total"] == 0
+    assert client.get("/documents", params={"status": "ready"}).json()["total"] == ready_before
+    refused = client.delete("/documents", params={"status": "ready"})
+    assert refused.status_code == 422
+    assert refused.json()["detail"] == "only failed documents can be deleted in bulk (status=failed), not 'ready'"
+    assert client.delete("/documents").status_code == 422  # no status: never everything
+
+
 def test_documents_query_validation(client: TestClient) -> None:
     bad_status = client.get("/documents", params={"status": "done"})
     assert bad_status.status_code == 422
@@ -292,3 +324,16 @@ def test_delete_while_ingesting_is_409(client: TestClient) -> None:
                                          "cancel the job first"}
     client.post(f"/ingest/jobs/{job_id}/cancel")
     assert client.delete(f"/documents/{doc_id}").status_code == 204
+
+
+def test_recent_jobs_are_listed_newest_first(client: TestClient) -> None:
+    first = client.post("/ingest", json={"documents": [{"title": "J1", "text": "Job one's text."}]}).json()
+    second = client.post("/ingest", json={"documents": [{"title": "J2", "text": "Job two's text."}]}).json()
+    for accepted in (first, second):
+        wait_for_job(client, accepted["job_id"])
+    listed = client.get("/ingest/jobs", params={"limit": 2}).json()["jobs"]
+    assert [j["job_id"] for j in listed] == [second["job_id"], first["job_id"]]
+    assert listed[0]["status"] == "succeeded" and listed[0]["document_ids"] == second["document_ids"]
+    assert client.get("/ingest/jobs", params={"limit": 0}).status_code == 422
+    for accepted in (first, second):
+        client.delete(f"/documents/{accepted['document_ids'][0]}")

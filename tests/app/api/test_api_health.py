@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
+import pytest
 from apitools import server_settings
 from fastapi.testclient import TestClient
 
@@ -42,6 +44,26 @@ def test_before_start_up_only_health_answers(tmp_path: Path, tiny_llama_dir: Pat
     assert chat.json()["error"]["message"] == "models are still loading"
 
 
+def test_start_up_logs_each_step_loads_the_embedder_and_ends_with_ready_at(
+        tmp_path: Path, tiny_llama_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    settings = server_settings(tmp_path / "data", tiny_llama_dir, server={"host": "0.0.0.0", "port": 8123})
+    caplog.set_level(logging.INFO)
+    with TestClient(create_app(settings, load_in_background=False)) as client:
+        state = client.app.state.blendrag
+        assert state.components.retriever.embedder._model is not None  # loaded before the first question
+    steps = [r.getMessage() for r in caplog.records if r.name in ("app.components", "app.state")]
+    assert [re.sub(r"[\d.]+ s\b", "N s", m.split(" (")[0].split(" …")[0]) for m in steps] == [
+        "start-up: catalog open",
+        f"start-up: loading the model {tiny_llama_dir}",
+        "start-up: model loaded and its prompt prefix warmed in N s",
+        "start-up: KV store open",
+        "start-up: loading the embedder builtin",
+        "start-up: embedder loaded and index of 0 chunks open in N s",
+        "start-up: components ready in N s",
+        "ready at http://127.0.0.1:8123",
+    ]
+
+
 def test_failed_start_up_is_reported(tmp_path: Path, tiny_llama_dir: Path) -> None:
     broken = tmp_path / "broken-model"
     broken.mkdir()
@@ -72,9 +94,9 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
             assert client.get(asset).status_code == 200, asset
     spec = client.get("/openapi.json").json()
     assert set(spec["paths"]) == {
-        "/health", "/ready", "/ingest", "/ingest/jobs/{job_id}", "/ingest/jobs/{job_id}/cancel",
+        "/health", "/ready", "/ingest", "/ingest/jobs", "/ingest/jobs/{job_id}", "/ingest/jobs/{job_id}/cancel",
         "/ingest/jobs/{job_id}/events", "/documents", "/documents/{document_id}", "/ask", "/v1/models",
-        "/v1/chat/completions", "/metrics", "/api/coverage", "/api/stats",
+        "/v1/chat/completions", "/metrics", "/api/coverage", "/api/stats", "/api/defaults",
     }
     ask = spec["paths"]["/ask"]["post"]
     assert set(ask["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}

@@ -132,3 +132,25 @@ def test_corrupt_entry_found_mid_request_is_recomputed(tmp_path, make_fast_setti
         assert components.store.contains(chunk.kv_key) == "disk"  # stored again, healthy
     finally:
         components.close()
+
+
+def test_every_mode_decodes_with_the_same_repetition_control(components: Components, ingested,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.scheduler import Scheduler
+
+    seen = []
+    submit = Scheduler.submit
+
+    def spy(self, request):
+        seen.append((request.mode, request.sampling))
+        return submit(self, request)
+
+    monkeypatch.setattr(Scheduler, "submit", spy)
+    for mode in ("full", "prefix", "reuse", "blend"):
+        events = ask(components, AskRequest(question="What is the capital of Zorblat?", top_k=2, mode=mode,
+                                            max_tokens=5))
+        assert isinstance(events[-1], DoneEvent)
+    assert [m for m, _ in seen] == ["full", "prefix", "reuse", "blend"]
+    settings = components.settings.engine
+    assert {s for _, s in seen} == {settings.sampling_params(max_tokens=5)}
+    assert seen[0][1].stop_on_repeated_line is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -49,12 +50,38 @@ def test_duplicate_content_is_reported_and_not_stored_twice(components: Componen
     first, _ = run(service, [text("A", TEXT_A)])
     second, job = run(service, [text("A again", TEXT_A), text("B", TEXT_B)])
     assert job.status == JobStatus.SUCCEEDED
-    assert job.duplicate_ids == [second.document_ids[0]]
+    # The duplicate's id is the stored document's: it resolves, and nothing is stored twice.
+    assert second.document_ids[0] == first.document_ids[0]
+    assert job.duplicate_ids == [first.document_ids[0]]
     assert [e["code"] for e in job.errors] == ["duplicate"]
     assert job.errors[0]["document_id"] == first.document_ids[0]
-    assert components.catalog.get_document(second.document_ids[0]) is None
+    assert components.catalog.get_document(second.document_ids[0]).status == DocumentStatus.READY
     _, total = components.catalog.list_documents()
     assert total == 2
+
+
+def test_a_duplicate_file_answers_with_the_stored_documents_id(components: Components, tmp_path: Path) -> None:
+    service = IngestService(components)
+    for name in ("notes.md", "copy-of-notes.md", "other.md"):
+        (tmp_path / name).write_text("# Notes\n\n" + (TEXT_B if name == "other.md" else TEXT_A))
+
+    def file(name: str) -> IngestSource:
+        return IngestSource(kind="file", title=name, path=str(tmp_path / name), source_path=f"upload:{name}")
+
+    first, job = run(service, [file("notes.md")])
+    assert job.status == JobStatus.SUCCEEDED
+    stored = components.catalog.get_document(first.document_ids[0])
+    assert stored.metadata["file_sha256"] == hashlib.sha256((tmp_path / "notes.md").read_bytes()).hexdigest()
+    # Same bytes again (under another name), twice in one request, next to a new file.
+    second, job = run(service, [file("copy-of-notes.md"), file("other.md"), file("copy-of-notes.md")])
+    assert second.document_ids[0] == second.document_ids[2] == first.document_ids[0]
+    assert job.status == JobStatus.SUCCEEDED and job.duplicate_ids == [first.document_ids[0]] * 2
+    assert components.catalog.get_document(second.document_ids[1]).status == DocumentStatus.READY
+    _, total = components.catalog.list_documents()
+    assert total == 2
+    # Only duplicates: nothing to do, nothing failed.
+    third, job = run(service, [file("notes.md")])
+    assert (third.document_ids, job.status, job.document_ids) == (first.document_ids, JobStatus.SUCCEEDED, [])
 
 
 def test_reingest_of_changed_source_replaces_chunks_index_and_kv(components: Components) -> None:
@@ -190,6 +217,92 @@ def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_
             assert components.store.contains(key) is not None
         for key in old_keys - new_keys:
             assert components.store.contains(key) is None
+    finally:
+        components.close()
+
+
+def _records_file(path: Path, n: int, start: int = 0) -> Path:
+    import json
+
+    path.write_text(json.dumps([{"title": f"R{i}", "text": f"Record number {i} says hello."}
+                                for i in range(start, start + n)]))
+    return path
+
+
+def test_a_records_file_is_parsed_per_record_and_written_in_batches(components: Components, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.services.ingest_service as ingest_module
+
+    monkeypatch.setattr(ingest_module, "CATALOG_BATCH", 100)
+    calls = {"add_document": 0, "add_documents": []}
+    add_document, add_documents = components.catalog.add_document, components.catalog.add_documents
+    monkeypatch.setattr(components.catalog, "add_document",
+                        lambda **kw: calls.__setitem__("add_document", calls["add_document"] + 1) or add_document(**kw))
+    monkeypatch.setattr(components.catalog, "add_documents",
+                        lambda rows: calls["add_documents"].append(len(rows)) or add_documents(rows))
+    path = _records_file(tmp_path / "records.json", 250)
+    service = IngestService(components)
+    submitted, job = run(service, [IngestSource(kind="file", title="records.json", path=str(path),
+                                                source_path="upload:records.json")])
+    assert job.status == JobStatus.SUCCEEDED, job.errors
+    assert job.progress["parse"] == {"done": 250, "total": 250}  # one step per record, not per file
+    assert calls == {"add_document": 1, "add_documents": [100, 100, 49]}  # the file's own + 3 batches
+    assert len(job.document_ids) == 250
+    assert components.catalog.list_documents(status=DocumentStatus.READY)[1] == 250
+    assert components.catalog.get_document(job.document_ids[-1]).source_path == "upload:records.json#249"
+
+
+def test_a_file_over_the_record_cap_fails_with_a_clear_error_and_nothing_else(tiny_settings, tmp_path: Path) -> None:
+    from app.components import build_components
+
+    tiny_settings.ingest.max_records_per_file = 10
+    components = build_components(tiny_settings)
+    try:
+        path = _records_file(tmp_path / "eleven.json", 11)
+        submitted, job = run(IngestService(components), [IngestSource(kind="file", title="eleven.json",
+                                                                       path=str(path))])
+        assert job.status == JobStatus.FAILED
+        assert [(e["code"], e["error"]) for e in job.errors] == [
+            ("too_many_records", "more than 10 records (ingest.max_records_per_file); split the file or raise "
+                                 "the setting")]
+        assert job.progress["parse"] == {"done": 1, "total": 1}
+        assert components.catalog.list_documents()[1] == 1  # only the file's own (failed) document
+    finally:
+        components.close()
+
+
+def test_cancel_takes_effect_within_two_seconds_while_a_big_records_file_is_parsed(
+        tiny_settings, tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from app.components import build_components
+
+    tiny_settings.ingest.max_records_per_file = 100_000
+    components = build_components(tiny_settings)
+    try:
+        path = _records_file(tmp_path / "big.json", 30_000)
+        service = IngestService(components)
+        submitted = service.submit([IngestSource(kind="file", title="big.json", path=str(path))], enqueue=False)
+        thread = threading.Thread(target=service.run_job, args=(submitted.job_id,))
+        thread.start()
+        deadline = time.monotonic() + 60
+        while (components.catalog.get_job(submitted.job_id).progress.get("parse", {}).get("done", 0) < 2
+               and time.monotonic() < deadline):
+            time.sleep(0.02)
+        job = components.catalog.get_job(submitted.job_id)
+        assert job.stage == "parse" and job.progress["parse"]["done"] < 30_000  # mid-parse, per record
+        asked = time.monotonic()
+        service.cancel(submitted.job_id)
+        thread.join(timeout=30)
+        took = time.monotonic() - asked
+        job = components.catalog.get_job(submitted.job_id)
+        assert job.status == JobStatus.CANCELLED and took < 2.0, took
+        docs, total = components.catalog.list_documents(limit=500)
+        assert {d.status for d in docs} == {DocumentStatus.FAILED}
+        # …and what the cancel left behind goes in one call.
+        assert service.purge_failed() == total
+        assert components.catalog.list_documents()[1] == 0
     finally:
         components.close()
 

@@ -31,9 +31,9 @@ def ui_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) ->
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(missing_system_binary) -> Iterator[Any]:
     if not CHROMIUM.exists() or shutil.which(str(CHROMIUM)) is None:
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium (apt-get install chromium)")
+        missing_system_binary(str(CHROMIUM), "chromium")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

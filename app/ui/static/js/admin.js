@@ -61,9 +61,13 @@ function covBar(fresh, stale, missing, big = false) {
 }
 
 function renderCards(coverage, stats) {
+  // Every document counts, as in the table below; the detail says how many of them are ready.
   const byStatus = stats.documents_by_status;
-  $("card-docs").textContent = byStatus.ready ?? 0;
-  $("card-docs-detail").textContent = `ready · ${byStatus.pending ?? 0} ingesting · ${byStatus.failed ?? 0} failed`;
+  const total = Object.values(byStatus).reduce((a, b) => a + b, 0);
+  $("card-docs").textContent = total;
+  $("card-docs-detail").textContent =
+    `${byStatus.ready ?? 0} ready · ${byStatus.pending ?? 0} ingesting · ${byStatus.failed ?? 0} failed`;
+  $("purge-failed").hidden = !byStatus.failed;
 
   const hasChunks = coverage.chunks_total > 0;
   $("card-coverage").textContent = hasChunks ? fmtPct(coverage.coverage, coverage.coverage < 1 ? 1 : 0) : "–";
@@ -99,33 +103,52 @@ function renderCards(coverage, stats) {
 
 // ---- documents table ---------------------------------------------------------------------------
 
-function deleteButton(doc) {
-  const button = el("button", { class: "btn small danger", type: "button", "data-action": "delete" }, "Delete");
+// Two clicks instead of confirm(): no modal, and a stray click does nothing.
+function armTwoClick(button, action) {
+  const label = button.textContent;
   let armed = null;
   button.addEventListener("click", async () => {
     if (!armed) {
-      // Two clicks instead of confirm(): no modal, and a stray click does nothing.
       button.textContent = "Confirm";
       button.classList.add("confirm");
       armed = setTimeout(() => {
         armed = null;
-        button.textContent = "Delete";
+        button.textContent = label;
         button.classList.remove("confirm");
       }, 4000);
       return;
     }
     clearTimeout(armed);
+    armed = null;
     button.disabled = true;
     try {
-      await api(`/documents/${encodeURIComponent(doc.id)}`, { method: "DELETE" });
+      await action();
       await refresh();
     } catch (err) {
-      button.disabled = false;
       handleError(err);
+    } finally {
+      button.disabled = false;
+      button.textContent = label;
+      button.classList.remove("confirm");
     }
   });
   return button;
 }
+
+function deleteButton(doc) {
+  const button = el("button", { class: "btn small danger", type: "button", "data-action": "delete" }, "Delete");
+  return armTwoClick(button, () => api(`/documents/${encodeURIComponent(doc.id)}`, { method: "DELETE" }));
+}
+
+armTwoClick($("purge-failed"), async () => {
+  const { deleted } = await api("/documents?status=failed", { method: "DELETE" });
+  $("docs-sub").textContent = `deleted ${deleted} failed`;
+});
+
+$("status-filter").addEventListener("change", () => {
+  offset = 0;
+  refresh();
+});
 
 function coverageText(cov) {
   const parts = [`${cov.chunks_fresh}/${cov.chunks_total} fresh`];
@@ -140,7 +163,8 @@ function renderDocuments(page, coverage) {
   body.replaceChildren();
   if (!page.documents.length) {
     body.append(el("tr", {}, el("td", { colspan: 7, class: "muted" },
-      offset ? "No more documents." : "No documents yet. Upload some above.")));
+      offset ? "No more documents." : $("status-filter").value ? `No ${$("status-filter").value} documents.`
+        : "No documents yet. Upload some above.")));
   }
   for (const doc of page.documents) {
     const cov = byDoc.get(doc.id);
@@ -166,7 +190,8 @@ function renderDocuments(page, coverage) {
       el("td", {}, doc.status === "pending" ? null : deleteButton(doc))));
     if (doc.status === "pending" && doc.job_id && !watchedJobs.has(doc.job_id)) watchJob(doc.job_id, doc.title);
   }
-  $("docs-sub").textContent = `${page.total} total`;
+  const filter = $("status-filter").value;
+  $("docs-sub").textContent = filter ? `${page.total} ${filter}` : `${page.total} total`;
   const last = Math.min(offset + page.documents.length, page.total);
   $("page-info").textContent = page.total ? `${offset + 1}–${last} of ${page.total}` : "";
   $("prev").disabled = offset === 0;
@@ -215,7 +240,22 @@ function updateJobCard(card, job) {
   }
 }
 
-async function watchJob(jobId, name) {
+function jobName(job) {
+  const n = job.document_ids.length;
+  return `job ${job.job_id.slice(0, 8)} · ${n} document${n === 1 ? "" : "s"}`;
+}
+
+// Jobs started elsewhere (API, CLI, another browser) show up too: running ones are followed live,
+// finished ones as they ended.
+function showServerJobs(jobs) {
+  for (const job of [...jobs].reverse()) {
+    if (watchedJobs.has(job.job_id)) continue;
+    if (job.status === "queued" || job.status === "running") watchJob(job.job_id, jobName(job));
+    else updateJobCard(addJobCard(job.job_id, jobName(job)), job);
+  }
+}
+
+function addJobCard(jobId, name) {
   const cancel = el("button", { class: "btn small", type: "button", "data-action": "cancel" }, "Cancel");
   const card = el("li", { class: "job", "data-job-id": jobId, "data-status": "queued" },
     el("div", { class: "head" }, el("span", { class: "name", title: name }, name),
@@ -234,7 +274,11 @@ async function watchJob(jobId, name) {
   const list = $("jobs");
   list.prepend(card);
   while (list.children.length > MAX_JOB_CARDS) list.lastElementChild.remove();
+  return card;
+}
 
+async function watchJob(jobId, name) {
+  const card = addJobCard(jobId, name);
   try {
     const response = await fetch(`/ingest/jobs/${jobId}/events`, { headers: authHeaders() });
     if (!response.ok) throw new ApiError(response.status, await errorMessage(response));
@@ -315,11 +359,14 @@ async function refresh() {
 
 async function load() {
   try {
-    const [page, coverage, stats] = await Promise.all([
-      api(`/documents?offset=${offset}&limit=${PAGE_SIZE}`), api("/api/coverage"), api("/api/stats")]);
+    const filter = $("status-filter").value;
+    const [page, coverage, stats, jobs] = await Promise.all([
+      api(`/documents?offset=${offset}&limit=${PAGE_SIZE}${filter ? `&status=${filter}` : ""}`),
+      api("/api/coverage"), api("/api/stats"), api(`/ingest/jobs?limit=${MAX_JOB_CARDS}`)]);
     showError("");
     renderCards(coverage, stats);
     renderDocuments(page, coverage);
+    showServerJobs(jobs.jobs);
     lastStats = stats;
     drawTtftChart($("ttft-chart"), $("ttft-legend"), stats.recent, stats.ttft_by_mode);
     $("chart-sub").textContent = `by mode · last ${stats.recent.length} answers`;

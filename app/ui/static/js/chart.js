@@ -27,6 +27,15 @@ function niceStep(max, count) {
   return 10 * power;
 }
 
+// Tick labels in one unit for the whole axis (never "0 ms" next to "5.00 s"), with as many decimals as
+// the step needs.
+export function axisLabel(value, yMax, step) {
+  if (yMax < 1000) return `${Math.round(value)} ms`;
+  const stepS = step / 1000;
+  const decimals = Number.isInteger(stepS) ? 0 : Number.isInteger(stepS * 10) ? 1 : 2;
+  return `${(value / 1000).toFixed(decimals)} s`;
+}
+
 export function drawTtftChart(target, legend, recent, byMode) {
   const width = Math.max(target.clientWidth || 0, 320);
   const height = 240;
@@ -53,7 +62,8 @@ export function drawTtftChart(target, legend, recent, byMode) {
   const axis = svg("g", { class: "axis" });
   for (let v = 0; v <= yMax + step / 2; v += step) {
     grid.append(svg("line", { x1: m.left, x2: width - m.right, y1: y(v), y2: y(v) }));
-    axis.append(svg("text", { x: m.left - 8, y: y(v) + 4, "text-anchor": "end" }, fmtMs(v)));
+    axis.append(svg("text", { x: m.left - 8, y: y(v) + 4, "text-anchor": "end", class: "tick" },
+      axisLabel(v, yMax, step)));
   }
   axis.append(svg("text", { x: m.left, y: height - 8 }, "older"));
   axis.append(svg("text", { x: width - m.right, y: height - 8, "text-anchor": "end" }, "newer"));

@@ -1,7 +1,7 @@
 // The chat page: POST /ask with stream=true and render its Server-Sent Events as they arrive:
 // `sources` (numbered passages), `token` (text deltas), `done` (timings) or `error`.
 
-import { el, errorMessage, fmtMs, fmtPct, readSSE, watchReadiness } from "./api.js";
+import { api, el, errorMessage, fmtMs, fmtPct, readSSE, watchReadiness } from "./api.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -100,8 +100,9 @@ class Turn {
       // A full prefill would pay retrieval plus the plain prefill of the whole prompt, without KV loading.
       const fullTtft = t.retrieval_ms + t.full_prefill_estimate_ms;
       const saved = fullTtft - t.ttft_ms;
+      const what = result.mode === "blend" ? "blending" : `${result.mode} mode`;
       items.push(saved > 0
-        ? el("span", { class: "saved", "data-k": "saved" }, "blending saved ", el("b", {}, `≈ ${fmtMs(saved)}`),
+        ? el("span", { class: "saved", "data-k": "saved" }, `${what} saved `, el("b", {}, `≈ ${fmtMs(saved)}`),
           ` vs full prefill (est. ${fmtMs(fullTtft)})`)
         : el("span", { "data-k": "saved" }, `no time saved vs full prefill (est. ${fmtMs(fullTtft)})`));
     }
@@ -159,6 +160,29 @@ async function ask(text, turn) {
   if (!turn.finished) turn.fail("The answer stream ended early.");
 }
 
+// The composer sticks to the bottom of the window: scroll so that the end of a turn (its last sources
+// and the timing line) sits just above it, not underneath.
+function revealEnd(turn) {
+  const visibleBottom = window.innerHeight - form.getBoundingClientRect().height;
+  const overlap = turn.root.getBoundingClientRect().bottom - visibleBottom;
+  if (overlap > 0) window.scrollBy({ top: overlap + 12, behavior: "smooth" });
+}
+
+// Start from the server's own defaults (top-k, mode, recompute ratio), not numbers baked into the page.
+async function loadDefaults() {
+  try {
+    const defaults = await api("/api/defaults");
+    topK.value = String(defaults.top_k);
+    topK.placeholder = String(defaults.top_k);
+    mode.value = defaults.mode;
+    ratio.value = String(defaults.recompute_ratio);
+    syncControls();
+    form.dataset.defaults = "server";
+  } catch {
+    form.dataset.defaults = "page"; // unreachable server: the fields stay empty, /ask fills them in
+  }
+}
+
 form.addEventListener("submit", async (event) => {
   event.preventDefault();
   const text = question.value.trim();
@@ -166,15 +190,15 @@ form.addEventListener("submit", async (event) => {
   $("empty")?.remove();
   const turn = new Turn(text);
   thread.append(turn.root);
-  turn.root.scrollIntoView({ behavior: "smooth", block: "end" });
+  revealEnd(turn);
   question.value = "";
   button.disabled = true;
   try {
     await ask(text, turn);
   } finally {
     button.disabled = false;
-    question.focus();
-    turn.root.scrollIntoView({ behavior: "smooth", block: "end" });
+    question.focus({ preventScroll: true });
+    revealEnd(turn);
   }
 });
 
@@ -192,5 +216,6 @@ dialog.addEventListener("click", (event) => {
 });
 
 syncControls();
+loadDefaults();
 watchReadiness($("server-status"));
 question.focus();

@@ -1,0 +1,104 @@
+"""The CLI's client for a running server that owns the data dir (its URL comes from the data-dir lock).
+
+`blendrag ingest` uploads the files to `POST /ingest` and follows the job; `blendrag ask` streams
+`POST /ask`; `blendrag cache stats` reads `GET /api/stats`. With `server.api_key` set, the key from the
+same settings is sent as a bearer token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+TIMEOUT_S = 30.0
+
+
+class RemoteError(RuntimeError):
+    """The server answered with an error (message from its `detail`) or could not be reached."""
+
+
+class RemoteServer:
+    def __init__(self, url: str, api_key: str | None = None, timeout_s: float = TIMEOUT_S) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> RemoteServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"cannot reach the server at {self.url}: {exc}") from exc
+        _raise_for_status(response)
+        return response.json()
+
+    def ingest_files(self, files: list[Path], tags: list[str]) -> dict[str, Any]:
+        """Upload files in one multipart request; the IngestAccepted body (job_id, document_ids)."""
+        with ExitStack() as stack:
+            parts = [("files", (f.name, stack.enter_context(f.open("rb")), "application/octet-stream"))
+                     for f in files]
+            data = {"tags": ",".join(tags)} if tags else {}
+            return self._request("POST", "/ingest", files=parts, data=data, timeout=None)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/ingest/jobs/{job_id}")
+
+    def wait_job(self, job_id: str, on_progress: Any = None, poll_s: float = 0.25) -> dict[str, Any]:
+        while True:
+            job = self.job(job_id)
+            if on_progress is not None:
+                on_progress(job)
+            if job["status"] in ("succeeded", "failed", "cancelled"):
+                return job
+            time.sleep(poll_s)
+
+    def purge_failed(self) -> int:
+        return int(self._request("DELETE", "/documents", params={"status": "failed"})["deleted"])
+
+    def stats(self) -> dict[str, Any]:
+        return self._request("GET", "/api/stats")
+
+    def ask(self, body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(event, data) of the /ask stream: sources, token…, done or error."""
+        try:
+            with self._client.stream("POST", "/ask", json=body, timeout=httpx.Timeout(TIMEOUT_S, read=None)
+                                     ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for_status(response)
+                event = "message"
+                data: list[str] = []
+                for line in response.iter_lines():
+                    if line.startswith("event:"):
+                        event = line.partition(":")[2].strip()
+                    elif line.startswith("data:"):
+                        data.append(line.partition(":")[2].removeprefix(" "))
+                    elif not line and data:
+                        yield event, json.loads("\n".join(data))
+                        event, data = "message", []
+        except httpx.HTTPError as exc:
+            raise RemoteError(f"cannot reach the server at {self.url}: {exc}") from exc
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    try:
+        detail = response.json().get("detail")
+    except ValueError:
+        detail = None
+    raise RemoteError(f"server answered {response.status_code}: {detail or response.text[:200]}")

@@ -1,0 +1,167 @@
+"""`blendrag ingest/ask/cache/doctor` next to a running server (a real `blendrag serve` subprocess on
+127.0.0.1): the work goes to the server over HTTP, or the command refuses and says what to do."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cli import EXIT_BUSY, main
+from app.datadir_lock import DataDirLock, lock_owner
+
+pytestmark = pytest.mark.slow  # the real MiniLM embedder in a second process
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "k3y"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def cli_env(monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path, tmp_path: Path) -> dict[str, str]:
+    env = {"BLENDRAG_ENGINE__MODEL": str(tiny_llama_dir), "BLENDRAG_ENGINE__MAX_NEW_TOKENS": "4",
+           "BLENDRAG_SERVER__API_KEY": API_KEY}
+    monkeypatch.chdir(tmp_path)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+class Server:
+    def __init__(self, data_dir: Path, env: dict[str, str], cwd: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = cwd / "server.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--data-dir", str(data_dir)],
+            cwd=cwd, env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 180
+        while True:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.log.read_text()}")
+            try:
+                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not ready: {self.log.read_text()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def server(cli_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
+    srv = Server(tmp_path / "data", cli_env, tmp_path)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_cli_sends_its_work_to_the_running_server(server: Server, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    log = server.log.read_text()
+    # Start-up is logged step by step and ends with the address, only once /ready answers 200.
+    steps = ["start-up: loading the model", "start-up: model loaded", "start-up: loading the embedder",
+             "start-up: embedder loaded", f"ready at {server.url}"]
+    positions = [log.find(step) for step in steps]
+    assert -1 not in positions and positions == sorted(positions), log
+    owner = lock_owner(data)
+    assert owner is not None and (owner.pid, owner.command, owner.url) == (server.proc.pid, "serve", server.url)
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "zorblat.md").write_text("# Zorblat\n\nQuintaro is the capital of Zorblat.\n")
+    (docs / "bread.txt").write_text("Sourdough needs flour, water, salt and a starter.\n")
+    assert main(["ingest", str(docs), "--data-dir", str(data)]) == 0
+    out, err = capsys.readouterr()
+    assert "succeeded; 2 of 2 file(s) ingested" in out
+    assert f"the server at {server.url} owns {data}: sending the work to it" in err
+
+    # The server itself knows the documents and retrieves them (before, the CLI wrote behind its back).
+    auth = {"Authorization": f"Bearer {API_KEY}"}
+    listed = httpx.get(f"{server.url}/documents", headers=auth).json()
+    assert sorted((d["title"], d["status"]) for d in listed["documents"]) == [("Zorblat", "ready"),
+                                                                               ("bread", "ready")]
+    answer = httpx.post(f"{server.url}/ask", json={"question": "What is the capital of Zorblat?", "top_k": 1,
+                                                   "stream": False}, timeout=60).json()
+    assert [s["title"] for s in answer["sources"]] == ["Zorblat"]
+
+    assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "Sources:\n  [1] Zorblat (score" in out
+    assert "mode blend" in out and "KV hits 1, misses 0" in out
+
+    # cache stats shows the server's tiers (its memory tier holds the two entries it just wrote), readable.
+    assert main(["cache", "stats", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"KV cache tiers (server at {server.url})"
+    rows = {line.split()[0]: line.split() for line in out[2:]}
+    assert rows["memory"][1] == "2" and rows["disk"][1] == "2"
+    assert rows["memory"][3] == "KiB" and rows["memory"][5] == "MiB"  # "NN.N KiB" of a "64.0 MiB" budget
+    assert int(rows["memory"][6]) >= 1  # the ask above hit it
+
+    # Failed documents are purged by the server too.
+    bad = httpx.post(f"{server.url}/ingest", headers=auth, json={"documents": [{"title": "t", "text": "x"}]})
+    assert bad.status_code == 202
+    httpx.post(f"{server.url}/ingest", headers=auth,
+               files=[("files", ("broken.json", b"[{", "application/json"))]).raise_for_status()
+    deadline = time.monotonic() + 30
+    while httpx.get(f"{server.url}/documents", headers=auth, params={"status": "failed"}).json()["total"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert main(["purge-failed", "--data-dir", str(data)]) == 0
+    assert capsys.readouterr().out == "deleted 1 failed document(s)\n"
+    httpx.delete(f"{server.url}/documents/{bad.json()['document_ids'][0]}", headers=auth).raise_for_status()
+
+    # What cannot go over HTTP is refused, naming the owner and what to do.
+    for argv, then in ((["doctor", "--repair"], "blendrag doctor --repair"), (["doctor"], "blendrag doctor"),
+                       (["cache", "verify"], "blendrag cache verify")):
+        assert main([*argv, "--data-dir", str(data)]) == EXIT_BUSY
+        assert capsys.readouterr().err == (
+            f"error: data dir {data} is in use by `blendrag serve` at {server.url} (pid {server.proc.pid}): "
+            f"stop the server first (or use another --data-dir), then run `{then}` again\n")
+    assert main(["serve", "--port", "1", "--data-dir", str(data)]) == EXIT_BUSY
+    assert "is in use by `blendrag serve`" in capsys.readouterr().err
+
+    # Stopped, the server saved an index that agrees with the catalog; the data dir is free again.
+    server.stop()
+    assert lock_owner(data) is None
+    assert main(["doctor", "--data-dir", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert "2 documents, 2 committed chunks" in out
+    assert "committed chunks missing from the index: 0 found" in out
+
+
+def test_a_data_dir_busy_with_another_cli_command_is_refused(cli_env: dict[str, str], tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    data = tmp_path / "data"
+    docs = tmp_path / "a.txt"
+    docs.write_text("text\n")
+    with DataDirLock(data) as lock:
+        lock.acquire("ingest")
+        for argv, then in ((["ingest", str(docs)], "blendrag ingest"), (["ask", "why?"], "blendrag ask"),
+                           (["cache", "stats"], "blendrag cache stats")):
+            assert main([*argv, "--data-dir", str(data)]) == EXIT_BUSY
+            assert capsys.readouterr().err == (
+                f"error: data dir {data} is in use by `blendrag ingest` (pid {os.getpid()}): "
+                f"wait for it to finish, then run `{then}` again\n")

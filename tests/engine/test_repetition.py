@@ -1,0 +1,119 @@
+"""Repetition control: penalty, no-repeat n-grams and the repeated-line stop, in the sampler, in a whole
+request run, and from the engine settings into every mode alike."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from enginetest_tiny import random_chunks
+
+from engine.config import EngineSettings
+from engine.sampling import (
+    IncrementalDetokenizer,
+    RepetitionControl,
+    Sampler,
+    banned_ngram_tokens,
+    ends_with_repeated_line,
+)
+from engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+
+
+@pytest.fixture(scope="module")
+def layout(tiny_engine):
+    return tiny_engine.prompt.layout(random_chunks([20, 25], seed=21), "what happens next?")
+
+
+def _run(engine, layout, sampling: SamplingParams):
+    events = list(engine.generate(GenerationRequest("t", layout, None, "full", sampling=sampling)))
+    assert isinstance(events[-1], FinishEvent) and all(isinstance(e, TokenEvent) for e in events[:-1])
+    return [e.token_id for e in events[:-1]], events[-1]
+
+
+def _ngrams(ids: list[int], n: int) -> list[tuple[int, ...]]:
+    return [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+
+
+@pytest.mark.parametrize(("text", "repeated"), [
+    ("The launch is on 3 March. The launch is on 3 March.", True),
+    ("The launch is on 3 March.\nIt is soon.\nthe launch  is on 3 march.", True),  # case and spaces ignored
+    ("The launch is on 3 March. The launch is on 3 Mar", False),  # the repeat is not complete yet
+    ("The launch is on 3 March. It is soon.", False),
+    ("Yes. Yes.", False),  # too short to call a loop
+    ("It costs 3.5 euros. It costs 3.", False),
+    ("", False),
+])
+def test_ends_with_repeated_line(text: str, repeated: bool) -> None:
+    assert ends_with_repeated_line(text) is repeated
+
+
+def test_banned_ngram_tokens() -> None:
+    assert banned_ngram_tokens([5, 6, 7, 5, 6], 3) == {7}  # "5 6" was followed by 7 before
+    assert banned_ngram_tokens([5, 6, 5, 6, 9, 5, 6], 3) == {5, 9}
+    assert banned_ngram_tokens([5, 6, 7], 3) == set()
+    assert banned_ngram_tokens([4, 4, 2], 1) == {4, 2}
+
+
+def test_penalty_shrinks_positive_and_lowers_negative_logits_of_generated_tokens_only() -> None:
+    control = RepetitionControl(SamplingParams(repetition_penalty=1.25))  # exact in binary floating point
+    logits = torch.tensor([2.5, -2.0, 1.0, 0.5])
+    out = control.adjust(logits, [0, 1, 1])
+    assert out.tolist() == [2.0, -2.5, 1.0, 0.5]
+    assert logits.tolist() == [2.5, -2.0, 1.0, 0.5]  # the caller's tensor is left alone
+    assert control.adjust(logits, []) is logits
+
+
+def test_greedy_sampler_obeys_the_ngram_ban() -> None:
+    sampler = Sampler(SamplingParams(no_repeat_ngram_size=2), torch.device("cpu"))
+    logits = torch.tensor([0.0, 1.0, 3.0, 2.5])
+    assert sampler(logits) == 2
+    assert sampler(logits, [1, 2, 1]) == 3  # "1 2" was generated already: 2 may not follow 1 again
+
+
+def test_ngram_ban_removes_every_repeated_trigram_of_a_looping_greedy_run(tiny_engine, layout) -> None:
+    free, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=40, ignore_eos=True))
+    assert fin.finish_reason == "length"
+    assert len(set(_ngrams(free, 3))) < len(_ngrams(free, 3))  # the random model does loop
+    controlled, _ = _run(tiny_engine, layout, SamplingParams(max_tokens=40, ignore_eos=True, no_repeat_ngram_size=3))
+    assert len(controlled) == 40
+    assert len(set(_ngrams(controlled, 3))) == len(_ngrams(controlled, 3))
+    assert controlled[:3] == free[:3]  # the first tokens have nothing to repeat yet
+
+
+def test_penalty_changes_the_run_but_not_the_first_token(tiny_engine, layout) -> None:
+    free, _ = _run(tiny_engine, layout, SamplingParams(max_tokens=24, ignore_eos=True))
+    penalised, _ = _run(tiny_engine, layout, SamplingParams(max_tokens=24, ignore_eos=True, repetition_penalty=2.0))
+    assert penalised[0] == free[0]
+    assert penalised != free
+    assert len(set(penalised)) > len(set(free))
+
+
+def test_a_repeated_sentence_finishes_the_request_with_stop(tiny_engine, layout, monkeypatch) -> None:
+    script = iter(["The launch", " is on 3 March.", " It is soon.", " The launch is", " on 3 March.", " More"])
+    monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
+    ids, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=6, ignore_eos=True, stop_on_repeated_line=True))
+    assert (fin.finish_reason, len(ids)) == ("stop", 5)
+    assert fin.text == "The launch is on 3 March. It is soon. The launch is on 3 March."
+
+
+def test_without_the_stop_the_same_script_runs_to_length(tiny_engine, layout, monkeypatch) -> None:
+    script = iter(["The launch", " is on 3 March.", " It is soon.", " The launch is", " on 3 March.", " More"])
+    monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
+    ids, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=6, ignore_eos=True))
+    assert (fin.finish_reason, len(ids)) == ("length", 6)
+
+
+def test_settings_turn_repetition_control_on_with_a_shorter_default_length() -> None:
+    params = EngineSettings().sampling_params()
+    assert params.max_tokens == 128
+    assert (params.repetition_penalty, params.no_repeat_ngram_size, params.stop_on_repeated_line) == (1.0, 0, True)
+    request_values = EngineSettings(repetition_penalty=1.2).sampling_params(max_tokens=7, temperature=0.5)
+    assert (request_values.max_tokens, request_values.temperature, request_values.repetition_penalty) == (7, 0.5, 1.2)
+    off = EngineSettings(repetition_penalty=1.0, stop_on_repeated_line=False).sampling_params()
+    assert not RepetitionControl(off).adjusts_logits and not RepetitionControl(off).should_stop("A b c d. A b c d.")
+
+
+@pytest.mark.parametrize("bad", [{"repetition_penalty": 0.9}, {"repetition_penalty": 2.5},
+                                 {"no_repeat_ngram_size": -1}])
+def test_bad_repetition_values_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        SamplingParams(**bad)
