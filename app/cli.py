@@ -1,4 +1,4 @@
-"""`blendrag` command line: serve, ingest, ask, cache, doctor."""
+"""`blendrag` command line: serve, ingest, ask, cache, doctor, db, worker."""
 
 from __future__ import annotations
 
@@ -244,6 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true", help="fix what is found")
     _add_data_dir(p)
     p.set_defaults(func=cmd_doctor)
+
+    from app.cli_scaleout import add_parsers
+
+    add_parsers(sub, _add_data_dir)  # db upgrade|current, worker
     return parser
 
 
