@@ -13,6 +13,7 @@ from app.catalog import Catalog
 from app.settings import Settings
 
 if TYPE_CHECKING:
+    from app.index_sync import Role
     from engine.engine import Engine
     from engine.scheduler import Scheduler
     from kvcache.store import TieredKVStore
@@ -42,17 +43,21 @@ class Components:
         self.catalog.close()
 
 
-def build_components(settings: Settings) -> Components:
-    """Load models and open every store. Takes a few seconds (model load), minutes on first run."""
+def build_components(settings: Settings, *, role: Role = "server") -> Components:
+    """Load models and open every store. Takes a few seconds (model load), minutes on first run.
+
+    `role` matters with a PostgreSQL catalog only: a server builds its index from the catalog, a worker
+    (or `blendrag ingest`) only embeds, for the catalog (see app/index_sync.py).
+    """
+    from app.index_sync import open_retriever
     from engine.engine import Engine
     from kvcache.store import TieredKVStore
-    from retrieval.retriever import Retriever
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    catalog = Catalog(settings.catalog.url or "")
+    catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
     engine = Engine(settings.engine, models_dir=settings.models_dir)
     store = TieredKVStore(settings.kvcache)
-    retriever = Retriever.open(settings.index_dir, settings.retrieval)
+    retriever = open_retriever(settings, catalog, role)
     logger.info("components ready: model fingerprint %s, %d indexed chunks", engine.fingerprint[:12],
                 retriever.count)
     return Components(settings=settings, catalog=catalog, engine=engine, store=store, retriever=retriever)

@@ -20,6 +20,11 @@ BASELINE_REVISION = "0001"  # the schema `Base.metadata.create_all` made before 
 _PG_MIGRATION_LOCK = 0x626C656E64  # advisory lock key: "blend"
 
 
+def include_name(name: str | None, type_: str, _parent_names: object) -> bool:
+    """Autogenerate/compare filter: the job queue's tables belong to PgQueuer (migration 0003), not the models."""
+    return not (type_ == "table" and (name or "").startswith("pgqueuer"))
+
+
 def _config(connection: Connection):  # -> alembic.config.Config
     from alembic.config import Config
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sqlalchemy import create_engine, event
+from sqlalchemy import create_engine, event, inspect
 
 from app.catalog import Catalog, DocumentStatus
 from app.catalog import migrate as migrations
@@ -63,9 +63,14 @@ def test_migrations_build_exactly_the_models(url: str) -> None:
     before, after = migrations.upgrade(engine)
     assert (before, after) == (None, migrations.head_revision())
     with engine.connect() as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), Base.metadata)
+        context = MigrationContext.configure(conn, opts={"include_name": migrations.include_name})
+        diff = compare_metadata(context, Base.metadata)
+        queue_tables = {t for t in inspect(conn).get_table_names() if t.startswith("pgqueuer")}
     engine.dispose()
     assert diff == []
+    # the job queue exists on PostgreSQL only (SQLite runs jobs in-process)
+    assert queue_tables == ({"pgqueuer", "pgqueuer_log", "pgqueuer_statistics", "pgqueuer_schedules"}
+                            if url.startswith("postgresql") else set())
     # a second upgrade is a no-op
     engine = create_engine(url)
     assert migrations.upgrade(engine) == (after, after)
@@ -134,7 +139,7 @@ def test_catalog_without_auto_upgrade_refuses_an_old_schema(tmp_path: Path) -> N
     engine = create_engine(url)
     migrations.upgrade(engine, "0001")
     engine.dispose()
-    with pytest.raises(RuntimeError, match=r"revision 0001, this version needs 0002.*blendrag db upgrade"):
+    with pytest.raises(RuntimeError, match=r"revision 0001, this version needs 0003.*blendrag db upgrade"):
         Catalog(url, migrate=False)
     Catalog(url).close()  # the default upgrades
     Catalog(url, migrate=False).close()
