@@ -105,8 +105,9 @@ class IndexSync:
         if not events:
             return 0
         first = self._catalog.first_index_event_id()
-        if self._cursor and first > self._cursor + 1:
-            # Events this replica never saw were pruned (it was stopped longer than the retention).
+        if first > self._cursor + 1:
+            # Events this replica never saw were pruned (it was stopped longer than the retention), or an
+            # aborted transaction burnt an id: rebuilding is right in both cases.
             self.rebuild()
             return len({e.document_id for e in events})
         document_ids = list(dict.fromkeys(e.document_id for e in events))
