@@ -80,6 +80,13 @@ def test_two_replicas_one_worker(cluster: Cluster) -> None:
     # the worker's KV reached B through Redis: every source is a hit
     assert (done["kv_hits"], done["kv_misses"]) == (len(answer["sources"]), 0)
 
+    # both replicas hold the same index, built from the catalog
+    def index_of(replica) -> dict:  # noqa: ANN001
+        return httpx.get(f"{replica.url}/api/index", timeout=30).json()
+
+    until(lambda: index_of(a) == index_of(b), 5, "both replicas at the same change log position")
+    assert index_of(a)["source"] == "catalog" and index_of(a)["chunks"] >= len(DOCS)
+
     # coverage is the shared state, the same from both replicas
     cov_a, cov_b = (httpx.get(f"{r.url}/api/coverage", timeout=30).json() for r in (a, b))
     assert cov_a == cov_b and cov_a["coverage"] == 1.0
