@@ -19,6 +19,7 @@ SUBCOMMANDS = (
     "bench.ingest_rate",
     "bench.kv_dtypes",
     "bench.llamacpp",
+    "bench.scaleout",
 )
 
 
