@@ -215,7 +215,7 @@ def wait_job(replica: Process, job_id: str, timeout: float = 600) -> dict[str, A
             return got
         if time.monotonic() > deadline:
             raise TimeoutError(f"job {job_id} still {got['status']} after {timeout} s")
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 def sse_events(response: httpx.Response) -> Iterator[tuple[str, Any]]:

@@ -115,6 +115,7 @@ def probe_latency(a: Process, b: Process, docs: list[dict[str, str]]) -> list[fl
 
 
 def main(args: argparse.Namespace) -> int:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
     record = RunRecord()
     pool = passages(args.dataset)
     needed = args.chunks * len(args.workers) + args.probes

@@ -143,13 +143,16 @@ def _job(row: JobRow) -> JobRecord:
 class Catalog:
     """Thread-safe access to the catalog database (one short session per call)."""
 
-    def __init__(self, url: str, *, migrate: bool = True) -> None:
+    def __init__(self, url: str, *, migrate: bool = True, index_events: bool | None = None) -> None:
         """Open the catalog at a SQLAlchemy URL (`sqlite:///…` or `postgresql+psycopg://…`).
 
         `migrate`: bring the schema to the newest Alembic revision first (what `blendrag db upgrade`
         does); without it a catalog behind the code's revision is refused with a clear message.
+        `index_events`: log documents becoming ready / leaving ready for replicas' indexes (app/index_sync.py);
+        by default on PostgreSQL only, since a SQLite catalog has exactly one server.
         """
         self.dialect = make_url(url).get_backend_name()
+        self.index_events = self.dialect == "postgresql" if index_events is None else index_events
         if self.dialect == "sqlite":
             if url.startswith("sqlite:///"):
                 Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
@@ -283,7 +286,7 @@ class Catalog:
             old = s.scalar(select(DocumentRow.status).where(DocumentRow.id == document_id))
             if old is None:
                 return
-            if status == DocumentStatus.READY or old == DocumentStatus.READY:
+            if self.index_events and (status == DocumentStatus.READY or old == DocumentStatus.READY):
                 self._log_index_event(s, document_id,
                                       IndexEventOp.READY if status == DocumentStatus.READY else IndexEventOp.REMOVED)
             s.execute(update(DocumentRow).where(DocumentRow.id == document_id).values(status=status, error=error))
@@ -295,7 +298,7 @@ class Catalog:
             if row is None:
                 return None
             chunks = [_chunk(c, row.title) for c in row.chunks]
-            if row.status == DocumentStatus.READY:
+            if self.index_events and row.status == DocumentStatus.READY:
                 self._log_index_event(s, document_id, IndexEventOp.REMOVED)
             s.delete(row)
             return chunks

@@ -95,7 +95,7 @@ def test_chunk_ids_are_never_reused(url: str) -> None:
 
 
 def test_index_events_follow_ready_and_delete(url: str) -> None:
-    catalog = Catalog(url)
+    catalog = Catalog(url, index_events=True)
     assert catalog.last_index_event_id() == 0
     doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=["x"], metadata={},
                                job_id=None)
@@ -113,6 +113,16 @@ def test_index_events_follow_ready_and_delete(url: str) -> None:
     assert events[1].id > events[0].id == catalog.first_index_event_id()
     assert catalog.index_events_after(events[0].id) == events[1:]
     assert catalog.index_entries() == []
+    catalog.close()
+
+
+def test_index_events_are_logged_on_postgresql_only_by_default(url: str) -> None:
+    catalog = Catalog(url)
+    doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    catalog.set_document_status(doc.id, DocumentStatus.READY)
+    catalog.delete_document(doc.id)
+    logged = [e.op for e in catalog.index_events_after(0)]
+    assert logged == ([IndexEventOp.READY, IndexEventOp.REMOVED] if url.startswith("postgresql") else [])
     catalog.close()
 
 
@@ -148,7 +158,7 @@ def test_catalog_without_auto_upgrade_refuses_an_old_schema(tmp_path: Path) -> N
 def test_events_of_transactions_committing_at_once_are_never_skipped(url: str) -> None:
     """Two jobs commit together; the slower commit drew its event id first. A reader that saw the later id
     must also see the earlier one (ids become visible in order), or a replica would skip a document."""
-    slow, fast = Catalog(url), Catalog(url)
+    slow, fast = Catalog(url, index_events=True), Catalog(url, index_events=True)
     docs = []
     for c in (slow, fast):
         doc = c.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
