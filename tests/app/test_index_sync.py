@@ -67,7 +67,7 @@ def wait_until(predicate, timeout: float = 5.0) -> float:  # noqa: ANN001
 
 
 @pytest.fixture
-def catalogs(pg_url: str) -> Iterator[tuple[Catalog, Catalog, Catalog]]:
+def catalogs(pg_url: str) -> Iterator[tuple[Catalog, Catalog, Catalog]]:  # noqa: F811
     """Three connections to one catalog: a worker's and two replicas'."""
     opened = (Catalog(pg_url), Catalog(pg_url), Catalog(pg_url))
     yield opened
