@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings, SettingsError, load_settings
+from engine.types import SELECTORS
 
 EXIT_USAGE = 2
 
@@ -102,7 +103,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     request = AskRequest(question=args.question, top_k=args.top_k, mode=args.mode,
-                         recompute_ratio=args.ratio, max_tokens=args.max_tokens)
+                         recompute_ratio=args.ratio, selector=args.selector, max_tokens=args.max_tokens)
     components = build_components(settings)
 
     async def run() -> int:
@@ -131,7 +132,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
                         for s in sources:
                             page = f", p. {s.page}" if s.page else ""
                             print(f"  [{s.rank}] {s.title}{page} (score {s.score:.3f})")
-                        print(f"\nmode {event.mode}, recompute ratio {event.recompute_ratio:.2f}; "
+                        how = f"{event.mode} ({event.selector})" if event.selector else event.mode
+                        print(f"\nmode {how}, recompute ratio {event.recompute_ratio:.2f}; "
                               f"retrieval {t.retrieval_ms:.0f} ms, KV load {t.kv_load_ms:.0f} ms, "
                               f"TTFT {t.ttft_ms:.0f} ms, total {t.total_ms:.0f} ms; "
                               f"KV hits {event.kv_hits}, misses {event.kv_misses}")
@@ -224,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("question")
     p.add_argument("--mode", choices=["blend", "full", "prefix", "reuse"], default=None)
     p.add_argument("--ratio", type=float, default=None, help="recompute ratio in [0, 1]")
+    p.add_argument("--selector", choices=SELECTORS, default=None,
+                   help="which context tokens blend recomputes (default: settings)")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     _add_data_dir(p)

@@ -32,6 +32,7 @@ class RecentAsk:
 
     at: float  # unix time the answer finished
     mode: str
+    selector: str | None  # blend's token selector, None for other modes
     ttft_ms: float
     total_ms: float
     recompute_ratio: float

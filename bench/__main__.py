@@ -15,6 +15,8 @@ import sys
 SUBCOMMANDS = (
     "bench.ttft",
     "bench.quality",
+    "bench.frontier",
+    "bench.lookup",
     "bench.throughput",
     "bench.ingest_rate",
     "bench.kv_dtypes",

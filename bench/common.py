@@ -1,9 +1,7 @@
 """Shared by the speed benchmarks: examples turned into /ask's prompts with their chunk KV precomputed
 (outside any timing), peak-RSS probing, and small statistics helpers.
 
-A prompt is built exactly as /ask builds it: the engine's prefix, the first K passages of the example as
-K chunks in file order (each passage is one chunk whose ids are what ingest stores for it), the
-question as suffix.
+Prompts come from `bench.data.build_prompt`, which builds them exactly as /ask does.
 """
 
 from __future__ import annotations
@@ -14,9 +12,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from bench.data import Example, Passage, load_dataset, select_examples
+from bench.data import Example, build_prompt, load_dataset, select_examples
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -24,15 +22,6 @@ if TYPE_CHECKING:
     from kvcache.types import ChunkKV, LayerKVSource
 
 logger = logging.getLogger(__name__)
-
-
-def passage_ids(tokenizer: Any, passage: Passage) -> list[int]:
-    """The token ids ingest stores for a passage ingested as one chunk."""
-    try:
-        from ingest.chunker import encode_chunk_text
-    except ImportError:  # ingest not available: the same shape, title line + text + blank line
-        return list(tokenizer.encode(f"{passage.title}\n{passage.text}\n\n", add_special_tokens=False))
-    return encode_chunk_text(tokenizer, passage.text)
 
 
 @dataclass
@@ -60,8 +49,8 @@ def prepare_examples(
     examples = [e for e in select_examples(load_dataset(dataset), None, seed) if len(e.passages) >= num_passages]
     prepared = []
     for example in examples[:num_examples]:
-        chunk_ids = [passage_ids(engine.tokenizer, p) for p in example.passages[:num_passages]]
-        layout = engine.prompt.layout(chunk_ids, example.question)
+        bench_prompt = build_prompt(engine.prompt, engine.tokenizer, example, num_passages)
+        chunk_ids, layout = bench_prompt.chunk_ids, bench_prompt.layout
         t0 = time.perf_counter()
         kvs = engine.prefill_chunks(chunk_ids)
         storage = _STORAGE[kv_dtype]

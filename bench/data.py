@@ -3,7 +3,8 @@ and prompts built from them exactly as /ask builds its prompt.
 
 File shape: a JSON list of `{"question": str, "answers": [str], "ctxs": [{"title", "text", "isgold"?}]}`.
 Each passage becomes one chunk (`ingest.chunker.encode_chunk_text` of its text, the ids ingest would
-store), the first K passages in file order, the question as suffix (`engine.prompt.PromptBuilder`).
+store); the first K passages in file order stand for the retrieval ranking (best first) and are laid
+out by `PromptBuilder.layout_ranked`, the builder /ask uses (best chunk last, nearest the question).
 """
 
 from __future__ import annotations
@@ -92,14 +93,15 @@ class BenchPrompt:
     """One example turned into the prompt /ask would build for it."""
 
     example: Example
-    chunk_ids: list[list[int]]  # one chunk per passage, prompt order
+    chunk_ids: list[list[int]]  # one chunk per passage, in prompt order (layout.chunk_ids)
     layout: PromptLayout
     answer_ids: list[int]  # the first gold answer as the assistant would write it (teacher forcing)
 
 
 def build_prompt(prompt: PromptBuilder, tokenizer: Any, example: Example, num_passages: int) -> BenchPrompt:
-    chunk_ids = passage_chunk_ids(tokenizer, example.passages[:num_passages])
-    layout = prompt.layout(chunk_ids, example.question)
+    # The first K passages in file order play the retrieval ranking (best first); the layout is /ask's.
+    layout = prompt.layout_ranked(passage_chunk_ids(tokenizer, example.passages[:num_passages]), example.question)
+    chunk_ids = layout.chunk_ids
     answer = example.answers[0] if example.answers else ""
     # The assistant turn opens with a newline, so the answer's first word carries no leading space.
     answer_ids = list(tokenizer.encode(answer.strip(), add_special_tokens=False))

@@ -46,12 +46,39 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
                         help="model compute dtype (auto: float32 on CPU)")
 
 
+def add_blend_args(parser: argparse.ArgumentParser) -> None:
+    """Options that change the engine's blend settings (default: the server's own defaults)."""
+    from engine.types import SELECTORS
+
+    parser.add_argument("--selector", default=None, choices=SELECTORS,
+                        help="blend token selector (default: the engine's default selector)")
+    parser.add_argument("--score-layers", default=None, help="query selector: scoring layers, comma-separated")
+    parser.add_argument("--check-layers", default=None, help="deviation selector: check layers, comma-separated")
+
+
+def _layers(text: str | None) -> list[int] | None:
+    return None if not text else [int(x) for x in text.split(",") if x.strip()]
+
+
 def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
+    """The engine with the server's default settings, changed only by the options the run gives."""
     from engine.config import EngineSettings
     from engine.engine import Engine
 
+    for name in ("selector", "score_layers", "check_layers"):
+        value = getattr(args, name, None)
+        if value is not None:
+            overrides.setdefault(name, value if name == "selector" else _layers(value))
     settings = EngineSettings(model=args.model, num_threads=args.threads, dtype=args.dtype, **overrides)
     return Engine(settings, models_dir=args.models_dir)
+
+
+def blend_settings(engine: Engine) -> dict[str, Any]:
+    """The engine's blend settings, recorded in every result file."""
+    s = engine.settings
+    return {"selector": s.selector, "recompute_ratio": s.recompute_ratio, "score_layers": list(s.score_layers),
+            "score_fuse": s.score_fuse, "pool_window": s.pool_window, "min_per_chunk": s.min_per_chunk,
+            "check_layers": list(s.check_layers), "deviation_on": s.deviation_on}
 
 
 def plot_path(args: argparse.Namespace) -> Path:

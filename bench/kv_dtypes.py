@@ -78,7 +78,7 @@ def _ttft_once(engine: Engine, layout: PromptLayout, store: TieredKVStore, keys:
     t0 = time.perf_counter()
     source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, prefetch=prefetch)
     try:
-        result = engine.blend(layout, source, "blend", blend)
+        result = engine.prompt_pass(layout, source, "blend", blend)
     finally:
         source.close()
     int(torch.argmax(result.logits))  # the first token: what a client sees first

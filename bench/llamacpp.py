@@ -98,7 +98,6 @@ def main(args: argparse.Namespace) -> int:
     from bench.common import prepare_examples
     from bench.passes import blend_name
     from engine.builtin import builtin_gguf_path
-    from engine.types import BlendConfig
 
     run = RunRecord()
     engine = build_engine(args)
@@ -107,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
     gguf = args.gguf or builtin_gguf_path()
     n_ctx = max(p.layout.num_tokens for p in prepared) + 16
     runner = LlamaCppRunner(gguf, n_ctx, threads, args.n_batch)
-    blend = BlendConfig(recompute_ratio=args.ratio, check_layers=tuple(engine.settings.check_layers))
+    blend = engine.settings.blend_config(recompute_ratio=args.ratio)
     blend_key = blend_name(args.ratio)
 
     # one untimed pass of each, so first-call costs (allocation, page faults) are not in the figures

@@ -1,6 +1,6 @@
 """One prompt pass of one mode, measured the way the quality and kv benchmarks need it.
 
-A single prompt pass (`Engine.blend`) serves three measurements: the first-token logits, the
+A single prompt pass (`Engine.prompt_pass`) serves three measurements: the first-token logits, the
 teacher-forced NLL of the gold answer (fed after the prompt in one `extend`), and the greedy answer
 (the cache is rewound to the prompt's end first, so decode overwrites the teacher-forced rows).
 This halves the benchmark's cost against a separate scoring pass and a separate generation pass.
@@ -8,12 +8,12 @@ This halves the benchmark's cost against a separate scoring pass and a separate 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from engine.types import BlendConfig, Mode
+from engine.types import BlendConfig, Mode, SelectorName
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -34,8 +34,9 @@ class ModeSpec:
         return self.mode != "full"
 
 
-def blend_name(ratio: float) -> str:
-    return f"blend@{float(ratio)}"  # blend@0.15, blend@1.0
+def blend_name(ratio: float, selector: str | None = None) -> str:
+    """blend@0.15 (the engine's default selector) or query@0.15, deviation@0.15 … (a named one)."""
+    return f"{selector or 'blend'}@{float(ratio)}"
 
 
 def parse_ratios(text: str) -> list[float]:
@@ -45,16 +46,28 @@ def parse_ratios(text: str) -> list[float]:
     return ratios
 
 
+def parse_selectors(text: str) -> list[SelectorName]:
+    from engine.types import SELECTORS
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names or any(n not in SELECTORS for n in names):
+        raise ValueError(f"selectors must be a comma-separated list of {', '.join(SELECTORS)}, got {text!r}")
+    return names  # type: ignore[return-value]
+
+
 def mode_specs(engine: Engine, ratios: list[float], baselines: tuple[Mode, ...] = ("full", "prefix", "reuse"),
-               ) -> list[ModeSpec]:
-    """`full` first (the reference every other mode is compared with), then the baselines, then blends
-    at each ratio with the engine's configured check layers and selector."""
-    base = engine.settings.blend_config()
+               selectors: list[SelectorName] | None = None) -> list[ModeSpec]:
+    """`full` first (the reference every other mode is compared with), then the baselines, then blends at
+    each ratio. Each blend's config is `EngineSettings.blend_config(ratio, selector)`, exactly what /ask
+    builds for a request with that ratio (and selector). Without `selectors` the engine's configured
+    selector runs and the specs are named blend@r; with them every selector runs at every ratio, the
+    selectors interleaved within a ratio, named selector@r."""
     specs = [ModeSpec("full", "full")] if "full" in baselines else []
     specs += [ModeSpec(m, m) for m in baselines if m != "full"]
     for ratio in ratios:
-        # A ratio schedule would override the ratio; the benchmark sweeps one ratio at every check layer.
-        specs.append(ModeSpec(blend_name(ratio), "blend", replace(base, recompute_ratio=ratio, ratio_schedule=None)))
+        for selector in selectors or [None]:
+            config = engine.settings.blend_config(recompute_ratio=ratio, selector=selector)
+            specs.append(ModeSpec(blend_name(ratio, selector), "blend", config))
     return specs
 
 
@@ -85,7 +98,7 @@ def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | No
 
     tf = engine.transformer
     try:
-        result = engine.blend(layout, kv_source, spec.mode, spec.blend,
+        result = engine.prompt_pass(layout, kv_source, spec.mode, spec.blend,
                               extra_capacity=max(len(target_ids), max_tokens) + 1)
     finally:
         if kv_source is not None:

@@ -25,7 +25,9 @@ from bench.harness import (
     DEFAULT_MUSIQUE,
     ChunkKVSet,
     RunRecord,
+    add_blend_args,
     add_common_args,
+    blend_settings,
     build_engine,
     machine_info,
     model_name,
@@ -54,9 +56,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
     parser.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "bf16", "int8"],
                         help="storage dtype the cached modes read (fp32: the engine's tensors as is)")
-    parser.add_argument("--selector", default=None, choices=["deviation", "first_k", "random"],
-                        help="blend token selector (default: the engine's, deviation)")
-    parser.add_argument("--check-layers", default=None, help="blend check layers, comma-separated (default: 1)")
+    add_blend_args(parser)
     parser.add_argument("--baselines", default="prefix,reuse",
                         help="cached baselines besides full, comma-separated (full always runs first)")
     parser.set_defaults(func=main)
@@ -152,12 +152,7 @@ def plot(result: dict[str, Any], path) -> None:
 def main(args: argparse.Namespace) -> int:
     run = RunRecord()
     ratios = parse_ratios(args.ratios)
-    overrides: dict[str, Any] = {}
-    if args.selector:
-        overrides["selector"] = args.selector
-    if args.check_layers:
-        overrides["check_layers"] = [int(x) for x in args.check_layers.split(",") if x.strip()]
-    engine = build_engine(args, **overrides)
+    engine = build_engine(args)
     examples = [e for e in select_examples(load_dataset(args.dataset), None, args.seed) if e.answers]
     prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples[:args.examples]]
     baselines = tuple(b for b in args.baselines.split(",") if b and b != "full")
@@ -172,11 +167,13 @@ def main(args: argparse.Namespace) -> int:
         "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
         "seed": args.seed, "ratios": ratios, "kv_dtype": args.kv_dtype, "max_tokens": args.max_tokens,
         "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
-        "blend": {"check_layers": list(engine.settings.check_layers), "selector": engine.settings.selector,
-                  "deviation_on": engine.settings.deviation_on},
+        "blend": blend_settings(engine),
         "machine": machine_info(engine),
         **evaluated,
     }
+    for spec in specs:
+        if spec.blend is not None and spec.mode == "blend":
+            result["modes"][spec.name]["selector"] = spec.blend.selector
     result["run"] = run.finish()
     write_json(args.out, result)
     plot(result, plot_path(args))

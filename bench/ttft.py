@@ -21,7 +21,9 @@ from bench.common import PreparedExample, peak_rss_bytes, prepare_examples, time
 from bench.harness import (
     DEFAULT_MUSIQUE,
     RunRecord,
+    add_blend_args,
     add_common_args,
+    blend_settings,
     build_engine,
     machine_info,
     model_name,
@@ -31,7 +33,8 @@ from bench.harness import (
     write_json,
 )
 from bench.metrics import percentile
-from bench.passes import mode_specs, parse_ratios
+from bench.passes import mode_specs, parse_ratios, parse_selectors
+from engine.types import SelectorName
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=["fp32", "fp16", "bf16"],
         help="how the chunk KV is held in memory (fp16: what the store serves)",
     )
+    add_blend_args(parser)
+    parser.add_argument("--selectors", default=None, type=parse_selectors,
+                        help="time these selectors at every ratio, named selector@r (default: blend@r, the engine's)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of every mode before timing")
     parser.add_argument("--rss-ratio", type=float, default=0.15, help="blend ratio of the peak-RSS probe")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe (a second process)")
@@ -67,7 +73,6 @@ def _rss_probe(settings_json: str, models_dir: str, kv_file: str, ratio: float, 
 
     from engine.config import EngineSettings
     from engine.engine import Engine
-    from engine.types import BlendConfig
     from kvcache.types import ChunkKV, InMemoryLayerSource
 
     engine = Engine(EngineSettings.model_validate_json(settings_json), Path(models_dir))
@@ -75,7 +80,8 @@ def _rss_probe(settings_json: str, models_dir: str, kv_file: str, ratio: float, 
     kvs = [ChunkKV(k=k, v=v) for k, v in data["kvs"]]
     after_load = peak_rss_bytes()
     source = InMemoryLayerSource(kvs, device=engine.device, dtype=engine.dtype)
-    ttft, _ = time_to_first_token(engine, data["layout"], source, "blend", BlendConfig(recompute_ratio=ratio))
+    config = engine.settings.blend_config(recompute_ratio=ratio)
+    ttft, _ = time_to_first_token(engine, data["layout"], source, "blend", config)
     conn.send({"peak_rss_bytes": peak_rss_bytes(), "rss_after_load_bytes": after_load, "ttft_s": ttft})
     conn.close()
 
@@ -96,8 +102,9 @@ def measure_peak_rss(settings_json: str, models_dir: Path, prepared: PreparedExa
     return result
 
 
-def run_ttft(engine, prepared: list[PreparedExample], ratios: list[float], warmup: int) -> dict[str, Any]:
-    specs = mode_specs(engine, ratios)
+def run_ttft(engine, prepared: list[PreparedExample], ratios: list[float], warmup: int,
+             selectors: list[SelectorName] | None = None) -> dict[str, Any]:
+    specs = mode_specs(engine, ratios, selectors=selectors)
     for _ in range(warmup):
         for spec in specs:
             source = prepared[0].source(engine) if spec.uses_cache else None
@@ -133,6 +140,8 @@ def run_ttft(engine, prepared: list[PreparedExample], ratios: list[float], warmu
             "ttft_s_mean": round(statistics.fmean(values), 4),
             "recomputed_tokens_mean": statistics.fmean(r["num_recomputed_tokens"][spec.name] for r in per_example),
         }
+        if spec.mode == "blend" and spec.blend is not None:
+            modes[spec.name]["selector"] = spec.blend.selector
     full = modes["full"]["ttft_s_median"]
     speedup = {name: round(full / m["ttft_s_median"], 2) for name, m in modes.items() if name != "full"}
     # Per-example ratios too: the median of ratios is robust to load drifting between examples.
@@ -188,14 +197,10 @@ def main(args: argparse.Namespace) -> int:
         "kv_dtype": args.kv_dtype,
         "compute_dtype": str(engine.dtype).removeprefix("torch."),
         "prompt_tokens_mean": statistics.fmean(p.layout.num_tokens for p in prepared),
-        "blend": {
-            "check_layers": list(engine.settings.check_layers),
-            "selector": engine.settings.selector,
-            "deviation_on": engine.settings.deviation_on,
-        },
+        "blend": blend_settings(engine),
         "machine": machine_info(engine),
     }
-    result.update(run_ttft(engine, prepared, ratios, args.warmup))
+    result.update(run_ttft(engine, prepared, ratios, args.warmup, args.selectors))
     if not args.no_rss:
         settings = engine.settings.model_copy(update={"num_threads": args.threads or torch.get_num_threads()})
         rss = measure_peak_rss(settings.model_dump_json(), args.models_dir, prepared[0], args.rss_ratio)

@@ -7,7 +7,7 @@ Public API (import from the modules; this package imports nothing eagerly):
     engine.scheduler.Scheduler            Scheduler(engine).submit(request) -> async iterator of events
     engine.prompt.PromptBuilder           prefix_ids, suffix_ids(question), layout(chunk_ids, question)
     engine.types                          PromptLayout, BlendConfig, SamplingParams, GenerationRequest,
-                                          TokenEvent, FinishEvent, BlendResult, ScoreResult, Mode,
+                                          TokenEvent, FinishEvent, PromptResult, ScoreResult, Mode,
                                           EngineError, EngineBusy
     engine.selectors.TokenSelector        the protocol behind BlendConfig.selector (deviation, first_k, random)
 """

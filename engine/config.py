@@ -32,10 +32,18 @@ class EngineSettings(BaseModel):
 
     mode: Mode = "blend"
     recompute_ratio: float = 0.15
+    selector: SelectorName = Field(
+        default="query",
+        description="which context tokens blend recomputes: query (question attention, chosen before the pass), "
+        "deviation (CacheBlend, at the check layers), first_k, random",
+    )
+    score_layers: list[int] = Field(default_factory=lambda: [4], description="query: layers whose attention scores")
+    score_fuse: Literal["mean", "max"] = "mean"
+    pool_window: int = Field(default=1, ge=1, description="query: max-pool scores over this many neighbours")
+    min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
     check_layers: list[int] = Field(default_factory=lambda: [1])
     ratio_schedule: list[float] | None = None
     deviation_on: Literal["v", "k"] = "v"
-    selector: SelectorName = "deviation"
 
     max_queue: int = Field(default=16, ge=1, description="requests waiting or running before EngineBusy")
     max_running: int = Field(default=4, ge=1, description="requests whose decode steps are interleaved")
@@ -71,13 +79,20 @@ class EngineSettings(BaseModel):
         self.blend_config()
         return self
 
-    def blend_config(self) -> BlendConfig:
+    def blend_config(self, recompute_ratio: float | None = None, selector: SelectorName | None = None) -> BlendConfig:
+        """The blend configuration every caller uses (/ask, /v1, the CLI, bench): these settings, with a
+        request's own ratio and selector where it gives them. A request's ratio replaces a ratio schedule."""
+        schedule = tuple(self.ratio_schedule) if self.ratio_schedule is not None else None
         return BlendConfig(
-            recompute_ratio=self.recompute_ratio,
+            recompute_ratio=self.recompute_ratio if recompute_ratio is None else recompute_ratio,
+            selector=self.selector if selector is None else selector,
+            score_layers=tuple(self.score_layers),
+            score_fuse=self.score_fuse,
+            pool_window=self.pool_window,
+            min_per_chunk=self.min_per_chunk,
             check_layers=tuple(self.check_layers),
-            ratio_schedule=tuple(self.ratio_schedule) if self.ratio_schedule is not None else None,
+            ratio_schedule=schedule if recompute_ratio is None else None,
             deviation_on=self.deviation_on,
-            selector=self.selector,
         )
 
     def sampling_params(self, **overrides: object) -> SamplingParams:

@@ -31,11 +31,11 @@ from engine.phases import PrefixKV, extend, prefill_chunks, prefill_prefix
 from engine.prompt import PromptBuilder
 from engine.types import (
     BlendConfig,
-    BlendResult,
     GenerationEvent,
     GenerationRequest,
     Mode,
     PromptLayout,
+    PromptResult,
     ScoreResult,
 )
 from kvcache.types import ChunkKV, LayerKVSource
@@ -141,7 +141,7 @@ class Engine:
         return [results[i] for i in range(len(chunks))]
 
     # ----------------------------------------------------------------------------------- prompt pass
-    def blend(
+    def prompt_pass(
         self,
         layout: PromptLayout,
         kv_source: LayerKVSource | None,
@@ -149,10 +149,10 @@ class Engine:
         blend: BlendConfig | None = None,
         extra_capacity: int = 0,
         should_stop: Callable[[], bool] | None = None,
-    ) -> BlendResult:
+    ) -> PromptResult:
         """The prompt pass of `mode`: last-token logits + working cache (room for extra_capacity more)."""
         prefix = self.prefix_kv(layout.prefix_ids) if mode != "full" and kv_source is not None else None
-        return phases.blend(
+        return phases.prompt_pass(
             self.transformer,
             layout,
             kv_source,
@@ -174,7 +174,7 @@ class Engine:
         """Teacher-forced NLL of target_ids after the prompt pass of `mode`, plus first-token logits."""
         if not target_ids:
             raise ValueError("score needs at least one target token")
-        result = self.blend(layout, kv_source, mode, blend, extra_capacity=len(target_ids))
+        result = self.prompt_pass(layout, kv_source, mode, blend, extra_capacity=len(target_ids))
         logits = result.logits[None]  # (1, vocab): predicts target_ids[0]
         if len(target_ids) > 1:
             rest = extend(self.transformer, result.cache, target_ids[:-1], all_logits=True)

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 from engine.phases import decode
 from engine.sampling import IncrementalDetokenizer, Sampler, StopStringFilter
 from engine.types import (
-    BlendResult,
     FinishEvent,
     FinishReason,
     GenerationEvent,
     GenerationRequest,
+    PromptResult,
     RequestCancelled,
     TokenEvent,
 )
@@ -54,7 +54,7 @@ class RequestRun:
         self.sampler = Sampler(request.sampling, engine.device)
         self.detok = IncrementalDetokenizer(engine.tokenizer)
         self.stops = StopStringFilter(request.sampling.stop)
-        self.result: BlendResult | None = None
+        self.result: PromptResult | None = None
         self.text_parts: list[str] = []
         self.num_completion_tokens = 0
         self.first_token_time: float | None = None
@@ -68,7 +68,7 @@ class RequestRun:
         req = self.request
         self.status = RequestStatus.PREFILLING
         try:
-            self.result = self.engine.blend(
+            self.result = self.engine.prompt_pass(
                 req.layout,
                 req.kv_source,
                 req.mode,
@@ -133,6 +133,7 @@ class RequestRun:
             ttft_s=(self.first_token_time or now) - self.arrival_time,
             total_s=now - self.arrival_time,
             mode=res.mode if res else self.request.mode,
+            selector=res.selector if res else None,
             num_context_tokens=layout.num_context_tokens,
             text="".join(self.text_parts),
         )

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.kv import KVCache
 from engine.model import LoadedModel
 from engine.rope import RopeTable, apply_rope, rope_inv_freq
 from engine.threads import SERIAL_MAX_ELEMENTS, parallel, serial
+from engine.working_cache import WorkingCache
 
 # Selected rows are attended in blocks so that each block only reads keys up to its last position:
 # roughly halves attention work compared with one (rows × all keys) call, at a few calls per layer.
@@ -166,9 +166,26 @@ class Transformer:
             outs.append(out.transpose(1, 2))  # (B, rows, heads, D)
         return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs, dim=1)
 
+    def attention_probs(self, q: torch.Tensor, cache_k: torch.Tensor, rows: Rows, kv_len: int) -> torch.Tensor:
+        """Softmax attention weights of q (B, heads, n, D) over keys 0…kv_len-1 of cache_k
+        (B, kv_heads, capacity, D), exact causal mask from absolute positions: (B, heads, n, kv_len) float32.
+
+        Only the query selector's scoring pass needs the weights themselves (SDPA never returns them);
+        it runs for the few suffix rows, so the explicit (n × kv_len) matrix is small.
+        """
+        cfg = self.cfg
+        k = cache_k[:, :, :kv_len].float()
+        if cfg.num_heads != cfg.num_kv_heads:
+            k = k.repeat_interleave(cfg.num_heads // cfg.num_kv_heads, dim=1)  # (B, heads, kv_len, D)
+        with parallel():
+            scores = torch.matmul(q.float(), k.transpose(-1, -2)) * cfg.head_dim**-0.5  # (B, heads, n, kv_len)
+        key_pos = torch.arange(kv_len, device=self.device)
+        scores.masked_fill_(key_pos[None, :] > rows.positions[:, None], float("-inf"))
+        return torch.softmax(scores, dim=-1)
+
     # --------------------------------------------------------------------------------------- layer
     def layer(
-        self, idx: int, h: torch.Tensor, rows: Rows, cache: KVCache, kv_only: bool = False
+        self, idx: int, h: torch.Tensor, rows: Rows, cache: WorkingCache, kv_only: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run layer `idx` for `rows`. Writes their K (RoPE'd) and V into `cache` at their positions.
 
@@ -182,7 +199,7 @@ class Transformer:
         return self.attend_and_mlp(idx, h, q, rows, cache), k, v
 
     def project_qkv(
-        self, idx: int, h: torch.Tensor, rows: Rows, cache: KVCache
+        self, idx: int, h: torch.Tensor, rows: Rows, cache: WorkingCache
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """First half of a layer: q (RoPE'd, (B, heads, n, D)), and K/V written into the cache.
 
@@ -193,7 +210,7 @@ class Transformer:
             return self._project_qkv(idx, h, rows, cache)
 
     def _project_qkv(
-        self, idx: int, h: torch.Tensor, rows: Rows, cache: KVCache
+        self, idx: int, h: torch.Tensor, rows: Rows, cache: WorkingCache
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         cfg, w = self.cfg, self.w.layers[idx]
         bsz, n, _ = h.shape
@@ -213,7 +230,9 @@ class Transformer:
         q = apply_rope(q.view(bsz, n, heads, d), rows.cos, rows.sin).transpose(1, 2)  # (B, heads, n, D)
         return q, k.transpose(1, 2), v.transpose(1, 2)
 
-    def attend_and_mlp(self, idx: int, h: torch.Tensor, q: torch.Tensor, rows: Rows, cache: KVCache) -> torch.Tensor:
+    def attend_and_mlp(
+        self, idx: int, h: torch.Tensor, q: torch.Tensor, rows: Rows, cache: WorkingCache
+    ) -> torch.Tensor:
         """Second half of a layer for `rows`: attention over the cache, output projection, SwiGLU MLP."""
         cfg, w = self.cfg, self.w.layers[idx]
         bsz, n, _ = h.shape

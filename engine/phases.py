@@ -12,33 +12,35 @@ their real positions:
     full     rows 0…T-1 at every layer (no reuse at all)
     prefix   rows after the first chunk (prefix + chunk 1 were computed exactly in this order at ingest)
     reuse    suffix rows only (r = 0)
-    blend    every non-prefix row up to the first check layer; at each check layer keep the context
-             rows the selector picks (top r·N by KV deviation) plus all suffix rows
+    blend    up-front selectors (query, first_k, random): the r·N context rows the selector picks
+             before the pass, plus the suffix rows, in every layer (`query` scores the context by a
+             cheap pass of the suffix rows alone first: score_context);
+             check-layer selector (deviation): every non-prefix row up to the first check layer; at each
+             check layer keep the context rows with the largest KV deviation plus all suffix rows
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from engine.kv import KVCache
 from engine.layers import Transformer
 from engine.rope import apply_rope
-from engine.selectors import SelectionInput, TokenSelector, make_selector
+from engine.selectors import SelectionInput, TokenSelector, make_selector, num_recompute_tokens
 from engine.threads import SERIAL_MAX_ELEMENTS, serial
 from engine.types import (
     BlendConfig,
-    BlendResult,
-    BlendTimings,
     EngineError,
     Mode,
     PromptLayout,
+    PromptResult,
+    PromptTimings,
     RequestCancelled,
 )
+from engine.working_cache import WorkingCache
 from kvcache.types import ChunkKV, LayerKVSource
 
 StopCheck = Callable[[], bool]
@@ -71,7 +73,7 @@ def _check(should_stop: StopCheck | None) -> None:
 def prefill_prefix(tf: Transformer, prefix_ids: list[int]) -> PrefixKV:
     """KV of the prefix on its own (positions 0…P-1); exact, so it is reused as a true prefix."""
     cfg, n = tf.cfg, len(prefix_ids)
-    cache = KVCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(n, 1), tf.dtype, tf.device)
+    cache = WorkingCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(n, 1), tf.dtype, tf.device)
     if n:
         rows = tf.rows(range(0, n), kv_len=n)
         h = tf.embed(_ids(tf, prefix_ids))[None]  # (1, P, hidden)
@@ -94,7 +96,7 @@ def prefill_chunks(
     cfg, p = tf.cfg, prefix.num_tokens
     bsz, longest = len(chunks), max(len(c) for c in chunks)
     out_dtype = out_dtype or tf.dtype
-    cache = KVCache.allocate(
+    cache = WorkingCache.allocate(
         cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, p + longest, tf.dtype, tf.device, batch=bsz
     )
     cache.k[:, :, :, :p] = prefix.k[:, None]
@@ -120,23 +122,41 @@ def prefill_chunks(
 
 
 # -------------------------------------------------------------------------------------- prompt pass
-@dataclass
-class _Plan:
-    fresh_start: int  # first position computed fresh in the early layers
-    reuse_start: int  # context rows reuse_start…reuse_stop-1 are filled from the KV source
-    reuse_stop: int
+class _StoredContext:
+    """The context's stored KV: read from the source once per layer, in layer order, and written into the
+    working cache rotated to the context's real positions (rows the pass computes fresh overwrite theirs)."""
 
+    def __init__(self, tf: Transformer, source: LayerKVSource, cache: WorkingCache, start: int, stop: int) -> None:
+        self.tf, self.source, self.cache = tf, source, cache
+        self.span = slice(start, stop)  # the reused rows: all context rows, or the first chunk (mode prefix)
+        self.cos, self.sin = tf.rope.at(self.span)  # one cos/sin lookup serves every layer
+        self.num_layers_written = 0  # layers 0…num_layers_written-1 hold the rotated stored KV
+        self.wait_s = 0.0  # time inside source.layer(): storage not hidden behind compute
+        cfg = tf.cfg
+        # Small copies run on one thread (see engine/threads.py); big ones use all.
+        numel = cfg.num_kv_heads * source.num_tokens * cfg.head_dim
+        self._small = tf.device.type == "cpu" and numel <= SERIAL_MAX_ELEMENTS
 
-def _plan(mode: Mode, layout: PromptLayout) -> _Plan:
-    p, n = layout.num_prefix_tokens, layout.num_context_tokens
-    if mode == "full":
-        return _Plan(fresh_start=0, reuse_start=p, reuse_stop=p)
-    if mode == "prefix":
-        first = len(layout.chunk_ids[0]) if layout.chunk_ids else 0
-        return _Plan(fresh_start=p + first, reuse_start=p, reuse_stop=p + first)
-    if mode == "reuse":
-        return _Plan(fresh_start=p + n, reuse_start=p, reuse_stop=p + n)
-    return _Plan(fresh_start=p, reuse_start=p, reuse_stop=p + n)  # blend
+    def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored K (pre-RoPE) and V of every context token at `layer`, each (kv_heads, N, D)."""
+        t = time.perf_counter()
+        with serial(self._small):
+            k, v = self.source.layer(layer)
+            k, v = k.to(self.tf.device, self.tf.dtype), v.to(self.tf.device, self.tf.dtype)
+        self.wait_s += time.perf_counter() - t
+        return k, v
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        n = self.span.stop - self.span.start
+        with serial(self._small):
+            apply_rope(k[:, :n], self.cos, self.sin, out=self.cache.k[layer, 0, :, self.span])
+            self.cache.v[layer, 0, :, self.span] = v[:, :n]
+        self.num_layers_written = layer + 1
+
+    def fill(self, layer: int) -> None:
+        """Make the cache hold the stored KV at `layer` (a no-op for layers the scoring pass filled)."""
+        if layer >= self.num_layers_written:
+            self.write(layer, *self.read(layer))
 
 
 def _chunk_index(layout: PromptLayout, device: torch.device) -> torch.Tensor:
@@ -146,7 +166,56 @@ def _chunk_index(layout: PromptLayout, device: torch.device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def blend(
+def score_context(
+    tf: Transformer,
+    layout: PromptLayout,
+    cache: WorkingCache,
+    stored: _StoredContext,
+    config: BlendConfig,
+    should_stop: StopCheck | None = None,
+) -> torch.Tensor:
+    """How much the question attends to each context token, before anything is recomputed: (N,) float32.
+
+    The suffix rows alone run through layers 0…ℓ (ℓ = the deepest score layer) over the stored context
+    KV; at each score layer the softmax attention of every suffix row is summed over heads and rows for
+    each context key, and the layers are fused by `config.score_fuse`. The cache's layers 0…ℓ keep the
+    stored context KV for the prompt pass (the suffix rows written here are recomputed there).
+    """
+    p, n, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
+    score_layers = sorted({min(layer, tf.cfg.num_layers - 1) for layer in config.score_layers})
+    rows = tf.rows(range(p + n, total), kv_len=total)
+    h = tf.embed(_ids(tf, layout.suffix_ids))[None]  # (1, S, hidden)
+    per_layer = []
+    for layer in range(score_layers[-1] + 1):
+        _check(should_stop)
+        stored.fill(layer)
+        q, _, _ = tf.project_qkv(layer, h, rows, cache)
+        if layer in score_layers:
+            probs = tf.attention_probs(q, cache.k[layer], rows, kv_len=total)  # (1, heads, S, T)
+            per_layer.append(probs[0, :, :, p : p + n].sum(dim=(0, 1)))  # (N,)
+        if layer < score_layers[-1]:
+            h = tf.attend_and_mlp(layer, h, q, rows, cache)
+    scores = torch.stack(per_layer)  # (num_score_layers, N)
+    return scores.mean(0) if config.score_fuse == "mean" else scores.max(0).values
+
+
+def _fresh_positions(mode: Mode, layout: PromptLayout, selected: torch.Tensor | None) -> torch.Tensor | range:
+    """Rows computed fresh from layer 0 on. `selected`: context positions an up-front selector chose."""
+    p, n, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
+    if mode == "full":
+        return range(0, total)
+    if mode == "prefix":  # prefix + chunk 1 were computed exactly in this order at ingest
+        return range(p + (len(layout.chunk_ids[0]) if layout.chunk_ids else 0), total)
+    if mode == "reuse":
+        return range(p + n, total)
+    if selected is None:  # blend with a check-layer selector: every non-prefix row until the check layer
+        return range(p, total)
+    suffix = torch.arange(p + n, total, device=selected.device)
+    return torch.cat([selected, suffix])
+
+
+@torch.no_grad()
+def prompt_pass(
     tf: Transformer,
     layout: PromptLayout,
     kv_source: LayerKVSource | None,
@@ -155,64 +224,62 @@ def blend(
     prefix: PrefixKV | None,
     capacity: int,
     should_stop: StopCheck | None = None,
-) -> BlendResult:
+) -> PromptResult:
     """The prompt pass of any mode; returns last-token logits and the working cache decode continues.
 
-    Every mode is a blend with a different plan of fresh rows (see the module docstring); `config` only
-    matters in mode `blend`. `capacity` sizes the working cache (prompt + tokens decode will append).
+    Every mode computes some rows fresh and keeps the stored KV of the others (module docstring);
+    `config` only matters in mode `blend`. `capacity` sizes the working cache (prompt + decode room).
     """
     t0 = time.perf_counter()
     cfg = tf.cfg
     p, n_ctx, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
     if kv_source is None or n_ctx == 0:
         mode = "full" if kv_source is None else mode
+    _validate(tf, layout, kv_source, mode, config, prefix)
+    selector = make_selector(config) if mode == "blend" and n_ctx else None
+
+    cache = WorkingCache.allocate(
+        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(capacity, total), tf.dtype, tf.device
+    )
+    stored = None
     if mode != "full":
-        if prefix is None or prefix.token_ids != tuple(layout.prefix_ids):
-            raise EngineError("run_prompt needs the PrefixKV of this layout's prefix")
-        if kv_source is not None and (kv_source.num_tokens != n_ctx or kv_source.num_layers != cfg.num_layers):
-            raise EngineError(
-                f"KV source has {kv_source.num_tokens} tokens × {kv_source.num_layers} layers, layout needs "
-                f"{n_ctx} × {cfg.num_layers}"
-            )
-    if mode == "blend" and config.check_layers[-1] >= cfg.num_layers:
-        raise EngineError(f"check layer {config.check_layers[-1]} ≥ num_layers {cfg.num_layers}")
-    plan = _plan(mode, layout)
-    num_reused = plan.reuse_stop - plan.reuse_start
-
-    cache = KVCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(capacity, total), tf.dtype, tf.device)
-    if plan.fresh_start > 0:
-        cache.k[:, 0, :, :p] = prefix.k  # type: ignore[union-attr]
+        cache.k[:, 0, :, :p] = prefix.k  # type: ignore[union-attr]  # exact: reused as a true prefix
         cache.v[:, 0, :, :p] = prefix.v  # type: ignore[union-attr]
-    all_ids = _ids(tf, layout.all_ids())
-    rows = tf.rows(range(plan.fresh_start, total), kv_len=total)
-    h = tf.embed(all_ids[plan.fresh_start :])[None]  # (1, rows, hidden)
+        first_chunk = len(layout.chunk_ids[0]) if layout.chunk_ids else 0
+        stored = _StoredContext(tf, kv_source, cache, p, p + (first_chunk if mode == "prefix" else n_ctx))  # type: ignore[arg-type]
 
-    # Cached context rows are rotated to their real positions with one cos/sin lookup for all layers.
-    reuse_cos, reuse_sin = tf.rope.at(slice(plan.reuse_start, plan.reuse_stop))
-    check_at = dict(zip(config.check_layers, config.ratios(), strict=True)) if mode == "blend" else {}
-    last_check = max(check_at) if check_at else -1
-    selector = make_selector(config.selector, config.seed) if mode == "blend" else None
-    chunk_index = _chunk_index(layout, tf.device) if mode == "blend" else None
-    kv_wait = early = 0.0
-    small_fill = tf.device.type == "cpu" and cfg.num_kv_heads * n_ctx * cfg.head_dim <= SERIAL_MAX_ELEMENTS
-    # Until the first check layer every context row is fresh: the cached KV only serves the deviation.
-    all_rows_fresh = mode == "blend"
+    # 1. Select (blend, up-front selectors): which context rows are fresh in every layer.
+    selected = None
+    if selector is not None and selector.upfront:
+        scores = score_context(tf, layout, cache, stored, config, should_stop) if selector.name == "query" else None  # type: ignore[arg-type]
+        candidates = torch.arange(p, p + n_ctx, device=tf.device)
+        keep = selector.select(SelectionInput(
+            positions=candidates, chunk_index=_chunk_index(layout, tf.device),
+            num_keep=num_recompute_tokens(config.recompute_ratio, n_ctx), scores=scores,
+        ))
+        selected = candidates[keep]
+    select_s = time.perf_counter() - t0
+
+    # 2. The layer loop over the fresh rows; every other row's K/V comes from the prefix or the store.
+    fresh = _fresh_positions(mode, layout, selected)
+    rows = tf.rows(fresh, kv_len=total)
+    h = tf.embed(_ids(tf, layout.all_ids())[rows.positions])[None]  # (1, rows, hidden)
+    check_at = dict(zip(config.check_layers, config.ratios(), strict=True)) if selected is None and selector else {}
+    # With a check-layer selector every context row is fresh until it: the stored KV only serves the
+    # deviation, so it is read but not written into the cache.
+    all_rows_fresh = bool(check_at)
+    chunk_index = _chunk_index(layout, tf.device) if check_at else None
 
     for layer in range(cfg.num_layers):
         _check(should_stop)
         t_layer = time.perf_counter()
-        cached_k = cached_v = None
-        if num_reused:
-            with serial(small_fill):
-                t = time.perf_counter()
-                cached_k, cached_v = kv_source.layer(layer)  # type: ignore[union-attr]  # (kv_heads, N, D) each
-                cached_k = cached_k.to(tf.device, tf.dtype)
-                cached_v = cached_v.to(tf.device, tf.dtype)
-                kv_wait += time.perf_counter() - t
-                if not all_rows_fresh:
-                    span = slice(plan.reuse_start, plan.reuse_stop)
-                    apply_rope(cached_k[:, :num_reused], reuse_cos, reuse_sin, out=cache.k[layer, 0, :, span])
-                    cache.v[layer, 0, :, span] = cached_v[:, :num_reused]
+        stored_k = stored_v = None
+        if stored is not None and (all_rows_fresh or layer in check_at):
+            stored_k, stored_v = stored.read(layer)  # the deviation needs them
+            if not all_rows_fresh:
+                stored.write(layer, stored_k, stored_v)
+        elif stored is not None:
+            stored.fill(layer)
         if layer not in check_at:
             h, _, _ = tf.layer(layer, h, rows, cache)
         else:
@@ -220,73 +287,79 @@ def blend(
             # the rows that stay selected go through attention and the MLP, since the hidden states of
             # the others are never used again.
             q, k_pre, v = tf.project_qkv(layer, h, rows, cache)
+            on_k = config.deviation_on == "k"
             with serial(tf.device.type == "cpu"):
-                keep = _select(
-                    layer,
-                    check_at[layer],
-                    selector,
-                    rows.positions,
-                    chunk_index,  # type: ignore[arg-type]
-                    k_pre if config.deviation_on == "k" else v,
-                    cached_k if config.deviation_on == "k" else cached_v,
-                    p,
-                    n_ctx,
+                keep = _select_at_check_layer(
+                    layer, check_at[layer], selector, rows.positions, chunk_index,  # type: ignore[arg-type]
+                    k_pre if on_k else v, stored_k if on_k else stored_v, p, n_ctx,  # type: ignore[arg-type]
                 )
                 if keep is not None:
                     h, q = h[:, keep], q[:, :, keep]
                     rows = tf.rows(rows.positions[keep], kv_len=total)
+                    all_rows_fresh = False  # from the next layer on, unselected rows use the stored KV
             h = tf.attend_and_mlp(layer, h, q, rows, cache)
-            all_rows_fresh = all_rows_fresh and keep is None
-        if layer <= last_check:
-            early += time.perf_counter() - t_layer
+        if check_at and layer <= max(check_at):
+            select_s += time.perf_counter() - t_layer
 
     logits = tf.logits(h[0, -1])  # the last row is always the last suffix token
     is_ctx = (rows.positions >= p) & (rows.positions < p + n_ctx)
-    selected = rows.positions[is_ctx].cpu()
+    selected_positions = rows.positions[is_ctx].cpu()
+    cache.length = total
     total_s = time.perf_counter() - t0
-    return BlendResult(
+    return PromptResult(
         logits=logits,
-        cache=_with_length(cache, total),
+        cache=cache,
         mode=mode,
         num_prompt_tokens=total,
         num_context_tokens=n_ctx,
-        num_recomputed_tokens=int(selected.numel()),
-        selected_positions=selected,
-        timings=BlendTimings(total_s=total_s, kv_wait_s=kv_wait, early_layers_s=early, late_layers_s=total_s - early),
+        num_recomputed_tokens=int(selected_positions.numel()),
+        selected_positions=selected_positions,
+        selector=selector.name if selector is not None else None,
+        timings=PromptTimings(total_s=total_s, kv_wait_s=stored.wait_s if stored else 0.0, select_s=select_s),
     )
 
 
-def _with_length(cache: KVCache, length: int) -> KVCache:
-    cache.length = length
-    return cache
+def _validate(tf: Transformer, layout: PromptLayout, kv_source: LayerKVSource | None, mode: Mode,
+              config: BlendConfig, prefix: PrefixKV | None) -> None:
+    cfg, n_ctx = tf.cfg, layout.num_context_tokens
+    if mode == "full":
+        return
+    if prefix is None or prefix.token_ids != tuple(layout.prefix_ids):
+        raise EngineError("the prompt pass needs the PrefixKV of this layout's prefix")
+    if kv_source is not None and (kv_source.num_tokens != n_ctx or kv_source.num_layers != cfg.num_layers):
+        raise EngineError(
+            f"KV source has {kv_source.num_tokens} tokens × {kv_source.num_layers} layers, layout needs "
+            f"{n_ctx} × {cfg.num_layers}"
+        )
+    if mode == "blend" and not config.upfront and config.check_layers[-1] >= cfg.num_layers:
+        raise EngineError(f"check layer {config.check_layers[-1]} ≥ num_layers {cfg.num_layers}")
 
 
-def _select(
+def _select_at_check_layer(
     layer: int,
     ratio: float,
     selector: TokenSelector,
     positions: torch.Tensor,
     chunk_index: torch.Tensor,
     fresh: torch.Tensor,
-    cached: torch.Tensor | None,
+    stored: torch.Tensor,
     p: int,
     n_ctx: int,
 ) -> torch.Tensor | None:
     """Row indices (into the current rows) that stay fresh after this check layer; None keeps all."""
     is_ctx = (positions >= p) & (positions < p + n_ctx)
     ctx_idx = torch.nonzero(is_ctx).squeeze(1)  # candidates: the context rows still being recomputed
-    num_keep = min(ctx_idx.numel(), int(math.floor(ratio * n_ctx + 0.5)))
+    num_keep = min(ctx_idx.numel(), num_recompute_tokens(ratio, n_ctx))
     if num_keep == ctx_idx.numel():
         return None
     other_idx = torch.nonzero(~is_ctx).squeeze(1)  # suffix rows: always kept
     ctx_pos = positions[ctx_idx]
-    assert cached is not None
     inp = SelectionInput(
         layer=layer,
         positions=ctx_pos,
         chunk_index=chunk_index[ctx_pos - p],
         fresh=fresh[0][:, ctx_idx],
-        cached=cached[:, ctx_pos - p],
+        cached=stored[:, ctx_pos - p],
         num_keep=num_keep,
     )
     kept = ctx_idx[selector.select(inp)]
@@ -297,7 +370,7 @@ def _select(
 @torch.no_grad()
 def extend(
     tf: Transformer,
-    cache: KVCache,
+    cache: WorkingCache,
     token_ids: list[int],
     all_logits: bool = False,
     should_stop: StopCheck | None = None,
@@ -318,6 +391,6 @@ def extend(
     return tf.logits(h[0] if all_logits else h[0, -1])
 
 
-def decode(tf: Transformer, cache: KVCache, token_id: int) -> torch.Tensor:
+def decode(tf: Transformer, cache: WorkingCache, token_id: int) -> torch.Tensor:
     """One decode step: feed the last sampled token, get the next-token logits (vocab,) float32."""
     return extend(tf, cache, [token_id])

@@ -82,3 +82,8 @@ class PromptBuilder:
             chunk_ids=[list(c) for c in chunk_ids],
             suffix_ids=self.suffix_ids(question),
         )
+
+    def layout_ranked(self, ranked_chunk_ids: list[list[int]], question: str) -> PromptLayout:
+        """The prompt /ask, /v1, the CLI and bench all use: chunks given best first (retrieval rank) are
+        laid out best *last*, nearest the question, where a small model attends most."""
+        return self.layout(list(reversed(ranked_chunk_ids)), question)

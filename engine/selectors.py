@@ -1,38 +1,71 @@
 """Which context tokens a blend recomputes: one small interface, several policies at equal budget.
 
-- `deviation` (CacheBlend): the tokens whose fresh KV at the check layer differs most from the cached KV.
-- `first_k` (EPIC-like): the first tokens of every chunk, where the missing cross-chunk attention hurts most.
-- `random`: a uniform sample, the floor any policy should beat.
+Two kinds of selector, told apart by `upfront`:
+
+- up-front selectors decide before the prompt pass; the chosen rows are then fresh from layer 0 to the
+  last layer and every other context row keeps its stored (re-rotated) KV in every layer:
+  - `query` (ProphetKV / A³ / InfoFlow-style): the tokens the question attends to most over the reused
+    cache, scored by a cheap pass of the suffix rows alone (`engine.phases.score_context`);
+  - `first_k` (EPIC-like): the first tokens of every chunk;
+  - `random`: a uniform sample, the floor any policy should beat.
+- check-layer selectors decide inside the layer loop, after every non-prefix row went through layers
+  0…c fresh: `deviation` (CacheBlend) keeps the tokens whose fresh KV differs most from the stored KV.
+
+Every selector keeps exactly `num_recompute_tokens(ratio, N)` context tokens, so they compare at
+equal budget.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+import torch.nn.functional as F
 
-from engine.types import SelectorName
+if TYPE_CHECKING:
+    from engine.types import BlendConfig
+
+
+def num_recompute_tokens(ratio: float, num_context_tokens: int) -> int:
+    """The recompute budget of every selector: round(ratio · N), halves rounded up."""
+    return min(num_context_tokens, int(math.floor(ratio * num_context_tokens + 0.5)))
 
 
 @dataclass
 class SelectionInput:
-    """The candidate context tokens at one check layer. Fresh/cached tensors are (kv_heads, n, D)."""
+    """The candidate context tokens. Up-front selectors see `scores` (query) or nothing else; the
+    check-layer selector sees the fresh and the stored V (or pre-RoPE K), each (kv_heads, n, D)."""
 
-    layer: int
     positions: torch.Tensor  # (n,) absolute positions, ascending
     chunk_index: torch.Tensor  # (n,) which chunk of the layout each candidate belongs to
-    fresh: torch.Tensor  # V (or pre-RoPE K) just computed for the candidates
-    cached: torch.Tensor  # the stored V (or pre-RoPE K) of the same tokens
     num_keep: int
+    layer: int = -1  # the check layer; -1 before the prompt pass (up-front)
+    fresh: torch.Tensor | None = None
+    cached: torch.Tensor | None = None
+    scores: torch.Tensor | None = None  # (n,) float32 question attention per candidate (query selector)
 
 
 class TokenSelector(Protocol):
     name: str
+    upfront: bool  # True: decides before the prompt pass; False: at the check layer(s)
 
     def select(self, inp: SelectionInput) -> torch.Tensor:
-        """Indices (into the candidates) of the `num_keep` tokens to keep recomputing, ascending."""
+        """Indices (into the candidates) of the `num_keep` tokens to recompute, ascending."""
         ...
+
+
+def _all(inp: SelectionInput) -> torch.Tensor:
+    return torch.arange(inp.positions.numel(), device=inp.positions.device)
+
+
+def _top(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the k largest scores, ascending; ties go to the earlier token (deterministic)."""
+    n = scores.numel()
+    # A stable descending sort keeps equal scores in position order, unlike topk.
+    order = torch.sort(scores, descending=True, stable=True).indices
+    return order[:k].sort().values if k < n else torch.arange(n, device=scores.device)
 
 
 def kv_deviation(fresh: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
@@ -43,24 +76,63 @@ def kv_deviation(fresh: torch.Tensor, cached: torch.Tensor) -> torch.Tensor:
 
 class DeviationSelector:
     name = "deviation"
+    upfront = False
+
+    def select(self, inp: SelectionInput) -> torch.Tensor:
+        if inp.num_keep >= inp.positions.numel():
+            return _all(inp)
+        assert inp.fresh is not None and inp.cached is not None, "deviation runs at a check layer"
+        return _top(kv_deviation(inp.fresh, inp.cached), inp.num_keep)
+
+
+class QuerySelector:
+    """Keep the tokens the question attends to most (scores from `engine.phases.score_context`).
+
+    `pool_window` > 1 max-pools the scores over that many neighbours first (SnapKV-style), so a token next
+    to a strongly attended one can be kept too; `min_per_chunk` guarantees every chunk that many tokens
+    (its own best ones) before the rest of the budget goes to the best tokens overall.
+    """
+
+    name = "query"
+    upfront = True
+
+    def __init__(self, pool_window: int = 1, min_per_chunk: int = 0) -> None:
+        self.pool_window = pool_window
+        self.min_per_chunk = min_per_chunk
 
     def select(self, inp: SelectionInput) -> torch.Tensor:
         n = inp.positions.numel()
         if inp.num_keep >= n:
-            return torch.arange(n, device=inp.positions.device)
-        scores = kv_deviation(inp.fresh, inp.cached)  # (n,)
-        return torch.topk(scores, inp.num_keep, sorted=False).indices.sort().values
+            return _all(inp)
+        assert inp.scores is not None, "the query selector needs the question's attention scores"
+        scores = inp.scores.float()
+        if self.pool_window > 1:
+            w = self.pool_window
+            pooled = F.max_pool1d(scores[None, None], kernel_size=w, stride=1, padding=w // 2)[0, 0]
+            scores = pooled[:n]
+        if self.min_per_chunk <= 0:
+            return _top(scores, inp.num_keep)
+        keep = torch.zeros(n, dtype=torch.bool, device=scores.device)
+        for chunk in inp.chunk_index.unique().tolist():
+            members = torch.nonzero(inp.chunk_index == chunk).squeeze(1)
+            keep[members[_top(scores[members], min(self.min_per_chunk, members.numel()))]] = True
+        if int(keep.sum()) >= inp.num_keep:  # the minimums alone exceed the budget: best of them
+            return torch.nonzero(keep).squeeze(1)[_top(scores[keep], inp.num_keep)]
+        rest = torch.nonzero(~keep).squeeze(1)
+        keep[rest[_top(scores[rest], inp.num_keep - int(keep.sum()))]] = True
+        return torch.nonzero(keep).squeeze(1)
 
 
 class FirstKSelector:
     """The same budget spread evenly over chunks, taken from each chunk's start."""
 
     name = "first_k"
+    upfront = True
 
     def select(self, inp: SelectionInput) -> torch.Tensor:
         n = inp.positions.numel()
         if inp.num_keep >= n:
-            return torch.arange(n, device=inp.positions.device)
+            return _all(inp)
         chunk = inp.chunk_index
         # rank of each candidate inside its chunk: 0 for the chunk's first candidate, 1 for the next, …
         first_of_chunk = torch.ones_like(chunk, dtype=torch.bool)
@@ -74,21 +146,25 @@ class FirstKSelector:
 
 class RandomSelector:
     name = "random"
+    upfront = True
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed
 
     def select(self, inp: SelectionInput) -> torch.Tensor:
         n = inp.positions.numel()
-        gen = torch.Generator(device="cpu").manual_seed(self.seed + inp.layer)
+        gen = torch.Generator(device="cpu").manual_seed(self.seed + max(inp.layer, 0))
         return torch.randperm(n, generator=gen)[: inp.num_keep].sort().values.to(inp.positions.device)
 
 
-def make_selector(name: SelectorName, seed: int = 0) -> TokenSelector:
-    if name == "deviation":
-        return DeviationSelector()
-    if name == "first_k":
-        return FirstKSelector()
-    if name == "random":
-        return RandomSelector(seed)
-    raise ValueError(f"unknown selector {name!r}")
+def make_selector(config: BlendConfig) -> TokenSelector:
+    match config.selector:
+        case "query":
+            return QuerySelector(pool_window=config.pool_window, min_per_chunk=config.min_per_chunk)
+        case "deviation":
+            return DeviationSelector()
+        case "first_k":
+            return FirstKSelector()
+        case "random":
+            return RandomSelector(config.seed)
+    raise ValueError(f"unknown selector {config.selector!r}")

@@ -12,13 +12,14 @@ from typing import TYPE_CHECKING, Literal
 if TYPE_CHECKING:
     import torch
 
-    from engine.kv import KVCache
+    from engine.working_cache import WorkingCache
     from kvcache.types import LayerKVSource
 
 Mode = Literal["blend", "full", "prefix", "reuse"]
 MODES: tuple[Mode, ...] = ("blend", "full", "prefix", "reuse")
-SelectorName = Literal["deviation", "first_k", "random"]
-SELECTORS: tuple[SelectorName, ...] = ("deviation", "first_k", "random")
+SelectorName = Literal["query", "deviation", "first_k", "random"]
+SELECTORS: tuple[SelectorName, ...] = ("query", "deviation", "first_k", "random")
+ScoreFuse = Literal["mean", "max"]
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
@@ -74,28 +75,45 @@ class PromptLayout:
 
 @dataclass(frozen=True)
 class BlendConfig:
-    """How the `blend` mode picks the tokens it recomputes (CacheBlend §4).
+    """How the `blend` mode picks the context tokens it recomputes (see engine/selectors.py).
 
-    Layers 0…check_layers[0] compute every non-prefix token fresh. At check layer i the selector keeps
-    `ratios()[i] · #context tokens` of the still-selected context tokens (suffix tokens are always kept);
-    the last ratio is the share of context recomputed in every later layer.
+    Up-front selectors (`query`, `first_k`, `random`) choose `recompute_ratio · N` context rows before the
+    prompt pass; those rows and the suffix are fresh in every layer, all other context rows keep their
+    stored KV. `query` first runs the suffix rows alone through layers 0…max(score_layers) over the reused
+    cache and scores each context token by the question's attention to it at `score_layers` (fused by
+    `score_fuse`), optionally max-pooled over `pool_window` neighbours, with `min_per_chunk` per chunk.
+
+    The check-layer selector (`deviation`, CacheBlend §4) computes every non-prefix row through layers
+    0…check_layers[0]; at check layer i it keeps `ratios()[i] · N` of the still-selected context rows
+    (suffix rows are always kept); the last ratio is the share recomputed in every later layer.
     """
 
     recompute_ratio: float = 0.15
+    selector: SelectorName = "query"
+    # query selector
+    score_layers: tuple[int, ...] = (4,)
+    score_fuse: ScoreFuse = "mean"
+    pool_window: int = 1
+    min_per_chunk: int = 0
+    # deviation selector
     check_layers: tuple[int, ...] = (1,)
     ratio_schedule: tuple[float, ...] | None = None
     deviation_on: Literal["v", "k"] = "v"
-    selector: SelectorName = "deviation"
     seed: int = 0  # only the `random` selector uses it
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.recompute_ratio <= 1.0:
             raise ValueError(f"recompute_ratio must be within [0, 1], got {self.recompute_ratio}")
-        layers = tuple(self.check_layers)
-        if not layers:
-            raise ValueError("check_layers must name at least one layer")
-        if any(layer < 0 for layer in layers) or any(b <= a for a, b in zip(layers, layers[1:], strict=False)):
-            raise ValueError(f"check_layers must be non-negative and strictly increasing, got {list(layers)}")
+        if self.selector not in SELECTORS:
+            raise ValueError(f"selector must be one of {list(SELECTORS)}, got {self.selector!r}")
+        object.__setattr__(self, "score_layers", _increasing(self.score_layers, "score_layers"))
+        if self.score_fuse not in ("mean", "max"):
+            raise ValueError(f"score_fuse must be 'mean' or 'max', got {self.score_fuse!r}")
+        if self.pool_window < 1 or self.pool_window % 2 == 0:
+            raise ValueError(f"pool_window must be an odd number >= 1, got {self.pool_window}")
+        if self.min_per_chunk < 0:
+            raise ValueError(f"min_per_chunk must be >= 0, got {self.min_per_chunk}")
+        layers = _increasing(self.check_layers, "check_layers")
         object.__setattr__(self, "check_layers", layers)
         if self.ratio_schedule is not None:
             schedule = tuple(float(r) for r in self.ratio_schedule)
@@ -108,14 +126,26 @@ class BlendConfig:
             object.__setattr__(self, "ratio_schedule", schedule)
         if self.deviation_on not in ("v", "k"):
             raise ValueError(f"deviation_on must be 'v' or 'k', got {self.deviation_on!r}")
-        if self.selector not in SELECTORS:
-            raise ValueError(f"selector must be one of {list(SELECTORS)}, got {self.selector!r}")
+
+    @property
+    def upfront(self) -> bool:
+        """Whether the selector decides before the prompt pass (no layer runs on every context row)."""
+        return self.selector != "deviation"
 
     def ratios(self) -> tuple[float, ...]:
         """The keep ratio applied at each check layer."""
         if self.ratio_schedule is not None:
             return self.ratio_schedule
         return tuple(self.recompute_ratio for _ in self.check_layers)
+
+
+def _increasing(layers: tuple[int, ...], name: str) -> tuple[int, ...]:
+    layers = tuple(int(layer) for layer in layers)
+    if not layers:
+        raise ValueError(f"{name} must name at least one layer")
+    if any(layer < 0 for layer in layers) or any(b <= a for a, b in zip(layers, layers[1:], strict=False)):
+        raise ValueError(f"{name} must be non-negative and strictly increasing, got {list(layers)}")
+    return layers
 
 
 @dataclass(frozen=True)
@@ -177,6 +207,7 @@ class FinishEvent:
     ttft_s: float  # request start (arrival at the scheduler) → first token sampled
     total_s: float
     mode: Mode = "full"
+    selector: SelectorName | None = None  # which selector chose the recomputed tokens (mode blend)
     num_context_tokens: int = 0
     text: str = ""  # the whole answer, as streamed
 
@@ -185,27 +216,27 @@ GenerationEvent = TokenEvent | FinishEvent
 
 
 @dataclass(frozen=True)
-class BlendTimings:
-    """Where the prompt phase spent its time (seconds)."""
+class PromptTimings:
+    """Where the prompt pass spent its time (seconds)."""
 
     total_s: float
     kv_wait_s: float  # time spent inside kv_source.layer() (storage that is not hidden by compute)
-    early_layers_s: float  # layers where every non-prefix token is computed fresh
-    late_layers_s: float  # layers after the last check layer (selected rows only)
+    select_s: float  # choosing the rows: the query scoring pass, or the layers up to the last check layer
 
 
 @dataclass
-class BlendResult:
-    """Outcome of the prompt phase of any mode: logits of the last prompt token and the working cache."""
+class PromptResult:
+    """Outcome of the prompt pass of any mode: logits of the last prompt token and the working cache."""
 
     logits: torch.Tensor  # (vocab,) float32, next-token logits after the last suffix token
-    cache: KVCache  # K (RoPE'd) and V of every prompt token at every layer; decode appends to it
+    cache: WorkingCache  # K (RoPE'd) and V of every prompt token at every layer; decode appends to it
     mode: Mode
     num_prompt_tokens: int
     num_context_tokens: int
     num_recomputed_tokens: int  # context tokens recomputed through all layers
     selected_positions: torch.Tensor  # (num_recomputed_tokens,) int64 absolute positions, ascending
-    timings: BlendTimings
+    selector: SelectorName | None  # which selector chose them (mode blend), else None
+    timings: PromptTimings
 
     @property
     def recompute_ratio(self) -> float:
@@ -219,7 +250,7 @@ class ScoreResult:
     """Teacher-forced scoring of `target_ids` after a prompt (quality benchmark)."""
 
     token_nlls: list[float]  # -log p(target_i | prompt, target_<i), nats
-    first_token_logits: torch.Tensor  # (vocab,) float32, same as BlendResult.logits
+    first_token_logits: torch.Tensor  # (vocab,) float32, same as PromptResult.logits
     num_recomputed_tokens: int
 
     @property

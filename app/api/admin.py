@@ -86,6 +86,8 @@ def stats(state: AppState = Depends(get_state)) -> StatsOut:
     return StatsOut(
         model=model if model == "builtin" else Path(model).name,
         fingerprint=components.engine.fingerprint[:12] if components is not None else None,
+        default_mode=state.settings.engine.mode, default_selector=state.settings.engine.selector,
+        default_recompute_ratio=state.settings.engine.recompute_ratio,
         queue_depth=queue_depth(state),
         prefill_tokens_per_s=(round(state.prefill_rate.tokens_per_s, 1)
                               if state.prefill_rate.tokens_per_s is not None else None),

@@ -37,7 +37,7 @@ def to_request(body: AskIn) -> AskRequest:
     return AskRequest(
         question=body.question, top_k=body.top_k,
         filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
-        mode=body.mode, recompute_ratio=body.recompute_ratio, max_tokens=body.max_tokens,
+        mode=body.mode, recompute_ratio=body.recompute_ratio, selector=body.selector, max_tokens=body.max_tokens,
         temperature=body.temperature, top_p=body.top_p, seed=body.seed,
     )
 
@@ -69,7 +69,8 @@ def event_payload(event: AskEvent) -> tuple[str, dict[str, Any]]:
 def record_answer(metrics: Metrics, event: DoneEvent) -> None:
     """Remember an answer for the admin page's recent-TTFT plot."""
     metrics.recent.add(RecentAsk(
-        at=time.time(), mode=event.mode, ttft_ms=event.timings.ttft_ms, total_ms=event.timings.total_ms,
+        at=time.time(), mode=event.mode, selector=event.selector, ttft_ms=event.timings.ttft_ms,
+        total_ms=event.timings.total_ms,
         recompute_ratio=event.recompute_ratio, kv_hits=event.kv_hits, kv_misses=event.kv_misses,
         num_prompt_tokens=event.usage.prompt_tokens, num_completion_tokens=event.usage.completion_tokens,
         full_prefill_estimate_ms=event.timings.full_prefill_estimate_ms,

@@ -7,7 +7,7 @@ server's own system prompt is part of every stored chunk KV's key, and blending 
 response, or on the first stream chunk), and blendrag's timings in an extra `blendrag` field.
 
 Extensions accepted in the body (the `openai` client's `extra_body=`): `top_k`, `filters`, `mode`,
-`recompute_ratio`. The served model is listed by /v1/models; any `model` name is accepted (one model
+`recompute_ratio`, `selector`. The served model is listed by /v1/models; any `model` name is accepted (one model
 is served) and the response names the served one.
 """
 
@@ -40,6 +40,7 @@ from app.services.ask_service import (
     TokenDelta,
 )
 from app.state import AppState
+from engine.types import SelectorName
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
 router = APIRouter(prefix="/v1", tags=["openai"], responses={
@@ -94,6 +95,7 @@ class ChatCompletionIn(BaseModel):
     filters: FiltersIn = Field(default_factory=FiltersIn)
     mode: ModeName | None = None
     recompute_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
+    selector: SelectorName | None = None
 
 
 class ModelOut(BaseModel):
@@ -122,7 +124,7 @@ def _ask_request(body: ChatCompletionIn) -> AskRequest:
     return AskRequest(
         question=question, top_k=body.top_k,
         filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
-        mode=body.mode, recompute_ratio=body.recompute_ratio,
+        mode=body.mode, recompute_ratio=body.recompute_ratio, selector=body.selector,
         max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
         top_p=body.top_p, seed=body.seed, stop=stop,
     )
@@ -138,7 +140,8 @@ def _usage(done: DoneEvent) -> dict[str, int]:
 
 
 def _extras(done: DoneEvent) -> dict[str, Any]:
-    return {"mode": done.mode, "recompute_ratio": done.recompute_ratio, "kv_hits": done.kv_hits,
+    return {"mode": done.mode, "selector": done.selector, "recompute_ratio": done.recompute_ratio,
+            "kv_hits": done.kv_hits,
             "kv_misses": done.kv_misses, "timings": dataclasses.asdict(done.timings),
             "context_tokens": done.usage.context_tokens, "recomputed_tokens": done.usage.recomputed_tokens}
 

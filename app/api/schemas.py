@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.types import SelectorName
+
 ModeName = Literal["blend", "full", "prefix", "reuse"]
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 DocumentStatusName = Literal["pending", "ready", "failed"]
@@ -141,6 +143,9 @@ class AskIn(BaseModel):
                                   "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
     recompute_ratio: float | None = Field(default=None, ge=0.0, le=1.0,
                                           description="Share of context tokens blend recomputes")
+    selector: SelectorName | None = Field(
+        default=None, description="Which context tokens blend recomputes: query (the question's attention, "
+        "chosen before the pass), deviation (CacheBlend), first_k, random; default: settings")
     max_tokens: int | None = Field(default=None, ge=1, le=4096)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -189,6 +194,7 @@ class AskOut(BaseModel):
     answer: str
     sources: list[SourceOut]
     mode: str
+    selector: str | None = Field(description="blend's token selector; null for modes that need none")
     recompute_ratio: float
     finish_reason: str
     usage: UsageOut
@@ -248,6 +254,7 @@ class ModeStatsOut(BaseModel):
 class RecentAskOut(BaseModel):
     at: float
     mode: str
+    selector: str | None
     ttft_ms: float
     total_ms: float
     recompute_ratio: float
@@ -261,6 +268,9 @@ class RecentAskOut(BaseModel):
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
+    default_mode: str = Field(description="The mode a question without `mode` is answered in")
+    default_selector: str = Field(description="The blend token selector a question without `selector` gets")
+    default_recompute_ratio: float
     queue_depth: int | None
     prefill_tokens_per_s: float | None
     documents_by_status: dict[str, int]

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from app.components import Components
     from app.metrics import Metrics
     from engine.scheduler import Scheduler
-    from engine.types import Mode
+    from engine.types import Mode, SelectorName
     from kvcache.types import LayerKVSource
 
 logger = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class AskRequest:
     filters: SearchFilters = field(default_factory=SearchFilters)
     mode: Mode | None = None
     recompute_ratio: float | None = None
+    selector: SelectorName | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -98,6 +99,7 @@ class Timings:
 class DoneEvent:
     answer: str
     mode: str
+    selector: str | None  # the blend's token selector; None when the mode recomputes by rule (full, reuse…)
     recompute_ratio: float
     finish_reason: str
     usage: Usage
@@ -127,12 +129,14 @@ class AskService:
 
     def validate(self, request: AskRequest) -> None:
         """Raise AskValidationError for a request that must not reach the engine."""
-        from engine.types import MODES
+        from engine.types import MODES, SELECTORS
 
         if not request.question or not request.question.strip():
             raise AskValidationError("question must not be empty")
         if request.mode is not None and request.mode not in MODES:
             raise AskValidationError(f"unknown mode {request.mode!r}; choose one of {', '.join(MODES)}")
+        if request.selector is not None and request.selector not in SELECTORS:
+            raise AskValidationError(f"unknown selector {request.selector!r}; choose one of {', '.join(SELECTORS)}")
         if request.recompute_ratio is not None and not 0.0 <= request.recompute_ratio <= 1.0:
             raise AskValidationError(f"recompute_ratio must be within [0, 1], got {request.recompute_ratio}")
         if request.top_k is not None and not 1 <= request.top_k <= 64:
@@ -145,12 +149,10 @@ class AskService:
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
         """Answer one question as a stream of events: sources, token deltas, then done (or error)."""
         from engine.types import (
-            BlendConfig,
             EngineBusy,
             EngineError,
             FinishEvent,
             GenerationRequest,
-            SamplingParams,
         )
         from kvcache.errors import KVEntryCorrupt
 
@@ -164,18 +166,11 @@ class AskService:
         yield SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2))
 
         engine = self._c.engine
-        # Best source last: nearest the question, where a small model attends most.
-        ordered = list(reversed(chunks))
-        layout = engine.prompt.layout([c.token_ids for c in ordered], request.question.strip())
-
-        blend = engine_settings.blend_config()
-        if request.recompute_ratio is not None:
-            blend = BlendConfig(recompute_ratio=request.recompute_ratio, check_layers=blend.check_layers,
-                                deviation_on=blend.deviation_on, selector=blend.selector)
-        sampling = SamplingParams(
-            max_tokens=request.max_tokens or engine_settings.max_new_tokens,
-            temperature=engine_settings.temperature if request.temperature is None else request.temperature,
-            top_p=engine_settings.top_p if request.top_p is None else request.top_p,
+        layout = engine.prompt.layout_ranked([c.token_ids for c in chunks], request.question.strip())
+        ordered = list(reversed(chunks))  # the chunks in prompt order, for their stored KV
+        blend = engine_settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
+        sampling = engine_settings.sampling_params(
+            max_tokens=request.max_tokens, temperature=request.temperature, top_p=request.top_p,
             seed=request.seed, stop=request.stop,
         )
 
@@ -298,7 +293,7 @@ class AskService:
             self._metrics.recompute_ratio.observe(event.recompute_ratio)
         self._count(event.mode, event.finish_reason)
         return DoneEvent(
-            answer=event.text or "".join(pieces), mode=event.mode,
+            answer=event.text or "".join(pieces), mode=event.mode, selector=event.selector,
             recompute_ratio=round(event.recompute_ratio, 4), finish_reason=event.finish_reason,
             usage=Usage(prompt_tokens=event.num_prompt_tokens, completion_tokens=event.num_completion_tokens,
                         context_tokens=event.num_context_tokens, recomputed_tokens=event.num_recomputed_tokens),

@@ -43,7 +43,8 @@ def test_build_prompt_is_asks_layout(tiny_engine, dataset_path: Path) -> None:
     example = load_dataset(dataset_path)[0]
     tok = tiny_engine.tokenizer
     bp = build_prompt(tiny_engine.prompt, tok, example, num_passages=2)
-    expected_chunks = [encode_chunk_text(tok, p.text) for p in example.passages[:2]]
-    assert bp.chunk_ids == expected_chunks
-    assert bp.layout == tiny_engine.prompt.layout(expected_chunks, example.question)
+    ranked = [encode_chunk_text(tok, p.text) for p in example.passages[:2]]
+    # File order is the ranking; /ask's builder lays the best chunk out last, nearest the question.
+    assert bp.chunk_ids == [ranked[1], ranked[0]] == bp.layout.chunk_ids
+    assert bp.layout == tiny_engine.prompt.layout_ranked(ranked, example.question)
     assert bp.answer_ids == tok.encode("Fredville", add_special_tokens=False)

@@ -33,7 +33,7 @@ def _source(kvs):
 
 
 def _full(engine, layout):
-    return engine.blend(layout, None, "full")
+    return engine.prompt_pass(layout, None, "full")
 
 
 def test_full_matches_transformers(tiny_engine, tiny_model_dir, layout) -> None:
@@ -43,11 +43,22 @@ def test_full_matches_transformers(tiny_engine, tiny_model_dir, layout) -> None:
     torch.testing.assert_close(_full(tiny_engine, layout).logits, ref, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("check_layers,schedule", [((1,), None), ((0,), None), ((1, 2), (1.0, 1.0))])
-def test_blend_ratio_one_equals_full(tiny_engine, layout, chunk_kvs, check_layers, schedule) -> None:
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        BlendConfig(1.0, selector="query"),
+        BlendConfig(1.0, selector="query", score_layers=(0, 2), score_fuse="max", pool_window=3, min_per_chunk=2),
+        BlendConfig(1.0, selector="first_k"),
+        BlendConfig(1.0, selector="random"),
+        BlendConfig(1.0, selector="deviation", check_layers=(1,)),
+        BlendConfig(1.0, selector="deviation", check_layers=(0,)),
+        BlendConfig(1.0, selector="deviation", check_layers=(1, 2), ratio_schedule=(1.0, 1.0)),
+    ],
+    ids=["query", "query-options", "first_k", "random", "deviation-c1", "deviation-c0", "deviation-c12"],
+)
+def test_blend_ratio_one_equals_full(tiny_engine, layout, chunk_kvs, cfg) -> None:
     full = _full(tiny_engine, layout)
-    cfg = BlendConfig(recompute_ratio=1.0, check_layers=check_layers, ratio_schedule=schedule)
-    blend = tiny_engine.blend(layout, _source(chunk_kvs), "blend", cfg)
+    blend = tiny_engine.prompt_pass(layout, _source(chunk_kvs), "blend", cfg)
     torch.testing.assert_close(blend.logits, full.logits, atol=ATOL, rtol=0)
     # The whole working cache, not just the logits, is the full prefill's.
     n = layout.num_tokens
@@ -58,8 +69,8 @@ def test_blend_ratio_one_equals_full(tiny_engine, layout, chunk_kvs, check_layer
 
 def test_blend_partial_is_neither_full_nor_reuse(tiny_engine, layout, chunk_kvs) -> None:
     full = _full(tiny_engine, layout).logits
-    reuse = tiny_engine.blend(layout, _source(chunk_kvs), "reuse").logits
-    half = tiny_engine.blend(layout, _source(chunk_kvs), "blend", BlendConfig(recompute_ratio=0.5))
+    reuse = tiny_engine.prompt_pass(layout, _source(chunk_kvs), "reuse").logits
+    half = tiny_engine.prompt_pass(layout, _source(chunk_kvs), "blend", BlendConfig(0.5, selector="deviation"))
     assert (reuse - full).abs().max() > 1e-2  # stale cross-chunk KV matters on this model
     assert half.num_recomputed_tokens == round(0.5 * layout.num_context_tokens)
     # Recomputing half the context (the most deviating half) gets closer to full than reusing everything.
@@ -69,16 +80,21 @@ def test_blend_partial_is_neither_full_nor_reuse(tiny_engine, layout, chunk_kvs)
     assert half.selected_positions.min() >= lo and half.selected_positions.max() < hi
 
 
-@pytest.mark.parametrize("mode,ratio", [("blend", 0.0), ("reuse", 0.0), ("prefix", 0.0), ("blend", 0.3)])
-def test_one_chunk_cached_equals_full(tiny_engine, chunks, chunk_kvs, mode, ratio) -> None:
+@pytest.mark.parametrize(
+    "mode,ratio,selector",
+    [("blend", 0.0, "query"), ("blend", 0.0, "deviation"), ("reuse", 0.0, "query"), ("prefix", 0.0, "query"),
+     ("blend", 0.3, "query"), ("blend", 0.3, "deviation")],
+)
+def test_one_chunk_cached_equals_full(tiny_engine, chunks, chunk_kvs, mode, ratio, selector) -> None:
     one = tiny_engine.prompt.layout(chunks[:1], "one chunk only")
     full = _full(tiny_engine, one)
-    got = tiny_engine.blend(one, _source(chunk_kvs[:1]), mode, BlendConfig(recompute_ratio=ratio))
+    cfg = BlendConfig(recompute_ratio=ratio, selector=selector)
+    got = tiny_engine.prompt_pass(one, _source(chunk_kvs[:1]), mode, cfg)
     torch.testing.assert_close(got.logits, full.logits, atol=ATOL, rtol=0)
 
 
 def test_prefix_mode_equals_full(tiny_engine, layout, chunks, chunk_kvs) -> None:
-    got = tiny_engine.blend(layout, _source(chunk_kvs), "prefix")
+    got = tiny_engine.prompt_pass(layout, _source(chunk_kvs), "prefix")
     torch.testing.assert_close(got.logits, _full(tiny_engine, layout).logits, atol=ATOL, rtol=0)
     assert got.num_recomputed_tokens == layout.num_context_tokens - len(chunks[0])
 
@@ -87,7 +103,7 @@ def test_no_chunks_and_no_source(tiny_engine, layout, chunk_kvs) -> None:
     bare = tiny_engine.prompt.layout([], "no documents at all")
     full = _full(tiny_engine, bare)
     for mode in ("blend", "prefix", "reuse"):
-        got = tiny_engine.blend(bare, None, mode)
+        got = tiny_engine.prompt_pass(bare, None, mode)
         assert got.mode == "full"  # nothing cached to reuse
         torch.testing.assert_close(got.logits, full.logits, atol=ATOL, rtol=0)
     assert full.recompute_ratio == 0.0
@@ -135,8 +151,8 @@ def test_rerotated_k_equals_k_at_target_positions(variant, tmp_path_factory) -> 
     engine = Engine(EngineSettings(model=str(path), device="cpu", dtype="float32"), tmp_path_factory.mktemp("m"))
     chunks = random_chunks([50, 60, 45], seed=5)  # chunk 3 lands past position 64 (llama3's original ctx)
     layout = engine.prompt.layout(chunks, "where?")
-    reused = engine.blend(layout, InMemoryLayerSource(engine.prefill_chunks(chunks)), "reuse")
-    full = engine.blend(layout, None, "full")
+    reused = engine.prompt_pass(layout, InMemoryLayerSource(engine.prefill_chunks(chunks)), "reuse")
+    full = engine.prompt_pass(layout, None, "full")
     start = layout.num_prefix_tokens + 110
     span = slice(start, start + 45)
     torch.testing.assert_close(reused.cache.k[0, 0, :, span], full.cache.k[0, 0, :, span], atol=1e-5, rtol=0)
@@ -145,14 +161,15 @@ def test_rerotated_k_equals_k_at_target_positions(variant, tmp_path_factory) -> 
     assert (reused.cache.v[1, 0, :, span] - full.cache.v[1, 0, :, span]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("selector", ["query", "deviation", "first_k", "random"])
 @pytest.mark.parametrize("ratio", [0.3, 1.0])
-def test_selected_tokens_never_see_later_tokens(tiny_engine, layout, chunk_kvs, ratio) -> None:
+def test_selected_tokens_never_see_later_tokens(tiny_engine, layout, chunk_kvs, ratio, selector) -> None:
     """Changing the last prompt token changes nothing at any earlier position, in any layer."""
     changed = PromptLayout(layout.prefix_ids, layout.chunk_ids, layout.suffix_ids[:-1] + [7])
     assert changed.suffix_ids != layout.suffix_ids
-    cfg = BlendConfig(recompute_ratio=ratio)
-    a = tiny_engine.blend(layout, _source(chunk_kvs), "blend", cfg)
-    b = tiny_engine.blend(changed, _source(chunk_kvs), "blend", cfg)
+    cfg = BlendConfig(recompute_ratio=ratio, selector=selector)
+    a = tiny_engine.prompt_pass(layout, _source(chunk_kvs), "blend", cfg)
+    b = tiny_engine.prompt_pass(changed, _source(chunk_kvs), "blend", cfg)
     assert torch.equal(a.selected_positions, b.selected_positions)
     n = layout.num_tokens - 1
     torch.testing.assert_close(a.cache.k[:, :, :, :n], b.cache.k[:, :, :, :n], atol=1e-6, rtol=0)
@@ -239,7 +256,7 @@ def test_source_shape_mismatch_is_an_error(tiny_engine, layout, chunk_kvs) -> No
     from engine.types import EngineError
 
     with pytest.raises(EngineError, match="KV source"):
-        tiny_engine.blend(layout, _source(chunk_kvs[:2]), "blend")
+        tiny_engine.prompt_pass(layout, _source(chunk_kvs[:2]), "blend")
 
 
 def test_cancel_is_checked_between_layers(tiny_engine, layout, chunk_kvs) -> None:
@@ -252,5 +269,5 @@ def test_cancel_is_checked_between_layers(tiny_engine, layout, chunk_kvs) -> Non
         return len(calls) >= 3
 
     with pytest.raises(RequestCancelled):
-        tiny_engine.blend(layout, _source(chunk_kvs), "blend", should_stop=stop_on_third_check)
+        tiny_engine.prompt_pass(layout, _source(chunk_kvs), "blend", should_stop=stop_on_third_check)
     assert len(calls) == 3  # stopped before layer 2 of 4

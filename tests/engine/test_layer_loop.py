@@ -8,10 +8,10 @@ import pytest
 import torch
 from enginetest_tiny import ROPE_LINEAR, ROPE_LLAMA3, build_model, hf_logits, random_chunks
 
-from engine.kv import KVCache
 from engine.layers import Transformer
 from engine.model import load_model
 from engine.phases import extend
+from engine.working_cache import WorkingCache
 
 VARIANTS = {
     "llama-gqa": ("llama", {}),
@@ -32,7 +32,7 @@ def variant_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 def _all_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
     tf = Transformer(load_model(model_dir, "float32", "cpu"))
     cfg = tf.cfg
-    cache = KVCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(ids), tf.dtype, tf.device)
+    cache = WorkingCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(ids), tf.dtype, tf.device)
     return extend(tf, cache, ids, all_logits=True)
 
 
@@ -67,7 +67,7 @@ def test_bfloat16_close_to_float32(tiny_model_dir: Path) -> None:
     outs = []
     for tf in (tf32, tf16):
         cfg = tf.cfg
-        cache = KVCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(ids), tf.dtype, tf.device)
+        cache = WorkingCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(ids), tf.dtype, tf.device)
         outs.append(extend(tf, cache, ids, all_logits=True))
     assert outs[1].dtype == torch.float32  # logits always come back as float32
     p32, p16 = outs[0].softmax(-1), outs[1].softmax(-1)

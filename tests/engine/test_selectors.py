@@ -61,12 +61,14 @@ def test_equal_budget_across_selectors_in_engine(tiny_engine) -> None:
     layout = tiny_engine.prompt.layout(chunks, "q")
     kvs = tiny_engine.prefill_chunks(chunks)
     counts = {}
-    for name in ("deviation", "first_k", "random"):
-        res = tiny_engine.blend(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(0.2, selector=name))
-        counts[name] = res.num_recomputed_tokens
-    assert set(counts.values()) == {15}
+    for ratio, expected in ((0.2, 15), (0.02, 2), (0.1, 8), (0.5, 38)):  # round(r · 75), halves up
+        for name in ("query", "deviation", "first_k", "random"):
+            res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(ratio, selector=name))
+            counts[(ratio, name)] = res.num_recomputed_tokens
+            assert res.selector == name
+        assert {counts[(ratio, name)] for name in ("query", "deviation", "first_k", "random")} == {expected}
     p = layout.num_prefix_tokens
-    res = tiny_engine.blend(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(0.2, selector="first_k"))
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(0.2, selector="first_k"))
     assert res.selected_positions.tolist() == [p + i for i in range(5)] + [p + 20 + i for i in range(5)] + [
         p + 50 + i for i in range(5)
     ]
@@ -81,11 +83,14 @@ def test_gradual_filtering_shrinks_selection(tiny_engine) -> None:
     chunks = random_chunks([20, 30], seed=10)
     layout = tiny_engine.prompt.layout(chunks, "q")
     kvs = tiny_engine.prefill_chunks(chunks)
-    cfg = BlendConfig(check_layers=(0, 1, 2), ratio_schedule=(0.6, 0.4, 0.2))
-    res = tiny_engine.blend(layout, InMemoryLayerSource(kvs), "blend", cfg)
+    cfg = BlendConfig(selector="deviation", check_layers=(0, 1, 2), ratio_schedule=(0.6, 0.4, 0.2))
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", cfg)
     assert res.num_recomputed_tokens == 10
-    wide = tiny_engine.blend(
-        layout, InMemoryLayerSource(kvs), "blend", BlendConfig(check_layers=(0, 1), ratio_schedule=(0.6, 0.4))
+    wide = tiny_engine.prompt_pass(
+        layout,
+        InMemoryLayerSource(kvs),
+        "blend",
+        BlendConfig(selector="deviation", check_layers=(0, 1), ratio_schedule=(0.6, 0.4)),
     )
     # Later filters only choose among the tokens that survived the earlier ones.
     assert set(res.selected_positions.tolist()) <= set(wide.selected_positions.tolist())

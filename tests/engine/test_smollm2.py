@@ -46,11 +46,11 @@ def test_full_matches_transformers_and_blend_one_equals_full(setup, smollm2_dir)
     hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         ref = hf(torch.tensor([layout.all_ids()])).logits[0, -1].float()
-    full = engine.blend(layout, None, "full").logits
+    full = engine.prompt_pass(layout, None, "full").logits
     torch.testing.assert_close(full, ref, atol=1e-4, rtol=0)
-    blend = engine.blend(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(recompute_ratio=1.0)).logits
+    blend = engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(recompute_ratio=1.0)).logits
     torch.testing.assert_close(blend, full, atol=1e-4, rtol=0)
-    prefix = engine.blend(layout, InMemoryLayerSource(kvs), "prefix").logits
+    prefix = engine.prompt_pass(layout, InMemoryLayerSource(kvs), "prefix").logits
     torch.testing.assert_close(prefix, full, atol=1e-4, rtol=0)
 
 

@@ -51,6 +51,18 @@ def test_stream_is_sources_then_tokens_then_done(client: TestClient, corpus: dic
     assert done["total_ms"] == done["timings"]["total_ms"] >= done["ttft_ms"]
     assert done["kv_hits"] == 2 and done["kv_misses"] == 0
     assert 0.0 < done["recompute_ratio"] <= 1.0
+    assert done["selector"] == "query"  # the engine's default selector answered
+
+
+@pytest.mark.parametrize("selector", ["query", "deviation", "first_k", "random"])
+def test_selector_is_chosen_per_request_at_equal_budget(client: TestClient, corpus: dict[str, str],
+                                                        selector: str) -> None:
+    done = ask_stream(client, mode="blend", selector=selector, recompute_ratio=0.5, top_k=2, max_tokens=1)[-1][1]
+    assert done["selector"] == selector
+    context = done["usage"]["context_tokens"]
+    assert done["usage"]["recomputed_tokens"] == int(0.5 * context + 0.5)
+    # Modes that recompute by rule have no selector.
+    assert ask_stream(client, mode="reuse", selector=selector, top_k=2, max_tokens=1)[-1][1]["selector"] is None
 
 
 @pytest.mark.parametrize("mode", ["blend", "full", "prefix", "reuse"])
@@ -81,7 +93,8 @@ def test_non_streaming_answer_is_one_json_body(client: TestClient, corpus: dict[
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     body = response.json()
-    assert set(body) == {"answer", "sources", "mode", "recompute_ratio", "finish_reason", "usage", "timings",
+    assert set(body) == {"answer", "sources", "mode", "selector", "recompute_ratio", "finish_reason", "usage",
+                         "timings",
                          "kv_hits", "kv_misses", "retrieval_ms", "ttft_ms", "total_ms"}
     assert [s["rank"] for s in body["sources"]] == [1, 2]
     assert body["sources"][0]["document_id"] == corpus["Zorblat facts"]
@@ -96,7 +109,7 @@ def test_answers_are_recorded_for_the_admin_page(client: TestClient, corpus: dic
     done = ask_stream(client, mode="prefix", top_k=1, max_tokens=1)[-1][1]
     recent = client.get("/api/stats").json()["recent"]
     assert len(recent) == min(before + 1, 200)
-    assert recent[-1]["mode"] == "prefix"
+    assert recent[-1]["mode"] == "prefix" and recent[-1]["selector"] is None
     assert recent[-1]["ttft_ms"] == done["timings"]["ttft_ms"]
     assert recent[-1]["kv_hits"] == done["kv_hits"]
 
@@ -112,6 +125,8 @@ def test_answers_are_recorded_for_the_admin_page(client: TestClient, corpus: dic
     ({"question": "q", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
     ({"question": "q", "temperature": 3}, "temperature: Input should be less than or equal to 2"),
     ({"question": "q", "ratio": 0.5}, "ratio: Extra inputs are not permitted"),
+    ({"question": "q", "selector": "magic"},
+     "selector: Input should be 'query', 'deviation', 'first_k' or 'random'"),
 ])
 def test_invalid_questions_are_422_with_a_message(client: TestClient, body: dict, detail: str) -> None:
     response = client.post("/ask", json=body)
@@ -123,3 +138,29 @@ def test_invalid_questions_are_422_with_a_message(client: TestClient, body: dict
 def test_non_json_body_is_422(client: TestClient) -> None:
     response = client.post("/ask", content=b"question?", headers={"content-type": "text/plain"})
     assert response.status_code == 422
+
+
+def test_bench_builds_the_prompt_ask_serves(client: TestClient, corpus: dict[str, str], monkeypatch) -> None:
+    """bench/ measures the path users take: for the same question and passages (in retrieval order) bench's
+    prompt builder gives the same token ids and blend config as the request /ask submits to the engine."""
+    from bench.data import Example, Passage, build_prompt
+    from bench.passes import mode_specs
+
+    state = client.app.state.blendrag
+    submitted = []
+    real_submit = state.scheduler.submit
+
+    def spy(request, *args, **kwargs):
+        submitted.append(request)
+        return real_submit(request, *args, **kwargs)
+
+    monkeypatch.setattr(state.scheduler, "submit", spy)
+    events = ask_stream(client, top_k=3, max_tokens=1)
+    [request] = submitted
+    ranked = [Passage(title=s["title"], text=s["text"]) for s in events[0][1]["sources"]]
+    engine = state.components.engine
+    bench = build_prompt(engine.prompt, engine.tokenizer, Example(0, QUESTION, ["x"], ranked), num_passages=3)
+    assert request.layout.all_ids() == bench.layout.all_ids()
+    assert request.layout.chunk_ids == bench.chunk_ids and len(bench.chunk_ids) == 3
+    [spec] = mode_specs(engine, [engine.settings.recompute_ratio], baselines=())
+    assert request.blend == spec.blend and request.mode == spec.mode == "blend"

@@ -53,7 +53,7 @@ def test_non_streaming_completion_with_sources(oai: openai.OpenAI, live_corpus: 
     assert sources[0]["document_id"] == live_corpus["Zorblat facts"]  # retrieval ran on the last user turn
     assert sources[0]["text"].startswith(CORPUS[0]["text"])
     extras = completion.model_extra["blendrag"]
-    assert extras["mode"] == "blend"
+    assert extras["mode"] == "blend" and extras["selector"] == "query"
     assert extras["kv_hits"] == 2
     assert extras["timings"]["ttft_ms"] > 0
 
@@ -107,6 +107,10 @@ def test_errors_come_in_openai_shape(oai: openai.OpenAI, live_server: LiveServer
                                     extra_body={"mode": "turbo"})
     assert bad_mode.value.body["message"] == "mode: Input should be 'blend', 'full', 'prefix' or 'reuse'"
     assert bad_mode.value.body["type"] == "invalid_request_error"
+
+    picked = oai.chat.completions.create(model="blendrag", messages=[{"role": "user", "content": "q"}],
+                                         max_tokens=1, extra_body={"selector": "deviation", "top_k": 1})
+    assert picked.model_extra["blendrag"]["selector"] == "deviation"
     assert bad_mode.value.body["param"] == "mode"
 
     with pytest.raises(openai.BadRequestError) as two:

@@ -85,6 +85,8 @@ function renderCards(coverage, stats) {
 
   const rows = [
     ["model", stats.model ?? "–"],
+    ["default answer", stats.default_mode === "blend"
+      ? `blend · ${stats.default_selector} · recompute ${fmtPct(stats.default_recompute_ratio, 0)}` : stats.default_mode],
     ["engine queue", stats.queue_depth ?? "–"],
     ["prefill rate", stats.prefill_tokens_per_s ? `${Math.round(stats.prefill_tokens_per_s)} tok/s` : "–"],
     ["ingest", stats.ingest_chunks_per_s ? `${stats.ingest_chunks_per_s} chunks/s` : "–"],

@@ -73,7 +73,7 @@ export function drawTtftChart(target, legend, recent, byMode) {
       }));
     }
     for (const { r, i } of points) {
-      const ratio = r.mode === "blend" ? ` · recompute ${(r.recompute_ratio * 100).toFixed(0)}%` : "";
+      const ratio = r.mode === "blend" ? ` (${r.selector}) · recompute ${(r.recompute_ratio * 100).toFixed(0)}%` : "";
       group.append(svg("circle", { cx: x(i), cy: y(r.ttft_ms), r: 4, fill: color },
         svg("title", {}, `${r.mode}: TTFT ${fmtMs(r.ttft_ms)}${ratio} · ${r.num_prompt_tokens} prompt tokens`)));
     }

@@ -106,7 +106,7 @@ class Turn {
         : el("span", { "data-k": "saved" }, `no time saved vs full prefill (est. ${fmtMs(fullTtft)})`));
     }
     items.push(el("span", { "data-k": "mode" }, "mode ", el("b", {}, result.mode),
-      result.mode === "blend" ? ` · recompute ${fmtPct(result.recompute_ratio, 1)}` : ""));
+      result.mode === "blend" ? ` (${result.selector}) · recompute ${fmtPct(result.recompute_ratio, 1)}` : ""));
     items.push(el("span", { "data-k": "kv" }, "KV ", el("b", {}, result.kv_hits), " hit / ",
       el("b", {}, result.kv_misses), " miss"));
     items.push(el("span", {}, "tokens ", el("b", {}, result.usage.prompt_tokens), " in / ",

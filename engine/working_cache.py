@@ -12,7 +12,7 @@ import torch
 
 
 @dataclass
-class KVCache:
+class WorkingCache:
     k: torch.Tensor  # (num_layers, batch, kv_heads, capacity, head_dim), RoPE applied
     v: torch.Tensor  # (num_layers, batch, kv_heads, capacity, head_dim)
     length: int = 0  # positions 0…length-1 are valid
@@ -27,7 +27,7 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
         batch: int = 1,
-    ) -> KVCache:
+    ) -> WorkingCache:
         shape = (num_layers, batch, num_kv_heads, capacity, head_dim)
         # empty, not zeros: every row below `length` is written before it is read.
         return cls(k=torch.empty(shape, dtype=dtype, device=device), v=torch.empty(shape, dtype=dtype, device=device))

@@ -1,0 +1,176 @@
+"""`python -m bench frontier`: speed against closeness to full prefill, for every selector × ratio.
+
+For every example the passages' chunk KV is precomputed once (as ingest would); then full, reuse and
+every selector at every ratio run one prompt pass each on the same prompt (bench.passes.run_pass, the
+engine's own prompt pass with the blend config /ask builds), interleaved per example so load drift
+hits all of them alike. Per mode:
+
+    ttft_s            median prompt-pass time (what TTFT is made of: prompt pass + one sampling step)
+    speedup           median full ÷ median mode, and the median of per-example ratios (paired)
+    kl                first-token KL(full ‖ mode), mean over examples
+    benefit_retained  (NLL_no_context − NLL_mode) ÷ (NLL_no_context − NLL_full), of the mean NLLs
+    fidelity_f1       F1 of the greedy answer (--max-tokens) against full prefill's answer
+    f1                gold F1 (SQuAD normalisation, max over answers)
+
+The plot has speed-up on x and KL (log) / fidelity on y, one line per selector through its ratios, with
+full and reuse as reference points.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from bench.data import build_prompt, load_dataset, select_examples
+from bench.harness import (
+    DEFAULT_MUSIQUE,
+    ChunkKVSet,
+    RunRecord,
+    add_blend_args,
+    add_common_args,
+    blend_settings,
+    build_engine,
+    machine_info,
+    model_name,
+    new_figure,
+    plot_path,
+    save_figure,
+    write_json,
+)
+from bench.metrics import mean
+from bench.passes import mode_specs, parse_ratios, parse_selectors, run_pass
+from bench.quality import evaluate
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from bench.data import BenchPrompt
+    from bench.passes import ModeSpec
+    from engine.engine import Engine
+
+logger = logging.getLogger(__name__)
+
+NAME = "frontier"
+SELECTOR_COLORS = {"query": "tab:blue", "deviation": "tab:red", "first_k": "tab:green", "random": "tab:gray"}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="speed-up vs KL / fidelity for every selector × ratio (Pareto)",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=20, passages=6, out="frontier.json")
+    parser.add_argument("--ratios", default="0.02,0.05,0.1,0.15,0.3", help="recompute ratios, comma-separated")
+    parser.add_argument("--selectors", default="query,deviation,first_k,random", type=parse_selectors,
+                        help="selectors to compare at every ratio")
+    parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length (fidelity, F1)")
+    parser.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "bf16", "int8"],
+                        help="storage dtype the cached modes read (fp16: what the store serves)")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed passes of each selector before timing")
+    add_blend_args(parser)
+    parser.set_defaults(func=main)
+    return parser
+
+
+def _warm_up(engine: Engine, bp: BenchPrompt, specs: list[ModeSpec], kv_dtype: str, rounds: int) -> None:
+    """One pass of full, reuse and each selector's largest ratio: first-call costs stay out of the timings."""
+    kvs = ChunkKVSet(engine, bp.chunk_ids, engine.prefill_chunks(bp.chunk_ids))
+    seen: dict[str, ModeSpec] = {}
+    for spec in specs:  # the last spec of each selector has the largest ratio
+        seen[spec.blend.selector if spec.mode == "blend" and spec.blend else spec.mode] = spec
+    for _ in range(rounds):
+        for spec in seen.values():
+            source = kvs.source(kv_dtype) if spec.uses_cache else None
+            run_pass(engine, bp.layout, source, spec, [], 1)
+
+
+def speed(per_example: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, float]]:
+    """Median prompt-pass seconds per mode and its speed-up over full (ratio of medians and paired)."""
+    out: dict[str, dict[str, float]] = {}
+    full = [r["modes"]["full"]["prompt_s"] for r in per_example]
+    for name in names:
+        times = [r["modes"][name]["prompt_s"] for r in per_example]
+        out[name] = {
+            "ttft_s_median": round(statistics.median(times), 4),
+            "speedup": round(statistics.median(full) / statistics.median(times), 2),
+            "speedup_paired_median": round(statistics.median(f / t for f, t in zip(full, times, strict=True)), 2),
+        }
+    return out
+
+
+def pareto(modes: dict[str, dict[str, Any]]) -> list[str]:
+    """Modes no other mode beats on both speed-up and KL (higher speed-up, lower KL)."""
+    names = [n for n in modes if n != "full"]
+    return [a for a in names if not any(
+        modes[b]["speedup"] >= modes[a]["speedup"] and modes[b]["kl"] <= modes[a]["kl"]
+        and (modes[b]["speedup"], modes[b]["kl"]) != (modes[a]["speedup"], modes[a]["kl"]) for b in names)]
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    modes = result["modes"]
+    fig, (ax_kl, ax_fid) = new_figure(2, width_per_panel=5.6, height=4.2)
+    for selector in result["selectors"]:
+        names = [f"{selector}@{float(r)}" for r in result["ratios"]]
+        xs = [modes[n]["speedup"] for n in names]
+        color = SELECTOR_COLORS.get(selector)
+        ax_kl.plot(xs, [max(modes[n]["kl"], 1e-12) for n in names], "o-", color=color, label=selector)
+        ax_fid.plot(xs, [modes[n]["fidelity_f1"] for n in names], "o-", color=color, label=selector)
+        for n, x in zip(names, xs, strict=True):
+            ax_kl.annotate(n.split("@")[1], (x, max(modes[n]["kl"], 1e-12)), fontsize=6, color=color,
+                           xytext=(2, 2), textcoords="offset points")
+    reuse = modes["reuse"]
+    ax_kl.plot([reuse["speedup"]], [reuse["kl"]], "s", color="black", label="reuse (r=0)")
+    ax_fid.plot([reuse["speedup"]], [reuse["fidelity_f1"]], "s", color="black", label="reuse (r=0)")
+    ax_fid.plot([1.0], [1.0], "*", color="black", markersize=9, label="full")
+    ax_kl.set_yscale("log")
+    ax_kl.set_xscale("log")
+    ax_fid.set_xscale("log")
+    ax_kl.set_xlabel("TTFT speed-up vs full prefill")
+    ax_fid.set_xlabel("TTFT speed-up vs full prefill")
+    ax_kl.set_ylabel("first-token KL(full ‖ mode), lower is better")
+    ax_fid.set_ylabel("answer fidelity (F1 vs full's answer)")
+    ax_fid.set_ylim(0, 1.05)
+    ax_kl.legend(fontsize=7)
+    ax_fid.legend(fontsize=7, loc="lower left")
+    fig.suptitle(f"{result['model']} · {result['dataset_name']} · {result['examples']} ex × {result['passages']} "
+                 f"passages ({result['mean_prompt_tokens']:.0f} tokens) · KV {result['kv_dtype']}", fontsize=9)
+    save_figure(fig, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    run = RunRecord()
+    ratios = parse_ratios(args.ratios)
+    engine = build_engine(args)
+    examples = [e for e in select_examples(load_dataset(args.dataset), None, args.seed) if e.answers]
+    examples = [e for e in examples if len(e.passages) >= args.passages][: args.examples]
+    prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples]
+    specs = mode_specs(engine, ratios, baselines=("full", "reuse"), selectors=args.selectors)
+    logger.info("frontier: %d examples × %d passages, %d modes", len(prompts), args.passages, len(specs))
+    if args.warmup:
+        _warm_up(engine, prompts[0], specs, args.kv_dtype, args.warmup)
+    evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens)
+    names = [s.name for s in specs]
+    timing = speed(evaluated["per_example"], names)
+    modes = {name: evaluated["modes"][name] | timing[name] for name in names}
+    for spec in specs:
+        if spec.mode == "blend" and spec.blend is not None:
+            modes[spec.name] |= {"selector": spec.blend.selector, "ratio": spec.blend.recompute_ratio}
+    result: dict[str, Any] = {
+        "benchmark": NAME, "model": model_name(engine), "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
+        "seed": args.seed, "ratios": ratios, "selectors": args.selectors, "kv_dtype": args.kv_dtype,
+        "max_tokens": args.max_tokens, "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
+        "blend": blend_settings(engine), "machine": machine_info(engine),
+        "modes": modes, "no_context": evaluated["no_context"], "pareto": pareto(modes),
+        "per_example": evaluated["per_example"],
+    }
+    result["run"] = run.finish()
+    write_json(args.out, result)
+    plot(result, plot_path(args))
+    for name, m in modes.items():
+        logger.info("%-15s %6.2fx  ttft %.3fs  kl %s  benefit %s  fidelity %s  f1 %.3f", name, m["speedup"],
+                    m["ttft_s_median"], f"{m['kl']:.3e}" if "kl" in m else "-",
+                    f"{m['benefit_retained']:.3f}" if "benefit_retained" in m else "-",
+                    f"{m['fidelity_f1']:.3f}" if "fidelity_f1" in m else "-", m["f1"])
+    logger.info("Pareto-optimal (speed-up, KL): %s", ", ".join(result["pareto"]))
+    return 0

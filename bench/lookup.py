@@ -1,0 +1,185 @@
+"""`python -m bench lookup`: are look-up answers as right as full prefill's? Through the real /ask path.
+
+A corpus of short made-up documents, each holding one unique fact (an access code, an opening date, the
+name of a head), is ingested into a throw-away data dir by the IngestService (parse → chunk → embed →
+KV prefill → commit, as the server does). Each document's question is then asked through the AskService
+that POST /ask calls (retrieve → load stored KV → prompt pass → greedy answer), once per mode: full,
+reuse, and blend with each --selectors at --ratio. An answer is right when it contains the fact
+(normalised: case, punctuation and spaces ignored). Retrieval is the same for every mode; whether the
+fact's document was retrieved first is reported too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import random
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.data import Passage
+from bench.harness import (
+    RunRecord,
+    add_common_args,
+    machine_info,
+    new_figure,
+    plot_path,
+    save_figure,
+    write_json,
+)
+from bench.inprocess import bench_settings, ingest_passages, start_app
+from bench.passes import parse_selectors
+
+logger = logging.getLogger(__name__)
+
+NAME = "lookup"
+
+_PLACES = ["Harbor Lab", "Orvel Bridge", "Tarsin Observatory", "Kessel Library", "Mirren Dam", "Quill Museum",
+           "Dovan Clinic", "Brask Station", "Pellow Archive", "Ostra Foundry", "Vantor Mill", "Lumen Hall",
+           "Corvid Tower", "Saltmere Depot", "Fennick School", "Gault Hospital", "Ivory Quay", "Juno Garage",
+           "Nettle Farm", "Rook Theatre", "Amber Yard", "Briar Chapel", "Cinder Works", "Delta Bakery"]
+_FIRST = ["Mirela", "Tomas", "Ines", "Odile", "Kasper", "Leona", "Ruben", "Sanne", "Viktor", "Yara", "Emil", "Noor"]
+_LAST = ["Kovac", "Hallberg", "Moreau", "Okafor", "Lindqvist", "Barros", "Dvorak", "Nakamura", "Petrescu", "Vance"]
+_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+           "November", "December"]
+
+
+@dataclass(frozen=True)
+class Fact:
+    title: str
+    text: str  # the document
+    question: str
+    answer: str  # what a right answer contains
+
+
+def make_facts(num: int, seed: int = 0) -> list[Fact]:
+    """`num` documents with one unique fact each, three kinds in turn: a code, a date, a name."""
+    if num > len(_PLACES):
+        raise ValueError(f"at most {len(_PLACES)} look-up documents, asked for {num}")
+    rng = random.Random(seed)
+    places = rng.sample(_PLACES, num)
+    facts = []
+    for i, place in enumerate(places):
+        staff, year = rng.randint(12, 480), rng.randint(1890, 1990)
+        filler = (f"The {place} was founded in {year} and has {staff} staff. Visitors may enter on weekdays; "
+                  f"the {place} is closed on public holidays.")
+        match i % 3:
+            case 0:
+                code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
+                facts.append(Fact(place, f"{filler} The access code of the {place} is {code}.",
+                                  f"What is the access code of the {place}?", code))
+            case 1:
+                date = f"{rng.randint(1, 28)} {rng.choice(_MONTHS)} {rng.randint(1995, 2024)}"
+                facts.append(Fact(place, f"{filler} The new wing of the {place} opened on {date}.",
+                                  f"When did the new wing of the {place} open?", date))
+            case _:
+                name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
+                facts.append(Fact(place, f"{filler} The director of the {place} is {name}.",
+                                  f"Who is the director of the {place}?", name))
+    return facts
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", text.lower())
+
+
+def is_right(answer: str, fact: Fact) -> bool:
+    return _norm(fact.answer) in _norm(answer)
+
+
+async def _ask(state: Any, question: str, mode: str, selector: str | None, ratio: float | None,
+               max_tokens: int) -> tuple[str, list[str], str | None]:
+    """(answer, source titles best first, selector that answered) of one question through AskService."""
+    from app.services.ask_service import AskRequest, DoneEvent, ErrorEvent, SourcesEvent
+
+    request = AskRequest(question=question, mode=mode, selector=selector,  # type: ignore[arg-type]
+                         recompute_ratio=ratio if mode == "blend" else None, max_tokens=max_tokens,
+                         temperature=0.0)
+    titles: list[str] = []
+    async for event in state.ask.ask(request):
+        match event:
+            case SourcesEvent():
+                titles = [s.title for s in event.sources]
+            case DoneEvent():
+                return event.answer, titles, event.selector
+            case ErrorEvent():
+                raise RuntimeError(f"/ask failed: {event.message}")
+    raise RuntimeError("/ask ended without a done event")
+
+
+async def run_lookup(state: Any, facts: list[Fact], modes: list[tuple[str, str, str | None]], ratio: float | None,
+                     max_tokens: int) -> dict[str, Any]:
+    per_question = []
+    for n, fact in enumerate(facts, 1):
+        row: dict[str, Any] = {"question": fact.question, "answer": fact.answer, "modes": {}}
+        for name, mode, selector in modes:
+            answer, titles, used = await _ask(state, fact.question, mode, selector, ratio, max_tokens)
+            row["modes"][name] = {"answer": answer, "right": is_right(answer, fact), "selector": used}
+            row["retrieved_first"] = bool(titles) and titles[0] == fact.title
+        per_question.append(row)
+        logger.info("lookup %d/%d %r: %s", n, len(facts), fact.answer,
+                    "  ".join(f"{k}={'ok' if v['right'] else 'x'}" for k, v in row["modes"].items()))
+    summary = {name: sum(r["modes"][name]["right"] for r in per_question) for name, _, _ in modes}
+    return {"right": summary, "retrieved_first": sum(r["retrieved_first"] for r in per_question),
+            "per_question": per_question}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(NAME, help="look-up questions answered right per mode, through /ask",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_args(parser, dataset=Path("-"), examples=20, passages=6, out="lookup.json")
+    parser.add_argument("--selectors", default="query,deviation", type=parse_selectors,
+                        help="blend selectors to ask with (each at --ratio)")
+    parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
+    parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
+    parser.set_defaults(func=main)
+    return parser
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    fig, (ax,) = new_figure(1, width_per_panel=6.0)
+    names = list(result["right"])
+    ax.bar(names, [result["right"][n] for n in names], color="tab:blue")
+    ax.axhline(result["questions"], color="gray", lw=0.8, ls="--")
+    ax.set_ylabel(f"right answers of {result['questions']}")
+    ax.set_title(f"look-up questions through /ask · {result['model']} · top_k {result['top_k']}", fontsize=9)
+    save_figure(fig, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    run = RunRecord()
+    facts = make_facts(args.examples, args.seed)
+    with tempfile.TemporaryDirectory(prefix="blendrag-lookup-") as tmp:
+        settings = bench_settings(Path(tmp), args.model, args.models_dir, args.threads,
+                                  retrieval={"top_k": args.passages})
+        ratio = args.ratio if args.ratio is not None else settings.engine.recompute_ratio
+        modes = [("full", "full", None), ("reuse", "reuse", None)]
+        modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
+
+        async def go() -> dict[str, Any]:
+            state = await start_app(settings)
+            try:
+                job, _ = ingest_passages(state, [Passage(title=f.title, text=f.text) for f in facts])
+                logger.info("ingested %d documents (%s)", len(facts), getattr(job, "status", "?"))
+                return await run_lookup(state, facts, modes, ratio, args.max_tokens)
+            finally:
+                await state.close()
+
+        outcome = asyncio.run(go())
+        result: dict[str, Any] = {
+            "benchmark": NAME, "model": Path(settings.engine.model).name, "questions": len(facts),
+            "top_k": args.passages, "ratio": ratio, "default_selector": settings.engine.selector,
+            "max_tokens": args.max_tokens, "machine": machine_info(), **outcome,
+        }
+    result["run"] = run.finish()
+    write_json(args.out, result)
+    plot(result, plot_path(args))
+    for name, right in result["right"].items():
+        logger.info("%-16s %d / %d right", name, right, len(facts))
+    logger.info("retrieval put the fact's document first for %d / %d", result["retrieved_first"], len(facts))
+    return 0

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import pytest
+
+from bench.frontier import pareto, speed
+
+
+def test_frontier_end_to_end(run_bench, dataset_path) -> None:
+    code, result, png = run_bench("frontier", "--dataset", str(dataset_path), "--examples", "2", "--passages", "3",
+                                  "--ratios", "0.3,1.0", "--selectors", "query,deviation", "--max-tokens", "3")
+    assert code == 0 and png.is_file() and png.stat().st_size > 0
+    assert list(result["modes"]) == ["full", "reuse", "query@0.3", "deviation@0.3", "query@1.0", "deviation@1.0"]
+    assert result["selectors"] == ["query", "deviation"] and result["examples"] == 2
+    for name in ("query@0.3", "deviation@0.3", "query@1.0", "deviation@1.0"):
+        m = result["modes"][name]
+        assert set(m) >= {"kl", "benefit_retained", "fidelity_f1", "f1", "ttft_s_median", "speedup", "selector"}
+        assert m["selector"] == name.split("@")[0] and m["ratio"] == float(name.split("@")[1])
+    # At r = 1 both selectors recompute everything: full prefill.
+    for name in ("query@1.0", "deviation@1.0"):
+        assert abs(result["modes"][name]["kl"]) < 1e-6 and result["modes"][name]["fidelity_f1"] == 1.0
+    rows = result["per_example"]
+    ctx = rows[0]["num_context_tokens"]
+    # Equal budgets: both selectors recompute round(0.3 · N) context tokens.
+    assert rows[0]["modes"]["query@0.3"]["num_recomputed_tokens"] == int(0.3 * ctx + 0.5)
+    assert rows[0]["modes"]["deviation@0.3"]["num_recomputed_tokens"] == int(0.3 * ctx + 0.5)
+    assert result["modes"]["full"]["speedup"] == 1.0
+    assert set(result["pareto"]) <= set(result["modes"]) - {"full"}
+
+
+def test_speed_is_median_ratio_and_paired() -> None:
+    rows = [{"modes": {"full": {"prompt_s": f}, "x": {"prompt_s": x}}} for f, x in ((10, 2), (12, 2), (8, 4))]
+    out = speed(rows, ["full", "x"])
+    assert out["full"] == {"ttft_s_median": 10, "speedup": 1.0, "speedup_paired_median": 1.0}
+    assert out["x"] == {"ttft_s_median": 2, "speedup": 5.0, "speedup_paired_median": 5.0}
+
+
+def test_pareto_drops_dominated_modes() -> None:
+    modes = {"full": {"speedup": 1.0, "kl": 0.0}, "a": {"speedup": 5.0, "kl": 0.1}, "b": {"speedup": 4.0, "kl": 0.2},
+             "c": {"speedup": 20.0, "kl": 0.5}, "d": {"speedup": 2.0, "kl": 0.01}}
+    assert pareto(modes) == ["a", "c", "d"]
+    assert pytest.approx(modes["a"]["kl"]) == 0.1
+
+
+def test_lookup_facts_are_unique_and_checked_by_content() -> None:
+    from bench.lookup import Fact, is_right, make_facts
+
+    facts = make_facts(9, seed=1)
+    assert len({f.answer for f in facts}) == 9 and len({f.title for f in facts}) == 9
+    assert all(f.answer in f.text and f.title in f.question for f in facts)
+    assert facts == make_facts(9, seed=1) and facts != make_facts(9, seed=2)
+    fact = Fact("Harbor Lab", "…", "What is the access code of the Harbor Lab?", "QX-7316")
+    assert is_right("The access code is qx 7316.", fact) and not is_right("QX-7361", fact)
+    with pytest.raises(ValueError, match="at most"):
+        make_facts(100)
+
+
+def test_lookup_through_ask_blend_at_one_answers_as_full(run_bench) -> None:
+    code, result, png = run_bench("lookup", "--examples", "3", "--passages", "2", "--ratio", "1.0",
+                                  "--selectors", "query,deviation", "--max-tokens", "4")
+    assert code == 0 and png.is_file()
+    assert list(result["right"]) == ["full", "reuse", "query@1.0", "deviation@1.0"] and result["questions"] == 3
+    for row in result["per_question"]:
+        modes = row["modes"]
+        # Recomputing everything is full prefill, whichever selector: identical greedy answers.
+        assert modes["query@1.0"]["answer"] == modes["deviation@1.0"]["answer"] == modes["full"]["answer"]
+        assert modes["query@1.0"]["selector"] == "query" and modes["full"]["selector"] is None
