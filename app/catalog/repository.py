@@ -160,6 +160,12 @@ class Catalog:
                                                                         "timeout": 30})
             event.listen(self._engine, "connect", _sqlite_pragmas)
         elif self.dialect == "postgresql":
+            try:
+                import pgqueuer  # noqa: F401  (its tables are part of the PostgreSQL schema)
+                import psycopg  # noqa: F401
+            except ImportError as exc:
+                raise RuntimeError("a PostgreSQL catalog needs the postgres extra: "
+                                   "pip install 'blendrag[postgres]' (psycopg, pgqueuer)") from exc
             self._engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
         else:
             raise ValueError(f"catalog.url: unsupported database {self.dialect!r} (use sqlite or postgresql)")

@@ -80,6 +80,23 @@ def test_api_only_enqueues_and_a_worker_runs_the_job(pg_settings: Settings, serv
     queue.close()
 
 
+def test_cancel_reaches_the_worker_running_the_job(pg_settings: Settings, server_components: Components) -> None:
+    queue = PgJobQueue(pg_settings.catalog.url or "")
+    service = IngestService(server_components, dispatch=queue.enqueue)
+    paragraphs = [f"Entry {i}: the tide at Vellmar rose {i} cm on day {i * 2}." for i in range(60)]
+    submitted = service.submit([text(f"Tides {d}", "\n\n".join(paragraphs[d:] + paragraphs[:d])) for d in range(10)])
+    with worker_in_thread(pg_settings):
+        wait_for(lambda: server_components.catalog.get_job(submitted.job_id).status == JobStatus.RUNNING, 120,
+                 "the worker to start the job")
+        assert service.cancel(submitted.job_id).cancel_requested
+        job = wait_for(lambda: finished(server_components, submitted.job_id), 120, "the job to stop")
+    assert job.status == JobStatus.CANCELLED
+    docs = [server_components.catalog.get_document(d) for d in submitted.document_ids]
+    assert {(d.status, d.error, d.num_chunks) for d in docs} == {(DocumentStatus.FAILED, "ingest cancelled", 0)}
+    assert server_components.catalog.iter_chunks() == []
+    queue.close()
+
+
 def _worker_process(settings: Settings, name: str, log: Path) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "BLENDRAG_CATALOG__URL": settings.catalog.url or "",
