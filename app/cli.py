@@ -54,7 +54,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         print("error: no ingestible files found under the given paths", file=sys.stderr)
         return EXIT_USAGE
     tags = [t for t in (args.tags or "").split(",") if t]
-    components = build_components(settings)
+    components = build_components(settings, role="worker")  # PostgreSQL: only embeds; replicas index
     try:
         service = IngestService(components)
         sources = [IngestSource(kind="file", title=f.name, path=str(f.resolve()), source_path=str(f.resolve()),

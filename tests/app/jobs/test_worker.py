@@ -80,6 +80,28 @@ def test_api_only_enqueues_and_a_worker_runs_the_job(pg_settings: Settings, serv
     queue.close()
 
 
+def test_jobs_whose_enqueue_was_lost_are_queued_once_again(pg_settings: Settings,
+                                                          server_components: Components) -> None:
+    """A job recorded in the catalog but never queued (the API died in between) is queued by a worker at
+    start; queuing twice is harmless (the job id is the queue's dedupe key)."""
+    import psycopg
+
+    from app.jobs.pg_queue import libpq_url
+
+    service = IngestService(server_components)
+    submitted = service.submit([text("A", TEXT_A)], enqueue=False)
+    queue = PgJobQueue(pg_settings.catalog.url or "")
+    assert queue.requeue_unfinished(server_components.catalog) == [submitted.job_id]
+    assert queue.requeue_unfinished(server_components.catalog) == [submitted.job_id]
+    with psycopg.connect(libpq_url(pg_settings.catalog.url or "")) as conn:
+        queued = conn.execute("SELECT convert_from(payload, 'UTF8') FROM pgqueuer").fetchall()
+    assert queued == [(submitted.job_id,)]
+    with worker_in_thread(pg_settings):
+        job = wait_for(lambda: finished(server_components, submitted.job_id), 120, "the job to finish")
+    assert job.status == JobStatus.SUCCEEDED
+    queue.close()
+
+
 def test_cancel_reaches_the_worker_running_the_job(pg_settings: Settings, server_components: Components) -> None:
     queue = PgJobQueue(pg_settings.catalog.url or "")
     service = IngestService(server_components, dispatch=queue.enqueue)
