@@ -2,7 +2,8 @@
 replicas and `blendrag worker`s. Used by the cluster test and by `python -m bench scaleout`.
 
 PostgreSQL comes from Debian's `postgresql` package (initdb in a temp dir; run as the `postgres` user
-when we are root, since PostgreSQL refuses root) and Redis from `redis-server`.
+when we are root, since PostgreSQL refuses root) and Redis from `redis-server`. The tests use the same
+`PostgresServer` (tests/pgserver.py).
 """
 
 from __future__ import annotations
@@ -51,28 +52,73 @@ def _wait(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[byte
         time.sleep(0.1)
 
 
-def start_postgres(root: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """initdb + postgres in `root`; returns the process and the SQLAlchemy URL of a fresh database."""
-    if PG_BIN is None:
-        raise RuntimeError("PostgreSQL server binaries not found: apt-get install postgresql")
-    as_user: list[str] = ["runuser", "-u", PG_RUN_AS, "--"] if os.geteuid() == 0 else []
-    root.mkdir(parents=True, exist_ok=True)
-    if os.geteuid() == 0:
-        shutil.chown(root, PG_RUN_AS, PG_RUN_AS)
-    subprocess.run([*as_user, f"{PG_BIN}/initdb", "-D", str(root / "pgdata"), "-U", "blendrag", "--auth=trust",
-                    "-E", "UTF8", "--no-sync"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    port = free_port()
-    proc = subprocess.Popen([*as_user, f"{PG_BIN}/postgres", "-D", str(root / "pgdata"), "-h", "127.0.0.1",
-                             "-p", str(port), "-k", str(root), "-c", "fsync=off", "-c", "max_connections=200"],
-                            stdout=subprocess.DEVNULL, stderr=open(root / "postgres.log", "wb"))  # noqa: SIM115
-    _wait(lambda: subprocess.run([f"{PG_BIN}/pg_isready", "-h", "127.0.0.1", "-p", str(port), "-q"],
-                                 check=False).returncode == 0, 30, "postgres", proc, root / "postgres.log")
-    import psycopg
+RUNUSER = shutil.which("runuser") or ("/usr/sbin/runuser" if os.path.exists("/usr/sbin/runuser") else None)
 
-    name = f"blendrag_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(host="127.0.0.1", port=port, user="blendrag", dbname="postgres", autocommit=True) as c:
-        c.execute(f'CREATE DATABASE "{name}"')
-    return proc, f"postgresql+psycopg://blendrag@127.0.0.1:{port}/{name}"
+
+def postgres_unavailable() -> str | None:
+    """Why a PostgreSQL server cannot be started here, or None."""
+    if PG_BIN is None:
+        return "PostgreSQL server binaries not found (Debian package postgresql)"
+    if os.geteuid() == 0 and RUNUSER is None:
+        return "running as root without runuser: cannot start PostgreSQL as a non-root user"
+    return None
+
+
+@dataclass
+class PostgresServer:
+    """initdb + postgres on 127.0.0.1 in `root` (a directory the `postgres` user can reach when we are root)."""
+
+    root: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    user: str = "blendrag"
+
+    def _as_pg_user(self, cmd: list[str]) -> list[str]:
+        return [RUNUSER or "runuser", "-u", PG_RUN_AS, "--", *cmd] if os.geteuid() == 0 else cmd
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        reason = postgres_unavailable()
+        if reason:
+            raise RuntimeError(reason)
+        self.root.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            shutil.chown(self.root, PG_RUN_AS, PG_RUN_AS)
+        data = self.root / "pgdata"
+        subprocess.run(self._as_pg_user([f"{PG_BIN}/initdb", "-D", str(data), "-U", self.user, "--auth=trust",
+                                         "-E", "UTF8", "--no-sync"]),
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        log = self.root / "postgres.log"
+        # fsync off: nothing here must survive a power cut, and it keeps a 2-core machine responsive.
+        self.proc = subprocess.Popen(
+            self._as_pg_user([f"{PG_BIN}/postgres", "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
+                              "-k", str(self.root), "-c", "fsync=off", "-c", "synchronous_commit=off",
+                              "-c", "full_page_writes=off", "-c", "max_connections=200"]),
+            stdout=subprocess.DEVNULL, stderr=log.open("wb"))
+        _wait(lambda: subprocess.run([f"{PG_BIN}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q"],
+                                     check=False).returncode == 0, 30, "postgres", self.proc, log)
+
+    def create_database(self, name: str | None = None) -> str:
+        """A fresh, empty database; returns its SQLAlchemy URL."""
+        import psycopg
+
+        name = name or f"blendrag_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres",
+                             autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM is PostgreSQL's "fast" shutdown
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
 
 
 def start_redis(root: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -125,15 +171,15 @@ class Cluster:
     services: list[subprocess.Popen[bytes]] = field(default_factory=list)
     replicas: list[Process] = field(default_factory=list)
     workers: list[Process] = field(default_factory=list)
-    pg_root: Path | None = None
+    postgres: PostgresServer | None = None
 
     @classmethod
     def start(cls, root: Path, *, settings_env: dict[str, str] | None = None) -> Cluster:
         cluster = cls(root=root)
         # Not under `root`: PostgreSQL runs as another user, who must be able to reach its directory.
-        cluster.pg_root = Path(tempfile.mkdtemp(prefix="blendrag-pg-"))
-        pg, catalog_url = start_postgres(cluster.pg_root)
-        cluster.services.append(pg)
+        cluster.postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="blendrag-pg-")))
+        cluster.postgres.start()
+        catalog_url = cluster.postgres.create_database()
         redis, redis_url = start_redis(root)
         cluster.services.append(redis)
         cluster.env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -191,8 +237,9 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(10)
-        if self.pg_root is not None:
-            shutil.rmtree(self.pg_root, ignore_errors=True)
+        if self.postgres is not None:
+            self.postgres.stop()
+            shutil.rmtree(self.postgres.root, ignore_errors=True)
 
 
 def ingest(replica: Process, documents: list[dict[str, Any]]) -> dict[str, Any]:
