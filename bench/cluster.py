@@ -176,15 +176,24 @@ class Cluster:
     @classmethod
     def start(cls, root: Path, *, settings_env: dict[str, str] | None = None) -> Cluster:
         cluster = cls(root=root)
-        # Not under `root`: PostgreSQL runs as another user, who must be able to reach its directory.
-        cluster.postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="blendrag-pg-")))
-        cluster.postgres.start()
-        catalog_url = cluster.postgres.create_database()
-        redis, redis_url = start_redis(root)
-        cluster.services.append(redis)
-        cluster.env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                       "TOKENIZERS_PARALLELISM": "false", "BLENDRAG_CATALOG__URL": catalog_url,
-                       "BLENDRAG_KVCACHE__REDIS_URL": redis_url, **(settings_env or {})}
+        try:
+            # Not under `root`: PostgreSQL runs as another user, who must be able to reach its directory.
+            cluster.postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="blendrag-pg-")))
+            cluster.postgres.start()
+            catalog_url = cluster.postgres.create_database()
+            redis, redis_url = start_redis(root)
+            cluster.services.append(redis)
+            cluster.env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
+                           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                           "BLENDRAG_CATALOG__URL": catalog_url, "BLENDRAG_KVCACHE__REDIS_URL": redis_url,
+                           **(settings_env or {})}
+            # Migrate once up front, as docker/compose.yaml's `migrate` service does.
+            migrated = cluster.run("db", "upgrade")
+            if migrated.returncode != 0:
+                raise RuntimeError(f"blendrag db upgrade failed: {migrated.stderr}")
+        except BaseException:
+            cluster.stop()
+            raise
         return cluster
 
     @property
@@ -210,7 +219,7 @@ class Cluster:
             self.wait_ready(process)
         return process
 
-    def wait_ready(self, replica: Process, timeout: float = 300) -> None:
+    def wait_ready(self, replica: Process, timeout: float = 900) -> None:
         def ready() -> bool:
             try:
                 return httpx.get(f"{replica.url}/ready", timeout=2).status_code == 200

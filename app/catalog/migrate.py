@@ -54,6 +54,12 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
     """Migrate the catalog to `revision`; returns (revision before, revision after)."""
     from alembic import command
 
+    if revision == "head":
+        # The common case, every start of every replica: already there, so take no lock.
+        current = current_revision(engine)
+        if current == head_revision():
+            return current, current
+
     with engine.begin() as connection:
         if connection.dialect.name == "postgresql":
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_MIGRATION_LOCK})

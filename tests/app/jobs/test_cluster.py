@@ -51,7 +51,7 @@ def cluster(tmp_path: Path, tiny_llama_dir: Path) -> Cluster:
         c.stop()
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1800)
 def test_two_replicas_one_worker(cluster: Cluster) -> None:
     a = cluster.add_replica(wait=False)
     b = cluster.add_replica(wait=False)
