@@ -58,8 +58,9 @@ class PgJobQueue:
         self._lock = threading.Lock()
         self._conn = None  # psycopg.Connection
 
-    def enqueue(self, job_id: str) -> None:
-        """Hand a catalog job to the workers. The job id is the dedupe key: a job is queued at most once."""
+    def enqueue(self, job_id: str) -> bool:
+        """Hand a catalog job to the workers. The job id is the dedupe key: a job waiting or running in the
+        queue is not queued twice. Returns whether it was queued now."""
         import psycopg
         from pgqueuer.adapters.drivers.psycopg import SyncPsycopgDriver
         from pgqueuer.adapters.persistence.queries import SyncQueries
@@ -69,9 +70,9 @@ class PgJobQueue:
                 try:
                     if self._conn is None or self._conn.closed:
                         self._conn = psycopg.connect(self._dsn, autocommit=True)
-                    SyncQueries(SyncPsycopgDriver(self._conn)).enqueue(
+                    queued = SyncQueries(SyncPsycopgDriver(self._conn)).enqueue(
                         ENTRYPOINT, job_id.encode(), dedupe_key=job_id, on_conflict="skip")
-                    return
+                    return queued[0] is not None
                 except psycopg.OperationalError:
                     # A connection the server dropped (restart, idle timeout): reconnect once.
                     if self._conn is not None:
@@ -79,16 +80,15 @@ class PgJobQueue:
                     self._conn = None
                     if attempt == 2:
                         raise
+        return False
 
     def requeue_unfinished(self, catalog: Catalog) -> list[str]:
-        """Queue every catalog job not finished (again): one whose enqueue was lost, or queued by SQLite-mode
-        code. A job still queued or running is skipped by its dedupe key."""
+        """Queue every unfinished catalog job the queue does not hold (its enqueue was lost, or it was
+        recorded while the catalog ran without workers). Returns the ids queued now."""
         from app.catalog import JobStatus
 
         jobs = catalog.jobs_with_status([JobStatus.QUEUED, JobStatus.RUNNING])
-        for job in jobs:
-            self.enqueue(job.id)
-        return [j.id for j in jobs]
+        return [job.id for job in jobs if self.enqueue(job.id)]
 
     def close(self) -> None:
         with self._lock:

@@ -72,7 +72,7 @@ def run_worker(settings: Settings) -> int:
         requeued = queue.requeue_unfinished(components.catalog)
         queue.close()
         if requeued:
-            logger.info("%d unfinished job(s) put (back) on the queue", len(requeued))
+            logger.info("%d unfinished job(s) of the catalog were not queued: queued them", len(requeued))
         runner = JobRunner(components.catalog, IngestService(components))
         asyncio.run(consume(settings, runner))
     finally:
