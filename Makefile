@@ -30,7 +30,9 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 serve: setup
 	$(VENV)/bin/blendrag serve --host $(HOST) --port $(PORT) --data-dir $(DATA)
 
+# Lint first: a lint error fails `make test` (and CI) before any test runs.
 test: setup
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.settings import Settings, SettingsError, load_settings
-from engine.types import SELECTORS
+from engine.types import MODES, SELECTORS
 
 EXIT_USAGE = 2
 
@@ -90,31 +90,29 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from app.api.schemas import AskIn
     from app.components import build_components, build_scheduler
-    from app.services.ask_service import (
-        AskRequest,
-        AskService,
-        AskValidationError,
-        DoneEvent,
-        ErrorEvent,
-        SourcesEvent,
-        TokenDelta,
-    )
+    from app.services.ask_service import AskService, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
 
     settings = _settings(args)
-    request = AskRequest(question=args.question, top_k=args.top_k, mode=args.mode,
-                         recompute_ratio=args.ratio, selector=args.selector, max_tokens=args.max_tokens)
+    try:  # the same validation (and limits) as POST /ask, before any model is loaded
+        body = AskIn(question=args.question, top_k=args.top_k, mode=args.mode, recompute_ratio=args.ratio,
+                     selector=args.selector, max_tokens=args.max_tokens)
+    except ValidationError as exc:
+        flags = {"recompute_ratio": "--ratio", "top_k": "--top-k", "max_tokens": "--max-tokens", "mode": "--mode"}
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "question"
+            print(f"error: {flags.get(name, name)}: {err['msg']}", file=sys.stderr)
+        return EXIT_USAGE
+    request = body.to_request(body.question)
     components = build_components(settings)
 
     async def run() -> int:
         scheduler = build_scheduler(components)
         scheduler.start()
         service = AskService(components, scheduler)
-        try:
-            service.validate(request)
-        except AskValidationError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
         sources: list[Any] = []
         code = 0
         try:
@@ -224,7 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ask", help="ask a question; prints the answer as it streams")
     p.add_argument("question")
-    p.add_argument("--mode", choices=["blend", "full", "prefix", "reuse"], default=None)
+    p.add_argument("--mode", choices=MODES, default=None)
     p.add_argument("--ratio", type=float, default=None, help="recompute ratio in [0, 1]")
     p.add_argument("--selector", choices=SELECTORS, default=None,
                    help="which context tokens blend recomputes (default: settings)")

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from app.api import admin, ask, documents, health, index_status, openai_compat
+from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.errors import install_error_handlers
 from app.metrics import RequestMetricsMiddleware
 from app.settings import Settings
@@ -63,6 +64,8 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
     if settings.server.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.server.cors_origins, allow_methods=["*"],
                            allow_headers=["*"])
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.server.max_body_bytes,
+                       max_upload_bytes=settings.server.max_upload_bytes)
     # Added last so it is outermost: it sees every request, including CORS preflights and errors.
     app.add_middleware(RequestMetricsMiddleware, metrics=state.metrics)
     return app

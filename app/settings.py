@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from engine.config import EngineSettings
 from ingest.config import IngestSettings
@@ -34,7 +34,20 @@ class ServerSettings(BaseModel):
     api_key: str | None = Field(
         default=None, description="When set, ingest, delete and admin routes need `Authorization: Bearer`."
     )
+    protect_ask: bool = Field(
+        default=False, description="With api_key set: /ask and /v1/* need the key too (else anyone may ask, "
+        "and answers quote stored passages)",
+    )
+    ask_rate_per_minute: float | None = Field(
+        default=120.0, gt=0, description="Question requests per minute per API key (or IP without one); "
+        "null: no limit",
+    )
+    ask_burst: int = Field(default=30, ge=1, description="Question requests a client may send at once")
     cors_origins: list[str] = Field(default_factory=list)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0,
+                                description="Largest JSON (non-multipart) request body; larger is a 413")
+    max_upload_bytes: int = Field(default=256 * 1024 * 1024, gt=0,
+                                  description="Largest multipart request (all files together); larger is a 413")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -118,19 +131,17 @@ class Settings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Precedence: explicit arguments (CLI flags) > environment > settings.yaml > defaults.
-        return (init_settings, env_settings, _YamlSource(settings_cls))
+        return (init_settings, env_settings, _yaml_source(settings_cls))
 
 
-class _YamlSource(PydanticBaseSettingsSource):
-    def __init__(self, settings_cls: type[BaseSettings]) -> None:
-        super().__init__(settings_cls)
-        self._data = _read_yaml(_settings_file())
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return self._data.get(field_name), field_name, False
-
-    def __call__(self) -> dict[str, Any]:
-        return dict(self._data)
+def _yaml_source(settings_cls: type[BaseSettings]) -> PydanticBaseSettingsSource:
+    path = _settings_file()
+    try:
+        return YamlConfigSettingsSource(settings_cls, yaml_file=path)  # path None: no file, no values
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise SettingsError(f"{path}: cannot read settings: {exc}") from exc
+    except (AttributeError, TypeError, ValueError) as exc:  # a list or scalar at the top level
+        raise SettingsError(f"{path}: settings must be a mapping at the top level") from exc
 
 
 def _settings_file() -> Path | None:
@@ -141,18 +152,6 @@ def _settings_file() -> Path | None:
             raise SettingsError(f"{SETTINGS_FILE_ENV}={explicit}: no such settings file")
         return path
     return DEFAULT_SETTINGS_FILE if DEFAULT_SETTINGS_FILE.is_file() else None
-
-
-def _read_yaml(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise SettingsError(f"{path}: cannot read settings: {exc}") from exc
-    if not isinstance(data, dict):
-        raise SettingsError(f"{path}: settings must be a mapping at the top level")
-    return data
 
 
 def load_settings(**overrides: Any) -> Settings:

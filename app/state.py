@@ -7,8 +7,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from app.api.rate_limit import RateLimiter
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
+from app.services.stats_service import StatsService
+from app.services.storage_faults import StorageMonitor
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -16,6 +19,7 @@ if TYPE_CHECKING:
     from app.jobs.pg_queue import PgJobQueue
     from app.services.ask_service import AskService
     from app.services.coverage_service import CoverageService
+    from app.services.document_service import DocumentService
     from app.services.ingest_service import IngestService
     from engine.scheduler import Scheduler
 
@@ -32,15 +36,27 @@ class AppState:
     ingest: IngestService | None = None
     ask: AskService | None = None
     coverage: CoverageService | None = None
+    documents: DocumentService | None = None
+    stats: StatsService = field(init=False)
     load_error: str | None = None
     job_queue: PgJobQueue | None = None  # PostgreSQL catalog only
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    rate_limiter: RateLimiter | None = None
+    storage: StorageMonitor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate)
+        self.storage = StorageMonitor(self.settings.data_dir)
+        server = self.settings.server
+        if server.ask_rate_per_minute is not None and self.rate_limiter is None:
+            self.rate_limiter = RateLimiter(server.ask_rate_per_minute, server.ask_burst)
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""
         from app.components import build_components, build_scheduler
         from app.services.ask_service import AskService
         from app.services.coverage_service import CoverageService
+        from app.services.document_service import DocumentService
         from app.services.ingest_service import IngestService
 
         try:
@@ -57,22 +73,25 @@ class AppState:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
 
+        ingest_options = {"on_chunks_committed": on_commit, "prefill_rate": self.prefill_rate,
+                          "scheduler": self.scheduler, "on_storage_fault": self.storage.record}
         if self.settings.catalog.is_postgres:
             # Scale-out: jobs go to the PostgreSQL queue (`blendrag worker`), the index follows the catalog.
             from app.jobs.pg_queue import PgJobQueue
 
             self.job_queue = PgJobQueue(self.settings.catalog.url or "")
-            self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate,
-                                        dispatch=self.job_queue.enqueue)
+            self.ingest = IngestService(components, dispatch=self.job_queue.enqueue, **ingest_options)
             sync = getattr(components.retriever, "sync", None)
             if sync is not None:
                 sync.start()
         else:
-            self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate)
-            self.ingest.recover()
-            self.ingest.start()
+            self.ingest = IngestService(components, **ingest_options)
         self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
         self.coverage = CoverageService(components)
+        self.documents = DocumentService(components, self.ingest, self.coverage)
+        if self.job_queue is None:
+            self.ingest.recover()
+            self.ingest.start()
         self.ready.set()
 
     async def close(self) -> None:

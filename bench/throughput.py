@@ -4,6 +4,9 @@ Target: a running server (`--url http://host:port`, POST /ask with SSE; `--inges
 passages to it) or, by default, the whole app in this process on a temp data dir (the dataset's passages
 ingested as one corpus through the IngestService first, each passage one chunk, then AskService).
 
+In-process, it then measures aggregate decode tokens/s at --decode-clients concurrent requests (see
+bench/decode_rate.py): the target is ≥ 3× one client's at 8 clients.
+
 Each mode runs as a phase: --clients clients take the questions from a shared queue until all --examples
 questions are answered. Reported per mode: requests per minute (completed ÷ phase wall time) and TTFT
 p50/p90 as the client sees it (ask sent → first token text), plus the server's own TTFT (retrieval + KV
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import tempfile
 import time
@@ -22,6 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import decode_rate
 from bench.data import Example, load_dataset, select_examples
 from bench.harness import (
     DEFAULT_MUSIQUE,
@@ -59,6 +62,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap per request")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the phases, alternating their order")
     parser.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s) against --url")
+    parser.add_argument("--decode-clients", default="1,8",
+                        help="in-process: aggregate decode tokens/s at these client counts ('' skips)")
+    parser.add_argument("--decode-tokens", type=int, default=64, help="answer length of the decode measurement")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the temp data dir goes")
     parser.set_defaults(func=main)
     return parser
@@ -107,34 +113,31 @@ class HttpClient:
         self.client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout, headers=headers)
 
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
+        from app.api.sse import aiter_sse
+
         body: dict[str, Any] = {"question": question, "top_k": top_k, "mode": mode, "max_tokens": max_tokens,
                                 "temperature": 0.0, "stream": True}
         if ratio is not None:
             body["recompute_ratio"] = ratio
         t0 = time.perf_counter()
         first: float | None = None
-        event = None
         try:
             async with self.client.stream("POST", "/ask", json=body) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")[:200]
                     return AskTiming(mode, False, None, time.perf_counter() - t0,
                                      error=f"HTTP {response.status_code}: {text}")
-                async for line in response.aiter_lines():
-                    if line.startswith("event:"):
-                        event = line[6:].strip()
-                    elif line.startswith("data:"):
-                        data = json.loads(line[5:])
-                        if event == "token" and first is None and data.get("text"):
-                            first = time.perf_counter()
-                        elif event == "error":
-                            return AskTiming(mode, False, None, time.perf_counter() - t0,
-                                             error=f"{data.get('code')}: {data.get('message')}")
-                        elif event == "done":
-                            now = time.perf_counter()
-                            usage = data.get("usage", {})
-                            return AskTiming(mode, True, (first or now) - t0, now - t0, data["ttft_ms"] / 1000,
-                                             usage.get("prompt_tokens"), usage.get("completion_tokens"))
+                async for event, data in aiter_sse(response.aiter_lines()):
+                    if event == "token" and first is None and data.get("text"):
+                        first = time.perf_counter()
+                    elif event == "error":
+                        return AskTiming(mode, False, None, time.perf_counter() - t0,
+                                         error=f"{data.get('code')}: {data.get('message')}")
+                    elif event == "done":
+                        now = time.perf_counter()
+                        usage = data.get("usage", {})
+                        return AskTiming(mode, True, (first or now) - t0, now - t0, data["ttft_ms"] / 1000,
+                                         usage.get("prompt_tokens"), usage.get("completion_tokens"))
         except Exception as exc:  # network trouble is a failed request, not a crashed benchmark
             return AskTiming(mode, False, None, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
         return AskTiming(mode, False, None, time.perf_counter() - t0, error="stream ended without done")
@@ -190,6 +193,12 @@ def summarize(timings: list[AskTiming], wall_s: float) -> dict[str, Any]:
         "prompt_tokens_mean": mean(t.prompt_tokens for t in ok if t.prompt_tokens is not None),
         "completion_tokens_mean": mean(t.completion_tokens for t in ok if t.completion_tokens is not None),
         "first_errors": [t.error for t in timings if not t.ok][:3],
+        # Refused for a full engine: an HTTP 503 (honest admission) vs a 200 whose stream then said `busy`
+        # (the admission lie; must stay 0). In-process runs report busy as the latter's error code.
+        "busy_503": sum(1 for t in timings if (t.error or "").startswith("HTTP 503")),
+        "busy_after_200": sum(1 for t in timings if (t.error or "").startswith("busy:")),
+        "share_503": (sum(1 for t in timings if (t.error or "").startswith("HTTP 503")) / len(timings)
+                      if timings else None),
     }
 
 
@@ -216,7 +225,11 @@ async def _measure(args: argparse.Namespace, client: Any, examples: list[Example
 
 async def _in_process(args: argparse.Namespace, examples: list[Example], modes: list[str],
                       data_dir: Path) -> dict[str, Any]:
-    settings = bench_settings(data_dir, args.model, args.models_dir, args.threads, engine={"dtype": args.dtype},
+    decode_clients = [int(n) for n in args.decode_clients.split(",") if n]
+    # Every client's request decodes at once (batched), up to the largest count measured.
+    running = max([args.clients, *decode_clients])
+    settings = bench_settings(data_dir, args.model, args.models_dir, args.threads,
+                              engine={"dtype": args.dtype, "max_running": running, "max_queue": max(running, 16)},
                               ingest={"chunk_tokens": CHUNK_TOKENS})
     state = await start_app(settings)
     try:
@@ -225,6 +238,9 @@ async def _in_process(args: argparse.Namespace, examples: list[Example], modes: 
         job, _ = await asyncio.to_thread(ingest_passages, state, passages)
         logger.info("ingested %d passages in %.1fs (%s)", len(passages), time.perf_counter() - t0, job.status)
         measured = await _measure(args, InProcessClient(state), examples, modes)
+        if decode_clients:
+            measured["decode"] = await decode_rate.measure(state, examples, decode_clients, args.passages,
+                                                           CHUNK_TOKENS, args.ratio, args.decode_tokens)
         return measured | {"corpus_passages": len(passages), "machine": machine_info(state.components.engine),
                            "model": model_name(state.components.engine)}
     finally:
@@ -278,6 +294,13 @@ def main(args: argparse.Namespace) -> int:
     write_json(args.out, result)
     plot(result, plot_path(args))
     for mode, m in result["modes"].items():
-        logger.info("%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors)", mode, m["requests_per_min"] or 0,
-                    m["ttft_p50_s"], m["ttft_p90_s"], m["errors"])
+        logger.info("%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors, %d × 503, %d × 200-then-busy)", mode,
+                    m["requests_per_min"] or 0, m["ttft_p50_s"], m["ttft_p90_s"], m["errors"], m["busy_503"],
+                    m["busy_after_200"])
+    decode = result.get("decode")
+    if decode:
+        for n, d in decode["per_clients"].items():
+            logger.info("decode, %s client(s): %s tokens/s aggregate (load avg %s)", n, d["decode_tokens_per_s"],
+                        d["load_avg"])
+        logger.info("decode speedup, most clients vs one: %s", decode["speedup"])
     return 0

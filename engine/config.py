@@ -37,8 +37,10 @@ class EngineSettings(BaseModel):
         description="which context tokens blend recomputes: query (question attention, chosen before the pass), "
         "deviation (CacheBlend, at the check layers), first_k, random",
     )
-    score_layers: list[int] = Field(default_factory=lambda: [4], description="query: layers whose attention scores")
+    score_layers: list[int] = Field(default_factory=lambda: [12], description="query: layers whose attention scores")
     score_fuse: Literal["mean", "max"] = "mean"
+    score_by: Literal["attention", "output"] = Field(
+        default="attention", description="query: attention weight alone, or weight × ‖value‖ (what the key adds)")
     pool_window: int = Field(default=1, ge=1, description="query: max-pool scores over this many neighbours")
     min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
     check_layers: list[int] = Field(default_factory=lambda: [1])
@@ -46,7 +48,7 @@ class EngineSettings(BaseModel):
     deviation_on: Literal["v", "k"] = "v"
 
     max_queue: int = Field(default=16, ge=1, description="requests waiting or running before EngineBusy")
-    max_running: int = Field(default=4, ge=1, description="requests whose decode steps are interleaved")
+    max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
     max_new_tokens: int = Field(default=256, ge=1)
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
@@ -88,6 +90,7 @@ class EngineSettings(BaseModel):
             selector=self.selector if selector is None else selector,
             score_layers=tuple(self.score_layers),
             score_fuse=self.score_fuse,
+            score_by=self.score_by,
             pool_window=self.pool_window,
             min_per_chunk=self.min_per_chunk,
             check_layers=tuple(self.check_layers),

@@ -1,9 +1,12 @@
 """One request from prompt pass to finish, as a step-wise state machine the scheduler can interleave.
 
-run = RequestRun(engine, request)       # WAITING
+run = RequestRun(engine, request)       # WAITING: the one status of this request lives here
 events = run.prefill()                   # prompt pass of the request's mode + first token
 while not run.finished:
     events = run.step()                  # one decode step
+
+The scheduler batches decode steps of several runs: it feeds each run's `pending_token` through
+`engine.batched_decode.decode_batch` against `run.cache` and hands the logits back with `advance`.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from engine.types import (
     RequestCancelled,
     TokenEvent,
 )
+from engine.working_cache import WorkingCache
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -86,13 +90,31 @@ class RequestRun:
         self.first_token_time = time.perf_counter()
         return self._accept(token_id)
 
+    @property
+    def pending_token(self) -> int:
+        """The last sampled token, which the next decode step feeds through the model."""
+        assert self._next_token is not None and not self.finished
+        return self._next_token
+
+    @property
+    def cache(self) -> WorkingCache:
+        """The working cache the next decode step extends."""
+        assert self.result is not None and not self.finished
+        return self.result.cache
+
     def step(self) -> list[GenerationEvent]:
         """Feed the last sampled token and sample the next one."""
-        assert self.result is not None and self._next_token is not None and not self.finished
         if self.should_stop is not None and self.should_stop():
             return [self.cancel()]
-        logits = decode(self.engine.transformer, self.result.cache, self._next_token)
+        return self.advance(decode(self.engine.transformer, self.cache, self.pending_token))
+
+    def advance(self, logits) -> list[GenerationEvent]:
+        """Sample from the logits of a decode step that fed `pending_token` (one or batched)."""
         return self._accept(self.sampler(logits))
+
+    def fail(self) -> None:
+        self.status = RequestStatus.FAILED
+        self.release()
 
     def cancel(self) -> FinishEvent:
         self.status = RequestStatus.CANCELLED

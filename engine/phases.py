@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.layers import Transformer
+from engine.layers import Rows, Transformer
 from engine.rope import apply_rope
 from engine.selectors import SelectionInput, TokenSelector, make_selector, num_recompute_tokens
 from engine.threads import SERIAL_MAX_ELEMENTS, serial
@@ -191,8 +191,14 @@ def score_context(
         stored.fill(layer)
         q, _, _ = tf.project_qkv(layer, h, rows, cache)
         if layer in score_layers:
-            probs = tf.attention_probs(q, cache.k[layer], rows, kv_len=total)  # (1, heads, S, T)
-            per_layer.append(probs[0, :, :, p : p + n].sum(dim=(0, 1)))  # (N,)
+            probs = tf.attention_probs(q, cache.k[layer], rows, kv_len=total)[0, :, :, p : p + n]  # (heads, S, N)
+            if config.score_by == "output":
+                # What a key adds to a row's output is its weight times its value: weight by ‖v‖, so keys
+                # that soak up attention but carry little (sink-like separators, articles) rank low.
+                group = tf.cfg.num_heads // tf.cfg.num_kv_heads
+                v_norm = cache.v[layer, 0, :, p : p + n].float().norm(dim=-1)  # (kv_heads, N)
+                probs = probs * v_norm.repeat_interleave(group, dim=0)[:, None, :]
+            per_layer.append(probs.sum(dim=(0, 1)))  # (N,)
         if layer < score_layers[-1]:
             h = tf.attend_and_mlp(layer, h, q, rows, cache)
     scores = torch.stack(per_layer)  # (num_score_layers, N)
@@ -248,7 +254,7 @@ def prompt_pass(
         first_chunk = len(layout.chunk_ids[0]) if layout.chunk_ids else 0
         stored = _StoredContext(tf, kv_source, cache, p, p + (first_chunk if mode == "prefix" else n_ctx))  # type: ignore[arg-type]
 
-    # 1. Select (blend, up-front selectors): which context rows are fresh in every layer.
+    # 1. Select (up-front selectors): the context rows that are fresh in every layer.
     selected = None
     if selector is not None and selector.upfront:
         scores = score_context(tf, layout, cache, stored, config, should_stop) if selector.name == "query" else None  # type: ignore[arg-type]
@@ -261,45 +267,18 @@ def prompt_pass(
     select_s = time.perf_counter() - t0
 
     # 2. The layer loop over the fresh rows; every other row's K/V comes from the prefix or the store.
-    fresh = _fresh_positions(mode, layout, selected)
-    rows = tf.rows(fresh, kv_len=total)
+    rows = tf.rows(_fresh_positions(mode, layout, selected), kv_len=total)
     h = tf.embed(_ids(tf, layout.all_ids())[rows.positions])[None]  # (1, rows, hidden)
-    check_at = dict(zip(config.check_layers, config.ratios(), strict=True)) if selected is None and selector else {}
-    # With a check-layer selector every context row is fresh until it: the stored KV only serves the
-    # deviation, so it is read but not written into the cache.
-    all_rows_fresh = bool(check_at)
-    chunk_index = _chunk_index(layout, tf.device) if check_at else None
-
-    for layer in range(cfg.num_layers):
+    first_layer = 0
+    if selector is not None and not selector.upfront:
+        h, rows = _check_layers(tf, layout, h, rows, cache, stored, config, selector, should_stop)  # type: ignore[arg-type]
+        first_layer = config.check_layers[-1] + 1
+        select_s = time.perf_counter() - t0
+    for layer in range(first_layer, cfg.num_layers):
         _check(should_stop)
-        t_layer = time.perf_counter()
-        stored_k = stored_v = None
-        if stored is not None and (all_rows_fresh or layer in check_at):
-            stored_k, stored_v = stored.read(layer)  # the deviation needs them
-            if not all_rows_fresh:
-                stored.write(layer, stored_k, stored_v)
-        elif stored is not None:
+        if stored is not None:
             stored.fill(layer)
-        if layer not in check_at:
-            h, _, _ = tf.layer(layer, h, rows, cache)
-        else:
-            # Check layer: K/V of every current row are computed (and kept: they are fresh), then only
-            # the rows that stay selected go through attention and the MLP, since the hidden states of
-            # the others are never used again.
-            q, k_pre, v = tf.project_qkv(layer, h, rows, cache)
-            on_k = config.deviation_on == "k"
-            with serial(tf.device.type == "cpu"):
-                keep = _select_at_check_layer(
-                    layer, check_at[layer], selector, rows.positions, chunk_index,  # type: ignore[arg-type]
-                    k_pre if on_k else v, stored_k if on_k else stored_v, p, n_ctx,  # type: ignore[arg-type]
-                )
-                if keep is not None:
-                    h, q = h[:, keep], q[:, :, keep]
-                    rows = tf.rows(rows.positions[keep], kv_len=total)
-                    all_rows_fresh = False  # from the next layer on, unselected rows use the stored KV
-            h = tf.attend_and_mlp(layer, h, q, rows, cache)
-        if check_at and layer <= max(check_at):
-            select_s += time.perf_counter() - t_layer
+        h, _, _ = tf.layer(layer, h, rows, cache)
 
     logits = tf.logits(h[0, -1])  # the last row is always the last suffix token
     is_ctx = (rows.positions >= p) & (rows.positions < p + n_ctx)
@@ -317,6 +296,49 @@ def prompt_pass(
         selector=selector.name if selector is not None else None,
         timings=PromptTimings(total_s=total_s, kv_wait_s=stored.wait_s if stored else 0.0, select_s=select_s),
     )
+
+
+def _check_layers(
+    tf: Transformer,
+    layout: PromptLayout,
+    h: torch.Tensor,
+    rows: Rows,
+    cache: WorkingCache,
+    stored: _StoredContext,
+    config: BlendConfig,
+    selector: TokenSelector,
+    should_stop: StopCheck | None,
+) -> tuple[torch.Tensor, Rows]:
+    """Layers 0…last check layer of a check-layer selector (CacheBlend): every non-prefix row is fresh until
+    the first check layer; at each check layer the selector keeps its share of the context rows (plus all
+    suffix rows) for the layers after it. Returns the hidden states and rows that continue."""
+    p, n_ctx, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
+    check_at = dict(zip(config.check_layers, config.ratios(), strict=True))
+    chunk_index = _chunk_index(layout, tf.device)
+    all_rows_fresh = True  # until a check layer drops rows, the stored KV only serves the deviation
+    for layer in range(config.check_layers[-1] + 1):
+        _check(should_stop)
+        if all_rows_fresh or layer in check_at:
+            stored_k, stored_v = stored.read(layer)
+            if not all_rows_fresh:
+                stored.write(layer, stored_k, stored_v)
+        else:
+            stored.fill(layer)
+        if layer not in check_at:
+            h, _, _ = tf.layer(layer, h, rows, cache)
+            continue
+        # Check layer: K/V of every current row are computed (and kept: they are fresh), then only the rows
+        # that stay selected go through attention and the MLP: the others' hidden states are never used.
+        q, k_pre, v = tf.project_qkv(layer, h, rows, cache)
+        on_k = config.deviation_on == "k"
+        keep = _select_at_check_layer(layer, check_at[layer], selector, rows.positions, chunk_index,
+                                      k_pre if on_k else v, stored_k if on_k else stored_v, p, n_ctx)
+        if keep is not None:
+            h, q = h[:, keep], q[:, :, keep]
+            rows = tf.rows(rows.positions[keep], kv_len=total)
+            all_rows_fresh = False  # from the next layer on, unselected rows use the stored KV
+        h = tf.attend_and_mlp(layer, h, q, rows, cache)
+    return h, rows
 
 
 def _validate(tf: Transformer, layout: PromptLayout, kv_source: LayerKVSource | None, mode: Mode,
@@ -347,6 +369,21 @@ def _select_at_check_layer(
     n_ctx: int,
 ) -> torch.Tensor | None:
     """Row indices (into the current rows) that stay fresh after this check layer; None keeps all."""
+    with serial(positions.device.type == "cpu"):  # many small ops: one thread (engine/threads.py)
+        return _select_rows(layer, ratio, selector, positions, chunk_index, fresh, stored, p, n_ctx)
+
+
+def _select_rows(
+    layer: int,
+    ratio: float,
+    selector: TokenSelector,
+    positions: torch.Tensor,
+    chunk_index: torch.Tensor,
+    fresh: torch.Tensor,
+    stored: torch.Tensor,
+    p: int,
+    n_ctx: int,
+) -> torch.Tensor | None:
     is_ctx = (positions >= p) & (positions < p + n_ctx)
     ctx_idx = torch.nonzero(is_ctx).squeeze(1)  # candidates: the context rows still being recomputed
     num_keep = min(ctx_idx.numel(), num_recompute_tokens(ratio, n_ctx))

@@ -35,6 +35,7 @@ class Sampler:
             sorted_probs, order = torch.sort(probs, descending=True)
             # Drop tokens once the mass before them already reaches top_p (the first token always stays).
             drop = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= self.params.top_p
+            drop[0] = False  # a top_p below float32's smallest number must still keep the top token
             sorted_probs[drop] = 0.0
             choice = torch.multinomial(sorted_probs, 1, generator=self.generator)
             return int(order[choice])

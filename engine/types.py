@@ -7,7 +7,7 @@ module is cheap and other packages can build requests without loading torch-heav
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     import torch
@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     from kvcache.types import LayerKVSource
 
 Mode = Literal["blend", "full", "prefix", "reuse"]
-MODES: tuple[Mode, ...] = ("blend", "full", "prefix", "reuse")
+MODES: tuple[Mode, ...] = get_args(Mode)
 SelectorName = Literal["query", "deviation", "first_k", "random"]
-SELECTORS: tuple[SelectorName, ...] = ("query", "deviation", "first_k", "random")
+SELECTORS: tuple[SelectorName, ...] = get_args(SelectorName)
 ScoreFuse = Literal["mean", "max"]
+ScoreBy = Literal["attention", "output"]
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
@@ -91,8 +92,9 @@ class BlendConfig:
     recompute_ratio: float = 0.15
     selector: SelectorName = "query"
     # query selector
-    score_layers: tuple[int, ...] = (4,)
+    score_layers: tuple[int, ...] = (12,)
     score_fuse: ScoreFuse = "mean"
+    score_by: ScoreBy = "attention"
     pool_window: int = 1
     min_per_chunk: int = 0
     # deviation selector
@@ -109,6 +111,8 @@ class BlendConfig:
         object.__setattr__(self, "score_layers", _increasing(self.score_layers, "score_layers"))
         if self.score_fuse not in ("mean", "max"):
             raise ValueError(f"score_fuse must be 'mean' or 'max', got {self.score_fuse!r}")
+        if self.score_by not in ("attention", "output"):
+            raise ValueError(f"score_by must be 'attention' or 'output', got {self.score_by!r}")
         if self.pool_window < 1 or self.pool_window % 2 == 0:
             raise ValueError(f"pool_window must be an odd number >= 1, got {self.pool_window}")
         if self.min_per_chunk < 0:
@@ -171,7 +175,11 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below MIN_TEMPERATURE, logits / temperature overflows float32: sampling that cold is greedy anyway.
+        return self.temperature < MIN_TEMPERATURE
+
+
+MIN_TEMPERATURE = 1e-4  # sampling temperatures below this are greedy
 
 
 @dataclass

@@ -34,6 +34,11 @@ class IngestSettings(BaseModel):
     json_text_field: str = Field("text", min_length=1)
     json_title_field: str = Field("title", min_length=1)
     max_file_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    # Bounded work per request: LLM tokens (≈ KV bytes and prompt-pass time) one document / one job may add.
+    # Over the document cap the document fails ("too_large"); past the job cap the rest of the job fails.
+    max_document_tokens: int = Field(128 * 1024, gt=0)
+    max_job_tokens: int = Field(1024 * 1024, gt=0)
+    max_job_documents: int = Field(1000, gt=0, description="sources (files + inline documents) per request")
     allowed_extensions: list[str] = Field(default_factory=lambda: sorted(KNOWN_EXTENSIONS))
     # Drop a leading YAML front matter block (--- … ---) from markdown; its scalar keys go to metadata.
     md_strip_front_matter: bool = True

@@ -11,41 +11,46 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from app.api.deps import engine_is_full, get_ask, get_state
-from app.api.schemas import AskIn, AskOut, ErrorOut, ValidationErrorOut
+from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
+from app.api.disconnect import ConnectionWatch, while_connected
+from app.api.schemas import (
+    AskDoneOut,
+    AskIn,
+    AskOut,
+    ErrorEventOut,
+    ErrorOut,
+    SourcesEventOut,
+    TokenEventOut,
+    ValidationErrorOut,
+)
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
 from app.services.ask_service import (
+    AdmittedAnswer,
+    AskBusy,
     AskEvent,
     AskRequest,
     AskService,
     AskValidationError,
     DoneEvent,
     ErrorEvent,
-    SearchFilters,
     SourcesEvent,
     TokenDelta,
 )
 from app.state import AppState
 
-router = APIRouter(tags=["ask"])
+router = APIRouter(tags=["ask"], dependencies=[Depends(guard_questions)], responses={
+    401: {"model": ErrorOut, "description": "API key required (with `server.protect_ask`)"},
+    429: {"model": ErrorOut, "description": "Too many questions from this API key / IP; see Retry-After"}})
 
 BUSY_DETAIL = "the engine is busy, retry shortly"
-
-
-def to_request(body: AskIn) -> AskRequest:
-    return AskRequest(
-        question=body.question, top_k=body.top_k,
-        filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
-        mode=body.mode, recompute_ratio=body.recompute_ratio, selector=body.selector, max_tokens=body.max_tokens,
-        temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-    )
 
 
 def done_payload(event: DoneEvent) -> dict[str, Any]:
     body = dataclasses.asdict(event)
     body["usage"]["total_tokens"] = event.usage.total_tokens
     # Flat copies of the headline numbers, for clients that do not want to dig.
+    body["retrieval_ms"] = event.timings.retrieval_ms
     body["ttft_ms"] = event.timings.ttft_ms
     body["total_ms"] = event.timings.total_ms
     return body
@@ -81,16 +86,30 @@ def busy_error() -> HTTPException:
     return HTTPException(503, BUSY_DETAIL, headers={"Retry-After": "1"})
 
 
-def validated(service: AskService, body: AskIn, state: AppState) -> AskRequest:
-    """The service request for a body, or the HTTP error it deserves (422 invalid, 503 busy)."""
-    request = to_request(body)
-    try:
-        service.validate(request)
-    except AskValidationError as exc:
-        raise HTTPException(422, str(exc)) from exc
+def validated(body: AskIn, state: AppState) -> AskRequest:
+    """The service request for a (validated) body, or 503 when the engine is already full.
+
+    The busy check here is only a shortcut that spares retrieval; the binding check is the scheduler's, in
+    `admitted`.
+    """
     if engine_is_full(state):
         raise busy_error()
-    return request
+    return body.to_request(body.question)
+
+
+async def admitted(service: AskService, request: AskRequest) -> AdmittedAnswer:
+    """Queue the question in the engine before any response starts: 422 (prompt too long), 503 busy."""
+    try:
+        return await service.admit(request)
+    except AskValidationError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    except AskBusy as exc:
+        raise busy_error() from exc
+
+
+def client_gone() -> JSONResponse:
+    """What a route returns for a client that left: nobody reads it (499, as nginx logs it)."""
+    return JSONResponse({"detail": "client closed the request"}, status_code=499)
 
 
 _STREAM_DOC = (
@@ -100,8 +119,11 @@ _STREAM_DOC = (
     "`error` `{message, code: busy|internal|cancelled}`. With `stream: false`, one AskOut JSON body."
 )
 _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **sse_openapi(_STREAM_DOC, model=AskOut),
-    422: {"model": ValidationErrorOut, "description": "Empty question, unknown mode, ratio outside [0, 1] …"},
+    **sse_openapi(_STREAM_DOC, {"sources": SourcesEventOut, "token": TokenEventOut, "done": AskDoneOut,
+                                "error": ErrorEventOut}, model=AskOut),
+    400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
+    422: {"model": ValidationErrorOut, "description": "Empty question, unknown mode, ratio outside [0, 1], prompt "
+          "longer than the model's context …"},
     503: {"model": ErrorOut, "description": "Engine queue full or models still loading; retry"},
 }
 
@@ -110,40 +132,39 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def ask(body: AskIn, request: Request, service: AskService = Depends(get_ask),
               state: AppState = Depends(get_state)) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate."""
-    ask_request = validated(service, body, state)
+    answer = await admitted(service, validated(body, state))
     if not body.stream:
-        return await _answer_json(service, ask_request, state.metrics)
+        return await _answer_json(answer, request, state.metrics)
 
     async def stream() -> AsyncIterator[str]:
         # aclosing: a client that goes away closes the service generator, which cancels the engine request.
-        async with aclosing(service.ask(ask_request)) as events:
-            async for event in events:
+        async with aclosing(answer.events()) as events:
+            async for event in while_connected(request, events):
                 if isinstance(event, DoneEvent):
                     record_answer(state.metrics, event)
                 name, data = event_payload(event)
                 yield sse_event(name, data)
-                if await request.is_disconnected():
-                    return
 
     return sse_response(stream())
 
 
-async def _answer_json(service: AskService, ask_request: AskRequest, metrics: Metrics) -> JSONResponse:
+async def _answer_json(answer: AdmittedAnswer, request: Request, metrics: Metrics) -> JSONResponse:
     result: dict[str, Any] = {}
-    async with aclosing(service.ask(ask_request)) as events:
-        async for event in events:
+    watch = ConnectionWatch(request)
+    async with aclosing(answer.events()) as events:
+        async for event in watch.iterate(events):
             if isinstance(event, ErrorEvent):
-                if event.code == "busy":
-                    raise busy_error()
                 raise HTTPException(500, event.message)
             if isinstance(event, DoneEvent):
                 record_answer(metrics, event)
             name, data = event_payload(event)
             if name != "token":
                 result.update(data)
+    if watch.disconnected:
+        return client_gone()
     return JSONResponse(AskOut.model_validate(result).model_dump())
 
 
 # Used by the OpenAI-compatible router too.
-__all__ = ["busy_error", "done_payload", "event_payload", "record_answer", "router",
-           "to_request", "validated"]
+__all__ = ["admitted", "busy_error", "client_gone", "done_payload", "event_payload", "record_answer", "router",
+           "validated"]

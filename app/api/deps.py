@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import hmac
+import math
+from collections.abc import Callable
+from typing import TypeVar
 
 from fastapi import HTTPException, Request
 
-from app.components import Components
+from app.api.rate_limit import client_id
 from app.services.ask_service import AskService
 from app.services.coverage_service import CoverageService
+from app.services.document_service import DocumentService
 from app.services.ingest_service import IngestService
 from app.state import AppState
+
+T = TypeVar("T")
 
 
 def get_state(request: Request) -> AppState:
@@ -22,45 +28,29 @@ def _not_ready(state: AppState) -> HTTPException:
     return HTTPException(status_code=503, detail=detail, headers={"Retry-After": "5"})
 
 
-def get_ingest(request: Request) -> IngestService:
-    state = get_state(request)
-    if state.ingest is None:
-        raise _not_ready(state)
-    return state.ingest
+def _loaded(pick: Callable[[AppState], T | None]) -> Callable[[Request], T]:
+    """A dependency giving one service of the loaded app; 503 (with Retry-After) until start-up has built it."""
+
+    def dependency(request: Request) -> T:
+        state = get_state(request)
+        value = pick(state)
+        if value is None:
+            raise _not_ready(state)
+        return value
+
+    return dependency
 
 
-def get_ask(request: Request) -> AskService:
-    state = get_state(request)
-    if state.ask is None:
-        raise _not_ready(state)
-    return state.ask
-
-
-def get_coverage(request: Request) -> CoverageService:
-    state = get_state(request)
-    if state.coverage is None:
-        raise _not_ready(state)
-    return state.coverage
-
-
-def get_components(request: Request) -> Components:
-    state = get_state(request)
-    if state.components is None:
-        raise _not_ready(state)
-    return state.components
-
-
-def queue_depth(state: AppState) -> int | None:
-    """Requests waiting or running in the engine scheduler (None before start-up)."""
-    scheduler = state.scheduler
-    if scheduler is None:
-        return None
-    return scheduler.num_waiting + scheduler.num_running
+get_ingest: Callable[[Request], IngestService] = _loaded(lambda s: s.ingest)
+get_ask: Callable[[Request], AskService] = _loaded(lambda s: s.ask)
+get_coverage: Callable[[Request], CoverageService] = _loaded(lambda s: s.coverage)
+get_documents: Callable[[Request], DocumentService] = _loaded(lambda s: s.documents)
 
 
 def engine_is_full(state: AppState) -> bool:
-    """True when the scheduler would refuse a new request now: the admission check routes make before they
-    start a stream, so a full engine answers 503 instead of a 200 stream ending in an `error` event."""
+    """True when the scheduler would refuse a new request now: a cheap early check that spares retrieval.
+    Not binding (requests race between it and the scheduler): routes admit to the scheduler before they
+    answer (`AskService.admit`), so a full engine is always a 503, never a 200 stream ending in `busy`."""
     scheduler = state.scheduler
     return scheduler is not None and scheduler.num_waiting >= scheduler.max_queue
 
@@ -76,7 +66,30 @@ def presented_key(request: Request) -> str | None:
 
 def require_api_key(request: Request) -> None:
     """401 unless `server.api_key` is unset or the request presents it (compared in constant time)."""
-    expected = get_state(request).settings.server.api_key
+    _check_key(request, get_state(request).settings.server.api_key)
+
+
+def guard_questions(request: Request) -> None:
+    """The question routes: the key when `server.protect_ask` is on (401), then the rate limit (429)."""
+    state = get_state(request)
+    server = state.settings.server
+    if server.protect_ask:
+        _check_key(request, server.api_key)
+    limiter = state.rate_limiter
+    if limiter is None:
+        return
+    client = client_id(presented_key(request), request.client.host if request.client else None)
+    wait_s = limiter.acquire(client)
+    if wait_s is not None:
+        raise HTTPException(
+            status_code=429,
+            detail=f"too many questions: at most {server.ask_rate_per_minute:g} per minute, {server.ask_burst} "
+            "at once, per API key (or IP address); retry later",
+            headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+        )
+
+
+def _check_key(request: Request, expected: str | None) -> None:
     if not expected:
         return
     given = presented_key(request)

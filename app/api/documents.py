@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from app.api.deps import get_components, get_coverage, get_ingest, get_state, require_api_key
+from app.api.deps import get_documents, get_ingest, get_state, require_api_key
 from app.api.schemas import (
     ChunkOut,
     DocumentDetail,
@@ -28,6 +29,7 @@ from app.api.schemas import (
     ErrorOut,
     IngestAccepted,
     IngestIn,
+    JobErrorEventOut,
     JobOut,
     KVCounts,
     ValidationErrorOut,
@@ -35,9 +37,15 @@ from app.api.schemas import (
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
 from app.catalog import DocumentStatus
 from app.catalog.repository import DocumentRecord, JobRecord
-from app.components import Components
-from app.services.coverage_service import CoverageService
-from app.services.ingest_service import IngestError, IngestService, IngestSource, save_upload
+from app.services.document_service import DocumentBusy, DocumentService
+from app.services.ingest_service import (
+    IngestError,
+    IngestService,
+    IngestSource,
+    IngestTooLarge,
+    check_upload_name,
+    save_upload,
+)
 from app.state import AppState
 
 router = APIRouter(tags=["documents"], dependencies=[Depends(require_api_key)],
@@ -48,6 +56,7 @@ router = APIRouter(tags=["documents"], dependencies=[Depends(require_api_key)],
 JOB_POLL_S = 0.25
 KEEPALIVE_S = 10.0
 UPLOAD_BLOCK = 1 << 20
+MAX_OFFSET = 2**62  # SQLite integers are 64-bit signed: a larger offset would be a 500, not a page
 
 
 def job_out(job: JobRecord) -> JobOut:
@@ -71,19 +80,25 @@ def document_out(doc: DocumentRecord) -> DocumentOut:
 _INGEST_BODY = {
     "requestBody": {"content": {
         # Inline (DocumentIn has no nested models) so the schema needs no components entry.
-        "application/json": {"schema": {"type": "object", "required": ["documents"], "properties": {
-            "documents": {"type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()}}}},
-        "multipart/form-data": {"schema": {"type": "object", "properties": {
-            "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
+        "application/json": {"schema": {"type": "object", "required": ["documents"], "additionalProperties": False,
+                                        "properties": {"documents": {
+                                            "type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()}}}},
+        "multipart/form-data": {"schema": {"type": "object", "minProperties": 1, "properties": {
+            "files": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"},
+                      "description": "Files named *.txt, .md, .html, .pdf, .docx, .json or .jsonl (by default: "
+                                     "`ingest.allowed_extensions`); another extension answers 415"},
             "tags": {"type": "string", "description": "comma-separated tags for every file"},
-            "documents": {"type": "string", "description": "optional JSON list of inline documents"},
-        }}},
+            "documents": {"type": "string", "contentMediaType": "application/json",
+                          "description": "optional JSON list of inline documents"},
+        }, "anyOf": [{"required": ["files"]}, {"required": ["documents"]}]}},
     }, "required": True},
 }
 
 
 @router.post("/ingest", status_code=202, response_model=IngestAccepted, openapi_extra=_INGEST_BODY,
-             responses={413: {"model": ErrorOut}, 415: {"model": ErrorOut}})
+             responses={400: {"model": ErrorOut, "description": "A multipart body that cannot be parsed"},
+                        413: {"model": ErrorOut, "description": "A file or the body over its size limit"},
+                        415: {"model": ErrorOut, "description": "Unsupported content type or file extension"}})
 async def ingest(request: Request, service: IngestService = Depends(get_ingest),
                  state: AppState = Depends(get_state)) -> IngestAccepted:
     """Queue documents for ingest; returns at once with the job to watch.
@@ -94,21 +109,34 @@ async def ingest(request: Request, service: IngestService = Depends(get_ingest),
     over `ingest.max_file_bytes` 413, before anything is queued.
     """
     content_type = request.headers.get("content-type", "")
+    batch_dir: Path | None = None
     if content_type.startswith("multipart/form-data"):
-        sources = await _multipart_sources(request, state)
+        sources, batch_dir = await _multipart_sources(request, state)
     elif content_type.startswith("application/json") or not content_type:
-        try:
-            body = IngestIn.model_validate(json.loads(await request.body() or b"null"))
-        except ValueError as exc:  # json.JSONDecodeError and pydantic's ValidationError both are
-            raise HTTPException(422, f"invalid ingest body: {_brief(exc)}") from exc
+        body = _ingest_body(await request.body())
         sources = [_text_source(d) for d in body.documents]
     else:
         raise HTTPException(415, f"send application/json or multipart/form-data, not {content_type!r}")
     try:
         result = await asyncio.to_thread(service.submit, sources)
-    except IngestError as exc:
-        raise HTTPException(422, str(exc)) from exc
+    except BaseException as exc:
+        if batch_dir is not None:  # nothing was queued: the stored uploads must not linger
+            shutil.rmtree(batch_dir, ignore_errors=True)
+        if isinstance(exc, IngestTooLarge):
+            raise HTTPException(413, str(exc)) from exc
+        if isinstance(exc, IngestError):
+            raise HTTPException(422, str(exc)) from exc
+        raise
     return IngestAccepted(job_id=result.job_id, document_ids=result.document_ids)
+
+
+def _ingest_body(raw: bytes) -> IngestIn:
+    try:
+        return IngestIn.model_validate(json.loads(raw or b"null"))
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError and pydantic's ValidationError all are
+        raise HTTPException(422, f"invalid ingest body: {_brief(exc)}") from exc
+    except RecursionError as exc:  # json.loads of arrays/objects nested thousands deep
+        raise HTTPException(422, "invalid ingest body: JSON nested too deeply") from exc
 
 
 def _text_source(d: DocumentIn) -> IngestSource:
@@ -122,7 +150,8 @@ def _brief(exc: ValueError) -> str:
     return str(exc)
 
 
-async def _multipart_sources(request: Request, state: AppState) -> list[IngestSource]:
+async def _multipart_sources(request: Request, state: AppState) -> tuple[list[IngestSource], Path | None]:
+    """The sources of a multipart form, with the directory its files were stored in (None without files)."""
     from ingest.errors import UnsupportedFormat
     from ingest.loaders import detect_format
 
@@ -138,26 +167,40 @@ async def _multipart_sources(request: Request, state: AppState) -> list[IngestSo
                 docs = IngestIn.model_validate(raw if isinstance(raw, dict) else {"documents": raw}).documents
             except ValueError as exc:
                 raise HTTPException(422, f"invalid 'documents' field: {_brief(exc)}") from exc
+            except RecursionError as exc:
+                raise HTTPException(422, "invalid 'documents' field: JSON nested too deeply") from exc
             sources.extend(_text_source(d) for d in docs)
         uploads = [u for u in form.getlist("files") if isinstance(u, UploadFile) and u.filename]
+        names = []
         for upload in uploads:  # check every name before storing any file
             try:
-                detect_format(upload.filename or "", settings.ingest)
+                names.append(check_upload_name(upload.filename or ""))
+                detect_format(names[-1], settings.ingest)
+            except IngestError as exc:
+                raise HTTPException(422, str(exc)) from exc
             except UnsupportedFormat as exc:
                 raise HTTPException(415, f"{upload.filename}: {exc.message}") from exc
-        batch = uuid.uuid4().hex
-        for upload in uploads:
-            name = Path(upload.filename or "upload").name
-            stored = save_upload(settings.uploads_dir, batch, name,
-                                 await _spool(upload, settings.uploads_dir, settings.ingest.max_file_bytes))
-            sources.append(IngestSource(kind="file", title=name, path=str(stored),
-                                        source_path=f"upload:{name}", tags=tags))
+        batch_dir = settings.uploads_dir / uuid.uuid4().hex if uploads else None
+        try:
+            seen: dict[str, int] = {}
+            for index, (upload, name) in enumerate(zip(uploads, names, strict=True)):
+                spooled = await _spool(upload, settings.uploads_dir, settings.ingest.max_file_bytes)
+                stored = save_upload(settings.uploads_dir, batch_dir.name, index, name, spooled)  # type: ignore[union-attr]
+                # The second `same.txt` of one request is its own source (re-uploading it replaces it alone).
+                seen[name] = seen.get(name, 0) + 1
+                source = f"upload:{name}" if seen[name] == 1 else f"upload:{name} ({seen[name]})"
+                sources.append(IngestSource(kind="file", title=name, path=str(stored), source_path=source,
+                                            tags=tags))
+        except BaseException:
+            if batch_dir is not None:
+                shutil.rmtree(batch_dir, ignore_errors=True)
+            raise
     finally:
         await form.close()
     if not sources:
         raise HTTPException(422, "multipart ingest needs at least one file in the 'files' field "
                             "(or inline 'documents')")
-    return sources
+    return sources, batch_dir
 
 
 async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
@@ -211,7 +254,9 @@ def cancel_job(job_id: str, service: IngestService = Depends(get_ingest)) -> Job
 
 
 @router.get("/ingest/jobs/{job_id}/events", responses={**sse_openapi(
-    "`progress` events (a JobOut each time the job changes), then one `done` event (the final JobOut)"),
+    "`progress` events (a JobOut each time the job changes), then one `done` event (the final JobOut); "
+    "`: keepalive` comment lines while nothing changes",
+    {"progress": JobOut, "done": JobOut, "error": JobErrorEventOut}),
     404: {"model": ErrorOut}})
 async def job_events(job_id: str, request: Request, service: IngestService = Depends(get_ingest)) -> Any:
     """Server-Sent Events of one job's progress until it finishes (then the stream ends)."""
@@ -247,45 +292,39 @@ async def job_events(job_id: str, request: Request, service: IngestService = Dep
 
 @router.get("/documents", response_model=DocumentPage)
 def list_documents(
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     status: Annotated[DocumentStatusName | None, Query(description="pending | ready | failed")] = None,
-    components: Components = Depends(get_components),
+    service: DocumentService = Depends(get_documents),
 ) -> DocumentPage:
     """Documents, newest first, with the total count matching the filter."""
-    docs, total = components.catalog.list_documents(
-        offset=offset, limit=limit, status=DocumentStatus(status) if status else None)
+    docs, total = service.list(offset, limit, DocumentStatus(status) if status else None)
     return DocumentPage(total=total, offset=offset, limit=limit, documents=[document_out(d) for d in docs])
 
 
 @router.get("/documents/{document_id}", response_model=DocumentDetail, responses={404: {"model": ErrorOut}})
-def get_document(document_id: str, components: Components = Depends(get_components),
-                 coverage: CoverageService = Depends(get_coverage)) -> DocumentDetail:
+def get_document(document_id: str, service: DocumentService = Depends(get_documents)) -> DocumentDetail:
     """One document with its chunks and each chunk's KV state (fresh / stale / missing)."""
-    doc = components.catalog.get_document(document_id)
-    if doc is None:
+    view = service.get(document_id)
+    if view is None:
         raise HTTPException(404, f"no document {document_id}")
-    chunks = components.catalog.chunks_of(document_id)
-    states = coverage.chunk_states(document_id) if chunks else {}
-    out = [ChunkOut(id=c.id, index=c.index, page=c.page, num_tokens=len(c.token_ids), char_start=c.char_start,
-                    char_end=c.char_end, text=c.text, kv_state=states.get(c.id, "missing")) for c in chunks]
-    counts = KVCounts(**{s: sum(c.kv_state == s for c in out) for s in ("fresh", "stale", "missing")})
-    return DocumentDetail(**document_out(doc).model_dump(), kv=counts, chunks=out)
+    out = [ChunkOut(id=c.record.id, index=c.record.index, page=c.record.page, num_tokens=len(c.record.token_ids),
+                    char_start=c.record.char_start, char_end=c.record.char_end, text=c.record.text,
+                    kv_state=c.kv_state) for c in view.chunks]  # type: ignore[arg-type]
+    return DocumentDetail(**document_out(view.document).model_dump(), kv=KVCounts(**view.kv_counts()), chunks=out)
 
 
 @router.delete("/documents/{document_id}", status_code=204, response_class=Response,
                responses={409: {"model": ErrorOut}})
-def delete_document(document_id: str, components: Components = Depends(get_components),
-                    service: IngestService = Depends(get_ingest)) -> Response:
+def delete_document(document_id: str, service: DocumentService = Depends(get_documents)) -> Response:
     """Delete a document with its chunks, index entries and unshared KV entries.
 
     Idempotent: 204 whether the document existed or not (a retried DELETE must not look like a failure,
     and an id that never existed is indistinguishable from one already deleted). 409 while the document
     is still being ingested (`pending`): cancel its job first.
     """
-    doc = components.catalog.get_document(document_id)
-    if doc is not None and doc.status == DocumentStatus.PENDING:
-        raise HTTPException(409, f"document {document_id} is still being ingested by job {doc.job_id}; "
-                            "cancel the job first")
-    service.delete_document(document_id)
+    try:
+        service.delete(document_id)
+    except DocumentBusy as exc:
+        raise HTTPException(409, str(exc)) from exc
     return Response(status_code=204)

@@ -18,36 +18,41 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.ask import BUSY_DETAIL, record_answer
-from app.api.deps import engine_is_full, get_ask, get_state
+from app.api.ask import BUSY_DETAIL, client_gone, record_answer
+from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
+from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
-from app.api.schemas import FiltersIn, ModeName, OpenAIErrorOut
-from app.api.sse import sse_event, sse_openapi, sse_response
+from app.api.schemas import NOT_BLANK, AskParams, MaxTokens, NotBool, OpenAIErrorOut
+from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.ask_service import (
+    MAX_QUESTION_CHARS,
+    AdmittedAnswer,
+    AskBusy,
     AskRequest,
     AskService,
     AskValidationError,
     DoneEvent,
     ErrorEvent,
-    SearchFilters,
     SourcesEvent,
     TokenDelta,
 )
 from app.state import AppState
-from engine.types import SelectorName
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
-router = APIRouter(prefix="/v1", tags=["openai"], responses={
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(guard_questions)], responses={
     "4XX": {"model": OpenAIErrorOut, "description": "OpenAI-style error (400 invalid request, 503 busy …)"}})
 
 SERVED_MODEL = "blendrag"
 _STARTED = int(time.time())
+
+
+USER_PART_CHARS = 1000  # a list-form question has at most MAX_QUESTION_CHARS // USER_PART_CHARS parts
 
 
 class TextPart(BaseModel):
@@ -57,45 +62,64 @@ class TextPart(BaseModel):
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
+class UserTextPart(BaseModel):
+    """A part of the question: only text is read (images and audio are not supported)."""
+
     model_config = ConfigDict(extra="allow")
 
-    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: str | list[TextPart] | None = None
+    type: Literal["text"]
+    text: str = Field(min_length=1, max_length=USER_PART_CHARS, pattern=NOT_BLANK)
+
+
+class UserMessage(BaseModel):
+    """The last one is the question: text, at most MAX_QUESTION_CHARS characters."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["user"]
+    content: Annotated[str, Field(min_length=1, max_length=MAX_QUESTION_CHARS, pattern=NOT_BLANK)] | Annotated[
+        list[UserTextPart], Field(min_length=1, max_length=MAX_QUESTION_CHARS // USER_PART_CHARS)]
 
     def text(self) -> str:
         if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content if p.type == "text")
-        return self.content or ""
+            return "".join(p.text for p in self.content)
+        return self.content
+
+
+class OtherMessage(BaseModel):
+    """Accepted for compatibility and not placed in the prompt (see the module's docstring)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "assistant", "tool", "function"]
+    content: str | list[TextPart] | None = None
+
+
+ChatMessage = Annotated[UserMessage | OtherMessage, Field(discriminator="role")]
 
 
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    include_usage: bool = False
+    include_usage: bool = Field(default=False, strict=True)
 
 
-class ChatCompletionIn(BaseModel):
+class ChatCompletionIn(AskParams):
+    """OpenAI's fields; the shared AskParams add the blendrag extensions (top_k, filters, mode, ratio)."""
+
     # Unknown OpenAI parameters (presence_penalty, user, …) are accepted and ignored.
     model_config = ConfigDict(extra="allow")
 
     model: str = SERVED_MODEL
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
+    messages: list[ChatMessage] = Field(
+        min_length=1, description="At least one `user` message; the last one is the question",
+        json_schema_extra={"contains": {"type": "object", "required": ["role"],
+                                        "properties": {"role": {"const": "user"}}}})
+    stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(default=None, ge=1, le=4096)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=4096)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
-    n: int = Field(default=1, ge=1, le=1, description="Only one choice is generated")
-    # blendrag extensions
-    top_k: int | None = Field(default=None, ge=1, le=64)
-    filters: FiltersIn = Field(default_factory=FiltersIn)
-    mode: ModeName | None = None
-    recompute_ratio: float | None = Field(default=None, ge=0.0, le=1.0)
-    selector: SelectorName | None = None
+    n: Annotated[int, NotBool] = Field(default=1, ge=1, le=1, description="Only one choice is generated")
 
 
 class ModelOut(BaseModel):
@@ -117,17 +141,11 @@ def list_models() -> ModelList:
 
 
 def _ask_request(body: ChatCompletionIn) -> AskRequest:
-    question = next((m.text() for m in reversed(body.messages) if m.role == "user"), "")
-    if not question.strip():
+    question = next((m.text() for m in reversed(body.messages) if isinstance(m, UserMessage)), "")
+    if not question:
         raise HTTPException(400, "messages must contain a user message with text (the question)")
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return AskRequest(
-        question=question, top_k=body.top_k,
-        filters=SearchFilters(document_ids=body.filters.document_ids, tags=body.filters.tags),
-        mode=body.mode, recompute_ratio=body.recompute_ratio, selector=body.selector,
-        max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
-        top_p=body.top_p, seed=body.seed, stop=stop,
-    )
+    return body.to_request(question, max_tokens=body.max_completion_tokens, stop=stop)
 
 
 def _finish_reason(reason: str) -> str:
@@ -150,35 +168,57 @@ def _fingerprint(state: AppState) -> str | None:
     return f"fp_{state.components.engine.fingerprint[:12]}" if state.components is not None else None
 
 
-@router.post("/chat/completions", response_model=None, responses=sse_openapi(
-    "With `stream: true`, `data:` lines of `chat.completion.chunk` objects ending with `data: [DONE]` "
-    "(the first chunk carries `sources`); otherwise one `chat.completion` object with `sources`."))
+_CHUNK_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["id", "object", "created", "model", "choices"],
+    "properties": {"object": {"const": "chat.completion.chunk"}, "choices": {"type": "array"},
+                   "sources": {"type": "array"}, "blendrag": {"type": "object"}}}
+_STREAM_EVENT_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["data"],
+    "properties": {"data": {"anyOf": [
+        {"const": "[DONE]"},
+        {"type": "string", "contentMediaType": "application/json",
+         "contentSchema": {"anyOf": [_CHUNK_SCHEMA, inline_schema(OpenAIErrorOut)]}},
+    ]}}}
+
+
+def _busy(message: str) -> JSONResponse:
+    return openai_error(503, message, code="engine_busy", headers={"Retry-After": "1"})
+
+
+@router.post("/chat/completions", response_model=None, responses={200: {
+    "description": "With `stream: true`, `data:` lines of `chat.completion.chunk` objects ending with "
+                   "`data: [DONE]` (the first chunk carries `sources`; a failure is one `{error}` line instead); "
+                   "otherwise one `chat.completion` object with `sources`.",
+    "content": {"text/event-stream": {"schema": _STREAM_EVENT_SCHEMA},
+                "application/json": {"schema": {"type": "object", "required": ["id", "object", "choices"],
+                                                "properties": {"object": {"const": "chat.completion"}}}}}}})
 async def chat_completions(body: ChatCompletionIn, request: Request, service: AskService = Depends(get_ask),
                            state: AppState = Depends(get_state)) -> Any:
     """Chat completion grounded in the library (retrieval on the last user message)."""
     ask_request = _ask_request(body)
+    if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
+        return _busy(BUSY_DETAIL)
     try:
-        service.validate(ask_request)
+        answer = await service.admit(ask_request)
     except AskValidationError as exc:
         return openai_error(400, str(exc))
-    if engine_is_full(state):
-        return openai_error(503, BUSY_DETAIL, code="engine_busy", headers={"Retry-After": "1"})
+    except AskBusy:
+        return _busy(BUSY_DETAIL)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     head = {"id": completion_id, "created": created, "model": SERVED_MODEL,
             "system_fingerprint": _fingerprint(state)}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return sse_response(_stream(service, ask_request, request, state, head, include_usage))
+        return sse_response(_stream(answer, request, state, head, include_usage))
 
     sources: list[dict[str, Any]] = []
-    async with aclosing(service.ask(ask_request)) as events:
-        async for event in events:
+    watch = ConnectionWatch(request)
+    async with aclosing(answer.events()) as events:
+        async for event in watch.iterate(events):
             if isinstance(event, SourcesEvent):
                 sources = [dataclasses.asdict(s) for s in event.sources]
             elif isinstance(event, ErrorEvent):
-                if event.code == "busy":
-                    return openai_error(503, event.message, code="engine_busy", headers={"Retry-After": "1"})
                 return openai_error(500, event.message, code=event.code)
             elif isinstance(event, DoneEvent):
                 record_answer(state.metrics, event)
@@ -189,10 +229,12 @@ async def chat_completions(body: ChatCompletionIn, request: Request, service: As
                                  "logprobs": None, "finish_reason": _finish_reason(event.finish_reason)}],
                     "usage": _usage(event), "sources": sources, "blendrag": _extras(event),
                 })
+    if watch.disconnected:
+        return client_gone()
     return openai_error(500, "the answer ended without a result")
 
 
-async def _stream(service: AskService, ask_request: AskRequest, request: Request, state: AppState,
+async def _stream(answer: AdmittedAnswer, request: Request, state: AppState,
                   head: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
         body: dict[str, Any] = {**head, "object": "chat.completion.chunk",
@@ -203,8 +245,8 @@ async def _stream(service: AskService, ask_request: AskRequest, request: Request
         body.update(extra)
         return sse_event(None, body)
 
-    async with aclosing(service.ask(ask_request)) as events:
-        async for event in events:
+    async with aclosing(answer.events()) as events:
+        async for event in while_connected(request, events):
             if isinstance(event, SourcesEvent):
                 yield chunk({"role": "assistant", "content": ""},
                             sources=[dataclasses.asdict(s) for s in event.sources])
@@ -222,6 +264,4 @@ async def _stream(service: AskService, ask_request: AskRequest, request: Request
                 # The openai client raises APIError on a data line carrying `error`.
                 yield sse_event(None, {"error": {"message": event.message, "type": "server_error",
                                                  "param": None, "code": event.code}})
-                return
-            if await request.is_disconnected():
                 return

@@ -2,13 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field, field_validator, model_validator
 
-from engine.types import SelectorName
+from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED
+from app.services.text_checks import invalid_strings, is_blank, nesting_depth
+from engine.types import Mode, SelectorName  # defined once, by the engine (plain data, no torch)
+from retrieval.types import SearchFilters
 
-ModeName = Literal["blend", "full", "prefix", "reuse"]
+if TYPE_CHECKING:
+    from app.services.ask_service import AskRequest
+
+NOT_BLANK = r"\S"  # at least one character that is not white space
+
+
+def _not_bool(value: Any) -> Any:
+    # pydantic's lax mode reads true/false as 1/0; the spec says number, so a boolean is a 422.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, not true/false")
+    return value
+
+
+NotBool = BeforeValidator(_not_bool)
+
+# Request limits, defined once for /ask, /v1/chat/completions and the CLI (which validates through AskIn).
+TopK = Annotated[int, Field(ge=1, le=64), NotBool]
+MaxTokens = Annotated[int, Field(ge=1, le=4096), NotBool]
+Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 (or below 1e-4): greedy"), NotBool]
+TopP = Annotated[float, Field(gt=0.0, le=1.0), NotBool]
+RecomputeRatio = Annotated[float, Field(ge=0.0, le=1.0), NotBool]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED), NotBool]
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 DocumentStatusName = Literal["pending", "ready", "failed"]
 KVState = Literal["fresh", "stale", "missing"]
@@ -38,14 +62,27 @@ class OpenAIErrorOut(BaseModel):
 # ---- ingest and documents ---------------------------------------------------------------------------
 
 
+MAX_METADATA_DEPTH = 16
+
+
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     title: str = Field(min_length=1, max_length=512)
-    text: str = Field(min_length=1)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    # The pattern documents the rule; the service checks it with a message naming the document.
+    text: str = Field(min_length=1, json_schema_extra={"pattern": NOT_BLANK})
+    metadata: dict[str, Any] = Field(default_factory=dict, description=f"JSON object, nested at most "
+                                     f"{MAX_METADATA_DEPTH} levels")
     tags: list[str] = Field(default_factory=list)
     source: str | None = Field(default=None, description="Stable identity; re-ingesting it replaces the old")
+
+    @model_validator(mode="after")
+    def _storable(self) -> DocumentIn:
+        if invalid_strings([self.title, self.text, self.tags, self.source, self.metadata]):
+            raise ValueError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
+        if nesting_depth(self.metadata, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
+            raise ValueError(f"metadata is nested deeper than {MAX_METADATA_DEPTH} levels")
+        return self
 
 
 class IngestIn(BaseModel):
@@ -132,30 +169,49 @@ class FiltersIn(BaseModel):
     document_ids: list[str] | None = Field(default=None, description="Only retrieve from these documents")
     tags: list[str] | None = Field(default=None, description="Only retrieve from documents with any tag")
 
+    def to_filters(self) -> SearchFilters:
+        return SearchFilters(document_ids=self.document_ids, tags=self.tags)
 
-class AskIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
-    question: str = Field(max_length=8000)
-    top_k: int | None = Field(default=None, ge=1, le=64, description="Chunks to retrieve (default: settings)")
+class AskParams(BaseModel):
+    """Retrieval and generation parameters shared by /ask and /v1/chat/completions."""
+
+    top_k: TopK | None = Field(default=None, description="Chunks to retrieve (default: settings)")
     filters: FiltersIn = Field(default_factory=FiltersIn)
-    mode: ModeName | None = Field(default=None, description="blend (CacheBlend), full (no reuse), prefix "
-                                  "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
-    recompute_ratio: float | None = Field(default=None, ge=0.0, le=1.0,
-                                          description="Share of context tokens blend recomputes")
+    mode: Mode | None = Field(default=None, description="blend (CacheBlend), full (no reuse), prefix "
+                              "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
+    recompute_ratio: RecomputeRatio | None = Field(default=None,
+                                                   description="Share of context tokens blend recomputes")
     selector: SelectorName | None = Field(
         default=None, description="Which context tokens blend recomputes: query (the question's attention, "
         "chosen before the pass), deviation (CacheBlend), first_k, random; default: settings")
-    max_tokens: int | None = Field(default=None, ge=1, le=4096)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
-    stream: bool = Field(default=True, description="Server-Sent Events (default) or one JSON body")
+    max_tokens: MaxTokens | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    seed: Seed | None = None
+
+    def to_request(self, question: str, max_tokens: int | None = None, stop: tuple[str, ...] = ()) -> AskRequest:
+        """The service request (already validated here, at the edge)."""
+        from app.services.ask_service import AskRequest
+
+        return AskRequest(
+            question=question, top_k=self.top_k, filters=self.filters.to_filters(), mode=self.mode,
+            recompute_ratio=self.recompute_ratio, selector=self.selector, max_tokens=max_tokens or self.max_tokens,
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=stop,
+        )
+
+
+class AskIn(AskParams):
+    model_config = ConfigDict(extra="forbid")
+
+    # min_length and pattern document the rule; the validator below checks it with a readable message.
+    question: str = Field(max_length=MAX_QUESTION_CHARS, json_schema_extra={"minLength": 1, "pattern": NOT_BLANK})
+    stream: bool = Field(default=True, strict=True, description="Server-Sent Events (default) or one JSON body")
 
     @field_validator("question")
     @classmethod
     def _not_blank(cls, value: str) -> str:
-        if not value.strip():
+        if is_blank(value):
             raise ValueError("question must not be empty")
         return value
 
@@ -188,11 +244,30 @@ class TimingsOut(BaseModel):
         description="What a plain prefill of this prompt would take here (learned online); null until known")
 
 
-class AskOut(BaseModel):
-    """The non-streaming answer; the `done` SSE event carries the same fields except `sources`."""
+class SourcesEventOut(BaseModel):
+    """Data of the `sources` SSE event (first)."""
+
+    sources: list[SourceOut]
+    retrieval_ms: float
+
+
+class TokenEventOut(BaseModel):
+    """Data of each `token` SSE event: the next piece of the answer."""
+
+    text: str
+
+
+class ErrorEventOut(BaseModel):
+    """Data of an `error` SSE event (last): the answer stopped."""
+
+    message: str
+    code: Literal["busy", "internal", "cancelled"]
+
+
+class AskDoneOut(BaseModel):
+    """Data of the `done` SSE event (last): the AskOut fields except `sources`."""
 
     answer: str
-    sources: list[SourceOut]
     mode: str
     selector: str | None = Field(description="blend's token selector; null for modes that need none")
     recompute_ratio: float
@@ -204,6 +279,18 @@ class AskOut(BaseModel):
     retrieval_ms: float
     ttft_ms: float
     total_ms: float
+
+
+class AskOut(AskDoneOut):
+    """The non-streaming answer."""
+
+    sources: list[SourceOut]
+
+
+class JobErrorEventOut(BaseModel):
+    """Data of an `error` event on a job's stream."""
+
+    message: str
 
 
 # ---- admin ----------------------------------------------------------------------------------------
@@ -239,9 +326,15 @@ class TierStatsOut(BaseModel):
     budget_bytes: int | None
     num_hits: int
     num_misses: int
-    hit_rate: float | None = Field(description="hits / (hits + misses); null before the first read")
     num_evictions: int
     num_faults: int
+
+    @computed_field(description="hits / (hits + misses); null before the first read")  # type: ignore[prop-decorator]
+    @property
+    def hit_rate(self) -> float | None:
+        from app.services.stats_service import hit_rate
+
+        return hit_rate(self.num_hits, self.num_misses)
 
 
 class ModeStatsOut(BaseModel):
@@ -265,6 +358,13 @@ class RecentAskOut(BaseModel):
     full_prefill_estimate_ms: float | None
 
 
+class StorageOut(BaseModel):
+    ok: bool = Field(description="false after a storage fault in the last 10 minutes or with < 64 MiB free")
+    free_bytes: int | None = Field(description="Free space on the data dir's file system")
+    last_fault: str | None = Field(description="The last disk-full / database-full / KV write failure")
+    last_fault_at: float | None = Field(description="Unix time of last_fault")
+
+
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
@@ -283,3 +383,4 @@ class StatsOut(BaseModel):
     ingest_chunks_per_s: float | None
     ttft_by_mode: dict[str, ModeStatsOut] = Field(description="Over the recent asks below")
     recent: list[RecentAskOut] = Field(description="Last answers, oldest first (bounded ring buffer)")
+    storage: StorageOut

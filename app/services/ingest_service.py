@@ -9,6 +9,7 @@ start-up) re-queues interrupted jobs after removing what they had half-written.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import shutil
@@ -22,23 +23,31 @@ from typing import TYPE_CHECKING, Any, Literal
 from app.catalog import DocumentStatus, JobStatus
 from app.catalog.repository import JobRecord, NewChunk
 from app.services.estimates import PrefillRate
+from app.services.storage_faults import is_storage_full
+from app.services.text_checks import is_blank, is_valid_utf8
 
 if TYPE_CHECKING:
     import numpy as np
 
     from app.components import Components
+    from engine.scheduler import Scheduler
     from ingest.chunker import Chunk
     from ingest.types import LoadedDocument
 
 logger = logging.getLogger(__name__)
 
 STAGES = ("parse", "chunk", "embed", "kv", "commit")
+UNSETTLED_RETRY_S = 5.0  # how often the worker retries marking a job failed that the catalog refused
 KV_BATCH_CHUNKS = 8  # chunks prefilled per engine pass at ingest (padded to the longest of the batch)
 ACTIVE_DOCUMENT_STATUSES = (DocumentStatus.READY, DocumentStatus.PENDING)
 
 
 class IngestError(ValueError):
     """A request to ingest that cannot be accepted at all (nothing to ingest, unknown job …)."""
+
+
+class IngestTooLarge(IngestError):
+    """A request over an ingest cap (documents per job, tokens per document or job): HTTP 413."""
 
 
 class JobCancelled(Exception):
@@ -90,11 +99,23 @@ ProgressCallback = Callable[[JobRecord], None]
 
 class IngestService:
     def __init__(self, components: Components, on_chunks_committed: Callable[[int, float], None] | None = None,
-                 prefill_rate: PrefillRate | None = None, dispatch: Callable[[str], None] | None = None) -> None:
-        """`dispatch(job_id)` hands submitted jobs elsewhere (the PostgreSQL queue of `blendrag worker`);
-        by default they run on this service's own worker thread."""
+                 prefill_rate: PrefillRate | None = None, scheduler: Scheduler | None = None,
+                 on_storage_fault: Callable[[str], None] | None = None,
+                 dispatch: Callable[[str], object] | None = None) -> None:
+        """`scheduler` computes the chunks' KV (questions go first); without one, an unstarted scheduler
+        of its own computes them in the ingest thread (CLI ingest, tests). `dispatch(job_id)` hands
+        submitted jobs elsewhere (the PostgreSQL queue of `blendrag worker`); by default they run on this
+        service's own worker thread."""
+        from app.components import build_scheduler
+
         self._c = components
         self._dispatch = dispatch
+        self._scheduler = scheduler if scheduler is not None else build_scheduler(components)
+        self._on_storage_fault = on_storage_fault
+        # Jobs whose failure could not be written (the catalog itself was full): job id → error. They read
+        # as failed (get_job) and the worker writes them down as soon as the catalog takes writes again.
+        self._unsettled: dict[str, str] = {}
+        self._unsettled_lock = threading.Lock()
         self._prefill_rate = prefill_rate
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -110,9 +131,24 @@ class IngestService:
     def submit(self, sources: list[IngestSource], *, enqueue: bool = True) -> SubmitResult:
         if not sources:
             raise IngestError("nothing to ingest: give at least one document or file")
+        limits = self._c.settings.ingest
+        if len(sources) > limits.max_job_documents:
+            raise IngestTooLarge(f"{len(sources)} documents in one request; the limit is "
+                                 f"{limits.max_job_documents} (ingest.max_job_documents)")
+        job_tokens = 0
         for s in sources:
-            if s.kind == "text" and not (s.text or "").strip():
+            if s.kind == "text" and is_blank(s.text or ""):
                 raise IngestError(f"document {s.title!r} has no text")
+            if s.kind == "text":
+                # Inline text is counted now, so an oversized request is refused before anything is stored.
+                num_tokens = self._count_tokens(s.text or "")
+                if num_tokens > limits.max_document_tokens:
+                    raise IngestTooLarge(f"document {s.title!r} has {num_tokens} tokens; the limit is "
+                                         f"{limits.max_document_tokens} (ingest.max_document_tokens)")
+                job_tokens += num_tokens
+        if job_tokens > limits.max_job_tokens:
+            raise IngestTooLarge(f"the documents have {job_tokens} tokens together; the limit per request is "
+                                 f"{limits.max_job_tokens} (ingest.max_job_tokens)")
         job = self._c.catalog.create_job({"sources": [s.to_spec() for s in sources]})
         document_ids = []
         for s in sources:
@@ -127,8 +163,17 @@ class IngestService:
             (self._dispatch or self._queue.put)(job.id)
         return SubmitResult(job_id=job.id, document_ids=document_ids)
 
+    def _count_tokens(self, text: str) -> int:
+        return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def get_job(self, job_id: str) -> JobRecord | None:
-        return self._c.catalog.get_job(job_id)
+        job = self._c.catalog.get_job(job_id)
+        with self._unsettled_lock:
+            error = self._unsettled.get(job_id)
+        if job is not None and error is not None and not job.status.finished:
+            return dataclasses.replace(job, status=JobStatus.FAILED, stage=None,
+                                       errors=[*job.errors, {"source": None, "error": error, "code": "storage"}])
+        return job
 
     def cancel(self, job_id: str) -> JobRecord:
         job = self._c.catalog.get_job(job_id)
@@ -155,13 +200,49 @@ class IngestService:
 
     def _work(self) -> None:
         while True:
-            job_id = self._queue.get()
+            try:
+                job_id = self._queue.get(timeout=UNSETTLED_RETRY_S if self._unsettled else None)
+            except queue.Empty:
+                self._settle()
+                continue
             if job_id is None:
                 return
             try:
                 self.run_job(job_id)
-            except Exception:  # the worker must outlive any one job
+            except Exception as exc:  # the worker must outlive any one job
                 logger.exception("ingest job %s crashed", job_id)
+                self._unsettle(job_id, f"{type(exc).__name__}: {exc}")
+            self._settle()
+
+    def _unsettle(self, job_id: str, error: str) -> None:
+        """A job whose own failure handling failed: never leave it `running`."""
+        with self._unsettled_lock:
+            self._unsettled[job_id] = error
+        self._storage_fault(error)
+
+    def _settle(self) -> None:
+        """Write down the failure of jobs that could not be marked failed before (retried by the worker)."""
+        with self._unsettled_lock:
+            pending = dict(self._unsettled)
+        for job_id, error in pending.items():
+            try:
+                job = self._c.catalog.get_job(job_id)
+                if job is not None and not job.status.finished:
+                    for doc_id in job.document_ids:
+                        doc = self._c.catalog.get_document(doc_id)
+                        if doc is not None and doc.status == DocumentStatus.PENDING:
+                            self._c.catalog.set_document_status(doc_id, DocumentStatus.FAILED, error=error)
+                    self._c.catalog.update_job(job_id, status=JobStatus.FAILED, stage=None, errors=[
+                        *job.errors, {"source": None, "error": error, "code": "storage"}])
+            except Exception as exc:
+                logger.warning("ingest job %s still cannot be marked failed: %s", job_id, exc)
+                continue
+            with self._unsettled_lock:
+                self._unsettled.pop(job_id, None)
+
+    def _storage_fault(self, message: str) -> None:
+        if self._on_storage_fault is not None:
+            self._on_storage_fault(message)
 
     def recover(self) -> list[str]:
         """At start-up: undo what interrupted jobs half-wrote and queue them again. Returns their ids."""
@@ -224,17 +305,28 @@ class IngestService:
             self._parse(items, tracker, errors, duplicates)
             self._chunk(items, tracker, errors)
             self._embed(items, tracker)
-            self._precompute_kv(items, tracker)
+            self._precompute_kv(items, tracker, errors)
             num_chunks = self._commit(items, tracker)
         except JobCancelled:
             self._finish_cancelled(job.id, errors)
             return self._c.catalog.get_job(job.id)  # type: ignore[return-value]
         except Exception as exc:
             logger.exception("ingest job %s failed", job.id)
-            for item in items:
-                self._fail_document(item, f"ingest failed: {exc}")
-            errors.append({"source": None, "error": f"{type(exc).__name__}: {exc}"})
-            self._c.catalog.update_job(job.id, status=JobStatus.FAILED, errors=errors, duplicate_ids=duplicates)
+            full = is_storage_full(exc)
+            if full:
+                self._storage_fault(f"{type(exc).__name__}: {exc}")
+            message = (f"storage full: {exc}" if full else f"ingest failed: {exc}")
+            errors.append({"source": None, "error": f"{type(exc).__name__}: {exc}",
+                           "code": "storage_full" if full else "internal"})
+            try:
+                for item in items:
+                    self._fail_document(item, message)
+                self._c.catalog.update_job(job.id, status=JobStatus.FAILED, stage=None, errors=errors,
+                                           duplicate_ids=duplicates)
+            except Exception as handler_exc:  # e.g. the catalog is full too: never leave the job `running`
+                logger.error("could not mark ingest job %s failed: %s", job.id, handler_exc)
+                self._unsettle(job.id, message)
+                return self.get_job(job.id)  # type: ignore[return-value]
             return tracker.emit()
         ok = [i for i in items if i.failed is None]
         status = JobStatus.SUCCEEDED if ok or not errors else JobStatus.FAILED
@@ -311,15 +403,30 @@ class IngestService:
 
         live = [i for i in items if i.failed is None]
         tracker.stage("chunk", len(live))
-        chunker = Chunker.from_settings(self._c.engine.tokenizer, self._c.settings.ingest)
+        limits = self._c.settings.ingest
+        chunker = Chunker.from_settings(self._c.engine.tokenizer, limits)
+        job_tokens = 0
         for n, item in enumerate(live, 1):
             tracker.check_cancel()
             assert item.loaded is not None
             item.chunks = chunker.chunk_document(item.loaded)
+            num_tokens = sum(len(c.token_ids) for c in item.chunks)
+            problem: tuple[str, str] | None = None
             if not item.chunks:
-                self._fail_document(item, "document has no text to index")
-                errors.append({"source": item.source.source_path or item.source.title,
-                               "error": "document has no text to index", "code": "empty_document"})
+                problem = ("document has no text to index", "empty_document")
+            elif num_tokens > limits.max_document_tokens:
+                problem = (f"document has {num_tokens} tokens in {len(item.chunks)} chunks; the limit is "
+                           f"{limits.max_document_tokens} (ingest.max_document_tokens)", "too_large")
+            elif job_tokens + num_tokens > limits.max_job_tokens:
+                problem = (f"the job reached {limits.max_job_tokens} tokens (ingest.max_job_tokens) before "
+                           f"this document's {num_tokens}", "job_too_large")
+            if problem is not None:
+                item.chunks = []
+                self._fail_document(item, problem[0])
+                errors.append({"source": item.source.source_path or item.source.title, "error": problem[0],
+                               "code": problem[1]})
+            else:
+                job_tokens += num_tokens
             tracker.advance(n)
 
     def _embed(self, items: list[_WorkItem], tracker: _Progress) -> None:
@@ -349,27 +456,34 @@ class IngestService:
             item.vectors = vectors[offset:offset + len(item.chunks)]
             offset += len(item.chunks)
 
-    def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress) -> None:
+    def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]]) -> None:
+        from engine.scheduler import PrefillPriority
+
         engine, store = self._c.engine, self._c.store
         live = [i for i in items if i.failed is None]
         tracker.stage("kv", sum(len(i.chunks) for i in live))
         done = 0
         pending: list[tuple[str, list[int]]] = []  # (key, token ids) still to prefill, batched
+        unstored: set[str] = set()  # keys whose KV could not be written to persistent storage
 
         def flush() -> None:
             if not pending:
                 return
-            t0 = time.perf_counter()
             # Batched prefill: one pass over the layers for several chunks (exactly the same KV as one
-            # at a time); on short chunks the per-layer overhead otherwise dominates.
-            kvs = engine.prefill_chunks([ids for _, ids in pending])
-            if self._prefill_rate is not None:
-                # A chunk precompute is a plain prefill of the chunks' tokens behind the cached prefix.
-                # Short prompts prefill faster per token than long ones, so until a full-mode answer
-                # is observed the estimate of full prefill is on the low side.
-                self._prefill_rate.observe(sum(len(ids) for _, ids in pending), time.perf_counter() - t0)
+            # at a time); on short chunks the per-layer overhead otherwise dominates. The scheduler runs
+            # it between questions' work, so ingest never delays an answer by more than one unit.
+            # A chunk precompute is a plain prefill of the chunks' tokens behind the cached prefix, so
+            # its compute time feeds the full-prefill estimate (short prompts prefill faster per token
+            # than long ones: until a full-mode answer is observed the estimate is on the low side).
+            kvs = self._scheduler.prefill_chunks(
+                [ids for _, ids in pending], priority=PrefillPriority.INGEST,
+                on_unit=self._prefill_rate.observe if self._prefill_rate is not None else None,
+            )
             for (key, _), kv in zip(pending, kvs, strict=True):
-                store.put(key, kv, model_fingerprint=engine.fingerprint)
+                result = store.put(key, kv, model_fingerprint=engine.fingerprint)
+                # The persistent tier is what answers after a restart: an entry only in memory is lost then.
+                if ("disk" in result.failed) or not result.stored_in:
+                    unstored.add(key)
             pending.clear()
 
         for item in live:
@@ -388,6 +502,21 @@ class IngestService:
                 tracker.advance(done - len(pending))
         flush()
         tracker.advance(done)
+        if unstored:
+            self._fail_unstored(live, unstored, errors)
+
+    def _fail_unstored(self, live: list[_WorkItem], unstored: set[str], errors: list[dict[str, Any]]) -> None:
+        """Documents with KV that could not be stored fail (their chunks are not committed): a job never reads
+        `succeeded` while part of its KV lives only in memory."""
+        message_tail = "could not be written to the KV store (disk full or unwritable; see /ready and the logs)"
+        self._storage_fault(f"KV write failed for {len(unstored)} chunk(s)")
+        for item in live:
+            missing = sum(1 for k in item.kv_keys if k in unstored)
+            if missing:
+                message = f"the KV of {missing} of {len(item.kv_keys)} chunks {message_tail}"
+                self._fail_document(item, message)
+                errors.append({"source": item.source.source_path or item.source.title, "error": message,
+                               "code": "kv_write_failed"})
 
     def _commit(self, items: list[_WorkItem], tracker: _Progress) -> int:
         from retrieval.types import IndexedChunk
@@ -415,9 +544,12 @@ class IngestService:
         retriever.save()
         for item in live:
             catalog.set_document_status(item.document_id, DocumentStatus.READY)
-            # Re-ingest of a changed file: the new version is live, now drop the old one.
+            # Re-ingest of a changed file: the new version is live, now drop the old one. Only versions from
+            # earlier jobs: two sources of one request never replace each other (that lost an upload).
             if item.source.source_path:
                 for old in catalog.find_by_source(item.source.source_path, exclude_id=item.document_id):
+                    if old.job_id == tracker.job_id:
+                        continue
                     logger.info("replacing document %s (%s)", old.id, item.source.source_path)
                     self.delete_document(old.id)
         return num_chunks
@@ -502,11 +634,33 @@ class _Progress:
         self.emit()
 
 
-def save_upload(uploads_dir: Path, job_hint: str, filename: str, data_path: Path) -> Path:
-    """Move an uploaded temp file under the data dir so the job can be re-run after a restart."""
-    target_dir = uploads_dir / job_hint
+MAX_FILENAME_BYTES = 255  # what common file systems store in one path component
+
+
+def check_upload_name(filename: str) -> str:
+    """The base name an upload is stored under; IngestError for one no file system can store."""
+    name = Path(filename.replace("\\", "/")).name
+    if "\x00" in filename:
+        raise IngestError(f"file name {filename!r} contains a NUL character")
+    if len(name.encode("utf-8", errors="surrogatepass")) > MAX_FILENAME_BYTES:
+        raise IngestError(f"file name {name[:40]!r}… is longer than {MAX_FILENAME_BYTES} bytes")
+    if not is_valid_utf8(name):
+        raise IngestError(f"file name {name!r} is not valid Unicode")
+    return name or "upload"
+
+
+def save_upload(uploads_dir: Path, job_hint: str, index: int, filename: str, data_path: Path) -> Path:
+    """Move an uploaded temp file under the data dir so the job can be re-run after a restart.
+
+    Each file of a request gets its own directory (`<batch>/<index>/<name>`): two files with the same name
+    in one request are two uploads, never one overwriting the other, and each keeps its own name.
+    """
+    target_dir = uploads_dir / job_hint / str(index)
     target_dir.mkdir(parents=True, exist_ok=True)
-    safe = Path(filename).name or "upload"
-    target = target_dir / safe
-    shutil.move(str(data_path), target)
+    target = target_dir / check_upload_name(filename)
+    try:
+        shutil.move(str(data_path), target)
+    except BaseException:
+        data_path.unlink(missing_ok=True)
+        raise
     return target

@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
+from app.api.sse import parse_sse
 from app.main import create_app
 from app.settings import load_settings
 from engine.builtin import BUILTIN_LLM_NAME
 
 pytestmark = pytest.mark.slow
-
-
-def parse_sse(body: str) -> list[tuple[str, dict]]:
-    events = []
-    for block in body.strip().split("\n\n"):
-        name, data = None, None
-        for line in block.splitlines():
-            if line.startswith("event: "):
-                name = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                data = json.loads(line.removeprefix("data: "))
-        assert name is not None and data is not None, block
-        events.append((name, data))
-    return events
 
 
 def wait_for_job(client: TestClient, job_id: str, timeout_s: float = 300) -> dict:

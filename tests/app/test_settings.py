@@ -88,3 +88,10 @@ def test_storage_dtype_must_be_known(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BLENDRAG_KVCACHE__STORAGE_DTYPE", "fp8")
     with pytest.raises(SettingsError, match="kvcache.storage_dtype"):
         load_settings()
+
+
+def test_yaml_that_is_not_a_mapping_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "settings.yaml").write_text("- engine\n- kvcache\n")
+    monkeypatch.setenv("BLENDRAG_SETTINGS_FILE", str(tmp_path / "settings.yaml"))
+    with pytest.raises(SettingsError, match="settings must be a mapping at the top level"):
+        load_settings()

@@ -8,7 +8,7 @@ def test_ingest_end_to_end(run_bench, dataset_path, tmp_path) -> None:
     ingest = result["ingest"]
     assert ingest["documents"] == 5 and ingest["chunks"] == 5  # each short passage is one chunk
     assert set(ingest["stages"]) == {"parse", "chunk", "embed", "kv", "commit"}
-    assert all(s["seconds"] >= 0 for s in ingest["stages"].values())
+    assert all(s["seconds"] > 0 for s in ingest["stages"].values())  # each stage ran and took time
     assert sum(s["seconds"] for s in ingest["stages"].values()) <= ingest["seconds"] + 1e-6
     assert ingest["kv_storage_dtype"] == "fp16"
     # 5 entry files of 2 layers × 2 heads × 16 dims × K and V in fp16, plus their headers

@@ -4,6 +4,7 @@ from __future__ import annotations
 def test_throughput_in_process_end_to_end(run_bench, dataset_path, tmp_path) -> None:
     code, result, png = run_bench("throughput", "--dataset", str(dataset_path), "--examples", "2",
                                   "--passages", "2", "--clients", "2", "--max-tokens", "2",
+                                  "--decode-clients", "1,3", "--decode-tokens", "6",
                                   "--tmp-dir", str(tmp_path))
     assert code == 0 and png.is_file()
     assert result["target"] == "in-process" and result["clients"] == 2
@@ -17,3 +18,24 @@ def test_throughput_in_process_end_to_end(run_bench, dataset_path, tmp_path) -> 
         assert m["prompt_tokens_mean"] > 0
     assert [p["mode"] for p in result["phases"]] == ["blend", "full"]
     assert all(r["mode"] == p["mode"] for p in result["phases"] for r in p["requests"])
+
+    decode = result["decode"]
+    assert list(decode["per_clients"]) == ["1", "3"] and decode["max_tokens"] == 6
+    one, three = decode["per_clients"]["1"], decode["per_clients"]["3"]
+    assert one["clients"] == 1 and three["clients"] == 3
+    assert one["tokens_per_request"] == three["tokens_per_request"] == 6
+    assert one["window_tokens"] == 5  # one request: every token after the first lies in its window
+    assert 0 < three["window_tokens"] <= 3 * 5
+    assert one["decode_tokens_per_s"] == one["window_tokens"] / one["window_s"]
+    assert decode["speedup"] == three["decode_tokens_per_s"] / one["decode_tokens_per_s"]
+
+
+def test_summary_counts_503s_apart_from_200_then_busy() -> None:
+    from bench.throughput import AskTiming, summarize
+
+    timings = [AskTiming("blend", True, 0.5, 1.0), AskTiming("blend", False, None, 0.1, error="HTTP 503: busy"),
+               AskTiming("blend", False, None, 0.1, error="HTTP 503: busy"),
+               AskTiming("blend", False, None, 0.2, error="busy: the engine is busy")]
+    summary = summarize(timings, wall_s=2.0)
+    assert (summary["errors"], summary["busy_503"], summary["busy_after_200"]) == (3, 2, 1)
+    assert summary["share_503"] == 0.5

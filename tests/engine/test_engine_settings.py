@@ -16,7 +16,7 @@ def test_defaults() -> None:
     assert s.model == "builtin" and s.mode == "blend" and s.recompute_ratio == 0.15 and s.check_layers == [1]
     assert s.resolve_dtype("cpu") == "float32" and s.resolve_dtype("cuda") == "bfloat16"
     cfg = s.blend_config()
-    assert cfg.ratios() == (0.15,) and cfg.selector == "query" and cfg.score_layers == (4,) and cfg.deviation_on == "v"
+    assert cfg.ratios() == (0.15,) and cfg.selector == "query" and cfg.score_layers == (12,) and cfg.deviation_on == "v"
     assert s.sampling_params(max_tokens=5).max_tokens == 5
     assert s.sampling_params().max_tokens == s.max_new_tokens
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def test_fingerprint_stable_and_weight_sensitive(tiny_model_dir: Path, tmp_path:
     assert load_model(tiny_model_dir, "bfloat16", "cpu").fingerprint != a  # other dtype
     other = build_model(tmp_path / "other", "llama", seed=7)  # same shapes, other values
     assert load_model(other, "float32", "cpu").fingerprint != a
-    assert len(a) == 64 and int(a, 16) >= 0
+    assert re.fullmatch(r"[0-9a-f]{64}", a)  # a sha256 hex digest
 
 
 def test_bfloat16_close_to_float32(tiny_model_dir: Path) -> None:

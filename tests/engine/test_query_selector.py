@@ -82,11 +82,28 @@ def test_scores_equal_transformers_attention_when_stored_kv_is_exact(tiny_engine
     p, n = one.num_prefix_tokens, one.num_context_tokens
     for layers in ((1,), (0, 2)):
         expected = torch.stack([attn[layer][0, :, p + n :, p : p + n].sum(dim=(0, 1)) for layer in layers]).mean(0)
-        got = _scores(tiny_engine, one, kvs, BlendConfig(score_layers=layers))
+        got = _scores(tiny_engine, one, kvs, BlendConfig(score_layers=layers, score_by="attention"))
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
-    fused_max = _scores(tiny_engine, one, kvs, BlendConfig(score_layers=(0, 2), score_fuse="max"))
+    fused_max = _scores(tiny_engine, one, kvs, BlendConfig(score_layers=(0, 2), score_fuse="max", score_by="attention"))
     per_layer = torch.stack([attn[layer][0, :, p + n :, p : p + n].sum(dim=(0, 1)) for layer in (0, 2)])
     torch.testing.assert_close(fused_max, per_layer.max(0).values, atol=1e-5, rtol=0)
+
+
+def test_output_scores_weight_attention_by_value_norm(tiny_engine, tiny_model_dir, chunks) -> None:
+    """score_by="output": each key's attention weight times the norm of its value (what it adds to a row)."""
+    from transformers import AutoModelForCausalLM
+
+    one = tiny_engine.prompt.layout(chunks[:1], "which code opens the vault?")
+    kvs = tiny_engine.prefill_chunks(chunks[:1])
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        attn = model.eval()(torch.tensor([one.all_ids()]), output_attentions=True).attentions
+    p, n = one.num_prefix_tokens, one.num_context_tokens
+    group = tiny_engine.config.num_heads // tiny_engine.num_kv_heads
+    v_norm = kvs[0].v[2].norm(dim=-1).repeat_interleave(group, dim=0)  # (heads, N): stored V is exact here
+    expected = (attn[2][0, :, p + n :, p : p + n] * v_norm[:, None, :]).sum(dim=(0, 1))
+    got = _scores(tiny_engine, one, kvs, BlendConfig(score_layers=(2,), score_by="output"))
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_score_layers_beyond_the_model_use_its_last_layer(tiny_engine, layout, chunk_kvs) -> None:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
+import torch
 from enginetest_tiny import random_chunks
 
 from engine.generation import RequestStatus
-from engine.scheduler import Scheduler, SchedulerStopped
+from engine.scheduler import PrefillPriority, Scheduler, SchedulerStopped
 from engine.types import (
     BlendConfig,
     EngineBusy,
@@ -156,3 +158,181 @@ async def test_source_error_keeps_its_cause(tiny_engine) -> None:
         with pytest.raises(EngineError) as info:
             await asyncio.wait_for(_collect(scheduler.submit(req)), 30)
     assert isinstance(info.value.__cause__, OSError)
+
+
+async def test_queue_depth_counts_the_request_in_its_prompt_pass(tiny_engine) -> None:
+    release = threading.Event()
+
+    class GatedSource(InMemoryLayerSource):
+        """Blocks the prompt pass at its first layer until the test lets it go."""
+
+        def layer(self, layer_idx: int):
+            release.wait(30)
+            return super().layer(layer_idx)
+
+    req = _request(tiny_engine, 0, max_tokens=2)
+    req.kv_source = GatedSource(req.kv_source._chunks)
+    async with Scheduler(tiny_engine, max_queue=4, max_running=2) as scheduler:
+        assert scheduler.queue_depth == 0
+        stream = scheduler.submit(req)
+        await _wait_until(lambda: scheduler.num_prefilling == 1)
+        assert (scheduler.num_waiting, scheduler.num_running, scheduler.queue_depth) == (0, 0, 1)
+        release.set()
+        events = await asyncio.wait_for(_collect(stream), 30)
+        assert events[-1].finish_reason == "length"
+        await _wait_until(lambda: scheduler.queue_depth == 0)
+        assert scheduler.num_prefilling == 0
+
+
+async def test_readmit_skips_the_queue_limit(tiny_engine) -> None:
+    async with Scheduler(tiny_engine, max_queue=1, max_running=1) as scheduler:
+        running = scheduler.submit(_request(tiny_engine, 0, max_tokens=100_000))
+        await running.__anext__()
+        queued = scheduler.submit(_request(tiny_engine, 1, max_tokens=2))
+        with pytest.raises(EngineBusy):
+            scheduler.submit(_request(tiny_engine, 2, max_tokens=2))
+        again = scheduler.submit(_request(tiny_engine, 3, max_tokens=2), readmit=True)  # an admitted retry
+        assert scheduler.num_waiting == 2
+        running.cancel()
+        for stream in (queued, again):
+            events = await asyncio.wait_for(_collect(stream), 30)
+            assert events[-1].finish_reason == "length"
+
+
+async def test_decoding_requests_go_on_during_a_long_prompt_pass(tiny_engine) -> None:
+    window: list[float] = []  # when the slow prompt pass read its first and its last layer
+    lock = threading.Lock()
+
+    class SlowSource(InMemoryLayerSource):
+        """A prompt pass whose every layer takes 0.3 s (slow storage or a long prompt)."""
+
+        def layer(self, layer_idx: int):
+            with lock:
+                window.append(time.perf_counter())
+            time.sleep(0.3)
+            return super().layer(layer_idx)
+
+    slow = _request(tiny_engine, 1, max_tokens=1)
+    slow.kv_source = SlowSource(slow.kv_source._chunks)
+    async with Scheduler(tiny_engine, max_queue=4, max_running=4) as scheduler:
+        running = scheduler.submit(_request(tiny_engine, 0, max_tokens=100_000))
+        await running.__anext__()  # decoding
+        slow_stream = scheduler.submit(slow)
+        token_times: list[float] = []
+
+        async def read_tokens() -> None:
+            async for _event in running:
+                token_times.append(time.perf_counter())
+
+        reader = asyncio.create_task(read_tokens())
+        slow_events = await asyncio.wait_for(_collect(slow_stream), 60)
+        running.cancel()
+        await asyncio.wait_for(reader, 30)
+    assert slow_events[-1].finish_reason == "length"
+    start, end = window[0], window[-1]
+    during = [t for t in token_times if start < t < end]
+    # 4 layers × 0.3 s, a decode turn at each of the 3 boundaries inside the window; without the split the
+    # worker is stuck in the prompt pass and no token comes at all.
+    assert len(during) >= 2, (len(during), end - start)
+
+
+async def test_chunk_prefill_through_scheduler_equals_engine(tiny_engine) -> None:
+    chunks = random_chunks([9, 30, 4, 17], seed=7)
+    expected = tiny_engine.prefill_chunks(chunks)
+    units: list[int] = []
+    async with Scheduler(tiny_engine, prefill_unit_tokens=35) as scheduler:
+        kvs = await asyncio.to_thread(
+            scheduler.prefill_chunks, chunks, on_unit=lambda tokens, seconds: units.append(tokens)
+        )
+    assert units == [9, 34, 17]  # units of at most 35 tokens, at least one chunk, in order
+    assert [kv.num_tokens for kv in kvs] == [9, 30, 4, 17]
+    for got, want in zip(kvs, expected, strict=True):
+        torch.testing.assert_close(got.k, want.k)
+        torch.testing.assert_close(got.v, want.v)
+
+
+def test_unstarted_scheduler_prefills_in_the_callers_thread(tiny_engine) -> None:
+    chunks = random_chunks([6, 11], seed=8)
+    kvs = Scheduler(tiny_engine).prefill_chunks(chunks)
+    torch.testing.assert_close(kvs[1].v, tiny_engine.prefill_chunks(chunks)[1].v)
+
+
+async def test_questions_go_before_ingest(tiny_engine, monkeypatch) -> None:
+    """While an ingest unit runs, a question's chunk recompute and a prompt pass arrive: both go first."""
+    request = _request(tiny_engine, 0, max_tokens=2)
+    real, real_prompt_pass = tiny_engine.prefill_chunks, tiny_engine.prompt_pass
+    calls: list[int | str] = []  # first chunk length of each prefill unit, or "prompt", in the order they ran
+    release = threading.Event()
+
+    def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
+        calls.append(len(chunks[0]))
+        if len(calls) == 1:
+            assert release.wait(30)
+        return real(chunks, prefix_ids, max_batch_tokens)
+
+    def recording_prompt_pass(*args, **kwargs):
+        calls.append("prompt")
+        return real_prompt_pass(*args, **kwargs)
+
+    monkeypatch.setattr(tiny_engine, "prefill_chunks", recording)
+    monkeypatch.setattr(tiny_engine, "prompt_pass", recording_prompt_pass)
+    ingest_chunks = random_chunks([11, 12, 13], seed=9)
+    question_chunks = random_chunks([5], seed=10)
+    async with Scheduler(tiny_engine, prefill_unit_tokens=1) as scheduler:
+        ingest = asyncio.create_task(asyncio.to_thread(scheduler.prefill_chunks, ingest_chunks))
+        await _wait_until(lambda: len(calls) == 1)  # the first ingest unit runs and blocks
+        question = asyncio.create_task(
+            asyncio.to_thread(scheduler.prefill_chunks, question_chunks, priority=PrefillPriority.QUESTION)
+        )
+        await _wait_until(lambda: scheduler.num_prefill_jobs == 2)
+        stream = scheduler.submit(request)
+        release.set()
+        events = await asyncio.wait_for(_collect(stream), 30)
+        kvs = await asyncio.wait_for(ingest, 30)
+        await asyncio.wait_for(question, 30)
+    # The running ingest unit finishes; then the question's chunk, the prompt pass, the rest of ingest.
+    assert calls == [11, 5, "prompt", 12, 13]
+    assert events[-1].finish_reason == "length"
+    assert [kv.num_tokens for kv in kvs] == [11, 12, 13]
+
+
+async def test_stop_fails_pending_prefill(tiny_engine, monkeypatch) -> None:
+    release = threading.Event()
+    real = tiny_engine.prefill_chunks
+
+    def blocking(chunks, prefix_ids=None, max_batch_tokens=4096):
+        assert release.wait(30)
+        return real(chunks, prefix_ids, max_batch_tokens)
+
+    monkeypatch.setattr(tiny_engine, "prefill_chunks", blocking)
+    scheduler = Scheduler(tiny_engine, prefill_unit_tokens=1)
+    scheduler.start()
+    pending = asyncio.create_task(asyncio.to_thread(scheduler.prefill_chunks, random_chunks([4, 5], seed=11)))
+    await _wait_until(lambda: scheduler.num_prefill_jobs == 1)
+    stopping = asyncio.create_task(asyncio.to_thread(scheduler.stop))
+    await asyncio.sleep(0.05)
+    release.set()
+    await stopping
+    with pytest.raises(SchedulerStopped):
+        await asyncio.wait_for(pending, 30)
+
+
+async def test_failed_prefill_raises_to_its_caller_and_the_worker_goes_on(tiny_engine, monkeypatch) -> None:
+    real = tiny_engine.prefill_chunks
+
+    def failing_on_seven(chunks, prefix_ids=None, max_batch_tokens=4096):
+        if any(len(c) == 7 for c in chunks):
+            raise RuntimeError("no memory for this chunk")
+        return real(chunks, prefix_ids, max_batch_tokens)
+
+    request = _request(tiny_engine, 1, max_tokens=2)
+    monkeypatch.setattr(tiny_engine, "prefill_chunks", failing_on_seven)
+    async with Scheduler(tiny_engine, prefill_unit_tokens=1) as scheduler:
+        bad = asyncio.to_thread(scheduler.prefill_chunks, random_chunks([5, 7, 9], seed=12))
+        good = asyncio.to_thread(scheduler.prefill_chunks, random_chunks([6, 8], seed=13))
+        results = await asyncio.wait_for(asyncio.gather(bad, good, return_exceptions=True), 30)
+        assert isinstance(results[0], RuntimeError) and str(results[0]) == "no memory for this chunk"
+        assert [kv.num_tokens for kv in results[1]] == [6, 8]
+        assert scheduler.num_prefill_jobs == 0
+        events = await asyncio.wait_for(_collect(scheduler.submit(request)), 30)
+        assert events[-1].finish_reason == "length"

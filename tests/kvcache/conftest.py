@@ -1,17 +1,12 @@
-"""Fixtures for the kvcache tests; helpers live in kvtest_helpers.py (a name no other test dir uses)."""
+"""Fixtures for the kvcache tests; helpers live in tests/kvtest_helpers.py (tests/ is on pytest's pythonpath)."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-# importable in pytest's prepend and importlib import modes alike
-sys.path.insert(0, str(Path(__file__).parent))
-
-from kvtest_helpers import REDIS_BIN, RedisServer, free_port  # noqa: E402
+from kvtest_helpers import REDIS_BIN, RedisServer, free_port
 
 
 @pytest.fixture

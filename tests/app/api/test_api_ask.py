@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from apitools import CORPUS, parse_sse
+from apitools import CORPUS
 from fastapi.testclient import TestClient
+
+from app.api.sse import parse_sse
 
 QUESTION = "What is the capital of Zorblat?"
 

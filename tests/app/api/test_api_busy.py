@@ -12,8 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from apitools import LiveServer, parse_sse, server_settings
+from apitools import LiveServer, server_settings
 
+from app.api.sse import iter_sse, parse_sse
 from app.main import create_app
 from app.state import AppState
 
@@ -26,11 +27,11 @@ def busy_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) 
         yield server
 
 
-def first_event(lines: Iterator[str]) -> str:
-    for line in lines:
-        if line.startswith("event: "):
-            return line.removeprefix("event: ")
-    raise AssertionError("stream ended without an event")
+def first_event(lines: Iterator[str]) -> str | None:
+    """The name of the next event on a line stream (reads up to its end, not beyond)."""
+    message = next(iter_sse(lines), None)
+    assert message is not None, "stream ended without an event"
+    return message.event
 
 
 def wait_until(condition, timeout_s: float = 30) -> None:  # type: ignore[no-untyped-def]

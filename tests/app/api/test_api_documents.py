@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from apitools import CORPUS, MAX_FILE_BYTES, parse_sse, wait_for_job
+from apitools import CORPUS, MAX_FILE_BYTES, wait_for_job
 from fastapi.testclient import TestClient
 
+from app.api.sse import parse_sse
 from app.services.ingest_service import IngestSource
 
 STAGES = {"parse", "chunk", "embed", "kv", "commit"}

@@ -16,7 +16,10 @@ def test_health_and_ready_once_loaded(client: TestClient) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     ready = client.get("/ready")
     assert ready.status_code == 200
-    assert ready.json() == {"status": "ready"}
+    body = ready.json()
+    assert body["status"] == "ready"
+    assert body["storage"]["ok"] is True and body["storage"]["last_fault"] is None
+    assert body["storage"]["free_bytes"] > 0
 
 
 def test_before_start_up_only_health_answers(tmp_path: Path, tiny_llama_dir: Path) -> None:

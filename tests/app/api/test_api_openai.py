@@ -5,7 +5,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-from apitools import CORPUS, LiveServer, ingest_corpus, parse_sse
+from apitools import CORPUS, LiveServer, ingest_corpus
+
+from app.api.sse import parse_sse
 
 QUESTION = "What is the capital of Zorblat?"
 

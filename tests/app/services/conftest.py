@@ -1,12 +1,12 @@
+"""The app services run on the fast stand-ins of tests/app/conftest.py (tiny Llama + hash embedder)."""
+
 from __future__ import annotations
 
 import pytest
 
-from app.components import Components, build_components
+from app.components import Components
 
 
 @pytest.fixture
-def components(tiny_settings) -> Components:
-    c = build_components(tiny_settings)
-    yield c
-    c.close()
+def components(fast_components: Components) -> Components:
+    return fast_components

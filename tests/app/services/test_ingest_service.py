@@ -1,4 +1,4 @@
-"""IngestService on the real stack (tiny random Llama, real MiniLM, real FAISS, SQLite, disk KV)."""
+"""IngestService on the fast stack (tiny random Llama, hash embedder) with real FAISS, SQLite and disk KV."""
 
 from __future__ import annotations
 
@@ -136,10 +136,9 @@ def test_cancel_mid_job_leaves_nothing_half_visible(components: Components) -> N
     assert run_doctor(components, repair=False).problems == 0
 
 
-def test_crash_mid_commit_is_recovered_on_restart(components: Components, tiny_settings) -> None:
+def test_crash_mid_commit_is_recovered_on_restart(components: Components, make_fast_components) -> None:
     """Simulate a process that died after writing chunks + index entries but before flipping to ready."""
     from app.catalog.repository import NewChunk
-    from app.components import build_components
 
     service = IngestService(components)
     submitted = service.submit([text("A", TEXT_A)], enqueue=False)
@@ -151,7 +150,7 @@ def test_crash_mid_commit_is_recovered_on_restart(components: Components, tiny_s
     components.retriever.save()
     # (the "crashed" process is simply abandoned; a second set of components opens the same data dir)
 
-    restarted = build_components(tiny_settings)
+    restarted = make_fast_components(components.settings)
     try:
         before = run_doctor(restarted, repair=False)
         assert before.orphan_index_ids == ids  # index entry of an uncommitted chunk
@@ -166,13 +165,10 @@ def test_crash_mid_commit_is_recovered_on_restart(components: Components, tiny_s
         restarted.close()
 
 
-def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(tmp_path: Path, tiny_llama_dir: Path) -> None:
-    from app.components import build_components
-    from app.settings import load_settings
-
-    settings = load_settings(data_dir=tmp_path / "data", engine={"model": str(tiny_llama_dir)},
-                             ingest={"chunk_tokens": 16, "chunk_overlap": 0})
-    components = build_components(settings)
+def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_settings,
+                                                                       make_fast_components) -> None:
+    settings = make_fast_settings(ingest={"chunk_tokens": 32, "chunk_overlap": 0})  # one chunk per paragraph
+    components = make_fast_components(settings)
     try:
         service = IngestService(components)
         shared = "Quintaro is the capital of Zorblat."
@@ -196,3 +192,34 @@ def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(tmp_path: 
             assert components.store.contains(key) is None
     finally:
         components.close()
+
+
+def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(components: Components,
+                                                                           monkeypatch) -> None:
+    """In the server, ingest shares the model with questions through the scheduler (questions first)."""
+    import threading
+
+    from app.components import build_scheduler
+
+    engine = components.engine
+    real = engine.prefill_chunks
+    threads: list[str] = []
+
+    def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
+        threads.append(threading.current_thread().name)
+        return real(chunks, prefix_ids, max_batch_tokens)
+
+    monkeypatch.setattr(engine, "prefill_chunks", recording)
+    scheduler = build_scheduler(components)
+    scheduler.start()
+    try:
+        _, job = run(IngestService(components, scheduler=scheduler), [text("A", TEXT_A)])
+    finally:
+        scheduler.stop()
+    assert job.status == JobStatus.SUCCEEDED
+    assert threads and set(threads) == {"blendrag-engine"}
+    # Without a running scheduler (CLI ingest) the ingest thread computes them itself.
+    threads.clear()
+    _, job = run(IngestService(components), [text("B", TEXT_B)])
+    assert job.status == JobStatus.SUCCEEDED
+    assert threads and set(threads) == {threading.current_thread().name}

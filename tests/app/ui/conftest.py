@@ -4,20 +4,15 @@ uvicorn server on 127.0.0.1 running the tiny-model settings."""
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from apitools import LiveServer, server_settings
 
-# The live-server helpers live next to the API tests.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "api"))
-
-from apitools import LiveServer, server_settings  # noqa: E402
-
-from app.main import create_app  # noqa: E402
+from app.main import create_app
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -87,7 +87,7 @@ def test_chat_streams_an_answer_with_sources(ui_server: LiveServer, library: dic
     assert "Zorblat guide" in sources[0].inner_text()
     stats = turn.query_selector("[data-testid=stats]").inner_text()
     assert re.search(r"TTFT \d+(\.\d+)? m?s", stats), stats
-    assert "mode blend · recompute" in stats
+    assert "mode blend (query) · recompute" in stats
     # Ingest's chunk precompute taught the server its prefill rate, so the saving can be estimated.
     assert turn.query_selector("[data-k=saved]") is not None, stats
     shot(page, "chat-answer")

@@ -3,7 +3,6 @@ jobs, and a real uvicorn server on 127.0.0.1."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -29,30 +28,12 @@ def server_settings(data_dir: Path, tiny_llama_dir: Path, **overrides: Any) -> S
         "engine": {"model": str(tiny_llama_dir), "max_new_tokens": 8, "num_threads": 2},
         "kvcache": {"memory_bytes": 64 * 1024 * 1024},
         "ingest": {"max_file_bytes": MAX_FILE_BYTES},
+        # One test client asks far more often than a person: rate limits are tested where they are set.
+        "server": {"ask_rate_per_minute": None},
     }
     for section, values in overrides.items():
         sections.setdefault(section, {}).update(values)
     return load_settings(data_dir=data_dir, **sections)
-
-
-def parse_sse(body: str) -> list[tuple[str | None, Any]]:
-    """(event name or None, JSON data or raw string) per event; comment lines skipped."""
-    events: list[tuple[str | None, Any]] = []
-    for block in body.replace("\r\n", "\n").split("\n\n"):
-        name, data = None, []
-        for line in block.split("\n"):
-            if line.startswith("event: "):
-                name = line.removeprefix("event: ")
-            elif line.startswith("data: "):
-                data.append(line.removeprefix("data: "))
-        if not data:
-            continue
-        raw = "\n".join(data)
-        try:
-            events.append((name, json.loads(raw)))
-        except json.JSONDecodeError:
-            events.append((name, raw))
-    return events
 
 
 def wait_for_job(client: Any, job_id: str, timeout_s: float = 60, headers: dict[str, str] | None = None

@@ -1,0 +1,66 @@
+"""DocumentService: the library as routers and the CLI see it (list, one document with its chunks'
+KV state, delete, counts by status). Reads the catalog; deletion goes through the IngestService, which
+owns the index and the KV entries a document shares with others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.catalog import DocumentStatus
+from app.catalog.repository import ChunkRecord, DocumentRecord
+
+if TYPE_CHECKING:
+    from app.components import Components
+    from app.services.coverage_service import CoverageService
+    from app.services.ingest_service import IngestService
+
+
+class DocumentBusy(Exception):
+    """The document is still being ingested: its job must finish or be cancelled first (HTTP 409)."""
+
+
+@dataclass(frozen=True)
+class ChunkView:
+    record: ChunkRecord
+    kv_state: str  # fresh | stale | missing
+
+
+@dataclass(frozen=True)
+class DocumentView:
+    document: DocumentRecord
+    chunks: list[ChunkView]
+
+    def kv_counts(self) -> dict[str, int]:
+        return {s: sum(c.kv_state == s for c in self.chunks) for s in ("fresh", "stale", "missing")}
+
+
+class DocumentService:
+    def __init__(self, components: Components, ingest: IngestService, coverage: CoverageService) -> None:
+        self._c = components
+        self._ingest = ingest
+        self._coverage = coverage
+
+    def list(self, offset: int, limit: int, status: DocumentStatus | None = None) -> tuple[list[DocumentRecord], int]:
+        """Documents newest first, and how many match `status` over all pages."""
+        return self._c.catalog.list_documents(offset=offset, limit=limit, status=status)
+
+    def get(self, document_id: str) -> DocumentView | None:
+        doc = self._c.catalog.get_document(document_id)
+        if doc is None:
+            return None
+        chunks = self._c.catalog.chunks_of(document_id)
+        states = self._coverage.chunk_states(document_id) if chunks else {}
+        return DocumentView(doc, [ChunkView(c, states.get(c.id, "missing")) for c in chunks])
+
+    def delete(self, document_id: str) -> None:
+        """Delete a document with its chunks, index entries and unshared KV; nothing if it is unknown."""
+        doc = self._c.catalog.get_document(document_id)
+        if doc is not None and doc.status == DocumentStatus.PENDING:
+            raise DocumentBusy(f"document {document_id} is still being ingested by job {doc.job_id}; "
+                               "cancel the job first")
+        self._ingest.delete_document(document_id)
+
+    def count_by_status(self) -> dict[str, int]:
+        return {status.value: self._c.catalog.list_documents(offset=0, limit=1, status=status)[1]
+                for status in DocumentStatus}

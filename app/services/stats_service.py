@@ -1,0 +1,112 @@
+"""StatsService: what the admin page shows besides coverage, gathered from the metrics, the KV store, the
+catalog and the scheduler (before start-up finishes, only what needs no models)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.metrics import Metrics, RecentAsk
+from app.services.estimates import PrefillRate
+
+if TYPE_CHECKING:
+    from app.components import Components
+    from app.services.document_service import DocumentService
+    from engine.config import EngineSettings
+    from engine.scheduler import Scheduler
+    from kvcache.stats import TierStats
+
+
+@dataclass(frozen=True)
+class ModeStats:
+    count: int
+    ttft_ms_mean: float
+    ttft_ms_p50: float
+    ttft_ms_p95: float
+
+
+@dataclass(frozen=True)
+class ServingStats:
+    model: str | None
+    fingerprint: str | None
+    default_mode: str
+    default_selector: str
+    default_recompute_ratio: float
+    queue_depth: int | None
+    prefill_tokens_per_s: float | None
+    documents_by_status: dict[str, int]
+    kv_tiers: list[TierStats]  # the store's own, in lookup order
+    kv_hit_rate: float | None
+    ask_kv_hits: int
+    ask_kv_misses: int
+    ingest_chunks: int
+    ingest_seconds: float
+    ingest_chunks_per_s: float | None
+    ttft_by_mode: dict[str, ModeStats]
+    recent: list[RecentAsk]
+
+
+def queue_depth(scheduler: Scheduler | None) -> int | None:
+    """Requests waiting or running in the engine scheduler (None before start-up)."""
+    # Waiting, in the prompt pass, or decoding: a request being prefilled is neither waiting nor running.
+    return None if scheduler is None else scheduler.queue_depth
+
+
+def hit_rate(hits: int, misses: int) -> float | None:
+    return round(hits / (hits + misses), 6) if hits + misses else None
+
+
+def ttft_by_mode(recent: list[RecentAsk]) -> dict[str, ModeStats]:
+    by_mode: dict[str, list[float]] = {}
+    for ask in recent:
+        by_mode.setdefault(ask.mode, []).append(ask.ttft_ms)
+    out = {}
+    for mode, values in sorted(by_mode.items()):
+        ordered = sorted(values)
+        p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+        out[mode] = ModeStats(count=len(values), ttft_ms_mean=round(statistics.fmean(values), 2),
+                              ttft_ms_p50=round(statistics.median(values), 2), ttft_ms_p95=round(p95, 2))
+    return out
+
+
+class StatsService:
+    def __init__(self, engine_settings: EngineSettings, metrics: Metrics, prefill_rate: PrefillRate) -> None:
+        self._engine = engine_settings
+        self._metrics = metrics
+        self._prefill_rate = prefill_rate
+
+    def snapshot(self, components: Components | None, documents: DocumentService | None,
+                 scheduler: Scheduler | None) -> ServingStats:
+        sample = self._metrics.registry.get_sample_value
+        tiers: list[TierStats] = []
+        kv_hit_rate = None
+        if components is not None:
+            store_stats = components.store.stats()
+            kv_hit_rate = hit_rate(store_stats.num_hits, store_stats.num_misses)
+            tiers = list(store_stats.tiers)
+        chunks = int(sample("blendrag_ingest_chunks_total") or 0)
+        seconds = float(sample("blendrag_ingest_seconds_total") or 0.0)
+        recent = self._metrics.recent.snapshot()
+        rate = self._prefill_rate.tokens_per_s
+        model = self._engine.model
+        return ServingStats(
+            model=model if model == "builtin" else Path(model).name,
+            fingerprint=components.engine.fingerprint[:12] if components is not None else None,
+            default_mode=self._engine.mode, default_selector=self._engine.selector,
+            default_recompute_ratio=self._engine.recompute_ratio,
+            queue_depth=queue_depth(scheduler),
+            prefill_tokens_per_s=round(rate, 1) if rate is not None else None,
+            documents_by_status=documents.count_by_status() if documents is not None else {},
+            kv_tiers=tiers, kv_hit_rate=kv_hit_rate,
+            ask_kv_hits=int(sample("blendrag_ask_kv_lookups_total", {"result": "hit"}) or 0),
+            ask_kv_misses=int(sample("blendrag_ask_kv_lookups_total", {"result": "miss"}) or 0),
+            ingest_chunks=chunks, ingest_seconds=round(seconds, 3),
+            ingest_chunks_per_s=round(chunks / seconds, 2) if seconds > 0 else None,
+            ttft_by_mode=ttft_by_mode(recent), recent=recent,
+        )
+
+    def refresh_metrics(self, components: Components | None, scheduler: Scheduler | None) -> None:
+        """Read the gauges that are sampled at scrape time (store bytes per tier, queue depth)."""
+        self._metrics.refresh(components.store.stats() if components is not None else None, queue_depth(scheduler))

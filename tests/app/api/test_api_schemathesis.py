@@ -1,0 +1,121 @@
+"""Schemathesis over the whole OpenAPI spec, in-process (ASGI, no network): no 500, no schema violation.
+
+Every operation gets a bounded number of generated cases, schema-valid (positive) and schema-invalid
+(negative), and every response must pass Schemathesis' checks: no 5xx, a documented status code, content
+type and body matching the spec (Server-Sent Events event by event), valid input accepted and invalid input
+refused. /ask and /v1 run on the tiny random model with at most MAX_TOKENS tokens per answer.
+
+One allowance, on multipart `/ingest` only: OpenAPI cannot say which file names (extensions) a binary part
+may carry, nor that the `documents` text field must be JSON, so there a refused schema-valid form (a 415 for
+an unsupported extension, a 422 for a non-JSON `documents` field, both documented) is not counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from apitools import CORPUS, server_settings
+
+from app.main import create_app
+
+schemathesis = pytest.importorskip("schemathesis", reason="pip install -e '.[dev]' (schemathesis)")
+
+# Cases per operation; BLENDRAG_SCHEMATHESIS_SCALE=5 runs five times as many (a longer hunt, not for CI).
+_SCALE = float(os.environ.get("BLENDRAG_SCHEMATHESIS_SCALE", "1"))
+POSITIVE_EXAMPLES = max(1, int(15 * _SCALE))
+NEGATIVE_EXAMPLES = max(1, int(10 * _SCALE))
+MAX_TOKENS = 4
+LLM_PATHS = ("/ask", "/v1/chat/completions")
+
+
+@pytest.fixture(scope="module")
+def api_schema(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Any]:
+    from schemathesis.python import asgi
+
+    settings = server_settings(tmp_path_factory.mktemp("schemathesis") / "data", tiny_llama_dir,
+                               engine={"max_new_tokens": MAX_TOKENS, "max_queue": 64},
+                               server={"ask_rate_per_minute": None})  # 429s would hide what lies behind
+    app = create_app(settings, load_in_background=False)
+    schema = schemathesis.openapi.from_asgi("/openapi.json", app)  # starts the app's lifespan (models load)
+    with asgi.get_client(app) as client:
+        accepted = client.post("/ingest", json={"documents": CORPUS})
+        assert accepted.status_code == 202, accepted.text
+    try:
+        yield schema
+    finally:
+        asgi.shutdown_lifespans()
+
+
+def _bounded(case: Any) -> None:
+    """Short answers on the LLM routes: the spec allows 4,096 tokens, the test wants seconds."""
+    if case.path in LLM_PATHS and isinstance(case.body, dict):
+        for key in ("max_tokens", "max_completion_tokens"):
+            value = case.body.get(key)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value > MAX_TOKENS:
+                case.body[key] = MAX_TOKENS
+
+
+class Findings:
+    def __init__(self) -> None:
+        self.cases: collections.Counter[str] = collections.Counter()
+        self.server_errors: list[str] = []
+        self.failures: dict[tuple[str, str], str] = {}
+
+
+def _hunt(operation: Any, mode: Any, examples: int, findings: Findings) -> None:
+    """Run `examples` generated cases of one operation in one mode, recording what went wrong."""
+    from hypothesis import HealthCheck, Phase, given, settings
+    from schemathesis.specs.openapi.checks import positive_data_acceptance
+
+    @given(case=operation.as_strategy(generation_mode=mode))
+    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    def run(case: Any) -> None:
+        _bounded(case)
+        findings.cases[mode.value] += 1
+        try:
+            response = case.call()
+        except Exception as exc:  # an exception the app did not handle: a 500 for a real client
+            findings.server_errors.append(f"{operation.label} raised {type(exc).__name__}: {exc}")
+            return
+        if response.status_code >= 500:
+            findings.server_errors.append(f"{operation.label} {response.status_code}: {response.text[:200]}")
+        excluded = [positive_data_acceptance] if case.media_type == "multipart/form-data" else []
+        try:
+            case.validate_response(response, excluded_checks=excluded)
+        except (AssertionError, BaseExceptionGroup) as exc:
+            first = next((line for line in str(exc).splitlines() if line.startswith("- ")), str(exc)[:80])
+            findings.failures.setdefault((operation.label, first), str(exc)[:1500])
+
+    run()
+
+
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(api_schema: Any) -> None:
+    from hypothesis.errors import Unsatisfiable
+    from schemathesis import GenerationMode
+
+    logging.getLogger("app").setLevel(logging.CRITICAL)  # generated garbage makes services log loudly
+    findings = Findings()
+    for result in api_schema.get_all_operations():
+        operation = result.ok()
+        for mode, examples in ((GenerationMode.POSITIVE, POSITIVE_EXAMPLES),
+                               (GenerationMode.NEGATIVE, NEGATIVE_EXAMPLES)):
+            try:
+                _hunt(operation, mode, examples, findings)
+            except Unsatisfiable:  # nothing to make invalid (an operation without parameters or body)
+                assert mode == GenerationMode.NEGATIVE, operation.label
+
+    cases = findings.cases
+    total = cases["positive"] + cases["negative"]
+    summary = (f"schemathesis: {total} cases ({dict(cases)}), {len(findings.server_errors)} 5xx, "
+               f"{len(findings.failures)} failures")
+    print(summary)  # noqa: T201 (the count the report quotes; shown with pytest -s)
+    assert total >= 15 * (POSITIVE_EXAMPLES // 2)  # every operation was exercised
+    assert findings.server_errors == []
+    assert findings.failures == {}, "\n\n".join(f"{k}: {v}" for k, v in findings.failures.items())

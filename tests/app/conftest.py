@@ -1,0 +1,83 @@
+"""Fast fixtures for unit tests of the app services: no SmolLM2, no MiniLM.
+
+Like private-gpt's mock profile, the services run on stand-ins that are tiny, deterministic and exact:
+a 4-layer random Llama with a byte-level BPE tokenizer trained in the test session (enginetest_tiny),
+and a hash embedder (bag of words hashed into a small vector). The engine and embedder are built once
+per session; every test gets its own data dir, catalog, KV store and index around them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from enginetest_tiny import build_model
+from hash_embedder import HashEmbedder
+
+from app.components import Components
+from app.settings import Settings
+
+
+@pytest.fixture(scope="session")
+def fast_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("fast-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def fast_engine(fast_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from engine.config import EngineSettings
+    from engine.engine import Engine
+
+    return Engine(EngineSettings(model=str(fast_model_dir), device="cpu", dtype="float32"),
+                  models_dir=tmp_path_factory.mktemp("fast-models"))
+
+
+@pytest.fixture
+def make_fast_settings(tmp_path: Path, fast_model_dir: Path) -> Callable[..., Settings]:
+    """Settings on a fresh data dir (tmp_path/data unless given); sections override fields."""
+    from app.settings import load_settings
+
+    def make(data_dir: Path | None = None, **sections: dict[str, Any]) -> Settings:
+        engine = {"model": str(fast_model_dir), "device": "cpu", "dtype": "float32", "max_new_tokens": 8}
+        return load_settings(data_dir=data_dir or tmp_path / "data", engine=engine | sections.pop("engine", {}),
+                             kvcache={"memory_bytes": 64 * 1024 * 1024} | sections.pop("kvcache", {}),
+                             retrieval={"embedder": HashEmbedder.name} | sections.pop("retrieval", {}), **sections)
+
+    return make
+
+
+@pytest.fixture
+def make_fast_components(fast_engine) -> Iterator[Callable[[Settings], Components]]:
+    """Components on the given settings around the session's engine and a hash embedder; closed at the end."""
+    from app.catalog import Catalog
+    from kvcache.store import TieredKVStore
+    from retrieval.retriever import Retriever
+
+    built: list[Components] = []
+
+    def make(settings: Settings) -> Components:
+        assert settings.engine.model == fast_engine.settings.model
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        components = Components(
+            settings=settings, catalog=Catalog(settings.catalog.url or ""), engine=fast_engine,
+            store=TieredKVStore(settings.kvcache),
+            retriever=Retriever.open(settings.index_dir, settings.retrieval, embedder=HashEmbedder()),  # type: ignore[arg-type]
+        )
+        built.append(components)
+        return components
+
+    yield make
+    for components in built:
+        components.close()
+
+
+@pytest.fixture
+def fast_settings(make_fast_settings) -> Settings:
+    return make_fast_settings()
+
+
+@pytest.fixture
+def fast_components(make_fast_components, fast_settings: Settings) -> Components:
+    return make_fast_components(fast_settings)
