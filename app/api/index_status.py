@@ -11,9 +11,11 @@ from typing import Literal
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from app.api.deps import get_components, require_api_key
+from app.api.deps import _loaded, require_api_key
 from app.api.schemas import ErrorOut
 from app.components import Components
+
+get_components = _loaded(lambda s: s.components)  # 503 until start-up has built them
 
 router = APIRouter(tags=["admin"], dependencies=[Depends(require_api_key)],
                    responses={401: {"model": ErrorOut, "description": "API key required"},
