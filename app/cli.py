@@ -1,4 +1,4 @@
-"""`blendrag` command line: serve, ingest, ask, cache, doctor."""
+"""`blendrag` command line: serve, ingest, ask, cache, doctor, db, worker."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         from app.components import build_components
         from app.services.ingest_service import IngestService, IngestSource
 
-        components = build_components(settings)
+        components = build_components(settings, role="worker")  # PostgreSQL: only embeds; replicas index
         try:
             service = IngestService(components)
             sources = [IngestSource(kind="file", title=f.name, path=str(f.resolve()),
@@ -429,6 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repair", action="store_true", help="fix what is found")
     _add_data_dir(p)
     p.set_defaults(func=cmd_doctor)
+
+    from app.cli_scaleout import add_parsers
+
+    add_parsers(sub, _add_data_dir)  # db upgrade|current, worker
     return parser
 
 

@@ -14,6 +14,7 @@ from app.catalog import Catalog
 from app.settings import Settings
 
 if TYPE_CHECKING:
+    from app.index_sync import Role
     from engine.engine import Engine
     from engine.scheduler import Scheduler
     from kvcache.store import TieredKVStore
@@ -43,15 +44,19 @@ class Components:
         self.catalog.close()
 
 
-def build_components(settings: Settings) -> Components:
-    """Load models and open every store. Takes a few seconds (model load), minutes on first run."""
+def build_components(settings: Settings, *, role: Role = "server") -> Components:
+    """Load models and open every store. Takes a few seconds (model load), minutes on first run.
+
+    `role` matters with a PostgreSQL catalog only: a server builds its index from the catalog, a worker
+    (or `blendrag ingest`) only embeds, for the catalog (see app/index_sync.py).
+    """
+    from app.index_sync import open_retriever
     from engine.engine import Engine
     from kvcache.store import TieredKVStore
-    from retrieval.retriever import Retriever
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    catalog = Catalog(settings.catalog.url or "")
+    catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
     logger.info("start-up: catalog open (%s)", catalog_label(settings.catalog.url or ""))
     step = time.perf_counter()
     model = settings.engine.model
@@ -63,7 +68,7 @@ def build_components(settings: Settings) -> Components:
     store = TieredKVStore(settings.kvcache)
     logger.info("start-up: KV store open (%s)", ", ".join(t.name for t in store.stats().tiers))
     step = time.perf_counter()
-    retriever = Retriever.open(settings.index_dir, settings.retrieval)
+    retriever = open_retriever(settings, catalog, role)
     logger.info("start-up: loading the embedder %s …", settings.retrieval.embedder)
     retriever.embedder.load()  # now, not at the first question
     logger.info("start-up: embedder loaded and index of %d chunks open in %.1f s", retriever.count,

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from app.api import admin, ask, documents, health, openai_compat
+from app.api import admin, ask, documents, health, index_status, openai_compat
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.errors import install_error_handlers
 from app.datadir_lock import DataDirBusy, DataDirLock, server_url
@@ -64,7 +64,8 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
                   docs_url=docs_url, redoc_url=redoc_url)
     app.state.blendrag = state
     install_error_handlers(app)
-    for router in (health.router, documents.router, ask.router, openai_compat.router, admin.router):
+    for router in (health.router, documents.router, ask.router, openai_compat.router, admin.router,
+                   index_status.router):
         app.include_router(router)
     mount_ui(app)
     if docs_assets is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from engine.config import EngineSettings
@@ -52,8 +52,40 @@ class ServerSettings(BaseModel):
 
 
 class CatalogSettings(BaseModel):
-    backend: Literal["sqlite"] = "sqlite"
-    url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite:///<data_dir>/catalog.db")
+    url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL: sqlite:///<data_dir>/catalog.db (default) or postgresql+psycopg://user@host/db. "
+                    "PostgreSQL turns on scale-out: ingest jobs go to the PostgreSQL queue for `blendrag worker`, "
+                    "and each replica's index follows the catalog.",
+    )
+    auto_upgrade: bool = Field(default=True, description="Apply pending schema migrations when opening")
+    index_sync_interval_s: float = Field(default=0.5, gt=0, le=60,
+                                         description="PostgreSQL: how often a replica polls the index change log")
+    index_events_retention_s: float = Field(default=24 * 3600, gt=0,
+                                            description="PostgreSQL: change log kept this long")
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is None or value == "":
+            return None
+        if not value.startswith(("sqlite://", "postgresql://", "postgresql+psycopg://")):
+            raise ValueError("url must start with sqlite:// or postgresql+psycopg://")
+        if value.startswith("postgresql://"):
+            value = "postgresql+psycopg://" + value.removeprefix("postgresql://")
+        return value
+
+    @property
+    def is_postgres(self) -> bool:
+        return (self.url or "").startswith("postgresql")
+
+
+class WorkerSettings(BaseModel):
+    """`blendrag worker` (PostgreSQL catalog only): takes ingest jobs from the PostgreSQL queue."""
+
+    heartbeat_timeout_s: float = Field(default=30.0, gt=0,
+                                       description="A job whose worker is silent this long goes to another worker")
+    poll_interval_s: float = Field(default=5.0, gt=0, description="Queue poll when no notification arrives")
 
 
 class Settings(BaseSettings):
@@ -62,6 +94,7 @@ class Settings(BaseSettings):
     data_dir: Path = Path("./data")
     server: ServerSettings = Field(default_factory=ServerSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
+    worker: WorkerSettings = Field(default_factory=WorkerSettings)
     engine: EngineSettings = Field(default_factory=EngineSettings)
     kvcache: KVCacheSettings = Field(default_factory=KVCacheSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)

@@ -17,6 +17,7 @@ from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.components import Components
+    from app.jobs.pg_queue import PgJobQueue
     from app.services.ask_service import AskService
     from app.services.coverage_service import CoverageService
     from app.services.document_service import DocumentService
@@ -39,6 +40,7 @@ class AppState:
     documents: DocumentService | None = None
     stats: StatsService = field(init=False)
     load_error: str | None = None
+    job_queue: PgJobQueue | None = None  # PostgreSQL catalog only
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     rate_limiter: RateLimiter | None = None
     storage: StorageMonitor = field(init=False)
@@ -72,17 +74,34 @@ class AppState:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
 
-        self.ingest = IngestService(components, on_chunks_committed=on_commit, prefill_rate=self.prefill_rate,
-                                    scheduler=self.scheduler, on_storage_fault=self.storage.record)
+        ingest_options = {"on_chunks_committed": on_commit, "prefill_rate": self.prefill_rate,
+                          "scheduler": self.scheduler, "on_storage_fault": self.storage.record}
+        if self.settings.catalog.is_postgres:
+            # Scale-out: jobs go to the PostgreSQL queue (`blendrag worker`), the index follows the catalog.
+            from app.jobs.pg_queue import PgJobQueue
+
+            self.job_queue = PgJobQueue(self.settings.catalog.url or "")
+            self.ingest = IngestService(components, dispatch=self.job_queue.enqueue, **ingest_options)
+            sync = getattr(components.retriever, "sync", None)
+            if sync is not None:
+                sync.start()
+        else:
+            self.ingest = IngestService(components, **ingest_options)
         self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
         self.coverage = CoverageService(components)
         self.documents = DocumentService(components, self.ingest, self.coverage)
-        self.ingest.recover()
-        self.ingest.start()
+        if self.job_queue is None:
+            self.ingest.recover()
+            self.ingest.start()
         logger.info("ready at %s", server_url(self.settings.server.host, self.settings.server.port))
         self.ready.set()
 
     async def close(self) -> None:
+        sync = getattr(self.components.retriever, "sync", None) if self.components is not None else None
+        if sync is not None:
+            await asyncio.to_thread(sync.stop)
+        if self.job_queue is not None:
+            self.job_queue.close()
         if self.ingest is not None:
             await asyncio.to_thread(self.ingest.stop)
         if self.scheduler is not None:

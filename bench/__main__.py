@@ -21,6 +21,7 @@ SUBCOMMANDS = (
     "bench.ingest_rate",
     "bench.kv_dtypes",
     "bench.llamacpp",
+    "bench.scaleout",
 )
 
 

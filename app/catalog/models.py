@@ -75,6 +75,8 @@ class ChunkRow(Base):
     char_start: Mapped[int] = mapped_column(Integer, default=0)
     char_end: Mapped[int] = mapped_column(Integer, default=0)
     kv_key: Mapped[str | None] = mapped_column(String(128), nullable=True, index=True)
+    # float32 little-endian passage embedding: replicas build their in-memory FAISS index from these.
+    embedding: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
     document: Mapped[DocumentRow] = relationship(back_populates="chunks")
 
@@ -96,3 +98,24 @@ class JobRow(Base):
     cancel_requested: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class IndexEventOp(enum.StrEnum):
+    READY = "ready"  # the document became answerable: index its current chunks
+    REMOVED = "removed"  # the document is gone or no longer ready: drop its chunks from the index
+
+
+class IndexEventRow(Base):
+    """The index change log: every replica applies these, in id order, to its in-memory FAISS index.
+
+    Ids are handed out in commit order (writers take a lock first, see `Catalog`), so a reader that has
+    seen event n has seen every event below n: no change is skipped when two jobs commit at once.
+    """
+
+    __tablename__ = "index_events"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    document_id: Mapped[str] = mapped_column(String(36))
+    op: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -11,11 +11,25 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import create_engine, delete, event, func, insert, select, update
+from sqlalchemy import create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine as SQLEngine
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.catalog.models import Base, ChunkRow, DocumentRow, DocumentStatus, JobRow, JobStatus, utcnow
+from app.catalog.models import (
+    ChunkRow,
+    DocumentRow,
+    DocumentStatus,
+    IndexEventOp,
+    IndexEventRow,
+    JobRow,
+    JobStatus,
+    utcnow,
+)
+
+# Taken (transaction-scoped) before writing an index event on PostgreSQL, so event ids are handed out in
+# commit order; SQLite's single writer gives that order by itself.
+_PG_INDEX_EVENT_LOCK = 0x626C656E6431
 
 
 def encode_token_ids(token_ids: Sequence[int]) -> bytes:
@@ -66,6 +80,23 @@ class NewChunk:
     char_start: int
     char_end: int
     kv_key: str | None = None
+    embedding: np.ndarray | None = None  # (dim,) float32 passage embedding, for replicas' indexes
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """A ready chunk with what an in-memory index needs: its embedding (None if never stored) and tags."""
+
+    chunk: ChunkRecord
+    tags: list[str]
+    embedding: np.ndarray | None  # (dim,) float32
+
+
+@dataclass(frozen=True)
+class IndexEvent:
+    id: int
+    document_id: str
+    op: IndexEventOp
 
 
 @dataclass
@@ -113,14 +144,46 @@ def _job(row: JobRow) -> JobRecord:
 class Catalog:
     """Thread-safe access to the catalog database (one short session per call)."""
 
-    def __init__(self, url: str) -> None:
-        if url.startswith("sqlite:///"):
-            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self._engine: SQLEngine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-        if url.startswith("sqlite"):
+    def __init__(self, url: str, *, migrate: bool = True, index_events: bool | None = None) -> None:
+        """Open the catalog at a SQLAlchemy URL (`sqlite:///…` or `postgresql+psycopg://…`).
+
+        `migrate`: bring the schema to the newest Alembic revision first (what `blendrag db upgrade`
+        does); without it a catalog behind the code's revision is refused with a clear message.
+        `index_events`: log documents becoming ready / leaving ready for replicas' indexes (app/index_sync.py);
+        by default on PostgreSQL only, since a SQLite catalog has exactly one server.
+        """
+        self.dialect = make_url(url).get_backend_name()
+        self.index_events = self.dialect == "postgresql" if index_events is None else index_events
+        if self.dialect == "sqlite":
+            if url.startswith("sqlite:///"):
+                Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+            self._engine: SQLEngine = create_engine(url, connect_args={"check_same_thread": False,
+                                                                        "timeout": 30})
             event.listen(self._engine, "connect", _sqlite_pragmas)
+        elif self.dialect == "postgresql":
+            try:
+                import pgqueuer  # noqa: F401  (its tables are part of the PostgreSQL schema)
+                import psycopg  # noqa: F401
+            except ImportError as exc:
+                raise RuntimeError("a PostgreSQL catalog needs the postgres extra: "
+                                   "pip install 'blendrag[postgres]' (psycopg, pgqueuer)") from exc
+            self._engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+        else:
+            raise ValueError(f"catalog.url: unsupported database {self.dialect!r} (use sqlite or postgresql)")
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
-        Base.metadata.create_all(self._engine)
+        from app.catalog import migrate as migrations
+
+        if migrate:
+            migrations.upgrade(self._engine)
+        else:
+            current, head = migrations.current_revision(self._engine), migrations.head_revision()
+            if current != head:
+                raise RuntimeError(f"catalog schema is at revision {current}, this version needs {head}: "
+                                   "run `blendrag db upgrade`")
+
+    @property
+    def engine(self) -> SQLEngine:
+        return self._engine
 
     def close(self) -> None:
         self._engine.dispose()
@@ -242,7 +305,8 @@ class Catalog:
             rows = [
                 ChunkRow(document_id=document_id, index=c.index, text=c.text,
                          token_ids_blob=encode_token_ids(c.token_ids), num_tokens=len(c.token_ids),
-                         page=c.page, char_start=c.char_start, char_end=c.char_end, kv_key=c.kv_key)
+                         page=c.page, char_start=c.char_start, char_end=c.char_end, kv_key=c.kv_key,
+                         embedding=encode_embedding(c.embedding))
                 for c in chunks
             ]
             s.add_all(rows)
@@ -277,7 +341,14 @@ class Catalog:
             return set(s.scalars(select(ChunkRow.kv_key).where(ChunkRow.kv_key.in_(list(keys))).distinct()))
 
     def set_document_status(self, document_id: str, status: DocumentStatus, error: str | None = None) -> None:
+        """Set a document's status; becoming ready (or leaving ready) is logged for the replicas' indexes."""
         with self._session() as s:
+            old = s.scalar(select(DocumentRow.status).where(DocumentRow.id == document_id))
+            if old is None:
+                return
+            if self.index_events and (status == DocumentStatus.READY or old == DocumentStatus.READY):
+                self._log_index_event(s, document_id,
+                                      IndexEventOp.READY if status == DocumentStatus.READY else IndexEventOp.REMOVED)
             s.execute(update(DocumentRow).where(DocumentRow.id == document_id).values(status=status, error=error))
 
     def delete_document(self, document_id: str) -> list[ChunkRecord] | None:
@@ -287,6 +358,8 @@ class Catalog:
             if row is None:
                 return None
             chunks = [_chunk(c, row.title) for c in row.chunks]
+            if self.index_events and row.status == DocumentStatus.READY:
+                self._log_index_event(s, document_id, IndexEventOp.REMOVED)
             s.delete(row)
             return chunks
 
@@ -298,6 +371,53 @@ class Catalog:
             s.execute(delete(ChunkRow).where(ChunkRow.document_id.in_(ids)))
             result = s.execute(delete(DocumentRow).where(DocumentRow.status == status))
             return int(result.rowcount or 0), chunks  # type: ignore[attr-defined]
+
+    def set_embeddings(self, embeddings_by_chunk_id: dict[int, np.ndarray]) -> None:
+        with self._session() as s:
+            for chunk_id, vector in embeddings_by_chunk_id.items():
+                s.execute(update(ChunkRow).where(ChunkRow.id == chunk_id)
+                          .values(embedding=encode_embedding(vector)))
+
+    # ---- the index feed (replicas build FAISS from these) -----------------------------------------
+
+    def _log_index_event(self, s: Session, document_id: str, op: IndexEventOp) -> None:
+        if self.dialect == "postgresql":
+            # Held until this transaction commits: the next event's id is drawn only after this one is
+            # visible, so ids become visible in order and a reader's cursor never skips one.
+            s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_INDEX_EVENT_LOCK})
+        s.add(IndexEventRow(document_id=document_id, op=op.value))
+        s.flush()
+
+    def last_index_event_id(self) -> int:
+        with self._session() as s:
+            return int(s.scalar(select(func.max(IndexEventRow.id))) or 0)
+
+    def index_events_after(self, event_id: int, limit: int = 1000) -> list[IndexEvent]:
+        with self._session() as s:
+            rows = s.scalars(select(IndexEventRow).where(IndexEventRow.id > event_id)
+                             .order_by(IndexEventRow.id).limit(limit))
+            return [IndexEvent(id=r.id, document_id=r.document_id, op=IndexEventOp(r.op)) for r in rows]
+
+    def prune_index_events(self, before: datetime) -> int:
+        """Drop events older than `before` (replicas further behind than that rebuild from scratch)."""
+        with self._session() as s:
+            return int(s.execute(delete(IndexEventRow).where(IndexEventRow.created_at < before)).rowcount or 0)
+
+    def first_index_event_id(self) -> int:
+        with self._session() as s:
+            return int(s.scalar(select(func.min(IndexEventRow.id))) or 0)
+
+    def index_entries(self, document_ids: Sequence[str] | None = None) -> list[IndexEntry]:
+        """Chunks of ready documents (all of them, or of `document_ids`) with embeddings, in id order."""
+        with self._session() as s:
+            q = (select(ChunkRow, DocumentRow.title, DocumentRow.tags).join(DocumentRow)
+                 .where(DocumentRow.status == DocumentStatus.READY))
+            if document_ids is not None:
+                if not document_ids:
+                    return []
+                q = q.where(ChunkRow.document_id.in_(list(document_ids)))
+            return [IndexEntry(chunk=_chunk(c, title), tags=list(tags or []), embedding=decode_embedding(c.embedding))
+                    for c, title, tags in s.execute(q.order_by(ChunkRow.id)).all()]
 
     # ---- chunks ----------------------------------------------------------------------------------
 
@@ -356,6 +476,14 @@ class Catalog:
     def list_jobs(self, limit: int = 50) -> list[JobRecord]:
         with self._session() as s:
             return [_job(r) for r in s.scalars(select(JobRow).order_by(JobRow.created_at.desc()).limit(limit))]
+
+
+def encode_embedding(vector: np.ndarray | None) -> bytes | None:
+    return None if vector is None else np.asarray(vector, dtype="<f4").tobytes()
+
+
+def decode_embedding(blob: bytes | None) -> np.ndarray | None:
+    return None if blob is None else np.frombuffer(blob, dtype="<f4").copy()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -8,7 +8,10 @@ from typing import TYPE_CHECKING
 from app.catalog import DocumentStatus
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from app.components import Components
+    from kvcache.store import EntryLocation, TieredKVStore
 
 
 @dataclass(frozen=True)
@@ -34,9 +37,28 @@ class CoverageView(CoverageCountsView):
     documents: list[DocumentCoverage] = field(default_factory=list)
 
 
+class SharedTierView:
+    """The KV store as every replica sees it: only the shared Redis tier (a replica's memory and disk
+    tiers are its private caches), so coverage is the same number whichever replica is asked."""
+
+    def __init__(self, store: TieredKVStore) -> None:
+        self._store = store
+
+    def locate_many(self, keys: Sequence[str]) -> dict[str, EntryLocation]:
+        from kvcache.store import EntryLocation
+
+        assert self._store.redis is not None
+        sizes = self._store.redis.nbytes_many(list(dict.fromkeys(keys)))
+        return {k: EntryLocation(key=k, tiers=("redis",), num_bytes_by_tier={"redis": n}) for k, n in sizes.items()}
+
+
 class CoverageService:
     def __init__(self, components: Components) -> None:
         self._c = components
+        # Scale-out (PostgreSQL catalog + Redis): report the shared state, identical from every replica.
+        shared = components.settings.catalog.is_postgres and components.store.redis is not None
+        self._store: TieredKVStore | SharedTierView = SharedTierView(components.store) if shared \
+            else components.store
 
     def chunk_states(self, document_id: str) -> dict[int, str]:
         """fresh / stale / missing for each chunk of one document."""
@@ -44,7 +66,7 @@ class CoverageService:
 
         refs = [ChunkRef(chunk_id=c.id, document_id=c.document_id, expected_key=self._c.expected_kv_key(c.token_ids),
                          recorded_key=c.kv_key) for c in self._c.catalog.chunks_of(document_id)]
-        report = compute_coverage(self._c.store, refs)
+        report = compute_coverage(self._store, refs)  # type: ignore[arg-type]
         return {int(c.ref.chunk_id): c.state.value for c in report.chunks}
 
     def compute(self) -> CoverageView:
@@ -54,7 +76,7 @@ class CoverageService:
         chunks = self._c.catalog.iter_chunks([DocumentStatus.READY])
         refs = [ChunkRef(chunk_id=c.id, document_id=c.document_id, expected_key=self._c.expected_kv_key(c.token_ids),
                          recorded_key=c.kv_key) for c in chunks]
-        report = compute_coverage(self._c.store, refs)
+        report = compute_coverage(self._store, refs)  # type: ignore[arg-type]
         per_doc = []
         for doc in docs:
             counts = report.documents.get(doc.id)

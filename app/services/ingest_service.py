@@ -105,12 +105,16 @@ ProgressCallback = Callable[[JobRecord], None]
 class IngestService:
     def __init__(self, components: Components, on_chunks_committed: Callable[[int, float], None] | None = None,
                  prefill_rate: PrefillRate | None = None, scheduler: Scheduler | None = None,
-                 on_storage_fault: Callable[[str], None] | None = None) -> None:
+                 on_storage_fault: Callable[[str], None] | None = None,
+                 dispatch: Callable[[str], object] | None = None) -> None:
         """`scheduler` computes the chunks' KV (questions go first); without one, an unstarted scheduler
-        of its own computes them in the ingest thread (CLI ingest, tests)."""
+        of its own computes them in the ingest thread (CLI ingest, tests). `dispatch(job_id)` hands
+        submitted jobs elsewhere (the PostgreSQL queue of `blendrag worker`); by default they run on this
+        service's own worker thread."""
         from app.components import build_scheduler
 
         self._c = components
+        self._dispatch = dispatch
         self._scheduler = scheduler if scheduler is not None else build_scheduler(components)
         self._on_storage_fault = on_storage_fault
         # Jobs whose failure could not be written (the catalog itself was full): job id → error. They read
@@ -178,7 +182,7 @@ class IngestService:
                                    document_ids=fresh_ids, duplicate_ids=[d["document_id"] for d in duplicates],
                                    errors=duplicates, progress={stage: {"done": 0, "total": 0} for stage in STAGES})
         if enqueue:
-            self._queue.put(job.id)
+            (self._dispatch or self._queue.put)(job.id)
         return SubmitResult(job_id=job.id, document_ids=document_ids)
 
     @staticmethod
@@ -303,25 +307,29 @@ class IngestService:
         """At start-up: undo what interrupted jobs half-wrote and queue them again. Returns their ids."""
         resumed = []
         for job in self._c.catalog.jobs_with_status([JobStatus.RUNNING, JobStatus.QUEUED]):
-            num_sources = len(job.spec.get("sources", []))
-            for doc_id in job.document_ids[num_sources:]:
-                # Documents fanned out of a json/jsonl file: parse creates them again.
-                self._c.catalog.delete_document(doc_id)
-            if len(job.document_ids) > num_sources:
-                self._c.catalog.update_job(job.id, document_ids=job.document_ids[:num_sources])
-            for doc_id in job.document_ids[:num_sources]:
-                doc = self._c.catalog.get_document(doc_id)
-                if doc is not None and doc.status == DocumentStatus.PENDING:
-                    chunk_ids = [c.id for c in self._c.catalog.chunks_of(doc_id)]
-                    self._c.retriever.remove(chunk_ids)
-                    self._c.catalog.replace_chunks(doc_id, [])
-            self._c.catalog.update_job(job.id, status=JobStatus.QUEUED, stage=None)
+            self.reset_interrupted(job)
             logger.warning("resuming interrupted ingest job %s", job.id)
             self._queue.put(job.id)
             resumed.append(job.id)
         if resumed:
             self._c.retriever.save()
         return resumed
+
+    def reset_interrupted(self, job: JobRecord) -> None:
+        """Remove what an interrupted run of `job` half-wrote and mark it queued, ready to run again."""
+        num_sources = len(job.spec.get("sources", []))
+        for doc_id in job.document_ids[num_sources:]:
+            # Documents fanned out of a json/jsonl file: parse creates them again.
+            self._c.catalog.delete_document(doc_id)
+        if len(job.document_ids) > num_sources:
+            self._c.catalog.update_job(job.id, document_ids=job.document_ids[:num_sources])
+        for doc_id in job.document_ids[:num_sources]:
+            doc = self._c.catalog.get_document(doc_id)
+            if doc is not None and doc.status == DocumentStatus.PENDING:
+                chunk_ids = [c.id for c in self._c.catalog.chunks_of(doc_id)]
+                self._c.retriever.remove(chunk_ids)
+                self._c.catalog.replace_chunks(doc_id, [])
+        self._c.catalog.update_job(job.id, status=JobStatus.QUEUED, stage=None)
 
     # ---- one job ---------------------------------------------------------------------------------
 
@@ -621,8 +629,8 @@ class IngestService:
             assert doc is not None and item.vectors is not None
             chunk_ids = catalog.replace_chunks(item.document_id, [
                 NewChunk(index=c.index, text=c.text, token_ids=list(c.token_ids), page=c.page,
-                         char_start=c.char_start, char_end=c.char_end, kv_key=key)
-                for c, key in zip(item.chunks, item.kv_keys, strict=True)
+                         char_start=c.char_start, char_end=c.char_end, kv_key=key, embedding=vector)
+                for c, key, vector in zip(item.chunks, item.kv_keys, item.vectors, strict=True)
             ])
             retriever.add([
                 IndexedChunk(chunk_id=cid, document_id=doc.id, text=c.text, title=doc.title, page=c.page,

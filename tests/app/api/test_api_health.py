@@ -96,7 +96,7 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
     assert set(spec["paths"]) == {
         "/health", "/ready", "/ingest", "/ingest/jobs", "/ingest/jobs/{job_id}", "/ingest/jobs/{job_id}/cancel",
         "/ingest/jobs/{job_id}/events", "/documents", "/documents/{document_id}", "/ask", "/v1/models",
-        "/v1/chat/completions", "/metrics", "/api/coverage", "/api/stats", "/api/defaults",
+        "/v1/chat/completions", "/metrics", "/api/coverage", "/api/stats", "/api/defaults", "/api/index",
     }
     ask = spec["paths"]["/ask"]["post"]
     assert set(ask["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}

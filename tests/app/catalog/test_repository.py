@@ -8,9 +8,11 @@ from app.catalog import Catalog, DocumentStatus, JobStatus
 from app.catalog.repository import NewChunk, decode_token_ids, encode_token_ids
 
 
-@pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
-    c = Catalog(f"sqlite:///{tmp_path / 'cat.db'}")
+@pytest.fixture(params=["sqlite", "postgresql"])
+def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Catalog:
+    """The same tests against the embedded SQLite catalog and a real PostgreSQL server."""
+    url = f"sqlite:///{tmp_path / 'cat.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_url")
+    c = Catalog(url)
     yield c
     c.close()
 
