@@ -30,8 +30,8 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 serve: setup
 	$(VENV)/bin/blendrag serve --host $(HOST) --port $(PORT) --data-dir $(DATA)
 
-# Debian packages the tests need (chromium, redis-server, postgresql): installed when root with apt-get,
-# otherwise one line says what to install. `make serve` needs none of them.
+# Debian packages the tests need (chromium, redis-server, postgresql, docker-compose, caddy): installed when
+# root with apt-get, otherwise one line says what to install. `make serve` needs none of them.
 system-deps:
 	scripts/system-deps.sh
 

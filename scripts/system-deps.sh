@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Debian packages the test suite needs: chromium (browser tests), redis-server (Redis tier tests),
-# postgresql (catalog/queue tests). Run by `make test` before pytest; `make serve` does not need them.
+# postgresql (catalog/queue tests), docker-compose and caddy (the compose file and Caddyfile are validated,
+# nothing is built or run). Run by `make test` before pytest; `make serve` does not need them.
 #
 # Missing packages are installed when this runs as root with apt-get (one `apt-get update`, then one
 # `apt-get install` of what is missing); otherwise it stops with one line naming what to install.
@@ -28,12 +29,14 @@ has() {
     chromium) [ -x "$root/usr/bin/chromium" ] ;;
     redis-server) [ -x "$root/usr/bin/redis-server" ] ;;
     postgresql) compgen -G "$root/usr/lib/postgresql/*/bin/initdb" >/dev/null ;;
+    docker-compose) [ -x "$root/usr/bin/docker-compose" ] ;;
+    caddy) [ -x "$root/usr/bin/caddy" ] ;;
   esac
 }
 
 missing() {
   local pkg out=()
-  for pkg in chromium redis-server postgresql; do
+  for pkg in chromium redis-server postgresql docker-compose caddy; do
     has "$pkg" || out+=("$pkg")
   done
   echo "${out[@]:-}"

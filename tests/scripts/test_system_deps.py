@@ -18,7 +18,10 @@ BINARIES = {
     "chromium": "usr/bin/chromium",
     "redis-server": "usr/bin/redis-server",
     "postgresql": "usr/lib/postgresql/15/bin/initdb",
+    "docker-compose": "usr/bin/docker-compose",
+    "caddy": "usr/bin/caddy",
 }
+ALL = tuple(BINARIES)
 
 
 def _exe(path: Path, body: str) -> None:
@@ -59,7 +62,7 @@ class Fake:
 
 def test_everything_present_does_nothing(tmp_path: Path) -> None:
     fake = Fake(tmp_path, uid=0)
-    fake.have("chromium", "redis-server", "postgresql")
+    fake.have(*ALL)
     out = fake.run()
     assert (out.returncode, out.stdout, out.stderr) == (0, "", "")
     assert fake.apt_calls() == []
@@ -70,8 +73,8 @@ def test_root_with_apt_updates_once_and_installs_only_what_is_missing(tmp_path: 
     fake.have("redis-server")
     out = fake.run()
     assert out.returncode == 0, out.stderr
-    assert fake.apt_calls() == ["update -qq", "install -y -qq chromium postgresql"]
-    assert out.stderr == "installing Debian packages the tests need: chromium postgresql\n"
+    assert fake.apt_calls() == ["update -qq", "install -y -qq chromium postgresql docker-compose caddy"]
+    assert out.stderr == "installing Debian packages the tests need: chromium postgresql docker-compose caddy\n"
     assert fake.run().returncode == 0 and len(fake.apt_calls()) == 2  # second run: nothing left to do
 
 
@@ -82,7 +85,8 @@ def test_not_root_stops_with_one_line_naming_the_packages(tmp_path: Path) -> Non
     assert out.returncode == 1
     assert out.stdout == ""
     assert out.stderr == ("error: the tests need Debian packages that are missing: run "
-                          "`sudo apt-get install -y redis-server postgresql` (or as root: make test)\n")
+                          "`sudo apt-get install -y redis-server postgresql docker-compose caddy` "
+                          "(or as root: make test)\n")
     assert fake.apt_calls() == []
 
 
@@ -99,7 +103,7 @@ def test_dry_run_says_what_it_would_run_and_runs_nothing(tmp_path: Path) -> None
     assert out.returncode == 0
     assert out.stdout.splitlines() == [
         "would run: apt-get update -qq",
-        "would run: apt-get install -y -qq chromium redis-server postgresql",
+        "would run: apt-get install -y -qq chromium redis-server postgresql docker-compose caddy",
     ]
     assert fake.apt_calls() == []
 
@@ -109,7 +113,8 @@ def test_install_that_leaves_a_binary_missing_fails(tmp_path: Path) -> None:
     out = fake.run()
     assert out.returncode == 1
     assert out.stderr.splitlines()[-1] == (
-        "error: apt-get install finished but these are still missing: chromium redis-server postgresql")
+        "error: apt-get install finished but these are still missing: chromium redis-server postgresql "
+        "docker-compose caddy")
 
 
 def test_unknown_argument_is_refused(tmp_path: Path) -> None:
