@@ -331,8 +331,9 @@ def _check_layers(
         # that stay selected go through attention and the MLP: the others' hidden states are never used.
         q, k_pre, v = tf.project_qkv(layer, h, rows, cache)
         on_k = config.deviation_on == "k"
-        keep = _select_at_check_layer(layer, check_at[layer], selector, rows.positions, chunk_index,
-                                      k_pre if on_k else v, stored_k if on_k else stored_v, p, n_ctx)
+        with serial(tf.device.type == "cpu"):  # many small ops: one thread (engine/threads.py)
+            keep = _select_at_check_layer(layer, check_at[layer], selector, rows.positions, chunk_index,
+                                          k_pre if on_k else v, stored_k if on_k else stored_v, p, n_ctx)
         if keep is not None:
             h, q = h[:, keep], q[:, :, keep]
             rows = tf.rows(rows.positions[keep], kv_len=total)
@@ -369,21 +370,6 @@ def _select_at_check_layer(
     n_ctx: int,
 ) -> torch.Tensor | None:
     """Row indices (into the current rows) that stay fresh after this check layer; None keeps all."""
-    with serial(positions.device.type == "cpu"):  # many small ops: one thread (engine/threads.py)
-        return _select_rows(layer, ratio, selector, positions, chunk_index, fresh, stored, p, n_ctx)
-
-
-def _select_rows(
-    layer: int,
-    ratio: float,
-    selector: TokenSelector,
-    positions: torch.Tensor,
-    chunk_index: torch.Tensor,
-    fresh: torch.Tensor,
-    stored: torch.Tensor,
-    p: int,
-    n_ctx: int,
-) -> torch.Tensor | None:
     is_ctx = (positions >= p) & (positions < p + n_ctx)
     ctx_idx = torch.nonzero(is_ctx).squeeze(1)  # candidates: the context rows still being recomputed
     num_keep = min(ctx_idx.numel(), num_recompute_tokens(ratio, n_ctx))
