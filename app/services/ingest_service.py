@@ -621,7 +621,7 @@ class IngestService:
 
         live = [i for i in items if i.failed is None]
         tracker.stage("commit", len(live))
-        tracker.check_cancel()
+        tracker.check_cancel(force=True)
         catalog, retriever = self._c.catalog, self._c.retriever
         num_chunks = 0
         for n, item in enumerate(live, 1):
@@ -724,10 +724,11 @@ class _Progress:
         """The current stage has `extra` more items than announced (records found while parsing)."""
         self._progress[self._stage]["total"] += extra
 
-    def check_cancel(self) -> None:
-        """Raise JobCancelled once a cancel was requested (looked up at most every CANCEL_POLL_S)."""
+    def check_cancel(self, force: bool = False) -> None:
+        """Raise JobCancelled once a cancel was requested. Looked up at most every CANCEL_POLL_S inside a
+        stage; `force` looks now (before the commit, the last point where a cancel can still take effect)."""
         now = time.monotonic()
-        if now - self._last_cancel_check < CANCEL_POLL_S:
+        if not force and now - self._last_cancel_check < CANCEL_POLL_S:
             return
         self._last_cancel_check = now
         job = self._c.catalog.get_job(self.job_id)

@@ -141,9 +141,9 @@ def test_every_mode_decodes_with_the_same_repetition_control(components: Compone
     seen = []
     submit = Scheduler.submit
 
-    def spy(self, request):
+    def spy(self, request, **kwargs):
         seen.append((request.mode, request.sampling))
-        return submit(self, request)
+        return submit(self, request, **kwargs)
 
     monkeypatch.setattr(Scheduler, "submit", spy)
     for mode in ("full", "prefix", "reuse", "blend"):
