@@ -193,8 +193,9 @@ def score_context(
         if layer in score_layers:
             probs = tf.attention_probs(q, cache.k[layer], rows, kv_len=total)[0, :, :, p : p + n]  # (heads, S, N)
             if config.score_by == "output":
-                # What a key adds to a row's output is its weight times its value: weight by ‖v‖, so keys
-                # that soak up attention but carry little (sink-like separators, articles) rank low.
+                # What a key adds to a row's output is its weight times its value: weighting by ‖v‖ is meant
+                # to rank low the keys that soak up attention but carry little (separators, articles). On
+                # SmolLM2 it changed little (docs/benchmarks.md), so plain attention is the default.
                 group = tf.cfg.num_heads // tf.cfg.num_kv_heads
                 v_norm = cache.v[layer, 0, :, p : p + n].float().norm(dim=-1)  # (kv_heads, N)
                 probs = probs * v_norm.repeat_interleave(group, dim=0)[:, None, :]
