@@ -77,7 +77,8 @@ def blend_settings(engine: Engine) -> dict[str, Any]:
     """The engine's blend settings, recorded in every result file."""
     s = engine.settings
     return {"selector": s.selector, "recompute_ratio": s.recompute_ratio, "score_layers": list(s.score_layers),
-            "score_fuse": s.score_fuse, "pool_window": s.pool_window, "min_per_chunk": s.min_per_chunk,
+            "score_fuse": s.score_fuse, "score_by": s.score_by, "pool_window": s.pool_window,
+            "min_per_chunk": s.min_per_chunk,
             "check_layers": list(s.check_layers), "deviation_on": s.deviation_on}
 
 
