@@ -35,9 +35,10 @@ serve: setup
 system-deps:
 	scripts/system-deps.sh
 
-# Lint first: a lint error fails `make test` (and CI) before any test runs. -rs prints every skip's reason.
+# Lint first: a lint or format error fails `make test` (and CI) before any test runs. -rs prints every skip's reason.
 test: setup system-deps
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 lint: setup

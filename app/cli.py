@@ -32,8 +32,12 @@ def _settings(args: argparse.Namespace, **extra: Any) -> Settings:
 
 
 def _add_data_dir(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="where the catalog, index, KV store and converted models live (default ./data)")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the catalog, index, KV store and converted models live (default ./data)",
+    )
 
 
 def _busy_message(settings: Settings, owner: LockOwner | None, then: str) -> str:
@@ -45,8 +49,9 @@ def _busy_message(settings: Settings, owner: LockOwner | None, then: str) -> str
     return f"data dir {settings.data_dir} is in use by {who}: {what}"
 
 
-def _take_data_dir(settings: Settings, command: str, then: str, *, remote: bool
-                   ) -> tuple[RemoteServer | None, DataDirLock | None]:
+def _take_data_dir(
+    settings: Settings, command: str, then: str, *, remote: bool
+) -> tuple[RemoteServer | None, DataDirLock | None]:
     """Own the data dir for this command, or (remote=True) reach the server that owns it.
 
     Returns (server client, None) when the work goes to the running server over HTTP, else (None, lock).
@@ -104,8 +109,9 @@ def _progress_printer() -> tuple[Any, Any]:
         if bar is None:
             for other in bars.values():
                 other.close()
-            bar = bars[stage] = tqdm(total=p.get("total", 0), desc=f"{stage:>6}", unit="item",
-                                     file=sys.stderr, leave=True)
+            bar = bars[stage] = tqdm(
+                total=p.get("total", 0), desc=f"{stage:>6}", unit="item", file=sys.stderr, leave=True
+            )
         bar.total = p.get("total", 0)
         bar.n = p.get("done", 0)
         bar.refresh()
@@ -117,8 +123,7 @@ def _progress_printer() -> tuple[Any, Any]:
     return on_progress, close
 
 
-def _print_job(job_id: str, status: str, document_ids: list[str], errors: list[dict[str, Any]],
-               num_files: int) -> int:
+def _print_job(job_id: str, status: str, document_ids: list[str], errors: list[dict[str, Any]], num_files: int) -> int:
     num_ok = len(document_ids) - len({e.get("source") for e in errors})
     print(f"job {job_id}: {status}; {max(num_ok, 0)} of {num_files} file(s) ingested")
     for err in errors:
@@ -156,8 +161,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         components = build_components(settings, role="worker")  # PostgreSQL: only embeds; replicas index
         try:
             service = IngestService(components)
-            sources = [IngestSource(kind="file", title=f.name, path=str(f.resolve()),
-                                    source_path=str(f.resolve()), tags=tags) for f in files]
+            sources = [
+                IngestSource(kind="file", title=f.name, path=str(f.resolve()), source_path=str(f.resolve()), tags=tags)
+                for f in files
+            ]
             submitted = service.submit(sources, enqueue=False)
             local_job = service.run_job(submitted.job_id, on_progress=lambda j: on_progress(j.stage, j.progress))
             close_bars()
@@ -177,17 +184,27 @@ def _print_sources(sources: list[dict[str, Any]]) -> None:
 def _print_done(done: dict[str, Any]) -> None:
     t = done["timings"]
     how = f"{done['mode']} ({done['selector']})" if done.get("selector") else done["mode"]
-    print(f"\nmode {how}, recompute ratio {done['recompute_ratio']:.2f}; "
-          f"retrieval {t['retrieval_ms']:.0f} ms, KV load {t['kv_load_ms']:.0f} ms, "
-          f"TTFT {t['ttft_ms']:.0f} ms, total {t['total_ms']:.0f} ms; "
-          f"KV hits {done['kv_hits']}, misses {done['kv_misses']}")
+    print(
+        f"\nmode {how}, recompute ratio {done['recompute_ratio']:.2f}; "
+        f"retrieval {t['retrieval_ms']:.0f} ms, KV load {t['kv_load_ms']:.0f} ms, "
+        f"TTFT {t['ttft_ms']:.0f} ms, total {t['total_ms']:.0f} ms; "
+        f"KV hits {done['kv_hits']}, misses {done['kv_misses']}"
+    )
 
 
 def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
-    body = {k: v for k, v in {"question": args.question, "top_k": args.top_k, "mode": args.mode,
-                              "recompute_ratio": args.ratio, "selector": args.selector,
-                              "max_tokens": args.max_tokens}.items()
-            if v is not None}
+    body = {
+        k: v
+        for k, v in {
+            "question": args.question,
+            "top_k": args.top_k,
+            "mode": args.mode,
+            "recompute_ratio": args.ratio,
+            "selector": args.selector,
+            "max_tokens": args.max_tokens,
+        }.items()
+        if v is not None
+    }
     sources: list[dict[str, Any]] = []
     code = 0
     with remote:
@@ -214,8 +231,14 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     try:  # the same validation (and limits) as POST /ask, before any model is loaded
-        body = AskIn(question=args.question, top_k=args.top_k, mode=args.mode, recompute_ratio=args.ratio,
-                     selector=args.selector, max_tokens=args.max_tokens)
+        body = AskIn(
+            question=args.question,
+            top_k=args.top_k,
+            mode=args.mode,
+            recompute_ratio=args.ratio,
+            selector=args.selector,
+            max_tokens=args.max_tokens,
+        )
     except ValidationError as exc:
         flags = {"recompute_ratio": "--ratio", "top_k": "--top-k", "max_tokens": "--max-tokens", "mode": "--mode"}
         for err in exc.errors():
@@ -281,14 +304,18 @@ def human_bytes(n: int | None) -> str:
 def _print_tiers(tiers: list[dict[str, Any]], where: str) -> None:
     """One row per KV tier: entries, size against budget, hit rate, evictions, faults."""
     print(f"KV cache tiers ({where})")
-    print(f"{'tier':<8}{'entries':>9}{'size':>12}{'budget':>12}{'hits':>8}{'misses':>8}{'hit rate':>10}"
-          f"{'evictions':>11}{'faults':>8}")
+    print(
+        f"{'tier':<8}{'entries':>9}{'size':>12}{'budget':>12}{'hits':>8}{'misses':>8}{'hit rate':>10}"
+        f"{'evictions':>11}{'faults':>8}"
+    )
     for t in tiers:
         lookups = t["num_hits"] + t["num_misses"]
         rate = f"{100 * t['num_hits'] / lookups:.1f}%" if lookups else "-"
         name = t["name"] if t.get("available", True) else f"{t['name']}!"
-        print(f"{name:<8}{t['num_entries']:>9}{human_bytes(t['num_bytes']):>12}{human_bytes(t['budget_bytes']):>12}"
-              f"{t['num_hits']:>8}{t['num_misses']:>8}{rate:>10}{t['num_evictions']:>11}{t['num_faults']:>8}")
+        print(
+            f"{name:<8}{t['num_entries']:>9}{human_bytes(t['num_bytes']):>12}{human_bytes(t['budget_bytes']):>12}"
+            f"{t['num_hits']:>8}{t['num_misses']:>8}{rate:>10}{t['num_evictions']:>11}{t['num_faults']:>8}"
+        )
     if any(not t.get("available", True) for t in tiers):
         print("(!: tier unreachable)")
 
@@ -299,8 +326,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     command = f"blendrag cache {args.cache_command}"
-    remote, lock = _take_data_dir(settings, f"cache {args.cache_command}", command,
-                                  remote=args.cache_command == "stats")
+    remote, lock = _take_data_dir(
+        settings, f"cache {args.cache_command}", command, remote=args.cache_command == "stats"
+    )
     if remote is not None:
         with remote:
             stats = remote.stats()
@@ -317,15 +345,19 @@ def cmd_cache(args: argparse.Namespace) -> int:
                     return 0
                 case "verify":
                     report = admin.verify(store)
-                    print(f"checked {report.num_checked} entries: {report.num_ok} ok, "
-                          f"{len(report.problems)} bad (removed)")
+                    print(
+                        f"checked {report.num_checked} entries: {report.num_ok} ok, "
+                        f"{len(report.problems)} bad (removed)"
+                    )
                     for problem in report.problems:
                         print(f"  {problem.tier} {problem.key[:16]}: {problem.reason}")
                     return 0
                 case "prune":
                     pr = admin.prune(store, args.max_bytes)
-                    print(f"pruned {pr.num_removed} entries ({human_bytes(pr.bytes_removed)}); "
-                          f"disk tier now {human_bytes(pr.bytes_after)}")
+                    print(
+                        f"pruned {pr.num_removed} entries ({human_bytes(pr.bytes_removed)}); "
+                        f"disk tier now {human_bytes(pr.bytes_after)}"
+                    )
                     return 0
         finally:
             store.close()
@@ -403,8 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("question")
     p.add_argument("--mode", choices=MODES, default=None)
     p.add_argument("--ratio", type=float, default=None, help="recompute ratio in [0, 1]")
-    p.add_argument("--selector", choices=SELECTORS, default=None,
-                   help="which context tokens blend recomputes (default: settings)")
+    p.add_argument(
+        "--selector", choices=SELECTORS, default=None, help="which context tokens blend recomputes (default: settings)"
+    )
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     _add_data_dir(p)
@@ -412,8 +445,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("cache", help="inspect and maintain the KV store")
     csub = p.add_subparsers(dest="cache_command", required=True)
-    for name, help_text in (("stats", "entries, bytes, hits and faults per tier"),
-                            ("verify", "check every entry; remove bad ones")):
+    for name, help_text in (
+        ("stats", "entries, bytes, hits and faults per tier"),
+        ("verify", "check every entry; remove bad ones"),
+    ):
         cp = csub.add_parser(name, help=help_text)
         _add_data_dir(cp)
     cp = csub.add_parser("prune", help="evict least-recently-used disk entries down to a size")
@@ -445,8 +480,10 @@ def _remote_error() -> type[Exception]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         return int(args.func(args))
     except SettingsError as exc:

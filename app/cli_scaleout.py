@@ -53,8 +53,11 @@ def cmd_db(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings(args)
     if not settings.catalog.is_postgres:
-        print("error: `blendrag worker` needs a PostgreSQL catalog (catalog.url / BLENDRAG_CATALOG__URL = "
-              "postgresql+psycopg://…); with SQLite the server runs ingest jobs itself", file=sys.stderr)
+        print(
+            "error: `blendrag worker` needs a PostgreSQL catalog (catalog.url / BLENDRAG_CATALOG__URL = "
+            "postgresql+psycopg://…); with SQLite the server runs ingest jobs itself",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     from app.jobs.worker import run_worker
 

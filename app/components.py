@@ -35,8 +35,9 @@ class Components:
         """The KV entry key a chunk has under the current model, system prompt and storage dtype."""
         from kvcache.keys import chunk_key
 
-        return chunk_key(self.engine.fingerprint, self.engine.prompt.prefix_ids, token_ids,
-                         self.settings.kvcache.storage_dtype)
+        return chunk_key(
+            self.engine.fingerprint, self.engine.prompt.prefix_ids, token_ids, self.settings.kvcache.storage_dtype
+        )
 
     def close(self) -> None:
         self.retriever.save()
@@ -60,9 +61,13 @@ def build_components(settings: Settings, *, role: Role = "server") -> Components
     logger.info("start-up: catalog open (%s)", catalog_label(settings.catalog.url or ""))
     step = time.perf_counter()
     model = settings.engine.model
-    logger.info("start-up: loading the model %s%s …", model,
-                " (converted to safetensors under the data dir on first start, ~20 s, then reused)"
-                if model == "builtin" else "")
+    logger.info(
+        "start-up: loading the model %s%s …",
+        model,
+        " (converted to safetensors under the data dir on first start, ~20 s, then reused)"
+        if model == "builtin"
+        else "",
+    )
     engine = Engine(settings.engine, models_dir=settings.models_dir)
     logger.info("start-up: model loaded and its prompt prefix warmed in %.1f s", time.perf_counter() - step)
     store = TieredKVStore(settings.kvcache)
@@ -71,10 +76,12 @@ def build_components(settings: Settings, *, role: Role = "server") -> Components
     retriever = open_retriever(settings, catalog, role)
     logger.info("start-up: loading the embedder %s …", settings.retrieval.embedder)
     retriever.embedder.load()  # now, not at the first question
-    logger.info("start-up: embedder loaded and index of %d chunks open in %.1f s", retriever.count,
-                time.perf_counter() - step)
-    logger.info("start-up: components ready in %.1f s (model fingerprint %s)", time.perf_counter() - t0,
-                engine.fingerprint[:12])
+    logger.info(
+        "start-up: embedder loaded and index of %d chunks open in %.1f s", retriever.count, time.perf_counter() - step
+    )
+    logger.info(
+        "start-up: components ready in %.1f s (model fingerprint %s)", time.perf_counter() - t0, engine.fingerprint[:12]
+    )
     return Components(settings=settings, catalog=catalog, engine=engine, store=store, retriever=retriever)
 
 
@@ -92,5 +99,4 @@ def build_scheduler(components: Components) -> Scheduler:
     from engine.scheduler import Scheduler
 
     engine_settings = components.settings.engine
-    return Scheduler(components.engine, max_queue=engine_settings.max_queue,
-                     max_running=engine_settings.max_running)
+    return Scheduler(components.engine, max_queue=engine_settings.max_queue, max_running=engine_settings.max_running)

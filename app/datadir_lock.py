@@ -119,8 +119,12 @@ def read_owner_record(path: Path) -> LockOwner | None:
             data = None
         if isinstance(data, dict):
             try:
-                return LockOwner(pid=int(data["pid"]), command=str(data["command"]), url=data.get("url"),
-                                 started_at=float(data.get("started_at", 0.0)))
+                return LockOwner(
+                    pid=int(data["pid"]),
+                    command=str(data["command"]),
+                    url=data.get("url"),
+                    started_at=float(data.get("started_at", 0.0)),
+                )
             except (KeyError, TypeError, ValueError):
                 return None
         time.sleep(0.05)

@@ -64,8 +64,12 @@ def open_retriever(settings: Settings, catalog: Catalog, role: Role = "server") 
     if role == "worker":
         return EmbedOnlyRetriever(settings.retrieval)
     retriever = CatalogFedRetriever(settings.retrieval)
-    retriever.sync = IndexSync(catalog, retriever, interval_s=settings.catalog.index_sync_interval_s,
-                               retention_s=settings.catalog.index_events_retention_s)
+    retriever.sync = IndexSync(
+        catalog,
+        retriever,
+        interval_s=settings.catalog.index_sync_interval_s,
+        retention_s=settings.catalog.index_events_retention_s,
+    )
     retriever.sync.rebuild()
     return retriever
 
@@ -73,8 +77,9 @@ def open_retriever(settings: Settings, catalog: Catalog, role: Role = "server") 
 class IndexSync:
     """Keeps a retriever equal to the ready chunks of the catalog by following its change log."""
 
-    def __init__(self, catalog: Catalog, retriever: Retriever, *, interval_s: float = 0.5,
-                 retention_s: float = 24 * 3600.0) -> None:
+    def __init__(
+        self, catalog: Catalog, retriever: Retriever, *, interval_s: float = 0.5, retention_s: float = 24 * 3600.0
+    ) -> None:
         self._catalog = catalog
         self._retriever = retriever
         self._interval_s = interval_s
@@ -124,8 +129,17 @@ class IndexSync:
     def _add(self, entries: list[IndexEntry]) -> None:
         if not entries:
             return
-        chunks = [IndexedChunk(chunk_id=e.chunk.id, document_id=e.chunk.document_id, text=e.chunk.text,
-                               title=e.chunk.title, page=e.chunk.page, tags=tuple(e.tags)) for e in entries]
+        chunks = [
+            IndexedChunk(
+                chunk_id=e.chunk.id,
+                document_id=e.chunk.document_id,
+                text=e.chunk.text,
+                title=e.chunk.title,
+                page=e.chunk.page,
+                tags=tuple(e.tags),
+            )
+            for e in entries
+        ]
         missing = [i for i, e in enumerate(entries) if e.embedding is None]
         if missing:
             # Chunks committed before the catalog stored embeddings: embed them once and store the result.

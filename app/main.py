@@ -60,21 +60,37 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
     docs_assets = docs_assets_dir()
     # Without local Swagger UI assets, FastAPI's default /docs (CDN-hosted assets) is better than none.
     docs_url, redoc_url = (None, None) if docs_assets is not None else ("/docs", "/redoc")
-    app = FastAPI(title="blendrag", version="0.1.0", lifespan=lifespan, description=DESCRIPTION,
-                  docs_url=docs_url, redoc_url=redoc_url)
+    app = FastAPI(
+        title="blendrag",
+        version="0.1.0",
+        lifespan=lifespan,
+        description=DESCRIPTION,
+        docs_url=docs_url,
+        redoc_url=redoc_url,
+    )
     app.state.blendrag = state
     install_error_handlers(app)
-    for router in (health.router, documents.router, ask.router, openai_compat.router, admin.router,
-                   index_status.router):
+    for router in (
+        health.router,
+        documents.router,
+        ask.router,
+        openai_compat.router,
+        admin.router,
+        index_status.router,
+    ):
         app.include_router(router)
     mount_ui(app)
     if docs_assets is not None:
         mount_docs(app, docs_assets)
     if settings.server.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.server.cors_origins, allow_methods=["*"],
-                           allow_headers=["*"])
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.server.max_body_bytes,
-                       max_upload_bytes=settings.server.max_upload_bytes)
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.server.cors_origins, allow_methods=["*"], allow_headers=["*"]
+        )
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_body_bytes=settings.server.max_body_bytes,
+        max_upload_bytes=settings.server.max_upload_bytes,
+    )
     # Added last so it is outermost: it sees every request, including CORS preflights and errors.
     app.add_middleware(RequestMetricsMiddleware, metrics=state.metrics)
     return app

@@ -49,8 +49,7 @@ class RemoteServer:
     def ingest_files(self, files: list[Path], tags: list[str]) -> dict[str, Any]:
         """Upload files in one multipart request; the IngestAccepted body (job_id, document_ids)."""
         with ExitStack() as stack:
-            parts = [("files", (f.name, stack.enter_context(f.open("rb")), "application/octet-stream"))
-                     for f in files]
+            parts = [("files", (f.name, stack.enter_context(f.open("rb")), "application/octet-stream")) for f in files]
             data = {"tags": ",".join(tags)} if tags else {}
             return self._request("POST", "/ingest", files=parts, data=data, timeout=None)
 
@@ -75,8 +74,9 @@ class RemoteServer:
     def ask(self, body: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
         """(event, data) of the /ask stream: sources, token…, done or error."""
         try:
-            with self._client.stream("POST", "/ask", json=body, timeout=httpx.Timeout(TIMEOUT_S, read=None)
-                                     ) as response:
+            with self._client.stream(
+                "POST", "/ask", json=body, timeout=httpx.Timeout(TIMEOUT_S, read=None)
+            ) as response:
                 if response.status_code >= 400:
                     response.read()
                     _raise_for_status(response)

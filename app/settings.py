@@ -35,19 +35,23 @@ class ServerSettings(BaseModel):
         default=None, description="When set, ingest, delete and admin routes need `Authorization: Bearer`."
     )
     protect_ask: bool = Field(
-        default=False, description="With api_key set: /ask and /v1/* need the key too (else anyone may ask, "
+        default=False,
+        description="With api_key set: /ask and /v1/* need the key too (else anyone may ask, "
         "and answers quote stored passages)",
     )
     ask_rate_per_minute: float | None = Field(
-        default=120.0, gt=0, description="Question requests per minute per API key (or IP without one); "
-        "null: no limit",
+        default=120.0,
+        gt=0,
+        description="Question requests per minute per API key (or IP without one); null: no limit",
     )
     ask_burst: int = Field(default=30, ge=1, description="Question requests a client may send at once")
     cors_origins: list[str] = Field(default_factory=list)
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0,
-                                description="Largest JSON (non-multipart) request body; larger is a 413")
-    max_upload_bytes: int = Field(default=256 * 1024 * 1024, gt=0,
-                                  description="Largest multipart request (all files together); larger is a 413")
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024, gt=0, description="Largest JSON (non-multipart) request body; larger is a 413"
+    )
+    max_upload_bytes: int = Field(
+        default=256 * 1024 * 1024, gt=0, description="Largest multipart request (all files together); larger is a 413"
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -55,14 +59,16 @@ class CatalogSettings(BaseModel):
     url: str | None = Field(
         default=None,
         description="SQLAlchemy URL: sqlite:///<data_dir>/catalog.db (default) or postgresql+psycopg://user@host/db. "
-                    "PostgreSQL turns on scale-out: ingest jobs go to the PostgreSQL queue for `blendrag worker`, "
-                    "and each replica's index follows the catalog.",
+        "PostgreSQL turns on scale-out: ingest jobs go to the PostgreSQL queue for `blendrag worker`, "
+        "and each replica's index follows the catalog.",
     )
     auto_upgrade: bool = Field(default=True, description="Apply pending schema migrations when opening")
-    index_sync_interval_s: float = Field(default=0.5, gt=0, le=60,
-                                         description="PostgreSQL: how often a replica polls the index change log")
-    index_events_retention_s: float = Field(default=24 * 3600, gt=0,
-                                            description="PostgreSQL: change log kept this long")
+    index_sync_interval_s: float = Field(
+        default=0.5, gt=0, le=60, description="PostgreSQL: how often a replica polls the index change log"
+    )
+    index_events_retention_s: float = Field(
+        default=24 * 3600, gt=0, description="PostgreSQL: change log kept this long"
+    )
 
     @field_validator("url")
     @classmethod
@@ -83,8 +89,9 @@ class CatalogSettings(BaseModel):
 class WorkerSettings(BaseModel):
     """`blendrag worker` (PostgreSQL catalog only): takes ingest jobs from the PostgreSQL queue."""
 
-    heartbeat_timeout_s: float = Field(default=30.0, gt=0,
-                                       description="A job whose worker is silent this long goes to another worker")
+    heartbeat_timeout_s: float = Field(
+        default=30.0, gt=0, description="A job whose worker is silent this long goes to another worker"
+    )
     poll_interval_s: float = Field(default=5.0, gt=0, description="Queue poll when no notification arrives")
 
 

@@ -74,8 +74,12 @@ class AppState:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
 
-        ingest_options = {"on_chunks_committed": on_commit, "prefill_rate": self.prefill_rate,
-                          "scheduler": self.scheduler, "on_storage_fault": self.storage.record}
+        ingest_options = {
+            "on_chunks_committed": on_commit,
+            "prefill_rate": self.prefill_rate,
+            "scheduler": self.scheduler,
+            "on_storage_fault": self.storage.record,
+        }
         if self.settings.catalog.is_postgres:
             # Scale-out: jobs go to the PostgreSQL queue (`blendrag worker`), the index follows the catalog.
             from app.jobs.pg_queue import PgJobQueue

@@ -27,10 +27,17 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-PG_BIN = next((d for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
-               if os.path.exists(os.path.join(d, "initdb"))), None)
-REDIS_BIN = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server")
-                                              else None)
+PG_BIN = next(
+    (
+        d
+        for d in sorted(glob.glob("/usr/lib/postgresql/*/bin"), reverse=True)
+        if os.path.exists(os.path.join(d, "initdb"))
+    ),
+    None,
+)
+REDIS_BIN = shutil.which("redis-server") or (
+    "/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None
+)
 PG_RUN_AS = "postgres"
 
 
@@ -40,8 +47,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait(predicate: Any, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None,
-          log: Path | None = None) -> None:
+def _wait(
+    predicate: Any, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if proc is not None and proc.poll() is not None:
@@ -87,26 +95,62 @@ class PostgresServer:
         if os.geteuid() == 0:
             shutil.chown(self.root, PG_RUN_AS, PG_RUN_AS)
         data = self.root / "pgdata"
-        subprocess.run(self._as_pg_user([f"{PG_BIN}/initdb", "-D", str(data), "-U", self.user, "--auth=trust",
-                                         "-E", "UTF8", "--no-sync"]),
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.run(
+            self._as_pg_user(
+                [f"{PG_BIN}/initdb", "-D", str(data), "-U", self.user, "--auth=trust", "-E", "UTF8", "--no-sync"]
+            ),
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         log = self.root / "postgres.log"
         # fsync off: nothing here must survive a power cut, and it keeps a 2-core machine responsive.
         self.proc = subprocess.Popen(
-            self._as_pg_user([f"{PG_BIN}/postgres", "-D", str(data), "-h", "127.0.0.1", "-p", str(self.port),
-                              "-k", str(self.root), "-c", "fsync=off", "-c", "synchronous_commit=off",
-                              "-c", "full_page_writes=off", "-c", "max_connections=200"]),
-            stdout=subprocess.DEVNULL, stderr=log.open("wb"))
-        _wait(lambda: subprocess.run([f"{PG_BIN}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q"],
-                                     check=False).returncode == 0, 30, "postgres", self.proc, log)
+            self._as_pg_user(
+                [
+                    f"{PG_BIN}/postgres",
+                    "-D",
+                    str(data),
+                    "-h",
+                    "127.0.0.1",
+                    "-p",
+                    str(self.port),
+                    "-k",
+                    str(self.root),
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "full_page_writes=off",
+                    "-c",
+                    "max_connections=200",
+                ]
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("wb"),
+        )
+        _wait(
+            lambda: (
+                subprocess.run(
+                    [f"{PG_BIN}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-q"], check=False
+                ).returncode
+                == 0
+            ),
+            30,
+            "postgres",
+            self.proc,
+            log,
+        )
 
     def create_database(self, name: str | None = None) -> str:
         """A fresh, empty database; returns its SQLAlchemy URL."""
         import psycopg
 
         name = name or f"blendrag_{uuid.uuid4().hex[:12]}"
-        with psycopg.connect(host="127.0.0.1", port=self.port, user=self.user, dbname="postgres",
-                             autocommit=True) as conn:
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, user=self.user, dbname="postgres", autocommit=True
+        ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
@@ -125,8 +169,11 @@ def start_redis(root: Path) -> tuple[subprocess.Popen[bytes], str]:
     if REDIS_BIN is None:
         raise RuntimeError("redis-server not found: apt-get install redis-server")
     port = free_port()
-    proc = subprocess.Popen([REDIS_BIN, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
-                             "no", "--dir", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [REDIS_BIN, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(root)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
     def pong() -> bool:
         try:
@@ -183,10 +230,16 @@ class Cluster:
             catalog_url = cluster.postgres.create_database()
             redis, redis_url = start_redis(root)
             cluster.services.append(redis)
-            cluster.env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1",
-                           "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                           "BLENDRAG_CATALOG__URL": catalog_url, "BLENDRAG_KVCACHE__REDIS_URL": redis_url,
-                           **(settings_env or {})}
+            cluster.env = {
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "HF_HUB_OFFLINE": "1",
+                "TRANSFORMERS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false",
+                "BLENDRAG_CATALOG__URL": catalog_url,
+                "BLENDRAG_KVCACHE__REDIS_URL": redis_url,
+                **(settings_env or {}),
+            }
             # Migrate once up front, as docker/compose.yaml's `migrate` service does.
             migrated = cluster.run("db", "upgrade")
             if migrated.returncode != 0:
@@ -201,19 +254,37 @@ class Cluster:
         return self.env["BLENDRAG_CATALOG__URL"]
 
     def blendrag(self, *args: str, log: Path) -> subprocess.Popen[bytes]:
-        return subprocess.Popen([sys.executable, "-m", "app.cli", *args], cwd=REPO, env=self.env,
-                                stdout=log.open("wb"), stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            [sys.executable, "-m", "app.cli", *args],
+            cwd=REPO,
+            env=self.env,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, env=self.env,
-                              capture_output=True, text=True, timeout=600, check=False)
+        return subprocess.run(
+            [sys.executable, "-m", "app.cli", *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
 
     def add_replica(self, wait: bool = True) -> Process:
         name = f"replica-{len(self.replicas) + 1}"
         port = free_port()
         log = self.root / f"{name}.log"
-        process = Process(name, self.blendrag("serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir",
-                                               str(self.root / name), log=log), log, port)
+        process = Process(
+            name,
+            self.blendrag(
+                "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(self.root / name), log=log
+            ),
+            log,
+            port,
+        )
         self.replicas.append(process)
         if wait:
             self.wait_ready(process)

@@ -64,8 +64,14 @@ def load_dataset(path: Path) -> list[Example]:
         ctxs = item.get("ctxs") or []
         if not isinstance(ctxs, list):
             raise DatasetError(f"{where}: 'ctxs' must be a list")
-        examples.append(Example(index=i, question=item["question"], answers=list(answers),
-                                passages=[_passage(c, f"{where}.ctxs[{j}]") for j, c in enumerate(ctxs)]))
+        examples.append(
+            Example(
+                index=i,
+                question=item["question"],
+                answers=list(answers),
+                passages=[_passage(c, f"{where}.ctxs[{j}]") for j, c in enumerate(ctxs)],
+            )
+        )
     return examples
 
 

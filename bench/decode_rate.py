@@ -25,23 +25,35 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-async def _request(state: AppState, example: Example, num_passages: int, chunk_tokens: int, ratio: float,
-                   max_tokens: int, kv_cache: dict[tuple[int, ...], Any]):
+async def _request(
+    state: AppState,
+    example: Example,
+    num_passages: int,
+    chunk_tokens: int,
+    ratio: float,
+    max_tokens: int,
+    kv_cache: dict[tuple[int, ...], Any],
+):
     from engine.scheduler import PrefillPriority
     from engine.types import GenerationRequest
     from kvcache.types import InMemoryLayerSource
 
     engine, scheduler = state.components.engine, state.scheduler
-    chunks = [engine.tokenizer.encode(p.text, add_special_tokens=False)[:chunk_tokens]
-              for p in example.passages[:num_passages]]
+    chunks = [
+        engine.tokenizer.encode(p.text, add_special_tokens=False)[:chunk_tokens]
+        for p in example.passages[:num_passages]
+    ]
     todo = [c for c in chunks if tuple(c) not in kv_cache]
     computed = await asyncio.to_thread(scheduler.prefill_chunks, todo, priority=PrefillPriority.QUESTION)
     kv_cache.update({tuple(c): kv for c, kv in zip(todo, computed, strict=True)})
     kvs = [kv_cache[tuple(c)] for c in chunks]
     settings = state.settings.engine
     return GenerationRequest(  # as AskService builds it (the passages in their rank order)
-        request_id=str(uuid.uuid4()), layout=engine.prompt.layout_ranked(chunks, example.question),
-        kv_source=InMemoryLayerSource(kvs), mode="blend", blend=settings.blend_config(recompute_ratio=ratio),
+        request_id=str(uuid.uuid4()),
+        layout=engine.prompt.layout_ranked(chunks, example.question),
+        kv_source=InMemoryLayerSource(kvs),
+        mode="blend",
+        blend=settings.blend_config(recompute_ratio=ratio),
         sampling=settings.sampling_params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
     )
 
@@ -64,14 +76,23 @@ async def _one_round(state: AppState, requests: list) -> dict[str, Any]:
     tokens = sum(1 for s in stamps for t in s if start < t <= end)
     window = end - start
     return {
-        "clients": len(requests), "window_s": window, "window_tokens": tokens,
+        "clients": len(requests),
+        "window_s": window,
+        "window_tokens": tokens,
         "decode_tokens_per_s": tokens / window if window > 0 and tokens else None,
         "tokens_per_request": len(stamps[0]),
     }
 
 
-async def measure(state: AppState, examples: list[Example], clients: list[int], num_passages: int,
-                  chunk_tokens: int, ratio: float, max_tokens: int) -> dict[str, Any]:
+async def measure(
+    state: AppState,
+    examples: list[Example],
+    clients: list[int],
+    num_passages: int,
+    chunk_tokens: int,
+    ratio: float,
+    max_tokens: int,
+) -> dict[str, Any]:
     """Decode rate at each client count; `speedup` is the largest count's rate ÷ one client's."""
     results: dict[str, Any] = {}
     kv_cache: dict[tuple[int, ...], Any] = {}  # chunk token ids → KV, computed once for all rounds
@@ -81,8 +102,16 @@ async def measure(state: AppState, examples: list[Example], clients: list[int], 
         load = load_avg()
         round_ = await _one_round(state, requests)
         results[str(n)] = round_ | {"load_avg": load}
-        logger.info("decode with %d client(s): %s tok/s over %.1fs (load %s)", n, round_["decode_tokens_per_s"],
-                    round_["window_s"], load)
+        logger.info(
+            "decode with %d client(s): %s tok/s over %.1fs (load %s)",
+            n,
+            round_["decode_tokens_per_s"],
+            round_["window_s"],
+            load,
+        )
     one, most = results.get("1", {}).get("decode_tokens_per_s"), results[str(max(clients))]["decode_tokens_per_s"]
-    return {"per_clients": results, "max_tokens": max_tokens,
-            "speedup": most / one if one and most and max(clients) > 1 else None}
+    return {
+        "per_clients": results,
+        "max_tokens": max_tokens,
+        "speedup": most / one if one and most and max(clients) > 1 else None,
+    }

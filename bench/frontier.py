@@ -57,15 +57,27 @@ SELECTOR_COLORS = {"query": "tab:blue", "deviation": "tab:red", "first_k": "tab:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="speed-up vs KL / fidelity for every selector × ratio (Pareto)",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="speed-up vs KL / fidelity for every selector × ratio (Pareto)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=20, passages=6, out="frontier.json")
     parser.add_argument("--ratios", default="0.02,0.05,0.1,0.15,0.3", help="recompute ratios, comma-separated")
-    parser.add_argument("--selectors", default="query,deviation,first_k,random", type=parse_selectors,
-                        help="selectors to compare at every ratio")
+    parser.add_argument(
+        "--selectors",
+        default="query,deviation,first_k,random",
+        type=parse_selectors,
+        help="selectors to compare at every ratio",
+    )
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length (fidelity, F1)")
-    parser.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "bf16", "int8"],
-                        help="storage dtype the cached modes read (fp16: what the store serves)")
+    parser.add_argument(
+        "--kv-dtype",
+        default="fp16",
+        choices=["fp32", "fp16", "bf16", "int8"],
+        help="storage dtype the cached modes read (fp16: what the store serves)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of each selector before timing")
     add_blend_args(parser)
     parser.set_defaults(func=main)
@@ -101,9 +113,16 @@ def speed(per_example: list[dict[str, Any]], names: list[str]) -> dict[str, dict
 def pareto(modes: dict[str, dict[str, Any]]) -> list[str]:
     """Modes no other mode beats on both speed-up and KL (higher speed-up, lower KL)."""
     names = [n for n in modes if n != "full"]
-    return [a for a in names if not any(
-        modes[b]["speedup"] >= modes[a]["speedup"] and modes[b]["kl"] <= modes[a]["kl"]
-        and (modes[b]["speedup"], modes[b]["kl"]) != (modes[a]["speedup"], modes[a]["kl"]) for b in names)]
+    return [
+        a
+        for a in names
+        if not any(
+            modes[b]["speedup"] >= modes[a]["speedup"]
+            and modes[b]["kl"] <= modes[a]["kl"]
+            and (modes[b]["speedup"], modes[b]["kl"]) != (modes[a]["speedup"], modes[a]["kl"])
+            for b in names
+        )
+    ]
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -116,8 +135,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax_kl.plot(xs, [max(modes[n]["kl"], 1e-12) for n in names], "o-", color=color, label=selector)
         ax_fid.plot(xs, [modes[n]["fidelity_f1"] for n in names], "o-", color=color, label=selector)
         for n, x in zip(names, xs, strict=True):
-            ax_kl.annotate(n.split("@")[1], (x, max(modes[n]["kl"], 1e-12)), fontsize=6, color=color,
-                           xytext=(2, 2), textcoords="offset points")
+            ax_kl.annotate(
+                n.split("@")[1],
+                (x, max(modes[n]["kl"], 1e-12)),
+                fontsize=6,
+                color=color,
+                xytext=(2, 2),
+                textcoords="offset points",
+            )
     reuse = modes["reuse"]
     ax_kl.plot([reuse["speedup"]], [reuse["kl"]], "s", color="black", label="reuse (r=0)")
     ax_fid.plot([reuse["speedup"]], [reuse["fidelity_f1"]], "s", color="black", label="reuse (r=0)")
@@ -132,8 +157,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax_fid.set_ylim(0, 1.05)
     ax_kl.legend(fontsize=7)
     ax_fid.legend(fontsize=7, loc="lower left")
-    fig.suptitle(f"{result['model']} · {result['dataset_name']} · {result['examples']} ex × {result['passages']} "
-                 f"passages ({result['mean_prompt_tokens']:.0f} tokens) · KV {result['kv_dtype']}", fontsize=9)
+    fig.suptitle(
+        f"{result['model']} · {result['dataset_name']} · {result['examples']} ex × {result['passages']} "
+        f"passages ({result['mean_prompt_tokens']:.0f} tokens) · KV {result['kv_dtype']}",
+        fontsize=9,
+    )
     save_figure(fig, path)
 
 
@@ -156,21 +184,38 @@ def main(args: argparse.Namespace) -> int:
         if spec.mode == "blend" and spec.blend is not None:
             modes[spec.name] |= {"selector": spec.blend.selector, "ratio": spec.blend.recompute_ratio}
     result: dict[str, Any] = {
-        "benchmark": NAME, "model": model_name(engine), "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
-        "seed": args.seed, "ratios": ratios, "selectors": args.selectors, "kv_dtype": args.kv_dtype,
-        "max_tokens": args.max_tokens, "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
-        "blend": blend_settings(engine), "machine": machine_info(engine),
-        "modes": modes, "no_context": evaluated["no_context"], "pareto": pareto(modes),
+        "benchmark": NAME,
+        "model": model_name(engine),
+        "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem,
+        "examples": len(prompts),
+        "passages": args.passages,
+        "seed": args.seed,
+        "ratios": ratios,
+        "selectors": args.selectors,
+        "kv_dtype": args.kv_dtype,
+        "max_tokens": args.max_tokens,
+        "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
+        "blend": blend_settings(engine),
+        "machine": machine_info(engine),
+        "modes": modes,
+        "no_context": evaluated["no_context"],
+        "pareto": pareto(modes),
         "per_example": evaluated["per_example"],
     }
     result["run"] = run.finish()
     write_json(args.out, result)
     plot(result, plot_path(args))
     for name, m in modes.items():
-        logger.info("%-15s %6.2fx  ttft %.3fs  kl %s  benefit %s  fidelity %s  f1 %.3f", name, m["speedup"],
-                    m["ttft_s_median"], f"{m['kl']:.3e}" if "kl" in m else "-",
-                    f"{m['benefit_retained']:.3f}" if "benefit_retained" in m else "-",
-                    f"{m['fidelity_f1']:.3f}" if "fidelity_f1" in m else "-", m["f1"])
+        logger.info(
+            "%-15s %6.2fx  ttft %.3fs  kl %s  benefit %s  fidelity %s  f1 %.3f",
+            name,
+            m["speedup"],
+            m["ttft_s_median"],
+            f"{m['kl']:.3e}" if "kl" in m else "-",
+            f"{m['benefit_retained']:.3f}" if "benefit_retained" in m else "-",
+            f"{m['fidelity_f1']:.3f}" if "fidelity_f1" in m else "-",
+            m["f1"],
+        )
     logger.info("Pareto-optimal (speed-up, KL): %s", ", ".join(result["pareto"]))
     return 0

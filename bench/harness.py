@@ -29,29 +29,41 @@ DEFAULT_MODELS_DIR = Path("data/models")
 DEFAULT_OUT_DIR = Path("bench/out")  # git-ignored
 
 
-def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples: int, passages: int,
-                    out: str) -> None:
+def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples: int, passages: int, out: str) -> None:
     parser.add_argument("--dataset", type=Path, default=dataset, help="question/passages JSON file")
     parser.add_argument("--examples", type=int, default=examples, help="number of examples (seeded sample)")
     parser.add_argument("--passages", type=int, default=passages, help="passages (chunks) per prompt")
     parser.add_argument("--seed", type=int, default=0, help="which examples (seeded shuffle)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR / out,
-                        help=f"JSON result file (default: {DEFAULT_OUT_DIR / out})")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT_DIR / out, help=f"JSON result file (default: {DEFAULT_OUT_DIR / out})"
+    )
     parser.add_argument("--plot", type=Path, default=None, help="PNG plot (default: --out with .png)")
     parser.add_argument("--model", default="builtin", help="'builtin' (SmolLM2-135M) or an HF checkpoint dir")
-    parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR,
-                        help="where the built-in model is converted once (default: the server's)")
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        default=DEFAULT_MODELS_DIR,
+        help="where the built-in model is converted once (default: the server's)",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                        help="model compute dtype (auto: float32 on CPU)")
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="model compute dtype (auto: float32 on CPU)",
+    )
 
 
 def add_blend_args(parser: argparse.ArgumentParser) -> None:
     """Options that change the engine's blend settings (default: the server's own defaults)."""
     from engine.types import SELECTORS
 
-    parser.add_argument("--selector", default=None, choices=SELECTORS,
-                        help="blend token selector (default: the engine's default selector)")
+    parser.add_argument(
+        "--selector",
+        default=None,
+        choices=SELECTORS,
+        help="blend token selector (default: the engine's default selector)",
+    )
     parser.add_argument("--score-layers", default=None, help="query selector: scoring layers, comma-separated")
     parser.add_argument("--check-layers", default=None, help="deviation selector: check layers, comma-separated")
 
@@ -76,10 +88,17 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
 def blend_settings(engine: Engine) -> dict[str, Any]:
     """The engine's blend settings, recorded in every result file."""
     s = engine.settings
-    return {"selector": s.selector, "recompute_ratio": s.recompute_ratio, "score_layers": list(s.score_layers),
-            "score_fuse": s.score_fuse, "score_by": s.score_by, "pool_window": s.pool_window,
-            "min_per_chunk": s.min_per_chunk,
-            "check_layers": list(s.check_layers), "deviation_on": s.deviation_on}
+    return {
+        "selector": s.selector,
+        "recompute_ratio": s.recompute_ratio,
+        "score_layers": list(s.score_layers),
+        "score_fuse": s.score_fuse,
+        "score_by": s.score_by,
+        "pool_window": s.pool_window,
+        "min_per_chunk": s.min_per_chunk,
+        "check_layers": list(s.check_layers),
+        "deviation_on": s.deviation_on,
+    }
 
 
 def plot_path(args: argparse.Namespace) -> Path:
@@ -123,8 +142,12 @@ class RunRecord:
     load_start: list[float] = field(default_factory=load_avg)
 
     def finish(self) -> dict[str, Any]:
-        return {"elapsed_s": round(time.perf_counter() - self.started, 2), "load_avg_start": self.load_start,
-                "load_avg_end": load_avg(), "unix_time": int(time.time())}
+        return {
+            "elapsed_s": round(time.perf_counter() - self.started, 2),
+            "load_avg_start": self.load_start,
+            "load_avg_end": load_avg(),
+            "unix_time": int(time.time()),
+        }
 
 
 def _json_safe(value: Any) -> Any:
@@ -173,8 +196,12 @@ def save_figure(fig, path: Path) -> None:
 STORAGE_DTYPES = ("fp16", "bf16", "int8")
 
 
-def put_chunks(store: TieredKVStore, engine: Engine, chunk_ids: list[list[int]], kvs: list[ChunkKV],
-               ) -> list[str]:
+def put_chunks(
+    store: TieredKVStore,
+    engine: Engine,
+    chunk_ids: list[list[int]],
+    kvs: list[ChunkKV],
+) -> list[str]:
     """Store each chunk's KV under the key /ask would look up; returns the keys in prompt order."""
     keys = []
     for ids, kv in zip(chunk_ids, kvs, strict=True):
@@ -209,8 +236,14 @@ class ChunkKVSet:
 
         if storage_dtype not in self._stores:
             budget = 2 * sum(kv.nbytes() for kv in self.kvs) + 1024 * 1024
-            store = TieredKVStore(KVCacheSettings(dir=None, storage_dtype=storage_dtype,  # type: ignore[arg-type]
-                                                  memory_bytes=budget, prefetch=False))
+            store = TieredKVStore(
+                KVCacheSettings(
+                    dir=None,
+                    storage_dtype=storage_dtype,  # type: ignore[arg-type]
+                    memory_bytes=budget,
+                    prefetch=False,
+                )
+            )
             self._stores[storage_dtype] = (store, put_chunks(store, self.engine, self.chunk_ids, self.kvs))
         return self._stores[storage_dtype]
 

@@ -44,13 +44,21 @@ RECALL_KS = (1, 5, 10)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="ingest rate per stage, KV bytes per dtype, FAISS size, recall@k",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="ingest rate per stage, KV bytes per dtype, FAISS size, recall@k",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(parser, dataset=DEFAULT_NQ6, examples=0, passages=0, out="ingest.json")
     parser.set_defaults(examples=None, passages=None)
     parser.add_argument("--chunks", type=int, default=1000, help="passages to ingest (each is one chunk)")
-    parser.add_argument("--kv-dtype", default="fp16", choices=list(STORAGE_DTYPES),
-                        help="storage dtype of the ingest (the server's default is fp16)")
+    parser.add_argument(
+        "--kv-dtype",
+        default="fp16",
+        choices=list(STORAGE_DTYPES),
+        help="storage dtype of the ingest (the server's default is fp16)",
+    )
     parser.add_argument("--dtype-sample", type=int, default=24, help="chunks used to measure KV bytes per dtype")
     parser.add_argument("--no-recall", action="store_true", help="skip the recall@k part")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the temp data dir goes")
@@ -83,10 +91,16 @@ def _ingest_part(state: Any, passages: list[Passage]) -> dict[str, Any]:
     settings = components.settings
     components.retriever.save()
     return {
-        "documents": len(passages), "chunks": len(chunks), "tokens": num_tokens,
-        "seconds": total_s, "chunks_per_s": len(chunks) / total_s,
-        "stages": {s: {"seconds": stage_s[s], "chunks_per_s": len(chunks) / stage_s[s] if stage_s[s] > 0 else None}
-                   for s in STAGES if s in stage_s},
+        "documents": len(passages),
+        "chunks": len(chunks),
+        "tokens": num_tokens,
+        "seconds": total_s,
+        "chunks_per_s": len(chunks) / total_s,
+        "stages": {
+            s: {"seconds": stage_s[s], "chunks_per_s": len(chunks) / stage_s[s] if stage_s[s] > 0 else None}
+            for s in STAGES
+            if s in stage_s
+        },
         "kv_storage_dtype": settings.kvcache.storage_dtype,
         "kv_bytes": dir_bytes(settings.kvcache.dir, "*.safetensors"),
         "faiss_index_bytes": dir_bytes(settings.index_dir, "vectors-*.bin"),
@@ -105,10 +119,18 @@ def _dtype_part(engine: Any, chunk_ids: list[list[int]]) -> dict[str, Any]:
     dtypes = {}
     for dtype in STORAGE_DTYPES:
         mem, file = kvs.stored_bytes(dtype), kvs.serialized_bytes(dtype)
-        dtypes[dtype] = {"bytes_per_chunk": mem / len(chunk_ids), "bytes_per_token": mem / num_tokens,
-                         "file_bytes_per_chunk": file / len(chunk_ids), "file_bytes_per_token": file / num_tokens}
-    return {"sample_chunks": len(chunk_ids), "sample_tokens": num_tokens, "dtypes": dtypes,
-            "kv_batched_chunks_per_s": len(chunk_ids) / batched_s}
+        dtypes[dtype] = {
+            "bytes_per_chunk": mem / len(chunk_ids),
+            "bytes_per_token": mem / num_tokens,
+            "file_bytes_per_chunk": file / len(chunk_ids),
+            "file_bytes_per_token": file / num_tokens,
+        }
+    return {
+        "sample_chunks": len(chunk_ids),
+        "sample_tokens": num_tokens,
+        "dtypes": dtypes,
+        "kv_batched_chunks_per_s": len(chunk_ids) / batched_s,
+    }
 
 
 def _recall_part(dataset: Path, state: Any) -> dict[str, Any]:
@@ -116,15 +138,24 @@ def _recall_part(dataset: Path, state: Any) -> dict[str, Any]:
 
     retriever = state.components.retriever
     report = evaluate_recall(dataset, state.components.settings.retrieval, ks=RECALL_KS, embedder=retriever.embedder)
-    return {"recall": {str(k): v for k, v in report.recall.items()}, "questions": report.num_questions,
-            "passages": report.num_passages, "embed_batched_chunks_per_s": report.passages_per_second,
-            "search_s": report.search_seconds}
+    return {
+        "recall": {str(k): v for k, v in report.recall.items()},
+        "questions": report.num_questions,
+        "passages": report.num_passages,
+        "embed_batched_chunks_per_s": report.passages_per_second,
+        "search_s": report.search_seconds,
+    }
 
 
 async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path) -> dict[str, Any]:
-    settings = bench_settings(data_dir, args.model, args.models_dir, args.threads,
-                              kvcache={"storage_dtype": args.kv_dtype},
-                              engine={"dtype": args.dtype})
+    settings = bench_settings(
+        data_dir,
+        args.model,
+        args.models_dir,
+        args.threads,
+        kvcache={"storage_dtype": args.kv_dtype},
+        engine={"dtype": args.dtype},
+    )
     state = await start_app(settings)
     try:
         engine = state.components.engine
@@ -133,10 +164,14 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
         ingest = await asyncio.to_thread(_ingest_part, state, passages)
         chunk_ids = ingest.pop("_chunk_token_ids")[: args.dtype_sample]
         kv = await asyncio.to_thread(_dtype_part, engine, chunk_ids)
-        out: dict[str, Any] = {"ingest": ingest, "kv_bytes": kv["dtypes"],
-                               "kv_sample": {k: v for k, v in kv.items() if k != "dtypes"},
-                               "model": model_name(engine), "machine": machine_info(engine),
-                               "embedder": settings.retrieval.embedder}
+        out: dict[str, Any] = {
+            "ingest": ingest,
+            "kv_bytes": kv["dtypes"],
+            "kv_sample": {k: v for k, v in kv.items() if k != "dtypes"},
+            "model": model_name(engine),
+            "machine": machine_info(engine),
+            "embedder": settings.retrieval.embedder,
+        }
         if not args.no_recall:
             out["retrieval"] = await asyncio.to_thread(_recall_part, args.dataset, state)
         return out
@@ -171,18 +206,28 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="blendrag-bench-ingest-", dir=args.tmp_dir) as tmp:
         measured = asyncio.run(_run(args, passages, Path(tmp) / "data"))
     result: dict[str, Any] = {
-        "benchmark": NAME, "dataset": str(args.dataset), "dataset_name": args.dataset.stem,
-        "examples": len(examples), "passages": args.passages, "seed": args.seed, "chunks_requested": args.chunks,
+        "benchmark": NAME,
+        "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem,
+        "examples": len(examples),
+        "passages": args.passages,
+        "seed": args.seed,
+        "chunks_requested": args.chunks,
         **measured,
     }
     result["run"] = run.finish()
     write_json(args.out, result)
     plot(result, plot_path(args))
     ing = result["ingest"]
-    logger.info("ingested %d chunks (%d tokens) in %.1fs: %s; KV %.1f MiB, FAISS %.1f KiB", ing["chunks"],
-                ing["tokens"], ing["seconds"],
-                ", ".join(f"{s} {v['chunks_per_s'] or 0:.1f}/s" for s, v in ing["stages"].items()),
-                ing["kv_bytes"] / 2**20, ing["faiss_index_bytes"] / 1024)
+    logger.info(
+        "ingested %d chunks (%d tokens) in %.1fs: %s; KV %.1f MiB, FAISS %.1f KiB",
+        ing["chunks"],
+        ing["tokens"],
+        ing["seconds"],
+        ", ".join(f"{s} {v['chunks_per_s'] or 0:.1f}/s" for s, v in ing["stages"].items()),
+        ing["kv_bytes"] / 2**20,
+        ing["faiss_index_bytes"] / 1024,
+    )
     if "retrieval" in result:
         logger.info("recall %s", result["retrieval"]["recall"])
     return 0

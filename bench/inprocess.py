@@ -35,8 +35,7 @@ def bench_settings(data_dir: Path, model: str, models_dir: Path, threads: int | 
     from app.settings import load_settings
 
     engine = {"model": resolve_model(model, models_dir), "num_threads": threads} | sections.pop("engine", {})
-    return load_settings(data_dir=data_dir, engine={k: v for k, v in engine.items() if v is not None},
-                         **sections)
+    return load_settings(data_dir=data_dir, engine={k: v for k, v in engine.items() if v is not None}, **sections)
 
 
 async def start_app(settings) -> AppState:
@@ -82,8 +81,7 @@ def ingest_passages(state: AppState, passages: list[Passage]) -> tuple[Any, Stag
     from app.services.ingest_service import IngestSource
 
     assert state.ingest is not None
-    sources = [IngestSource(kind="text", title=p.title or f"passage {i}", text=p.text)
-               for i, p in enumerate(passages)]
+    sources = [IngestSource(kind="text", title=p.title or f"passage {i}", text=p.text) for i, p in enumerate(passages)]
     submitted = state.ingest.submit(sources, enqueue=False)
     clock = StageClock()
     job = state.ingest.run_job(submitted.job_id, on_progress=clock)

@@ -52,28 +52,41 @@ logger = logging.getLogger(__name__)
 NAME = "kv"
 TTFT_VARIANTS = ("memory", "disk", "disk_no_prefetch", "disk_cold", "disk_cold_no_prefetch")
 # name -> (store, prefetch, evict the entry files from the page cache first)
-_VARIANTS = {"memory": ("memory", True, False), "disk": ("disk", True, False),
-             "disk_no_prefetch": ("disk", False, False), "disk_cold": ("disk", True, True),
-             "disk_cold_no_prefetch": ("disk", False, True)}
+_VARIANTS = {
+    "memory": ("memory", True, False),
+    "disk": ("disk", True, False),
+    "disk_no_prefetch": ("disk", False, False),
+    "disk_cold": ("disk", True, True),
+    "disk_cold_no_prefetch": ("disk", False, True),
+}
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=10, passages=6, out="kv.json")
     parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
     parser.add_argument("--dtypes", default=",".join(STORAGE_DTYPES), help="storage dtypes, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (agreement)")
-    parser.add_argument("--ttft-dtype", default="fp16", choices=list(STORAGE_DTYPES),
-                        help="storage dtype of the disk vs memory TTFT runs")
+    parser.add_argument(
+        "--ttft-dtype",
+        default="fp16",
+        choices=list(STORAGE_DTYPES),
+        help="storage dtype of the disk vs memory TTFT runs",
+    )
     parser.add_argument("--repeats", type=int, default=3, help="TTFT measurements per variant and example")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the disk tier goes (default: $TMPDIR)")
     parser.set_defaults(func=main)
     return parser
 
 
-def _ttft_once(engine: Engine, layout: PromptLayout, store: TieredKVStore, keys: list[str], blend: BlendConfig,
-               prefetch: bool) -> tuple[float, float]:
+def _ttft_once(
+    engine: Engine, layout: PromptLayout, store: TieredKVStore, keys: list[str], blend: BlendConfig, prefetch: bool
+) -> tuple[float, float]:
     """(seconds from opening the entries to the first token, seconds the layer loop waited on KV)."""
     t0 = time.perf_counter()
     source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, prefetch=prefetch)
@@ -103,15 +116,35 @@ def _ttft_stores(tmp: Path, storage_dtype: str, budget: int) -> dict[str, Tiered
     from kvcache.config import KVCacheSettings
     from kvcache.store import TieredKVStore
 
-    disk = TieredKVStore(KVCacheSettings(dir=tmp / "kv", storage_dtype=storage_dtype, memory_bytes=0,  # type: ignore[arg-type]
-                                         disk_bytes=4 * budget + (64 << 20), fsync=False))
-    memory = TieredKVStore(KVCacheSettings(dir=None, storage_dtype=storage_dtype,  # type: ignore[arg-type]
-                                           memory_bytes=2 * budget + (64 << 20)))
+    disk = TieredKVStore(
+        KVCacheSettings(
+            dir=tmp / "kv",
+            storage_dtype=storage_dtype,
+            memory_bytes=0,  # type: ignore[arg-type]
+            disk_bytes=4 * budget + (64 << 20),
+            fsync=False,
+        )
+    )
+    memory = TieredKVStore(
+        KVCacheSettings(
+            dir=None,
+            storage_dtype=storage_dtype,  # type: ignore[arg-type]
+            memory_bytes=2 * budget + (64 << 20),
+        )
+    )
     return {"disk": disk, "memory": memory}
 
 
-def evaluate(engine: Engine, prompts: list, dtypes: list[str], ratio: float, max_tokens: int, ttft_dtype: str,
-             repeats: int, tmp_root: Path | None) -> dict[str, Any]:
+def evaluate(
+    engine: Engine,
+    prompts: list,
+    dtypes: list[str],
+    ratio: float,
+    max_tokens: int,
+    ttft_dtype: str,
+    repeats: int,
+    tmp_root: Path | None,
+) -> dict[str, Any]:
     specs = mode_specs(engine, [ratio], baselines=("reuse",))
     blend_spec = specs[-1]
     assert blend_spec.blend is not None
@@ -119,12 +152,20 @@ def evaluate(engine: Engine, prompts: list, dtypes: list[str], ratio: float, max
     for n, bp in enumerate(prompts, 1):
         t0 = time.perf_counter()
         kvs = ChunkKVSet(engine, bp.chunk_ids, engine.prefill_chunks(bp.chunk_ids))
-        record: dict[str, Any] = {"index": bp.example.index, "num_context_tokens": kvs.num_tokens, "dtypes": {},
-                                  "ttft": {v: [] for v in TTFT_VARIANTS}, "kv_wait": {v: [] for v in TTFT_VARIANTS}}
+        record: dict[str, Any] = {
+            "index": bp.example.index,
+            "num_context_tokens": kvs.num_tokens,
+            "dtypes": {},
+            "ttft": {v: [] for v in TTFT_VARIANTS},
+            "kv_wait": {v: [] for v in TTFT_VARIANTS},
+        }
         refs = {s.name: run_pass(engine, bp.layout, kvs.source("fp32"), s, [], max_tokens) for s in specs}
         for dtype in dtypes:
-            row: dict[str, Any] = {"bytes": kvs.stored_bytes(dtype), "file_bytes": kvs.serialized_bytes(dtype),
-                                   "modes": {}}
+            row: dict[str, Any] = {
+                "bytes": kvs.stored_bytes(dtype),
+                "file_bytes": kvs.serialized_bytes(dtype),
+                "modes": {},
+            }
             for spec in specs:
                 out = run_pass(engine, bp.layout, kvs.source(dtype), spec, [], max_tokens)
                 ref = refs[spec.name]
@@ -133,8 +174,11 @@ def evaluate(engine: Engine, prompts: list, dtypes: list[str], ratio: float, max
                     "same_first_token": out.first_token == ref.first_token,
                     "same_answer": out.answer_ids == ref.answer_ids,
                     # share of the fp32 run's recomputed tokens this dtype's run also picks (1 when none)
-                    "selection_overlap": (len(set(out.selected_positions) & set(ref.selected_positions))
-                                          / len(ref.selected_positions) if ref.selected_positions else 1.0),
+                    "selection_overlap": (
+                        len(set(out.selected_positions) & set(ref.selected_positions)) / len(ref.selected_positions)
+                        if ref.selected_positions
+                        else 1.0
+                    ),
                 }
             record["dtypes"][dtype] = row
         record["ttft_dtype_bytes"] = kvs.stored_bytes(ttft_dtype)
@@ -152,21 +196,29 @@ def evaluate(engine: Engine, prompts: list, dtypes: list[str], ratio: float, max
                 for name, (store_name, prefetch, cold) in variants[shift:] + variants[:shift]:
                     if cold and not evict_from_page_cache(files):
                         continue
-                    ttft, wait = _ttft_once(engine, bp.layout, stores[store_name], keys[store_name],
-                                            blend_spec.blend, prefetch)
+                    ttft, wait = _ttft_once(
+                        engine, bp.layout, stores[store_name], keys[store_name], blend_spec.blend, prefetch
+                    )
                     record["ttft"][name].append(ttft)
                     record["kv_wait"][name].append(wait)
             for store in stores.values():
                 store.close()
         per_example.append(record)
-        logger.info("kv %d/%d (example %d) in %.1fs: ttft median memory %.3fs disk %.3fs", n, len(prompts),
-                    bp.example.index, time.perf_counter() - t0, percentile(record["ttft"]["memory"], 50),
-                    percentile(record["ttft"]["disk"], 50))
+        logger.info(
+            "kv %d/%d (example %d) in %.1fs: ttft median memory %.3fs disk %.3fs",
+            n,
+            len(prompts),
+            bp.example.index,
+            time.perf_counter() - t0,
+            percentile(record["ttft"]["memory"], 50),
+            percentile(record["ttft"]["disk"], 50),
+        )
     return summarize(per_example, dtypes, [s.name for s in specs], engine) | {"per_example": per_example}
 
 
-def summarize(per_example: list[dict[str, Any]], dtypes: list[str], mode_names: list[str],
-              engine: Engine) -> dict[str, Any]:
+def summarize(
+    per_example: list[dict[str, Any]], dtypes: list[str], mode_names: list[str], engine: Engine
+) -> dict[str, Any]:
     num_tokens = sum(r["num_context_tokens"] for r in per_example)
     cfg = engine.config
     out_dtypes: dict[str, Any] = {}
@@ -176,7 +228,8 @@ def summarize(per_example: list[dict[str, Any]], dtypes: list[str], mode_names: 
         for name in mode_names:
             cells = [row["modes"][name] for row in rows]
             modes[name] = {
-                "kl": mean(c["kl"] for c in cells), "kl_max": max(c["kl"] for c in cells),
+                "kl": mean(c["kl"] for c in cells),
+                "kl_max": max(c["kl"] for c in cells),
                 "first_token_agreement": mean(float(c["same_first_token"]) for c in cells),
                 "answer_agreement": mean(float(c["same_answer"]) for c in cells),
                 "selection_overlap": mean(c["selection_overlap"] for c in cells),
@@ -190,9 +243,12 @@ def summarize(per_example: list[dict[str, Any]], dtypes: list[str], mode_names: 
     for variant in TTFT_VARIANTS:
         # per example the median over repeats, then statistics over examples
         medians = [percentile(r["ttft"][variant], 50) for r in per_example]
-        ttft[variant] = {"p50_s": percentile(medians, 50), "mean_s": mean(medians),
-                         "p90_s": percentile(medians, 90),
-                         "kv_wait_s": mean(percentile(r["kv_wait"][variant], 50) for r in per_example)}
+        ttft[variant] = {
+            "p50_s": percentile(medians, 50),
+            "mean_s": mean(medians),
+            "p90_s": percentile(medians, 90),
+            "kv_wait_s": mean(percentile(r["kv_wait"][variant], 50) for r in per_example),
+        }
     for variant in TTFT_VARIANTS[1:]:
         # median over examples of (variant / memory) − 1, each side the median over repeats
         ratios = [percentile(r["ttft"][variant], 50) / percentile(r["ttft"]["memory"], 50) for r in per_example]
@@ -224,8 +280,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax_ttft.set_title(f"TTFT p50 at blend@{result['ratio']} ({result['ttft_dtype']})")
     ax_ttft.set_ylabel("s")
     ax_ttft.tick_params(axis="x", rotation=30)
-    fig.suptitle(f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × "
-                 f"{result['passages']} passages", fontsize=9)
+    fig.suptitle(
+        f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × {result['passages']} passages",
+        fontsize=9,
+    )
     save_figure(fig, path)
 
 
@@ -237,23 +295,40 @@ def main(args: argparse.Namespace) -> int:
     engine = build_engine(args)
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
     prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples]
-    evaluated = evaluate(engine, prompts, dtypes, args.ratio, args.max_tokens, args.ttft_dtype, args.repeats,
-                         args.tmp_dir)
+    evaluated = evaluate(
+        engine, prompts, dtypes, args.ratio, args.max_tokens, args.ttft_dtype, args.repeats, args.tmp_dir
+    )
     result: dict[str, Any] = {
-        "benchmark": NAME, "model": model_name(engine), "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
-        "seed": args.seed, "ratio": args.ratio, "blend_mode": blend_name(args.ratio), "reference": "fp32",
-        "ttft_dtype": args.ttft_dtype, "repeats": args.repeats, "max_tokens": args.max_tokens,
-        "machine": machine_info(engine), **evaluated,
+        "benchmark": NAME,
+        "model": model_name(engine),
+        "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem,
+        "examples": len(prompts),
+        "passages": args.passages,
+        "seed": args.seed,
+        "ratio": args.ratio,
+        "blend_mode": blend_name(args.ratio),
+        "reference": "fp32",
+        "ttft_dtype": args.ttft_dtype,
+        "repeats": args.repeats,
+        "max_tokens": args.max_tokens,
+        "machine": machine_info(engine),
+        **evaluated,
     }
     result["run"] = run.finish()
     write_json(args.out, result)
     plot(result, plot_path(args))
     for dtype, d in result["dtypes"].items():
-        logger.info("%s: %.0f B/token, %s", dtype, d["bytes_per_token"],
-                    ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items()))
+        logger.info(
+            "%s: %.0f B/token, %s",
+            dtype,
+            d["bytes_per_token"],
+            ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items()),
+        )
     t = result["ttft"]
-    logger.info("TTFT p50: memory %.3fs; %s", t["memory"]["p50_s"],
-                ", ".join(f"{v} {t[v]['p50_s']:.3f}s ({100 * t[f'{v}_overhead']:+.1f}%)" for v in TTFT_VARIANTS[1:]))
+    logger.info(
+        "TTFT p50: memory %.3fs; %s",
+        t["memory"]["p50_s"],
+        ", ".join(f"{v} {t[v]['p50_s']:.3f}s ({100 * t[f'{v}_overhead']:+.1f}%)" for v in TTFT_VARIANTS[1:]),
+    )
     return 0
-

@@ -36,14 +36,20 @@ from bench.metrics import percentile
 logger = logging.getLogger(__name__)
 
 NAME = "baseline-llamacpp"
-SKIP_MESSAGE = ("baseline-llamacpp skipped: llama_cpp is not importable. Install the optional extra "
-                "(pip install 'blendrag[llamacpp]', i.e. llama-cpp-python, which builds llama.cpp from source) "
-                "to compare with llama.cpp.")
+SKIP_MESSAGE = (
+    "baseline-llamacpp skipped: llama_cpp is not importable. Install the optional extra "
+    "(pip install 'blendrag[llamacpp]', i.e. llama-cpp-python, which builds llama.cpp from source) "
+    "to compare with llama.cpp."
+)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="full-prefill TTFT of llama.cpp on the same GGUF and prompts",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="full-prefill TTFT of llama.cpp on the same GGUF and prompts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=5, passages=6, out="llamacpp.json")
     parser.add_argument("--ratio", type=float, default=0.15, help="our blend ratio shown beside the full prefills")
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the built-in model's)")
@@ -64,8 +70,14 @@ class LlamaCppRunner:
     def __init__(self, gguf: Path, n_ctx: int, n_threads: int, n_batch: int) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(gguf), n_ctx=n_ctx, n_threads=n_threads, n_threads_batch=n_threads,
-                         n_batch=n_batch, verbose=False)
+        self.llm = Llama(
+            model_path=str(gguf),
+            n_ctx=n_ctx,
+            n_threads=n_threads,
+            n_threads_batch=n_threads,
+            n_batch=n_batch,
+            verbose=False,
+        )
 
     def ttft(self, token_ids: list[int]) -> tuple[float, int]:
         """(seconds to prefill token_ids from an empty cache and pick the first token, that token)."""
@@ -80,8 +92,14 @@ def ours_first_token(engine: Any, layout: Any, source: Any, mode: str, blend: An
     """(TTFT seconds as the engine reports it, first token id) of one request generating one token."""
     from engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
-    request = GenerationRequest("bench", layout, source, mode, blend or engine.settings.blend_config(),  # type: ignore[arg-type]
-                                SamplingParams(max_tokens=1))
+    request = GenerationRequest(
+        "bench",
+        layout,
+        source,
+        mode,
+        blend or engine.settings.blend_config(),  # type: ignore[arg-type]
+        SamplingParams(max_tokens=1),
+    )
     events = list(engine.generate(request))
     token = next(e.token_id for e in events if isinstance(e, TokenEvent))
     finish = next(e for e in events if isinstance(e, FinishEvent))
@@ -118,27 +136,56 @@ def main(args: argparse.Namespace) -> int:
         cpp_s, cpp_token = runner.ttft(ids)
         ours_s, ours_token = ours_first_token(engine, ex.layout, None, "full", None)
         blend_s, _ = ours_first_token(engine, ex.layout, ex.source(engine), "blend", blend)
-        rows.append({"index": ex.example.index, "num_prompt_tokens": len(ids), "llamacpp_full_s": cpp_s,
-                     "ours_full_s": ours_s, f"ours_{blend_key}_s": blend_s,
-                     "same_first_token": cpp_token == ours_token})
-        logger.info("llama.cpp %d/%d (%d tokens): llama.cpp full %.2fs, ours full %.2fs, ours %s %.2fs", n,
-                    len(prepared), len(ids), cpp_s, ours_s, blend_key, blend_s)
+        rows.append(
+            {
+                "index": ex.example.index,
+                "num_prompt_tokens": len(ids),
+                "llamacpp_full_s": cpp_s,
+                "ours_full_s": ours_s,
+                f"ours_{blend_key}_s": blend_s,
+                "same_first_token": cpp_token == ours_token,
+            }
+        )
+        logger.info(
+            "llama.cpp %d/%d (%d tokens): llama.cpp full %.2fs, ours full %.2fs, ours %s %.2fs",
+            n,
+            len(prepared),
+            len(ids),
+            cpp_s,
+            ours_s,
+            blend_key,
+            blend_s,
+        )
 
     def stats(key: str) -> dict[str, float]:
         values = [r[key] for r in rows]
-        return {"ttft_s_median": statistics.median(values), "ttft_s_p90": percentile(values, 90),
-                "ttft_s_mean": statistics.fmean(values)}
+        return {
+            "ttft_s_median": statistics.median(values),
+            "ttft_s_p90": percentile(values, 90),
+            "ttft_s_mean": statistics.fmean(values),
+        }
 
     result: dict[str, Any] = {
-        "benchmark": NAME, "model": model_name(engine), "gguf": str(gguf), "llama_cpp_version":
-        getattr(llama_cpp, "__version__", "?"), "dataset": str(args.dataset), "dataset_name": args.dataset.stem,
-        "examples": len(rows), "passages": args.passages, "seed": args.seed, "threads": threads,
+        "benchmark": NAME,
+        "model": model_name(engine),
+        "gguf": str(gguf),
+        "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
+        "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem,
+        "examples": len(rows),
+        "passages": args.passages,
+        "seed": args.seed,
+        "threads": threads,
         "prompt_tokens_mean": statistics.fmean(r["num_prompt_tokens"] for r in rows),
-        "modes": {"llamacpp_full": stats("llamacpp_full_s"), "ours_full": stats("ours_full_s"),
-                  f"ours_{blend_key}": stats(f"ours_{blend_key}_s")},
+        "modes": {
+            "llamacpp_full": stats("llamacpp_full_s"),
+            "ours_full": stats("ours_full_s"),
+            f"ours_{blend_key}": stats(f"ours_{blend_key}_s"),
+        },
         "first_token_agreement": statistics.fmean(float(r["same_first_token"]) for r in rows),
         "weights": {"llamacpp": "GGUF as shipped (Q4_1)", "ours": f"dequantized, {engine.dtype}"},
-        "machine": machine_info(engine), "per_example": rows,
+        "machine": machine_info(engine),
+        "per_example": rows,
     }
     result["run"] = run.finish()
     write_json(args.out, result)
@@ -147,8 +194,10 @@ def main(args: argparse.Namespace) -> int:
     names = list(modes)
     ax.bar(names, [modes[n]["ttft_s_median"] for n in names], color=["tab:green", "tab:gray", "tab:blue"])
     ax.set_ylabel("TTFT (s), median")
-    ax.set_title(f"{result['model']} · {result['examples']} ex · {result['prompt_tokens_mean']:.0f} tokens · "
-                 f"{threads} threads", fontsize=9)
+    ax.set_title(
+        f"{result['model']} · {result['examples']} ex · {result['prompt_tokens_mean']:.0f} tokens · {threads} threads",
+        fontsize=9,
+    )
     save_figure(fig, plot_path(args))
     for name, m in modes.items():
         logger.info("%-16s median %.3fs p90 %.3fs", name, m["ttft_s_median"], m["ttft_s_p90"])

@@ -38,15 +38,49 @@ logger = logging.getLogger(__name__)
 
 NAME = "lookup"
 
-_PLACES = ["Harbor Lab", "Orvel Bridge", "Tarsin Observatory", "Kessel Library", "Mirren Dam", "Quill Museum",
-           "Dovan Clinic", "Brask Station", "Pellow Archive", "Ostra Foundry", "Vantor Mill", "Lumen Hall",
-           "Corvid Tower", "Saltmere Depot", "Fennick School", "Gault Hospital", "Ivory Quay", "Juno Garage",
-           "Nettle Farm", "Rook Theatre", "Amber Yard", "Briar Chapel", "Cinder Works", "Delta Bakery"]
+_PLACES = [
+    "Harbor Lab",
+    "Orvel Bridge",
+    "Tarsin Observatory",
+    "Kessel Library",
+    "Mirren Dam",
+    "Quill Museum",
+    "Dovan Clinic",
+    "Brask Station",
+    "Pellow Archive",
+    "Ostra Foundry",
+    "Vantor Mill",
+    "Lumen Hall",
+    "Corvid Tower",
+    "Saltmere Depot",
+    "Fennick School",
+    "Gault Hospital",
+    "Ivory Quay",
+    "Juno Garage",
+    "Nettle Farm",
+    "Rook Theatre",
+    "Amber Yard",
+    "Briar Chapel",
+    "Cinder Works",
+    "Delta Bakery",
+]
 _FIRST = ["Mirela", "Tomas", "Ines", "Odile", "Kasper", "Leona", "Ruben", "Sanne", "Viktor", "Yara", "Emil", "Noor"]
 _LAST = ["Kovac", "Hallberg", "Moreau", "Okafor", "Lindqvist", "Barros", "Dvorak", "Nakamura", "Petrescu", "Vance"]
 _LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
-_MONTHS = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
-           "November", "December"]
+_MONTHS = [
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
+]
 
 
 @dataclass(frozen=True)
@@ -66,21 +100,41 @@ def make_facts(num: int, seed: int = 0) -> list[Fact]:
     facts = []
     for i, place in enumerate(places):
         staff, year = rng.randint(12, 480), rng.randint(1890, 1990)
-        filler = (f"The {place} was founded in {year} and has {staff} staff. Visitors may enter on weekdays; "
-                  f"the {place} is closed on public holidays.")
+        filler = (
+            f"The {place} was founded in {year} and has {staff} staff. Visitors may enter on weekdays; "
+            f"the {place} is closed on public holidays."
+        )
         match i % 3:
             case 0:
                 code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
-                facts.append(Fact(place, f"{filler} The access code of the {place} is {code}.",
-                                  f"What is the access code of the {place}?", code))
+                facts.append(
+                    Fact(
+                        place,
+                        f"{filler} The access code of the {place} is {code}.",
+                        f"What is the access code of the {place}?",
+                        code,
+                    )
+                )
             case 1:
                 date = f"{rng.randint(1, 28)} {rng.choice(_MONTHS)} {rng.randint(1995, 2024)}"
-                facts.append(Fact(place, f"{filler} The new wing of the {place} opened on {date}.",
-                                  f"When did the new wing of the {place} open?", date))
+                facts.append(
+                    Fact(
+                        place,
+                        f"{filler} The new wing of the {place} opened on {date}.",
+                        f"When did the new wing of the {place} open?",
+                        date,
+                    )
+                )
             case _:
                 name = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
-                facts.append(Fact(place, f"{filler} The director of the {place} is {name}.",
-                                  f"Who is the director of the {place}?", name))
+                facts.append(
+                    Fact(
+                        place,
+                        f"{filler} The director of the {place} is {name}.",
+                        f"Who is the director of the {place}?",
+                        name,
+                    )
+                )
     return facts
 
 
@@ -92,14 +146,20 @@ def is_right(answer: str, fact: Fact) -> bool:
     return _norm(fact.answer) in _norm(answer)
 
 
-async def _ask(state: Any, question: str, mode: str, selector: str | None, ratio: float | None,
-               max_tokens: int) -> tuple[str, list[str], str | None]:
+async def _ask(
+    state: Any, question: str, mode: str, selector: str | None, ratio: float | None, max_tokens: int
+) -> tuple[str, list[str], str | None]:
     """(answer, source titles best first, selector that answered) of one question through AskService."""
     from app.services.ask_service import AskRequest, DoneEvent, ErrorEvent, SourcesEvent
 
-    request = AskRequest(question=question, mode=mode, selector=selector,  # type: ignore[arg-type]
-                         recompute_ratio=ratio if mode == "blend" else None, max_tokens=max_tokens,
-                         temperature=0.0)
+    request = AskRequest(
+        question=question,
+        mode=mode,
+        selector=selector,  # type: ignore[arg-type]
+        recompute_ratio=ratio if mode == "blend" else None,
+        max_tokens=max_tokens,
+        temperature=0.0,
+    )
     titles: list[str] = []
     async for event in state.ask.ask(request):
         match event:
@@ -112,8 +172,9 @@ async def _ask(state: Any, question: str, mode: str, selector: str | None, ratio
     raise RuntimeError("/ask ended without a done event")
 
 
-async def run_lookup(state: Any, facts: list[Fact], modes: list[tuple[str, str, str | None]], ratio: float | None,
-                     max_tokens: int) -> dict[str, Any]:
+async def run_lookup(
+    state: Any, facts: list[Fact], modes: list[tuple[str, str, str | None]], ratio: float | None, max_tokens: int
+) -> dict[str, Any]:
     per_question = []
     for n, fact in enumerate(facts, 1):
         row: dict[str, Any] = {"question": fact.question, "answer": fact.answer, "modes": {}}
@@ -122,19 +183,35 @@ async def run_lookup(state: Any, facts: list[Fact], modes: list[tuple[str, str, 
             row["modes"][name] = {"answer": answer, "right": is_right(answer, fact), "selector": used}
             row["retrieved_first"] = bool(titles) and titles[0] == fact.title
         per_question.append(row)
-        logger.info("lookup %d/%d %r: %s", n, len(facts), fact.answer,
-                    "  ".join(f"{k}={'ok' if v['right'] else 'x'}" for k, v in row["modes"].items()))
+        logger.info(
+            "lookup %d/%d %r: %s",
+            n,
+            len(facts),
+            fact.answer,
+            "  ".join(f"{k}={'ok' if v['right'] else 'x'}" for k, v in row["modes"].items()),
+        )
     summary = {name: sum(r["modes"][name]["right"] for r in per_question) for name, _, _ in modes}
-    return {"right": summary, "retrieved_first": sum(r["retrieved_first"] for r in per_question),
-            "per_question": per_question}
+    return {
+        "right": summary,
+        "retrieved_first": sum(r["retrieved_first"] for r in per_question),
+        "per_question": per_question,
+    }
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="look-up questions answered right per mode, through /ask",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="look-up questions answered right per mode, through /ask",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(parser, dataset=Path("-"), examples=20, passages=6, out="lookup.json")
-    parser.add_argument("--selectors", default="query,deviation", type=parse_selectors,
-                        help="blend selectors to ask with (each at --ratio)")
+    parser.add_argument(
+        "--selectors",
+        default="query,deviation",
+        type=parse_selectors,
+        help="blend selectors to ask with (each at --ratio)",
+    )
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
     parser.set_defaults(func=main)
@@ -155,8 +232,9 @@ def main(args: argparse.Namespace) -> int:
     run = RunRecord()
     facts = make_facts(args.examples, args.seed)
     with tempfile.TemporaryDirectory(prefix="blendrag-lookup-") as tmp:
-        settings = bench_settings(Path(tmp), args.model, args.models_dir, args.threads,
-                                  retrieval={"top_k": args.passages})
+        settings = bench_settings(
+            Path(tmp), args.model, args.models_dir, args.threads, retrieval={"top_k": args.passages}
+        )
         ratio = args.ratio if args.ratio is not None else settings.engine.recompute_ratio
         modes = [("full", "full", None), ("reuse", "reuse", None)]
         modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
@@ -172,9 +250,15 @@ def main(args: argparse.Namespace) -> int:
 
         outcome = asyncio.run(go())
         result: dict[str, Any] = {
-            "benchmark": NAME, "model": Path(settings.engine.model).name, "questions": len(facts),
-            "top_k": args.passages, "ratio": ratio, "default_selector": settings.engine.selector,
-            "max_tokens": args.max_tokens, "machine": machine_info(), **outcome,
+            "benchmark": NAME,
+            "model": Path(settings.engine.model).name,
+            "questions": len(facts),
+            "top_k": args.passages,
+            "ratio": ratio,
+            "default_selector": settings.engine.selector,
+            "max_tokens": args.max_tokens,
+            "machine": machine_info(),
+            **outcome,
         }
     result["run"] = run.finish()
     write_json(args.out, result)

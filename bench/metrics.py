@@ -54,8 +54,9 @@ def max_f1(prediction: str, references: Sequence[str]) -> float:
 def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     """KL(p ‖ q) in nats for two (vocab,) logit vectors; p is the reference (full prefill)."""
     if p_logits.shape != q_logits.shape or p_logits.dim() != 1:
-        raise ValueError(f"expected two (vocab,) logit vectors, got {tuple(p_logits.shape)} and "
-                         f"{tuple(q_logits.shape)}")
+        raise ValueError(
+            f"expected two (vocab,) logit vectors, got {tuple(p_logits.shape)} and {tuple(q_logits.shape)}"
+        )
     log_p = torch.log_softmax(p_logits.detach().double(), dim=-1)
     log_q = torch.log_softmax(q_logits.detach().double(), dim=-1)
     # p·(log p − log q); terms with p == 0 contribute 0 (0·log 0 = 0), even where q == 0 too.

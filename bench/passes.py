@@ -56,8 +56,12 @@ def parse_selectors(text: str) -> list[SelectorName]:
     return names  # type: ignore[return-value]
 
 
-def mode_specs(engine: Engine, ratios: list[float], baselines: tuple[Mode, ...] = ("full", "prefix", "reuse"),
-               selectors: list[SelectorName] | None = None) -> list[ModeSpec]:
+def mode_specs(
+    engine: Engine,
+    ratios: list[float],
+    baselines: tuple[Mode, ...] = ("full", "prefix", "reuse"),
+    selectors: list[SelectorName] | None = None,
+) -> list[ModeSpec]:
     """`full` first (the reference every other mode is compared with), then the baselines, then blends at
     each ratio. Each blend's config is `EngineSettings.blend_config(ratio, selector)`, exactly what /ask
     builds for a request with that ratio (and selector). Without `selectors` the engine's configured
@@ -93,8 +97,15 @@ class PassOutcome:
 
 
 @torch.inference_mode()
-def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | None, spec: ModeSpec,
-             target_ids: list[int], max_tokens: int, compare_uncontrolled: bool = False) -> PassOutcome:
+def run_pass(
+    engine: Engine,
+    layout: PromptLayout,
+    kv_source: LayerKVSource | None,
+    spec: ModeSpec,
+    target_ids: list[int],
+    max_tokens: int,
+    compare_uncontrolled: bool = False,
+) -> PassOutcome:
     """Prompt pass of `spec`, then teacher-forced NLL of target_ids, then up to max_tokens greedy tokens.
 
     Closes kv_source. With no kv_source the engine runs `full` whatever the spec says. With
@@ -105,8 +116,9 @@ def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | No
 
     tf = engine.transformer
     try:
-        result = engine.prompt_pass(layout, kv_source, spec.mode, spec.blend,
-                              extra_capacity=max(len(target_ids), max_tokens) + 1)
+        result = engine.prompt_pass(
+            layout, kv_source, spec.mode, spec.blend, extra_capacity=max(len(target_ids), max_tokens) + 1
+        )
     finally:
         if kv_source is not None:
             kv_source.close()
@@ -149,13 +161,22 @@ def run_pass(engine: Engine, layout: PromptLayout, kv_source: LayerKVSource | No
     text = engine.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
     uncontrolled = None
     if compare_uncontrolled:
-        uncontrolled = (engine.tokenizer.decode(ids, skip_special_tokens=True).strip(),
-                        "length" if hit_length else "stop")
-    return PassOutcome(first_logits=first, answer_nlls=nlls, answer_ids=answer_ids, answer_text=text,
-                       finish_reason=finish_reason, uncontrolled=uncontrolled,
-                       prompt_s=result.timings.total_s, num_recomputed_tokens=result.num_recomputed_tokens,
-                       num_prompt_tokens=result.num_prompt_tokens,
-                       selected_positions=result.selected_positions.tolist())
+        uncontrolled = (
+            engine.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+            "length" if hit_length else "stop",
+        )
+    return PassOutcome(
+        first_logits=first,
+        answer_nlls=nlls,
+        answer_ids=answer_ids,
+        answer_text=text,
+        finish_reason=finish_reason,
+        uncontrolled=uncontrolled,
+        prompt_s=result.timings.total_s,
+        num_recomputed_tokens=result.num_recomputed_tokens,
+        num_prompt_tokens=result.num_prompt_tokens,
+        selected_positions=result.selected_positions.tolist(),
+    )
 
 
 def _decode(engine: Engine, ids: list[int]) -> str:

@@ -49,26 +49,49 @@ NAME = "quality"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="gold F1, fidelity, first-token KL, NLL, benefit retained per mode",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="gold F1, fidelity, first-token KL, NLL, benefit retained per mode",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=20, passages=6, out="quality.json")
     parser.add_argument("--ratios", default="0.15,1.0", help="blend recompute ratios, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
-    parser.add_argument("--kv-dtype", default="fp16", choices=["fp32", "fp16", "bf16", "int8"],
-                        help="storage dtype the cached modes read (fp32: the engine's tensors as is)")
+    parser.add_argument(
+        "--kv-dtype",
+        default="fp16",
+        choices=["fp32", "fp16", "bf16", "int8"],
+        help="storage dtype the cached modes read (fp32: the engine's tensors as is)",
+    )
     add_blend_args(parser)
-    parser.add_argument("--baselines", default="prefix,reuse",
-                        help="cached baselines besides full, comma-separated (full always runs first)")
-    parser.add_argument("--no-repetition-control", action="store_true",
-                        help="greedy answers without the engine's repetition penalty / repeated-line stop")
-    parser.add_argument("--compare-repetition-control", action="store_true",
-                        help="also score each answer without the repeated-line stop (same run, same prompts)")
+    parser.add_argument(
+        "--baselines",
+        default="prefix,reuse",
+        help="cached baselines besides full, comma-separated (full always runs first)",
+    )
+    parser.add_argument(
+        "--no-repetition-control",
+        action="store_true",
+        help="greedy answers without the engine's repetition penalty / repeated-line stop",
+    )
+    parser.add_argument(
+        "--compare-repetition-control",
+        action="store_true",
+        help="also score each answer without the repeated-line stop (same run, same prompts)",
+    )
     parser.set_defaults(func=main)
     return parser
 
 
-def evaluate(engine: Engine, prompts: list[BenchPrompt], specs: list[ModeSpec], kv_dtype: str,
-             max_tokens: int, compare_uncontrolled: bool = False) -> dict[str, Any]:
+def evaluate(
+    engine: Engine,
+    prompts: list[BenchPrompt],
+    specs: list[ModeSpec],
+    kv_dtype: str,
+    max_tokens: int,
+    compare_uncontrolled: bool = False,
+) -> dict[str, Any]:
     """Run every mode on every prompt; returns the aggregate `modes`, `no_context` and `per_example`."""
     if not specs or specs[0].name != "full":
         raise ValueError("the first mode must be full (the reference)")
@@ -80,20 +103,31 @@ def evaluate(engine: Engine, prompts: list[BenchPrompt], specs: list[ModeSpec], 
         bare = engine.prompt.layout([], bp.example.question)
         nc = run_pass(engine, bare, None, ModeSpec("full", "full"), bp.answer_ids, max_tokens)
         record: dict[str, Any] = {
-            "index": bp.example.index, "question": bp.example.question, "answers": answers,
-            "num_prompt_tokens": bp.layout.num_tokens, "num_context_tokens": bp.layout.num_context_tokens,
-            "no_context": {"answer": nc.answer_text, "f1": max_f1(nc.answer_text, answers),
-                           "nll": mean_token_nll(nc.answer_nlls)},
+            "index": bp.example.index,
+            "question": bp.example.question,
+            "answers": answers,
+            "num_prompt_tokens": bp.layout.num_tokens,
+            "num_context_tokens": bp.layout.num_context_tokens,
+            "no_context": {
+                "answer": nc.answer_text,
+                "f1": max_f1(nc.answer_text, answers),
+                "nll": mean_token_nll(nc.answer_nlls),
+            },
             "modes": {},
         }
         full = None
         for spec in specs:
             source = kvs.source(kv_dtype) if spec.uses_cache else None
             out = run_pass(engine, bp.layout, source, spec, bp.answer_ids, max_tokens, compare_uncontrolled)
-            row: dict[str, Any] = {"answer": out.answer_text, "f1": max_f1(out.answer_text, answers),
-                                   "finish_reason": out.finish_reason, "num_answer_tokens": len(out.answer_ids),
-                                   "nll": mean_token_nll(out.answer_nlls), "prompt_s": round(out.prompt_s, 4),
-                                   "num_recomputed_tokens": out.num_recomputed_tokens}
+            row: dict[str, Any] = {
+                "answer": out.answer_text,
+                "f1": max_f1(out.answer_text, answers),
+                "finish_reason": out.finish_reason,
+                "num_answer_tokens": len(out.answer_ids),
+                "nll": mean_token_nll(out.answer_nlls),
+                "prompt_s": round(out.prompt_s, 4),
+                "num_recomputed_tokens": out.num_recomputed_tokens,
+            }
             if out.uncontrolled is not None:
                 text, reason = out.uncontrolled
                 row["uncontrolled"] = {"answer": text, "f1": max_f1(text, answers), "finish_reason": reason}
@@ -105,9 +139,15 @@ def evaluate(engine: Engine, prompts: list[BenchPrompt], specs: list[ModeSpec], 
                 row["same_first_token"] = out.first_token == full.first_token
             record["modes"][spec.name] = row
         per_example.append(record)
-        logger.info("quality %d/%d (example %d, %d tokens) in %.1fs: %s", n, len(prompts), bp.example.index,
-                    bp.layout.num_tokens, time.perf_counter() - t0,
-                    ", ".join(f"{k} kl={v.get('kl', 0.0):.2e}" for k, v in record["modes"].items()))
+        logger.info(
+            "quality %d/%d (example %d, %d tokens) in %.1fs: %s",
+            n,
+            len(prompts),
+            bp.example.index,
+            bp.layout.num_tokens,
+            time.perf_counter() - t0,
+            ", ".join(f"{k} kl={v.get('kl', 0.0):.2e}" for k, v in record["modes"].items()),
+        )
     return summarize(per_example, [s.name for s in specs]) | {"per_example": per_example}
 
 
@@ -118,13 +158,17 @@ def summarize(per_example: list[dict[str, Any]], mode_names: list[str]) -> dict[
     modes: dict[str, dict[str, Any]] = {}
     for name in mode_names:
         rows = [r["modes"][name] for r in per_example]
-        summary: dict[str, Any] = {"f1": mean(x["f1"] for x in rows), "nll": mean(x["nll"] for x in rows),
-                                   "length_share": mean(float(x["finish_reason"] == "length") for x in rows),
-                                   "answer_tokens": mean(x["num_answer_tokens"] for x in rows)}
+        summary: dict[str, Any] = {
+            "f1": mean(x["f1"] for x in rows),
+            "nll": mean(x["nll"] for x in rows),
+            "length_share": mean(float(x["finish_reason"] == "length") for x in rows),
+            "answer_tokens": mean(x["num_answer_tokens"] for x in rows),
+        }
         if all("uncontrolled" in x for x in rows):  # --compare-repetition-control: the same without the stop
             summary["uncontrolled_f1"] = mean(x["uncontrolled"]["f1"] for x in rows)
             summary["uncontrolled_length_share"] = mean(
-                float(x["uncontrolled"]["finish_reason"] == "length") for x in rows)
+                float(x["uncontrolled"]["finish_reason"] == "length") for x in rows
+            )
         if name != "full":
             summary["fidelity_f1"] = mean(x["fidelity_f1"] for x in rows)
             summary["kl"] = mean(x["kl"] for x in rows)
@@ -158,8 +202,11 @@ def plot(result: dict[str, Any], path) -> None:
     ax_f1.set_title("gold F1")
     for ax in (ax_kl, ax_benefit, ax_fid, ax_f1):
         ax.tick_params(axis="x", rotation=35)
-    fig.suptitle(f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × "
-                 f"{result['passages']} passages · KV {result['kv_dtype']}", fontsize=9)
+    fig.suptitle(
+        f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × "
+        f"{result['passages']} passages · KV {result['kv_dtype']}",
+        fontsize=9,
+    )
     save_figure(fig, path)
 
 
@@ -171,21 +218,29 @@ def main(args: argparse.Namespace) -> int:
         overrides.update(repetition_penalty=1.0, no_repeat_ngram_size=0, stop_on_repeated_line=False)
     engine = build_engine(args, **overrides)
     examples = [e for e in select_examples(load_dataset(args.dataset), None, args.seed) if e.answers]
-    prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples[:args.examples]]
+    prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples[: args.examples]]
     baselines = tuple(b for b in args.baselines.split(",") if b and b != "full")
     if unknown := [b for b in baselines if b not in ("prefix", "reuse")]:
         raise SystemExit(f"unknown baseline(s) {unknown}; choose from prefix, reuse")
     specs = mode_specs(engine, ratios, baselines=("full", *baselines))  # type: ignore[arg-type]
-    logger.info("quality: %d examples × %d passages, modes %s", len(prompts), args.passages,
-                [s.name for s in specs])
+    logger.info("quality: %d examples × %d passages, modes %s", len(prompts), args.passages, [s.name for s in specs])
     evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens, args.compare_repetition_control)
     result: dict[str, Any] = {
-        "benchmark": NAME, "model": model_name(engine), "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem, "examples": len(prompts), "passages": args.passages,
-        "seed": args.seed, "ratios": ratios, "kv_dtype": args.kv_dtype, "max_tokens": args.max_tokens,
+        "benchmark": NAME,
+        "model": model_name(engine),
+        "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem,
+        "examples": len(prompts),
+        "passages": args.passages,
+        "seed": args.seed,
+        "ratios": ratios,
+        "kv_dtype": args.kv_dtype,
+        "max_tokens": args.max_tokens,
         "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
-        "repetition_control": {k: getattr(engine.settings, k) for k in
-                               ("repetition_penalty", "no_repeat_ngram_size", "stop_on_repeated_line")},
+        "repetition_control": {
+            k: getattr(engine.settings, k)
+            for k in ("repetition_penalty", "no_repeat_ngram_size", "stop_on_repeated_line")
+        },
         "blend": blend_settings(engine),
         "machine": machine_info(engine),
         **evaluated,
@@ -197,9 +252,17 @@ def main(args: argparse.Namespace) -> int:
     write_json(args.out, result)
     plot(result, plot_path(args))
     for name, m in result["modes"].items():
-        logger.info("%-11s f1=%.3f nll=%.3f length_share=%.3f%s %s", name, m["f1"], m["nll"], m["length_share"],
-                    f" (without the stop: f1={m['uncontrolled_f1']:.3f} length_share="
-                    f"{m['uncontrolled_length_share']:.3f})" if "uncontrolled_f1" in m else "",
-                    "" if name == "full" else f"fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e} "
-                    f"benefit={m['benefit_retained']:.3f}")
+        logger.info(
+            "%-11s f1=%.3f nll=%.3f length_share=%.3f%s %s",
+            name,
+            m["f1"],
+            m["nll"],
+            m["length_share"],
+            f" (without the stop: f1={m['uncontrolled_f1']:.3f} length_share={m['uncontrolled_length_share']:.3f})"
+            if "uncontrolled_f1" in m
+            else "",
+            ""
+            if name == "full"
+            else f"fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e} benefit={m['benefit_retained']:.3f}",
+        )
     return 0

@@ -38,8 +38,12 @@ NAME = "scaleout"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="ingest rate with 1 and 2 workers; ready→searchable latency",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="ingest rate with 1 and 2 workers; ready→searchable latency",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--dataset", type=Path, default=DEFAULT_NQ6, help="nq6-shaped passages JSON")
     parser.add_argument("--chunks", type=int, default=96, help="passages ingested per round (one chunk each)")
     parser.add_argument("--jobs", type=int, default=8, help="jobs each round's passages are split into")
@@ -65,8 +69,9 @@ def passages(dataset: Path) -> list[dict[str, str]]:
     return out
 
 
-def ingest_round(cluster: Cluster, replica: Process, docs: list[dict[str, str]], num_jobs: int,
-                 num_workers: int) -> dict[str, Any]:
+def ingest_round(
+    cluster: Cluster, replica: Process, docs: list[dict[str, str]], num_jobs: int, num_workers: int
+) -> dict[str, Any]:
     workers = [cluster.add_worker() for _ in range(num_workers)]
     try:
         # Workers load their models first: an idle queue is not part of the ingest rate.
@@ -77,7 +82,7 @@ def ingest_round(cluster: Cluster, replica: Process, docs: list[dict[str, str]],
             time.sleep(0.2)
         size = -(-len(docs) // num_jobs)
         start = time.perf_counter()
-        job_ids = [ingest(replica, docs[i:i + size])["job_id"] for i in range(0, len(docs), size)]
+        job_ids = [ingest(replica, docs[i : i + size])["job_id"] for i in range(0, len(docs), size)]
         finished = [wait_job(replica, job_id) for job_id in job_ids]
         elapsed = time.perf_counter() - start
     finally:
@@ -86,10 +91,20 @@ def ingest_round(cluster: Cluster, replica: Process, docs: list[dict[str, str]],
     bad = [j for j in finished if j["status"] != "succeeded"]
     if bad:
         raise RuntimeError(f"{len(bad)} job(s) did not succeed: {bad[0]['errors'][:3]}")
-    num_chunks = sum(httpx.get(f"{replica.url}/documents/{d}", timeout=30).json()["num_chunks"]
-                     for j in finished for d in j["document_ids"])
-    return {"workers": num_workers, "jobs": len(job_ids), "documents": len(docs), "chunks": num_chunks,
-            "seconds": round(elapsed, 2), "chunks_per_s": round(num_chunks / elapsed, 3), "load_avg": load_avg()}
+    num_chunks = sum(
+        httpx.get(f"{replica.url}/documents/{d}", timeout=30).json()["num_chunks"]
+        for j in finished
+        for d in j["document_ids"]
+    )
+    return {
+        "workers": num_workers,
+        "jobs": len(job_ids),
+        "documents": len(docs),
+        "chunks": num_chunks,
+        "seconds": round(elapsed, 2),
+        "chunks_per_s": round(num_chunks / elapsed, 3),
+        "load_avg": load_avg(),
+    }
 
 
 def probe_latency(a: Process, b: Process, docs: list[dict[str, str]]) -> list[float]:
@@ -132,28 +147,39 @@ def main(args: argparse.Namespace) -> int:
         cluster.wait_ready(b)
         rounds = []
         for n, num_workers in enumerate(args.workers):
-            docs = pool[n * args.chunks:(n + 1) * args.chunks]
+            docs = pool[n * args.chunks : (n + 1) * args.chunks]
             rounds.append(ingest_round(cluster, a, docs, args.jobs, num_workers))
             logger.info("%d worker(s): %.3f chunks/s", num_workers, rounds[-1]["chunks_per_s"])
-        probe_docs = pool[len(args.workers) * args.chunks:needed]
+        probe_docs = pool[len(args.workers) * args.chunks : needed]
         worker = cluster.add_worker()
         latencies = probe_latency(a, b, probe_docs)
         worker.stop()
     finally:
         cluster.stop()
     result = {
-        "benchmark": NAME, "model": args.model, "chunks_per_round": args.chunks, "jobs_per_round": args.jobs,
+        "benchmark": NAME,
+        "model": args.model,
+        "chunks_per_round": args.chunks,
+        "jobs_per_round": args.jobs,
         "ingest": rounds,
-        "ready_to_searchable_s": {"probes": len(latencies), "median": round(statistics.median(latencies), 3),
-                                  "max": round(max(latencies), 3), "all": [round(x, 3) for x in latencies]},
+        "ready_to_searchable_s": {
+            "probes": len(latencies),
+            "median": round(statistics.median(latencies), 3),
+            "max": round(max(latencies), 3),
+            "all": [round(x, 3) for x in latencies],
+        },
         "run": record.finish(),
     }
     write_json(args.out, result)
     for r in rounds:
-        print(f"ingest, {r['workers']} worker(s): {r['chunks']} chunks in {r['seconds']} s = "
-              f"{r['chunks_per_s']} chunks/s (load avg {r['load_avg']})")
+        print(
+            f"ingest, {r['workers']} worker(s): {r['chunks']} chunks in {r['seconds']} s = "
+            f"{r['chunks_per_s']} chunks/s (load avg {r['load_avg']})"
+        )
     lat = result["ready_to_searchable_s"]
     print(f"ready on A -> searchable on B: median {lat['median']} s, max {lat['max']} s over {lat['probes']} docs")
-    print(f"load average at start {result['run']['load_avg_start']}, end {result['run']['load_avg_end']}; "
-          f"wrote {args.out}")
+    print(
+        f"load average at start {result['run']['load_avg_start']}, end {result['run']['load_avg_end']}; "
+        f"wrote {args.out}"
+    )
     return 0

@@ -50,8 +50,12 @@ CHUNK_TOKENS = 1024
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(NAME, help="requests/min and TTFT p50/p90 of concurrent clients, blend vs full",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        NAME,
+        help="requests/min and TTFT p50/p90 of concurrent clients, blend vs full",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=8, passages=6, out="throughput.json")
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients")
     parser.add_argument("--url", default=None, help="a running server (default: the app in this process)")
@@ -62,8 +66,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap per request")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the phases, alternating their order")
     parser.add_argument("--timeout", type=float, default=900.0, help="per-request timeout (s) against --url")
-    parser.add_argument("--decode-clients", default="1,8",
-                        help="in-process: aggregate decode tokens/s at these client counts ('' skips)")
+    parser.add_argument(
+        "--decode-clients",
+        default="1,8",
+        help="in-process: aggregate decode tokens/s at these client counts ('' skips)",
+    )
     parser.add_argument("--decode-tokens", type=int, default=64, help="answer length of the decode measurement")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the temp data dir goes")
     parser.set_defaults(func=main)
@@ -89,8 +96,14 @@ class InProcessClient:
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
         from app.services.ask_service import AskRequest, DoneEvent, ErrorEvent, TokenDelta
 
-        request = AskRequest(question=question, top_k=top_k, mode=mode, recompute_ratio=ratio,  # type: ignore[arg-type]
-                             max_tokens=max_tokens, temperature=0.0)
+        request = AskRequest(
+            question=question,
+            top_k=top_k,
+            mode=mode,
+            recompute_ratio=ratio,  # type: ignore[arg-type]
+            max_tokens=max_tokens,
+            temperature=0.0,
+        )
         t0 = time.perf_counter()
         first: float | None = None
         async for event in self.state.ask.ask(request):
@@ -100,8 +113,15 @@ class InProcessClient:
                 return AskTiming(mode, False, None, time.perf_counter() - t0, error=f"{event.code}: {event.message}")
             elif isinstance(event, DoneEvent):
                 now = time.perf_counter()
-                return AskTiming(mode, True, (first or now) - t0, now - t0, event.timings.ttft_ms / 1000,
-                                 event.usage.prompt_tokens, event.usage.completion_tokens)
+                return AskTiming(
+                    mode,
+                    True,
+                    (first or now) - t0,
+                    now - t0,
+                    event.timings.ttft_ms / 1000,
+                    event.usage.prompt_tokens,
+                    event.usage.completion_tokens,
+                )
         return AskTiming(mode, False, None, time.perf_counter() - t0, error="stream ended without done")
 
 
@@ -115,8 +135,14 @@ class HttpClient:
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
         from app.api.sse import aiter_sse
 
-        body: dict[str, Any] = {"question": question, "top_k": top_k, "mode": mode, "max_tokens": max_tokens,
-                                "temperature": 0.0, "stream": True}
+        body: dict[str, Any] = {
+            "question": question,
+            "top_k": top_k,
+            "mode": mode,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+        }
         if ratio is not None:
             body["recompute_ratio"] = ratio
         t0 = time.perf_counter()
@@ -125,19 +151,32 @@ class HttpClient:
             async with self.client.stream("POST", "/ask", json=body) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")[:200]
-                    return AskTiming(mode, False, None, time.perf_counter() - t0,
-                                     error=f"HTTP {response.status_code}: {text}")
+                    return AskTiming(
+                        mode, False, None, time.perf_counter() - t0, error=f"HTTP {response.status_code}: {text}"
+                    )
                 async for event, data in aiter_sse(response.aiter_lines()):
                     if event == "token" and first is None and data.get("text"):
                         first = time.perf_counter()
                     elif event == "error":
-                        return AskTiming(mode, False, None, time.perf_counter() - t0,
-                                         error=f"{data.get('code')}: {data.get('message')}")
+                        return AskTiming(
+                            mode,
+                            False,
+                            None,
+                            time.perf_counter() - t0,
+                            error=f"{data.get('code')}: {data.get('message')}",
+                        )
                     elif event == "done":
                         now = time.perf_counter()
                         usage = data.get("usage", {})
-                        return AskTiming(mode, True, (first or now) - t0, now - t0, data["ttft_ms"] / 1000,
-                                         usage.get("prompt_tokens"), usage.get("completion_tokens"))
+                        return AskTiming(
+                            mode,
+                            True,
+                            (first or now) - t0,
+                            now - t0,
+                            data["ttft_ms"] / 1000,
+                            usage.get("prompt_tokens"),
+                            usage.get("completion_tokens"),
+                        )
         except Exception as exc:  # network trouble is a failed request, not a crashed benchmark
             return AskTiming(mode, False, None, time.perf_counter() - t0, error=f"{type(exc).__name__}: {exc}")
         return AskTiming(mode, False, None, time.perf_counter() - t0, error="stream ended without done")
@@ -159,8 +198,9 @@ class HttpClient:
         await self.client.aclose()
 
 
-async def run_phase(client: Any, questions: list[str], mode: str, ratio: float | None, num_clients: int,
-                    top_k: int, max_tokens: int) -> tuple[list[AskTiming], float]:
+async def run_phase(
+    client: Any, questions: list[str], mode: str, ratio: float | None, num_clients: int, top_k: int, max_tokens: int
+) -> tuple[list[AskTiming], float]:
     """All questions asked by num_clients concurrent clients; returns the timings and the wall time."""
     queue: asyncio.Queue[str] = asyncio.Queue()
     for q in questions:
@@ -185,10 +225,15 @@ def summarize(timings: list[AskTiming], wall_s: float) -> dict[str, Any]:
     ttft = [t.ttft_s for t in ok if t.ttft_s is not None]
     server = [t.server_ttft_s for t in ok if t.server_ttft_s is not None]
     return {
-        "requests": len(timings), "errors": len(timings) - len(ok), "wall_s": wall_s,
+        "requests": len(timings),
+        "errors": len(timings) - len(ok),
+        "wall_s": wall_s,
         "requests_per_min": 60 * len(ok) / wall_s if wall_s > 0 else None,
-        "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90), "ttft_mean_s": mean(ttft),
-        "server_ttft_p50_s": percentile(server, 50), "server_ttft_p90_s": percentile(server, 90),
+        "ttft_p50_s": percentile(ttft, 50),
+        "ttft_p90_s": percentile(ttft, 90),
+        "ttft_mean_s": mean(ttft),
+        "server_ttft_p50_s": percentile(server, 50),
+        "server_ttft_p90_s": percentile(server, 90),
         "total_p50_s": percentile([t.total_s for t in ok], 50),
         "prompt_tokens_mean": mean(t.prompt_tokens for t in ok if t.prompt_tokens is not None),
         "completion_tokens_mean": mean(t.completion_tokens for t in ok if t.completion_tokens is not None),
@@ -197,8 +242,9 @@ def summarize(timings: list[AskTiming], wall_s: float) -> dict[str, Any]:
         # (the admission lie; must stay 0). In-process runs report busy as the latter's error code.
         "busy_503": sum(1 for t in timings if (t.error or "").startswith("HTTP 503")),
         "busy_after_200": sum(1 for t in timings if (t.error or "").startswith("busy:")),
-        "share_503": (sum(1 for t in timings if (t.error or "").startswith("HTTP 503")) / len(timings)
-                      if timings else None),
+        "share_503": (
+            sum(1 for t in timings if (t.error or "").startswith("HTTP 503")) / len(timings) if timings else None
+        ),
     }
 
 
@@ -213,24 +259,32 @@ async def _measure(args: argparse.Namespace, client: Any, examples: list[Example
     for r in range(args.rounds):
         for mode in modes if r % 2 == 0 else list(reversed(modes)):
             load = load_avg()
-            timings, wall = await run_phase(client, questions, mode, ratio_of[mode], args.clients, args.passages,
-                                            args.max_tokens)
+            timings, wall = await run_phase(
+                client, questions, mode, ratio_of[mode], args.clients, args.passages, args.max_tokens
+            )
             per_mode[mode].extend(timings)
             walls[mode] += wall
-            phases.append({"round": r, "mode": mode, "wall_s": wall, "load_avg": load,
-                           "requests": [asdict(t) for t in timings]})
+            phases.append(
+                {"round": r, "mode": mode, "wall_s": wall, "load_avg": load, "requests": [asdict(t) for t in timings]}
+            )
             logger.info("throughput round %d %s: %d requests in %.1fs", r, mode, len(timings), wall)
     return {"modes": {m: summarize(per_mode[m], walls[m]) for m in modes}, "phases": phases}
 
 
-async def _in_process(args: argparse.Namespace, examples: list[Example], modes: list[str],
-                      data_dir: Path) -> dict[str, Any]:
+async def _in_process(
+    args: argparse.Namespace, examples: list[Example], modes: list[str], data_dir: Path
+) -> dict[str, Any]:
     decode_clients = [int(n) for n in args.decode_clients.split(",") if n]
     # Every client's request decodes at once (batched), up to the largest count measured.
     running = max([args.clients, *decode_clients])
-    settings = bench_settings(data_dir, args.model, args.models_dir, args.threads,
-                              engine={"dtype": args.dtype, "max_running": running, "max_queue": max(running, 16)},
-                              ingest={"chunk_tokens": CHUNK_TOKENS})
+    settings = bench_settings(
+        data_dir,
+        args.model,
+        args.models_dir,
+        args.threads,
+        engine={"dtype": args.dtype, "max_running": running, "max_queue": max(running, 16)},
+        ingest={"chunk_tokens": CHUNK_TOKENS},
+    )
     state = await start_app(settings)
     try:
         passages = unique_passages(examples, args.passages)
@@ -239,10 +293,14 @@ async def _in_process(args: argparse.Namespace, examples: list[Example], modes: 
         logger.info("ingested %d passages in %.1fs (%s)", len(passages), time.perf_counter() - t0, job.status)
         measured = await _measure(args, InProcessClient(state), examples, modes)
         if decode_clients:
-            measured["decode"] = await decode_rate.measure(state, examples, decode_clients, args.passages,
-                                                           CHUNK_TOKENS, args.ratio, args.decode_tokens)
-        return measured | {"corpus_passages": len(passages), "machine": machine_info(state.components.engine),
-                           "model": model_name(state.components.engine)}
+            measured["decode"] = await decode_rate.measure(
+                state, examples, decode_clients, args.passages, CHUNK_TOKENS, args.ratio, args.decode_tokens
+            )
+        return measured | {
+            "corpus_passages": len(passages),
+            "machine": machine_info(state.components.engine),
+            "model": model_name(state.components.engine),
+        }
     finally:
         await state.close()
 
@@ -270,8 +328,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax_ttft.set_ylabel("s")
     ax_ttft.legend(fontsize=8)
     ax_ttft.set_title("TTFT (client side)")
-    fig.suptitle(f"{result['model']} · {result['dataset_name']} · {result['examples']} questions × "
-                 f"{result['passages']} chunks · {result['target']}", fontsize=9)
+    fig.suptitle(
+        f"{result['model']} · {result['dataset_name']} · {result['examples']} questions × "
+        f"{result['passages']} chunks · {result['target']}",
+        fontsize=9,
+    )
     save_figure(fig, path)
 
 
@@ -285,22 +346,38 @@ def main(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="blendrag-bench-throughput-", dir=args.tmp_dir) as tmp:
             measured = asyncio.run(_in_process(args, examples, modes, Path(tmp) / "data"))
     result: dict[str, Any] = {
-        "benchmark": NAME, "target": args.url or "in-process", "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem, "examples": len(examples), "passages": args.passages,
-        "seed": args.seed, "clients": args.clients, "ratio": args.ratio, "max_tokens": args.max_tokens,
-        "rounds": args.rounds, **measured,
+        "benchmark": NAME,
+        "target": args.url or "in-process",
+        "dataset": str(args.dataset),
+        "dataset_name": args.dataset.stem,
+        "examples": len(examples),
+        "passages": args.passages,
+        "seed": args.seed,
+        "clients": args.clients,
+        "ratio": args.ratio,
+        "max_tokens": args.max_tokens,
+        "rounds": args.rounds,
+        **measured,
     }
     result["run"] = run.finish()
     write_json(args.out, result)
     plot(result, plot_path(args))
     for mode, m in result["modes"].items():
-        logger.info("%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors, %d × 503, %d × 200-then-busy)", mode,
-                    m["requests_per_min"] or 0, m["ttft_p50_s"], m["ttft_p90_s"], m["errors"], m["busy_503"],
-                    m["busy_after_200"])
+        logger.info(
+            "%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors, %d × 503, %d × 200-then-busy)",
+            mode,
+            m["requests_per_min"] or 0,
+            m["ttft_p50_s"],
+            m["ttft_p90_s"],
+            m["errors"],
+            m["busy_503"],
+            m["busy_after_200"],
+        )
     decode = result.get("decode")
     if decode:
         for n, d in decode["per_clients"].items():
-            logger.info("decode, %s client(s): %s tokens/s aggregate (load avg %s)", n, d["decode_tokens_per_s"],
-                        d["load_avg"])
+            logger.info(
+                "decode, %s client(s): %s tokens/s aggregate (load avg %s)", n, d["decode_tokens_per_s"], d["load_avg"]
+            )
         logger.info("decode speedup, most clients vs one: %s", decode["speedup"])
     return 0

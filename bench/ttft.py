@@ -58,8 +58,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="how the chunk KV is held in memory (fp16: what the store serves)",
     )
     add_blend_args(parser)
-    parser.add_argument("--selectors", default=None, type=parse_selectors,
-                        help="time these selectors at every ratio, named selector@r (default: blend@r, the engine's)")
+    parser.add_argument(
+        "--selectors",
+        default=None,
+        type=parse_selectors,
+        help="time these selectors at every ratio, named selector@r (default: blend@r, the engine's)",
+    )
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of every mode before timing")
     parser.add_argument("--rss-ratio", type=float, default=0.15, help="blend ratio of the peak-RSS probe")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe (a second process)")
@@ -102,8 +106,13 @@ def measure_peak_rss(settings_json: str, models_dir: Path, prepared: PreparedExa
     return result
 
 
-def run_ttft(engine, prepared: list[PreparedExample], ratios: list[float], warmup: int,
-             selectors: list[SelectorName] | None = None) -> dict[str, Any]:
+def run_ttft(
+    engine,
+    prepared: list[PreparedExample],
+    ratios: list[float],
+    warmup: int,
+    selectors: list[SelectorName] | None = None,
+) -> dict[str, Any]:
     specs = mode_specs(engine, ratios, selectors=selectors)
     for _ in range(warmup):
         for spec in specs:

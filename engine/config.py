@@ -43,7 +43,8 @@ class EngineSettings(BaseModel):
     score_layers: list[int] = Field(default_factory=lambda: [12], description="query: layers whose attention scores")
     score_fuse: Literal["mean", "max"] = "mean"
     score_by: Literal["attention", "output"] = Field(
-        default="attention", description="query: attention weight alone, or weight × ‖value‖ (what the key adds)")
+        default="attention", description="query: attention weight alone, or weight × ‖value‖ (what the key adds)"
+    )
     pool_window: int = Field(default=1, ge=1, description="query: max-pool scores over this many neighbours")
     min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
     check_layers: list[int] = Field(default_factory=lambda: [1])
@@ -57,12 +58,17 @@ class EngineSettings(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     # Repetition control, applied identically in every mode (it only looks at the generated tokens).
     repetition_penalty: float = Field(
-        default=REPETITION_PENALTY, ge=1.0, le=2.0,
-        description="> 1 lowers the logits of tokens the answer already contains (1 = off)")
+        default=REPETITION_PENALTY,
+        ge=1.0,
+        le=2.0,
+        description="> 1 lowers the logits of tokens the answer already contains (1 = off)",
+    )
     no_repeat_ngram_size: int = Field(
-        default=NO_REPEAT_NGRAM_SIZE, ge=0, description="never generate the same n-gram twice (0 = off)")
+        default=NO_REPEAT_NGRAM_SIZE, ge=0, description="never generate the same n-gram twice (0 = off)"
+    )
     stop_on_repeated_line: bool = Field(
-        default=True, description="finish the answer once a sentence or line repeats an earlier one")
+        default=True, description="finish the answer once a sentence or line repeats an earlier one"
+    )
 
     @field_validator("model")
     @classmethod

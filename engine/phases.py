@@ -260,10 +260,14 @@ def prompt_pass(
     if selector is not None and selector.upfront:
         scores = score_context(tf, layout, cache, stored, config, should_stop) if selector.name == "query" else None  # type: ignore[arg-type]
         candidates = torch.arange(p, p + n_ctx, device=tf.device)
-        keep = selector.select(SelectionInput(
-            positions=candidates, chunk_index=_chunk_index(layout, tf.device),
-            num_keep=num_recompute_tokens(config.recompute_ratio, n_ctx), scores=scores,
-        ))
+        keep = selector.select(
+            SelectionInput(
+                positions=candidates,
+                chunk_index=_chunk_index(layout, tf.device),
+                num_keep=num_recompute_tokens(config.recompute_ratio, n_ctx),
+                scores=scores,
+            )
+        )
         selected = candidates[keep]
     select_s = time.perf_counter() - t0
 
@@ -333,8 +337,17 @@ def _check_layers(
         q, k_pre, v = tf.project_qkv(layer, h, rows, cache)
         on_k = config.deviation_on == "k"
         with serial(tf.device.type == "cpu"):  # many small ops: one thread (engine/threads.py)
-            keep = _select_at_check_layer(layer, check_at[layer], selector, rows.positions, chunk_index,
-                                          k_pre if on_k else v, stored_k if on_k else stored_v, p, n_ctx)
+            keep = _select_at_check_layer(
+                layer,
+                check_at[layer],
+                selector,
+                rows.positions,
+                chunk_index,
+                k_pre if on_k else v,
+                stored_k if on_k else stored_v,
+                p,
+                n_ctx,
+            )
         if keep is not None:
             h, q = h[:, keep], q[:, :, keep]
             rows = tf.rows(rows.positions[keep], kv_len=total)
@@ -343,8 +356,14 @@ def _check_layers(
     return h, rows
 
 
-def _validate(tf: Transformer, layout: PromptLayout, kv_source: LayerKVSource | None, mode: Mode,
-              config: BlendConfig, prefix: PrefixKV | None) -> None:
+def _validate(
+    tf: Transformer,
+    layout: PromptLayout,
+    kv_source: LayerKVSource | None,
+    mode: Mode,
+    config: BlendConfig,
+    prefix: PrefixKV | None,
+) -> None:
     cfg, n_ctx = tf.cfg, layout.num_context_tokens
     if mode == "full":
         return

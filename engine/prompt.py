@@ -67,8 +67,9 @@ class PromptBuilder:
         chunks), so a question containing "<|im_end|>" cannot close the turn and inject a new one.
         """
         before, after = self.question_template.split("{question}", 1)
-        return (self._encode(before) + self._encode_untrusted(question.strip())
-                + self._encode(after + self._closing_text))
+        return (
+            self._encode(before) + self._encode_untrusted(question.strip()) + self._encode(after + self._closing_text)
+        )
 
     def _encode_untrusted(self, text: str) -> list[int]:
         try:

@@ -82,8 +82,7 @@ def banned_ngram_tokens(generated: Sequence[int], n: int) -> set[int]:
     if n == 1:
         return set(generated)
     context = tuple(generated[len(generated) - n + 1 :])
-    return {generated[i + n - 1] for i in range(len(generated) - n + 1)
-            if tuple(generated[i : i + n - 1]) == context}
+    return {generated[i + n - 1] for i in range(len(generated) - n + 1) if tuple(generated[i : i + n - 1]) == context}
 
 
 class Sampler:

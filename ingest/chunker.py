@@ -49,10 +49,34 @@ _SENTENCE_END = re.compile(r"[.!?…]+[\"'”’»)\]]*(\s+)")
 _CJK_SENTENCE_END = re.compile(r"[。！？]()")
 # A line that starts a list item or a markdown heading begins a new sentence even without punctuation.
 _LIST_LINE = re.compile(r"\n(?=[ \t]*(?:[-*•+]|\d{1,3}[.)]|#{1,6})[ \t])")
-_ABBREVIATIONS = frozenset({
-    "mr", "mrs", "ms", "dr", "prof", "st", "sr", "jr", "vs", "etc", "e.g", "i.e", "inc", "ltd", "co",
-    "no", "fig", "al", "approx", "dept", "est", "vol", "pp", "cf",
-})
+_ABBREVIATIONS = frozenset(
+    {
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "st",
+        "sr",
+        "jr",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "inc",
+        "ltd",
+        "co",
+        "no",
+        "fig",
+        "al",
+        "approx",
+        "dept",
+        "est",
+        "vol",
+        "pp",
+        "cf",
+    }
+)
 
 
 class TokenizerLike(Protocol):
@@ -191,15 +215,22 @@ class Chunker:
         chunks: list[Chunk] = []
         for section, offset in zip(document.sections, document.section_offsets(), strict=True):
             for start, end, token_ids in self._chunk_spans(section.text):
-                chunks.append(Chunk(index=len(chunks), text=section.text[start:end], token_ids=token_ids,
-                                    page=section.page, char_start=offset + start, char_end=offset + end))
+                chunks.append(
+                    Chunk(
+                        index=len(chunks),
+                        text=section.text[start:end],
+                        token_ids=token_ids,
+                        page=section.page,
+                        char_start=offset + start,
+                        char_end=offset + end,
+                    )
+                )
         return chunks
 
     def chunk_text(self, text: str, page: int | None = None) -> list[Chunk]:
         """Chunks of one piece of text (taken as-is, not normalized); offsets index `text`."""
         return [
-            Chunk(index=index, text=text[start:end], token_ids=token_ids, page=page, char_start=start,
-                  char_end=end)
+            Chunk(index=index, text=text[start:end], token_ids=token_ids, page=page, char_start=start, char_end=end)
             for index, (start, end, token_ids) in enumerate(self._chunk_spans(text))
         ]
 
@@ -260,8 +291,9 @@ class Chunker:
         if not callable(self._tokenizer):
             return None
         try:
-            encoding = self._tokenizer(text[start:end], add_special_tokens=False, split_special_tokens=True,
-                                       return_offsets_mapping=True)
+            encoding = self._tokenizer(
+                text[start:end], add_special_tokens=False, split_special_tokens=True, return_offsets_mapping=True
+            )
             offsets = encoding["offset_mapping"]
         except (TypeError, NotImplementedError, KeyError, ValueError):
             return None
@@ -341,8 +373,9 @@ class Chunker:
     def _encode(self, text: str, start: int, end: int) -> list[int]:
         return encode_text(self._tokenizer, text[start:end]) + self._separator_ids
 
-    def _choose_end(self, first: int, limit: int, estimate: Callable[[int, int], int],
-                    level_at: Callable[[int], int]) -> int:
+    def _choose_end(
+        self, first: int, limit: int, estimate: Callable[[int, int], int], level_at: Callable[[int], int]
+    ) -> int:
         """End (exclusive atom index) in (first, limit] at the strongest boundary that is full enough."""
         min_tokens = _MIN_FILL * self._text_budget
         best = limit
@@ -354,8 +387,14 @@ class Chunker:
                 best, best_level = end, level_at(end)
         return best
 
-    def _overlap_start(self, first: int, end: int, estimate: Callable[[int, int], int],
-                       level_at: Callable[[int], int], next_atom_tokens: int) -> int:
+    def _overlap_start(
+        self,
+        first: int,
+        end: int,
+        estimate: Callable[[int, int], int],
+        level_at: Callable[[int], int],
+        next_atom_tokens: int,
+    ) -> int:
         """First atom of the next chunk: repeat up to `chunk_overlap` tokens, from a strong boundary,
         leaving room for at least the next new atom."""
         room = min(self.chunk_overlap, self._text_budget - next_atom_tokens - 1)
@@ -368,7 +407,8 @@ class Chunker:
         return best
 
 
-def chunk_document(document: LoadedDocument, tokenizer: TokenizerLike,
-                   settings: IngestSettings | None = None) -> list[Chunk]:
+def chunk_document(
+    document: LoadedDocument, tokenizer: TokenizerLike, settings: IngestSettings | None = None
+) -> list[Chunk]:
     """Convenience wrapper: `Chunker.from_settings(tokenizer, settings).chunk_document(document)`."""
     return Chunker.from_settings(tokenizer, settings or IngestSettings()).chunk_document(document)

@@ -57,6 +57,7 @@ class IngestSettings(BaseModel):
     @model_validator(mode="after")
     def _check_overlap(self) -> IngestSettings:
         if self.chunk_overlap >= self.chunk_tokens:
-            raise ValueError(f"chunk_overlap ({self.chunk_overlap}) must be smaller than "
-                             f"chunk_tokens ({self.chunk_tokens})")
+            raise ValueError(
+                f"chunk_overlap ({self.chunk_overlap}) must be smaller than chunk_tokens ({self.chunk_tokens})"
+            )
         return self

@@ -122,9 +122,14 @@ def verify(store: TieredKVStore, *, tiers: Sequence[str] = ("disk", "redis")) ->
     removed_by_tier = Counter(p.tier for p in problems)
     num_checked = sum(checked.values())
     report = VerifyReport(
-        num_checked=num_checked, num_ok=num_checked - len(problems), num_removed=len(problems),
-        removed_keys=tuple(dict.fromkeys(p.key for p in problems)), problems=tuple(problems),
-        checked_by_tier=dict(checked), removed_by_tier=dict(removed_by_tier), skipped_tiers=tuple(skipped),
+        num_checked=num_checked,
+        num_ok=num_checked - len(problems),
+        num_removed=len(problems),
+        removed_keys=tuple(dict.fromkeys(p.key for p in problems)),
+        problems=tuple(problems),
+        checked_by_tier=dict(checked),
+        removed_by_tier=dict(removed_by_tier),
+        skipped_tiers=tuple(skipped),
     )
     logger.info("kv verify: %d checked, %d removed", report.num_checked, report.num_removed)
     return report
@@ -138,10 +143,13 @@ def prune(store: TieredKVStore, max_bytes: int) -> PruneReport:
     before = store.disk.stats()
     evicted = store.disk.evict_to(max_bytes)
     after = store.disk.stats()
-    logger.info("kv prune: evicted %d entries, %d -> %d bytes", len(evicted), before.num_bytes,
-                after.num_bytes)
+    logger.info("kv prune: evicted %d entries, %d -> %d bytes", len(evicted), before.num_bytes, after.num_bytes)
     return PruneReport(
-        max_bytes=max_bytes, num_bytes_before=before.num_bytes, num_bytes_after=after.num_bytes,
-        num_entries_before=before.num_entries, num_entries_after=after.num_entries,
-        num_evicted=len(evicted), evicted_keys=tuple(evicted),
+        max_bytes=max_bytes,
+        num_bytes_before=before.num_bytes,
+        num_bytes_after=after.num_bytes,
+        num_entries_before=before.num_entries,
+        num_entries_after=after.num_entries,
+        num_evicted=len(evicted),
+        evicted_keys=tuple(evicted),
     )

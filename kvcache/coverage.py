@@ -102,10 +102,10 @@ class _Tally:
 def classify(ref: ChunkRef, locations: dict[str, EntryLocation]) -> ChunkCoverage:
     fresh = locations.get(ref.expected_key)
     if fresh is not None:
-        return ChunkCoverage(ref=ref, state=ChunkState.FRESH, tier=fresh.tier,
-                             num_bytes=fresh.num_bytes_by_tier[fresh.tier])
-    if ref.recorded_key is not None and ref.recorded_key != ref.expected_key \
-            and ref.recorded_key in locations:
+        return ChunkCoverage(
+            ref=ref, state=ChunkState.FRESH, tier=fresh.tier, num_bytes=fresh.num_bytes_by_tier[fresh.tier]
+        )
+    if ref.recorded_key is not None and ref.recorded_key != ref.expected_key and ref.recorded_key in locations:
         return ChunkCoverage(ref=ref, state=ChunkState.STALE, tier=None, num_bytes=0)
     return ChunkCoverage(ref=ref, state=ChunkState.MISSING, tier=None, num_bytes=0)
 
@@ -123,5 +123,6 @@ def compute_coverage(store: TieredKVStore, refs: Iterable[ChunkRef]) -> Coverage
         total.add(cov.state, location)
         per_doc.setdefault(ref.document_id, _Tally()).add(cov.state, location)
         chunks.append(cov)
-    return CoverageReport(total=total.freeze(), documents={d: t.freeze() for d, t in per_doc.items()},
-                          chunks=tuple(chunks))
+    return CoverageReport(
+        total=total.freeze(), documents={d: t.freeze() for d, t in per_doc.items()}, chunks=tuple(chunks)
+    )

@@ -46,8 +46,7 @@ _SHARD_RE = re.compile(r"^[0-9a-f]{2}$")
 class DiskTier:
     name = "disk"
 
-    def __init__(self, root: Path, budget_bytes: int, *, fsync: bool = True,
-                 stale_tmp_age_s: float = 3600.0) -> None:
+    def __init__(self, root: Path, budget_bytes: int, *, fsync: bool = True, stale_tmp_age_s: float = 3600.0) -> None:
         if budget_bytes <= 0:
             raise ValueError("disk tier budget must be positive")
         self.root = Path(root)
@@ -197,8 +196,7 @@ class DiskTier:
         size = len(data)
         if size > self.budget_bytes:
             self.counters.rejected()
-            logger.warning("disk tier: entry %s (%d B) exceeds the budget %d B", key[:12], size,
-                           self.budget_bytes)
+            logger.warning("disk tier: entry %s (%d B) exceeds the budget %d B", key[:12], size, self.budget_bytes)
             return False
         if not overwrite:
             existing = self.nbytes_of(key)
@@ -254,5 +252,6 @@ class DiskTier:
     def stats(self) -> TierStats:
         with self._lock:
             num_entries, num_bytes = len(self._index), self._num_bytes
-        return self.counters.snapshot(name=self.name, available=True, num_entries=num_entries,
-                                      num_bytes=num_bytes, budget_bytes=self.budget_bytes)
+        return self.counters.snapshot(
+            name=self.name, available=True, num_entries=num_entries, num_bytes=num_bytes, budget_bytes=self.budget_bytes
+        )

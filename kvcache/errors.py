@@ -29,8 +29,9 @@ class KVEntryMissing(KVCacheError):
 class KVEntryCorrupt(KVCacheError):
     """An entry is unreadable: `kind` is "truncated", "checksum" or "format"."""
 
-    def __init__(self, key: str, reason: str, *, kind: str = "format", layer_idx: int | None = None,
-                 tier: str | None = None) -> None:
+    def __init__(
+        self, key: str, reason: str, *, kind: str = "format", layer_idx: int | None = None, tier: str | None = None
+    ) -> None:
         self.key = key
         self.reason = reason
         self.kind = kind

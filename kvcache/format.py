@@ -138,8 +138,14 @@ class EntryMeta:
             isinstance(k, str) and isinstance(v, int) for k, v in checksums.items()
         ):
             raise bad("checksums is not a {name: int} map")
-        meta = cls(key=expected_key, model_fingerprint=fingerprint, storage_dtype=raw["storage_dtype"],
-                   created_at=created_at, checksums=checksums, **dims)  # type: ignore[arg-type]
+        meta = cls(
+            key=expected_key,
+            model_fingerprint=fingerprint,
+            storage_dtype=raw["storage_dtype"],
+            created_at=created_at,
+            checksums=checksums,
+            **dims,
+        )  # type: ignore[arg-type]
         if set(checksums) != set(meta.tensor_names()):
             raise bad("checksums do not name exactly the entry's tensors")
         return meta
@@ -176,7 +182,8 @@ class StoredEntry:
 
     def layer(self, layer_idx: int) -> LayerData:
         return LayerData(
-            k=self.k[layer_idx], v=self.v[layer_idx],
+            k=self.k[layer_idx],
+            v=self.v[layer_idx],
             k_scale=None if self.k_scale is None else self.k_scale[layer_idx],
             v_scale=None if self.v_scale is None else self.v_scale[layer_idx],
         )
@@ -187,8 +194,10 @@ class StoredEntry:
         if torch.device(device).type != "cpu":
             if self.k_scale is None or self.v_scale is None:
                 return ChunkKV(k=self.k.to(device).to(dtype), v=self.v.to(device).to(dtype))
-            return ChunkKV(k=dequantize_int8(self.k.to(device), self.k_scale.to(device), dtype),
-                           v=dequantize_int8(self.v.to(device), self.v_scale.to(device), dtype))
+            return ChunkKV(
+                k=dequantize_int8(self.k.to(device), self.k_scale.to(device), dtype),
+                v=dequantize_int8(self.v.to(device), self.v_scale.to(device), dtype),
+            )
         k = torch.empty(self.k.shape, dtype=dtype)  # (num_layers, kv_heads, num_tokens, head_dim)
         v = torch.empty(self.v.shape, dtype=dtype)
         if self.k_scale is None or self.v_scale is None:
@@ -236,8 +245,9 @@ def _to_storage(x: torch.Tensor, storage_dtype: StorageDType, what: str) -> torc
     return out
 
 
-def encode_entry(kv: ChunkKV, *, key: str, model_fingerprint: str, storage_dtype: StorageDType,
-                 created_at: float | None = None) -> StoredEntry:
+def encode_entry(
+    kv: ChunkKV, *, key: str, model_fingerprint: str, storage_dtype: StorageDType, created_at: float | None = None
+) -> StoredEntry:
     """Convert a chunk's KV to its stored form and compute the per-tensor checksums."""
     check_key(key)
     if storage_dtype not in TORCH_STORAGE_DTYPES:
@@ -245,8 +255,10 @@ def encode_entry(kv: ChunkKV, *, key: str, model_fingerprint: str, storage_dtype
     if not model_fingerprint:
         raise ValueError("model_fingerprint must be non-empty")
     if kv.k.dim() != 4 or kv.k.shape != kv.v.shape:
-        raise ValueError(f"ChunkKV k/v must both be (num_layers, kv_heads, num_tokens, head_dim); "
-                         f"got {tuple(kv.k.shape)} and {tuple(kv.v.shape)}")
+        raise ValueError(
+            f"ChunkKV k/v must both be (num_layers, kv_heads, num_tokens, head_dim); "
+            f"got {tuple(kv.k.shape)} and {tuple(kv.v.shape)}"
+        )
     if 0 in kv.k.shape:
         raise ValueError(f"ChunkKV has an empty dimension: {tuple(kv.k.shape)}")
     num_layers, kv_heads, num_tokens, head_dim = kv.k.shape
@@ -262,9 +274,17 @@ def encode_entry(kv: ChunkKV, *, key: str, model_fingerprint: str, storage_dtype
     created = time.time() if created_at is None else created_at
     if not math.isfinite(created):
         raise ValueError("created_at must be finite")
-    meta = EntryMeta(key=key, model_fingerprint=model_fingerprint, storage_dtype=storage_dtype,
-                     num_layers=num_layers, kv_heads=kv_heads, num_tokens=num_tokens, head_dim=head_dim,
-                     created_at=created, checksums={})
+    meta = EntryMeta(
+        key=key,
+        model_fingerprint=model_fingerprint,
+        storage_dtype=storage_dtype,
+        num_layers=num_layers,
+        kv_heads=kv_heads,
+        num_tokens=num_tokens,
+        head_dim=head_dim,
+        created_at=created,
+        checksums={},
+    )
     entry = StoredEntry(meta=meta, k=k, v=v, k_scale=k_scale, v_scale=v_scale)
     checksums = {name: tensor_checksum(t) for name, t in entry.named_tensors().items()}
     entry.meta = dataclasses.replace(meta, checksums=checksums)

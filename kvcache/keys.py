@@ -40,8 +40,9 @@ def _framed(data: bytes) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def chunk_key(model_fingerprint: str, prefix_token_ids: Iterable[int], chunk_token_ids: Iterable[int],
-              storage_dtype: StorageDType) -> str:
+def chunk_key(
+    model_fingerprint: str, prefix_token_ids: Iterable[int], chunk_token_ids: Iterable[int], storage_dtype: StorageDType
+) -> str:
     """The entry key of one chunk prefilled behind `prefix_token_ids` by the model `model_fingerprint`."""
     if not model_fingerprint:
         raise ValueError("model_fingerprint must be a non-empty string")

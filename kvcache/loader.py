@@ -68,10 +68,19 @@ PromoteHandler = Callable[[ResolvedChunk, "list[LayerData] | None"], None]
 class StoreLayerSource:
     """A `LayerKVSource` over store entries; see the module docstring. Use as a context manager."""
 
-    def __init__(self, chunks: list[ResolvedChunk], *, device: torch.device | str, dtype: torch.dtype,
-                 prefetch: bool, verify: bool, on_corrupt: CorruptHandler,
-                 on_promote: PromoteHandler | None, collect_layers: bool,
-                 convert_on_device: bool | None = None) -> None:
+    def __init__(
+        self,
+        chunks: list[ResolvedChunk],
+        *,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        prefetch: bool,
+        verify: bool,
+        on_corrupt: CorruptHandler,
+        on_promote: PromoteHandler | None,
+        collect_layers: bool,
+        convert_on_device: bool | None = None,
+    ) -> None:
         self._unique: dict[str, ResolvedChunk] = {c.key: c for c in chunks}
         try:
             if not chunks:
@@ -84,7 +93,8 @@ class StoreLayerSource:
                     raise ValueError(
                         f"entry {c.key[:12]} has (layers, kv_heads, head_dim) = "
                         f"{(m.num_layers, m.kv_heads, m.head_dim)}, entry {chunks[0].key[:12]} has "
-                        f"{dims}: different models")
+                        f"{dims}: different models"
+                    )
         except BaseException:
             for c in self._unique.values():
                 c.close()
@@ -109,8 +119,7 @@ class StoreLayerSource:
         self._num_tokens = start
         # layers of lower-tier chunks kept for promotion into the memory tier at close()
         self._collected: dict[str, list[LayerData | None]] = {
-            c.key: [None] * self._num_layers
-            for c in self._unique.values() if collect_layers and c.tier != "memory"
+            c.key: [None] * self._num_layers for c in self._unique.values() if collect_layers and c.tier != "memory"
         }
         self._loaded_layers: set[int] = set()
         self._failed: KVEntryCorrupt | None = None
@@ -185,8 +194,9 @@ class StoreLayerSource:
     def __enter__(self) -> StoreLayerSource:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     # -- internals -------------------------------------------------------------------------------------
@@ -232,8 +242,9 @@ class StoreLayerSource:
         self._loaded_layers.add(layer_idx)
         return k, v
 
-    def _load_to_device(self, per_key: dict[str, LayerData], shape: tuple[int, int, int], storage_dtype: str
-                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _load_to_device(
+        self, per_key: dict[str, LayerData], shape: tuple[int, int, int], storage_dtype: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Ship the stored bytes (pinned staging buffer, storage dtype) and convert on the device."""
         quantized = storage_dtype == "int8"
         stored = TORCH_STORAGE_DTYPES[storage_dtype]
@@ -253,8 +264,10 @@ class StoreLayerSource:
         # blocking copies on the worker thread: the caller gets tensors that are ready to use
         k_dev, v_dev = k_stage.to(self._device), v_stage.to(self._device)
         if ks_stage is not None and vs_stage is not None:
-            return (dequantize_int8(k_dev, ks_stage.to(self._device), self._dtype),
-                    dequantize_int8(v_dev, vs_stage.to(self._device), self._dtype))
+            return (
+                dequantize_int8(k_dev, ks_stage.to(self._device), self._dtype),
+                dequantize_int8(v_dev, vs_stage.to(self._device), self._dtype),
+            )
         return k_dev.to(self._dtype), v_dev.to(self._dtype)
 
     def _promote(self) -> None:

@@ -95,5 +95,6 @@ class MemoryTier:
     def stats(self) -> TierStats:
         with self._lock:
             num_entries, num_bytes = len(self._entries), self._num_bytes
-        return self.counters.snapshot(name=self.name, available=True, num_entries=num_entries,
-                                      num_bytes=num_bytes, budget_bytes=self.budget_bytes)
+        return self.counters.snapshot(
+            name=self.name, available=True, num_entries=num_entries, num_bytes=num_bytes, budget_bytes=self.budget_bytes
+        )

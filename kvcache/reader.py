@@ -32,7 +32,10 @@ from kvcache.errors import KVEntryCorrupt
 from kvcache.format import EntryMeta, LayerData, StoredEntry, tensor_checksum
 
 _ST_DTYPES: dict[str, torch.dtype] = {
-    "F16": torch.float16, "BF16": torch.bfloat16, "I8": torch.int8, "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I8": torch.int8,
+    "F32": torch.float32,
 }
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # a 100-layer int8 entry's header is ~40 KiB
 
@@ -50,8 +53,7 @@ class TensorSpec:
         return self.end - self.start
 
 
-def _parse_header(key: str, header_len: int, header: bytes, total_size: int
-                  ) -> tuple[EntryMeta, dict[str, TensorSpec]]:
+def _parse_header(key: str, header_len: int, header: bytes, total_size: int) -> tuple[EntryMeta, dict[str, TensorSpec]]:
     """Validate everything that can be checked without reading tensor data."""
     try:
         doc = json.loads(header)
@@ -71,11 +73,9 @@ def _parse_header(key: str, header_len: int, header: bytes, total_size: int
         except (TypeError, KeyError, ValueError) as exc:
             raise KVEntryCorrupt(key, f"tensor {name}: bad or missing header entry", kind="format") from exc
         if dtype != meta.expected_dtype(name) or shape != meta.expected_shape(name):
-            raise KVEntryCorrupt(key, f"tensor {name}: {dtype} {shape} does not match the metadata",
-                                 kind="format")
+            raise KVEntryCorrupt(key, f"tensor {name}: {dtype} {shape} does not match the metadata", kind="format")
         if end - start != int(np.prod(shape)) * dtype.itemsize or start < 0:
-            raise KVEntryCorrupt(key, f"tensor {name}: offsets {start}..{end} do not fit its shape",
-                                 kind="format")
+            raise KVEntryCorrupt(key, f"tensor {name}: offsets {start}..{end} do not fit its shape", kind="format")
         specs[name] = TensorSpec(name, dtype, shape, data_start + start, data_start + end)
     if set(doc) != set(specs):
         raise KVEntryCorrupt(key, f"unexpected tensors {sorted(set(doc) - set(specs))[:4]}", kind="format")
@@ -107,8 +107,7 @@ class EntryReader:
         out = torch.empty(spec.shape, dtype=spec.dtype)
         self._read_into(spec, out.view(-1).view(torch.uint8).numpy())
         if verify and tensor_checksum(out) != self.meta.checksums[name]:
-            raise KVEntryCorrupt(self.key, f"checksum mismatch in {name}", kind="checksum",
-                                 layer_idx=layer_idx)
+            raise KVEntryCorrupt(self.key, f"checksum mismatch in {name}", kind="checksum", layer_idx=layer_idx)
         return out
 
     def read_layer(self, layer_idx: int, *, verify: bool = True) -> LayerData:
@@ -119,8 +118,12 @@ class EntryReader:
         v = self.read_tensor(f"v.{i}", verify=verify, layer_idx=i)
         if not self.meta.quantized:
             return LayerData(k=k, v=v)
-        return LayerData(k=k, v=v, k_scale=self.read_tensor(f"k_scale.{i}", verify=verify, layer_idx=i),
-                         v_scale=self.read_tensor(f"v_scale.{i}", verify=verify, layer_idx=i))
+        return LayerData(
+            k=k,
+            v=v,
+            k_scale=self.read_tensor(f"k_scale.{i}", verify=verify, layer_idx=i),
+            v_scale=self.read_tensor(f"v_scale.{i}", verify=verify, layer_idx=i),
+        )
 
     def read_all(self, *, verify: bool = True) -> StoredEntry:
         layers = [self.read_layer(layer, verify=verify) for layer in range(self.meta.num_layers)]
@@ -132,8 +135,9 @@ class EntryReader:
     def __enter__(self) -> EntryReader:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
 
@@ -195,11 +199,11 @@ class BytesEntryReader(EntryReader):
             raise KVEntryCorrupt(key, f"header length {header_len} is implausible", kind="format")
         if len(data) < 8 + header_len:
             raise KVEntryCorrupt(key, "value ends inside the header", kind="truncated")
-        meta, specs = _parse_header(key, header_len, bytes(self._data[8:8 + header_len]), len(data))
+        meta, specs = _parse_header(key, header_len, bytes(self._data[8 : 8 + header_len]), len(data))
         super().__init__(key, meta, specs, len(data))
 
     def _read_into(self, spec: TensorSpec, out: np.ndarray) -> None:
-        out[:] = np.frombuffer(self._data[spec.start:spec.end], dtype=np.uint8)
+        out[:] = np.frombuffer(self._data[spec.start : spec.end], dtype=np.uint8)
 
     def close(self) -> None:
         self._data = memoryview(b"")  # drop the (possibly large) value; no release(): slices may live on

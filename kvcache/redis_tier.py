@@ -46,9 +46,16 @@ _OUTAGE_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 class RedisTier:
     name = "redis"
 
-    def __init__(self, url: str, *, key_prefix: str = "blendrag:kv:", ttl_s: int | None = 7 * 24 * 3600,
-                 timeout_s: float = 1.0, retry_after_s: float = 5.0,
-                 max_entry_bytes: int = 256 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        key_prefix: str = "blendrag:kv:",
+        ttl_s: int | None = 7 * 24 * 3600,
+        timeout_s: float = 1.0,
+        retry_after_s: float = 5.0,
+        max_entry_bytes: int = 256 * 1024 * 1024,
+    ) -> None:
         self.url = url
         self.key_prefix = key_prefix
         self.ttl_s = ttl_s
@@ -57,8 +64,12 @@ class RedisTier:
         self.counters = TierCounters()
         # No retries inside redis-py: a dead server must cost one timeout, then the back-off below.
         self._client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0), retry_on_timeout=False, health_check_interval=0,
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+            retry_on_timeout=False,
+            health_check_interval=0,
         )
         self._lock = threading.Lock()
         self._down_until = 0.0
@@ -192,8 +203,9 @@ class RedisTier:
     def stats(self) -> TierStats:
         keys = self.keys() if self.ping(count_fault=False) else []
         num_bytes = sum(self.nbytes_many(keys).values()) if keys else 0
-        return self.counters.snapshot(name=self.name, available=self.available, num_entries=len(keys),
-                                      num_bytes=num_bytes, budget_bytes=None)
+        return self.counters.snapshot(
+            name=self.name, available=self.available, num_entries=len(keys), num_bytes=num_bytes, budget_bytes=None
+        )
 
     def close(self) -> None:
         with contextlib.suppress(RedisError):  # closing a dead connection must not matter

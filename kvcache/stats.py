@@ -83,12 +83,20 @@ class TierCounters:
         with self._lock:
             return sum(self.faults_by_kind.values())
 
-    def snapshot(self, *, name: str, available: bool, num_entries: int, num_bytes: int,
-                 budget_bytes: int | None) -> TierStats:
+    def snapshot(
+        self, *, name: str, available: bool, num_entries: int, num_bytes: int, budget_bytes: int | None
+    ) -> TierStats:
         with self._lock:
             return TierStats(
-                name=name, available=available, num_entries=num_entries, num_bytes=num_bytes,
-                budget_bytes=budget_bytes, num_hits=self.num_hits, num_misses=self.num_misses,
-                num_evictions=self.num_evictions, num_faults=sum(self.faults_by_kind.values()),
-                num_rejected=self.num_rejected, faults_by_kind=dict(sorted(self.faults_by_kind.items())),
+                name=name,
+                available=available,
+                num_entries=num_entries,
+                num_bytes=num_bytes,
+                budget_bytes=budget_bytes,
+                num_hits=self.num_hits,
+                num_misses=self.num_misses,
+                num_evictions=self.num_evictions,
+                num_faults=sum(self.faults_by_kind.values()),
+                num_rejected=self.num_rejected,
+                faults_by_kind=dict(sorted(self.faults_by_kind.items())),
             )

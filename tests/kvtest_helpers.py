@@ -27,8 +27,15 @@ PREFIX_IDS = [1, 2, 3]
 ENTRY_TENSOR_BYTES = 2 * NUM_LAYERS * KV_HEADS * NUM_TOKENS * HEAD_DIM * 2
 
 
-def make_kv(seed: int, *, num_tokens: int = NUM_TOKENS, dtype: torch.dtype = torch.float16,
-            num_layers: int = NUM_LAYERS, kv_heads: int = KV_HEADS, head_dim: int = HEAD_DIM) -> ChunkKV:
+def make_kv(
+    seed: int,
+    *,
+    num_tokens: int = NUM_TOKENS,
+    dtype: torch.dtype = torch.float16,
+    num_layers: int = NUM_LAYERS,
+    kv_heads: int = KV_HEADS,
+    head_dim: int = HEAD_DIM,
+) -> ChunkKV:
     g = torch.Generator().manual_seed(seed)
     shape = (num_layers, kv_heads, num_tokens, head_dim)
     return ChunkKV(k=torch.randn(shape, generator=g).to(dtype), v=torch.randn(shape, generator=g).to(dtype))
@@ -74,9 +81,25 @@ class RedisServer:
     def start(self) -> None:
         assert REDIS_BIN is not None
         self.proc = subprocess.Popen(
-            [REDIS_BIN, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.workdir), "--enable-debug-command", "yes", "--loglevel", "warning"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                REDIS_BIN,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--enable-debug-command",
+                "yes",
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + 10
@@ -99,5 +122,3 @@ class RedisServer:
     def client(self) -> redis.Redis:
         """A plain client for the test's own checks; it fails at once instead of retrying."""
         return redis.Redis(host="127.0.0.1", port=self.port, retry=Retry(NoBackoff(), 0))
-
-

@@ -49,4 +49,3 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
     finally:
         proc.kill()
         proc.wait(10)
-

@@ -15,12 +15,18 @@ from app.api.schemas import CoverageOut, ErrorOut, StatsOut
 from app.services.coverage_service import CoverageService
 from app.state import AppState
 
-router = APIRouter(tags=["admin"], dependencies=[Depends(require_api_key)],
-                   responses={401: {"model": ErrorOut, "description": "API key required"}})
+router = APIRouter(
+    tags=["admin"],
+    dependencies=[Depends(require_api_key)],
+    responses={401: {"model": ErrorOut, "description": "API key required"}},
+)
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+)
 def metrics(state: AppState = Depends(get_state)) -> Response:
     """Prometheus metrics: requests by route template and status, TTFT per mode, recompute ratio, KV
     hits/misses/bytes per tier (read from the store at scrape time), ingest throughput, queue depth."""
@@ -41,5 +47,6 @@ def stats(state: AppState = Depends(get_state)) -> StatsOut:
     """Everything the admin page shows besides coverage: KV hit rates per tier, recent TTFT by mode,
     ingest throughput, queue depth."""
     snapshot = state.stats.snapshot(state.components, state.documents, state.scheduler)
-    return StatsOut.model_validate({**dataclasses.asdict(snapshot),
-                                    "storage": dataclasses.asdict(state.storage.status())})
+    return StatsOut.model_validate(
+        {**dataclasses.asdict(snapshot), "storage": dataclasses.asdict(state.storage.status())}
+    )

@@ -40,9 +40,14 @@ from app.services.ask_service import (
 )
 from app.state import AppState
 
-router = APIRouter(tags=["ask"], dependencies=[Depends(guard_questions)], responses={
-    401: {"model": ErrorOut, "description": "API key required (with `server.protect_ask`)"},
-    429: {"model": ErrorOut, "description": "Too many questions from this API key / IP; see Retry-After"}})
+router = APIRouter(
+    tags=["ask"],
+    dependencies=[Depends(guard_questions)],
+    responses={
+        401: {"model": ErrorOut, "description": "API key required (with `server.protect_ask`)"},
+        429: {"model": ErrorOut, "description": "Too many questions from this API key / IP; see Retry-After"},
+    },
+)
 
 BUSY_DETAIL = "the engine is busy, retry shortly"
 
@@ -61,8 +66,10 @@ def event_payload(event: AskEvent) -> tuple[str, dict[str, Any]]:
     """The SSE event name and JSON data of one service event."""
     match event:
         case SourcesEvent():
-            return "sources", {"sources": [dataclasses.asdict(s) for s in event.sources],
-                               "retrieval_ms": event.retrieval_ms}
+            return "sources", {
+                "sources": [dataclasses.asdict(s) for s in event.sources],
+                "retrieval_ms": event.retrieval_ms,
+            }
         case TokenDelta():
             return "token", {"text": event.text}
         case DoneEvent():
@@ -74,13 +81,21 @@ def event_payload(event: AskEvent) -> tuple[str, dict[str, Any]]:
 
 def record_answer(metrics: Metrics, event: DoneEvent) -> None:
     """Remember an answer for the admin page's recent-TTFT plot."""
-    metrics.recent.add(RecentAsk(
-        at=time.time(), mode=event.mode, selector=event.selector, ttft_ms=event.timings.ttft_ms,
-        total_ms=event.timings.total_ms,
-        recompute_ratio=event.recompute_ratio, kv_hits=event.kv_hits, kv_misses=event.kv_misses,
-        num_prompt_tokens=event.usage.prompt_tokens, num_completion_tokens=event.usage.completion_tokens,
-        full_prefill_estimate_ms=event.timings.full_prefill_estimate_ms,
-    ))
+    metrics.recent.add(
+        RecentAsk(
+            at=time.time(),
+            mode=event.mode,
+            selector=event.selector,
+            ttft_ms=event.timings.ttft_ms,
+            total_ms=event.timings.total_ms,
+            recompute_ratio=event.recompute_ratio,
+            kv_hits=event.kv_hits,
+            kv_misses=event.kv_misses,
+            num_prompt_tokens=event.usage.prompt_tokens,
+            num_completion_tokens=event.usage.completion_tokens,
+            full_prefill_estimate_ms=event.timings.full_prefill_estimate_ms,
+        )
+    )
 
 
 def busy_error() -> HTTPException:
@@ -120,11 +135,16 @@ _STREAM_DOC = (
     "`error` `{message, code: busy|internal|cancelled}`. With `stream: false`, one AskOut JSON body."
 )
 _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
-    **sse_openapi(_STREAM_DOC, {"sources": SourcesEventOut, "token": TokenEventOut, "done": AskDoneOut,
-                                "error": ErrorEventOut}, model=AskOut),
+    **sse_openapi(
+        _STREAM_DOC,
+        {"sources": SourcesEventOut, "token": TokenEventOut, "done": AskDoneOut, "error": ErrorEventOut},
+        model=AskOut,
+    ),
     400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
-    422: {"model": ValidationErrorOut, "description": "Empty question, unknown mode, ratio outside [0, 1], prompt "
-          "longer than the model's context …"},
+    422: {
+        "model": ValidationErrorOut,
+        "description": "Empty question, unknown mode, ratio outside [0, 1], prompt longer than the model's context …",
+    },
     503: {"model": ErrorOut, "description": "Engine queue full or models still loading; retry"},
 }
 
@@ -133,14 +153,19 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
 def ask_defaults(state: AppState = Depends(get_state)) -> AskDefaultsOut:
     """The server's defaults for the /ask fields a request leaves out (open, like /ask)."""
     engine = state.settings.engine
-    return AskDefaultsOut(top_k=state.settings.retrieval.top_k, mode=engine.mode,
-                          recompute_ratio=engine.recompute_ratio, selector=engine.selector,
-                          max_tokens=engine.max_new_tokens)
+    return AskDefaultsOut(
+        top_k=state.settings.retrieval.top_k,
+        mode=engine.mode,
+        recompute_ratio=engine.recompute_ratio,
+        selector=engine.selector,
+        max_tokens=engine.max_new_tokens,
+    )
 
 
 @router.post("/ask", responses=_ASK_RESPONSES, response_model=None)
-async def ask(body: AskIn, request: Request, service: AskService = Depends(get_ask),
-              state: AppState = Depends(get_state)) -> Any:
+async def ask(
+    body: AskIn, request: Request, service: AskService = Depends(get_ask), state: AppState = Depends(get_state)
+) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate."""
     answer = await admitted(service, validated(body, state))
     if not body.stream:
@@ -176,5 +201,13 @@ async def _answer_json(answer: AdmittedAnswer, request: Request, metrics: Metric
 
 
 # Used by the OpenAI-compatible router too.
-__all__ = ["admitted", "busy_error", "client_gone", "done_payload", "event_payload", "record_answer", "router",
-           "validated"]
+__all__ = [
+    "admitted",
+    "busy_error",
+    "client_gone",
+    "done_payload",
+    "event_payload",
+    "record_answer",
+    "router",
+    "validated",
+]

@@ -61,11 +61,21 @@ async def _refuse(scope: Scope, send: Send, limit: int, setting: str) -> None:
 
     path: str = scope.get("path", "")
     message = BodyTooLarge(limit, setting).detail
-    body: dict[str, Any] = ({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                       "code": "request_too_large"}}
-                            if path.startswith("/v1/") else {"detail": message})
+    body: dict[str, Any] = (
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "request_too_large"}}
+        if path.startswith("/v1/")
+        else {"detail": message}
+    )
     payload = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})

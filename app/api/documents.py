@@ -50,10 +50,15 @@ from app.services.ingest_service import (
 )
 from app.state import AppState
 
-router = APIRouter(tags=["documents"], dependencies=[Depends(require_api_key)],
-                   responses={401: {"model": ErrorOut, "description": "API key required"},
-                              422: {"model": ValidationErrorOut, "description": "Invalid request"},
-                              503: {"model": ErrorOut, "description": "Models still loading"}})
+router = APIRouter(
+    tags=["documents"],
+    dependencies=[Depends(require_api_key)],
+    responses={
+        401: {"model": ErrorOut, "description": "API key required"},
+        422: {"model": ValidationErrorOut, "description": "Invalid request"},
+        503: {"model": ErrorOut, "description": "Models still loading"},
+    },
+)
 
 JOB_POLL_S = 0.25
 KEEPALIVE_S = 10.0
@@ -63,46 +68,94 @@ MAX_OFFSET = 2**62  # SQLite integers are 64-bit signed: a larger offset would b
 
 def job_out(job: JobRecord) -> JobOut:
     return JobOut(
-        job_id=job.id, status=job.status.value, stage=job.stage, progress=job.progress, errors=job.errors,
-        document_ids=job.document_ids, duplicate_ids=job.duplicate_ids, cancel_requested=job.cancel_requested,
-        created_at=job.created_at.isoformat(), updated_at=job.updated_at.isoformat(),
+        job_id=job.id,
+        status=job.status.value,
+        stage=job.stage,
+        progress=job.progress,
+        errors=job.errors,
+        document_ids=job.document_ids,
+        duplicate_ids=job.duplicate_ids,
+        cancel_requested=job.cancel_requested,
+        created_at=job.created_at.isoformat(),
+        updated_at=job.updated_at.isoformat(),
     )
 
 
 def document_out(doc: DocumentRecord) -> DocumentOut:
     return DocumentOut(
-        id=doc.id, title=doc.title, status=doc.status.value, error=doc.error, source=doc.source_path,
-        tags=doc.tags, metadata=doc.metadata, num_chunks=doc.num_chunks, num_tokens=doc.num_tokens,
-        job_id=doc.job_id, created_at=doc.created_at.isoformat(), updated_at=doc.updated_at.isoformat(),
+        id=doc.id,
+        title=doc.title,
+        status=doc.status.value,
+        error=doc.error,
+        source=doc.source_path,
+        tags=doc.tags,
+        metadata=doc.metadata,
+        num_chunks=doc.num_chunks,
+        num_tokens=doc.num_tokens,
+        job_id=doc.job_id,
+        created_at=doc.created_at.isoformat(),
+        updated_at=doc.updated_at.isoformat(),
     )
 
 
 # ---- ingest ---------------------------------------------------------------------------------------
 
 _INGEST_BODY = {
-    "requestBody": {"content": {
-        # Inline (DocumentIn has no nested models) so the schema needs no components entry.
-        "application/json": {"schema": {"type": "object", "required": ["documents"], "additionalProperties": False,
-                                        "properties": {"documents": {
-                                            "type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()}}}},
-        "multipart/form-data": {"schema": {"type": "object", "minProperties": 1, "properties": {
-            "files": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"},
-                      "description": "Files named *.txt, .md, .html, .pdf, .docx, .json or .jsonl (by default: "
-                                     "`ingest.allowed_extensions`); another extension answers 415"},
-            "tags": {"type": "string", "description": "comma-separated tags for every file"},
-            "documents": {"type": "string", "contentMediaType": "application/json",
-                          "description": "optional JSON list of inline documents"},
-        }, "anyOf": [{"required": ["files"]}, {"required": ["documents"]}]}},
-    }, "required": True},
+    "requestBody": {
+        "content": {
+            # Inline (DocumentIn has no nested models) so the schema needs no components entry.
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["documents"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "documents": {"type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()}
+                    },
+                }
+            },
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "minProperties": 1,
+                    "properties": {
+                        "files": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "format": "binary"},
+                            "description": "Files named *.txt, .md, .html, .pdf, .docx, .json or .jsonl (by default: "
+                            "`ingest.allowed_extensions`); another extension answers 415",
+                        },
+                        "tags": {"type": "string", "description": "comma-separated tags for every file"},
+                        "documents": {
+                            "type": "string",
+                            "contentMediaType": "application/json",
+                            "description": "optional JSON list of inline documents",
+                        },
+                    },
+                    "anyOf": [{"required": ["files"]}, {"required": ["documents"]}],
+                }
+            },
+        },
+        "required": True,
+    },
 }
 
 
-@router.post("/ingest", status_code=202, response_model=IngestAccepted, openapi_extra=_INGEST_BODY,
-             responses={400: {"model": ErrorOut, "description": "A multipart body that cannot be parsed"},
-                        413: {"model": ErrorOut, "description": "A file or the body over its size limit"},
-                        415: {"model": ErrorOut, "description": "Unsupported content type or file extension"}})
-async def ingest(request: Request, service: IngestService = Depends(get_ingest),
-                 state: AppState = Depends(get_state)) -> IngestAccepted:
+@router.post(
+    "/ingest",
+    status_code=202,
+    response_model=IngestAccepted,
+    openapi_extra=_INGEST_BODY,
+    responses={
+        400: {"model": ErrorOut, "description": "A multipart body that cannot be parsed"},
+        413: {"model": ErrorOut, "description": "A file or the body over its size limit"},
+        415: {"model": ErrorOut, "description": "Unsupported content type or file extension"},
+    },
+)
+async def ingest(
+    request: Request, service: IngestService = Depends(get_ingest), state: AppState = Depends(get_state)
+) -> IngestAccepted:
     """Queue documents for ingest; returns at once with the job to watch.
 
     Send JSON `{"documents": [{"title", "text", "metadata", "tags", "source"}]}`, or a multipart form
@@ -142,8 +195,7 @@ def _ingest_body(raw: bytes) -> IngestIn:
 
 
 def _text_source(d: DocumentIn) -> IngestSource:
-    return IngestSource(kind="text", title=d.title, text=d.text, tags=d.tags, metadata=d.metadata,
-                        source_path=d.source)
+    return IngestSource(kind="text", title=d.title, text=d.text, tags=d.tags, metadata=d.metadata, source_path=d.source)
 
 
 def _brief(exc: ValueError) -> str:
@@ -191,8 +243,7 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
                 # The second `same.txt` of one request is its own source (re-uploading it replaces it alone).
                 seen[name] = seen.get(name, 0) + 1
                 source = f"upload:{name}" if seen[name] == 1 else f"upload:{name} ({seen[name]})"
-                sources.append(IngestSource(kind="file", title=name, path=str(stored), source_path=source,
-                                            tags=tags))
+                sources.append(IngestSource(kind="file", title=name, path=str(stored), source_path=source, tags=tags))
         except BaseException:
             if batch_dir is not None:
                 shutil.rmtree(batch_dir, ignore_errors=True)
@@ -200,8 +251,9 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
     finally:
         await form.close()
     if not sources:
-        raise HTTPException(422, "multipart ingest needs at least one file in the 'files' field "
-                            "(or inline 'documents')")
+        raise HTTPException(
+            422, "multipart ingest needs at least one file in the 'files' field (or inline 'documents')"
+        )
     return sources, batch_dir
 
 
@@ -215,8 +267,9 @@ async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
             while block := await upload.read(UPLOAD_BLOCK):
                 num_bytes += len(block)
                 if num_bytes > max_bytes:
-                    raise HTTPException(413, f"{upload.filename}: larger than the {max_bytes}-byte limit "
-                                        "(ingest.max_file_bytes)")
+                    raise HTTPException(
+                        413, f"{upload.filename}: larger than the {max_bytes}-byte limit (ingest.max_file_bytes)"
+                    )
                 tmp.write(block)
         except BaseException:
             path.unlink(missing_ok=True)
@@ -235,8 +288,7 @@ def _job_or_404(service: IngestService, job_id: str) -> JobRecord:
 
 
 @router.get("/ingest/jobs", response_model=JobList)
-def list_jobs(limit: Annotated[int, Query(ge=1, le=100)] = 10,
-              service: IngestService = Depends(get_ingest)) -> JobList:
+def list_jobs(limit: Annotated[int, Query(ge=1, le=100)] = 10, service: IngestService = Depends(get_ingest)) -> JobList:
     """Recent ingest jobs, newest first, whoever started them (web UI, API or CLI)."""
     return JobList(jobs=[job_out(j) for j in service.recent_jobs(limit)])
 
@@ -247,8 +299,11 @@ def get_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut
     return job_out(_job_or_404(service, job_id))
 
 
-@router.post("/ingest/jobs/{job_id}/cancel", response_model=JobOut,
-             responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}})
+@router.post(
+    "/ingest/jobs/{job_id}/cancel",
+    response_model=JobOut,
+    responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}},
+)
 def cancel_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut:
     """Cancel a queued or running job (a running one stops at its next step and rolls back its documents).
 
@@ -262,11 +317,17 @@ def cancel_job(job_id: str, service: IngestService = Depends(get_ingest)) -> Job
     return job_out(service.cancel(job_id))
 
 
-@router.get("/ingest/jobs/{job_id}/events", responses={**sse_openapi(
-    "`progress` events (a JobOut each time the job changes), then one `done` event (the final JobOut); "
-    "`: keepalive` comment lines while nothing changes",
-    {"progress": JobOut, "done": JobOut, "error": JobErrorEventOut}),
-    404: {"model": ErrorOut}})
+@router.get(
+    "/ingest/jobs/{job_id}/events",
+    responses={
+        **sse_openapi(
+            "`progress` events (a JobOut each time the job changes), then one `done` event (the final JobOut); "
+            "`: keepalive` comment lines while nothing changes",
+            {"progress": JobOut, "done": JobOut, "error": JobErrorEventOut},
+        ),
+        404: {"model": ErrorOut},
+    },
+)
 async def job_events(job_id: str, request: Request, service: IngestService = Depends(get_ingest)) -> Any:
     """Server-Sent Events of one job's progress until it finishes (then the stream ends)."""
     first = await asyncio.to_thread(_job_or_404, service, job_id)
@@ -317,9 +378,19 @@ def get_document(document_id: str, service: DocumentService = Depends(get_docume
     view = service.get(document_id)
     if view is None:
         raise HTTPException(404, f"no document {document_id}")
-    out = [ChunkOut(id=c.record.id, index=c.record.index, page=c.record.page, num_tokens=len(c.record.token_ids),
-                    char_start=c.record.char_start, char_end=c.record.char_end, text=c.record.text,
-                    kv_state=c.kv_state) for c in view.chunks]  # type: ignore[arg-type]
+    out = [
+        ChunkOut(
+            id=c.record.id,
+            index=c.record.index,
+            page=c.record.page,
+            num_tokens=len(c.record.token_ids),
+            char_start=c.record.char_start,
+            char_end=c.record.char_end,
+            text=c.record.text,
+            kv_state=c.kv_state,
+        )
+        for c in view.chunks
+    ]  # type: ignore[arg-type]
     return DocumentDetail(**document_out(view.document).model_dump(), kv=KVCounts(**view.kv_counts()), chunks=out)
 
 
@@ -333,8 +404,9 @@ def purge_documents(
     return PurgeOut(deleted=service.purge_failed())
 
 
-@router.delete("/documents/{document_id}", status_code=204, response_class=Response,
-               responses={409: {"model": ErrorOut}})
+@router.delete(
+    "/documents/{document_id}", status_code=204, response_class=Response, responses={409: {"model": ErrorOut}}
+)
 def delete_document(document_id: str, service: DocumentService = Depends(get_documents)) -> Response:
     """Delete a document with its chunks, index entries and unshared KV entries.
 

@@ -18,16 +18,30 @@ logger = logging.getLogger(__name__)
 
 OPENAI_PREFIX = "/v1/"
 
-_OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                 405: "invalid_request_error", 413: "invalid_request_error", 422: "invalid_request_error",
-                 429: "rate_limit_error", 503: "server_error"}
+_OPENAI_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "server_error",
+}
 
 
-def openai_error(status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> JSONResponse:
+def openai_error(
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
     """An error in the shape OpenAI clients parse (`openai.APIStatusError.message` shows `message`)."""
-    body = {"error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"), "param": param,
-                      "code": code}}
+    body = {
+        "error": {"message": message, "type": _OPENAI_TYPES.get(status, "server_error"), "param": param, "code": code}
+    }
     return JSONResponse(body, status_code=status, headers=headers)
 
 
@@ -54,8 +68,7 @@ async def _on_validation(request: Request, exc: RequestValidationError) -> JSONR
     if request.url.path.startswith(OPENAI_PREFIX):
         first = exc.errors()[0] if exc.errors() else {}
         return openai_error(400, message, param=_where(first.get("loc", ())) if first else None)
-    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
-              for e in exc.errors()]
+    errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in exc.errors()]
     return JSONResponse({"detail": message, "errors": errors}, status_code=422)
 
 
@@ -87,8 +100,10 @@ async def _on_http(request: Request, exc: StarletteHTTPException) -> JSONRespons
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
 
 
-STORAGE_FULL_DETAIL = ("insufficient storage: the disk or the catalog database is full; nothing was changed "
-                       "by this request — free space under the data dir and retry")
+STORAGE_FULL_DETAIL = (
+    "insufficient storage: the disk or the catalog database is full; nothing was changed "
+    "by this request — free space under the data dir and retry"
+)
 
 
 async def _on_storage_error(request: Request, exc: Exception) -> JSONResponse:

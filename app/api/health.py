@@ -17,11 +17,17 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/ready", responses={
-    200: {"description": "`{\"status\": \"ready\", \"storage\": {ok, free_bytes, last_fault, last_fault_at}}`: "
-                         "questions are answered; `storage.ok: false` means writes (ingest, deletes) may fail "
-                         "with 507 until space is freed"},
-    503: {"description": "`{\"status\": \"loading\"}` or `{\"status\": \"failed\", \"error\": …}`"}})
+@router.get(
+    "/ready",
+    responses={
+        200: {
+            "description": '`{"status": "ready", "storage": {ok, free_bytes, last_fault, last_fault_at}}`: '
+            "questions are answered; `storage.ok: false` means writes (ingest, deletes) may fail "
+            "with 507 until space is freed"
+        },
+        503: {"description": '`{"status": "loading"}` or `{"status": "failed", "error": …}`'},
+    },
+)
 async def ready(state: AppState = Depends(get_state)) -> JSONResponse:
     """200 once models are loaded and the stores are open; 503 before (or if start-up failed)."""
     if state.ready.is_set():

@@ -17,21 +17,30 @@ from app.components import Components
 
 get_components = _loaded(lambda s: s.components)  # 503 until start-up has built them
 
-router = APIRouter(tags=["admin"], dependencies=[Depends(require_api_key)],
-                   responses={401: {"model": ErrorOut, "description": "API key required"},
-                              503: {"model": ErrorOut, "description": "Models still loading"}})
+router = APIRouter(
+    tags=["admin"],
+    dependencies=[Depends(require_api_key)],
+    responses={
+        401: {"model": ErrorOut, "description": "API key required"},
+        503: {"model": ErrorOut, "description": "Models still loading"},
+    },
+)
 
 
 class IndexStatusOut(BaseModel):
     chunks: int = Field(description="Chunks in this replica's vector index")
     source: Literal["snapshot", "catalog"] = Field(
         description="snapshot: the index file under the data dir (SQLite); catalog: built from and kept "
-                    "current with the PostgreSQL catalog")
+        "current with the PostgreSQL catalog"
+    )
     change_log_position: int | None = Field(description="Last catalog index event applied (catalog only)")
 
 
 @router.get("/api/index", response_model=IndexStatusOut)
 def index_status(components: Components = Depends(get_components)) -> IndexStatusOut:
     sync = getattr(components.retriever, "sync", None)
-    return IndexStatusOut(chunks=components.retriever.count, source="catalog" if sync is not None else "snapshot",
-                          change_log_position=sync.cursor if sync is not None else None)
+    return IndexStatusOut(
+        chunks=components.retriever.count,
+        source="catalog" if sync is not None else "snapshot",
+        change_log_position=sync.cursor if sync is not None else None,
+    )

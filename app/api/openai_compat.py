@@ -45,8 +45,12 @@ from app.services.ask_service import (
 from app.state import AppState
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
-router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[Depends(guard_questions)], responses={
-    "4XX": {"model": OpenAIErrorOut, "description": "OpenAI-style error (400 invalid request, 503 busy …)"}})
+router = APIRouter(
+    prefix="/v1",
+    tags=["openai"],
+    dependencies=[Depends(guard_questions)],
+    responses={"4XX": {"model": OpenAIErrorOut, "description": "OpenAI-style error (400 invalid request, 503 busy …)"}},
+)
 
 SERVED_MODEL = "blendrag"
 _STARTED = int(time.time())
@@ -77,8 +81,10 @@ class UserMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["user"]
-    content: Annotated[str, Field(min_length=1, max_length=MAX_QUESTION_CHARS, pattern=NOT_BLANK)] | Annotated[
-        list[UserTextPart], Field(min_length=1, max_length=MAX_QUESTION_CHARS // USER_PART_CHARS)]
+    content: (
+        Annotated[str, Field(min_length=1, max_length=MAX_QUESTION_CHARS, pattern=NOT_BLANK)]
+        | Annotated[list[UserTextPart], Field(min_length=1, max_length=MAX_QUESTION_CHARS // USER_PART_CHARS)]
+    )
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -112,9 +118,12 @@ class ChatCompletionIn(AskParams):
 
     model: str = SERVED_MODEL
     messages: list[ChatMessage] = Field(
-        min_length=1, description="At least one `user` message; the last one is the question",
-        json_schema_extra={"contains": {"type": "object", "required": ["role"],
-                                        "properties": {"role": {"const": "user"}}}})
+        min_length=1,
+        description="At least one `user` message; the last one is the question",
+        json_schema_extra={
+            "contains": {"type": "object", "required": ["role"], "properties": {"role": {"const": "user"}}}
+        },
+    )
     stream: bool = Field(default=False, strict=True)
     stream_options: StreamOptions | None = None
     max_completion_tokens: MaxTokens | None = None
@@ -153,15 +162,24 @@ def _finish_reason(reason: str) -> str:
 
 
 def _usage(done: DoneEvent) -> dict[str, int]:
-    return {"prompt_tokens": done.usage.prompt_tokens, "completion_tokens": done.usage.completion_tokens,
-            "total_tokens": done.usage.total_tokens}
+    return {
+        "prompt_tokens": done.usage.prompt_tokens,
+        "completion_tokens": done.usage.completion_tokens,
+        "total_tokens": done.usage.total_tokens,
+    }
 
 
 def _extras(done: DoneEvent) -> dict[str, Any]:
-    return {"mode": done.mode, "selector": done.selector, "recompute_ratio": done.recompute_ratio,
-            "kv_hits": done.kv_hits,
-            "kv_misses": done.kv_misses, "timings": dataclasses.asdict(done.timings),
-            "context_tokens": done.usage.context_tokens, "recomputed_tokens": done.usage.recomputed_tokens}
+    return {
+        "mode": done.mode,
+        "selector": done.selector,
+        "recompute_ratio": done.recompute_ratio,
+        "kv_hits": done.kv_hits,
+        "kv_misses": done.kv_misses,
+        "timings": dataclasses.asdict(done.timings),
+        "context_tokens": done.usage.context_tokens,
+        "recomputed_tokens": done.usage.recomputed_tokens,
+    }
 
 
 def _fingerprint(state: AppState) -> str | None:
@@ -169,31 +187,64 @@ def _fingerprint(state: AppState) -> str | None:
 
 
 _CHUNK_SCHEMA: dict[str, Any] = {
-    "type": "object", "required": ["id", "object", "created", "model", "choices"],
-    "properties": {"object": {"const": "chat.completion.chunk"}, "choices": {"type": "array"},
-                   "sources": {"type": "array"}, "blendrag": {"type": "object"}}}
+    "type": "object",
+    "required": ["id", "object", "created", "model", "choices"],
+    "properties": {
+        "object": {"const": "chat.completion.chunk"},
+        "choices": {"type": "array"},
+        "sources": {"type": "array"},
+        "blendrag": {"type": "object"},
+    },
+}
 _STREAM_EVENT_SCHEMA: dict[str, Any] = {
-    "type": "object", "required": ["data"],
-    "properties": {"data": {"anyOf": [
-        {"const": "[DONE]"},
-        {"type": "string", "contentMediaType": "application/json",
-         "contentSchema": {"anyOf": [_CHUNK_SCHEMA, inline_schema(OpenAIErrorOut)]}},
-    ]}}}
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "data": {
+            "anyOf": [
+                {"const": "[DONE]"},
+                {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": {"anyOf": [_CHUNK_SCHEMA, inline_schema(OpenAIErrorOut)]},
+                },
+            ]
+        }
+    },
+}
 
 
 def _busy(message: str) -> JSONResponse:
     return openai_error(503, message, code="engine_busy", headers={"Retry-After": "1"})
 
 
-@router.post("/chat/completions", response_model=None, responses={200: {
-    "description": "With `stream: true`, `data:` lines of `chat.completion.chunk` objects ending with "
-                   "`data: [DONE]` (the first chunk carries `sources`; a failure is one `{error}` line instead); "
-                   "otherwise one `chat.completion` object with `sources`.",
-    "content": {"text/event-stream": {"schema": _STREAM_EVENT_SCHEMA},
-                "application/json": {"schema": {"type": "object", "required": ["id", "object", "choices"],
-                                                "properties": {"object": {"const": "chat.completion"}}}}}}})
-async def chat_completions(body: ChatCompletionIn, request: Request, service: AskService = Depends(get_ask),
-                           state: AppState = Depends(get_state)) -> Any:
+@router.post(
+    "/chat/completions",
+    response_model=None,
+    responses={
+        200: {
+            "description": "With `stream: true`, `data:` lines of `chat.completion.chunk` objects ending with "
+            "`data: [DONE]` (the first chunk carries `sources`; a failure is one `{error}` line instead); "
+            "otherwise one `chat.completion` object with `sources`.",
+            "content": {
+                "text/event-stream": {"schema": _STREAM_EVENT_SCHEMA},
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["id", "object", "choices"],
+                        "properties": {"object": {"const": "chat.completion"}},
+                    }
+                },
+            },
+        }
+    },
+)
+async def chat_completions(
+    body: ChatCompletionIn,
+    request: Request,
+    service: AskService = Depends(get_ask),
+    state: AppState = Depends(get_state),
+) -> Any:
     """Chat completion grounded in the library (retrieval on the last user message)."""
     ask_request = _ask_request(body)
     if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
@@ -206,8 +257,7 @@ async def chat_completions(body: ChatCompletionIn, request: Request, service: As
         return _busy(BUSY_DETAIL)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
-    head = {"id": completion_id, "created": created, "model": SERVED_MODEL,
-            "system_fingerprint": _fingerprint(state)}
+    head = {"id": completion_id, "created": created, "model": SERVED_MODEL, "system_fingerprint": _fingerprint(state)}
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(_stream(answer, request, state, head, include_usage))
@@ -222,24 +272,37 @@ async def chat_completions(body: ChatCompletionIn, request: Request, service: As
                 return openai_error(500, event.message, code=event.code)
             elif isinstance(event, DoneEvent):
                 record_answer(state.metrics, event)
-                return JSONResponse({
-                    **head, "object": "chat.completion",
-                    "choices": [{"index": 0, "message": {"role": "assistant", "content": event.answer,
-                                                         "refusal": None},
-                                 "logprobs": None, "finish_reason": _finish_reason(event.finish_reason)}],
-                    "usage": _usage(event), "sources": sources, "blendrag": _extras(event),
-                })
+                return JSONResponse(
+                    {
+                        **head,
+                        "object": "chat.completion",
+                        "choices": [
+                            {
+                                "index": 0,
+                                "message": {"role": "assistant", "content": event.answer, "refusal": None},
+                                "logprobs": None,
+                                "finish_reason": _finish_reason(event.finish_reason),
+                            }
+                        ],
+                        "usage": _usage(event),
+                        "sources": sources,
+                        "blendrag": _extras(event),
+                    }
+                )
     if watch.disconnected:
         return client_gone()
     return openai_error(500, "the answer ended without a result")
 
 
-async def _stream(answer: AdmittedAnswer, request: Request, state: AppState,
-                  head: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
+async def _stream(
+    answer: AdmittedAnswer, request: Request, state: AppState, head: dict[str, Any], include_usage: bool
+) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
-        body: dict[str, Any] = {**head, "object": "chat.completion.chunk",
-                                "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                             "finish_reason": finish_reason}]}
+        body: dict[str, Any] = {
+            **head,
+            "object": "chat.completion.chunk",
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        }
         if include_usage:
             body["usage"] = None  # as OpenAI does: null on every chunk but the last
         body.update(extra)
@@ -248,20 +311,24 @@ async def _stream(answer: AdmittedAnswer, request: Request, state: AppState,
     async with aclosing(answer.events()) as events:
         async for event in while_connected(request, events):
             if isinstance(event, SourcesEvent):
-                yield chunk({"role": "assistant", "content": ""},
-                            sources=[dataclasses.asdict(s) for s in event.sources])
+                yield chunk(
+                    {"role": "assistant", "content": ""}, sources=[dataclasses.asdict(s) for s in event.sources]
+                )
             elif isinstance(event, TokenDelta):
                 yield chunk({"content": event.text})
             elif isinstance(event, DoneEvent):
                 record_answer(state.metrics, event)
                 yield chunk({}, _finish_reason(event.finish_reason), blendrag=_extras(event))
                 if include_usage:
-                    yield sse_event(None, {**head, "object": "chat.completion.chunk", "choices": [],
-                                           "usage": _usage(event)})
+                    yield sse_event(
+                        None, {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(event)}
+                    )
                 yield sse_event(None, "[DONE]")
                 return
             elif isinstance(event, ErrorEvent):
                 # The openai client raises APIError on a data line carrying `error`.
-                yield sse_event(None, {"error": {"message": event.message, "type": "server_error",
-                                                 "param": None, "code": event.code}})
+                yield sse_event(
+                    None,
+                    {"error": {"message": event.message, "type": "server_error", "param": None, "code": event.code}},
+                )
                 return

@@ -47,8 +47,9 @@ class RateLimiter:
             return (1.0 - bucket.tokens) / self.rate_per_s if self.rate_per_s > 0 else math.inf
 
     def _forget_full(self, now: float) -> None:
-        for client in [c for c, b in self._buckets.items()
-                       if b.tokens + (now - b.updated) * self.rate_per_s >= self.burst]:
+        for client in [
+            c for c, b in self._buckets.items() if b.tokens + (now - b.updated) * self.rate_per_s >= self.burst
+        ]:
             del self._buckets[client]
 
 

@@ -71,8 +71,9 @@ class DocumentIn(BaseModel):
     title: str = Field(min_length=1, max_length=512)
     # The pattern documents the rule; the service checks it with a message naming the document.
     text: str = Field(min_length=1, json_schema_extra={"pattern": NOT_BLANK})
-    metadata: dict[str, Any] = Field(default_factory=dict, description=f"JSON object, nested at most "
-                                     f"{MAX_METADATA_DEPTH} levels")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict, description=f"JSON object, nested at most {MAX_METADATA_DEPTH} levels"
+    )
     tags: list[str] = Field(default_factory=list)
     source: str | None = Field(default=None, description="Stable identity; re-ingesting it replaces the old")
 
@@ -93,8 +94,10 @@ class IngestIn(BaseModel):
 
 class IngestAccepted(BaseModel):
     job_id: str
-    document_ids: list[str] = Field(description="One per submitted document or file, in order (a JSON/JSONL "
-                                    "file with many records adds more to the job's document_ids once parsed)")
+    document_ids: list[str] = Field(
+        description="One per submitted document or file, in order (a JSON/JSONL "
+        "file with many records adds more to the job's document_ids once parsed)"
+    )
 
 
 class StageProgress(BaseModel):
@@ -149,8 +152,10 @@ class ChunkOut(BaseModel):
     char_start: int
     char_end: int
     text: str
-    kv_state: KVState = Field(description="fresh: stored KV usable now; stale: stored for an older "
-                              "model/prompt; missing: none stored (recomputed when asked)")
+    kv_state: KVState = Field(
+        description="fresh: stored KV usable now; stale: stored for an older "
+        "model/prompt; missing: none stored (recomputed when asked)"
+    )
 
 
 class KVCounts(BaseModel):
@@ -196,13 +201,17 @@ class AskParams(BaseModel):
 
     top_k: TopK | None = Field(default=None, description="Chunks to retrieve (default: settings)")
     filters: FiltersIn = Field(default_factory=FiltersIn)
-    mode: Mode | None = Field(default=None, description="blend (CacheBlend), full (no reuse), prefix "
-                              "(exact prefix reuse only), reuse (stale KV, r=0); default: settings")
-    recompute_ratio: RecomputeRatio | None = Field(default=None,
-                                                   description="Share of context tokens blend recomputes")
+    mode: Mode | None = Field(
+        default=None,
+        description="blend (CacheBlend), full (no reuse), prefix "
+        "(exact prefix reuse only), reuse (stale KV, r=0); default: settings",
+    )
+    recompute_ratio: RecomputeRatio | None = Field(default=None, description="Share of context tokens blend recomputes")
     selector: SelectorName | None = Field(
-        default=None, description="Which context tokens blend recomputes: query (the question's attention, "
-        "chosen before the pass), deviation (CacheBlend), first_k, random; default: settings")
+        default=None,
+        description="Which context tokens blend recomputes: query (the question's attention, "
+        "chosen before the pass), deviation (CacheBlend), first_k, random; default: settings",
+    )
     max_tokens: MaxTokens | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
@@ -213,9 +222,17 @@ class AskParams(BaseModel):
         from app.services.ask_service import AskRequest
 
         return AskRequest(
-            question=question, top_k=self.top_k, filters=self.filters.to_filters(), mode=self.mode,
-            recompute_ratio=self.recompute_ratio, selector=self.selector, max_tokens=max_tokens or self.max_tokens,
-            temperature=self.temperature, top_p=self.top_p, seed=self.seed, stop=stop,
+            question=question,
+            top_k=self.top_k,
+            filters=self.filters.to_filters(),
+            mode=self.mode,
+            recompute_ratio=self.recompute_ratio,
+            selector=self.selector,
+            max_tokens=max_tokens or self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            seed=self.seed,
+            stop=stop,
         )
 
 
@@ -259,7 +276,8 @@ class TimingsOut(BaseModel):
     ttft_ms: float = Field(description="Request arrival to first token, retrieval and KV load included")
     total_ms: float
     full_prefill_estimate_ms: float | None = Field(
-        description="What a plain prefill of this prompt would take here (learned online); null until known")
+        description="What a plain prefill of this prompt would take here (learned online); null until known"
+    )
 
 
 class SourcesEventOut(BaseModel):

@@ -63,12 +63,15 @@ def sse_event_schema(events: dict[str | None, type[BaseModel] | dict[str, Any]])
     return variants[0] if len(variants) == 1 else {"oneOf": variants}
 
 
-def sse_openapi(description: str, events: dict[str | None, type[BaseModel] | dict[str, Any]],
-                model: type[BaseModel] | None = None) -> dict[int | str, dict[str, Any]]:
+def sse_openapi(
+    description: str, events: dict[str | None, type[BaseModel] | dict[str, Any]], model: type[BaseModel] | None = None
+) -> dict[int | str, dict[str, Any]]:
     """`responses=` entry documenting a text/event-stream body (each event's schema) and, with `model`, the
     JSON body the same route answers without streaming."""
-    entry: dict[str, Any] = {"description": description,
-                             "content": {"text/event-stream": {"schema": sse_event_schema(events)}}}
+    entry: dict[str, Any] = {
+        "description": description,
+        "content": {"text/event-stream": {"schema": sse_event_schema(events)}},
+    }
     if model is not None:
         entry["model"] = model
     return {200: entry}

@@ -117,27 +117,50 @@ class JobRecord:
 
 def _doc(row: DocumentRow) -> DocumentRecord:
     return DocumentRecord(
-        id=row.id, title=row.title, source_path=row.source_path, content_hash=row.content_hash,
-        status=row.status, error=row.error, tags=list(row.tags or []), metadata=dict(row.metadata_ or {}),
-        num_chunks=row.num_chunks, num_tokens=row.num_tokens, job_id=row.job_id,
-        created_at=row.created_at, updated_at=row.updated_at,
+        id=row.id,
+        title=row.title,
+        source_path=row.source_path,
+        content_hash=row.content_hash,
+        status=row.status,
+        error=row.error,
+        tags=list(row.tags or []),
+        metadata=dict(row.metadata_ or {}),
+        num_chunks=row.num_chunks,
+        num_tokens=row.num_tokens,
+        job_id=row.job_id,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
     )
 
 
 def _chunk(row: ChunkRow, title: str = "") -> ChunkRecord:
     return ChunkRecord(
-        id=row.id, document_id=row.document_id, index=row.index, text=row.text,
-        token_ids=decode_token_ids(row.token_ids_blob), page=row.page, kv_key=row.kv_key, title=title,
-        char_start=row.char_start, char_end=row.char_end,
+        id=row.id,
+        document_id=row.document_id,
+        index=row.index,
+        text=row.text,
+        token_ids=decode_token_ids(row.token_ids_blob),
+        page=row.page,
+        kv_key=row.kv_key,
+        title=title,
+        char_start=row.char_start,
+        char_end=row.char_end,
     )
 
 
 def _job(row: JobRow) -> JobRecord:
     return JobRecord(
-        id=row.id, status=row.status, stage=row.stage, progress=dict(row.progress or {}),
-        errors=list(row.errors or []), spec=dict(row.spec or {}), document_ids=list(row.document_ids or []),
-        duplicate_ids=list(row.duplicate_ids or []), cancel_requested=row.cancel_requested,
-        created_at=row.created_at, updated_at=row.updated_at,
+        id=row.id,
+        status=row.status,
+        stage=row.stage,
+        progress=dict(row.progress or {}),
+        errors=list(row.errors or []),
+        spec=dict(row.spec or {}),
+        document_ids=list(row.document_ids or []),
+        duplicate_ids=list(row.duplicate_ids or []),
+        cancel_requested=row.cancel_requested,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
     )
 
 
@@ -157,16 +180,17 @@ class Catalog:
         if self.dialect == "sqlite":
             if url.startswith("sqlite:///"):
                 Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-            self._engine: SQLEngine = create_engine(url, connect_args={"check_same_thread": False,
-                                                                        "timeout": 30})
+            self._engine: SQLEngine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
             event.listen(self._engine, "connect", _sqlite_pragmas)
         elif self.dialect == "postgresql":
             try:
                 import pgqueuer  # noqa: F401  (its tables are part of the PostgreSQL schema)
                 import psycopg  # noqa: F401
             except ImportError as exc:
-                raise RuntimeError("a PostgreSQL catalog needs the postgres extra: "
-                                   "pip install 'blendrag[postgres]' (psycopg, pgqueuer)") from exc
+                raise RuntimeError(
+                    "a PostgreSQL catalog needs the postgres extra: "
+                    "pip install 'blendrag[postgres]' (psycopg, pgqueuer)"
+                ) from exc
             self._engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
         else:
             raise ValueError(f"catalog.url: unsupported database {self.dialect!r} (use sqlite or postgresql)")
@@ -178,8 +202,9 @@ class Catalog:
         else:
             current, head = migrations.current_revision(self._engine), migrations.head_revision()
             if current != head:
-                raise RuntimeError(f"catalog schema is at revision {current}, this version needs {head}: "
-                                   "run `blendrag db upgrade`")
+                raise RuntimeError(
+                    f"catalog schema is at revision {current}, this version needs {head}: run `blendrag db upgrade`"
+                )
 
     @property
     def engine(self) -> SQLEngine:
@@ -196,13 +221,25 @@ class Catalog:
     # ---- documents -------------------------------------------------------------------------------
 
     def add_document(
-        self, *, title: str, source_path: str | None, content_hash: str | None, tags: list[str],
-        metadata: dict[str, Any], job_id: str | None, document_id: str | None = None,
+        self,
+        *,
+        title: str,
+        source_path: str | None,
+        content_hash: str | None,
+        tags: list[str],
+        metadata: dict[str, Any],
+        job_id: str | None,
+        document_id: str | None = None,
     ) -> DocumentRecord:
         with self._session() as s:
             row = DocumentRow(
-                id=document_id or str(uuid.uuid4()), title=title, source_path=source_path,
-                content_hash=content_hash, status=DocumentStatus.PENDING, tags=tags, metadata_=metadata,
+                id=document_id or str(uuid.uuid4()),
+                title=title,
+                source_path=source_path,
+                content_hash=content_hash,
+                status=DocumentStatus.PENDING,
+                tags=tags,
+                metadata_=metadata,
                 job_id=job_id,
             )
             s.add(row)
@@ -216,22 +253,40 @@ class Catalog:
             return
         now = utcnow()
         with self._session() as s:
-            s.execute(insert(DocumentRow), [
-                {"id": d["id"], "title": d["title"], "source_path": d["source_path"],
-                 "content_hash": d["content_hash"], "status": DocumentStatus.PENDING, "error": None,
-                 "tags": d["tags"], "metadata_": d["metadata"], "num_chunks": 0, "num_tokens": 0,
-                 "job_id": d["job_id"], "created_at": now, "updated_at": now}
-                for d in documents])
+            s.execute(
+                insert(DocumentRow),
+                [
+                    {
+                        "id": d["id"],
+                        "title": d["title"],
+                        "source_path": d["source_path"],
+                        "content_hash": d["content_hash"],
+                        "status": DocumentStatus.PENDING,
+                        "error": None,
+                        "tags": d["tags"],
+                        "metadata_": d["metadata"],
+                        "num_chunks": 0,
+                        "num_tokens": 0,
+                        "job_id": d["job_id"],
+                        "created_at": now,
+                        "updated_at": now,
+                    }
+                    for d in documents
+                ],
+            )
 
-    def find_by_hashes(self, content_hashes: set[str], statuses: Sequence[DocumentStatus]
-                       ) -> dict[str, DocumentRecord]:
+    def find_by_hashes(self, content_hashes: set[str], statuses: Sequence[DocumentStatus]) -> dict[str, DocumentRecord]:
         """One active document per content hash, for those hashes that have one."""
         found: dict[str, DocumentRecord] = {}
         hashes = list(content_hashes)
         with self._session() as s:
             for start in range(0, len(hashes), 500):  # stay under SQL parameter limits
-                rows = s.scalars(select(DocumentRow).where(DocumentRow.content_hash.in_(hashes[start:start + 500]),
-                                                           DocumentRow.status.in_(list(statuses))))
+                rows = s.scalars(
+                    select(DocumentRow).where(
+                        DocumentRow.content_hash.in_(hashes[start : start + 500]),
+                        DocumentRow.status.in_(list(statuses)),
+                    )
+                )
                 for row in rows:
                     found.setdefault(row.content_hash or "", _doc(row))
         return found
@@ -243,14 +298,17 @@ class Catalog:
         ids = list(document_ids)
         with self._session() as s:
             for start in range(0, len(ids), 500):
-                part = ids[start:start + 500]
-                pending = select(DocumentRow.id).where(DocumentRow.id.in_(part),
-                                                       DocumentRow.status == DocumentStatus.PENDING)
+                part = ids[start : start + 500]
+                pending = select(DocumentRow.id).where(
+                    DocumentRow.id.in_(part), DocumentRow.status == DocumentStatus.PENDING
+                )
                 dropped += list(s.scalars(select(ChunkRow.id).where(ChunkRow.document_id.in_(pending))))
                 s.execute(delete(ChunkRow).where(ChunkRow.document_id.in_(pending)))
-                s.execute(update(DocumentRow).where(DocumentRow.id.in_(part),
-                                                    DocumentRow.status == DocumentStatus.PENDING)
-                          .values(status=DocumentStatus.FAILED, error=error, num_chunks=0, num_tokens=0))
+                s.execute(
+                    update(DocumentRow)
+                    .where(DocumentRow.id.in_(part), DocumentRow.status == DocumentStatus.PENDING)
+                    .values(status=DocumentStatus.FAILED, error=error, num_chunks=0, num_tokens=0)
+                )
         return dropped
 
     def get_document(self, document_id: str) -> DocumentRecord | None:
@@ -261,8 +319,9 @@ class Catalog:
     def find_by_hash(self, content_hash: str, statuses: Sequence[DocumentStatus]) -> DocumentRecord | None:
         with self._session() as s:
             row = s.scalars(
-                select(DocumentRow).where(DocumentRow.content_hash == content_hash,
-                                          DocumentRow.status.in_(list(statuses))).limit(1)
+                select(DocumentRow)
+                .where(DocumentRow.content_hash == content_hash, DocumentRow.status.in_(list(statuses)))
+                .limit(1)
             ).first()
             return _doc(row) if row else None
 
@@ -270,8 +329,9 @@ class Catalog:
         """A document whose metadata has `key` equal to the string `value` (e.g. file_sha256)."""
         with self._session() as s:
             row = s.scalars(
-                select(DocumentRow).where(DocumentRow.metadata_[key].as_string() == value,
-                                          DocumentRow.status.in_(list(statuses))).limit(1)
+                select(DocumentRow)
+                .where(DocumentRow.metadata_[key].as_string() == value, DocumentRow.status.in_(list(statuses)))
+                .limit(1)
             ).first()
             return _doc(row) if row else None
 
@@ -303,10 +363,18 @@ class Catalog:
         with self._session() as s:
             s.execute(delete(ChunkRow).where(ChunkRow.document_id == document_id))
             rows = [
-                ChunkRow(document_id=document_id, index=c.index, text=c.text,
-                         token_ids_blob=encode_token_ids(c.token_ids), num_tokens=len(c.token_ids),
-                         page=c.page, char_start=c.char_start, char_end=c.char_end, kv_key=c.kv_key,
-                         embedding=encode_embedding(c.embedding))
+                ChunkRow(
+                    document_id=document_id,
+                    index=c.index,
+                    text=c.text,
+                    token_ids_blob=encode_token_ids(c.token_ids),
+                    num_tokens=len(c.token_ids),
+                    page=c.page,
+                    char_start=c.char_start,
+                    char_end=c.char_end,
+                    kv_key=c.kv_key,
+                    embedding=encode_embedding(c.embedding),
+                )
                 for c in chunks
             ]
             s.add_all(rows)
@@ -347,8 +415,9 @@ class Catalog:
             if old is None:
                 return
             if self.index_events and (status == DocumentStatus.READY or old == DocumentStatus.READY):
-                self._log_index_event(s, document_id,
-                                      IndexEventOp.READY if status == DocumentStatus.READY else IndexEventOp.REMOVED)
+                self._log_index_event(
+                    s, document_id, IndexEventOp.READY if status == DocumentStatus.READY else IndexEventOp.REMOVED
+                )
             s.execute(update(DocumentRow).where(DocumentRow.id == document_id).values(status=status, error=error))
 
     def delete_document(self, document_id: str) -> list[ChunkRecord] | None:
@@ -375,8 +444,7 @@ class Catalog:
     def set_embeddings(self, embeddings_by_chunk_id: dict[int, np.ndarray]) -> None:
         with self._session() as s:
             for chunk_id, vector in embeddings_by_chunk_id.items():
-                s.execute(update(ChunkRow).where(ChunkRow.id == chunk_id)
-                          .values(embedding=encode_embedding(vector)))
+                s.execute(update(ChunkRow).where(ChunkRow.id == chunk_id).values(embedding=encode_embedding(vector)))
 
     # ---- the index feed (replicas build FAISS from these) -----------------------------------------
 
@@ -394,8 +462,9 @@ class Catalog:
 
     def index_events_after(self, event_id: int, limit: int = 1000) -> list[IndexEvent]:
         with self._session() as s:
-            rows = s.scalars(select(IndexEventRow).where(IndexEventRow.id > event_id)
-                             .order_by(IndexEventRow.id).limit(limit))
+            rows = s.scalars(
+                select(IndexEventRow).where(IndexEventRow.id > event_id).order_by(IndexEventRow.id).limit(limit)
+            )
             return [IndexEvent(id=r.id, document_id=r.document_id, op=IndexEventOp(r.op)) for r in rows]
 
     def prune_index_events(self, before: datetime) -> int:
@@ -410,14 +479,19 @@ class Catalog:
     def index_entries(self, document_ids: Sequence[str] | None = None) -> list[IndexEntry]:
         """Chunks of ready documents (all of them, or of `document_ids`) with embeddings, in id order."""
         with self._session() as s:
-            q = (select(ChunkRow, DocumentRow.title, DocumentRow.tags).join(DocumentRow)
-                 .where(DocumentRow.status == DocumentStatus.READY))
+            q = (
+                select(ChunkRow, DocumentRow.title, DocumentRow.tags)
+                .join(DocumentRow)
+                .where(DocumentRow.status == DocumentStatus.READY)
+            )
             if document_ids is not None:
                 if not document_ids:
                     return []
                 q = q.where(ChunkRow.document_id.in_(list(document_ids)))
-            return [IndexEntry(chunk=_chunk(c, title), tags=list(tags or []), embedding=decode_embedding(c.embedding))
-                    for c, title, tags in s.execute(q.order_by(ChunkRow.id)).all()]
+            return [
+                IndexEntry(chunk=_chunk(c, title), tags=list(tags or []), embedding=decode_embedding(c.embedding))
+                for c, title, tags in s.execute(q.order_by(ChunkRow.id)).all()
+            ]
 
     # ---- chunks ----------------------------------------------------------------------------------
 
@@ -446,8 +520,11 @@ class Catalog:
         if not chunk_ids:
             return set()
         with self._session() as s:
-            q = (select(ChunkRow.id).join(DocumentRow)
-                 .where(ChunkRow.id.in_(list(chunk_ids)), DocumentRow.status == DocumentStatus.READY))
+            q = (
+                select(ChunkRow.id)
+                .join(DocumentRow)
+                .where(ChunkRow.id.in_(list(chunk_ids)), DocumentRow.status == DocumentStatus.READY)
+            )
             return set(s.scalars(q))
 
     # ---- jobs ------------------------------------------------------------------------------------

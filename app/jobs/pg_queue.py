@@ -71,7 +71,8 @@ class PgJobQueue:
                     if self._conn is None or self._conn.closed:
                         self._conn = psycopg.connect(self._dsn, autocommit=True)
                     queued = SyncQueries(SyncPsycopgDriver(self._conn)).enqueue(
-                        ENTRYPOINT, job_id.encode(), dedupe_key=job_id, on_conflict="skip")
+                        ENTRYPOINT, job_id.encode(), dedupe_key=job_id, on_conflict="skip"
+                    )
                     return queued[0] is not None
                 except psycopg.OperationalError:
                     # A connection the server dropped (restart, idle timeout): reconnect once.

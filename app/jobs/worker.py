@@ -89,8 +89,9 @@ async def consume(settings: Settings, runner: JobRunner, stop: asyncio.Event | N
     class OneJobAtATime(QueueManager):
         # PgQueuer's per-worker budget must be >= 2 x batch size; an ingest job keeps the CPU busy, so
         # holding a second one here would only keep it from an idle worker: ask for one at a time.
-        async def fetch_jobs(self, batch_size: int, global_concurrency_limit: int | None,
-                             heartbeat_timeout: timedelta) -> AsyncGenerator[Job, None]:
+        async def fetch_jobs(
+            self, batch_size: int, global_concurrency_limit: int | None, heartbeat_timeout: timedelta
+        ) -> AsyncGenerator[Job, None]:
             async for job in super().fetch_jobs(1, 1, heartbeat_timeout):
                 yield job
 
@@ -108,9 +109,12 @@ async def consume(settings: Settings, runner: JobRunner, stop: asyncio.Event | N
     watcher = asyncio.create_task(_forward(stop, qm.shutdown)) if stop is not None else None
     logger.info("worker %s waiting for ingest jobs", qm.queue_manager_id)
     try:
-        await qm.run(batch_size=1, max_concurrent_tasks=2,
-                     dequeue_timeout=timedelta(seconds=settings.worker.poll_interval_s),
-                     heartbeat_timeout=timedelta(seconds=settings.worker.heartbeat_timeout_s))
+        await qm.run(
+            batch_size=1,
+            max_concurrent_tasks=2,
+            dequeue_timeout=timedelta(seconds=settings.worker.poll_interval_s),
+            heartbeat_timeout=timedelta(seconds=settings.worker.heartbeat_timeout_s),
+        )
     finally:
         if watcher is not None:
             watcher.cancel()

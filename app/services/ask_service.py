@@ -127,8 +127,13 @@ SNIPPET_CHARS = 240
 
 
 class AskService:
-    def __init__(self, components: Components, scheduler: Scheduler, metrics: Metrics | None = None,
-                 prefill_rate: PrefillRate | None = None) -> None:
+    def __init__(
+        self,
+        components: Components,
+        scheduler: Scheduler,
+        metrics: Metrics | None = None,
+        prefill_rate: PrefillRate | None = None,
+    ) -> None:
         self._c = components
         self._scheduler = scheduler
         self._metrics = metrics
@@ -173,18 +178,32 @@ class AskService:
         if layout.num_tokens >= context:
             raise AskValidationError(
                 f"the prompt is {layout.num_tokens} tokens (question + {len(ordered)} retrieved chunks), longer "
-                f"than the model's context of {context} tokens; ask with a smaller top_k or a shorter question")
+                f"than the model's context of {context} tokens; ask with a smaller top_k or a shorter question"
+            )
         max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - layout.num_tokens)
         blend = engine_settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
         # The settings' sampling (repetition control included, the same in every mode); request values win.
         sampling = engine_settings.sampling_params(
-            max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
-            seed=request.seed, stop=request.stop,
+            max_tokens=max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop=request.stop,
         )
-        answer = AdmittedAnswer(self, SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2)),
-                                ordered, mode, lambda kv_source, effective: GenerationRequest(
-                                    request_id=str(uuid.uuid4()), layout=layout, kv_source=kv_source,
-                                    mode=effective, blend=blend, sampling=sampling))
+        answer = AdmittedAnswer(
+            self,
+            SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2)),
+            ordered,
+            mode,
+            lambda kv_source, effective: GenerationRequest(
+                request_id=str(uuid.uuid4()),
+                layout=layout,
+                kv_source=kv_source,
+                mode=effective,
+                blend=blend,
+                sampling=sampling,
+            ),
+        )
         try:
             await answer.open_and_submit(readmit=False)
         except EngineBusy as exc:
@@ -202,7 +221,8 @@ class AskService:
     def _retrieve(self, request: AskRequest) -> tuple[list[ChunkRecord], list[Source]]:
         settings = self._c.settings.retrieval
         hits = self._c.retriever.search(
-            request.question.strip(), top_k=request.top_k or settings.top_k,
+            request.question.strip(),
+            top_k=request.top_k or settings.top_k,
             score_threshold=settings.score_threshold,
             filters=request.filters,
         )
@@ -216,11 +236,18 @@ class AskService:
             if record is None:
                 continue
             chunks.append(record)
-            sources.append(Source(
-                rank=len(sources) + 1, chunk_id=record.id, document_id=record.document_id, title=record.title,
-                page=record.page, score=round(float(hit.score), 6), snippet=_snippet(record.text),
-                text=record.text,
-            ))
+            sources.append(
+                Source(
+                    rank=len(sources) + 1,
+                    chunk_id=record.id,
+                    document_id=record.document_id,
+                    title=record.title,
+                    page=record.page,
+                    score=round(float(hit.score), 6),
+                    snippet=_snippet(record.text),
+                    text=record.text,
+                )
+            )
         return chunks, sources
 
     def _open_kv(self, chunks: list[ChunkRecord]) -> tuple[LayerKVSource, int, int]:
@@ -246,8 +273,9 @@ class AskService:
                     store.put(key, kv, model_fingerprint=engine.fingerprint)
         raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
 
-    def _done(self, event: object, pieces: list[str], retrieval_ms: float, kv_load_ms: float, kv_hits: int,
-              kv_misses: int) -> DoneEvent:
+    def _done(
+        self, event: object, pieces: list[str], retrieval_ms: float, kv_load_ms: float, kv_hits: int, kv_misses: int
+    ) -> DoneEvent:
         from engine.types import FinishEvent
 
         assert isinstance(event, FinishEvent)
@@ -261,15 +289,26 @@ class AskService:
             self._metrics.recompute_ratio.observe(event.recompute_ratio)
         self._count(event.mode, event.finish_reason)
         return DoneEvent(
-            answer=event.text or "".join(pieces), mode=event.mode, selector=event.selector,
-            recompute_ratio=round(event.recompute_ratio, 4), finish_reason=event.finish_reason,
-            usage=Usage(prompt_tokens=event.num_prompt_tokens, completion_tokens=event.num_completion_tokens,
-                        context_tokens=event.num_context_tokens, recomputed_tokens=event.num_recomputed_tokens),
-            timings=Timings(retrieval_ms=round(retrieval_ms, 2), kv_load_ms=round(kv_load_ms, 2),
-                            ttft_ms=round(ttft_ms, 2), total_ms=round(retrieval_ms + kv_load_ms
-                                                                      + event.total_s * 1000, 2),
-                            full_prefill_estimate_ms=None if estimate is None else round(estimate, 1)),
-            kv_hits=kv_hits, kv_misses=kv_misses,
+            answer=event.text or "".join(pieces),
+            mode=event.mode,
+            selector=event.selector,
+            recompute_ratio=round(event.recompute_ratio, 4),
+            finish_reason=event.finish_reason,
+            usage=Usage(
+                prompt_tokens=event.num_prompt_tokens,
+                completion_tokens=event.num_completion_tokens,
+                context_tokens=event.num_context_tokens,
+                recomputed_tokens=event.num_recomputed_tokens,
+            ),
+            timings=Timings(
+                retrieval_ms=round(retrieval_ms, 2),
+                kv_load_ms=round(kv_load_ms, 2),
+                ttft_ms=round(ttft_ms, 2),
+                total_ms=round(retrieval_ms + kv_load_ms + event.total_s * 1000, 2),
+                full_prefill_estimate_ms=None if estimate is None else round(estimate, 1),
+            ),
+            kv_hits=kv_hits,
+            kv_misses=kv_misses,
         )
 
     def _count(self, mode: str, outcome: str) -> None:
@@ -280,8 +319,14 @@ class AskService:
 class AdmittedAnswer:
     """A question the engine has accepted: `events()` streams sources, token deltas, then done or error."""
 
-    def __init__(self, service: AskService, sources: SourcesEvent, ordered: list[ChunkRecord], mode: Mode,
-                 build: Callable[[LayerKVSource | None, Mode], GenerationRequest]) -> None:
+    def __init__(
+        self,
+        service: AskService,
+        sources: SourcesEvent,
+        ordered: list[ChunkRecord],
+        mode: Mode,
+        build: Callable[[LayerKVSource | None, Mode], GenerationRequest],
+    ) -> None:
         self.sources = sources
         self._service = service
         self._ordered = ordered
@@ -337,8 +382,9 @@ class AdmittedAnswer:
                     async for event in stream:
                         if isinstance(event, FinishEvent):
                             service._observe_kv(self._kv_hits, self._kv_misses)
-                            yield service._done(event, pieces, retrieval_ms, self._kv_load_ms, self._kv_hits,
-                                                self._kv_misses)
+                            yield service._done(
+                                event, pieces, retrieval_ms, self._kv_load_ms, self._kv_hits, self._kv_misses
+                            )
                             return
                         if event.text:
                             pieces.append(event.text)

@@ -57,15 +57,21 @@ class CoverageService:
         self._c = components
         # Scale-out (PostgreSQL catalog + Redis): report the shared state, identical from every replica.
         shared = components.settings.catalog.is_postgres and components.store.redis is not None
-        self._store: TieredKVStore | SharedTierView = SharedTierView(components.store) if shared \
-            else components.store
+        self._store: TieredKVStore | SharedTierView = SharedTierView(components.store) if shared else components.store
 
     def chunk_states(self, document_id: str) -> dict[int, str]:
         """fresh / stale / missing for each chunk of one document."""
         from kvcache.coverage import ChunkRef, compute_coverage
 
-        refs = [ChunkRef(chunk_id=c.id, document_id=c.document_id, expected_key=self._c.expected_kv_key(c.token_ids),
-                         recorded_key=c.kv_key) for c in self._c.catalog.chunks_of(document_id)]
+        refs = [
+            ChunkRef(
+                chunk_id=c.id,
+                document_id=c.document_id,
+                expected_key=self._c.expected_kv_key(c.token_ids),
+                recorded_key=c.kv_key,
+            )
+            for c in self._c.catalog.chunks_of(document_id)
+        ]
         report = compute_coverage(self._store, refs)  # type: ignore[arg-type]
         return {int(c.ref.chunk_id): c.state.value for c in report.chunks}
 
@@ -74,22 +80,44 @@ class CoverageService:
 
         docs = [d for d in self._c.catalog.all_documents() if d.status == DocumentStatus.READY]
         chunks = self._c.catalog.iter_chunks([DocumentStatus.READY])
-        refs = [ChunkRef(chunk_id=c.id, document_id=c.document_id, expected_key=self._c.expected_kv_key(c.token_ids),
-                         recorded_key=c.kv_key) for c in chunks]
+        refs = [
+            ChunkRef(
+                chunk_id=c.id,
+                document_id=c.document_id,
+                expected_key=self._c.expected_kv_key(c.token_ids),
+                recorded_key=c.kv_key,
+            )
+            for c in chunks
+        ]
         report = compute_coverage(self._store, refs)  # type: ignore[arg-type]
         per_doc = []
         for doc in docs:
             counts = report.documents.get(doc.id)
             if counts is None:
-                per_doc.append(DocumentCoverage(0, 0, 0, 0, 1.0, document_id=doc.id, title=doc.title,
-                                                status=doc.status.value))
+                per_doc.append(
+                    DocumentCoverage(0, 0, 0, 0, 1.0, document_id=doc.id, title=doc.title, status=doc.status.value)
+                )
                 continue
-            per_doc.append(DocumentCoverage(
-                counts.num_chunks, counts.num_fresh, counts.num_stale, counts.num_missing,
-                round(counts.coverage, 6), document_id=doc.id, title=doc.title, status=doc.status.value,
-            ))
+            per_doc.append(
+                DocumentCoverage(
+                    counts.num_chunks,
+                    counts.num_fresh,
+                    counts.num_stale,
+                    counts.num_missing,
+                    round(counts.coverage, 6),
+                    document_id=doc.id,
+                    title=doc.title,
+                    status=doc.status.value,
+                )
+            )
         t = report.total
         return CoverageView(
-            t.num_chunks, t.num_fresh, t.num_stale, t.num_missing, round(t.coverage, 6),
-            bytes_by_tier=dict(t.bytes_by_tier), fresh_by_tier=dict(t.fresh_by_tier), documents=per_doc,
+            t.num_chunks,
+            t.num_fresh,
+            t.num_stale,
+            t.num_missing,
+            round(t.coverage, 6),
+            bytes_by_tier=dict(t.bytes_by_tier),
+            fresh_by_tier=dict(t.fresh_by_tier),
+            documents=per_doc,
         )

@@ -35,8 +35,12 @@ class DoctorReport:
 
     @property
     def problems(self) -> int:
-        return (len(self.stranded_document_ids) + len(self.orphan_index_ids) + len(self.unindexed_chunk_ids)
-                + len(self.kv_missing_chunk_ids))
+        return (
+            len(self.stranded_document_ids)
+            + len(self.orphan_index_ids)
+            + len(self.unindexed_chunk_ids)
+            + len(self.kv_missing_chunk_ids)
+        )
 
 
 def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
@@ -51,8 +55,9 @@ def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
             report.stranded_document_ids.append(doc.id)
             if repair:
                 catalog.replace_chunks(doc.id, [])
-                catalog.set_document_status(doc.id, DocumentStatus.FAILED,
-                                            error="ingest was interrupted; ingest the document again")
+                catalog.set_document_status(
+                    doc.id, DocumentStatus.FAILED, error="ingest was interrupted; ingest the document again"
+                )
 
     ready_chunks = catalog.iter_chunks([DocumentStatus.READY])
     report.num_chunks = len(ready_chunks)
@@ -88,9 +93,17 @@ def _repair_index(components: Components, report: DoctorReport, missing: list) -
         retriever.remove(report.orphan_index_ids)
     if missing:
         docs = {d.id: d for d in catalog.all_documents()}
-        retriever.add([
-            IndexedChunk(chunk_id=c.id, document_id=c.document_id, text=c.text, title=c.title, page=c.page,
-                         tags=tuple(docs[c.document_id].tags))
-            for c in missing
-        ])
+        retriever.add(
+            [
+                IndexedChunk(
+                    chunk_id=c.id,
+                    document_id=c.document_id,
+                    text=c.text,
+                    title=c.title,
+                    page=c.page,
+                    tags=tuple(docs[c.document_id].tags),
+                )
+                for c in missing
+            ]
+        )
     retriever.save()

@@ -57,10 +57,13 @@ class DocumentService:
         """Delete a document with its chunks, index entries and unshared KV; nothing if it is unknown."""
         doc = self._c.catalog.get_document(document_id)
         if doc is not None and doc.status == DocumentStatus.PENDING:
-            raise DocumentBusy(f"document {document_id} is still being ingested by job {doc.job_id}; "
-                               "cancel the job first")
+            raise DocumentBusy(
+                f"document {document_id} is still being ingested by job {doc.job_id}; cancel the job first"
+            )
         self._ingest.delete_document(document_id)
 
     def count_by_status(self) -> dict[str, int]:
-        return {status.value: self._c.catalog.list_documents(offset=0, limit=1, status=status)[1]
-                for status in DocumentStatus}
+        return {
+            status.value: self._c.catalog.list_documents(offset=0, limit=1, status=status)[1]
+            for status in DocumentStatus
+        }

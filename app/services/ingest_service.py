@@ -72,8 +72,15 @@ class IngestSource:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_spec(self) -> dict[str, Any]:
-        return {"kind": self.kind, "title": self.title, "text": self.text, "path": self.path,
-                "source_path": self.source_path, "tags": self.tags, "metadata": self.metadata}
+        return {
+            "kind": self.kind,
+            "title": self.title,
+            "text": self.text,
+            "path": self.path,
+            "source_path": self.source_path,
+            "tags": self.tags,
+            "metadata": self.metadata,
+        }
 
     @classmethod
     def from_spec(cls, spec: dict[str, Any]) -> IngestSource:
@@ -103,10 +110,15 @@ ProgressCallback = Callable[[JobRecord], None]
 
 
 class IngestService:
-    def __init__(self, components: Components, on_chunks_committed: Callable[[int, float], None] | None = None,
-                 prefill_rate: PrefillRate | None = None, scheduler: Scheduler | None = None,
-                 on_storage_fault: Callable[[str], None] | None = None,
-                 dispatch: Callable[[str], object] | None = None) -> None:
+    def __init__(
+        self,
+        components: Components,
+        on_chunks_committed: Callable[[int, float], None] | None = None,
+        prefill_rate: PrefillRate | None = None,
+        scheduler: Scheduler | None = None,
+        on_storage_fault: Callable[[str], None] | None = None,
+        dispatch: Callable[[str], object] | None = None,
+    ) -> None:
         """`scheduler` computes the chunks' KV (questions go first); without one, an unstarted scheduler
         of its own computes them in the ingest thread (CLI ingest, tests). `dispatch(job_id)` hands
         submitted jobs elsewhere (the PostgreSQL queue of `blendrag worker`); by default they run on this
@@ -138,8 +150,10 @@ class IngestService:
             raise IngestError("nothing to ingest: give at least one document or file")
         limits = self._c.settings.ingest
         if len(sources) > limits.max_job_documents:
-            raise IngestTooLarge(f"{len(sources)} documents in one request; the limit is "
-                                 f"{limits.max_job_documents} (ingest.max_job_documents)")
+            raise IngestTooLarge(
+                f"{len(sources)} documents in one request; the limit is "
+                f"{limits.max_job_documents} (ingest.max_job_documents)"
+            )
         job_tokens = 0
         for s in sources:
             if s.kind == "text" and is_blank(s.text or ""):
@@ -148,12 +162,16 @@ class IngestService:
                 # Inline text is counted now, so an oversized request is refused before anything is stored.
                 num_tokens = self._count_tokens(s.text or "")
                 if num_tokens > limits.max_document_tokens:
-                    raise IngestTooLarge(f"document {s.title!r} has {num_tokens} tokens; the limit is "
-                                         f"{limits.max_document_tokens} (ingest.max_document_tokens)")
+                    raise IngestTooLarge(
+                        f"document {s.title!r} has {num_tokens} tokens; the limit is "
+                        f"{limits.max_document_tokens} (ingest.max_document_tokens)"
+                    )
                 job_tokens += num_tokens
         if job_tokens > limits.max_job_tokens:
-            raise IngestTooLarge(f"the documents have {job_tokens} tokens together; the limit per request is "
-                                 f"{limits.max_job_tokens} (ingest.max_job_tokens)")
+            raise IngestTooLarge(
+                f"the documents have {job_tokens} tokens together; the limit per request is "
+                f"{limits.max_job_tokens} (ingest.max_job_tokens)"
+            )
         # Content already stored (same text, or the same file bytes) is answered with the existing
         # document's id right here, so the id in the 202 always resolves.
         sources = [self._with_file_hash(s) for s in sources]
@@ -167,20 +185,37 @@ class IngestService:
             identity, stored = self._identity(s)
             dup = stored or (first_of.get(identity) if identity is not None else None)
             if dup is not None:
-                duplicates.append({"source": s.source_path or s.title, "error": f"duplicate of document {dup}",
-                                   "code": "duplicate", "document_id": dup})
+                duplicates.append(
+                    {
+                        "source": s.source_path or s.title,
+                        "error": f"duplicate of document {dup}",
+                        "code": "duplicate",
+                        "document_id": dup,
+                    }
+                )
                 document_ids.append(dup)
                 continue
-            doc = self._c.catalog.add_document(title=s.title, source_path=s.source_path, content_hash=None,
-                                               tags=s.tags, metadata=s.metadata, job_id=job.id)
+            doc = self._c.catalog.add_document(
+                title=s.title,
+                source_path=s.source_path,
+                content_hash=None,
+                tags=s.tags,
+                metadata=s.metadata,
+                job_id=job.id,
+            )
             if identity is not None:
                 first_of[identity] = doc.id
             fresh.append(s)
             fresh_ids.append(doc.id)
             document_ids.append(doc.id)
-        self._c.catalog.update_job(job.id, spec={"sources": [s.to_spec() for s in fresh], "duplicates": duplicates},
-                                   document_ids=fresh_ids, duplicate_ids=[d["document_id"] for d in duplicates],
-                                   errors=duplicates, progress={stage: {"done": 0, "total": 0} for stage in STAGES})
+        self._c.catalog.update_job(
+            job.id,
+            spec={"sources": [s.to_spec() for s in fresh], "duplicates": duplicates},
+            document_ids=fresh_ids,
+            duplicate_ids=[d["document_id"] for d in duplicates],
+            errors=duplicates,
+            progress={stage: {"done": 0, "total": 0} for stage in STAGES},
+        )
         if enqueue:
             (self._dispatch or self._queue.put)(job.id)
         return SubmitResult(job_id=job.id, document_ids=document_ids)
@@ -206,8 +241,9 @@ class IngestService:
 
         if source.kind == "text":
             try:
-                loaded = load_text(source.text or "", source.title, source_path=source.source_path,
-                                   metadata=source.metadata)
+                loaded = load_text(
+                    source.text or "", source.title, source_path=source.source_path, metadata=source.metadata
+                )
             except LoaderError:
                 return None, None  # parse reports it
             existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
@@ -230,8 +266,12 @@ class IngestService:
         with self._unsettled_lock:
             error = self._unsettled.get(job_id)
         if job is not None and error is not None and not job.status.finished:
-            return dataclasses.replace(job, status=JobStatus.FAILED, stage=None,
-                                       errors=[*job.errors, {"source": None, "error": error, "code": "storage"}])
+            return dataclasses.replace(
+                job,
+                status=JobStatus.FAILED,
+                stage=None,
+                errors=[*job.errors, {"source": None, "error": error, "code": "storage"}],
+            )
         return job
 
     def cancel(self, job_id: str) -> JobRecord:
@@ -291,8 +331,12 @@ class IngestService:
                         doc = self._c.catalog.get_document(doc_id)
                         if doc is not None and doc.status == DocumentStatus.PENDING:
                             self._c.catalog.set_document_status(doc_id, DocumentStatus.FAILED, error=error)
-                    self._c.catalog.update_job(job_id, status=JobStatus.FAILED, stage=None, errors=[
-                        *job.errors, {"source": None, "error": error, "code": "storage"}])
+                    self._c.catalog.update_job(
+                        job_id,
+                        status=JobStatus.FAILED,
+                        stage=None,
+                        errors=[*job.errors, {"source": None, "error": error, "code": "storage"}],
+                    )
             except Exception as exc:
                 logger.warning("ingest job %s still cannot be marked failed: %s", job_id, exc)
                 continue
@@ -359,8 +403,15 @@ class IngestService:
             with self._inflight_lock:
                 self._inflight_keys.clear()
 
-    def _run_stages(self, job: JobRecord, items: list[_WorkItem], tracker: _Progress,
-                    errors: list[dict[str, Any]], duplicates: list[str], started: float) -> JobRecord:
+    def _run_stages(
+        self,
+        job: JobRecord,
+        items: list[_WorkItem],
+        tracker: _Progress,
+        errors: list[dict[str, Any]],
+        duplicates: list[str],
+        started: float,
+    ) -> JobRecord:
         try:
             self._parse(items, tracker, errors, duplicates)
             self._chunk(items, tracker, errors)
@@ -375,14 +426,20 @@ class IngestService:
             full = is_storage_full(exc)
             if full:
                 self._storage_fault(f"{type(exc).__name__}: {exc}")
-            message = (f"storage full: {exc}" if full else f"ingest failed: {exc}")
-            errors.append({"source": None, "error": f"{type(exc).__name__}: {exc}",
-                           "code": "storage_full" if full else "internal"})
+            message = f"storage full: {exc}" if full else f"ingest failed: {exc}"
+            errors.append(
+                {
+                    "source": None,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "code": "storage_full" if full else "internal",
+                }
+            )
             try:
                 for item in items:
                     self._fail_document(item, message)
-                self._c.catalog.update_job(job.id, status=JobStatus.FAILED, stage=None, errors=errors,
-                                           duplicate_ids=duplicates)
+                self._c.catalog.update_job(
+                    job.id, status=JobStatus.FAILED, stage=None, errors=errors, duplicate_ids=duplicates
+                )
             except Exception as handler_exc:  # e.g. the catalog is full too: never leave the job `running`
                 logger.error("could not mark ingest job %s failed: %s", job.id, handler_exc)
                 self._unsettle(job.id, message)
@@ -397,8 +454,9 @@ class IngestService:
             self._on_chunks_committed(num_chunks, time.perf_counter() - started)
         return tracker.emit()
 
-    def _parse(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]],
-               duplicates: list[str]) -> None:
+    def _parse(
+        self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]], duplicates: list[str]
+    ) -> None:
         """Parse every source. A JSON / JSONL file is read record by record (progress and cancel per
         record); its records past the first become documents of their own, written in batches."""
         from ingest.errors import LoaderError
@@ -414,8 +472,9 @@ class IngestService:
             loaded_docs: list[LoadedDocument] = []
             try:
                 if src.kind == "text":
-                    loaded_docs.append(load_text(src.text or "", src.title, source_path=src.source_path,
-                                                 metadata=src.metadata))
+                    loaded_docs.append(
+                        load_text(src.text or "", src.title, source_path=src.source_path, metadata=src.metadata)
+                    )
                 else:
                     for loaded in iter_documents(Path(src.path or ""), settings):
                         loaded_docs.append(loaded)
@@ -434,14 +493,22 @@ class IngestService:
             # placeholder shown while the job was queued.
             self._accept_parsed(item, loaded_docs[0], tracker.job_id, seen_hashes, errors, duplicates)
             if len(loaded_docs) > 1:
-                items.extend(self._accept_records(item, loaded_docs[1:], tracker, seen_hashes, errors, duplicates,
-                                                  items))
+                items.extend(
+                    self._accept_records(item, loaded_docs[1:], tracker, seen_hashes, errors, duplicates, items)
+                )
             done += len(loaded_docs)
             tracker.advance(done)
 
-    def _accept_records(self, item: _WorkItem, docs: list[LoadedDocument], tracker: _Progress,
-                        seen_hashes: dict[str, str], errors: list[dict[str, Any]], duplicates: list[str],
-                        items: list[_WorkItem]) -> list[_WorkItem]:
+    def _accept_records(
+        self,
+        item: _WorkItem,
+        docs: list[LoadedDocument],
+        tracker: _Progress,
+        seen_hashes: dict[str, str],
+        errors: list[dict[str, Any]],
+        duplicates: list[str],
+        items: list[_WorkItem],
+    ) -> list[_WorkItem]:
         """Documents for the records after a file's first, created in batched catalog writes."""
         src, job_id = item.source, tracker.job_id
         existing = self._c.catalog.find_by_hashes({d.content_hash for d in docs}, ACTIVE_DOCUMENT_STATUSES)
@@ -451,29 +518,58 @@ class IngestService:
             source_path = f"{src.source_path}#{i}" if src.source_path else None
             stored = existing.get(loaded.content_hash)
             duplicate_of = seen_hashes.get(loaded.content_hash) or (
-                stored.id if stored is not None and stored.job_id != job_id else None)
+                stored.id if stored is not None and stored.job_id != job_id else None
+            )
             if duplicate_of is not None:
                 duplicates.append(duplicate_of)
-                errors.append({"source": source_path or loaded.title, "error": f"duplicate of document {duplicate_of}",
-                               "code": "duplicate", "document_id": duplicate_of})
+                errors.append(
+                    {
+                        "source": source_path or loaded.title,
+                        "error": f"duplicate of document {duplicate_of}",
+                        "code": "duplicate",
+                        "document_id": duplicate_of,
+                    }
+                )
                 continue
             doc_id = str(uuid.uuid4())
             seen_hashes[loaded.content_hash] = doc_id
-            rows.append({"id": doc_id, "title": loaded.title, "source_path": source_path,
-                         "content_hash": loaded.content_hash, "tags": src.tags, "metadata": dict(loaded.metadata),
-                         "job_id": job_id})
-            new_items.append(_WorkItem(doc_id, IngestSource(kind="file", title=loaded.title, path=src.path,
-                                                            source_path=source_path, tags=src.tags), loaded=loaded))
+            rows.append(
+                {
+                    "id": doc_id,
+                    "title": loaded.title,
+                    "source_path": source_path,
+                    "content_hash": loaded.content_hash,
+                    "tags": src.tags,
+                    "metadata": dict(loaded.metadata),
+                    "job_id": job_id,
+                }
+            )
+            new_items.append(
+                _WorkItem(
+                    doc_id,
+                    IngestSource(
+                        kind="file", title=loaded.title, path=src.path, source_path=source_path, tags=src.tags
+                    ),
+                    loaded=loaded,
+                )
+            )
         for start in range(0, len(rows), CATALOG_BATCH):
             tracker.check_cancel()
-            self._c.catalog.add_documents(rows[start:start + CATALOG_BATCH])
+            self._c.catalog.add_documents(rows[start : start + CATALOG_BATCH])
             # Recorded at once, so a restart (recover) or a cancel finds every document of the job.
             written = len(items) + min(start + CATALOG_BATCH, len(rows))
             self._c.catalog.update_job(job_id, document_ids=[i.document_id for i in (items + new_items)[:written]])
         return new_items
 
-    def _accept_parsed(self, item: _WorkItem, loaded: LoadedDocument, job_id: str, seen_hashes: dict[str, str],
-                       errors: list[dict[str, Any]], duplicates: list[str]) -> None:
+    def _accept_parsed(
+        self,
+        item: _WorkItem,
+        loaded: LoadedDocument,
+        job_id: str,
+        seen_hashes: dict[str, str],
+        errors: list[dict[str, Any]],
+        duplicates: list[str],
+    ) -> None:
         existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
         duplicate_of = seen_hashes.get(loaded.content_hash)
         if existing is not None and existing.job_id != job_id:
@@ -492,9 +588,14 @@ class IngestService:
         self._c.catalog.delete_document(item.document_id)
         item.failed = f"duplicate of {duplicate_of}"
         duplicates.append(item.document_id)
-        errors.append({"source": item.source.source_path or item.source.title,
-                       "error": f"duplicate of document {duplicate_of}", "code": "duplicate",
-                       "document_id": duplicate_of})
+        errors.append(
+            {
+                "source": item.source.source_path or item.source.title,
+                "error": f"duplicate of document {duplicate_of}",
+                "code": "duplicate",
+                "document_id": duplicate_of,
+            }
+        )
 
     def _chunk(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]]) -> None:
         from ingest.chunker import Chunker
@@ -513,16 +614,23 @@ class IngestService:
             if not item.chunks:
                 problem = ("document has no text to index", "empty_document")
             elif num_tokens > limits.max_document_tokens:
-                problem = (f"document has {num_tokens} tokens in {len(item.chunks)} chunks; the limit is "
-                           f"{limits.max_document_tokens} (ingest.max_document_tokens)", "too_large")
+                problem = (
+                    f"document has {num_tokens} tokens in {len(item.chunks)} chunks; the limit is "
+                    f"{limits.max_document_tokens} (ingest.max_document_tokens)",
+                    "too_large",
+                )
             elif job_tokens + num_tokens > limits.max_job_tokens:
-                problem = (f"the job reached {limits.max_job_tokens} tokens (ingest.max_job_tokens) before "
-                           f"this document's {num_tokens}", "job_too_large")
+                problem = (
+                    f"the job reached {limits.max_job_tokens} tokens (ingest.max_job_tokens) before "
+                    f"this document's {num_tokens}",
+                    "job_too_large",
+                )
             if problem is not None:
                 item.chunks = []
                 self._fail_document(item, problem[0])
-                errors.append({"source": item.source.source_path or item.source.title, "error": problem[0],
-                               "code": problem[1]})
+                errors.append(
+                    {"source": item.source.source_path or item.source.title, "error": problem[0], "code": problem[1]}
+                )
             else:
                 job_tokens += num_tokens
             tracker.advance(n)
@@ -535,14 +643,24 @@ class IngestService:
         tracker.stage("embed", total)
         # Ids are not assigned until commit; embedding only reads text and title. Chunks of all documents
         # go through the embedder in full batches (one document per call was ~30x slower on short docs).
-        flat = [(item, IndexedChunk(chunk_id=c.index, document_id=item.document_id, text=c.text,
-                                    title=item.loaded.title if item.loaded else ""))
-                for item in live for c in item.chunks]
+        flat = [
+            (
+                item,
+                IndexedChunk(
+                    chunk_id=c.index,
+                    document_id=item.document_id,
+                    text=c.text,
+                    title=item.loaded.title if item.loaded else "",
+                ),
+            )
+            for item in live
+            for c in item.chunks
+        ]
         batch = max(1, self._c.settings.retrieval.embed_batch_size)
         parts = []
         for start in range(0, len(flat), batch):
             tracker.check_cancel()
-            parts.append(self._c.retriever.embed_chunks([chunk for _, chunk in flat[start:start + batch]]))
+            parts.append(self._c.retriever.embed_chunks([chunk for _, chunk in flat[start : start + batch]]))
             tracker.advance(min(start + batch, total))
         if not parts:
             return
@@ -551,7 +669,7 @@ class IngestService:
         vectors = np.concatenate(parts)  # (num_chunks, dim), in item order
         offset = 0
         for item in live:
-            item.vectors = vectors[offset:offset + len(item.chunks)]
+            item.vectors = vectors[offset : offset + len(item.chunks)]
             offset += len(item.chunks)
 
     def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]]) -> None:
@@ -574,7 +692,8 @@ class IngestService:
             # its compute time feeds the full-prefill estimate (short prompts prefill faster per token
             # than long ones: until a full-mode answer is observed the estimate is on the low side).
             kvs = self._scheduler.prefill_chunks(
-                [ids for _, ids in pending], priority=PrefillPriority.INGEST,
+                [ids for _, ids in pending],
+                priority=PrefillPriority.INGEST,
                 on_unit=self._prefill_rate.observe if self._prefill_rate is not None else None,
             )
             for (key, _), kv in zip(pending, kvs, strict=True):
@@ -613,8 +732,13 @@ class IngestService:
             if missing:
                 message = f"the KV of {missing} of {len(item.kv_keys)} chunks {message_tail}"
                 self._fail_document(item, message)
-                errors.append({"source": item.source.source_path or item.source.title, "error": message,
-                               "code": "kv_write_failed"})
+                errors.append(
+                    {
+                        "source": item.source.source_path or item.source.title,
+                        "error": message,
+                        "code": "kv_write_failed",
+                    }
+                )
 
     def _commit(self, items: list[_WorkItem], tracker: _Progress) -> int:
         from retrieval.types import IndexedChunk
@@ -627,16 +751,31 @@ class IngestService:
         for n, item in enumerate(live, 1):
             doc = catalog.get_document(item.document_id)
             assert doc is not None and item.vectors is not None
-            chunk_ids = catalog.replace_chunks(item.document_id, [
-                NewChunk(index=c.index, text=c.text, token_ids=list(c.token_ids), page=c.page,
-                         char_start=c.char_start, char_end=c.char_end, kv_key=key, embedding=vector)
-                for c, key, vector in zip(item.chunks, item.kv_keys, item.vectors, strict=True)
-            ])
-            retriever.add([
-                IndexedChunk(chunk_id=cid, document_id=doc.id, text=c.text, title=doc.title, page=c.page,
-                             tags=list(doc.tags))
-                for cid, c in zip(chunk_ids, item.chunks, strict=True)
-            ], item.vectors)
+            chunk_ids = catalog.replace_chunks(
+                item.document_id,
+                [
+                    NewChunk(
+                        index=c.index,
+                        text=c.text,
+                        token_ids=list(c.token_ids),
+                        page=c.page,
+                        char_start=c.char_start,
+                        char_end=c.char_end,
+                        kv_key=key,
+                        embedding=vector,
+                    )
+                    for c, key, vector in zip(item.chunks, item.kv_keys, item.vectors, strict=True)
+                ],
+            )
+            retriever.add(
+                [
+                    IndexedChunk(
+                        chunk_id=cid, document_id=doc.id, text=c.text, title=doc.title, page=c.page, tags=list(doc.tags)
+                    )
+                    for cid, c in zip(chunk_ids, item.chunks, strict=True)
+                ],
+                item.vectors,
+            )
             num_chunks += len(chunk_ids)
             tracker.advance(n)
         retriever.save()
@@ -747,8 +886,9 @@ class _Progress:
         if not force and now - self._last_write < 0.25:
             return
         self._last_write = now
-        self._c.catalog.update_job(self.job_id, stage=self._stage, progress={k: dict(v) for k, v in
-                                                                            self._progress.items()})
+        self._c.catalog.update_job(
+            self.job_id, stage=self._stage, progress={k: dict(v) for k, v in self._progress.items()}
+        )
         self.emit()
 
 

@@ -66,8 +66,12 @@ def ttft_by_mode(recent: list[RecentAsk]) -> dict[str, ModeStats]:
     for mode, values in sorted(by_mode.items()):
         ordered = sorted(values)
         p95 = ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
-        out[mode] = ModeStats(count=len(values), ttft_ms_mean=round(statistics.fmean(values), 2),
-                              ttft_ms_p50=round(statistics.median(values), 2), ttft_ms_p95=round(p95, 2))
+        out[mode] = ModeStats(
+            count=len(values),
+            ttft_ms_mean=round(statistics.fmean(values), 2),
+            ttft_ms_p50=round(statistics.median(values), 2),
+            ttft_ms_p95=round(p95, 2),
+        )
     return out
 
 
@@ -77,8 +81,9 @@ class StatsService:
         self._metrics = metrics
         self._prefill_rate = prefill_rate
 
-    def snapshot(self, components: Components | None, documents: DocumentService | None,
-                 scheduler: Scheduler | None) -> ServingStats:
+    def snapshot(
+        self, components: Components | None, documents: DocumentService | None, scheduler: Scheduler | None
+    ) -> ServingStats:
         sample = self._metrics.registry.get_sample_value
         tiers: list[TierStats] = []
         kv_hit_rate = None
@@ -94,17 +99,21 @@ class StatsService:
         return ServingStats(
             model=model if model == "builtin" else Path(model).name,
             fingerprint=components.engine.fingerprint[:12] if components is not None else None,
-            default_mode=self._engine.mode, default_selector=self._engine.selector,
+            default_mode=self._engine.mode,
+            default_selector=self._engine.selector,
             default_recompute_ratio=self._engine.recompute_ratio,
             queue_depth=queue_depth(scheduler),
             prefill_tokens_per_s=round(rate, 1) if rate is not None else None,
             documents_by_status=documents.count_by_status() if documents is not None else {},
-            kv_tiers=tiers, kv_hit_rate=kv_hit_rate,
+            kv_tiers=tiers,
+            kv_hit_rate=kv_hit_rate,
             ask_kv_hits=int(sample("blendrag_ask_kv_lookups_total", {"result": "hit"}) or 0),
             ask_kv_misses=int(sample("blendrag_ask_kv_lookups_total", {"result": "miss"}) or 0),
-            ingest_chunks=chunks, ingest_seconds=round(seconds, 3),
+            ingest_chunks=chunks,
+            ingest_seconds=round(seconds, 3),
             ingest_chunks_per_s=round(chunks / seconds, 2) if seconds > 0 else None,
-            ttft_by_mode=ttft_by_mode(recent), recent=recent,
+            ttft_by_mode=ttft_by_mode(recent),
+            recent=recent,
         )
 
     def refresh_metrics(self, components: Components | None, scheduler: Scheduler | None) -> None:

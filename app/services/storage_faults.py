@@ -64,5 +64,6 @@ class StorageMonitor:
             last = self._last
         recent = last is not None and time.time() - last[1] < recent_s
         ok = not recent and (free is None or free >= self._min_free_bytes)
-        return StorageStatus(ok=ok, free_bytes=free, last_fault=last[0] if last else None,
-                             last_fault_at=last[1] if last else None)
+        return StorageStatus(
+            ok=ok, free_bytes=free, last_fault=last[0] if last else None, last_fault_at=last[1] if last else None
+        )

@@ -53,7 +53,8 @@ def mount_docs(app: FastAPI, assets: Path) -> None:
     def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{openapi_url}", title=f"{app.title} · API",
+            openapi_url=f"{root}{openapi_url}",
+            title=f"{app.title} · API",
             swagger_js_url=f"{root}{DOCS_STATIC_URL}/swagger-ui-bundle.js",
             swagger_css_url=f"{root}{DOCS_STATIC_URL}/swagger-ui.css",
             swagger_favicon_url=f"{root}/static/favicon.svg",
@@ -63,7 +64,9 @@ def mount_docs(app: FastAPI, assets: Path) -> None:
     def redoc(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         return get_redoc_html(
-            openapi_url=f"{root}{openapi_url}", title=f"{app.title} · API",
+            openapi_url=f"{root}{openapi_url}",
+            title=f"{app.title} · API",
             redoc_js_url=f"{root}{DOCS_STATIC_URL}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}/static/favicon.svg", with_google_fonts=False,
+            redoc_favicon_url=f"{root}/static/favicon.svg",
+            with_google_fonts=False,
         )

@@ -78,8 +78,9 @@ def detect_format(filename: str | PurePath, settings: IngestSettings | None = No
     name = PurePath(filename).name
     extension = PurePath(name).suffix.lower().lstrip(".")
     if not extension:
-        raise UnsupportedFormat(f"file has no extension; supported: {', '.join(settings.allowed_extensions)}",
-                                str(filename))
+        raise UnsupportedFormat(
+            f"file has no extension; supported: {', '.join(settings.allowed_extensions)}", str(filename)
+        )
     if extension not in KNOWN_EXTENSIONS:
         hint = _HINTS.get(extension, f"supported: {', '.join(settings.allowed_extensions)}")
         raise UnsupportedFormat(f"unsupported file type .{extension} ({hint})", str(filename))
@@ -116,17 +117,30 @@ def load_text(
     )
 
 
-def _single(fmt: str, title: str | None, fallback_title: str, sections: list[Section], source: str | None,
-            metadata: dict[str, MetadataValue]) -> list[LoadedDocument]:
+def _single(
+    fmt: str,
+    title: str | None,
+    fallback_title: str,
+    sections: list[Section],
+    source: str | None,
+    metadata: dict[str, MetadataValue],
+) -> list[LoadedDocument]:
     sections = [section for section in sections if section.text]
     if not sections:
         raise EmptyDocument("document contains no text", source)
-    return [LoadedDocument(title=title or fallback_title, source_path=source, format=fmt,
-                           mime_type=MIME_TYPES[fmt], sections=sections, metadata=metadata)]
+    return [
+        LoadedDocument(
+            title=title or fallback_title,
+            source_path=source,
+            format=fmt,
+            mime_type=MIME_TYPES[fmt],
+            sections=sections,
+            metadata=metadata,
+        )
+    ]
 
 
-def _parse(data: bytes, fmt: str, filename: str, source: str | None,
-           settings: IngestSettings) -> list[LoadedDocument]:
+def _parse(data: bytes, fmt: str, filename: str, source: str | None, settings: IngestSettings) -> list[LoadedDocument]:
     stem = PurePath(filename).stem or PurePath(filename).name
     if fmt == "txt":
         return _single(fmt, None, stem, [Section(parse_text(data, source))], source, {})
@@ -147,22 +161,35 @@ def _parse(data: bytes, fmt: str, filename: str, source: str | None,
     raise UnsupportedFormat(f"no loader for format {fmt!r}", source)
 
 
-def _iter_record_documents(data: bytes, fmt: str, stem: str, source: str | None,
-                           settings: IngestSettings) -> Iterator[LoadedDocument]:
-    records = iter_records(decode_text(data, source), source, lines=fmt == "jsonl",
-                           text_field=settings.json_text_field, title_field=settings.json_title_field,
-                           max_records=settings.max_records_per_file)
+def _iter_record_documents(
+    data: bytes, fmt: str, stem: str, source: str | None, settings: IngestSettings
+) -> Iterator[LoadedDocument]:
+    records = iter_records(
+        decode_text(data, source),
+        source,
+        lines=fmt == "jsonl",
+        text_field=settings.json_text_field,
+        title_field=settings.json_title_field,
+        max_records=settings.max_records_per_file,
+    )
     for record in records:
         yield _record_document(record, fmt, stem, source)
 
 
 def _record_document(record: Record, fmt: str, stem: str, source: str | None) -> LoadedDocument:
-    return LoadedDocument(title=record.title or f"{stem} #{record.index + 1}", source_path=source, format=fmt,
-                          mime_type=MIME_TYPES[fmt], sections=[Section(record.text)], metadata=record.metadata)
+    return LoadedDocument(
+        title=record.title or f"{stem} #{record.index + 1}",
+        source_path=source,
+        format=fmt,
+        mime_type=MIME_TYPES[fmt],
+        sections=[Section(record.text)],
+        metadata=record.metadata,
+    )
 
 
-def load_bytes(data: bytes, filename: str, settings: IngestSettings | None = None, *,
-               source_path: str | None = None) -> list[LoadedDocument]:
+def load_bytes(
+    data: bytes, filename: str, settings: IngestSettings | None = None, *, source_path: str | None = None
+) -> list[LoadedDocument]:
     """Parse an uploaded file's bytes; the format comes from `filename`'s extension.
 
     Returns one document, or one per record for JSON/JSONL. Raises a `LoaderError` subclass; any

@@ -13,21 +13,74 @@ from ingest.normalize import normalize_text
 from ingest.types import MetadataValue
 
 # Never readable content: code, page chrome (menus, banners, sidebars), embedded objects, forms.
-DROPPED_TAGS = frozenset({
-    "script", "style", "nav", "header", "footer", "aside", "noscript", "template", "svg", "math",
-    "iframe", "object", "embed", "canvas", "form", "button", "select", "head", "dialog",
-})
+DROPPED_TAGS = frozenset(
+    {
+        "script",
+        "style",
+        "nav",
+        "header",
+        "footer",
+        "aside",
+        "noscript",
+        "template",
+        "svg",
+        "math",
+        "iframe",
+        "object",
+        "embed",
+        "canvas",
+        "form",
+        "button",
+        "select",
+        "head",
+        "dialog",
+    }
+)
 # Elements that start a new paragraph (blank line before and after).
-PARAGRAPH_TAGS = frozenset({
-    "p", "div", "section", "article", "main", "h1", "h2", "h3", "h4", "h5", "h6", "ul", "ol", "dl",
-    "table", "blockquote", "pre", "figure", "figcaption", "address", "details", "summary", "hr",
-    "center", "fieldset", "caption", "body",
-})
+PARAGRAPH_TAGS = frozenset(
+    {
+        "p",
+        "div",
+        "section",
+        "article",
+        "main",
+        "h1",
+        "h2",
+        "h3",
+        "h4",
+        "h5",
+        "h6",
+        "ul",
+        "ol",
+        "dl",
+        "table",
+        "blockquote",
+        "pre",
+        "figure",
+        "figcaption",
+        "address",
+        "details",
+        "summary",
+        "hr",
+        "center",
+        "fieldset",
+        "caption",
+        "body",
+    }
+)
 # Elements that start a new line.
 LINE_TAGS = frozenset({"li", "tr", "dt", "dd", "br", "thead", "tbody", "tfoot", "option"})
 _CELL_TAGS = frozenset({"td", "th"})
-_SKIPPED_STRINGS = (Comment, Declaration, Doctype, ProcessingInstruction, CData, Stylesheet, ScriptString,
-                    TemplateString)
+_SKIPPED_STRINGS = (
+    Comment,
+    Declaration,
+    Doctype,
+    ProcessingInstruction,
+    CData,
+    Stylesheet,
+    ScriptString,
+    TemplateString,
+)
 _WHITESPACE = re.compile(r"\s+")
 _DISPLAY_NONE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
 

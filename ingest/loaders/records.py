@@ -86,8 +86,7 @@ def _json_values(data: str, path: str | None) -> Iterator[Any]:
         try:
             yield json.loads(data)
         except json.JSONDecodeError as exc:
-            raise UnreadableDocument(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-                                     path) from exc
+            raise UnreadableDocument(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path) from exc
         return
     i = _WHITESPACE.match(data, i + 1).end()  # type: ignore[union-attr]
     if data.startswith("]", i):
@@ -97,8 +96,9 @@ def _json_values(data: str, path: str | None) -> Iterator[Any]:
             try:
                 value, i = decoder.raw_decode(data, i)
             except json.JSONDecodeError as exc:
-                raise UnreadableDocument(f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}",
-                                         path) from exc
+                raise UnreadableDocument(
+                    f"invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}", path
+                ) from exc
             yield value
             i = _WHITESPACE.match(data, i).end()  # type: ignore[union-attr]
             if data.startswith(",", i):
@@ -124,7 +124,13 @@ def _jsonl_values(data: str, path: str | None) -> Iterator[Any]:
 
 
 def iter_records(
-    data: str, path: str | None, *, lines: bool, text_field: str, title_field: str, max_records: int | None = None,
+    data: str,
+    path: str | None,
+    *,
+    lines: bool,
+    text_field: str,
+    title_field: str,
+    max_records: int | None = None,
 ) -> Iterator[Record]:
     """Records holding non-empty text, one at a time; EmptyDocument when there are none, TooManyRecords
     as soon as there are more than `max_records`."""
@@ -136,8 +142,10 @@ def iter_records(
             continue
         count += 1
         if max_records is not None and count > max_records:
-            raise TooManyRecords(f"more than {max_records} records (ingest.max_records_per_file); split the "
-                                 "file or raise the setting", path)
+            raise TooManyRecords(
+                f"more than {max_records} records (ingest.max_records_per_file); split the file or raise the setting",
+                path,
+            )
         yield record
     if count == 0:
         raise EmptyDocument(f"no record has a non-empty {text_field!r} text field", path)

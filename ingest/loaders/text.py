@@ -19,8 +19,9 @@ _NUL_PROBE_BYTES = 8192
 # A heading's attribute list (mkdocs / Pandoc / kramdown): `## Query Parameters { #query-parameters }`,
 # `# Title {.class key=value}`. Only at the end of an ATX heading line.
 _ATTR = r"""(?:[#.][\w:-]+|[\w:-]+=(?:"[^"]*"|'[^']*'|[^\s}]+))"""
-_HEADING_ATTRS = re.compile(rf"^(#{{1,6}}[ \t]+.*?)[ \t]*\{{[ \t]*{_ATTR}(?:[ \t]+{_ATTR})*[ \t]*\}}[ \t]*$",
-                            re.MULTILINE)
+_HEADING_ATTRS = re.compile(
+    rf"^(#{{1,6}}[ \t]+.*?)[ \t]*\{{[ \t]*{_ATTR}(?:[ \t]+{_ATTR})*[ \t]*\}}[ \t]*$", re.MULTILINE
+)
 
 
 def decode_text(data: bytes, path: str | None) -> str:
@@ -63,7 +64,7 @@ def split_front_matter(text: str) -> tuple[dict[str, MetadataValue], str]:
     metadata: dict[str, MetadataValue] = {
         str(key): value for key, value in parsed.items() if isinstance(value, str | int | float | bool)
     }
-    return metadata, text[match.end():]
+    return metadata, text[match.end() :]
 
 
 def strip_heading_attributes(text: str) -> str:

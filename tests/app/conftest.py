@@ -30,8 +30,10 @@ def fast_engine(fast_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from engine.config import EngineSettings
     from engine.engine import Engine
 
-    return Engine(EngineSettings(model=str(fast_model_dir), device="cpu", dtype="float32"),
-                  models_dir=tmp_path_factory.mktemp("fast-models"))
+    return Engine(
+        EngineSettings(model=str(fast_model_dir), device="cpu", dtype="float32"),
+        models_dir=tmp_path_factory.mktemp("fast-models"),
+    )
 
 
 @pytest.fixture
@@ -41,9 +43,13 @@ def make_fast_settings(tmp_path: Path, fast_model_dir: Path) -> Callable[..., Se
 
     def make(data_dir: Path | None = None, **sections: dict[str, Any]) -> Settings:
         engine = {"model": str(fast_model_dir), "device": "cpu", "dtype": "float32", "max_new_tokens": 8}
-        return load_settings(data_dir=data_dir or tmp_path / "data", engine=engine | sections.pop("engine", {}),
-                             kvcache={"memory_bytes": 64 * 1024 * 1024} | sections.pop("kvcache", {}),
-                             retrieval={"embedder": HashEmbedder.name} | sections.pop("retrieval", {}), **sections)
+        return load_settings(
+            data_dir=data_dir or tmp_path / "data",
+            engine=engine | sections.pop("engine", {}),
+            kvcache={"memory_bytes": 64 * 1024 * 1024} | sections.pop("kvcache", {}),
+            retrieval={"embedder": HashEmbedder.name} | sections.pop("retrieval", {}),
+            **sections,
+        )
 
     return make
 
@@ -61,7 +67,9 @@ def make_fast_components(fast_engine) -> Iterator[Callable[[Settings], Component
         assert settings.engine.model == fast_engine.settings.model
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         components = Components(
-            settings=settings, catalog=Catalog(settings.catalog.url or ""), engine=fast_engine,
+            settings=settings,
+            catalog=Catalog(settings.catalog.url or ""),
+            engine=fast_engine,
             store=TieredKVStore(settings.kvcache),
             retriever=Retriever.open(settings.index_dir, settings.retrieval, embedder=HashEmbedder()),  # type: ignore[arg-type]
         )

@@ -51,9 +51,9 @@ def test_ingest_ask_cache_doctor(tiny_env: Path, tmp_path: Path, capsys: pytest.
     assert "committed chunks without fresh KV: 0" in capsys.readouterr().out
 
 
-def test_errors_exit_non_zero_with_a_message(tiny_env: Path, tmp_path: Path,
-                                             capsys: pytest.CaptureFixture[str],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_errors_exit_non_zero_with_a_message(
+    tiny_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     assert main(["ingest", str(tmp_path / "missing"), "--data-dir", str(tiny_env)]) == 2
     assert "no such file or directory" in capsys.readouterr().err
     assert main(["ask", "  ", "--data-dir", str(tiny_env)]) == 2

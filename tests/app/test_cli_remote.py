@@ -31,8 +31,11 @@ def _free_port() -> int:
 
 @pytest.fixture
 def cli_env(monkeypatch: pytest.MonkeyPatch, tiny_llama_dir: Path, tmp_path: Path) -> dict[str, str]:
-    env = {"BLENDRAG_ENGINE__MODEL": str(tiny_llama_dir), "BLENDRAG_ENGINE__MAX_NEW_TOKENS": "4",
-           "BLENDRAG_SERVER__API_KEY": API_KEY}
+    env = {
+        "BLENDRAG_ENGINE__MODEL": str(tiny_llama_dir),
+        "BLENDRAG_ENGINE__MAX_NEW_TOKENS": "4",
+        "BLENDRAG_SERVER__API_KEY": API_KEY,
+    }
     monkeypatch.chdir(tmp_path)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -46,8 +49,11 @@ class Server:
         self.log = cwd / "server.log"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(self.port), "--data-dir", str(data_dir)],
-            cwd=cwd, env={**os.environ, **env, "PYTHONPATH": str(REPO)},
-            stdout=self.log.open("w"), stderr=subprocess.STDOUT)
+            cwd=cwd,
+            env={**os.environ, **env, "PYTHONPATH": str(REPO)},
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 180
         while True:
             if self.proc.poll() is not None:
@@ -76,13 +82,19 @@ def server(cli_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
         srv.stop()
 
 
-def test_cli_sends_its_work_to_the_running_server(server: Server, tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_sends_its_work_to_the_running_server(
+    server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = tmp_path / "data"
     log = server.log.read_text()
     # Start-up is logged step by step and ends with the address, only once /ready answers 200.
-    steps = ["start-up: loading the model", "start-up: model loaded", "start-up: loading the embedder",
-             "start-up: embedder loaded", f"ready at {server.url}"]
+    steps = [
+        "start-up: loading the model",
+        "start-up: model loaded",
+        "start-up: loading the embedder",
+        "start-up: embedder loaded",
+        f"ready at {server.url}",
+    ]
     positions = [log.find(step) for step in steps]
     assert -1 not in positions and positions == sorted(positions), log
     owner = lock_owner(data)
@@ -100,10 +112,12 @@ def test_cli_sends_its_work_to_the_running_server(server: Server, tmp_path: Path
     # The server itself knows the documents and retrieves them (before, the CLI wrote behind its back).
     auth = {"Authorization": f"Bearer {API_KEY}"}
     listed = httpx.get(f"{server.url}/documents", headers=auth).json()
-    assert sorted((d["title"], d["status"]) for d in listed["documents"]) == [("Zorblat", "ready"),
-                                                                               ("bread", "ready")]
-    answer = httpx.post(f"{server.url}/ask", json={"question": "What is the capital of Zorblat?", "top_k": 1,
-                                                   "stream": False}, timeout=60).json()
+    assert sorted((d["title"], d["status"]) for d in listed["documents"]) == [("Zorblat", "ready"), ("bread", "ready")]
+    answer = httpx.post(
+        f"{server.url}/ask",
+        json={"question": "What is the capital of Zorblat?", "top_k": 1, "stream": False},
+        timeout=60,
+    ).json()
     assert [s["title"] for s in answer["sources"]] == ["Zorblat"]
 
     assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--data-dir", str(data)]) == 0
@@ -123,8 +137,9 @@ def test_cli_sends_its_work_to_the_running_server(server: Server, tmp_path: Path
     # Failed documents are purged by the server too.
     bad = httpx.post(f"{server.url}/ingest", headers=auth, json={"documents": [{"title": "t", "text": "x"}]})
     assert bad.status_code == 202
-    httpx.post(f"{server.url}/ingest", headers=auth,
-               files=[("files", ("broken.json", b"[{", "application/json"))]).raise_for_status()
+    httpx.post(
+        f"{server.url}/ingest", headers=auth, files=[("files", ("broken.json", b"[{", "application/json"))]
+    ).raise_for_status()
     deadline = time.monotonic() + 30
     while httpx.get(f"{server.url}/documents", headers=auth, params={"status": "failed"}).json()["total"] < 1:
         assert time.monotonic() < deadline
@@ -134,12 +149,16 @@ def test_cli_sends_its_work_to_the_running_server(server: Server, tmp_path: Path
     httpx.delete(f"{server.url}/documents/{bad.json()['document_ids'][0]}", headers=auth).raise_for_status()
 
     # What cannot go over HTTP is refused, naming the owner and what to do.
-    for argv, then in ((["doctor", "--repair"], "blendrag doctor --repair"), (["doctor"], "blendrag doctor"),
-                       (["cache", "verify"], "blendrag cache verify")):
+    for argv, then in (
+        (["doctor", "--repair"], "blendrag doctor --repair"),
+        (["doctor"], "blendrag doctor"),
+        (["cache", "verify"], "blendrag cache verify"),
+    ):
         assert main([*argv, "--data-dir", str(data)]) == EXIT_BUSY
         assert capsys.readouterr().err == (
             f"error: data dir {data} is in use by `blendrag serve` at {server.url} (pid {server.proc.pid}): "
-            f"stop the server first (or use another --data-dir), then run `{then}` again\n")
+            f"stop the server first (or use another --data-dir), then run `{then}` again\n"
+        )
     assert main(["serve", "--port", "1", "--data-dir", str(data)]) == EXIT_BUSY
     assert "is in use by `blendrag serve`" in capsys.readouterr().err
 
@@ -152,16 +171,21 @@ def test_cli_sends_its_work_to_the_running_server(server: Server, tmp_path: Path
     assert "committed chunks missing from the index: 0 found" in out
 
 
-def test_a_data_dir_busy_with_another_cli_command_is_refused(cli_env: dict[str, str], tmp_path: Path,
-                                                             capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_data_dir_busy_with_another_cli_command_is_refused(
+    cli_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     data = tmp_path / "data"
     docs = tmp_path / "a.txt"
     docs.write_text("text\n")
     with DataDirLock(data) as lock:
         lock.acquire("ingest")
-        for argv, then in ((["ingest", str(docs)], "blendrag ingest"), (["ask", "why?"], "blendrag ask"),
-                           (["cache", "stats"], "blendrag cache stats")):
+        for argv, then in (
+            (["ingest", str(docs)], "blendrag ingest"),
+            (["ask", "why?"], "blendrag ask"),
+            (["cache", "stats"], "blendrag cache stats"),
+        ):
             assert main([*argv, "--data-dir", str(data)]) == EXIT_BUSY
             assert capsys.readouterr().err == (
                 f"error: data dir {data} is in use by `blendrag ingest` (pid {os.getpid()}): "
-                f"wait for it to finish, then run `{then}` again\n")
+                f"wait for it to finish, then run `{then}` again\n"
+            )

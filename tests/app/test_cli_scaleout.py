@@ -13,8 +13,11 @@ from app.cli import main
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def catalog_url(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"sqlite:///{tmp_path / 'data' / 'catalog.db'}" if request.param == "sqlite" \
+    url = (
+        f"sqlite:///{tmp_path / 'data' / 'catalog.db'}"
+        if request.param == "sqlite"
         else request.getfixturevalue("pg_url")
+    )
     monkeypatch.setenv("BLENDRAG_CATALOG__URL", url)
     return url
 
@@ -29,8 +32,9 @@ def test_db_upgrade_then_current(catalog_url: str, capsys: pytest.CaptureFixture
     assert f"revision {head}, up to date" in capsys.readouterr().out
 
 
-def test_db_upgrade_reports_an_unreachable_server(monkeypatch: pytest.MonkeyPatch,
-                                                  capsys: pytest.CaptureFixture[str]) -> None:
+def test_db_upgrade_reports_an_unreachable_server(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.setenv("BLENDRAG_CATALOG__URL", "postgresql://someone:secret@127.0.0.1:1/nowhere")
     assert main(["db", "upgrade"]) == 1
     err = capsys.readouterr().err

@@ -28,8 +28,9 @@ def test_owner_is_recorded_and_a_second_taker_is_refused_with_it(tmp_path: Path)
         with pytest.raises(DataDirBusy) as caught:
             DataDirLock(data).acquire("ingest")
         assert caught.value.owner == owner
-        assert str(caught.value) == (f"data dir {data} is in use by `blendrag serve` at http://127.0.0.1:8123 "
-                                     f"(pid {os.getpid()})")
+        assert str(caught.value) == (
+            f"data dir {data} is in use by `blendrag serve` at http://127.0.0.1:8123 (pid {os.getpid()})"
+        )
     assert lock_owner(data) is None
     assert (data / LOCK_FILE).read_text() == ""  # no stale address left behind
     DataDirLock(data).acquire("ingest")  # free again
@@ -44,14 +45,21 @@ def test_a_stale_record_without_a_holder_does_not_count(tmp_path: Path) -> None:
 
 
 def test_a_killed_owner_frees_the_data_dir(tmp_path: Path) -> None:
-    code = ("import sys, time; from app.datadir_lock import DataDirLock; "
-            "lock = DataDirLock(sys.argv[1]); lock.acquire('ingest'); print('locked', flush=True); time.sleep(60)")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys, time; from app.datadir_lock import DataDirLock; "
+        "lock = DataDirLock(sys.argv[1]); lock.acquire('ingest'); print('locked', flush=True); time.sleep(60)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
-        assert lock_owner(tmp_path) == LockOwner(pid=proc.pid, command="ingest", url=None,
-                                                 started_at=lock_owner(tmp_path).started_at)
+        assert lock_owner(tmp_path) == LockOwner(
+            pid=proc.pid, command="ingest", url=None, started_at=lock_owner(tmp_path).started_at
+        )
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         deadline = time.monotonic() + 5
@@ -63,7 +71,14 @@ def test_a_killed_owner_frees_the_data_dir(tmp_path: Path) -> None:
         proc.wait()
 
 
-@pytest.mark.parametrize(("host", "url"), [("0.0.0.0", "http://127.0.0.1:8000"), ("127.0.0.1", "http://127.0.0.1:8000"),
-                                          ("::", "http://[::1]:8000"), ("example.org", "http://example.org:8000")])
+@pytest.mark.parametrize(
+    ("host", "url"),
+    [
+        ("0.0.0.0", "http://127.0.0.1:8000"),
+        ("127.0.0.1", "http://127.0.0.1:8000"),
+        ("::", "http://[::1]:8000"),
+        ("example.org", "http://example.org:8000"),
+    ],
+)
 def test_server_url(host: str, url: str) -> None:
     assert server_url(host, 8000) == url

@@ -35,10 +35,16 @@ def test_ingest_then_ask_streams_sources_tokens_done(tmp_path: Path, smollm2_dir
     with TestClient(create_app(settings, load_in_background=False)) as client:
         assert client.get("/ready").status_code == 200
         docs = [
-            {"title": "Zorblat facts", "text": "The capital of the planet Zorblat is Quintaro. "
-             "Quintaro is famous for its purple rivers and its annual kite festival."},
-            {"title": "Baking notes", "text": "To bake sourdough bread you need flour, water, salt and a "
-             "starter. Let the dough rise overnight before baking it at 250 degrees."},
+            {
+                "title": "Zorblat facts",
+                "text": "The capital of the planet Zorblat is Quintaro. "
+                "Quintaro is famous for its purple rivers and its annual kite festival.",
+            },
+            {
+                "title": "Baking notes",
+                "text": "To bake sourdough bread you need flour, water, salt and a "
+                "starter. Let the dough rise overnight before baking it at 250 degrees.",
+            },
         ]
         accepted = client.post("/ingest", json={"documents": docs})
         assert accepted.status_code == 202
@@ -54,10 +60,19 @@ def test_ingest_then_ask_streams_sources_tokens_done(tmp_path: Path, smollm2_dir
         events = parse_sse(response.text)
         # The same question answered by plain prefill and by a blend that recomputes everything:
         # greedy fp32 decoding makes them token-identical, and the model reads the answer off the context.
-        full = client.post("/ask", json={"question": "What is the capital of Zorblat?", "top_k": 2,
-                                         "mode": "full", "stream": False}).json()
-        blend_all = client.post("/ask", json={"question": "What is the capital of Zorblat?", "top_k": 2,
-                                              "mode": "blend", "recompute_ratio": 1.0, "stream": False}).json()
+        full = client.post(
+            "/ask", json={"question": "What is the capital of Zorblat?", "top_k": 2, "mode": "full", "stream": False}
+        ).json()
+        blend_all = client.post(
+            "/ask",
+            json={
+                "question": "What is the capital of Zorblat?",
+                "top_k": 2,
+                "mode": "blend",
+                "recompute_ratio": 1.0,
+                "stream": False,
+            },
+        ).json()
 
     names = [name for name, _ in events]
     assert names[0] == "sources"

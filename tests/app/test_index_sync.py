@@ -40,11 +40,22 @@ def vector(seed: int) -> np.ndarray:
 
 def commit_document(catalog: Catalog, title: str, num_chunks: int, seed: int) -> tuple[str, list[int]]:
     """What a worker's commit does: chunks with embeddings while pending, then the flip to ready."""
-    doc = catalog.add_document(title=title, source_path=None, content_hash=None, tags=["t"], metadata={},
-                               job_id=None)
-    ids = catalog.replace_chunks(doc.id, [
-        NewChunk(index=i, text=f"{title} part {i}", token_ids=[i], page=None, char_start=0, char_end=1,
-                 embedding=vector(seed * 100 + i)) for i in range(num_chunks)])
+    doc = catalog.add_document(title=title, source_path=None, content_hash=None, tags=["t"], metadata={}, job_id=None)
+    ids = catalog.replace_chunks(
+        doc.id,
+        [
+            NewChunk(
+                index=i,
+                text=f"{title} part {i}",
+                token_ids=[i],
+                page=None,
+                char_start=0,
+                char_end=1,
+                embedding=vector(seed * 100 + i),
+            )
+            for i in range(num_chunks)
+        ],
+    )
     catalog.set_document_status(doc.id, DocumentStatus.READY)
     return doc.id, ids
 
@@ -91,10 +102,11 @@ def test_every_replica_sees_ready_and_deleted_documents_within_5_s(catalogs: tup
         cat_b.delete_document(old_doc)
         wait_until(lambda: a.chunk_ids() == b.chunk_ids() == ids)
         # a pending document is never indexed; one that fails after being ready is dropped
-        pending = worker.add_document(title="P", source_path=None, content_hash=None, tags=[], metadata={},
-                                      job_id=None)
-        worker.replace_chunks(pending.id, [NewChunk(index=0, text="p", token_ids=[1], page=None, char_start=0,
-                                                    char_end=1, embedding=vector(5))])
+        pending = worker.add_document(title="P", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+        worker.replace_chunks(
+            pending.id,
+            [NewChunk(index=0, text="p", token_ids=[1], page=None, char_start=0, char_end=1, embedding=vector(5))],
+        )
         worker.set_document_status(doc, DocumentStatus.FAILED, error="re-ingest failed")
         wait_until(lambda: a.chunk_ids() == b.chunk_ids() == [])
     finally:
@@ -111,10 +123,11 @@ def test_two_jobs_committing_at_once_miss_no_chunk(catalogs: tuple[Catalog, ...]
     slow, fast, reader = catalogs
     retriever, sync = replica(reader)
     in_commit, release = threading.Event(), threading.Event()
-    slow_doc = slow.add_document(title="Slow", source_path=None, content_hash=None, tags=[], metadata={},
-                                 job_id=None)
-    slow_ids = slow.replace_chunks(slow_doc.id, [NewChunk(index=0, text="s", token_ids=[1], page=None,
-                                                          char_start=0, char_end=1, embedding=vector(7))])
+    slow_doc = slow.add_document(title="Slow", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    slow_ids = slow.replace_chunks(
+        slow_doc.id,
+        [NewChunk(index=0, text="s", token_ids=[1], page=None, char_start=0, char_end=1, embedding=vector(7))],
+    )
 
     def hold(_conn: object) -> None:
         in_commit.set()
@@ -162,10 +175,10 @@ def test_many_concurrent_commits_end_identical_on_a_replica(catalogs: tuple[Cata
 
 def test_chunks_without_a_stored_embedding_are_embedded_once(catalogs: tuple[Catalog, ...]) -> None:
     worker, reader, _ = catalogs
-    doc = worker.add_document(title="Legacy", source_path=None, content_hash=None, tags=[], metadata={},
-                              job_id=None)
-    ids = worker.replace_chunks(doc.id, [NewChunk(index=0, text="abc", token_ids=[1], page=None, char_start=0,
-                                                  char_end=3)])
+    doc = worker.add_document(title="Legacy", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    ids = worker.replace_chunks(
+        doc.id, [NewChunk(index=0, text="abc", token_ids=[1], page=None, char_start=0, char_end=3)]
+    )
     worker.set_document_status(doc.id, DocumentStatus.READY)
     retriever, _ = replica(reader)
     assert retriever.chunk_ids() == ids

@@ -34,7 +34,11 @@ def test_yaml_file_then_env_then_arguments(tmp_path: Path, monkeypatch: pytest.M
     )
     s = load_settings()
     assert (s.data_dir, s.engine.recompute_ratio, s.engine.mode, s.retrieval.top_k) == (
-        Path("/srv/blend"), 0.3, "full", 4)
+        Path("/srv/blend"),
+        0.3,
+        "full",
+        4,
+    )
     assert s.kvcache.dir == Path("/srv/blend/kv")
 
     monkeypatch.setenv("BLENDRAG_ENGINE__RECOMPUTE_RATIO", "0.05")

@@ -12,8 +12,11 @@ EXAMPLES = [
         "question": "What is the capital of Freedonia?",
         "answers": ["Fredville", "the city of Fredville"],
         "ctxs": [
-            {"title": "Freedonia", "text": "Freedonia is a small country. Its capital is Fredville, a city on "
-                                            "the river Fred.", "isgold": True},
+            {
+                "title": "Freedonia",
+                "text": "Freedonia is a small country. Its capital is Fredville, a city on the river Fred.",
+                "isgold": True,
+            },
             {"title": "Sylvania", "text": "Sylvania borders Freedonia in the north and exports cheese."},
             {"title": "Rivers", "text": "The river Fred flows from the mountains into the southern sea."},
         ],
@@ -23,8 +26,7 @@ EXAMPLES = [
         "answers": ["ducks"],
         "ctxs": [
             {"title": "Cheese", "text": "Sylvanian cheese is aged for twelve months in caves."},
-            {"title": "Marvin", "text": "Marvin is a robot who is afraid of ducks but likes geese.",
-             "isgold": True},
+            {"title": "Marvin", "text": "Marvin is a robot who is afraid of ducks but likes geese.", "isgold": True},
             {"title": "Geese", "text": "Geese migrate south in the autumn, flying in a V formation."},
         ],
     },
@@ -56,5 +58,6 @@ def tiny_engine(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from engine.config import EngineSettings
     from engine.engine import Engine
 
-    return Engine(EngineSettings(model=str(tiny_llama_dir), num_threads=2),
-                  models_dir=tmp_path_factory.mktemp("models"))
+    return Engine(
+        EngineSettings(model=str(tiny_llama_dir), num_threads=2), models_dir=tmp_path_factory.mktemp("models")
+    )

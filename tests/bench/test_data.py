@@ -17,8 +17,10 @@ def test_load_dataset_reads_the_shared_shape(dataset_path: Path) -> None:
     assert [p.is_gold for p in examples[1].passages] == [False, True, False]
 
 
-@pytest.mark.parametrize("content", ['{"question": "q"}', "[]", '[{"answers": []}]',
-                                     '[{"question": "q", "ctxs": [{"title": "t"}]}]', "not json"])
+@pytest.mark.parametrize(
+    "content",
+    ['{"question": "q"}', "[]", '[{"answers": []}]', '[{"question": "q", "ctxs": [{"title": "t"}]}]', "not json"],
+)
 def test_load_dataset_rejects_other_shapes(tmp_path: Path, content: str) -> None:
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -28,8 +30,12 @@ def test_load_dataset_rejects_other_shapes(tmp_path: Path, content: str) -> None
 
 def test_select_examples_is_a_seeded_shuffle(tmp_path: Path) -> None:
     path = tmp_path / "many.json"
-    path.write_text(json.dumps([{"question": f"q{i}", "answers": ["a"], "ctxs": [{"text": f"p{i}"}]}
-                                for i in range(10)] + [{"question": "no ctxs", "answers": ["a"], "ctxs": []}]))
+    path.write_text(
+        json.dumps(
+            [{"question": f"q{i}", "answers": ["a"], "ctxs": [{"text": f"p{i}"}]} for i in range(10)]
+            + [{"question": "no ctxs", "answers": ["a"], "ctxs": []}]
+        )
+    )
     examples = load_dataset(path)
     first = [e.index for e in select_examples(examples, 4, seed=0)]
     assert first == [e.index for e in select_examples(examples, 4, seed=0)]

@@ -6,8 +6,21 @@ from bench.frontier import pareto, speed
 
 
 def test_frontier_end_to_end(run_bench, dataset_path) -> None:
-    code, result, png = run_bench("frontier", "--dataset", str(dataset_path), "--examples", "2", "--passages", "3",
-                                  "--ratios", "0.3,1.0", "--selectors", "query,deviation", "--max-tokens", "3")
+    code, result, png = run_bench(
+        "frontier",
+        "--dataset",
+        str(dataset_path),
+        "--examples",
+        "2",
+        "--passages",
+        "3",
+        "--ratios",
+        "0.3,1.0",
+        "--selectors",
+        "query,deviation",
+        "--max-tokens",
+        "3",
+    )
     assert code == 0 and png.is_file() and png.stat().st_size > 0
     assert list(result["modes"]) == ["full", "reuse", "query@0.3", "deviation@0.3", "query@1.0", "deviation@1.0"]
     assert result["selectors"] == ["query", "deviation"] and result["examples"] == 2
@@ -35,8 +48,13 @@ def test_speed_is_median_ratio_and_paired() -> None:
 
 
 def test_pareto_drops_dominated_modes() -> None:
-    modes = {"full": {"speedup": 1.0, "kl": 0.0}, "a": {"speedup": 5.0, "kl": 0.1}, "b": {"speedup": 4.0, "kl": 0.2},
-             "c": {"speedup": 20.0, "kl": 0.5}, "d": {"speedup": 2.0, "kl": 0.01}}
+    modes = {
+        "full": {"speedup": 1.0, "kl": 0.0},
+        "a": {"speedup": 5.0, "kl": 0.1},
+        "b": {"speedup": 4.0, "kl": 0.2},
+        "c": {"speedup": 20.0, "kl": 0.5},
+        "d": {"speedup": 2.0, "kl": 0.01},
+    }
     assert pareto(modes) == ["a", "c", "d"]
     assert pytest.approx(modes["a"]["kl"]) == 0.1
 
@@ -55,8 +73,19 @@ def test_lookup_facts_are_unique_and_checked_by_content() -> None:
 
 
 def test_lookup_through_ask_blend_at_one_answers_as_full(run_bench) -> None:
-    code, result, png = run_bench("lookup", "--examples", "3", "--passages", "2", "--ratio", "1.0",
-                                  "--selectors", "query,deviation", "--max-tokens", "4")
+    code, result, png = run_bench(
+        "lookup",
+        "--examples",
+        "3",
+        "--passages",
+        "2",
+        "--ratio",
+        "1.0",
+        "--selectors",
+        "query,deviation",
+        "--max-tokens",
+        "4",
+    )
     assert code == 0 and png.is_file()
     assert list(result["right"]) == ["full", "reuse", "query@1.0", "deviation@1.0"] and result["questions"] == 3
     for row in result["per_question"]:

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 
 def test_ingest_end_to_end(run_bench, dataset_path, tmp_path) -> None:
-    code, result, png = run_bench("ingest", "--dataset", str(dataset_path), "--chunks", "5",
-                                  "--dtype-sample", "3", "--tmp-dir", str(tmp_path))
+    code, result, png = run_bench(
+        "ingest", "--dataset", str(dataset_path), "--chunks", "5", "--dtype-sample", "3", "--tmp-dir", str(tmp_path)
+    )
     assert code == 0 and png.is_file()
     ingest = result["ingest"]
     assert ingest["documents"] == 5 and ingest["chunks"] == 5  # each short passage is one chunk

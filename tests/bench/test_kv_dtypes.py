@@ -2,8 +2,21 @@ from __future__ import annotations
 
 
 def test_kv_end_to_end(run_bench, dataset_path, tmp_path) -> None:
-    code, result, png = run_bench("kv", "--dataset", str(dataset_path), "--examples", "1", "--passages", "3",
-                                  "--max-tokens", "2", "--repeats", "1", "--tmp-dir", str(tmp_path))
+    code, result, png = run_bench(
+        "kv",
+        "--dataset",
+        str(dataset_path),
+        "--examples",
+        "1",
+        "--passages",
+        "3",
+        "--max-tokens",
+        "2",
+        "--repeats",
+        "1",
+        "--tmp-dir",
+        str(tmp_path),
+    )
     assert code == 0 and png.is_file()
     assert list(result["dtypes"]) == ["fp16", "bf16", "int8"]
     # tiny Llama: 2 layers × 2 KV heads × head_dim 16; int8 adds a float32 scale per (head, token) row

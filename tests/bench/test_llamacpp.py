@@ -17,8 +17,9 @@ def test_skips_cleanly_without_llama_cpp(tmp_path, capsys) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not llama_cpp_available(), reason="needs the optional llama-cpp-python (llamacpp extra)")
 def test_llamacpp_baseline_on_the_builtin_gguf(run_bench, dataset_path) -> None:
-    code, result, png = run_bench("baseline-llamacpp", "--dataset", str(dataset_path), "--examples", "1",
-                                  "--passages", "2")
+    code, result, png = run_bench(
+        "baseline-llamacpp", "--dataset", str(dataset_path), "--examples", "1", "--passages", "2"
+    )
     assert code == 0 and png.is_file()
     assert set(result["modes"]) == {"llamacpp_full", "ours_full", "ours_blend@0.15"}
     assert all(m["ttft_s_median"] > 0 for m in result["modes"].values())

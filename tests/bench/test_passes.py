@@ -39,7 +39,7 @@ def test_teacher_forced_nll_matches_a_whole_sequence_pass(tiny_engine, prompt) -
     with torch.no_grad():
         logits = hf(torch.tensor([ids])).logits[0].float()
     n = len(prompt.answer_ids)
-    logprobs = torch.log_softmax(logits[-n - 1:-1], dim=-1)
+    logprobs = torch.log_softmax(logits[-n - 1 : -1], dim=-1)
     expected = -logprobs.gather(1, torch.tensor(prompt.answer_ids)[:, None]).squeeze(1)
     assert out.answer_nlls == pytest.approx(expected.tolist(), abs=2e-4)
     assert kl_divergence(logits[-n - 1], out.first_logits) < 1e-8
@@ -50,11 +50,13 @@ def test_greedy_answer_after_scoring_equals_plain_generation(tiny_engine, prompt
     kvs = ChunkKVSet(tiny_engine, prompt.chunk_ids, tiny_engine.prefill_chunks(prompt.chunk_ids))
     spec = mode_specs(tiny_engine, [0.5], baselines=())[0]
     out = run_pass(tiny_engine, prompt.layout, kvs.source("fp16"), spec, prompt.answer_ids, max_tokens=6)
-    request = GenerationRequest("t", prompt.layout, kvs.source("fp16"), "blend", spec.blend,
-                                SamplingParams(max_tokens=6, ignore_eos=False))
+    request = GenerationRequest(
+        "t", prompt.layout, kvs.source("fp16"), "blend", spec.blend, SamplingParams(max_tokens=6, ignore_eos=False)
+    )
     events = list(tiny_engine.generate(request))
-    assert out.answer_ids == [e.token_id for e in events if isinstance(e, TokenEvent)
-                              and e.token_id not in tiny_engine.eos_token_ids]
+    assert out.answer_ids == [
+        e.token_id for e in events if isinstance(e, TokenEvent) and e.token_id not in tiny_engine.eos_token_ids
+    ]
     finish = next(e for e in events if isinstance(e, FinishEvent))
     assert out.answer_text == finish.text.strip()
     assert out.num_recomputed_tokens == finish.num_recomputed_tokens
@@ -80,7 +82,8 @@ def test_blend_at_one_is_full_and_storage_dtypes_serve_rounded_kv(tiny_engine, p
 
 
 def test_the_repeated_line_stop_ends_the_answer_and_compare_keeps_the_uncontrolled_one(
-        tiny_engine, prompt, monkeypatch: pytest.MonkeyPatch) -> None:
+    tiny_engine, prompt, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from engine.sampling import RepetitionControl
 
     spec = ModeSpec("full", "full")

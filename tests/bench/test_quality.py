@@ -8,8 +8,19 @@ from bench.quality import summarize
 
 
 def test_quality_end_to_end(run_bench, dataset_path) -> None:
-    code, result, png = run_bench("quality", "--dataset", str(dataset_path), "--examples", "1",
-                                  "--passages", "3", "--ratios", "0.15,1.0", "--max-tokens", "3")
+    code, result, png = run_bench(
+        "quality",
+        "--dataset",
+        str(dataset_path),
+        "--examples",
+        "1",
+        "--passages",
+        "3",
+        "--ratios",
+        "0.15,1.0",
+        "--max-tokens",
+        "3",
+    )
     assert code == 0 and png.is_file() and png.stat().st_size > 0
     assert result["model"] == "tiny-llama-smollm2-tok"
     assert result["examples"] == 1 and result["passages"] == 3
@@ -31,17 +42,34 @@ def test_quality_end_to_end(run_bench, dataset_path) -> None:
 
 
 def _row(nc: float, full: float, reuse: float, f1: float = 0.0, reuse_finish: str = "stop") -> dict:
-    return {"no_context": {"f1": 0.0, "nll": nc},
-            "modes": {"full": {"f1": f1, "nll": full, "prompt_s": 1.0, "num_recomputed_tokens": 10,
-                               "finish_reason": "stop", "num_answer_tokens": 3},
-                      "reuse": {"f1": 0.0, "nll": reuse, "prompt_s": 0.1, "num_recomputed_tokens": 0, "kl": 0.5,
-                                "fidelity_f1": 0.5, "same_first_token": False, "finish_reason": reuse_finish,
-                                "num_answer_tokens": 32 if reuse_finish == "length" else 4}}}
+    return {
+        "no_context": {"f1": 0.0, "nll": nc},
+        "modes": {
+            "full": {
+                "f1": f1,
+                "nll": full,
+                "prompt_s": 1.0,
+                "num_recomputed_tokens": 10,
+                "finish_reason": "stop",
+                "num_answer_tokens": 3,
+            },
+            "reuse": {
+                "f1": 0.0,
+                "nll": reuse,
+                "prompt_s": 0.1,
+                "num_recomputed_tokens": 0,
+                "kl": 0.5,
+                "fidelity_f1": 0.5,
+                "same_first_token": False,
+                "finish_reason": reuse_finish,
+                "num_answer_tokens": 32 if reuse_finish == "length" else 4,
+            },
+        },
+    }
 
 
 def test_summary_benefit_is_means_first() -> None:
-    summary = summarize([_row(4.0, 1.0, 2.0, f1=1.0, reuse_finish="length"), _row(2.0, 1.9, 1.95)],
-                        ["full", "reuse"])
+    summary = summarize([_row(4.0, 1.0, 2.0, f1=1.0, reuse_finish="length"), _row(2.0, 1.9, 1.95)], ["full", "reuse"])
     reuse = summary["modes"]["reuse"]
     assert (reuse["length_share"], reuse["answer_tokens"]) == (0.5, 18.0)  # answers that hit max_tokens
     assert summary["modes"]["full"]["length_share"] == 0.0

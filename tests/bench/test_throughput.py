@@ -2,10 +2,25 @@ from __future__ import annotations
 
 
 def test_throughput_in_process_end_to_end(run_bench, dataset_path, tmp_path) -> None:
-    code, result, png = run_bench("throughput", "--dataset", str(dataset_path), "--examples", "2",
-                                  "--passages", "2", "--clients", "2", "--max-tokens", "2",
-                                  "--decode-clients", "1,3", "--decode-tokens", "6",
-                                  "--tmp-dir", str(tmp_path))
+    code, result, png = run_bench(
+        "throughput",
+        "--dataset",
+        str(dataset_path),
+        "--examples",
+        "2",
+        "--passages",
+        "2",
+        "--clients",
+        "2",
+        "--max-tokens",
+        "2",
+        "--decode-clients",
+        "1,3",
+        "--decode-tokens",
+        "6",
+        "--tmp-dir",
+        str(tmp_path),
+    )
     assert code == 0 and png.is_file()
     assert result["target"] == "in-process" and result["clients"] == 2
     assert result["corpus_passages"] == 4
@@ -33,9 +48,12 @@ def test_throughput_in_process_end_to_end(run_bench, dataset_path, tmp_path) -> 
 def test_summary_counts_503s_apart_from_200_then_busy() -> None:
     from bench.throughput import AskTiming, summarize
 
-    timings = [AskTiming("blend", True, 0.5, 1.0), AskTiming("blend", False, None, 0.1, error="HTTP 503: busy"),
-               AskTiming("blend", False, None, 0.1, error="HTTP 503: busy"),
-               AskTiming("blend", False, None, 0.2, error="busy: the engine is busy")]
+    timings = [
+        AskTiming("blend", True, 0.5, 1.0),
+        AskTiming("blend", False, None, 0.1, error="HTTP 503: busy"),
+        AskTiming("blend", False, None, 0.1, error="HTTP 503: busy"),
+        AskTiming("blend", False, None, 0.2, error="busy: the engine is busy"),
+    ]
     summary = summarize(timings, wall_s=2.0)
     assert (summary["errors"], summary["busy_503"], summary["busy_after_200"]) == (3, 2, 1)
     assert summary["share_503"] == 0.5

@@ -16,14 +16,20 @@ import yaml
 DOCKER_DIR = Path(__file__).resolve().parents[2] / "docker"
 COMPOSE = shutil.which("docker-compose")
 
-pytestmark = pytest.mark.skipif(COMPOSE is None, reason="docker-compose not found (Debian package docker-compose; "
-                                                        "the Makefile installs it)")
+pytestmark = pytest.mark.skipif(
+    COMPOSE is None, reason="docker-compose not found (Debian package docker-compose; the Makefile installs it)"
+)
 
 
 def compose_config(path: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([COMPOSE, "--project-directory", str(path.parent), "-f", str(path), "config"],
-                          capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", **(env or {})},
-                          timeout=120, check=False)
+    return subprocess.run(
+        [COMPOSE, "--project-directory", str(path.parent), "-f", str(path), "config"],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", **(env or {})},
+        timeout=120,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +81,10 @@ def test_start_order_and_health_checks(config: dict) -> None:
 
 
 def test_sizes_and_secrets_come_from_the_environment() -> None:
-    result = compose_config(DOCKER_DIR / "compose.yaml", env={"API_REPLICAS": "5", "WORKERS": "3",
-                                                             "POSTGRES_PASSWORD": "s3cret", "BLENDRAG_PORT": "9000"})
+    result = compose_config(
+        DOCKER_DIR / "compose.yaml",
+        env={"API_REPLICAS": "5", "WORKERS": "3", "POSTGRES_PASSWORD": "s3cret", "BLENDRAG_PORT": "9000"},
+    )
     assert result.returncode == 0, result.stderr
     services = yaml.safe_load(result.stdout)["services"]
     assert (services["api"]["deploy"]["replicas"], services["worker"]["deploy"]["replicas"]) == (5, 3)
@@ -88,8 +96,9 @@ def test_sizes_and_secrets_come_from_the_environment() -> None:
 def test_the_tool_rejects_a_broken_file(tmp_path: Path) -> None:
     """The check can fail: an unknown key in a service is a schema error."""
     broken = tmp_path / "compose.yaml"
-    broken.write_text((DOCKER_DIR / "compose.yaml").read_text().replace("    stop_grace_period: 60s",
-                                                                        "    stop_grace_periodd: 60s"))
+    broken.write_text(
+        (DOCKER_DIR / "compose.yaml").read_text().replace("    stop_grace_period: 60s", "    stop_grace_periodd: 60s")
+    )
     (tmp_path / "Caddyfile").write_text("")
     result = compose_config(broken)
     assert result.returncode != 0
@@ -101,8 +110,13 @@ def test_caddyfile_balances_over_every_api_replica() -> None:
     """Caddy's own parser turns the Caddyfile into its JSON config: the load balancer is what we meant."""
     import json
 
-    result = subprocess.run(["caddy", "adapt", "--config", str(DOCKER_DIR / "Caddyfile"), "--adapter", "caddyfile"],
-                            capture_output=True, text=True, timeout=60, check=False)
+    result = subprocess.run(
+        ["caddy", "adapt", "--config", str(DOCKER_DIR / "Caddyfile"), "--adapter", "caddyfile"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr
     server = json.loads(result.stdout)["apps"]["http"]["servers"]["srv0"]
     assert server["listen"] == [":8000"]

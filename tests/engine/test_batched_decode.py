@@ -22,8 +22,9 @@ def _prompt_caches(engine, n: int):
         chunks = random_chunks([8 + 5 * i, 13 + i], seed=200 + i)
         layout = engine.prompt.layout(chunks, "what is it?" + " really" * i)
         source = InMemoryLayerSource(engine.prefill_chunks(chunks))
-        result = engine.prompt_pass(layout, source, "blend", BlendConfig(0.3),
-                                    extra_capacity=2)  # small: decode must grow some caches
+        result = engine.prompt_pass(
+            layout, source, "blend", BlendConfig(0.3), extra_capacity=2
+        )  # small: decode must grow some caches
         caches.append(result.cache)
         tokens.append(int(result.logits.argmax()))
     return caches, tokens
@@ -63,7 +64,11 @@ def _request(engine, i: int, mode: str) -> GenerationRequest:
     chunks = random_chunks([10 + 3 * i, 17], seed=300 + i)
     layout = engine.prompt.layout(chunks, f"question {i}?")
     return GenerationRequest(
-        f"b{i}", layout, InMemoryLayerSource(engine.prefill_chunks(chunks)), mode, BlendConfig(0.25),
+        f"b{i}",
+        layout,
+        InMemoryLayerSource(engine.prefill_chunks(chunks)),
+        mode,
+        BlendConfig(0.25),
         SamplingParams(max_tokens=12 + i, ignore_eos=True),  # different lengths: the batch shrinks as they end
     )
 

@@ -82,8 +82,14 @@ def test_blend_partial_is_neither_full_nor_reuse(tiny_engine, layout, chunk_kvs)
 
 @pytest.mark.parametrize(
     "mode,ratio,selector",
-    [("blend", 0.0, "query"), ("blend", 0.0, "deviation"), ("reuse", 0.0, "query"), ("prefix", 0.0, "query"),
-     ("blend", 0.3, "query"), ("blend", 0.3, "deviation")],
+    [
+        ("blend", 0.0, "query"),
+        ("blend", 0.0, "deviation"),
+        ("reuse", 0.0, "query"),
+        ("prefix", 0.0, "query"),
+        ("blend", 0.3, "query"),
+        ("blend", 0.3, "deviation"),
+    ],
 )
 def test_one_chunk_cached_equals_full(tiny_engine, chunks, chunk_kvs, mode, ratio, selector) -> None:
     one = tiny_engine.prompt.layout(chunks[:1], "one chunk only")

@@ -42,8 +42,9 @@ def _sentencepiece_style(tmp_path: Path):
     Path(vocab_file).write_text(json.dumps(vocab), encoding="utf-8")
     tok = Tokenizer(models.BPE.from_file(vocab_file, merges_file, unk_token="<unk>", byte_fallback=True))
     tok.normalizer = normalizer
-    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
-                                     decoders.Strip(" ", 1, 0)])
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+    )
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 

@@ -41,8 +41,12 @@ def _scores(engine, layout, kvs, cfg: BlendConfig) -> torch.Tensor:
 
 def _inp(scores: list[float], chunk_index: list[int], num_keep: int) -> SelectionInput:
     n = len(scores)
-    return SelectionInput(positions=torch.arange(5, 5 + n), chunk_index=torch.tensor(chunk_index),
-                          num_keep=num_keep, scores=torch.tensor(scores))
+    return SelectionInput(
+        positions=torch.arange(5, 5 + n),
+        chunk_index=torch.tensor(chunk_index),
+        num_keep=num_keep,
+        scores=torch.tensor(scores),
+    )
 
 
 def test_budget_rounds_half_up() -> None:

@@ -33,15 +33,18 @@ def _ngrams(ids: list[int], n: int) -> list[tuple[int, ...]]:
     return [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
 
 
-@pytest.mark.parametrize(("text", "repeated"), [
-    ("The launch is on 3 March. The launch is on 3 March.", True),
-    ("The launch is on 3 March.\nIt is soon.\nthe launch  is on 3 march.", True),  # case and spaces ignored
-    ("The launch is on 3 March. The launch is on 3 Mar", False),  # the repeat is not complete yet
-    ("The launch is on 3 March. It is soon.", False),
-    ("Yes. Yes.", False),  # too short to call a loop
-    ("It costs 3.5 euros. It costs 3.", False),
-    ("", False),
-])
+@pytest.mark.parametrize(
+    ("text", "repeated"),
+    [
+        ("The launch is on 3 March. The launch is on 3 March.", True),
+        ("The launch is on 3 March.\nIt is soon.\nthe launch  is on 3 march.", True),  # case and spaces ignored
+        ("The launch is on 3 March. The launch is on 3 Mar", False),  # the repeat is not complete yet
+        ("The launch is on 3 March. It is soon.", False),
+        ("Yes. Yes.", False),  # too short to call a loop
+        ("It costs 3.5 euros. It costs 3.", False),
+        ("", False),
+    ],
+)
 def test_ends_with_repeated_line(text: str, repeated: bool) -> None:
     assert ends_with_repeated_line(text) is repeated
 
@@ -112,8 +115,9 @@ def test_settings_turn_repetition_control_on_with_a_shorter_default_length() -> 
     assert not RepetitionControl(off).adjusts_logits and not RepetitionControl(off).should_stop("A b c d. A b c d.")
 
 
-@pytest.mark.parametrize("bad", [{"repetition_penalty": 0.9}, {"repetition_penalty": 2.5},
-                                 {"no_repeat_ngram_size": -1}])
+@pytest.mark.parametrize(
+    "bad", [{"repetition_penalty": 0.9}, {"repetition_penalty": 2.5}, {"no_repeat_ngram_size": -1}]
+)
 def test_bad_repetition_values_are_refused(bad: dict) -> None:
     with pytest.raises(ValueError, match=next(iter(bad))):
         SamplingParams(**bad)

@@ -64,10 +64,12 @@ def _make_pdf(pages: list[list[str]], title: str | None = None) -> bytes:
         commands.append("ET")
         stream = "\n".join(commands).encode("latin-1")
         content = add(b"<< /Length %d >>\nstream\n" % len(stream) + stream + b"\nendstream")
-        page_refs.append(add(
-            b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 %d 0 R >> >> "
-            b"/Contents %d 0 R >>" % (pages_ref, font, content)
-        ))
+        page_refs.append(
+            add(
+                b"<< /Type /Page /Parent %d 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 %d 0 R >> >> "
+                b"/Contents %d 0 R >>" % (pages_ref, font, content)
+            )
+        )
     objects[catalog - 1] = b"<< /Type /Catalog /Pages %d 0 R >>" % pages_ref
     kids = b" ".join(b"%d 0 R" % ref for ref in page_refs)
     objects[pages_ref - 1] = b"<< /Type /Pages /Kids [%s] /Count %d >>" % (kids, len(page_refs))

@@ -32,12 +32,12 @@ def assert_contract(tokenizer, document: LoadedDocument, chunks: list[Chunk], ch
     for chunk in chunks:
         assert chunk.token_ids == encode_chunk_text(tokenizer, chunk.text)
         assert chunk.num_tokens <= chunk_tokens
-        assert text[chunk.char_start:chunk.char_end] == chunk.text
+        assert text[chunk.char_start : chunk.char_end] == chunk.text
         assert chunk.text == chunk.text.strip() and chunk.text
     # Nothing but whitespace may fall outside every chunk.
     covered = [False] * len(text)
     for chunk in chunks:
-        covered[chunk.char_start:chunk.char_end] = [True] * (chunk.char_end - chunk.char_start)
+        covered[chunk.char_start : chunk.char_end] = [True] * (chunk.char_end - chunk.char_start)
     assert all(flag or char.isspace() for flag, char in zip(covered, text, strict=True))
     # Chunks move forward and each brings new text.
     for previous, current in zip(chunks, chunks[1:], strict=False):
@@ -65,9 +65,14 @@ def test_short_document_is_one_chunk(smollm2_tokenizer) -> None:
     document = load_text("Hello world.\n\nA second paragraph.", title="t")
     chunks = Chunker(smollm2_tokenizer).chunk_document(document)
     assert chunks == [
-        Chunk(index=0, text="Hello world.\n\nA second paragraph.",
-              token_ids=encode_chunk_text(smollm2_tokenizer, "Hello world.\n\nA second paragraph."),
-              page=None, char_start=0, char_end=33)
+        Chunk(
+            index=0,
+            text="Hello world.\n\nA second paragraph.",
+            token_ids=encode_chunk_text(smollm2_tokenizer, "Hello world.\n\nA second paragraph."),
+            page=None,
+            char_start=0,
+            char_end=33,
+        )
     ]
 
 
@@ -89,7 +94,7 @@ def test_sentences_preferred_over_words_and_overlap_repeats_whole_sentences(smol
     for previous, current in zip(chunks, chunks[1:], strict=False):
         assert current.text.startswith("Sentence number ") and current.text.endswith(".")
         # Exactly one whole sentence (≈ 10 tokens ≤ 16) is repeated from the previous chunk.
-        last_sentence = previous.text[previous.text.rindex("Sentence number "):]
+        last_sentence = previous.text[previous.text.rindex("Sentence number ") :]
         assert current.text.startswith(last_sentence + " ")
         assert current.char_start == previous.char_end - len(last_sentence)
 
@@ -145,13 +150,21 @@ def test_lines_split_before_words_inside_an_oversized_sentence(smollm2_tokenizer
 
 def test_chunks_never_cross_pages(smollm2_tokenizer) -> None:
     page_one = " ".join(sentence(i) for i in range(12))
-    document = LoadedDocument(title="p", source_path=None, format="pdf", mime_type="application/pdf",
-                              sections=[Section(page_one, page=1), Section("Short page two.", page=2),
-                                        Section("Page three.", page=3)])
+    document = LoadedDocument(
+        title="p",
+        source_path=None,
+        format="pdf",
+        mime_type="application/pdf",
+        sections=[Section(page_one, page=1), Section("Short page two.", page=2), Section("Page three.", page=3)],
+    )
     chunks = Chunker(smollm2_tokenizer, chunk_tokens=64, chunk_overlap=16).chunk_document(document)
     assert_contract(smollm2_tokenizer, document, chunks, 64)
     assert [(chunk.page, chunk.char_start, chunk.char_end) for chunk in chunks] == [
-        (1, 0, 194), (1, 156, 350), (1, 312, 471), (2, 473, 488), (3, 490, 501),
+        (1, 0, 194),
+        (1, 156, 350),
+        (1, 312, 471),
+        (2, 473, 488),
+        (3, 490, 501),
     ]
     assert [chunk.text for chunk in chunks] == [
         " ".join(sentence(i) for i in range(0, 5)),

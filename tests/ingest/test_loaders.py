@@ -140,13 +140,16 @@ def test_markdown_front_matter_becomes_metadata(tmp_path: Path) -> None:
 
 
 def test_markdown_heading_attribute_lists_are_stripped(tmp_path: Path) -> None:
-    source = ("# Query Parameters { #query-parameters }\n\nUse `q`.\n\n"
-              "## Defaults {.note data-x=\"a b\" #defaults}\n\nSet {#not-a-heading} in text.\n\n"
-              "### Sets { of things }\n")
+    source = (
+        "# Query Parameters { #query-parameters }\n\nUse `q`.\n\n"
+        '## Defaults {.note data-x="a b" #defaults}\n\nSet {#not-a-heading} in text.\n\n'
+        "### Sets { of things }\n"
+    )
     document = only(load_path(write(tmp_path / "params.md", source)))
     assert document.title == "Query Parameters"
-    assert document.text == ("# Query Parameters\n\nUse `q`.\n\n## Defaults\n\nSet {#not-a-heading} in text."
-                             "\n\n### Sets { of things }")  # only real attribute lists, only on headings
+    assert document.text == (
+        "# Query Parameters\n\nUse `q`.\n\n## Defaults\n\nSet {#not-a-heading} in text.\n\n### Sets { of things }"
+    )  # only real attribute lists, only on headings
 
 
 def test_markdown_horizontal_rule_is_not_front_matter(tmp_path: Path) -> None:
@@ -190,8 +193,7 @@ def test_html_without_text_is_empty(tmp_path: Path) -> None:
 
 
 def test_pdf_pages_become_sections(tmp_path: Path, make_pdf) -> None:
-    data = make_pdf([["Page one, first line.", "Second line (in parens)."], ["Page two text."]],
-                    title="Annual Report")
+    data = make_pdf([["Page one, first line.", "Second line (in parens)."], ["Page two text."]], title="Annual Report")
     assert len(PdfReader(io.BytesIO(data)).pages) == 2
     document = only(load_path(write(tmp_path / "report.pdf", data)))
     assert document.sections == [
@@ -333,8 +335,10 @@ def test_json_array_records_stream_one_at_a_time(tmp_path: Path) -> None:
     assert [next(stream).text, next(stream).text] == ["one", "two"]
     with pytest.raises(UnreadableDocument, match="line 3 column 11"):
         next(stream)
-    for bad, where in (('[{"text": "a"} {"text": "b"}]', "line 1 column 16: expected ',' or ']'"),
-                       ('[{"text": "a"}] x', "line 1 column 17: extra data after the array")):
+    for bad, where in (
+        ('[{"text": "a"} {"text": "b"}]', "line 1 column 16: expected ',' or ']'"),
+        ('[{"text": "a"}] x', "line 1 column 17: extra data after the array"),
+    ):
         with pytest.raises(UnreadableDocument, match=re.escape(where)):
             load_path(write(tmp_path / "bad.json", bad))
     with pytest.raises(EmptyDocument):
@@ -392,14 +396,20 @@ def test_binary_missing_and_too_large(tmp_path: Path) -> None:
 def test_load_bytes_uses_filename_for_format_and_title() -> None:
     document = only(load_bytes(b"<p>Hello</p>", "upload.html", source_path="uploads/42"))
     assert (document.text, document.title, document.source_path, document.format) == (
-        "Hello", "upload", "uploads/42", "html",
+        "Hello",
+        "upload",
+        "uploads/42",
+        "html",
     )
 
 
 def test_load_text_direct() -> None:
     document = load_text("  Body line one.\r\nline two  ", title=" Pasted ", metadata={"origin": "ui"})
-    assert (document.title, document.text, document.metadata) == ("Pasted", "Body line one.\nline two",
-                                                                 {"origin": "ui"})
+    assert (document.title, document.text, document.metadata) == (
+        "Pasted",
+        "Body line one.\nline two",
+        {"origin": "ui"},
+    )
     assert (document.format, document.source_path, document.sections[0].page) == ("txt", None, None)
     assert load_text("First line is the title\nrest").title == "First line is the title"
     assert load_text("x" * 100).title == "x" * 79 + "…"
@@ -416,14 +426,21 @@ def test_normalize_text_rules() -> None:
 
 
 def test_iter_paths_recursive_sorted_skips_hidden(tmp_path: Path) -> None:
-    for name in ("b.txt", "a.md", "sub/z.txt", "sub/deeper/y.pdf", ".hidden.txt", ".git/config.txt",
-                 "sub/.secret.md", "image.png"):
+    for name in (
+        "b.txt",
+        "a.md",
+        "sub/z.txt",
+        "sub/deeper/y.pdf",
+        ".hidden.txt",
+        ".git/config.txt",
+        "sub/.secret.md",
+        "image.png",
+    ):
         write(tmp_path / "docs" / name, b"x")
     explicit = write(tmp_path / "extra.png", b"x")
     found = list(iter_paths([tmp_path / "docs", explicit, tmp_path / "docs" / "a.md"]))
     rel = [str(path.relative_to(tmp_path)) for path in found]
-    assert rel == ["docs/a.md", "docs/b.txt", "docs/image.png", "docs/sub/deeper/y.pdf", "docs/sub/z.txt",
-                   "extra.png"]
+    assert rel == ["docs/a.md", "docs/b.txt", "docs/image.png", "docs/sub/deeper/y.pdf", "docs/sub/z.txt", "extra.png"]
     filtered = list(iter_paths([tmp_path / "docs"], extensions={"txt", "md"}))
     assert [str(p.relative_to(tmp_path)) for p in filtered] == ["docs/a.md", "docs/b.txt", "docs/sub/z.txt"]
 

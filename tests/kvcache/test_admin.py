@@ -30,7 +30,10 @@ def test_verify_removes_exactly_the_bad_entries(tmp_path: Path) -> None:
     assert (report.num_checked, report.num_ok, report.num_removed) == (6, 3, 3)
     assert sorted(report.removed_keys) == sorted([key_of(1), key_of(2), key_of(3)])
     assert {(x.key, x.kind) for x in report.problems} == {
-        (key_of(1), "checksum"), (key_of(2), "truncated"), (key_of(3), "format")}
+        (key_of(1), "checksum"),
+        (key_of(2), "truncated"),
+        (key_of(3), "format"),
+    }
     assert report.checked_by_tier == {"disk": 6} and report.removed_by_tier == {"disk": 3}
     assert report.skipped_tiers == ("redis",)
     assert sorted(disk.keys()) == sorted([key_of(0), key_of(4), key_of(5)])
@@ -77,7 +80,10 @@ def test_prune_evicts_least_recently_used_first(tmp_path: Path) -> None:
     assert (report.num_evicted, report.num_entries_before, report.num_entries_after) == (3, 5, 2)
     assert report.num_bytes_before == sum(sizes) and report.num_bytes_after == sizes[0] + sizes[4]
     assert (report.num_removed, report.bytes_removed, report.bytes_after) == (
-        3, sizes[1] + sizes[2] + sizes[3], sizes[0] + sizes[4])
+        3,
+        sizes[1] + sizes[2] + sizes[3],
+        sizes[0] + sizes[4],
+    )
     assert sorted(disk.keys()) == sorted([key_of(0), key_of(4)])
     assert admin.prune(store, 0).num_entries_after == 0
     assert entry_files(tmp_path / "kv") == []

@@ -12,23 +12,25 @@ def test_defaults() -> None:
     assert s.redis_url is None and s.prefetch is True and s.verify_checksums is True
 
 
-@pytest.mark.parametrize("bad", [
-    {"memory_bytes": -1},
-    {"disk_bytes": 0},
-    {"storage_dtype": "fp32"},
-    {"redis_url": "http://localhost:6379"},
-    {"redis_ttl_s": 0},
-    {"redis_timeout_s": 0},
-    {"redis_max_entry_bytes": 1024**3},
-    {"no_such_field": 1},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"memory_bytes": -1},
+        {"disk_bytes": 0},
+        {"storage_dtype": "fp32"},
+        {"redis_url": "http://localhost:6379"},
+        {"redis_ttl_s": 0},
+        {"redis_timeout_s": 0},
+        {"redis_max_entry_bytes": 1024**3},
+        {"no_such_field": 1},
+    ],
+)
 def test_invalid_settings_are_refused(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         KVCacheSettings(**bad)  # type: ignore[arg-type]
 
 
 def test_valid_overrides(tmp_path: Path) -> None:
-    s = KVCacheSettings(dir=tmp_path, storage_dtype="int8", memory_bytes=0, redis_url="redis://h:1/2",
-                        redis_ttl_s=None)
+    s = KVCacheSettings(dir=tmp_path, storage_dtype="int8", memory_bytes=0, redis_url="redis://h:1/2", redis_ttl_s=None)
     assert s.dir == tmp_path and s.memory_bytes == 0 and s.redis_ttl_s is None
     assert KVCacheSettings(redis_url="").redis_url is None

@@ -19,8 +19,7 @@ def test_fresh_stale_missing_per_document_and_tier(tmp_path: Path) -> None:
     sizes = {}
     sizes[0] = store.put(new[0], make_kv(0), model_fingerprint="model-v2").num_bytes  # memory + disk
     store.put(old[1], make_kv(1), model_fingerprint="model-v1")  # only the old key: stale
-    sizes[3] = store.put(new[3], make_kv(3), model_fingerprint="model-v2",
-                         cache_in_memory=False).num_bytes  # disk only
+    sizes[3] = store.put(new[3], make_kv(3), model_fingerprint="model-v2", cache_in_memory=False).num_bytes  # disk only
     refs = [
         ChunkRef(chunk_id=10, document_id="A", expected_key=new[0], recorded_key=new[0]),  # fresh
         ChunkRef(chunk_id=11, document_id="A", expected_key=new[1], recorded_key=old[1]),  # stale
@@ -30,12 +29,21 @@ def test_fresh_stale_missing_per_document_and_tier(tmp_path: Path) -> None:
         ChunkRef(chunk_id=15, document_id="B", expected_key=new[5], recorded_key=None),  # missing
     ]
     report = compute_coverage(store, refs)
-    assert [c.state for c in report.chunks] == [ChunkState.FRESH, ChunkState.STALE, ChunkState.MISSING,
-                                                ChunkState.FRESH, ChunkState.MISSING, ChunkState.MISSING]
+    assert [c.state for c in report.chunks] == [
+        ChunkState.FRESH,
+        ChunkState.STALE,
+        ChunkState.MISSING,
+        ChunkState.FRESH,
+        ChunkState.MISSING,
+        ChunkState.MISSING,
+    ]
     assert [c.tier for c in report.chunks] == ["memory", None, None, "disk", None, None]
     assert report.chunks[0].num_bytes == ENTRY_TENSOR_BYTES and report.chunks[3].num_bytes == sizes[3]
     assert report.total == CoverageCounts(
-        num_chunks=6, num_fresh=2, num_stale=1, num_missing=3,
+        num_chunks=6,
+        num_fresh=2,
+        num_stale=1,
+        num_missing=3,
         fresh_by_tier={"memory": 1, "disk": 2},
         bytes_by_tier={"memory": ENTRY_TENSOR_BYTES, "disk": sizes[0] + sizes[3]},
     )

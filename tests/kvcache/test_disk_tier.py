@@ -11,8 +11,13 @@ from kvcache.format import encode_entry, serialize_entry
 
 
 def _data(i: int, num_tokens: int = 16) -> bytes:
-    entry = encode_entry(make_kv(i, num_tokens=num_tokens), key=key_of(i), model_fingerprint=FINGERPRINT,
-                         storage_dtype="fp16", created_at=1.0)
+    entry = encode_entry(
+        make_kv(i, num_tokens=num_tokens),
+        key=key_of(i),
+        model_fingerprint=FINGERPRINT,
+        storage_dtype="fp16",
+        created_at=1.0,
+    )
     return serialize_entry(entry)
 
 

@@ -41,7 +41,7 @@ def _disk_store(tmp_path: Path, **kw: object) -> TieredKVStore:
 def _flip_byte_in(path: Path, tensor: str, at: int = 3) -> None:
     data = bytearray(path.read_bytes())
     (n,) = struct.unpack("<Q", data[:8])
-    start = 8 + n + json.loads(data[8:8 + n])[tensor]["data_offsets"][0]
+    start = 8 + n + json.loads(data[8 : 8 + n])[tensor]["data_offsets"][0]
     data[start + at] ^= 0x01
     path.write_bytes(bytes(data))
 
@@ -53,6 +53,7 @@ def _faults(store: TieredKVStore, tier: str) -> dict[str, int]:
 
 
 # -- disk ---------------------------------------------------------------------------------------------
+
 
 def test_truncated_file(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     store = _disk_store(tmp_path)
@@ -195,10 +196,10 @@ def test_other_write_errors_are_faults_too(tmp_path: Path, monkeypatch: pytest.M
 
 # -- two writers of one key ---------------------------------------------------------------------------
 
+
 def _variant(value: float) -> ChunkKV:
     shape = (NUM_LAYERS, 2, 2048, 8)  # ~260 KB: big enough that writes really interleave
-    return ChunkKV(k=torch.full(shape, value, dtype=torch.float16), v=torch.full(shape, -value,
-                                                                                 dtype=torch.float16))
+    return ChunkKV(k=torch.full(shape, value, dtype=torch.float16), v=torch.full(shape, -value, dtype=torch.float16))
 
 
 def _check_complete(path: Path, key: str, allowed: set[float]) -> bool:
@@ -216,8 +217,12 @@ def _check_complete(path: Path, key: str, allowed: set[float]) -> bool:
 
 def test_two_writers_threads(tmp_path: Path) -> None:
     key = key_of(0)
-    datas = {float(v): serialize_entry(encode_entry(_variant(v), key=key, model_fingerprint=FINGERPRINT,
-                                                    storage_dtype="fp16")) for v in (1, 2, 3, 4)}
+    datas = {
+        float(v): serialize_entry(
+            encode_entry(_variant(v), key=key, model_fingerprint=FINGERPRINT, storage_dtype="fp16")
+        )
+        for v in (1, 2, 3, 4)
+    }
     tiers = [DiskTier(tmp_path, 1 << 30, fsync=False) for _ in range(2)]  # two "processes"
     stop = threading.Event()
     num_complete = 0
@@ -274,12 +279,20 @@ def test_two_writers_processes(tmp_path: Path) -> None:
     sources = []
     for v in (1, 2):
         src = tmp_path / f"variant{v}.bin"
-        src.write_bytes(serialize_entry(encode_entry(_variant(v), key=key, model_fingerprint=FINGERPRINT,
-                                                     storage_dtype="fp16")))
+        src.write_bytes(
+            serialize_entry(encode_entry(_variant(v), key=key, model_fingerprint=FINGERPRINT, storage_dtype="fp16"))
+        )
         sources.append(src)
     atomic_py = str(Path(kvcache.atomic.__file__))
-    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, atomic_py, str(path), str(src)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for src in sources]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _WRITER, atomic_py, str(path), str(src)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for src in sources
+    ]
     for p in procs:
         assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     for p in procs:  # start both at once
@@ -298,6 +311,7 @@ def test_two_writers_processes(tmp_path: Path) -> None:
 
 
 # -- Redis --------------------------------------------------------------------------------------------
+
 
 def test_redis_down_at_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
@@ -333,11 +347,13 @@ def test_redis_down_with_no_backoff_never_raises(tmp_path: Path) -> None:
 
 @pytest.mark.redis
 def test_redis_killed_mid_request(tmp_path: Path, redis_server: RedisServer) -> None:
-    store = TieredKVStore(settings(None, memory_bytes=0, redis_url=redis_server.url, redis_timeout_s=5,
-                                   redis_retry_s=0))
+    store = TieredKVStore(
+        settings(None, memory_bytes=0, redis_url=redis_server.url, redis_timeout_s=5, redis_retry_s=0)
+    )
     store.put(key_of(0), make_kv(0), model_fingerprint=FINGERPRINT)
-    blocker = threading.Thread(target=lambda: _quietly(lambda: redis_server.client().execute_command(
-        "DEBUG", "SLEEP", "10")))
+    blocker = threading.Thread(
+        target=lambda: _quietly(lambda: redis_server.client().execute_command("DEBUG", "SLEEP", "10"))
+    )
     blocker.start()
     time.sleep(0.2)  # the server is now busy; our GET will wait for it
     killer = threading.Timer(0.3, redis_server.kill)

@@ -16,8 +16,13 @@ from kvcache.types import ChunkKV
 
 
 def _encode(kv: ChunkKV, dtype: str = "fp16", key: str | None = None, created_at: float = 1700000000.5):
-    return encode_entry(kv, key=key or key_of(0, dtype), model_fingerprint=FINGERPRINT,  # type: ignore[arg-type]
-                        storage_dtype=dtype, created_at=created_at)  # type: ignore[arg-type]
+    return encode_entry(
+        kv,
+        key=key or key_of(0, dtype),
+        model_fingerprint=FINGERPRINT,  # type: ignore[arg-type]
+        storage_dtype=dtype,
+        created_at=created_at,
+    )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("storage", "torch_dtype"), [("fp16", torch.float16), ("bf16", torch.bfloat16)])
@@ -130,7 +135,7 @@ def test_overflow_is_fine_in_bf16() -> None:
 
 def _data_offset_of(data: bytes, name: str) -> int:
     (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
+    header = json.loads(data[8 : 8 + n])
     return 8 + n + header[name]["data_offsets"][0]
 
 
@@ -148,15 +153,18 @@ def test_checksum_failure_is_per_layer() -> None:
     assert not torch.equal(reader.read_layer(2, verify=False).v, entry.v[2])
 
 
-@pytest.mark.parametrize(("mutation", "kind"), [
-    ("truncate_data", "truncated"),
-    ("truncate_header", "truncated"),
-    ("tiny", "truncated"),
-    ("trailing", "format"),
-    ("header_garbage", "format"),
-    ("wrong_key", "format"),
-    ("huge_header_len", "format"),
-])
+@pytest.mark.parametrize(
+    ("mutation", "kind"),
+    [
+        ("truncate_data", "truncated"),
+        ("truncate_header", "truncated"),
+        ("tiny", "truncated"),
+        ("trailing", "format"),
+        ("header_garbage", "format"),
+        ("wrong_key", "format"),
+        ("huge_header_len", "format"),
+    ],
+)
 def test_damaged_bytes_are_rejected_at_open(tmp_path: Path, mutation: str, kind: str) -> None:
     entry = _encode(make_kv(8))
     data = serialize_entry(entry)

@@ -16,8 +16,9 @@ def _expected(fingerprint: str, prefix: list[int], chunk: list[int], dtype: str)
     def ids(xs: list[int]) -> bytes:
         return struct.pack("<Q", len(xs)) + b"".join(struct.pack("<q", x) for x in xs)
 
-    data = framed(b"blendrag-kv-key/v1") + framed(fingerprint.encode()) + ids(prefix) + ids(chunk) \
-        + framed(dtype.encode())
+    data = (
+        framed(b"blendrag-kv-key/v1") + framed(fingerprint.encode()) + ids(prefix) + ids(chunk) + framed(dtype.encode())
+    )
     return hashlib.sha256(data).hexdigest()
 
 
@@ -36,16 +37,17 @@ def test_same_inputs_same_key_whatever_the_container() -> None:
 
 @pytest.mark.parametrize("change", ["fingerprint", "prefix", "chunk", "dtype"])
 def test_any_change_makes_a_new_key(change: str) -> None:
-    args = {"model_fingerprint": "m1", "prefix_token_ids": [1, 2], "chunk_token_ids": [3, 4],
-            "storage_dtype": "fp16"}
+    args = {"model_fingerprint": "m1", "prefix_token_ids": [1, 2], "chunk_token_ids": [3, 4], "storage_dtype": "fp16"}
     base = chunk_key(**args)  # type: ignore[arg-type]
     changed = dict(args)
-    changed.update({
-        "fingerprint": {"model_fingerprint": "m2"},
-        "prefix": {"prefix_token_ids": [1, 2, 0]},
-        "chunk": {"chunk_token_ids": [3, 5]},
-        "dtype": {"storage_dtype": "int8"},
-    }[change])
+    changed.update(
+        {
+            "fingerprint": {"model_fingerprint": "m2"},
+            "prefix": {"prefix_token_ids": [1, 2, 0]},
+            "chunk": {"chunk_token_ids": [3, 5]},
+            "dtype": {"storage_dtype": "int8"},
+        }[change]
+    )
     assert chunk_key(**changed) != base  # type: ignore[arg-type]
 
 
@@ -58,17 +60,24 @@ def test_empty_prefix_is_allowed() -> None:
     assert chunk_key("m", [], [5], "int8") == _expected("m", [], [5], "int8")
 
 
-@pytest.mark.parametrize("bad", [
-    {"chunk_token_ids": []},
-    {"chunk_token_ids": [1, -2]},
-    {"prefix_token_ids": [1.5]},
-    {"chunk_token_ids": [2**63]},
-    {"model_fingerprint": ""},
-    {"storage_dtype": "fp32"},
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"chunk_token_ids": []},
+        {"chunk_token_ids": [1, -2]},
+        {"prefix_token_ids": [1.5]},
+        {"chunk_token_ids": [2**63]},
+        {"model_fingerprint": ""},
+        {"storage_dtype": "fp32"},
+    ],
+)
 def test_bad_inputs_raise(bad: dict[str, object]) -> None:
-    args: dict[str, object] = {"model_fingerprint": "m", "prefix_token_ids": [1], "chunk_token_ids": [2],
-                               "storage_dtype": "fp16"}
+    args: dict[str, object] = {
+        "model_fingerprint": "m",
+        "prefix_token_ids": [1],
+        "chunk_token_ids": [2],
+        "storage_dtype": "fp16",
+    }
     args.update(bad)
     with pytest.raises(ValueError):
         chunk_key(**args)  # type: ignore[arg-type]

@@ -40,8 +40,7 @@ def test_layers_are_the_chunks_concatenated_in_prompt_order(tmp_path: Path, wher
     with store.open_layers(keys, "cpu", torch.float16) as src:
         assert src.num_layers == NUM_LAYERS and src.num_tokens == 11 + 9 + 10
         assert src.keys == keys
-        assert src.tiers == {"memory": ["memory"] * 3, "disk": ["disk"] * 3,
-                             "mixed": ["memory", "disk", "disk"]}[where]
+        assert src.tiers == {"memory": ["memory"] * 3, "disk": ["disk"] * 3, "mixed": ["memory", "disk", "disk"]}[where]
         for layer in range(NUM_LAYERS):
             k, v = src.layer(layer)
             ek, ev = expected.layer(layer)

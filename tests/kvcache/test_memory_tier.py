@@ -8,8 +8,9 @@ from kvcache.memory_tier import MemoryTier
 
 
 def _entry(i: int, num_tokens: int = 16) -> StoredEntry:
-    return encode_entry(make_kv(i, num_tokens=num_tokens), key=key_of(i), model_fingerprint=FINGERPRINT,
-                        storage_dtype="fp16")
+    return encode_entry(
+        make_kv(i, num_tokens=num_tokens), key=key_of(i), model_fingerprint=FINGERPRINT, storage_dtype="fp16"
+    )
 
 
 def test_lru_order_is_exact() -> None:
@@ -26,7 +27,12 @@ def test_lru_order_is_exact() -> None:
     assert tier.get(b) is None
     st = tier.stats()
     assert (st.num_entries, st.num_bytes, st.num_hits, st.num_misses, st.num_evictions) == (
-        3, 3 * ENTRY_TENSOR_BYTES, 1, 1, 1)
+        3,
+        3 * ENTRY_TENSOR_BYTES,
+        1,
+        1,
+        1,
+    )
 
 
 def test_byte_budget_evicts_as_many_as_needed() -> None:

@@ -12,8 +12,7 @@ pytestmark = pytest.mark.redis
 
 
 def _data(i: int) -> bytes:
-    return serialize_entry(encode_entry(make_kv(i), key=key_of(i), model_fingerprint=FINGERPRINT,
-                                        storage_dtype="fp16"))
+    return serialize_entry(encode_entry(make_kv(i), key=key_of(i), model_fingerprint=FINGERPRINT, storage_dtype="fp16"))
 
 
 def test_bytes_round_trip_ttl_and_listing(redis_server: RedisServer) -> None:

@@ -20,8 +20,16 @@ def corpus() -> BM25Index:
 
 
 def test_tokenize() -> None:
-    assert tokenize("The Quick-brown fox's 2 jumps, ÜBER naïve.") == ["quick", "brown", "fox", "s", "2",
-                                                                        "jumps", "über", "naïve"]
+    assert tokenize("The Quick-brown fox's 2 jumps, ÜBER naïve.") == [
+        "quick",
+        "brown",
+        "fox",
+        "s",
+        "2",
+        "jumps",
+        "über",
+        "naïve",
+    ]
 
 
 def test_bm25_scores_match_the_formula() -> None:
@@ -37,8 +45,10 @@ def test_bm25_scores_match_the_formula() -> None:
     scores = index.scores("apple? cherry the")
     assert scores == pytest.approx(expected)
     assert [hit.chunk_id for hit in index.search("apple cherry", 3)] == [1, 2, 3]
-    assert index.search("apple cherry", 2, allowed_ids={2, 3}) == [ScoredId(2, pytest.approx(expected[2])),
-                                                                  ScoredId(3, pytest.approx(expected[3]))]
+    assert index.search("apple cherry", 2, allowed_ids={2, 3}) == [
+        ScoredId(2, pytest.approx(expected[2])),
+        ScoredId(3, pytest.approx(expected[3])),
+    ]
     assert index.search("kiwi", 5) == []
     assert index.search("the and", 5) == []  # stopwords only
 
@@ -80,11 +90,15 @@ def test_rrf_fusion_math() -> None:
 
 def test_rrf_weights_limit_duplicates_and_ties() -> None:
     weighted = reciprocal_rank_fusion([[1, 2], [2, 1]], k=1, weights=[1.0, 3.0])
-    assert [(hit.chunk_id, hit.score) for hit in weighted] == [(2, pytest.approx(1 / 3 + 3 / 2)),
-                                                               (1, pytest.approx(1 / 2 + 3 / 3))]
+    assert [(hit.chunk_id, hit.score) for hit in weighted] == [
+        (2, pytest.approx(1 / 3 + 3 / 2)),
+        (1, pytest.approx(1 / 2 + 3 / 3)),
+    ]
     # Only the first occurrence of an id within one ranking counts.
-    assert reciprocal_rank_fusion([[5, 5, 6]], k=10) == [FusedHit(5, pytest.approx(1 / 11), (1,)),
-                                                         FusedHit(6, pytest.approx(1 / 13), (3,))]
+    assert reciprocal_rank_fusion([[5, 5, 6]], k=10) == [
+        FusedHit(5, pytest.approx(1 / 11), (1,)),
+        FusedHit(6, pytest.approx(1 / 13), (3,)),
+    ]
     # Equal scores and equal best rank: smaller id first.
     assert [hit.chunk_id for hit in reciprocal_rank_fusion([[8], [7]])] == [7, 8]
     assert [hit.chunk_id for hit in reciprocal_rank_fusion([[1, 2, 3]], limit=2)] == [1, 2]

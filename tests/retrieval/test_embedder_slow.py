@@ -45,21 +45,29 @@ def test_embeddings_are_normalized_384_dim(embedder: Embedder) -> None:
 def test_relevant_passage_ranks_first_and_survives_a_reload(embedder: Embedder, tmp_path: Path) -> None:
     settings = RetrievalSettings(index_type="hnsw", hybrid=True, top_k=3)
     retriever = Retriever(settings, tmp_path, embedder=embedder)
-    retriever.add([IndexedChunk(chunk_id=10 + i, document_id=f"d{i}", text=text, title=title)
-                   for i, (title, text) in enumerate(PASSAGES)])
+    retriever.add(
+        [
+            IndexedChunk(chunk_id=10 + i, document_id=f"d{i}", text=text, title=title)
+            for i, (title, text) in enumerate(PASSAGES)
+        ]
+    )
     for question, gold in QUESTIONS:
         assert retriever.search(question)[0].chunk_id == 10 + gold
     retriever.save()
     reloaded = Retriever.open(tmp_path, settings, embedder=embedder)
-    assert [r.chunk_id for r in reloaded.search(QUESTIONS[0][0])] == \
-        [r.chunk_id for r in retriever.search(QUESTIONS[0][0])]
+    assert [r.chunk_id for r in reloaded.search(QUESTIONS[0][0])] == [
+        r.chunk_id for r in retriever.search(QUESTIONS[0][0])
+    ]
     assert reloaded.search(QUESTIONS[0][0])[0].vector_score > 0.5
 
 
 def test_evaluate_recall_on_a_small_dataset(embedder: Embedder, tmp_path: Path) -> None:
     records = [
-        {"question": question, "answers": [], "ctxs": [
-            {"title": title, "text": text, "isgold": i == gold} for i, (title, text) in enumerate(PASSAGES)]}
+        {
+            "question": question,
+            "answers": [],
+            "ctxs": [{"title": title, "text": text, "isgold": i == gold} for i, (title, text) in enumerate(PASSAGES)],
+        }
         for question, gold in QUESTIONS
     ]
     path = tmp_path / "mini.json"

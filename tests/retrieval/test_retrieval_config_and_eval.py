@@ -14,9 +14,16 @@ from retrieval.eval import EvalQuestion, load_qa_dataset
 
 def test_settings_defaults_and_validation() -> None:
     settings = RetrievalSettings()
-    assert (settings.embedder, settings.index_type, settings.top_k, settings.score_threshold,
-            settings.hybrid, settings.rrf_k, settings.rerank_model, settings.device) == (
-        "builtin", "flat", 6, None, False, 60, None, "cpu")
+    assert (
+        settings.embedder,
+        settings.index_type,
+        settings.top_k,
+        settings.score_threshold,
+        settings.hybrid,
+        settings.rrf_k,
+        settings.rerank_model,
+        settings.device,
+    ) == ("builtin", "flat", 6, None, False, 60, None, "cpu")
     with pytest.raises(ValidationError):
         RetrievalSettings(index_type="annoy")
     with pytest.raises(ValidationError):
@@ -37,18 +44,28 @@ def test_builtin_embedder_resolves_to_the_wheel_and_other_paths_must_exist(tmp_p
 
 def test_load_qa_dataset_pools_and_deduplicates(tmp_path: Path) -> None:
     records = [
-        {"question": "q1", "answers": ["a"], "ctxs": [
-            {"title": "T1", "text": "gold one", "isgold": True},
-            {"title": "T2", "text": "shared", "isgold": False}]},
-        {"question": "q2", "answers": ["b"], "ctxs": [
-            {"title": "T2", "text": "shared", "isgold": True},
-            {"title": "T3", "text": "other"}]},
+        {
+            "question": "q1",
+            "answers": ["a"],
+            "ctxs": [
+                {"title": "T1", "text": "gold one", "isgold": True},
+                {"title": "T2", "text": "shared", "isgold": False},
+            ],
+        },
+        {
+            "question": "q2",
+            "answers": ["b"],
+            "ctxs": [{"title": "T2", "text": "shared", "isgold": True}, {"title": "T3", "text": "other"}],
+        },
         {"question": "no gold", "answers": [], "ctxs": [{"title": "T4", "text": "x"}]},
     ]
     path = tmp_path / "qa.json"
     path.write_text(json.dumps(records))
     dataset = load_qa_dataset(path)
     assert [(c.chunk_id, c.title, c.text, c.document_id) for c in dataset.chunks] == [
-        (0, "T1", "gold one", "passage-0"), (1, "T2", "shared", "passage-1"), (2, "T3", "other", "passage-2"),
-        (3, "T4", "x", "passage-3")]
+        (0, "T1", "gold one", "passage-0"),
+        (1, "T2", "shared", "passage-1"),
+        (2, "T3", "other", "passage-2"),
+        (3, "T4", "x", "passage-3"),
+    ]
     assert dataset.questions == [EvalQuestion("q1", frozenset({0})), EvalQuestion("q2", frozenset({1}))]

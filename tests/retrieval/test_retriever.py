@@ -30,9 +30,14 @@ def unit(rows: int, seed: int) -> np.ndarray:
 
 VECTORS = unit(NUM, seed=1)
 CHUNKS = [
-    IndexedChunk(chunk_id=100 + i, document_id=f"doc-{i // 10}", text=f"chunk text number {i}",
-                 title=f"Document {i // 10}", page=i % 10 + 1,
-                 tags=("even",) if i % 2 == 0 else ("odd", "prime") if i in (3, 5, 7, 11, 13) else ("odd",))
+    IndexedChunk(
+        chunk_id=100 + i,
+        document_id=f"doc-{i // 10}",
+        text=f"chunk text number {i}",
+        title=f"Document {i // 10}",
+        page=i % 10 + 1,
+        tags=("even",) if i % 2 == 0 else ("odd", "prime") if i in (3, 5, 7, 11, 13) else ("odd",),
+    )
     for i in range(NUM)
 ]
 
@@ -60,7 +65,13 @@ def test_search_returns_ranked_chunks_with_metadata() -> None:
     assert ids(results) == brute_force(VECTORS[7], 6)  # settings.top_k = 6
     first = results[0]
     assert (first.chunk_id, first.document_id, first.title, first.page, first.text, first.tags) == (
-        107, "doc-0", "Document 0", 8, "chunk text number 7", ("odd", "prime"))
+        107,
+        "doc-0",
+        "Document 0",
+        8,
+        "chunk text number 7",
+        ("odd", "prime"),
+    )
     assert first.score == pytest.approx(1.0, abs=1e-5)
     assert all(r.score == r.vector_score for r in results)
     assert ids(retriever.search("", top_k=2, query_vector=VECTORS[7])) == brute_force(VECTORS[7], 2)
@@ -76,7 +87,8 @@ def test_filters() -> None:
     assert search(SearchFilters(document_ids=["doc-2"])) == brute_force(query, 50, list(range(20, 30)))
     assert search(SearchFilters(tags=["odd"])) == brute_force(query, 50, list(range(1, NUM, 2)))
     assert sorted(search(SearchFilters(tags={"prime", "even"}))) == sorted(
-        [100 + i for i in range(0, NUM, 2)] + [103, 105, 107, 111, 113])
+        [100 + i for i in range(0, NUM, 2)] + [103, 105, 107, 111, 113]
+    )
     all_tags = SearchFilters(tags=["odd", "prime"], match_all_tags=True)
     assert sorted(search(all_tags)) == [103, 105, 107, 111, 113]
     assert sorted(search(SearchFilters(document_ids=["doc-1"], tags=["prime"]))) == [111, 113]
@@ -126,8 +138,10 @@ def test_remove_update_and_replace() -> None:
 
 
 def test_hybrid_brings_in_keyword_matches() -> None:
-    chunks = [*CHUNKS, IndexedChunk(chunk_id=999, document_id="doc-x", text="zyzzyva is a weevil genus",
-                                    title="Zyzzyva")]
+    chunks = [
+        *CHUNKS,
+        IndexedChunk(chunk_id=999, document_id="doc-x", text="zyzzyva is a weevil genus", title="Zyzzyva"),
+    ]
     far = -VECTORS[5:6]  # the keyword chunk points away from the query
     vectors = np.concatenate([VECTORS, far])
     query = VECTORS[5]
@@ -165,16 +179,22 @@ def test_snapshot_round_trip(tmp_path: Path, index_type: str) -> None:
     assert retriever.save() is True
     assert retriever.save() is False  # nothing changed
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        MANIFEST_FILENAME, "bm25-000001.json", "chunks-000001.jsonl", "vectors-000001.bin"]
+        MANIFEST_FILENAME,
+        "bm25-000001.json",
+        "chunks-000001.jsonl",
+        "vectors-000001.bin",
+    ]
     loaded = Retriever.open(tmp_path, settings)
     assert loaded.count == NUM - 1
     assert loaded.chunk_ids() == retriever.chunk_ids()
     assert loaded.get(131) == retriever.get(131)
     for row in (1, 17, 33):
-        assert loaded.search("", top_k=5, query_vector=VECTORS[row]) == \
-            retriever.search("", top_k=5, query_vector=VECTORS[row])
-    assert ids(loaded.search("", top_k=50, filters=SearchFilters(tags=["x"]), query_vector=VECTORS[0])) == \
-        brute_force(VECTORS[0], 50, list(range(30, 40)))
+        assert loaded.search("", top_k=5, query_vector=VECTORS[row]) == retriever.search(
+            "", top_k=5, query_vector=VECTORS[row]
+        )
+    assert ids(loaded.search("", top_k=50, filters=SearchFilters(tags=["x"]), query_vector=VECTORS[0])) == brute_force(
+        VECTORS[0], 50, list(range(30, 40))
+    )
 
 
 def test_new_generation_replaces_old_files_and_crash_leaves_old_snapshot(tmp_path: Path) -> None:
@@ -195,8 +215,12 @@ def test_new_generation_replaces_old_files_and_crash_leaves_old_snapshot(tmp_pat
     assert Retriever.open(tmp_path).count == NUM - 2
     # A recent temp file may be another writer's: only temp files older than an hour are swept.
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        ".vectors-000003.bin.123.abcd.tmp", MANIFEST_FILENAME, "bm25-000003.json", "chunks-000003.jsonl",
-        "vectors-000003.bin"]
+        ".vectors-000003.bin.123.abcd.tmp",
+        MANIFEST_FILENAME,
+        "bm25-000003.json",
+        "chunks-000003.jsonl",
+        "vectors-000003.bin",
+    ]
 
 
 def test_load_converts_index_type_and_rejects_other_embedder(tmp_path: Path) -> None:

@@ -52,8 +52,7 @@ def test_ivf_trains_when_enough_vectors() -> None:
     index = make("ivf")
     index.add(IDS[:155], VECTORS[:155])
     assert not index.is_trained_ivf  # flat until 156 vectors
-    assert [h.chunk_id for h in index.search(VECTORS[3], 3)] == brute_force(VECTORS[3], 3, IDS[:155],
-                                                                             VECTORS[:155])
+    assert [h.chunk_id for h in index.search(VECTORS[3], 3)] == brute_force(VECTORS[3], 3, IDS[:155], VECTORS[:155])
     index.add(IDS[155:], VECTORS[155:])
     assert index.is_trained_ivf
     assert len(index) == NUM

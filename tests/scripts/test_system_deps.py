@@ -39,13 +39,20 @@ class Fake:
         _exe(self.bin / "id", f'[ "$1" = -u ] && echo {uid} || exit 3\n')
         if apt:
             # Logs each call; `install` creates the packages' binaries in the fake tree.
-            creates = "".join(
-                f'    {pkg}) mkdir -p "$(dirname "{self.root}/{rel}")"; '
-                f'printf "#!/bin/sh\\n" > "{self.root}/{rel}"; chmod +x "{self.root}/{rel}";;\n'
-                for pkg, rel in BINARIES.items()
-            ) if apt_installs else ""
-            _exe(self.bin / "apt-get", f'echo "$*" >> "{self.log}"\n'
-                 'if [ "$1" = install ]; then for p in "$@"; do case "$p" in\n' + creates + "  esac; done; fi\n")
+            creates = (
+                "".join(
+                    f'    {pkg}) mkdir -p "$(dirname "{self.root}/{rel}")"; '
+                    f'printf "#!/bin/sh\\n" > "{self.root}/{rel}"; chmod +x "{self.root}/{rel}";;\n'
+                    for pkg, rel in BINARIES.items()
+                )
+                if apt_installs
+                else ""
+            )
+            _exe(
+                self.bin / "apt-get",
+                f'echo "$*" >> "{self.log}"\n'
+                'if [ "$1" = install ]; then for p in "$@"; do case "$p" in\n' + creates + "  esac; done; fi\n",
+            )
 
     def have(self, *packages: str) -> None:
         for pkg in packages:
@@ -84,9 +91,11 @@ def test_not_root_stops_with_one_line_naming_the_packages(tmp_path: Path) -> Non
     out = fake.run()
     assert out.returncode == 1
     assert out.stdout == ""
-    assert out.stderr == ("error: the tests need Debian packages that are missing: run "
-                          "`sudo apt-get install -y redis-server postgresql docker-compose caddy` "
-                          "(or as root: make test)\n")
+    assert out.stderr == (
+        "error: the tests need Debian packages that are missing: run "
+        "`sudo apt-get install -y redis-server postgresql docker-compose caddy` "
+        "(or as root: make test)\n"
+    )
     assert fake.apt_calls() == []
 
 
@@ -114,7 +123,8 @@ def test_install_that_leaves_a_binary_missing_fails(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert out.stderr.splitlines()[-1] == (
         "error: apt-get install finished but these are still missing: chromium redis-server postgresql "
-        "docker-compose caddy")
+        "docker-compose caddy"
+    )
 
 
 def test_unknown_argument_is_refused(tmp_path: Path) -> None:
@@ -123,8 +133,14 @@ def test_unknown_argument_is_refused(tmp_path: Path) -> None:
 
 
 def _make_dry(target: str) -> str:
-    out = subprocess.run(["make", "-n", "--no-print-directory", target], cwd=REPO, capture_output=True, text=True,
-                         timeout=30, env={**os.environ, "PYTEST_ARGS": ""})
+    out = subprocess.run(
+        ["make", "-n", "--no-print-directory", target],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTEST_ARGS": ""},
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout
 
@@ -137,8 +153,9 @@ def test_make_test_installs_system_packages_and_prints_skip_reasons_but_serve_do
 
 
 def test_ci_only_calls_make_test() -> None:
-    lines = [line for line in (REPO / ".ci" / "run").read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    lines = [
+        line for line in (REPO / ".ci" / "run").read_text().splitlines() if line.strip() and not line.startswith("#")
+    ]
     assert lines == ["set -euo pipefail", 'cd "$(dirname "$0")/.."', "make test"]
 
 

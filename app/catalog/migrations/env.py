@@ -12,7 +12,11 @@ connection = config.attributes.get("connection")
 if connection is None:
     raise RuntimeError("run migrations through `blendrag db upgrade` (app.catalog.migrate), not the alembic CLI")
 
-context.configure(connection=connection, target_metadata=Base.metadata, include_name=include_name,
-                  render_as_batch=connection.dialect.name == "sqlite")
+context.configure(
+    connection=connection,
+    target_metadata=Base.metadata,
+    include_name=include_name,
+    render_as_batch=connection.dialect.name == "sqlite",
+)
 with context.begin_transaction():
     context.run_migrations()

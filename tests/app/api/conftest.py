@@ -37,4 +37,3 @@ def corpus(client: TestClient) -> dict[str, str]:
 def live_server(settings: Settings) -> Iterator[LiveServer]:
     with LiveServer(create_app(settings, load_in_background=False)) as server:
         yield server
-

@@ -28,14 +28,29 @@ def sample(text: str, name: str, **labels: str) -> float | None:
 
 def test_coverage_counts_every_ready_chunk(client: TestClient, corpus: dict[str, str]) -> None:
     body = client.get("/api/coverage").json()
-    assert set(body) == {"chunks_total", "chunks_fresh", "chunks_stale", "chunks_missing", "coverage",
-                         "bytes_by_tier", "fresh_by_tier", "documents"}
+    assert set(body) == {
+        "chunks_total",
+        "chunks_fresh",
+        "chunks_stale",
+        "chunks_missing",
+        "coverage",
+        "bytes_by_tier",
+        "fresh_by_tier",
+        "documents",
+    }
     docs = {d["document_id"]: d for d in body["documents"]}
     assert set(corpus.values()) <= set(docs)
     zorblat = docs[corpus["Zorblat facts"]]
-    assert zorblat == {"document_id": corpus["Zorblat facts"], "title": "Zorblat facts", "status": "ready",
-                       "chunks_total": 1, "chunks_fresh": 1, "chunks_stale": 0, "chunks_missing": 0,
-                       "coverage": 1.0}
+    assert zorblat == {
+        "document_id": corpus["Zorblat facts"],
+        "title": "Zorblat facts",
+        "status": "ready",
+        "chunks_total": 1,
+        "chunks_fresh": 1,
+        "chunks_stale": 0,
+        "chunks_missing": 0,
+        "coverage": 1.0,
+    }
     assert body["chunks_total"] == sum(d["chunks_total"] for d in docs.values())
     assert body["chunks_fresh"] + body["chunks_stale"] + body["chunks_missing"] == body["chunks_total"]
     assert body["coverage"] == round(body["chunks_fresh"] / body["chunks_total"], 6)
@@ -45,8 +60,10 @@ def test_coverage_counts_every_ready_chunk(client: TestClient, corpus: dict[str,
 
 
 def test_coverage_sees_a_lost_entry_as_missing(client: TestClient) -> None:
-    accepted = client.post("/ingest", json={"documents": [
-        {"title": "Coverage probe", "text": "A probe document for the coverage report."}]}).json()
+    accepted = client.post(
+        "/ingest",
+        json={"documents": [{"title": "Coverage probe", "text": "A probe document for the coverage report."}]},
+    ).json()
     wait_for_job(client, accepted["job_id"])
     doc_id = accepted["document_ids"][0]
     before = client.get("/api/coverage").json()
@@ -64,8 +81,9 @@ def test_coverage_sees_a_lost_entry_as_missing(client: TestClient) -> None:
 
 def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str, str]) -> None:
     for mode in ("blend", "full"):
-        response = client.post("/ask", json={"question": "Where is Quintaro?", "mode": mode, "top_k": 2,
-                                             "max_tokens": 2, "stream": False})
+        response = client.post(
+            "/ask", json={"question": "Where is Quintaro?", "mode": mode, "top_k": 2, "max_tokens": 2, "stream": False}
+        )
         assert response.status_code == 200
     stats = client.get("/api/stats").json()
     assert stats["model"] == "tiny-llama-smollm2-tok"
@@ -97,8 +115,9 @@ def test_metrics_use_route_templates_and_cover_every_family(client: TestClient, 
     client.get(f"/documents/{doc_id}")
     client.get("/documents/does-not-exist")
     client.get("/no/such/path")
-    answer = client.post("/ask", json={"question": "Moon?", "mode": "reuse", "top_k": 1, "max_tokens": 1,
-                                       "stream": False})
+    answer = client.post(
+        "/ask", json={"question": "Moon?", "mode": "reuse", "top_k": 1, "max_tokens": 1, "stream": False}
+    )
     assert answer.status_code == 200
     outcome = answer.json()["finish_reason"]  # "length" after one token, unless that token was EOS
     assert outcome in ("length", "stop")
@@ -107,10 +126,12 @@ def test_metrics_use_route_templates_and_cover_every_family(client: TestClient, 
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
     assert doc_id not in text  # never a raw path as a label
-    assert sample(text, "blendrag_http_requests_total", route="/documents/{document_id}", method="GET",
-                  status="200") >= 1
-    assert sample(text, "blendrag_http_requests_total", route="/documents/{document_id}", method="GET",
-                  status="404") >= 1
+    assert (
+        sample(text, "blendrag_http_requests_total", route="/documents/{document_id}", method="GET", status="200") >= 1
+    )
+    assert (
+        sample(text, "blendrag_http_requests_total", route="/documents/{document_id}", method="GET", status="404") >= 1
+    )
     assert sample(text, "blendrag_http_requests_total", route="<unmatched>", method="GET", status="404") >= 1
     assert sample(text, "blendrag_http_requests_total", route="/ask", method="POST", status="200") >= 1
     assert sample(text, "blendrag_ttft_seconds_count", mode="reuse") >= 1
@@ -133,16 +154,22 @@ def test_a_new_system_prompt_makes_stored_kv_stale(tmp_path: Path, tiny_llama_di
     entry exists, the one this server needs does not) until it is recomputed."""
     data_dir = tmp_path / "data"
     with TestClient(create_app(server_settings(data_dir, tiny_llama_dir), load_in_background=False)) as old:
-        accepted = old.post("/ingest", json={"documents": [{"title": "Old", "text": "Stored under the old "
-                                                                                      "system prompt."}]}).json()
+        accepted = old.post(
+            "/ingest", json={"documents": [{"title": "Old", "text": "Stored under the old system prompt."}]}
+        ).json()
         assert wait_for_job(old, accepted["job_id"])["status"] == "succeeded"
     doc_id = accepted["document_ids"][0]
     settings = server_settings(data_dir, tiny_llama_dir, engine={"system_prompt": "Answer in one word."})
     with TestClient(create_app(settings, load_in_background=False)) as new:
         assert [c["kv_state"] for c in new.get(f"/documents/{doc_id}").json()["chunks"]] == ["stale"]
         coverage = new.get("/api/coverage").json()
-        assert (coverage["chunks_total"], coverage["chunks_fresh"], coverage["chunks_stale"],
-                coverage["chunks_missing"], coverage["coverage"]) == (1, 0, 1, 0, 0.0)
+        assert (
+            coverage["chunks_total"],
+            coverage["chunks_fresh"],
+            coverage["chunks_stale"],
+            coverage["chunks_missing"],
+            coverage["coverage"],
+        ) == (1, 0, 1, 0, 0.0)
         answer = new.post("/ask", json={"question": "What was stored?", "max_tokens": 1, "stream": False}).json()
         assert (answer["kv_hits"], answer["kv_misses"]) == (0, 1)  # recomputed at ask time, then stored
         assert [c["kv_state"] for c in new.get(f"/documents/{doc_id}").json()["chunks"]] == ["fresh"]

@@ -28,9 +28,12 @@ from app.state import AppState
 @pytest.fixture(scope="module")
 def tight_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[LiveServer]:
     """One request decodes at a time and one more may wait: everything else must be refused with 503."""
-    settings = server_settings(tmp_path_factory.mktemp("admission") / "data", tiny_llama_dir,
-                               engine={"max_queue": 1, "max_running": 1},
-                               server={"ask_rate_per_minute": None})  # one IP sends them all
+    settings = server_settings(
+        tmp_path_factory.mktemp("admission") / "data",
+        tiny_llama_dir,
+        engine={"max_queue": 1, "max_running": 1},
+        server={"ask_rate_per_minute": None},
+    )  # one IP sends them all
     with LiveServer(create_app(settings, load_in_background=False)) as server:
         yield server
 
@@ -57,8 +60,7 @@ class Outcome:
     error_codes: list[str]
 
 
-def ask_once(url: str, body: dict[str, Any], hang_up_after_first_token: bool = False,
-             timeout_s: float = 60) -> Outcome:
+def ask_once(url: str, body: dict[str, Any], hang_up_after_first_token: bool = False, timeout_s: float = 60) -> Outcome:
     with httpx.Client(base_url=url, timeout=timeout_s) as http, http.stream("POST", "/ask", json=body) as resp:
         if resp.status_code != 200 or not body.get("stream", True):
             resp.read()
@@ -136,11 +138,14 @@ def test_non_streaming_client_that_gives_up_cancels_its_request(tight_server: Li
     scheduler = scheduler_of(tight_server)
     wait_until(lambda: scheduler.queue_depth == 0)
     if path == "/ask":
-        body: dict[str, Any] = {"question": "Tell me everything.", "max_tokens": 4096, "mode": "full",
-                                "stream": False}
+        body: dict[str, Any] = {"question": "Tell me everything.", "max_tokens": 4096, "mode": "full", "stream": False}
     else:
-        body = {"messages": [{"role": "user", "content": "Tell me everything."}], "max_tokens": 4096,
-                "mode": "full", "stream": False}
+        body = {
+            "messages": [{"role": "user", "content": "Tell me everything."}],
+            "max_tokens": 4096,
+            "mode": "full",
+            "stream": False,
+        }
     with httpx.Client(base_url=tight_server.url, timeout=1.0) as http, pytest.raises(httpx.ReadTimeout):
         http.post(path, json=body)
     gone = time.monotonic()
@@ -153,10 +158,16 @@ def test_non_streaming_client_that_gives_up_cancels_its_request(tight_server: Li
 def test_streaming_client_that_hangs_up_cancels_its_request(tight_server: LiveServer) -> None:
     scheduler = scheduler_of(tight_server)
     wait_until(lambda: scheduler.queue_depth == 0)
-    body = {"messages": [{"role": "user", "content": "Tell me everything."}], "max_tokens": 4096,
-            "mode": "full", "stream": True}
-    with httpx.Client(base_url=tight_server.url, timeout=30) as http, \
-            http.stream("POST", "/v1/chat/completions", json=body) as resp:
+    body = {
+        "messages": [{"role": "user", "content": "Tell me everything."}],
+        "max_tokens": 4096,
+        "mode": "full",
+        "stream": True,
+    }
+    with (
+        httpx.Client(base_url=tight_server.url, timeout=30) as http,
+        http.stream("POST", "/v1/chat/completions", json=body) as resp,
+    ):
         assert resp.status_code == 200
         for line in resp.iter_lines():
             if '"content": "' in line and '"content": ""' not in line:
@@ -175,8 +186,12 @@ def test_short_load_no_200_then_busy_and_the_engine_drains(tight_server: LiveSer
     def client(i: int) -> list[Outcome]:
         results = []
         for j in range(3):
-            body = {"question": f"Question {i}.{j} about Zorblat?", "max_tokens": 4, "mode": "full",
-                    "stream": (i + j) % 4 != 0}
+            body = {
+                "question": f"Question {i}.{j} about Zorblat?",
+                "max_tokens": 4,
+                "mode": "full",
+                "stream": (i + j) % 4 != 0,
+            }
             results.append(ask_once(tight_server.url, body, hang_up_after_first_token=(i + j) % 3 == 0))
         return results
 

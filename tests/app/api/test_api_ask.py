@@ -47,8 +47,7 @@ def test_stream_is_sources_then_tokens_then_done(client: TestClient, corpus: dic
     assert done["finish_reason"] in ("stop", "length")
     assert done["usage"]["completion_tokens"] <= 6
     assert done["usage"]["total_tokens"] == done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"]
-    assert set(done["timings"]) == {"retrieval_ms", "kv_load_ms", "ttft_ms", "total_ms",
-                                    "full_prefill_estimate_ms"}
+    assert set(done["timings"]) == {"retrieval_ms", "kv_load_ms", "ttft_ms", "total_ms", "full_prefill_estimate_ms"}
     assert done["ttft_ms"] == done["timings"]["ttft_ms"] > 0
     assert done["total_ms"] == done["timings"]["total_ms"] >= done["ttft_ms"]
     assert done["kv_hits"] == 2 and done["kv_misses"] == 0
@@ -57,8 +56,9 @@ def test_stream_is_sources_then_tokens_then_done(client: TestClient, corpus: dic
 
 
 @pytest.mark.parametrize("selector", ["query", "deviation", "first_k", "random"])
-def test_selector_is_chosen_per_request_at_equal_budget(client: TestClient, corpus: dict[str, str],
-                                                        selector: str) -> None:
+def test_selector_is_chosen_per_request_at_equal_budget(
+    client: TestClient, corpus: dict[str, str], selector: str
+) -> None:
     done = ask_stream(client, mode="blend", selector=selector, recompute_ratio=0.5, top_k=2, max_tokens=1)[-1][1]
     assert done["selector"] == selector
     context = done["usage"]["context_tokens"]
@@ -95,9 +95,21 @@ def test_non_streaming_answer_is_one_json_body(client: TestClient, corpus: dict[
     assert response.status_code == 200
     assert response.headers["content-type"] == "application/json"
     body = response.json()
-    assert set(body) == {"answer", "sources", "mode", "selector", "recompute_ratio", "finish_reason", "usage",
-                         "timings",
-                         "kv_hits", "kv_misses", "retrieval_ms", "ttft_ms", "total_ms"}
+    assert set(body) == {
+        "answer",
+        "sources",
+        "mode",
+        "selector",
+        "recompute_ratio",
+        "finish_reason",
+        "usage",
+        "timings",
+        "kv_hits",
+        "kv_misses",
+        "retrieval_ms",
+        "ttft_ms",
+        "total_ms",
+    }
     assert [s["rank"] for s in body["sources"]] == [1, 2]
     assert body["sources"][0]["document_id"] == corpus["Zorblat facts"]
     assert body["usage"]["completion_tokens"] <= 4
@@ -116,20 +128,25 @@ def test_answers_are_recorded_for_the_admin_page(client: TestClient, corpus: dic
     assert recent[-1]["kv_hits"] == done["kv_hits"]
 
 
-@pytest.mark.parametrize(("body", "detail"), [
-    ({"question": ""}, "question: question must not be empty"),
-    ({"question": "   \n"}, "question: question must not be empty"),
-    ({}, "question: Field required"),
-    ({"question": "q", "mode": "fast"}, "mode: Input should be 'blend', 'full', 'prefix' or 'reuse'"),
-    ({"question": "q", "recompute_ratio": 1.5}, "recompute_ratio: Input should be less than or equal to 1"),
-    ({"question": "q", "recompute_ratio": -0.1}, "recompute_ratio: Input should be greater than or equal to 0"),
-    ({"question": "q", "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
-    ({"question": "q", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
-    ({"question": "q", "temperature": 3}, "temperature: Input should be less than or equal to 2"),
-    ({"question": "q", "ratio": 0.5}, "ratio: Extra inputs are not permitted"),
-    ({"question": "q", "selector": "magic"},
-     "selector: Input should be 'query', 'deviation', 'first_k' or 'random'"),
-])
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ({"question": ""}, "question: question must not be empty"),
+        ({"question": "   \n"}, "question: question must not be empty"),
+        ({}, "question: Field required"),
+        ({"question": "q", "mode": "fast"}, "mode: Input should be 'blend', 'full', 'prefix' or 'reuse'"),
+        ({"question": "q", "recompute_ratio": 1.5}, "recompute_ratio: Input should be less than or equal to 1"),
+        ({"question": "q", "recompute_ratio": -0.1}, "recompute_ratio: Input should be greater than or equal to 0"),
+        ({"question": "q", "top_k": 0}, "top_k: Input should be greater than or equal to 1"),
+        ({"question": "q", "max_tokens": 0}, "max_tokens: Input should be greater than or equal to 1"),
+        ({"question": "q", "temperature": 3}, "temperature: Input should be less than or equal to 2"),
+        ({"question": "q", "ratio": 0.5}, "ratio: Extra inputs are not permitted"),
+        (
+            {"question": "q", "selector": "magic"},
+            "selector: Input should be 'query', 'deviation', 'first_k' or 'random'",
+        ),
+    ],
+)
 def test_invalid_questions_are_422_with_a_message(client: TestClient, body: dict, detail: str) -> None:
     response = client.post("/ask", json=body)
     assert response.status_code == 422
@@ -169,5 +186,10 @@ def test_bench_builds_the_prompt_ask_serves(client: TestClient, corpus: dict[str
 
 
 def test_defaults_are_the_servers_settings(client: TestClient) -> None:
-    assert client.get("/api/defaults").json() == {"top_k": 6, "mode": "blend", "recompute_ratio": 0.15,
-                                                  "selector": "query", "max_tokens": 8}
+    assert client.get("/api/defaults").json() == {
+        "top_k": 6,
+        "mode": "blend",
+        "recompute_ratio": 0.15,
+        "selector": "query",
+        "max_tokens": 8,
+    }

@@ -46,8 +46,11 @@ def test_admin_routes_need_the_key(keyed: TestClient, method: str, path: str) ->
 
 
 def test_the_key_opens_them_as_bearer_or_header(keyed: TestClient) -> None:
-    accepted = keyed.post("/ingest", headers=BEARER, json={"documents": [
-        {"title": "Keyed", "text": "Only key holders may add documents like this one."}]})
+    accepted = keyed.post(
+        "/ingest",
+        headers=BEARER,
+        json={"documents": [{"title": "Keyed", "text": "Only key holders may add documents like this one."}]},
+    )
     assert accepted.status_code == 202
     job = wait_for_job(keyed, accepted.json()["job_id"], headers=BEARER)
     assert job["status"] == "succeeded"
@@ -61,11 +64,14 @@ def test_the_key_opens_them_as_bearer_or_header(keyed: TestClient) -> None:
 
 
 def test_asking_health_docs_and_pages_stay_open(keyed: TestClient) -> None:
-    assert keyed.post("/ask", json={"question": "Who may add documents?", "max_tokens": 1,
-                                    "stream": False}).status_code == 200
-    chat = keyed.post("/v1/chat/completions", json={"model": "blendrag", "max_tokens": 1,
-                                                    "messages": [{"role": "user", "content": "Who?"}]})
+    assert (
+        keyed.post("/ask", json={"question": "Who may add documents?", "max_tokens": 1, "stream": False}).status_code
+        == 200
+    )
+    chat = keyed.post(
+        "/v1/chat/completions",
+        json={"model": "blendrag", "max_tokens": 1, "messages": [{"role": "user", "content": "Who?"}]},
+    )
     assert chat.status_code == 200
-    for path in ("/v1/models", "/health", "/ready", "/docs", "/openapi.json", "/", "/admin",
-                 "/static/js/admin.js"):
+    for path in ("/v1/models", "/health", "/ready", "/docs", "/openapi.json", "/", "/admin", "/static/js/admin.js"):
         assert keyed.get(path).status_code == 200, path

@@ -40,29 +40,37 @@ def test_deeply_nested_metadata_is_422(client: TestClient) -> None:
 
 
 def test_lone_surrogate_in_ingest_is_422(client: TestClient) -> None:
-    response = client.post("/ingest", content=b'{"documents": [{"title": "\\ud800", "text": "x"}]}',
-                           headers={"content-type": "application/json"})
+    response = client.post(
+        "/ingest",
+        content=b'{"documents": [{"title": "\\ud800", "text": "x"}]}',
+        headers={"content-type": "application/json"},
+    )
     assert response.status_code == 422
     assert response.json()["detail"].startswith("invalid ingest body: documents.0.title: ")
 
 
 @pytest.mark.parametrize("extra", [{"temperature": 1e-40}, {"temperature": 1.0, "top_p": 1e-300}])
 def test_extreme_sampling_values_answer(client: TestClient, corpus: dict[str, str], extra: dict[str, float]) -> None:
-    response = client.post("/ask", json={"question": "Where is Quintaro?", "max_tokens": 3, "stream": False,
-                                         **extra})
+    response = client.post("/ask", json={"question": "Where is Quintaro?", "max_tokens": 3, "stream": False, **extra})
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] >= 1
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ({"seed": 1e29}, "seed: Unable to parse input string as an integer, exceeded maximum size"),
-    ({"seed": 2**53}, "seed: Input should be less than or equal to 9007199254740991"),
-    ({"seed": -1}, "seed: Input should be greater than or equal to 0"),
-    ({"temperature": False}, "temperature: expected a number, not true/false"),
-    ({"max_tokens": True}, "max_tokens: expected a number, not true/false"),
-    ({"stream": 1}, "stream: Input should be a valid boolean"),
-    ({"question": "\ud800"}, "question: Input should be a valid string, unable to parse raw data as a unicode string"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"seed": 1e29}, "seed: Unable to parse input string as an integer, exceeded maximum size"),
+        ({"seed": 2**53}, "seed: Input should be less than or equal to 9007199254740991"),
+        ({"seed": -1}, "seed: Input should be greater than or equal to 0"),
+        ({"temperature": False}, "temperature: expected a number, not true/false"),
+        ({"max_tokens": True}, "max_tokens: expected a number, not true/false"),
+        ({"stream": 1}, "stream: Input should be a valid boolean"),
+        (
+            {"question": "\ud800"},
+            "question: Input should be a valid string, unable to parse raw data as a unicode string",
+        ),
+    ],
+)
 def test_bad_ask_values_are_422(client: TestClient, body: dict[str, Any], message: str) -> None:
     raw = json.dumps({"question": "Where?", **body})  # ensure_ascii: a lone surrogate travels as \ud800
     response = client.post("/ask", content=raw, headers={"content-type": "application/json"})
@@ -77,19 +85,22 @@ def test_lone_surrogate_in_chat_is_400(client: TestClient, stream: bool) -> None
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith(
         "messages.0.user.content.constrained-str: Input should be a valid string, unable to parse raw data as a "
-        "unicode string")
+        "unicode string"
+    )
 
 
 def test_boolean_numbers_in_chat_are_400(client: TestClient) -> None:
-    response = client.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "where?"}], "temperature": False})
+    response = client.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "where?"}], "temperature": False}
+    )
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "temperature"
 
 
 def test_chat_question_over_the_ask_cap_is_400(client: TestClient) -> None:
-    response = client.post("/v1/chat/completions", json={
-        "messages": [{"role": "user", "content": "x" * 8001}], "max_tokens": 2})
+    response = client.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 8001}], "max_tokens": 2}
+    )
     assert response.status_code == 400
     assert "at most 8000 characters" in response.json()["error"]["message"]
 
@@ -100,8 +111,9 @@ def test_prompt_longer_than_the_context_is_422(client: TestClient, corpus: dict[
     # The tiny model's 8,192 positions cannot be reached under the question cap: pretend it has 40.
     model.config = dataclasses.replace(saved, max_position_embeddings=40)
     try:
-        response = client.post("/ask", json={"question": "Where is Quintaro, and what is in its rivers?",
-                                             "stream": True})
+        response = client.post(
+            "/ask", json={"question": "Where is Quintaro, and what is in its rivers?", "stream": True}
+        )
         chat = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Where?"}]})
     finally:
         model.config = saved
@@ -117,12 +129,15 @@ def test_streamed_ask_still_works(client: TestClient, corpus: dict[str, str]) ->
     assert [name for name, _ in events][0] == "sources" and events[-1][0] == "done"
 
 
-@pytest.mark.parametrize(("method", "path", "allow"), [
-    ("PATCH", "/documents/some-id", "GET, DELETE"),  # two routes at one path: both named
-    ("PUT", "/ask", "POST"),
-    ("POST", "/health", "GET"),
-    ("DELETE", "/v1/chat/completions", "POST"),
-])
+@pytest.mark.parametrize(
+    ("method", "path", "allow"),
+    [
+        ("PATCH", "/documents/some-id", "GET, DELETE"),  # two routes at one path: both named
+        ("PUT", "/ask", "POST"),
+        ("POST", "/health", "GET"),
+        ("DELETE", "/v1/chat/completions", "POST"),
+    ],
+)
 def test_405_names_every_allowed_method(client: TestClient, method: str, path: str, allow: str) -> None:
     response = client.request(method, path)
     assert response.status_code == 405
@@ -141,8 +156,13 @@ def test_spec_describes_event_streams(client: TestClient) -> None:
     assert {"400", "401", "422", "429", "503"} <= set(ask)
     ingest = spec["paths"]["/ingest"]["post"]
     assert {"400", "413", "415"} <= set(ingest["responses"])
-    assert "another extension answers 415" in (
-        ingest["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]["files"]["description"])
+    assert (
+        "another extension answers 415"
+        in (ingest["requestBody"]["content"]["multipart/form-data"]["schema"]["properties"]["files"]["description"])
+    )
     job_events = spec["paths"]["/ingest/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
     assert [v["properties"]["event"]["const"] for v in job_events["text/event-stream"]["schema"]["oneOf"]] == [
-        "progress", "done", "error"]
+        "progress",
+        "done",
+        "error",
+    ]

@@ -21,8 +21,9 @@ from app.state import AppState
 
 @pytest.fixture(scope="module")
 def busy_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[LiveServer]:
-    settings = server_settings(tmp_path_factory.mktemp("busy") / "data", tiny_llama_dir,
-                               engine={"max_queue": 1, "max_running": 1})
+    settings = server_settings(
+        tmp_path_factory.mktemp("busy") / "data", tiny_llama_dir, engine={"max_queue": 1, "max_running": 1}
+    )
     with LiveServer(create_app(settings, load_in_background=False)) as server:
         yield server
 
@@ -63,11 +64,17 @@ def test_full_engine_answers_503_then_recovers(busy_server: LiveServer) -> None:
         assert refused.json() == {"detail": "the engine is busy, retry shortly"}
         assert refused.headers["retry-after"] == "1"
         assert http.post("/ask", json={**short, "stream": False}).status_code == 503
-        chat = http.post("/v1/chat/completions", json={
-            "model": "blendrag", "messages": [{"role": "user", "content": "q"}], "stream": True})
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"model": "blendrag", "messages": [{"role": "user", "content": "q"}], "stream": True},
+        )
         assert chat.status_code == 503
-        assert chat.json()["error"] == {"message": "the engine is busy, retry shortly", "type": "server_error",
-                                        "param": None, "code": "engine_busy"}
+        assert chat.json()["error"] == {
+            "message": "the engine is busy, retry shortly",
+            "type": "server_error",
+            "param": None,
+            "code": "engine_busy",
+        }
         assert "blendrag_engine_queue_depth 2.0" in http.get("/metrics").text
 
         # Closing the first stream cancels its request; the queued one runs to the end.

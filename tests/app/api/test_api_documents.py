@@ -19,8 +19,9 @@ def state_of(client: TestClient) -> Any:
 
 def queued_job(client: TestClient, title: str) -> tuple[str, str]:
     """A job accepted but not handed to the worker: it stays `queued` and its document `pending`."""
-    submitted = state_of(client).ingest.submit([IngestSource(kind="text", title=title, text=f"{title} text.")],
-                                               enqueue=False)
+    submitted = state_of(client).ingest.submit(
+        [IngestSource(kind="text", title=title, text=f"{title} text.")], enqueue=False
+    )
     return submitted.job_id, submitted.document_ids[0]
 
 
@@ -28,8 +29,13 @@ def queued_job(client: TestClient, title: str) -> tuple[str, str]:
 
 
 def test_json_ingest_is_accepted_and_its_job_succeeds(client: TestClient, corpus: dict[str, str]) -> None:
-    doc = {"title": "Kite festival", "text": "The kite festival of Quintaro is held every May.",
-           "metadata": {"lang": "en"}, "tags": ["events"], "source": "test:kites"}
+    doc = {
+        "title": "Kite festival",
+        "text": "The kite festival of Quintaro is held every May.",
+        "metadata": {"lang": "en"},
+        "tags": ["events"],
+        "source": "test:kites",
+    }
     response = client.post("/ingest", json={"documents": [doc]})
     assert response.status_code == 202
     body = response.json()
@@ -55,8 +61,10 @@ def test_json_ingest_is_accepted_and_its_job_succeeds(client: TestClient, corpus
 
 
 def test_multipart_upload_ingests_files_with_tags(client: TestClient) -> None:
-    files = [("files", ("rivers.txt", b"Purple rivers flow through Quintaro all year long.", "text/plain")),
-             ("files", ("notes.md", b"# Kites\n\nKites fly over Quintaro in May.", "text/markdown"))]
+    files = [
+        ("files", ("rivers.txt", b"Purple rivers flow through Quintaro all year long.", "text/plain")),
+        ("files", ("notes.md", b"# Kites\n\nKites fly over Quintaro in May.", "text/markdown")),
+    ]
     response = client.post("/ingest", files=files, data={"tags": "upload, test"})
     assert response.status_code == 202, response.text
     ids = response.json()["document_ids"]
@@ -90,8 +98,9 @@ def test_a_duplicate_upload_answers_with_the_stored_documents_id(client: TestCli
 
 def test_multipart_inline_documents_field_is_ingested_too(client: TestClient) -> None:
     inline = '[{"title": "Inline note", "text": "An inline note about Zorblat moons."}]'
-    response = client.post("/ingest", files=[("files", ("a.txt", b"File text about Zorblat.", "text/plain"))],
-                           data={"documents": inline})
+    response = client.post(
+        "/ingest", files=[("files", ("a.txt", b"File text about Zorblat.", "text/plain"))], data={"documents": inline}
+    )
     assert response.status_code == 202, response.text
     ids = response.json()["document_ids"]
     job = wait_for_job(client, response.json()["job_id"])
@@ -111,22 +120,25 @@ def test_file_over_the_size_limit_is_refused_with_413(client: TestClient) -> Non
     big = b"a" * (MAX_FILE_BYTES + 1)
     response = client.post("/ingest", files=[("files", ("big.txt", big, "text/plain"))])
     assert response.status_code == 413
-    assert response.json() == {"detail": f"big.txt: larger than the {MAX_FILE_BYTES}-byte limit "
-                                         "(ingest.max_file_bytes)"}
+    assert response.json() == {
+        "detail": f"big.txt: larger than the {MAX_FILE_BYTES}-byte limit (ingest.max_file_bytes)"
+    }
 
 
 def test_multipart_without_files_is_422(client: TestClient) -> None:
     response = client.post("/ingest", data={"tags": "x"}, files=[("other", ("a.txt", b"x", "text/plain"))])
     assert response.status_code == 422
-    assert response.json() == {"detail": "multipart ingest needs at least one file in the 'files' field "
-                                         "(or inline 'documents')"}
+    assert response.json() == {
+        "detail": "multipart ingest needs at least one file in the 'files' field (or inline 'documents')"
+    }
 
 
 def test_json_ingest_errors_are_422_with_a_message(client: TestClient) -> None:
     empty = client.post("/ingest", json={"documents": []})
     assert empty.status_code == 422
-    assert empty.json()["detail"] == ("invalid ingest body: documents: List should have at least 1 item "
-                                      "after validation, not 0")
+    assert empty.json()["detail"] == (
+        "invalid ingest body: documents: List should have at least 1 item after validation, not 0"
+    )
     no_text = client.post("/ingest", json={"documents": [{"title": "x"}]})
     assert no_text.status_code == 422
     assert no_text.json()["detail"] == "invalid ingest body: documents.0.text: Field required"
@@ -148,16 +160,21 @@ def test_other_content_types_are_415(client: TestClient) -> None:
 
 
 def test_unknown_job_is_404(client: TestClient) -> None:
-    for method, path in (("GET", "/ingest/jobs/nope"), ("POST", "/ingest/jobs/nope/cancel"),
-                         ("GET", "/ingest/jobs/nope/events")):
+    for method, path in (
+        ("GET", "/ingest/jobs/nope"),
+        ("POST", "/ingest/jobs/nope/cancel"),
+        ("GET", "/ingest/jobs/nope/events"),
+    ):
         response = client.request(method, path)
         assert response.status_code == 404, path
         assert response.json() == {"detail": "no ingest job nope"}
 
 
 def test_job_events_stream_progress_then_done(client: TestClient) -> None:
-    accepted = client.post("/ingest", json={"documents": [
-        {"title": "Streamed", "text": "A document whose ingest progress is streamed over SSE."}]}).json()
+    accepted = client.post(
+        "/ingest",
+        json={"documents": [{"title": "Streamed", "text": "A document whose ingest progress is streamed over SSE."}]},
+    ).json()
     with client.stream("GET", f"/ingest/jobs/{accepted['job_id']}/events") as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -221,8 +238,20 @@ def test_documents_are_listed_newest_first_with_paging(client: TestClient, corpu
     assert page["total"] == full["total"]
     assert [d["id"] for d in page["documents"]] == ready_ids[1:2]
     first = full["documents"][0]
-    assert set(first) == {"id", "title", "status", "error", "source", "tags", "metadata", "num_chunks",
-                          "num_tokens", "job_id", "created_at", "updated_at"}
+    assert set(first) == {
+        "id",
+        "title",
+        "status",
+        "error",
+        "source",
+        "tags",
+        "metadata",
+        "num_chunks",
+        "num_tokens",
+        "job_id",
+        "created_at",
+        "updated_at",
+    }
     created = [d["created_at"] for d in full["documents"]]
     assert created == sorted(created, reverse=True)
 
@@ -238,8 +267,13 @@ def test_documents_status_filter(client: TestClient, corpus: dict[str, str]) -> 
 
 
 def test_failed_documents_are_purged_in_one_call(client: TestClient, corpus: dict[str, str]) -> None:
-    bad = client.post("/ingest", files=[("files", ("a.json", b'[{"text": "ok"}, {"text": broken}]', "x/y")),
-                                        ("files", ("b.json", b"[]", "x/y"))])
+    bad = client.post(
+        "/ingest",
+        files=[
+            ("files", ("a.json", b'[{"text": "ok"}, {"text": broken}]', "x/y")),
+            ("files", ("b.json", b"[]", "x/y")),
+        ],
+    )
     assert wait_for_job(client, bad.json()["job_id"])["status"] == "failed"
     failed = client.get("/documents", params={"status": "failed"}).json()
     assert sorted(d["id"] for d in failed["documents"]) == sorted(bad.json()["document_ids"])
@@ -279,8 +313,10 @@ def test_document_detail_has_chunks_with_fresh_kv(client: TestClient, corpus: di
 
 
 def test_a_chunk_whose_kv_entry_is_gone_shows_missing(client: TestClient) -> None:
-    accepted = client.post("/ingest", json={"documents": [
-        {"title": "Evicted", "text": "This chunk's KV entry will be removed from the store."}]}).json()
+    accepted = client.post(
+        "/ingest",
+        json={"documents": [{"title": "Evicted", "text": "This chunk's KV entry will be removed from the store."}]},
+    ).json()
     wait_for_job(client, accepted["job_id"])
     doc_id = accepted["document_ids"][0]
     components = state_of(client).components
@@ -299,8 +335,9 @@ def test_unknown_document_is_404(client: TestClient) -> None:
 
 
 def test_delete_is_idempotent(client: TestClient) -> None:
-    accepted = client.post("/ingest", json={"documents": [
-        {"title": "Short-lived", "text": "A document that is deleted right away."}]}).json()
+    accepted = client.post(
+        "/ingest", json={"documents": [{"title": "Short-lived", "text": "A document that is deleted right away."}]}
+    ).json()
     wait_for_job(client, accepted["job_id"])
     doc_id = accepted["document_ids"][0]
     components = state_of(client).components
@@ -320,8 +357,9 @@ def test_delete_while_ingesting_is_409(client: TestClient) -> None:
     job_id, doc_id = queued_job(client, "Busy doc")
     response = client.delete(f"/documents/{doc_id}")
     assert response.status_code == 409
-    assert response.json() == {"detail": f"document {doc_id} is still being ingested by job {job_id}; "
-                                         "cancel the job first"}
+    assert response.json() == {
+        "detail": f"document {doc_id} is still being ingested by job {job_id}; cancel the job first"
+    }
     client.post(f"/ingest/jobs/{job_id}/cancel")
     assert client.delete(f"/documents/{doc_id}").status_code == 204
 

@@ -31,21 +31,26 @@ def test_before_start_up_only_health_answers(tmp_path: Path, tiny_llama_dir: Pat
     ready = client.get("/ready")
     assert ready.status_code == 503
     assert ready.json() == {"status": "loading"}
-    for method, path, body in (("POST", "/ask", {"question": "q"}), ("GET", "/documents", None),
-                               ("POST", "/ingest", {"documents": [{"title": "t", "text": "x"}]}),
-                               ("GET", "/api/coverage", None)):
+    for method, path, body in (
+        ("POST", "/ask", {"question": "q"}),
+        ("GET", "/documents", None),
+        ("POST", "/ingest", {"documents": [{"title": "t", "text": "x"}]}),
+        ("GET", "/api/coverage", None),
+    ):
         response = client.request(method, path, json=body)
         assert response.status_code == 503, path
         assert response.json() == {"detail": "models are still loading"}
         assert response.headers["retry-after"] == "5"
-    chat = client.post("/v1/chat/completions", json={"model": "blendrag",
-                                                     "messages": [{"role": "user", "content": "q"}]})
+    chat = client.post(
+        "/v1/chat/completions", json={"model": "blendrag", "messages": [{"role": "user", "content": "q"}]}
+    )
     assert chat.status_code == 503
     assert chat.json()["error"]["message"] == "models are still loading"
 
 
 def test_start_up_logs_each_step_loads_the_embedder_and_ends_with_ready_at(
-        tmp_path: Path, tiny_llama_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, tiny_llama_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     settings = server_settings(tmp_path / "data", tiny_llama_dir, server={"host": "0.0.0.0", "port": 8123})
     caplog.set_level(logging.INFO)
     with TestClient(create_app(settings, load_in_background=False)) as client:
@@ -94,15 +99,33 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
             assert client.get(asset).status_code == 200, asset
     spec = client.get("/openapi.json").json()
     assert set(spec["paths"]) == {
-        "/health", "/ready", "/ingest", "/ingest/jobs", "/ingest/jobs/{job_id}", "/ingest/jobs/{job_id}/cancel",
-        "/ingest/jobs/{job_id}/events", "/documents", "/documents/{document_id}", "/ask", "/v1/models",
-        "/v1/chat/completions", "/metrics", "/api/coverage", "/api/stats", "/api/defaults", "/api/index",
+        "/health",
+        "/ready",
+        "/ingest",
+        "/ingest/jobs",
+        "/ingest/jobs/{job_id}",
+        "/ingest/jobs/{job_id}/cancel",
+        "/ingest/jobs/{job_id}/events",
+        "/documents",
+        "/documents/{document_id}",
+        "/ask",
+        "/v1/models",
+        "/v1/chat/completions",
+        "/metrics",
+        "/api/coverage",
+        "/api/stats",
+        "/api/defaults",
+        "/api/index",
     }
     ask = spec["paths"]["/ask"]["post"]
     assert set(ask["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
     assert ask["requestBody"]["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/AskIn"}
     assert spec["components"]["schemas"]["AskIn"]["properties"]["mode"]["anyOf"][0]["enum"] == [
-        "blend", "full", "prefix", "reuse"]
+        "blend",
+        "full",
+        "prefix",
+        "reuse",
+    ]
     ingest = spec["paths"]["/ingest"]["post"]["requestBody"]["content"]
     assert set(ingest) == {"application/json", "multipart/form-data"}
     assert spec["paths"]["/documents/{document_id}"]["delete"]["responses"]["204"]
@@ -116,15 +139,25 @@ def test_ui_pages_and_assets_are_served(client: TestClient) -> None:
         assert f"<title>{title}</title>" in page.text
         for asset in re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text):
             assert client.get(asset).status_code == 200, asset
-    assert client.get("/static/js/api.js").headers["content-type"].startswith(("text/javascript",
-                                                                                "application/javascript"))
+    assert (
+        client.get("/static/js/api.js")
+        .headers["content-type"]
+        .startswith(("text/javascript", "application/javascript"))
+    )
     assert client.get("/static/nope.js").status_code == 404
 
 
 def test_ui_loads_nothing_from_other_hosts() -> None:
     files = [p for p in STATIC_DIR.rglob("*") if p.suffix in (".html", ".js", ".css", ".svg")]
-    assert {p.name for p in files} >= {"index.html", "admin.html", "app.css", "api.js", "chat.js", "admin.js",
-                                       "chart.js"}
+    assert {p.name for p in files} >= {
+        "index.html",
+        "admin.html",
+        "app.css",
+        "api.js",
+        "chat.js",
+        "admin.js",
+        "chart.js",
+    }
     for path in files:
         text = path.read_text(encoding="utf-8")
         # The only absolute URL allowed is the SVG namespace name (an identifier, never fetched).

@@ -20,10 +20,12 @@ MAX_JOB_TOKENS = 500
 
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Settings:
-    return server_settings(tmp_path_factory.mktemp("limits") / "data", tiny_llama_dir,
-                           server={"max_body_bytes": MAX_BODY, "max_upload_bytes": MAX_UPLOAD},
-                           ingest={"max_document_tokens": MAX_DOC_TOKENS, "max_job_tokens": MAX_JOB_TOKENS,
-                                   "max_job_documents": 3})
+    return server_settings(
+        tmp_path_factory.mktemp("limits") / "data",
+        tiny_llama_dir,
+        server={"max_body_bytes": MAX_BODY, "max_upload_bytes": MAX_UPLOAD},
+        ingest={"max_document_tokens": MAX_DOC_TOKENS, "max_job_tokens": MAX_JOB_TOKENS, "max_job_documents": 3},
+    )
 
 
 @pytest.fixture(scope="module")
@@ -38,25 +40,29 @@ def _leftovers(settings: Settings) -> list[str]:
 
 
 def test_two_uploads_with_one_name_are_two_documents(http: TestClient, limited: Settings) -> None:
-    files = [("files", ("same.txt", b"The first file talks about red apples.", "text/plain")),
-             ("files", ("same.txt", b"The second file talks about blue whales.", "text/plain"))]
+    files = [
+        ("files", ("same.txt", b"The first file talks about red apples.", "text/plain")),
+        ("files", ("same.txt", b"The second file talks about blue whales.", "text/plain")),
+    ]
     accepted = http.post("/ingest", files=files)
     assert accepted.status_code == 202, accepted.text
     job = wait_for_job(http, accepted.json()["job_id"])
     assert job["status"] == "succeeded", job
-    texts = sorted(http.get(f"/documents/{doc_id}").json()["chunks"][0]["text"].strip()
-                   for doc_id in job["document_ids"])
+    texts = sorted(
+        http.get(f"/documents/{doc_id}").json()["chunks"][0]["text"].strip() for doc_id in job["document_ids"]
+    )
     assert texts == ["The first file talks about red apples.", "The second file talks about blue whales."]
     stored = sorted(p.read_bytes() for p in limited.uploads_dir.rglob("same.txt"))
     assert stored == [b"The first file talks about red apples.", b"The second file talks about blue whales."]
 
 
 @pytest.mark.parametrize("name", [b"a\x00b.txt", ("x" * 252 + "é.txt").encode()])
-def test_unstorable_file_names_are_422_and_leave_no_temp_file(http: TestClient, limited: Settings,
-                                                              name: bytes) -> None:
+def test_unstorable_file_names_are_422_and_leave_no_temp_file(http: TestClient, limited: Settings, name: bytes) -> None:
     # Written by hand: httpx would percent-encode the NUL; a raw client sends it as is.
-    body = (b'--XyZ\r\nContent-Disposition: form-data; name="files"; filename="' + name + b'"\r\n'
-            b"Content-Type: text/plain\r\n\r\nsome text\r\n--XyZ--\r\n")
+    body = (
+        b'--XyZ\r\nContent-Disposition: form-data; name="files"; filename="' + name + b'"\r\n'
+        b"Content-Type: text/plain\r\n\r\nsome text\r\n--XyZ--\r\n"
+    )
     response = http.post("/ingest", content=body, headers={"content-type": "multipart/form-data; boundary=XyZ"})
     assert response.status_code == 422, response.text
     assert "file name" in response.json()["detail"]
@@ -67,12 +73,13 @@ def test_json_body_over_the_limit_is_413(http: TestClient) -> None:
     big = {"documents": [{"title": "big", "text": "word " * (MAX_BODY // 4)}]}
     response = http.post("/ingest", json=big)
     assert response.status_code == 413
-    assert response.json() == {"detail": f"request body larger than the {MAX_BODY}-byte limit "
-                                         "(server.max_body_bytes)"}
+    assert response.json() == {"detail": f"request body larger than the {MAX_BODY}-byte limit (server.max_body_bytes)"}
     ask = http.post("/ask", json={"question": "q?", "filters": {"tags": ["t" * 1000] * 40}})
     assert ask.status_code == 413
-    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "system", "content": "s" * MAX_BODY},
-                                                               {"role": "user", "content": "q?"}]})
+    chat = http.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "system", "content": "s" * MAX_BODY}, {"role": "user", "content": "q?"}]},
+    )
     assert chat.status_code == 413
     assert chat.json()["error"]["code"] == "request_too_large"
 
@@ -103,7 +110,8 @@ def test_inline_document_over_the_token_cap_is_413(http: TestClient) -> None:
     assert response.status_code == 413
     detail = response.json()["detail"]
     assert detail.startswith("document 'long' has ") and detail.endswith(
-        f"tokens; the limit is {MAX_DOC_TOKENS} (ingest.max_document_tokens)")
+        f"tokens; the limit is {MAX_DOC_TOKENS} (ingest.max_document_tokens)"
+    )
 
 
 def test_job_over_the_token_cap_is_413(http: TestClient) -> None:
@@ -119,8 +127,13 @@ def test_job_over_the_token_cap_is_413(http: TestClient) -> None:
 
 def test_uploaded_file_over_the_token_cap_fails_its_document(http: TestClient) -> None:
     text = " ".join(f"token{i}" for i in range(400)).encode()
-    accepted = http.post("/ingest", files=[("files", ("long.txt", text, "text/plain")),
-                                           ("files", ("short.txt", b"A short note about kites.", "text/plain"))])
+    accepted = http.post(
+        "/ingest",
+        files=[
+            ("files", ("long.txt", text, "text/plain")),
+            ("files", ("short.txt", b"A short note about kites.", "text/plain")),
+        ],
+    )
     assert accepted.status_code == 202
     job = wait_for_job(http, accepted.json()["job_id"])
     assert job["status"] == "succeeded"  # the short file made it

@@ -32,10 +32,15 @@ def test_models_lists_the_served_model(oai: openai.OpenAI) -> None:
 
 def test_non_streaming_completion_with_sources(oai: openai.OpenAI, live_corpus: dict[str, str]) -> None:
     completion = oai.chat.completions.create(
-        model="blendrag", max_tokens=5, temperature=0,
-        messages=[{"role": "system", "content": "ignored: the server's system prompt is fixed"},
-                  {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
-                  {"role": "user", "content": QUESTION}],
+        model="blendrag",
+        max_tokens=5,
+        temperature=0,
+        messages=[
+            {"role": "system", "content": "ignored: the server's system prompt is fixed"},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": QUESTION},
+        ],
         extra_body={"top_k": 2},
     )
     assert completion.object == "chat.completion"
@@ -60,10 +65,14 @@ def test_non_streaming_completion_with_sources(oai: openai.OpenAI, live_corpus: 
     assert extras["timings"]["ttft_ms"] > 0
 
 
-def test_streaming_completion_matches_the_non_streaming_one(oai: openai.OpenAI,
-                                                            live_corpus: dict[str, str]) -> None:
-    kwargs = {"model": "anything-goes", "max_tokens": 5, "temperature": 0, "extra_body": {"top_k": 2},
-              "messages": [{"role": "user", "content": [{"type": "text", "text": QUESTION}]}]}
+def test_streaming_completion_matches_the_non_streaming_one(oai: openai.OpenAI, live_corpus: dict[str, str]) -> None:
+    kwargs = {
+        "model": "anything-goes",
+        "max_tokens": 5,
+        "temperature": 0,
+        "extra_body": {"top_k": 2},
+        "messages": [{"role": "user", "content": [{"type": "text", "text": QUESTION}]}],
+    }
     whole = oai.chat.completions.create(**kwargs)
     chunks = list(oai.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
     assert len({c.id for c in chunks}) == 1
@@ -72,7 +81,8 @@ def test_streaming_completion_matches_the_non_streaming_one(oai: openai.OpenAI,
     assert first.choices[0].delta.role == "assistant"
     assert first.choices[0].delta.content == ""
     assert [s["document_id"] for s in first.model_extra["sources"]] == [
-        s["document_id"] for s in whole.model_extra["sources"]]
+        s["document_id"] for s in whole.model_extra["sources"]
+    ]
     assert last_choice.choices[0].finish_reason == whole.choices[0].finish_reason
     assert last_choice.choices[0].delta.content is None
     assert usage_chunk.choices == []
@@ -83,8 +93,7 @@ def test_streaming_completion_matches_the_non_streaming_one(oai: openai.OpenAI,
 
 
 def test_raw_stream_ends_with_done(live_server: LiveServer, live_corpus: dict[str, str]) -> None:
-    body = {"model": "blendrag", "stream": True, "max_tokens": 3,
-            "messages": [{"role": "user", "content": QUESTION}]}
+    body = {"model": "blendrag", "stream": True, "max_tokens": 3, "messages": [{"role": "user", "content": QUESTION}]}
     with httpx.Client(base_url=live_server.url, timeout=60) as http:
         response = http.post("/v1/chat/completions", json=body)
     assert response.status_code == 200
@@ -101,17 +110,26 @@ def test_errors_come_in_openai_shape(oai: openai.OpenAI, live_server: LiveServer
     with pytest.raises(openai.BadRequestError) as no_user:
         oai.chat.completions.create(model="blendrag", messages=[{"role": "system", "content": "hi"}])
     assert no_user.value.status_code == 400
-    assert no_user.value.body == {"message": "messages must contain a user message with text (the question)",
-                                  "type": "invalid_request_error", "param": None, "code": None}
+    assert no_user.value.body == {
+        "message": "messages must contain a user message with text (the question)",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": None,
+    }
 
     with pytest.raises(openai.BadRequestError) as bad_mode:
-        oai.chat.completions.create(model="blendrag", messages=[{"role": "user", "content": "q"}],
-                                    extra_body={"mode": "turbo"})
+        oai.chat.completions.create(
+            model="blendrag", messages=[{"role": "user", "content": "q"}], extra_body={"mode": "turbo"}
+        )
     assert bad_mode.value.body["message"] == "mode: Input should be 'blend', 'full', 'prefix' or 'reuse'"
     assert bad_mode.value.body["type"] == "invalid_request_error"
 
-    picked = oai.chat.completions.create(model="blendrag", messages=[{"role": "user", "content": "q"}],
-                                         max_tokens=1, extra_body={"selector": "deviation", "top_k": 1})
+    picked = oai.chat.completions.create(
+        model="blendrag",
+        messages=[{"role": "user", "content": "q"}],
+        max_tokens=1,
+        extra_body={"selector": "deviation", "top_k": 1},
+    )
     assert picked.model_extra["blendrag"]["selector"] == "deviation"
     assert bad_mode.value.body["param"] == "mode"
 
@@ -122,6 +140,11 @@ def test_errors_come_in_openai_shape(oai: openai.OpenAI, live_server: LiveServer
     with httpx.Client(base_url=live_server.url) as http:
         empty = http.post("/v1/chat/completions", json={"model": "blendrag", "messages": []})
     assert empty.status_code == 400
-    assert empty.json() == {"error": {"message": "messages: List should have at least 1 item after validation, "
-                                                 "not 0", "type": "invalid_request_error",
-                                      "param": "messages", "code": None}}
+    assert empty.json() == {
+        "error": {
+            "message": "messages: List should have at least 1 item after validation, not 0",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": None,
+        }
+    }

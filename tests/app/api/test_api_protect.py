@@ -20,9 +20,11 @@ CHAT = {"messages": [{"role": "user", "content": "Where is Quintaro?"}], "max_to
 
 @pytest.fixture(scope="module")
 def protected(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[TestClient]:
-    settings = server_settings(tmp_path_factory.mktemp("protect") / "data", tiny_llama_dir,
-                               server={"api_key": KEY, "protect_ask": True, "ask_rate_per_minute": 6,
-                                       "ask_burst": 3})
+    settings = server_settings(
+        tmp_path_factory.mktemp("protect") / "data",
+        tiny_llama_dir,
+        server={"api_key": KEY, "protect_ask": True, "ask_rate_per_minute": 6, "ask_burst": 3},
+    )
     with TestClient(create_app(settings, load_in_background=False)) as client:
         yield client
 
@@ -46,8 +48,9 @@ def test_question_routes_are_rate_limited_per_key(protected: TestClient) -> None
     assert statuses == [200, 200, 429]
     limited = protected.post("/ask", json=ASK, headers=BEARER)
     assert limited.status_code == 429
-    assert limited.json()["detail"] == ("too many questions: at most 6 per minute, 3 at once, per API key "
-                                        "(or IP address); retry later")
+    assert limited.json()["detail"] == (
+        "too many questions: at most 6 per minute, 3 at once, per API key (or IP address); retry later"
+    )
     assert 1 <= int(limited.headers["retry-after"]) <= 10
     assert protected.get("/documents", headers=BEARER).status_code == 200  # admin routes are not limited
 

@@ -38,9 +38,12 @@ LLM_PATHS = ("/ask", "/v1/chat/completions")
 def api_schema(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[Any]:
     from schemathesis.python import asgi
 
-    settings = server_settings(tmp_path_factory.mktemp("schemathesis") / "data", tiny_llama_dir,
-                               engine={"max_new_tokens": MAX_TOKENS, "max_queue": 64},
-                               server={"ask_rate_per_minute": None})  # 429s would hide what lies behind
+    settings = server_settings(
+        tmp_path_factory.mktemp("schemathesis") / "data",
+        tiny_llama_dir,
+        engine={"max_new_tokens": MAX_TOKENS, "max_queue": 64},
+        server={"ask_rate_per_minute": None},
+    )  # 429s would hide what lies behind
     app = create_app(settings, load_in_background=False)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)  # starts the app's lifespan (models load)
     with asgi.get_client(app) as client:
@@ -74,8 +77,13 @@ def _hunt(operation: Any, mode: Any, examples: int, findings: Findings) -> None:
     from schemathesis.specs.openapi.checks import positive_data_acceptance
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     def run(case: Any) -> None:
         _bounded(case)
         findings.cases[mode.value] += 1
@@ -104,8 +112,10 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(api_schema: 
     findings = Findings()
     for result in api_schema.get_all_operations():
         operation = result.ok()
-        for mode, examples in ((GenerationMode.POSITIVE, POSITIVE_EXAMPLES),
-                               (GenerationMode.NEGATIVE, NEGATIVE_EXAMPLES)):
+        for mode, examples in (
+            (GenerationMode.POSITIVE, POSITIVE_EXAMPLES),
+            (GenerationMode.NEGATIVE, NEGATIVE_EXAMPLES),
+        ):
             try:
                 _hunt(operation, mode, examples, findings)
             except Unsatisfiable:  # nothing to make invalid (an operation without parameters or body)
@@ -113,8 +123,10 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(api_schema: 
 
     cases = findings.cases
     total = cases["positive"] + cases["negative"]
-    summary = (f"schemathesis: {total} cases ({dict(cases)}), {len(findings.server_errors)} 5xx, "
-               f"{len(findings.failures)} failures")
+    summary = (
+        f"schemathesis: {total} cases ({dict(cases)}), {len(findings.server_errors)} 5xx, "
+        f"{len(findings.failures)} failures"
+    )
     print(summary)  # noqa: T201 (the count the report quotes; shown with pytest -s)
     assert total >= 15 * (POSITIVE_EXAMPLES // 2)  # every operation was exercised
     assert findings.server_errors == []

@@ -35,8 +35,7 @@ def test_is_storage_full() -> None:
 
 @pytest.fixture
 def http(tmp_path: Path, tiny_llama_dir: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(server_settings(tmp_path / "data", tiny_llama_dir),
-                               load_in_background=False)) as c:
+    with TestClient(create_app(server_settings(tmp_path / "data", tiny_llama_dir), load_in_background=False)) as c:
         yield c
 
 
@@ -62,8 +61,7 @@ def test_full_database_is_507_and_shows_in_ready(http: TestClient, monkeypatch: 
     assert http.get("/api/stats").json()["storage"]["ok"] is False
 
 
-def test_kv_write_failure_fails_the_document_not_succeeded(http: TestClient,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_kv_write_failure_fails_the_document_not_succeeded(http: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     import kvcache.disk_tier
 
     def no_space(*args: Any, **kwargs: Any) -> None:
@@ -76,15 +74,18 @@ def test_kv_write_failure_fails_the_document_not_succeeded(http: TestClient,
     assert job["status"] == "failed"
     [error] = job["errors"]
     assert error["code"] == "kv_write_failed"
-    assert error["error"] == ("the KV of 1 of 1 chunks could not be written to the KV store (disk full or "
-                              "unwritable; see /ready and the logs)")
+    assert error["error"] == (
+        "the KV of 1 of 1 chunks could not be written to the KV store (disk full or "
+        "unwritable; see /ready and the logs)"
+    )
     doc = http.get(f"/documents/{job['document_ids'][0]}").json()
     assert doc["status"] == "failed" and doc["num_chunks"] == 0
     assert http.get("/ready").json()["storage"]["last_fault"] == "KV write failed for 1 chunk(s)"
 
 
-def test_job_whose_failure_cannot_be_written_is_never_left_running(http: TestClient,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_job_whose_failure_cannot_be_written_is_never_left_running(
+    http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import app.services.ingest_service as ingest_service
 
     components = _components(http)

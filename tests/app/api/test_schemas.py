@@ -42,11 +42,19 @@ def test_modes_come_from_the_engine() -> None:
 
 
 def test_both_bodies_build_the_same_service_request() -> None:
-    params = {"top_k": 3, "mode": "reuse", "recompute_ratio": 0.5, "temperature": 0.7, "top_p": 0.9, "seed": 4,
-              "filters": {"document_ids": ["d1"], "tags": ["t"]}}
+    params = {
+        "top_k": 3,
+        "mode": "reuse",
+        "recompute_ratio": 0.5,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 4,
+        "filters": {"document_ids": ["d1"], "tags": ["t"]},
+    }
     ask = AskIn(question="Why?", max_tokens=12, **params).to_request("Why?")
-    chat = ChatCompletionIn(messages=[{"role": "user", "content": "Why?"}], max_completion_tokens=12,
-                            **params).to_request("Why?", max_tokens=12)
+    chat = ChatCompletionIn(
+        messages=[{"role": "user", "content": "Why?"}], max_completion_tokens=12, **params
+    ).to_request("Why?", max_tokens=12)
     assert ask == chat
     assert ask.filters == SearchFilters(document_ids=frozenset({"d1"}), tags=frozenset({"t"}))
     assert (ask.top_k, ask.mode, ask.recompute_ratio, ask.max_tokens, ask.seed) == (3, "reuse", 0.5, 12, 4)

@@ -6,8 +6,12 @@ from app.api.sse import SSEMessage, aiter_sse, iter_sse, parse_sse, sse_comment,
 
 
 def test_parse_reads_what_the_server_writes() -> None:
-    body = (sse_comment("keep-alive") + sse_event("sources", {"sources": [], "retrieval_ms": 1.5})
-            + sse_event("token", {"text": "naïve 東京\n"}) + sse_event(None, "[DONE]"))
+    body = (
+        sse_comment("keep-alive")
+        + sse_event("sources", {"sources": [], "retrieval_ms": 1.5})
+        + sse_event("token", {"text": "naïve 東京\n"})
+        + sse_event(None, "[DONE]")
+    )
     assert parse_sse(body) == [
         SSEMessage("sources", {"sources": [], "retrieval_ms": 1.5}),
         SSEMessage("token", {"text": "naïve 東京\n"}),
@@ -16,7 +20,7 @@ def test_parse_reads_what_the_server_writes() -> None:
 
 
 def test_parse_follows_the_event_stream_rules() -> None:
-    body = "event: a\r\ndata: 1\r\ndata: 2\r\n\r\n: comment\n\nevent: empty\n\ndata:{\"x\": 1}\n\ndata: tail"
+    body = 'event: a\r\ndata: 1\r\ndata: 2\r\n\r\n: comment\n\nevent: empty\n\ndata:{"x": 1}\n\ndata: tail'
     # two data lines join with a newline; no space after the colon is fine; an event without data and
     # a comment dispatch nothing; an unterminated last event still counts
     assert parse_sse(body) == [SSEMessage("a", "1\n2"), SSEMessage(None, {"x": 1}), SSEMessage(None, "tail")]
@@ -35,5 +39,7 @@ async def test_aiter_sse_over_async_lines() -> None:
         for line in (sse_event("token", {"text": "x"}) + sse_event("done", {"answer": "x"})).split("\n"):
             yield line
 
-    assert [m async for m in aiter_sse(lines())] == [SSEMessage("token", {"text": "x"}),
-                                                     SSEMessage("done", {"answer": "x"})]
+    assert [m async for m in aiter_sse(lines())] == [
+        SSEMessage("token", {"text": "x"}),
+        SSEMessage("done", {"answer": "x"}),
+    ]

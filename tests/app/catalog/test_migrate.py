@@ -51,8 +51,15 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 
 def _chunk(i: int) -> NewChunk:
-    return NewChunk(index=i, text=f"c{i}", token_ids=[i + 1], page=None, char_start=0, char_end=2,
-                    embedding=np.full(4, i, dtype=np.float32))
+    return NewChunk(
+        index=i,
+        text=f"c{i}",
+        token_ids=[i + 1],
+        page=None,
+        char_start=0,
+        char_end=2,
+        embedding=np.full(4, i, dtype=np.float32),
+    )
 
 
 def test_migrations_build_exactly_the_models(url: str) -> None:
@@ -69,8 +76,11 @@ def test_migrations_build_exactly_the_models(url: str) -> None:
     engine.dispose()
     assert diff == []
     # the job queue exists on PostgreSQL only (SQLite runs jobs in-process)
-    assert queue_tables == ({"pgqueuer", "pgqueuer_log", "pgqueuer_statistics", "pgqueuer_schedules"}
-                            if url.startswith("postgresql") else set())
+    assert queue_tables == (
+        {"pgqueuer", "pgqueuer_log", "pgqueuer_statistics", "pgqueuer_schedules"}
+        if url.startswith("postgresql")
+        else set()
+    )
     # a second upgrade is a no-op
     engine = create_engine(url)
     assert migrations.upgrade(engine) == (after, after)
@@ -97,8 +107,7 @@ def test_chunk_ids_are_never_reused(url: str) -> None:
 def test_index_events_follow_ready_and_delete(url: str) -> None:
     catalog = Catalog(url, index_events=True)
     assert catalog.last_index_event_id() == 0
-    doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=["x"], metadata={},
-                               job_id=None)
+    doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=["x"], metadata={}, job_id=None)
     ids = catalog.replace_chunks(doc.id, [_chunk(0), _chunk(1)])
     catalog.set_document_status(doc.id, DocumentStatus.FAILED, error="x")  # pending -> failed: never indexed
     assert catalog.index_events_after(0) == []

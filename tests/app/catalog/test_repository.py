@@ -27,8 +27,9 @@ def test_token_ids_round_trip_exactly() -> None:
 
 
 def test_document_lifecycle_and_chunk_ids(catalog: Catalog) -> None:
-    doc = catalog.add_document(title="A", source_path="/x/a.txt", content_hash=None, tags=["t"], metadata={},
-                               job_id=None)
+    doc = catalog.add_document(
+        title="A", source_path="/x/a.txt", content_hash=None, tags=["t"], metadata={}, job_id=None
+    )
     assert doc.status == DocumentStatus.PENDING
     ids = catalog.replace_chunks(doc.id, [_chunk(0, [5, 6], "k0"), _chunk(1, [7], "k1")])
     assert len(ids) == 2 and ids[1] == ids[0] + 1
@@ -51,8 +52,7 @@ def test_document_lifecycle_and_chunk_ids(catalog: Catalog) -> None:
 def test_delete_returns_chunks_once_and_is_idempotent(catalog: Catalog) -> None:
     doc = catalog.add_document(title="A", source_path=None, content_hash="h", tags=[], metadata={}, job_id=None)
     catalog.replace_chunks(doc.id, [_chunk(0, [1], "shared"), _chunk(1, [2], "own")])
-    other = catalog.add_document(title="B", source_path=None, content_hash="h2", tags=[], metadata={},
-                                 job_id=None)
+    other = catalog.add_document(title="B", source_path=None, content_hash="h2", tags=[], metadata={}, job_id=None)
     catalog.replace_chunks(other.id, [_chunk(0, [1], "shared")])
     deleted = catalog.delete_document(doc.id)
     assert sorted(c.kv_key for c in deleted) == ["own", "shared"]

@@ -23,8 +23,9 @@ def worker_in_thread(settings: Settings) -> Iterator[Components]:
     runner = JobRunner(components.catalog, IngestService(components))
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
-    thread = threading.Thread(target=loop.run_until_complete, args=(consume(worker_settings, runner, stop),),
-                              daemon=True)
+    thread = threading.Thread(
+        target=loop.run_until_complete, args=(consume(worker_settings, runner, stop),), daemon=True
+    )
     thread.start()
     try:
         yield components

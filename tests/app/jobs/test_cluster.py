@@ -18,15 +18,22 @@ from bench.cluster import PG_BIN, REDIS_BIN, Cluster, ask, ingest, job, sse_even
 
 pytestmark = [
     pytest.mark.slow,  # three model-loading processes at once: minutes on 2 cores
-    pytest.mark.skipif(PG_BIN is None or REDIS_BIN is None,
-                       reason="needs Debian's postgresql and redis-server packages (the Makefile installs them)"),
+    pytest.mark.skipif(
+        PG_BIN is None or REDIS_BIN is None,
+        reason="needs Debian's postgresql and redis-server packages (the Makefile installs them)",
+    ),
 ]
 
 DOCS = [
-    {"title": "Vellmar harbour", "text": "The harbour of Vellmar shelters forty fishing boats.\n\n"
-                                         "Its lighthouse, painted red and white, was built in 1871."},
-    {"title": "Sourdough", "text": "Sourdough bread needs flour, water, salt and a lively starter. "
-                                   "Bake it at 250 degrees."},
+    {
+        "title": "Vellmar harbour",
+        "text": "The harbour of Vellmar shelters forty fishing boats.\n\n"
+        "Its lighthouse, painted red and white, was built in 1871.",
+    },
+    {
+        "title": "Sourdough",
+        "text": "Sourdough bread needs flour, water, salt and a lively starter. Bake it at 250 degrees.",
+    },
     {"title": "Zorblat", "text": "Quintaro is the capital of Zorblat. Purple rivers cross the city."},
 ]
 
@@ -41,10 +48,16 @@ def until(predicate, timeout: float, what: str) -> float:  # noqa: ANN001
 
 @pytest.fixture
 def cluster(tmp_path: Path, tiny_llama_dir: Path) -> Cluster:
-    c = Cluster.start(tmp_path, settings_env={
-        "BLENDRAG_ENGINE__MODEL": str(tiny_llama_dir), "BLENDRAG_ENGINE__NUM_THREADS": "1",
-        "BLENDRAG_ENGINE__MAX_NEW_TOKENS": "4", "BLENDRAG_WORKER__HEARTBEAT_TIMEOUT_S": "3",
-        "BLENDRAG_WORKER__POLL_INTERVAL_S": "0.5"})
+    c = Cluster.start(
+        tmp_path,
+        settings_env={
+            "BLENDRAG_ENGINE__MODEL": str(tiny_llama_dir),
+            "BLENDRAG_ENGINE__NUM_THREADS": "1",
+            "BLENDRAG_ENGINE__MAX_NEW_TOKENS": "4",
+            "BLENDRAG_WORKER__HEARTBEAT_TIMEOUT_S": "3",
+            "BLENDRAG_WORKER__POLL_INTERVAL_S": "0.5",
+        },
+    )
     try:
         yield c
     finally:
@@ -102,10 +115,13 @@ def test_two_replicas_one_worker(cluster: Cluster) -> None:
     until(a_lost_it, 5, "document deleted through B gone from A")
 
     # kill -9 the worker mid-job; a new worker finishes it
-    paragraphs = [f"Log {i} of the Vellmar lighthouse: lamp {i} lit at {i % 12} o'clock by keeper {i * 3}."
-                  for i in range(40)]
-    big = [{"title": f"Log book {d}", "text": "\n\n".join(paragraphs[d:] + paragraphs[:d]) + f" Book {d}."}
-           for d in range(12)]
+    paragraphs = [
+        f"Log {i} of the Vellmar lighthouse: lamp {i} lit at {i % 12} o'clock by keeper {i * 3}." for i in range(40)
+    ]
+    big = [
+        {"title": f"Log book {d}", "text": "\n\n".join(paragraphs[d:] + paragraphs[:d]) + f" Book {d}."}
+        for d in range(12)
+    ]
     job_id = ingest(a, big)["job_id"]
     until(lambda: job(b, job_id)["stage"] in ("embed", "kv"), 300, "the worker mid-job")
     worker.stop(signal.SIGKILL)
@@ -114,8 +130,15 @@ def test_two_replicas_one_worker(cluster: Cluster) -> None:
     finished = wait_job(a, job_id, timeout=600)
     assert finished["status"] == "succeeded", finished
     assert finished["document_ids"] and finished["errors"] == []
-    until(lambda: all(httpx.get(f"{r.url}/documents/{d}", timeout=30).json()["status"] == "ready"
-                      for r in (a, b) for d in finished["document_ids"]), 5, "re-run documents ready everywhere")
+    until(
+        lambda: all(
+            httpx.get(f"{r.url}/documents/{d}", timeout=30).json()["status"] == "ready"
+            for r in (a, b)
+            for d in finished["document_ids"]
+        ),
+        5,
+        "re-run documents ready everywhere",
+    )
     doctor = cluster.run("doctor", "--data-dir", str(cluster.root / "doctor"))
     assert doctor.returncode == 0, doctor.stdout + doctor.stderr
     assert "stranded pending documents: 0" in doctor.stdout

@@ -21,9 +21,14 @@ def test_coverage_is_identical_from_every_replica(pg_settings: Settings, server_
     queue = PgJobQueue(pg_settings.catalog.url or "")
     try:
         service = IngestService(server_components, dispatch=queue.enqueue)
-        submitted = service.submit([IngestSource(kind="text", title="A", text="Vellmar harbour has 40 ships.\n\n"
-                                                 "Its lighthouse is red and white."),
-                                    IngestSource(kind="text", title="B", text="Sourdough needs a starter.")])
+        submitted = service.submit(
+            [
+                IngestSource(
+                    kind="text", title="A", text="Vellmar harbour has 40 ships.\n\nIts lighthouse is red and white."
+                ),
+                IngestSource(kind="text", title="B", text="Sourdough needs a starter."),
+            ]
+        )
         with worker_in_thread(pg_settings):
             deadline = time.monotonic() + 120
             while server_components.catalog.get_job(submitted.job_id).status != JobStatus.SUCCEEDED:
@@ -38,7 +43,8 @@ def test_coverage_is_identical_from_every_replica(pg_settings: Settings, server_
         assert view_a == view_b
         assert (view_a.chunks_total, view_a.chunks_fresh, view_a.coverage) == (len(chunks), len(chunks), 1.0)
         assert set(view_a.fresh_by_tier) == {"redis"} and view_a.fresh_by_tier["redis"] == len(
-            {c.kv_key for c in chunks})
+            {c.kv_key for c in chunks}
+        )
         # Gone from Redis: missing for everyone, although A still holds a private copy.
         server_components.store.redis.delete(chunks[0].kv_key)
         view_a, view_b = CoverageService(server_components).compute(), CoverageService(replica_b).compute()

@@ -80,8 +80,9 @@ def test_api_only_enqueues_and_a_worker_runs_the_job(pg_settings: Settings, serv
     queue.close()
 
 
-def test_jobs_whose_enqueue_was_lost_are_queued_once_again(pg_settings: Settings,
-                                                          server_components: Components) -> None:
+def test_jobs_whose_enqueue_was_lost_are_queued_once_again(
+    pg_settings: Settings, server_components: Components
+) -> None:
     """A job recorded in the catalog but never queued (the API died in between) is queued by a worker at
     start; queuing twice is harmless (the job id is the queue's dedupe key)."""
     import psycopg
@@ -108,8 +109,11 @@ def test_cancel_reaches_the_worker_running_the_job(pg_settings: Settings, server
     paragraphs = [f"Entry {i}: the tide at Vellmar rose {i} cm on day {i * 2}." for i in range(60)]
     submitted = service.submit([text(f"Tides {d}", "\n\n".join(paragraphs[d:] + paragraphs[:d])) for d in range(10)])
     with worker_in_thread(pg_settings):
-        wait_for(lambda: server_components.catalog.get_job(submitted.job_id).status == JobStatus.RUNNING, 120,
-                 "the worker to start the job")
+        wait_for(
+            lambda: server_components.catalog.get_job(submitted.job_id).status == JobStatus.RUNNING,
+            120,
+            "the worker to start the job",
+        )
         assert service.cancel(submitted.job_id).cancel_requested
         job = wait_for(lambda: finished(server_components, submitted.job_id), 120, "the job to stop")
     assert job.status == JobStatus.CANCELLED
@@ -120,14 +124,25 @@ def test_cancel_reaches_the_worker_running_the_job(pg_settings: Settings, server
 
 
 def _worker_process(settings: Settings, name: str, log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "BLENDRAG_CATALOG__URL": settings.catalog.url or "",
-           "BLENDRAG_KVCACHE__REDIS_URL": settings.kvcache.redis_url or "",
-           "BLENDRAG_ENGINE__MODEL": settings.engine.model, "BLENDRAG_ENGINE__NUM_THREADS": "1",
-           "BLENDRAG_WORKER__HEARTBEAT_TIMEOUT_S": "3", "BLENDRAG_WORKER__POLL_INTERVAL_S": "0.5"}
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--data-dir",
-                             str(settings.data_dir.parent / name)],
-                            cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "BLENDRAG_CATALOG__URL": settings.catalog.url or "",
+        "BLENDRAG_KVCACHE__REDIS_URL": settings.kvcache.redis_url or "",
+        "BLENDRAG_ENGINE__MODEL": settings.engine.model,
+        "BLENDRAG_ENGINE__NUM_THREADS": "1",
+        "BLENDRAG_WORKER__HEARTBEAT_TIMEOUT_S": "3",
+        "BLENDRAG_WORKER__POLL_INTERVAL_S": "0.5",
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--data-dir", str(settings.data_dir.parent / name)],
+        cwd=REPO,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
 
 
 @pytest.mark.slow  # two worker processes load their models: ~2 minutes on 2 cores
@@ -135,10 +150,13 @@ def _worker_process(settings: Settings, name: str, log: Path) -> subprocess.Pope
 def test_sigkilled_worker_loses_nothing(pg_settings: Settings, tmp_path: Path) -> None:
     """Kill -9 a worker mid-job: another worker takes the job over and everything ends consistent."""
     # Many small documents: the job spends seconds in embed and kv, long enough to be killed there.
-    paragraphs = [f"Report {i} on the harbour of Vellmar: {i * 7} ships, {i % 5} storms, and crew {i * 3}."
-                  for i in range(40)]
-    sources = [text(f"Doc {d}", "\n\n".join(paragraphs[(d * 3) % 40:] + paragraphs[:(d * 3) % 40]) + f" #{d}")
-               for d in range(12)]
+    paragraphs = [
+        f"Report {i} on the harbour of Vellmar: {i * 7} ships, {i % 5} storms, and crew {i * 3}." for i in range(40)
+    ]
+    sources = [
+        text(f"Doc {d}", "\n\n".join(paragraphs[(d * 3) % 40 :] + paragraphs[: (d * 3) % 40]) + f" #{d}")
+        for d in range(12)
+    ]
     components = build_components(pg_settings)
     queue = PgJobQueue(pg_settings.catalog.url or "")
     try:

@@ -27,8 +27,9 @@ DOCS = {
 @pytest.fixture
 def ingested(components: Components) -> dict[str, str]:
     service = IngestService(components)
-    submitted = service.submit([IngestSource(kind="text", title=t, text=x, tags=[t]) for t, x in DOCS.items()],
-                               enqueue=False)
+    submitted = service.submit(
+        [IngestSource(kind="text", title=t, text=x, tags=[t]) for t, x in DOCS.items()], enqueue=False
+    )
     service.run_job(submitted.job_id)
     return dict(zip(DOCS, submitted.document_ids, strict=True))
 
@@ -71,11 +72,14 @@ def test_blend_at_ratio_one_answers_exactly_like_full(components: Components, in
 
 
 def test_filters_restrict_sources(components: Components, ingested) -> None:
-    events = ask(components, AskRequest(question="capital?", top_k=3, max_tokens=2,
-                                        filters=SearchFilters(document_ids=[ingested["moon"]])))
+    events = ask(
+        components,
+        AskRequest(question="capital?", top_k=3, max_tokens=2, filters=SearchFilters(document_ids=[ingested["moon"]])),
+    )
     assert [s.document_id for s in events[0].sources] == [ingested["moon"]]
-    events = ask(components, AskRequest(question="capital?", top_k=3, max_tokens=2,
-                                        filters=SearchFilters(tags=["bread"])))
+    events = ask(
+        components, AskRequest(question="capital?", top_k=3, max_tokens=2, filters=SearchFilters(tags=["bread"]))
+    )
     assert [s.document_id for s in events[0].sources] == [ingested["bread"]]
 
 
@@ -112,8 +116,7 @@ def test_corrupt_entry_found_mid_request_is_recomputed(tmp_path, make_fast_setti
     components = make_fast_components(settings)
     try:
         service = IngestService(components)
-        submitted = service.submit([IngestSource(kind="text", title="zorblat", text=DOCS["zorblat"])],
-                                   enqueue=False)
+        submitted = service.submit([IngestSource(kind="text", title="zorblat", text=DOCS["zorblat"])], enqueue=False)
         service.run_job(submitted.job_id)
         (chunk,) = components.catalog.chunks_of(submitted.document_ids[0])
         files = [p for p in (tmp_path / "data" / "kv").rglob("*") if p.is_file() and chunk.kv_key in p.name]
@@ -134,8 +137,9 @@ def test_corrupt_entry_found_mid_request_is_recomputed(tmp_path, make_fast_setti
         components.close()
 
 
-def test_every_mode_decodes_with_the_same_repetition_control(components: Components, ingested,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_mode_decodes_with_the_same_repetition_control(
+    components: Components, ingested, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from engine.scheduler import Scheduler
 
     seen = []
@@ -147,8 +151,9 @@ def test_every_mode_decodes_with_the_same_repetition_control(components: Compone
 
     monkeypatch.setattr(Scheduler, "submit", spy)
     for mode in ("full", "prefix", "reuse", "blend"):
-        events = ask(components, AskRequest(question="What is the capital of Zorblat?", top_k=2, mode=mode,
-                                            max_tokens=5))
+        events = ask(
+            components, AskRequest(question="What is the capital of Zorblat?", top_k=2, mode=mode, max_tokens=5)
+        )
         assert isinstance(events[-1], DoneEvent)
     assert [m for m, _ in seen] == ["full", "prefix", "reuse", "blend"]
     settings = components.settings.engine

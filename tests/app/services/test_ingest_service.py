@@ -31,7 +31,12 @@ def test_text_documents_become_ready_with_index_and_kv(components: Components) -
     assert job.status == JobStatus.SUCCEEDED
     assert job.errors == []
     assert {k: v["done"] == v["total"] for k, v in job.progress.items()} == {
-        "parse": True, "chunk": True, "embed": True, "kv": True, "commit": True}
+        "parse": True,
+        "chunk": True,
+        "embed": True,
+        "kv": True,
+        "commit": True,
+    }
     for doc_id in submitted.document_ids:
         doc = components.catalog.get_document(doc_id)
         assert doc.status == DocumentStatus.READY
@@ -173,6 +178,7 @@ def test_crash_mid_commit_is_recovered_on_restart(components: Components, make_f
     components.catalog.update_job(submitted.job_id, status=JobStatus.RUNNING, stage="commit")
     ids = components.catalog.replace_chunks(doc_id, [NewChunk(0, "half", [1, 2, 3], None, 0, 4, None)])
     from retrieval.types import IndexedChunk
+
     components.retriever.add([IndexedChunk(chunk_id=ids[0], document_id=doc_id, text="half")])
     components.retriever.save()
     # (the "crashed" process is simply abandoned; a second set of components opens the same data dir)
@@ -192,8 +198,7 @@ def test_crash_mid_commit_is_recovered_on_restart(components: Components, make_f
         restarted.close()
 
 
-def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_settings,
-                                                                       make_fast_components) -> None:
+def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_settings, make_fast_components) -> None:
     settings = make_fast_settings(ingest={"chunk_tokens": 32, "chunk_overlap": 0})  # one chunk per paragraph
     components = make_fast_components(settings)
     try:
@@ -205,8 +210,11 @@ def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_
 
         def delete_old_during_kv(job) -> None:
             # after the shared chunk was found already stored (so skipped), before the commit
-            if (job.stage == "kv" and job.progress["kv"]["done"] >= 1
-                    and components.catalog.get_document(old.document_ids[0]) is not None):
+            if (
+                job.stage == "kv"
+                and job.progress["kv"]["done"] >= 1
+                and components.catalog.get_document(old.document_ids[0]) is not None
+            ):
                 assert service.delete_document(old.document_ids[0])
 
         job = service.run_job(new.job_id, on_progress=delete_old_during_kv)
@@ -224,26 +232,35 @@ def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_
 def _records_file(path: Path, n: int, start: int = 0) -> Path:
     import json
 
-    path.write_text(json.dumps([{"title": f"R{i}", "text": f"Record number {i} says hello."}
-                                for i in range(start, start + n)]))
+    path.write_text(
+        json.dumps([{"title": f"R{i}", "text": f"Record number {i} says hello."} for i in range(start, start + n)])
+    )
     return path
 
 
-def test_a_records_file_is_parsed_per_record_and_written_in_batches(components: Components, tmp_path: Path,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_records_file_is_parsed_per_record_and_written_in_batches(
+    components: Components, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import app.services.ingest_service as ingest_module
 
     monkeypatch.setattr(ingest_module, "CATALOG_BATCH", 100)
     calls = {"add_document": 0, "add_documents": []}
     add_document, add_documents = components.catalog.add_document, components.catalog.add_documents
-    monkeypatch.setattr(components.catalog, "add_document",
-                        lambda **kw: calls.__setitem__("add_document", calls["add_document"] + 1) or add_document(**kw))
-    monkeypatch.setattr(components.catalog, "add_documents",
-                        lambda rows: calls["add_documents"].append(len(rows)) or add_documents(rows))
+    monkeypatch.setattr(
+        components.catalog,
+        "add_document",
+        lambda **kw: calls.__setitem__("add_document", calls["add_document"] + 1) or add_document(**kw),
+    )
+    monkeypatch.setattr(
+        components.catalog,
+        "add_documents",
+        lambda rows: calls["add_documents"].append(len(rows)) or add_documents(rows),
+    )
     path = _records_file(tmp_path / "records.json", 250)
     service = IngestService(components)
-    submitted, job = run(service, [IngestSource(kind="file", title="records.json", path=str(path),
-                                                source_path="upload:records.json")])
+    submitted, job = run(
+        service, [IngestSource(kind="file", title="records.json", path=str(path), source_path="upload:records.json")]
+    )
     assert job.status == JobStatus.SUCCEEDED, job.errors
     assert job.progress["parse"] == {"done": 250, "total": 250}  # one step per record, not per file
     assert calls == {"add_document": 1, "add_documents": [100, 100, 49]}  # the file's own + 3 batches
@@ -259,12 +276,16 @@ def test_a_file_over_the_record_cap_fails_with_a_clear_error_and_nothing_else(ti
     components = build_components(tiny_settings)
     try:
         path = _records_file(tmp_path / "eleven.json", 11)
-        submitted, job = run(IngestService(components), [IngestSource(kind="file", title="eleven.json",
-                                                                       path=str(path))])
+        submitted, job = run(
+            IngestService(components), [IngestSource(kind="file", title="eleven.json", path=str(path))]
+        )
         assert job.status == JobStatus.FAILED
         assert [(e["code"], e["error"]) for e in job.errors] == [
-            ("too_many_records", "more than 10 records (ingest.max_records_per_file); split the file or raise "
-                                 "the setting")]
+            (
+                "too_many_records",
+                "more than 10 records (ingest.max_records_per_file); split the file or raise the setting",
+            )
+        ]
         assert job.progress["parse"] == {"done": 1, "total": 1}
         assert components.catalog.list_documents()[1] == 1  # only the file's own (failed) document
     finally:
@@ -272,7 +293,8 @@ def test_a_file_over_the_record_cap_fails_with_a_clear_error_and_nothing_else(ti
 
 
 def test_cancel_takes_effect_within_two_seconds_while_a_big_records_file_is_parsed(
-        tiny_settings, tmp_path: Path) -> None:
+    tiny_settings, tmp_path: Path
+) -> None:
     import threading
     import time
 
@@ -287,8 +309,10 @@ def test_cancel_takes_effect_within_two_seconds_while_a_big_records_file_is_pars
         thread = threading.Thread(target=service.run_job, args=(submitted.job_id,))
         thread.start()
         deadline = time.monotonic() + 60
-        while (components.catalog.get_job(submitted.job_id).progress.get("parse", {}).get("done", 0) < 2
-               and time.monotonic() < deadline):
+        while (
+            components.catalog.get_job(submitted.job_id).progress.get("parse", {}).get("done", 0) < 2
+            and time.monotonic() < deadline
+        ):
             time.sleep(0.02)
         job = components.catalog.get_job(submitted.job_id)
         assert job.stage == "parse" and job.progress["parse"]["done"] < 30_000  # mid-parse, per record
@@ -307,8 +331,7 @@ def test_cancel_takes_effect_within_two_seconds_while_a_big_records_file_is_pars
         components.close()
 
 
-def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(components: Components,
-                                                                           monkeypatch) -> None:
+def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(components: Components, monkeypatch) -> None:
     """In the server, ingest shares the model with questions through the scheduler (questions first)."""
     import threading
 

@@ -15,17 +15,26 @@ from apitools import LiveServer, server_settings
 from app.main import create_app
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SCREENSHOTS = Path(__file__).resolve().parents[3] / "test-output" / "screenshots"
 
 
 @pytest.fixture(scope="module")
 def ui_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[LiveServer]:
-    settings = server_settings(tmp_path_factory.mktemp("ui") / "data", tiny_llama_dir,
-                               # Greedy decoding of the random tiny model prints only newlines; sampling
-                               # gives visible text to look at.
-                               engine={"max_new_tokens": 16, "temperature": 1.0})
+    settings = server_settings(
+        tmp_path_factory.mktemp("ui") / "data",
+        tiny_llama_dir,
+        # Greedy decoding of the random tiny model prints only newlines; sampling
+        # gives visible text to look at.
+        engine={"max_new_tokens": 16, "temperature": 1.0},
+    )
     with LiveServer(create_app(settings, load_in_background=False)) as server:
         yield server
 

@@ -15,8 +15,10 @@ from app.main import create_app
 
 pytestmark = pytest.mark.browser
 
-ZORBLAT = (b"Quintaro is the capital of the planet Zorblat. Its purple rivers flow into the Silver Sea, "
-           b"and every May the city holds a kite festival.")
+ZORBLAT = (
+    b"Quintaro is the capital of the planet Zorblat. Its purple rivers flow into the Silver Sea, "
+    b"and every May the city holds a kite festival."
+)
 TIMEOUT_MS = 60_000
 KEY = "ui-test-key"
 
@@ -24,8 +26,10 @@ KEY = "ui-test-key"
 @pytest.fixture(scope="module")
 def library(ui_server: LiveServer) -> dict[str, str]:
     """Two documents ingested over the API (the upload test adds its own through the page)."""
-    docs = [{"title": "Zorblat guide", "text": ZORBLAT.decode()},
-            {"title": "Bread notes", "text": "Sourdough needs flour, water, salt and a starter."}]
+    docs = [
+        {"title": "Zorblat guide", "text": ZORBLAT.decode()},
+        {"title": "Bread notes", "text": "Sourdough needs flour, water, salt and a starter."},
+    ]
     with httpx.Client(base_url=ui_server.url, timeout=60) as http:
         accepted = http.post("/ingest", json={"documents": docs}).json()
         assert wait_for_job(http, accepted["job_id"])["status"] == "succeeded"
@@ -34,8 +38,7 @@ def library(ui_server: LiveServer) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[LiveServer]:
-    settings = server_settings(tmp_path_factory.mktemp("ui-key") / "data", tiny_llama_dir,
-                               server={"api_key": KEY})
+    settings = server_settings(tmp_path_factory.mktemp("ui-key") / "data", tiny_llama_dir, server={"api_key": KEY})
     with LiveServer(create_app(settings, load_in_background=False)) as server:
         yield server
 
@@ -43,8 +46,16 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path)
 def test_admin_upload_shows_progress_then_full_coverage(ui_server: LiveServer, page: Any, shot: Any) -> None:
     page.goto(f"{ui_server.url}/admin")
     page.wait_for_selector("#server-status .dot.ok")
-    page.set_input_files("#files", files=[{"name": "festival.txt", "mimeType": "text/plain",
-                                           "buffer": b"The kite festival of Quintaro is held every May. " * 4}])
+    page.set_input_files(
+        "#files",
+        files=[
+            {
+                "name": "festival.txt",
+                "mimeType": "text/plain",
+                "buffer": b"The kite festival of Quintaro is held every May. " * 4,
+            }
+        ],
+    )
     page.fill("#tags", "events")
     page.click("#upload-btn")
 
@@ -60,8 +71,7 @@ def test_admin_upload_shows_progress_then_full_coverage(ui_server: LiveServer, p
     assert row.query_selector(".title .t").inner_text() == "festival"  # a text file is titled by its name
     assert "tags: events" in row.inner_text()
     assert row.query_selector(".covtext").inner_text() == "1/1 fresh"
-    page.wait_for_function("document.getElementById('card-coverage').textContent === '100%'",
-                           timeout=TIMEOUT_MS)
+    page.wait_for_function("document.getElementById('card-coverage').textContent === '100%'", timeout=TIMEOUT_MS)
     detail = page.inner_text("#card-coverage-detail")
     assert re.fullmatch(r"(\d+) fresh · 0 stale · 0 missing of \1 chunks", detail), detail
     tiers = page.inner_text("#card-tiers")
@@ -69,8 +79,9 @@ def test_admin_upload_shows_progress_then_full_coverage(ui_server: LiveServer, p
     shot(page, "admin-after-upload")
 
 
-def test_chat_streams_an_answer_with_sources(ui_server: LiveServer, library: dict[str, str], page: Any,
-                                             shot: Any) -> None:
+def test_chat_streams_an_answer_with_sources(
+    ui_server: LiveServer, library: dict[str, str], page: Any, shot: Any
+) -> None:
     page.goto(ui_server.url + "/")
     page.wait_for_selector("#server-status .dot.ok")
     assert page.is_visible("#ratio-wrap")
@@ -119,12 +130,12 @@ def test_chat_shows_server_errors(ui_server: LiveServer, page: Any, console: Any
     assert error.inner_text() == "question: String should have at most 8000 characters"
 
 
-def test_admin_plots_recent_ttft_and_deletes(ui_server: LiveServer, library: dict[str, str], page: Any,
-                                             shot: Any) -> None:
+def test_admin_plots_recent_ttft_and_deletes(
+    ui_server: LiveServer, library: dict[str, str], page: Any, shot: Any
+) -> None:
     with httpx.Client(base_url=ui_server.url, timeout=60) as http:
         for mode in ("blend", "full", "reuse", "blend"):
-            response = http.post("/ask", json={"question": "Zorblat?", "mode": mode, "max_tokens": 2,
-                                               "stream": False})
+            response = http.post("/ask", json={"question": "Zorblat?", "mode": mode, "max_tokens": 2, "stream": False})
             assert response.status_code == 200
     page.goto(f"{ui_server.url}/admin")
     page.wait_for_selector("#ttft-chart circle", timeout=TIMEOUT_MS)
@@ -143,8 +154,7 @@ def test_admin_plots_recent_ttft_and_deletes(ui_server: LiveServer, library: dic
         assert http.get(f"/documents/{library['bread']}").status_code == 404
 
 
-def test_admin_asks_for_the_api_key_when_the_server_has_one(keyed_server: LiveServer, page: Any,
-                                                            console: Any) -> None:
+def test_admin_asks_for_the_api_key_when_the_server_has_one(keyed_server: LiveServer, page: Any, console: Any) -> None:
     console.expected.append("status of 401")
     page.goto(f"{keyed_server.url}/admin")
     page.wait_for_selector("#keybar:not([hidden])", timeout=TIMEOUT_MS)

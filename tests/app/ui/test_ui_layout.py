@@ -16,9 +16,11 @@ pytestmark = pytest.mark.browser
 TIMEOUT_MS = 60_000
 PHONE = {"width": 390, "height": 700}
 DOCS = [
-    {"title": "Zorblat guide to the purple rivers and the kite festival of Quintaro, with a long title",
-     "text": "Quintaro is the capital of the planet Zorblat. Its purple rivers flow into the Silver Sea.",
-     "tags": ["planets", "travel", "a-rather-long-tag-name"]},
+    {
+        "title": "Zorblat guide to the purple rivers and the kite festival of Quintaro, with a long title",
+        "text": "Quintaro is the capital of the planet Zorblat. Its purple rivers flow into the Silver Sea.",
+        "tags": ["planets", "travel", "a-rather-long-tag-name"],
+    },
     {"title": "Kites", "text": "Every May Quintaro holds a kite festival on the Silver Sea shore."},
     {"title": "Rivers", "text": "The purple rivers of Zorblat get their colour from violet clay."},
     {"title": "Bread", "text": "Sourdough needs flour, water, salt and a starter."},
@@ -58,8 +60,9 @@ def _no_sideways_scroll(page: Any) -> None:
     assert widths[0] <= widths[1], (widths, wide)
 
 
-def test_admin_on_a_phone_keeps_the_table_inside_its_card(ui_server: LiveServer, api_job: dict, phone: Any,
-                                                          shot: Any) -> None:
+def test_admin_on_a_phone_keeps_the_table_inside_its_card(
+    ui_server: LiveServer, api_job: dict, phone: Any, shot: Any
+) -> None:
     phone.goto(f"{ui_server.url}/admin")
     phone.wait_for_selector("#docs-body tr[data-status=ready]", timeout=TIMEOUT_MS)
     _no_sideways_scroll(phone)
@@ -72,7 +75,8 @@ def test_admin_on_a_phone_keeps_the_table_inside_its_card(ui_server: LiveServer,
 
 
 def test_chat_on_a_phone_shows_the_last_sources_and_timing_above_the_composer(
-        ui_server: LiveServer, api_job: dict, phone: Any, shot: Any) -> None:
+    ui_server: LiveServer, api_job: dict, phone: Any, shot: Any
+) -> None:
     phone.goto(ui_server.url + "/")
     phone.wait_for_selector("#server-status .dot.ok")
     phone.wait_for_selector("#ask-form[data-defaults=server]")
@@ -85,19 +89,24 @@ def test_chat_on_a_phone_shows_the_last_sources_and_timing_above_the_composer(
     last = "article.turn:nth-of-type(2)"
     assert len(phone.query_selector_all(f"{last} .source")) == 5  # every document matched: 5 of top-6
     # After the (smooth) scroll the timing line ends above the composer.
-    phone.wait_for_function(f"""() => {{
+    phone.wait_for_function(
+        f"""() => {{
         const stats = document.querySelector('{last} [data-testid=stats]').getBoundingClientRect();
         return stats.bottom <= document.getElementById('ask-form').getBoundingClientRect().top + 1;
-    }}""", timeout=10_000)
+    }}""",
+        timeout=10_000,
+    )
     _no_sideways_scroll(phone)
     shot(phone, "chat-phone-answer")
 
 
 def test_admin_counts_agree_lists_api_jobs_and_purges_failed_documents(
-        ui_server: LiveServer, api_job: dict, page: Any, shot: Any) -> None:
+    ui_server: LiveServer, api_job: dict, page: Any, shot: Any
+) -> None:
     page.goto(f"{ui_server.url}/admin")
-    card = page.wait_for_selector(f"li.job[data-job-id='{api_job['job_id']}'][data-status=succeeded]",
-                                  timeout=TIMEOUT_MS)
+    card = page.wait_for_selector(
+        f"li.job[data-job-id='{api_job['job_id']}'][data-status=succeeded]", timeout=TIMEOUT_MS
+    )
     assert card.query_selector(".name").inner_text() == f"job {api_job['job_id'][:8]} · 5 documents"
     assert card.query_selector(".stage").inner_text().startswith("done: 5 document(s)")
     page.wait_for_function("document.getElementById('docs-sub').textContent.endsWith('total')")
@@ -124,7 +133,8 @@ def test_admin_counts_agree_lists_api_jobs_and_purges_failed_documents(
 
 
 def test_reuse_answers_do_not_claim_blending_and_the_ttft_axis_has_one_unit(
-        ui_server: LiveServer, api_job: dict, page: Any) -> None:
+    ui_server: LiveServer, api_job: dict, page: Any
+) -> None:
     page.goto(ui_server.url + "/")
     page.wait_for_selector("#ask-form[data-defaults=server]")
     page.select_option("#mode", "reuse")
@@ -139,8 +149,11 @@ def test_reuse_answers_do_not_claim_blending_and_the_ttft_axis_has_one_unit(
         return [[0, 2000, 4000, 6000].map((v) => axisLabel(v, 6000, 2000)),
                 [0, 1250, 2500, 5000].map((v) => axisLabel(v, 5000, 1250)),
                 [0, 250, 500].map((v) => axisLabel(v, 500, 250))]; }""")
-    assert labels == [["0 s", "2 s", "4 s", "6 s"], ["0.00 s", "1.25 s", "2.50 s", "5.00 s"],
-                      ["0 ms", "250 ms", "500 ms"]]
+    assert labels == [
+        ["0 s", "2 s", "4 s", "6 s"],
+        ["0.00 s", "1.25 s", "2.50 s", "5.00 s"],
+        ["0 ms", "250 ms", "500 ms"],
+    ]
     page.goto(f"{ui_server.url}/admin")
     page.wait_for_selector("#ttft-chart circle", timeout=TIMEOUT_MS)
     ticks = page.eval_on_selector_all("#ttft-chart text.tick", "ts => ts.map(t => t.textContent)")

@@ -39,8 +39,7 @@ def upgrade() -> None:
         # AUTOINCREMENT on SQLite, a sequence (SERIAL) on PostgreSQL: neither ever hands out an id again,
         # so a FAISS id can never come to mean a different chunk.
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("document_id", sa.String(36), sa.ForeignKey("documents.id", ondelete="CASCADE"),
-                  nullable=False),
+        sa.Column("document_id", sa.String(36), sa.ForeignKey("documents.id", ondelete="CASCADE"), nullable=False),
         sa.Column("index", sa.Integer, nullable=False),
         sa.Column("text", sa.Text, nullable=False),
         sa.Column("token_ids_blob", sa.LargeBinary, nullable=False),
@@ -56,8 +55,9 @@ def upgrade() -> None:
     op.create_table(
         "ingest_jobs",
         sa.Column("id", sa.String(36), primary_key=True),
-        sa.Column("status", sa.Enum("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", name="jobstatus"),
-                  nullable=False),
+        sa.Column(
+            "status", sa.Enum("QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", name="jobstatus"), nullable=False
+        ),
         sa.Column("stage", sa.String(32), nullable=True),
         sa.Column("progress", sa.JSON, nullable=False),
         sa.Column("errors", sa.JSON, nullable=False),
