@@ -1,14 +1,24 @@
 """OpenAI-compatible `POST /v1/chat/completions` and `GET /v1/models`, answered by retrieval + blend.
 
-The last user message is the question; retrieval runs on it and the answer is grounded in the retrieved
-chunks exactly like /ask. Earlier turns and client system messages are not placed in the prompt: the
-server's own system prompt is part of every stored chunk KV's key, and blending needs the prompt to be
-`[prefix][chunks][question]`. The retrieved passages come back in an extra `sources` field (on the
-response, or on the first stream chunk), and blendrag's timings in an extra `blendrag` field.
+The whole `messages` array counts, as OpenAI clients expect:
 
-Extensions accepted in the body (the `openai` client's `extra_body=`): `top_k`, `filters`, `mode`,
-`recompute_ratio`, `selector`. The served model is listed by /v1/models; any `model` name is accepted (one model
-is served) and the response names the served one.
+- the last `user` message is the question (unanswered user messages just before it are joined to it);
+- earlier `user` / `assistant` pairs are the conversation's history: placed in the prompt as the chat
+  template renders them (their KV is stored by content, so a client resending the same history reuses
+  it), and retrieval reads their questions (`retrieval.followup`);
+- a `system` or `developer` message replaces the server's system prompt for this request (one more
+  prefix, computed once; the chunks' stored KV is blended behind it);
+- `tool` / `function` messages are not read.
+
+Stateless: nothing is stored unless the body names a `conversation_id` (the `openai` client's
+`extra_body=`): "new" starts a stored conversation, an id continues one (404 if unknown), and the turn is
+recorded there; with a conversation id and no earlier messages, the stored turns are the history. The
+retrieved passages come back in an extra `sources` field (on the response, or on the first stream chunk),
+and blendrag's timings and conversation in an extra `blendrag` field.
+
+Other extensions accepted in the body: `top_k`, `filters`, `mode`, `recompute_ratio`, `selector`. The
+served model is listed by /v1/models; any `model` name is accepted (one model is served) and the response
+names the served one.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from app.services.ask_service import (
     TokenDelta,
 )
 from app.state import AppState
+from engine.prompt import Turn
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
 router = APIRouter(
@@ -93,12 +104,17 @@ class UserMessage(BaseModel):
 
 
 class OtherMessage(BaseModel):
-    """Accepted for compatibility and not placed in the prompt (see the module's docstring)."""
+    """system / developer (the system prompt), assistant (an earlier answer); tool / function are not read."""
 
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text or "" for p in self.content if p.type == "text")
+        return self.content or ""
 
 
 ChatMessage = Annotated[UserMessage | OtherMessage, Field(discriminator="role")]
@@ -149,12 +165,50 @@ def list_models() -> ModelList:
     return ModelList(data=[ModelOut(id=SERVED_MODEL, created=_STARTED, owned_by="blendrag")])
 
 
-def _ask_request(body: ChatCompletionIn) -> AskRequest:
-    question = next((m.text() for m in reversed(body.messages) if isinstance(m, UserMessage)), "")
-    if not question:
+@dataclasses.dataclass(frozen=True)
+class ChatMessages:
+    """What a `messages` array asks: the question, the earlier turns, the client's system prompt."""
+
+    question: str
+    history: tuple[Turn, ...]
+    system_prompt: str | None  # None: the server's
+
+
+def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
+    """Split `messages` into question, history and system prompt (see the module docstring)."""
+    last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=None)
+    if last_user is None:
         raise HTTPException(400, "messages must contain a user message with text (the question)")
+    systems = [m.text().strip() for m in messages if m.role in ("system", "developer")]
+    systems = [t for t in systems if t]
+    history: list[Turn] = []
+    asked: list[str] = []  # user messages not answered yet
+    for message in messages[: last_user + 1]:
+        if isinstance(message, UserMessage):
+            asked.append(message.text().strip())
+        elif message.role == "assistant":
+            answer = message.text().strip()
+            if not answer:
+                continue  # a tool call without text
+            if asked:
+                history.append(Turn(question="\n".join(asked), answer=answer))
+                asked = []
+            elif history:  # two assistant messages in a row: one answer
+                history[-1] = Turn(history[-1].question, f"{history[-1].answer}\n{answer}")
+    question = "\n".join(asked)
+    if len(question) > MAX_QUESTION_CHARS:
+        raise HTTPException(
+            400, f"the question (the last user messages) is longer than {MAX_QUESTION_CHARS} characters"
+        )
+    return ChatMessages(
+        question=question, history=tuple(history), system_prompt="\n\n".join(systems) if systems else None
+    )
+
+
+def _ask_request(body: ChatCompletionIn) -> AskRequest:
+    chat = read_messages(body.messages)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return body.to_request(question, max_tokens=body.max_completion_tokens, stop=stop)
+    return body.to_request(chat.question, max_tokens=body.max_completion_tokens, stop=stop)
 
 
 def _finish_reason(reason: str) -> str:
