@@ -12,10 +12,10 @@ Step-wise, as the scheduler drives it (a `RequestRun` is the request's state, th
     events = engine.prefill(run, between_layers=..., cancelled=...)  # prompt pass + first token
     events_per_run = engine.decode([run, other_run])                 # one (batched) decode step each
 
-One thread computes at a time: in the server that is the scheduler's worker (engine/scheduler.py), which
-owns all compute. The weights and the prefix cache are read-only once loaded (the prefix cache is
-locked), so a second thread may call `prefill_chunks` or `generate` at once, but the two then share the
-cores; nothing else is designed for concurrent callers.
+Meant for one computing thread: in the server that is the scheduler's worker (engine/scheduler.py), which
+runs every prefill, prompt pass and decode step; CLI tools and bench call it from their one thread. The
+weights are read-only and the prefix cache is locked, but nothing else here is designed for concurrent
+callers (two at once would also fight over the same cores).
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ generation
     def new_run(self, request: GenerationRequest, arrival_time: float | None = None) -> RequestRun:
-        """The state of one request (WAITING), to be driven by `prompt` and `decode`."""
+        """The state of one request (WAITING), to be driven by `prefill` and `decode`."""
         return RequestRun(request, self.tokenizer, self.eos_token_ids, self.device, arrival_time)
 
     def prefill(

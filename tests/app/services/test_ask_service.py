@@ -254,3 +254,53 @@ def test_a_client_that_disconnects_during_the_prompt_pass_fails_nothing(
         asyncio.run(go())
     assert closed_by == ["blendrag-engine"]
     assert "request failed" not in caplog.text and "ask failed" not in caplog.text
+
+
+def test_a_question_the_stopping_scheduler_never_ran_ends_with_code_cancelled(
+    components: Components, ingested, monkeypatch
+) -> None:
+    import threading
+
+    from app.services.ask_service import ErrorEvent
+
+    inside, release = threading.Event(), threading.Event()
+    open_layers = components.store.open_layers
+
+    class Gated:
+        """Holds the first question's prompt pass at layer 1, so the second one waits behind it."""
+
+        def __init__(self, source) -> None:
+            self._source = source
+            self.num_layers, self.num_tokens = source.num_layers, source.num_tokens
+
+        def layer(self, layer_idx: int):
+            if layer_idx == 1 and not inside.is_set():
+                inside.set()
+                release.wait(30)
+            return self._source.layer(layer_idx)
+
+        def close(self) -> None:
+            self._source.close()
+
+    monkeypatch.setattr(components.store, "open_layers", lambda *a, **kw: Gated(open_layers(*a, **kw)))
+
+    async def go() -> tuple[list, list]:
+        scheduler = build_scheduler(components)
+        scheduler.start()
+        service = AskService(components, scheduler)
+        request = AskRequest(question="capital of Zorblat?", top_k=2, mode="reuse", max_tokens=4)
+        first = await service.admit(request)
+        await asyncio.to_thread(inside.wait, 30)
+        second = await service.admit(request)  # waits: the worker is inside the first prompt pass
+        stopping = asyncio.create_task(asyncio.to_thread(scheduler.stop))
+        deadline = time.monotonic() + 30
+        while not scheduler._stopping:  # stop() has begun (it then waits for the worker)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        release.set()
+        await stopping
+        return [e async for e in first.events()], [e async for e in second.events()]
+
+    first, second = asyncio.run(go())
+    assert isinstance(first[-1], DoneEvent) and first[-1].finish_reason == "cancelled"
+    assert isinstance(second[-1], ErrorEvent) and second[-1].code == "cancelled"
