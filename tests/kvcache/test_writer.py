@@ -92,3 +92,14 @@ def test_open_layers_serves_computed_entries_the_store_did_not_keep(tmp_path: Pa
     expected = [make_kv(ids[0]) for ids in CHUNKS[:2]]
     torch.testing.assert_close(k, torch.cat([e.k[1] for e in expected], dim=1).float())
     torch.testing.assert_close(v, torch.cat([e.v[1] for e in expected], dim=1).float())
+
+
+def test_the_writer_imports_no_engine_and_no_app() -> None:
+    import ast
+
+    import kvcache.writer
+
+    tree = ast.parse(Path(kvcache.writer.__file__).read_text())
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {m.split(".")[0] for m in modules} <= {"__future__", "logging", "collections", "dataclasses", "kvcache"}
