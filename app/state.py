@@ -94,9 +94,11 @@ class AppState:
                 sync.start()
         else:
             self.ingest = IngestService(components, **ingest_options)
-        self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
-        self.coverage = CoverageService(components)
         self.conversations = ConversationService(components.catalog)
+        self.ask = AskService(
+            components, self.scheduler, self.metrics, self.prefill_rate, conversations=self.conversations
+        )
+        self.coverage = CoverageService(components)
         self.documents = DocumentService(components, self.ingest, self.coverage)
         if self.job_queue is None:
             self.ingest.recover()

@@ -35,10 +35,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.ask import BUSY_DETAIL, client_gone, record_answer
-from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
+from app.api.deps import conversation_owner, engine_is_full, get_ask, get_conversations, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
-from app.api.schemas import NOT_BLANK, AskParams, MaxTokens, NotBool, OpenAIErrorOut
+from app.api.schemas import NOT_BLANK, AskParams, ConversationId, MaxTokens, NotBool, OpenAIErrorOut
 from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.ask_service import (
     MAX_QUESTION_CHARS,
@@ -52,6 +52,7 @@ from app.services.ask_service import (
     SourcesEvent,
     TokenDelta,
 )
+from app.services.conversation_service import ConversationNotFound, ConversationService
 from app.state import AppState
 from engine.prompt import Turn
 
@@ -145,6 +146,11 @@ class ChatCompletionIn(AskParams):
     max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, NotBool] = Field(default=1, ge=1, le=1, description="Only one choice is generated")
+    conversation_id: ConversationId | None = Field(
+        default=None,
+        description='Store this turn: "new" starts a conversation, an id continues one (404 if unknown); '
+        "without earlier messages, the stored turns are the history. Default: stateless, nothing stored",
+    )
 
 
 class ModelOut(BaseModel):
@@ -205,10 +211,22 @@ def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
     )
 
 
-def _ask_request(body: ChatCompletionIn) -> AskRequest:
+def _ask_request(body: ChatCompletionIn, conversations: ConversationService, owner: str | None) -> AskRequest:
+    """The service request: question, history and system prompt from `messages`; the conversation to
+    record the turn in when the body names one (ConversationNotFound for an id this caller lacks)."""
     chat = read_messages(body.messages)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return body.to_request(chat.question, max_tokens=body.max_completion_tokens, stop=stop)
+    context = None
+    history = chat.history
+    if body.conversation_id is not None:
+        context = conversations.open(body.conversation_id, owner)
+        history = chat.history or context.history
+    return dataclasses.replace(
+        body.to_request(chat.question, max_tokens=body.max_completion_tokens, stop=stop),
+        history=history,
+        system_prompt=chat.system_prompt,
+        conversation=context,
+    )
 
 
 def _finish_reason(reason: str) -> str:
@@ -220,6 +238,8 @@ def _usage(done: DoneEvent) -> dict[str, int]:
         "prompt_tokens": done.usage.prompt_tokens,
         "completion_tokens": done.usage.completion_tokens,
         "total_tokens": done.usage.total_tokens,
+        "history_tokens": done.usage.history_tokens,
+        "history_reused_tokens": done.usage.history_reused_tokens,
     }
 
 
@@ -233,6 +253,12 @@ def _extras(done: DoneEvent) -> dict[str, Any]:
         "timings": dataclasses.asdict(done.timings),
         "context_tokens": done.usage.context_tokens,
         "recomputed_tokens": done.usage.recomputed_tokens,
+        "history_tokens": done.usage.history_tokens,
+        "history_reused_tokens": done.usage.history_reused_tokens,
+        "history_turns": done.history_turns,
+        "history_dropped_turns": done.history_dropped_turns,
+        "retrieval_query": done.retrieval_query,
+        "conversation_id": done.conversation_id,
     }
 
 
@@ -298,9 +324,13 @@ async def chat_completions(
     request: Request,
     service: AskService = Depends(get_ask),
     state: AppState = Depends(get_state),
+    conversations: ConversationService = Depends(get_conversations),
 ) -> Any:
-    """Chat completion grounded in the library (retrieval on the last user message)."""
-    ask_request = _ask_request(body)
+    """Chat completion grounded in the library; the whole `messages` history counts (see the module doc)."""
+    try:
+        ask_request = _ask_request(body, conversations, conversation_owner(request))
+    except ConversationNotFound as exc:
+        return openai_error(404, str(exc), code="conversation_not_found")
     if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
         return _busy(BUSY_DETAIL)
     try:
