@@ -14,7 +14,8 @@ Every turn is asked with the earlier turns (questions and the default's answers)
 
 - TTFT of full prefill, of the default (blend) with the history's stored KV reused, and of the default with
   the history recomputed (its entries deleted first, so they are computed at question time);
-- first-token KL(full ‖ default) and KL(full ‖ reuse) on the same prompt and KV;
+- first-token KL(full ‖ default) and KL(full ‖ reuse) on the same prompt and KV, and the same with a
+  client's own system prompt (CLIENT_SYSTEM_PROMPT: another prefix, the stored KV blended behind it);
 - retrieval recall of the referenced passage (in the top 3 / top k) with `followup` concat, rewrite, off.
 
 The look-up test (`--lookup N`, like `bench lookup`): N made-up projects, one document each holding its
@@ -56,6 +57,7 @@ logger = logging.getLogger(__name__)
 NAME = "conversation"
 FOLLOWUPS = ("concat", "rewrite", "off")
 TOP = 3  # "in the top 3 sources"
+CLIENT_SYSTEM_PROMPT = "You are a librarian. Answer in one short sentence, citing the passage you used."
 
 _PROJECTS = [
     "Zorblat",
@@ -221,6 +223,10 @@ async def run_sessions(
                 }
             if history:
                 row["kl"] = await _kl(state, _request(turn.question, history, max_tokens))
+            # A client's own system prompt: another prefix, the chunks and turns stored behind the server's.
+            row["kl_client_system"] = await _kl(
+                state, _request(turn.question, history, max_tokens, system_prompt=CLIENT_SYSTEM_PROMPT)
+            )
             if timings:
                 ttft = {}
                 full, _, _ = await _ask(state, _request(turn.question, history, max_tokens, mode="full"))
@@ -327,6 +333,10 @@ def summarize(rows: list[dict[str, Any]], top_k: int) -> dict[str, Any]:
                 for f in FOLLOWUPS
             },
         }
+        client = [r["kl_client_system"] for r in group if "kl_client_system" in r]
+        if client:
+            entry["kl_client_system_default"] = mean(k["default"] for k in client)
+            entry["kl_client_system_reuse"] = mean(k["reuse"] for k in client)
         kls = [r["kl"] for r in group if "kl" in r]
         if kls:
             entry["kl_default"] = mean(k["default"] for k in kls)
@@ -445,6 +455,7 @@ def main(args: argparse.Namespace) -> int:
             "ratio": settings.engine.recompute_ratio,
             "followup_default": settings.retrieval.followup,
             "history_max_tokens": settings.engine.history_max_tokens,
+            "client_system_prompt": CLIENT_SYSTEM_PROMPT,
             "max_tokens": args.max_tokens,
             "machine": machine_info(),
             "by_turn": summarize(outcome["per_turn"], args.passages),
