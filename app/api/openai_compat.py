@@ -193,9 +193,9 @@ def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
         if isinstance(message, UserMessage):
             asked.append(message.text().strip())
         elif message.role == "assistant":
-            answer = message.text().strip()
-            if not answer:
+            if message.content is None:
                 continue  # a tool call without text
+            answer = message.text().strip()  # may be empty: an empty answer is still a turn, as /ask stores it
             if asked:
                 history.append(Turn(question="\n".join(asked), answer=answer))
                 asked = []

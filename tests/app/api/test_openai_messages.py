@@ -53,6 +53,11 @@ def test_irregular_arrays() -> None:
     assert chat.question == "third\nfourth"
     assert chat.system_prompt == "Be terse.\n\nCite sources."
     assert _read([{"role": "user", "content": "q"}]).system_prompt is None
+    # An empty answer is still an answer (the model said nothing), as /ask records it.
+    empty = _read(
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": " "}, {"role": "user", "content": "b"}]
+    )
+    assert (empty.history, empty.question) == ((Turn("a", ""),), "b")
 
 
 def test_no_user_message_is_a_400() -> None:
