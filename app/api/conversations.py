@@ -19,6 +19,7 @@ from app.api.schemas import (
     ErrorOut,
     TurnOut,
     TurnSourceOut,
+    ValidationErrorOut,
 )
 from app.catalog.conversations import ConversationRecord
 from app.services.conversation_service import ConversationNotFound, ConversationService
@@ -29,11 +30,13 @@ router = APIRouter(
     dependencies=[Depends(guard_questions)],
     responses={
         401: {"model": ErrorOut, "description": "API key required (with `server.protect_ask`)"},
+        422: {"model": ValidationErrorOut, "description": "Invalid offset or limit"},
         429: {"model": ErrorOut, "description": "Too many requests from this API key / IP; see Retry-After"},
+        503: {"model": ErrorOut, "description": "Models still loading"},
     },
 )
 
-MAX_OFFSET = 1_000_000
+MAX_OFFSET = 2**62  # SQLite integers are 64-bit signed: a larger offset would be a 500
 
 
 def conversation_out(record: ConversationRecord) -> ConversationOut:
