@@ -383,6 +383,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.plot([int(t) for t in names], [turns[t]["ttft_ms"][key] for t in names], "o-", color=color, label=key)
         ax.set_ylabel("TTFT (ms)")
         ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "not measured (--no-timings)", ha="center", va="center", transform=ax.transAxes)
+        ax.set_yticks([])
     ax.set_xlabel("turn")
     ax.set_title("time to first token", fontsize=9)
     ax = axes[1]
@@ -408,9 +411,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
         )
     ax.set_xlabel("turn")
     ax.set_ylabel(f"referenced passage in top {TOP}")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, 1.25)
+    ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
     ax.set_title("follow-up retrieval", fontsize=9)
+    for ax in axes:
+        ax.set_xticks([int(t) for t in names])
     fig.suptitle(f"conversations · {result['model']} · {result['sessions']} sessions", fontsize=9)
     save_figure(fig, path)
 
