@@ -16,7 +16,6 @@ asked.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     from engine.prompt import PromptBuilder, Turn
     from engine.types import PromptLayout
     from kvcache.types import ChunkKV
-
-logger = logging.getLogger(__name__)
 
 ComputeKV = Callable[[list[list[int]]], "list[ChunkKV]"]
 
