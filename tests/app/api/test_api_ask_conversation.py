@@ -103,6 +103,14 @@ def test_three_turn_ask_and_v1_prompts_are_the_chat_template(
     assert body["blendrag"]["conversation_id"] is None  # nothing stored
     assert client.get(f"/conversations/{conversation_id}").json()["num_turns"] == 3
 
+    # Prometheus counts both, over every answer so far (these four at least).
+    metrics = dict(
+        line.rsplit(" ", 1) for line in client.get("/metrics").text.splitlines() if line.startswith("blendrag_history")
+    )
+    at_least = dones[1]["usage"]["history_tokens"] + dones[2]["usage"]["history_tokens"] + v1_layout.num_history_tokens
+    assert float(metrics["blendrag_history_tokens_total"]) >= at_least
+    assert float(metrics["blendrag_history_reused_tokens_total"]) >= at_least
+
 
 def test_client_system_prompt_is_its_own_prefix(
     client: TestClient, corpus: dict[str, str], submitted: list[Any]
