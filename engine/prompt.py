@@ -194,6 +194,8 @@ class PromptBuilder:
             chunk_ids=[list(c) for c in chunk_ids] + history,
             suffix_ids=self.suffix_ids(question),
             num_history_segments=len(history),
+            # A client's builder: the store's KV was computed behind the server's prefix, not this one.
+            segments_behind_prefix=not self._untrusted_system,
         )
 
     def layout_ranked(

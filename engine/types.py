@@ -52,6 +52,9 @@ class PromptLayout:
     chunk_ids: list[list[int]]
     suffix_ids: list[int]
     num_history_segments: int = 0
+    # Whether the segments' stored KV was computed behind these prefix_ids. False for a client's own system
+    # prompt (the store holds KV computed behind the server's): mode `prefix` then reuses the prefix alone.
+    segments_behind_prefix: bool = True
 
     def __post_init__(self) -> None:
         if not self.suffix_ids:

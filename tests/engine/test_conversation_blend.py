@@ -48,3 +48,21 @@ def test_reused_history_is_not_full_prefill(tiny_engine, chunks) -> None:
     full = tiny_engine.prompt_pass(layout, None, "full")
     reuse = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "reuse")
     assert (reuse.logits - full.logits).abs().max().item() > 1e-3
+
+
+def test_prefix_mode_behind_a_client_prompt_reuses_the_prefix_alone(tiny_engine, chunks) -> None:
+    # Chunk 1's stored KV was computed behind the server's prefix: behind a client's it is not exact, so
+    # `prefix` recomputes it (and everything after the prefix) and equals full prefill.
+    client = tiny_engine.prompt.for_system_prompt("Start every answer with Arr!")
+    layout = client.layout(chunks, "what does the fox do?")
+    assert not layout.segments_behind_prefix and tiny_engine.prompt.layout(chunks, "q").segments_behind_prefix
+    stored = tiny_engine.prefill_chunks(chunks)
+    full = tiny_engine.prompt_pass(layout, None, "full")
+    prefix = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "prefix")
+    torch.testing.assert_close(prefix.logits, full.logits, atol=ATOL, rtol=0)
+    # Behind the server's own prefix, chunk 1 is reused as stored (exact too, by construction).
+    server = tiny_engine.prompt.layout(chunks, "what does the fox do?")
+    server_prefix = tiny_engine.prompt_pass(server, InMemoryLayerSource(stored), "prefix")
+    torch.testing.assert_close(
+        server_prefix.logits, tiny_engine.prompt_pass(server, None, "full").logits, atol=ATOL, rtol=0
+    )
