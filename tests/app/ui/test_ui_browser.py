@@ -68,7 +68,7 @@ def test_admin_upload_shows_progress_then_full_coverage(ui_server: LiveServer, p
     with httpx.Client(base_url=ui_server.url) as http:
         [doc_id] = http.get(f"/ingest/jobs/{job.get_attribute('data-job-id')}").json()["document_ids"]
     row = page.wait_for_selector(f"tr[data-doc-id='{doc_id}'][data-status=ready]", timeout=TIMEOUT_MS)
-    assert row.query_selector(".title .t").inner_text() == "festival"  # a text file is titled by its name
+    assert row.query_selector(".title .t").inner_text() == "festival.txt"  # a text file is titled by its name
     assert "tags: events" in row.inner_text()
     assert row.query_selector(".covtext").inner_text() == "1/1 fresh"
     page.wait_for_function("document.getElementById('card-coverage').textContent === '100%'", timeout=TIMEOUT_MS)
