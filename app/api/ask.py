@@ -94,6 +94,7 @@ def record_answer(metrics: Metrics, event: DoneEvent) -> None:
             num_prompt_tokens=event.usage.prompt_tokens,
             num_completion_tokens=event.usage.completion_tokens,
             full_prefill_estimate_ms=event.timings.full_prefill_estimate_ms,
+            num_context_tokens=event.usage.context_tokens,
         )
     )
 

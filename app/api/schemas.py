@@ -392,6 +392,7 @@ class RecentAskOut(BaseModel):
     num_prompt_tokens: int
     num_completion_tokens: int
     full_prefill_estimate_ms: float | None
+    num_context_tokens: int = Field(description="Context tokens in the prompt; 0 for an answer without documents")
 
 
 class StorageOut(BaseModel):
@@ -417,6 +418,9 @@ class StatsOut(BaseModel):
     ingest_chunks: int
     ingest_seconds: float
     ingest_chunks_per_s: float | None
-    ttft_by_mode: dict[str, ModeStatsOut] = Field(description="Over the recent asks below")
+    ttft_by_mode: dict[str, ModeStatsOut] = Field(
+        description="Over the recent asks below that had context (answers without documents are left out: "
+        "their prompt is the question alone, which says nothing about a mode's speed)"
+    )
     recent: list[RecentAskOut] = Field(description="Last answers, oldest first (bounded ring buffer)")
     storage: StorageOut
