@@ -10,7 +10,8 @@ from app.cli_progress import IngestProgress
 
 
 def job(status: str, stage: str | None, **progress: tuple[int, int]) -> dict:
-    return {"status": status, "stage": stage, "progress": {k: {"done": d, "total": t} for k, (d, t) in progress.items()}}
+    stages = {k: {"done": d, "total": t} for k, (d, t) in progress.items()}
+    return {"status": status, "stage": stage, "progress": stages}
 
 
 ZERO = {"parse": (0, 0), "chunk": (0, 0), "embed": (0, 0), "kv": (0, 0), "commit": (0, 0)}

@@ -175,3 +175,68 @@ def test_api_docs_render_offline(ui_server: LiveServer, page: Any, shot: Any) ->
     assert page.inner_text(".info .title").startswith("blendrag")
     assert outside == []
     shot(page, "api-docs")
+
+
+HOSTILE_DOC = (
+    "# Timeouts\n\nSet a timeout on the client:\n\n```python\nclient = httpx.Client(timeout=10.0)\n```\n\n"
+    '<img src="https://example.invalid/' + "a" * 300 + '.png" onerror="window.__pwned = 1">\n\n'
+    "<script>window.__pwned = 2</script>\n"
+)
+CANNED_ANSWER = "### `timeout`\n\nUse a client [1]:\n\n```python\nclient = httpx.Client(timeout=5)\n```\n"
+
+
+def _sse(event: str, data: dict) -> str:
+    import json
+
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def test_answers_and_passages_render_as_markdown_and_nothing_executes(
+    ui_server: LiveServer, browser: Any, console: Any, shot: Any
+) -> None:
+    with httpx.Client(base_url=ui_server.url, timeout=60) as http:
+        accepted = http.post("/ingest", json={"documents": [{"title": "Timeouts", "text": HOSTILE_DOC}]}).json()
+        assert wait_for_job(http, accepted["job_id"])["status"] == "succeeded"
+        real = http.post("/ask", json={"question": "How do I set a timeout?", "top_k": 1, "stream": False}).json()
+    [source] = real["sources"]
+    assert source["title"] == "Timeouts"
+    # The answer: a fixed Markdown stream (the tiny test model writes random tokens), split mid-fence so the
+    # page renders an unclosed fence while streaming; sources and stats as the server sends them.
+    half = CANNED_ANSWER.index("timeout=5")
+    body = (
+        _sse("sources", {"sources": real["sources"], "retrieval_ms": 1.0})
+        + _sse("token", {"text": CANNED_ANSWER[:half]})
+        + _sse("token", {"text": CANNED_ANSWER[half:]})
+        + _sse("done", {k: v for k, v in real.items() if k != "sources"} | {"answer": CANNED_ANSWER})
+    )
+    for width in (1280, 390):
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        page = context.new_page()
+        page.on("pageerror", lambda exc: console.errors.append(str(exc)))
+        page.route("**/ask", lambda route: route.fulfill(status=200, content_type="text/event-stream", body=body))
+        page.goto(ui_server.url + "/")
+        page.wait_for_selector("#server-status .dot.ok")
+        page.fill("#question", "How do I set a timeout?")
+        page.press("#question", "Enter")
+        answer = page.wait_for_selector("article.turn[data-rendered=true] [data-testid=answer]", timeout=TIMEOUT_MS)
+        assert answer.query_selector("h3 code").inner_text() == "timeout"
+        code = answer.query_selector("pre code.language-python")
+        assert code.inner_text().strip() == "client = httpx.Client(timeout=5)"
+        assert page.eval_on_selector("pre code", "e => getComputedStyle(e).fontFamily").startswith("ui-monospace")
+        assert "```" not in answer.inner_text() and "###" not in answer.inner_text()
+        cite = answer.query_selector("button.cite")
+        assert cite.inner_text() == "[1]"
+        shot(page, f"chat-markdown-{width}")
+        cite.click()  # the [1] mark opens the source, itself rendered
+        page.wait_for_selector("dialog#passage[open] #passage-text.markdown pre code")
+        text = page.inner_text("#passage-text")
+        assert "client = httpx.Client(timeout=10.0)" in text and '<img src="https://example.invalid/' in text
+        assert page.query_selector("#passage-text img, #passage-text script") is None
+        assert page.evaluate("window.__pwned") is None
+        overflow = page.eval_on_selector("#passage-text", "e => e.scrollWidth - e.clientWidth")
+        assert overflow <= 0, overflow  # the long <img …> text wraps inside the dialog
+        shot(page, f"chat-markdown-passage-{width}")
+        context.close()
+    with httpx.Client(base_url=ui_server.url, timeout=60) as http:
+        http.delete(f"/documents/{source['document_id']}")
+    assert console.unexpected() == []

@@ -2,6 +2,7 @@
 // `sources` (numbered passages), `token` (text deltas), `done` (timings) or `error`.
 
 import { api, el, errorMessage, fmtMs, fmtPct, readSSE, watchReadiness } from "./api.js";
+import { renderInto, StreamRenderer } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -28,8 +29,10 @@ function openPassage(source) {
   if (source.page) meta.push(`p. ${source.page}`);
   meta.push(`score ${source.score.toFixed(3)}`, `chunk ${source.chunk_id}`);
   $("passage-meta").textContent = meta.join(" · ");
-  $("passage-text").textContent = source.text || source.snippet;
+  const body = $("passage-text");
+  body.textContent = source.text || source.snippet;
   dialog.showModal();
+  renderInto(body, source.text || source.snippet);
 }
 
 // One question and its answer, updated as events arrive.
@@ -45,6 +48,7 @@ class Turn {
       el("div", { class: "question" }, text), this.answer, this.sourceList, this.stats);
     this.text = "";
     this.numDeltas = 0;
+    this.renderer = new StreamRenderer(this.answer);
   }
 
   setSources(sources) {
@@ -69,31 +73,26 @@ class Turn {
 
   addText(delta) {
     this.text += delta;
-    this.answer.textContent = this.text;
+    if (!this.answer.classList.contains("markdown")) this.answer.textContent = this.text;
+    this.renderer.update(this.text);
     this.numDeltas += 1;
     this.root.dataset.deltas = String(this.numDeltas); // how many token events arrived (tests read it)
   }
 
-  // The final answer, with [n] citations turned into buttons that open the passage.
-  renderAnswer(text) {
-    this.answer.replaceChildren();
-    for (const part of text.split(/(\[\d+\])/)) {
-      const match = /^\[(\d+)\]$/.exec(part);
-      const source = match && this.sources.find((s) => s.rank === Number(match[1]));
-      if (source) {
-        this.answer.append(el("button", { class: "cite", type: "button", title: source.title,
-                                          onclick: () => openPassage(source) }, part));
-      } else {
-        this.answer.append(part);
-      }
-    }
+  // The final answer as Markdown, with [n] citations turned into buttons that open the passage.
+  async renderAnswer(text) {
+    this.renderer.close();
+    await renderInto(this.answer, text, this.sources, openPassage);
+    this.root.dataset.rendered = "true";
   }
 
   done(result) {
     this.finished = true;
     this.answer.classList.remove("streaming");
-    this.renderAnswer(result.answer || this.text);
-    if (!(result.answer || this.text)) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+    const answer = result.answer || this.text;
+    this.renderAnswer(answer).then(() => {
+      if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+    });
     const t = result.timings;
     const items = [el("span", { "data-k": "ttft" }, "TTFT ", el("b", {}, fmtMs(t.ttft_ms)))];
     if (t.full_prefill_estimate_ms !== null && t.full_prefill_estimate_ms !== undefined && result.mode !== "full") {
@@ -120,6 +119,7 @@ class Turn {
 
   fail(message) {
     this.finished = true;
+    this.renderer.close();
     this.answer.classList.remove("streaming");
     if (!this.text) this.answer.replaceChildren();
     this.answer.append(el("div", { class: "error-text", "data-testid": "error" }, message));
