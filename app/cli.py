@@ -411,6 +411,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"  index entries without a committed chunk: {len(report.orphan_index_ids)} {verb}")
     print(f"  committed chunks missing from the index: {len(report.unindexed_chunk_ids)} {verb}")
     print(f"  committed chunks without fresh KV: {len(report.kv_missing_chunk_ids)} {verb}")
+    if report.kv_unwritten_chunk_ids:
+        print(f"  of those, KV the store could not keep: {len(report.kv_unwritten_chunk_ids)} (disk full?)")
     print(f"  KV entries no chunk uses (kept): {report.num_unreferenced_kv_entries}")
     if report.problems and not args.repair:
         print("run `blendrag doctor --repair` to fix these", file=sys.stderr)

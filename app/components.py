@@ -32,12 +32,11 @@ class Components:
     retriever: Retriever
 
     def expected_kv_key(self, token_ids: list[int]) -> str:
-        """The KV entry key a chunk has under the current model, system prompt and storage dtype."""
-        from kvcache.keys import chunk_key
+        """The KV entry key a chunk has under the current model, system prompt and storage dtype.
 
-        return chunk_key(
-            self.engine.fingerprint, self.engine.prompt.prefix_ids, token_ids, self.settings.kvcache.storage_dtype
-        )
+        `TieredKVStore.key_for` is the one key function; the KV writer (kvcache/writer.py) uses it too.
+        """
+        return self.store.key_for(self.engine.fingerprint, self.engine.prompt.prefix_ids, token_ids)
 
     def close(self) -> None:
         self.retriever.save()

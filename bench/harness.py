@@ -202,15 +202,24 @@ def put_chunks(
     chunk_ids: list[list[int]],
     kvs: list[ChunkKV],
 ) -> list[str]:
-    """Store each chunk's KV under the key /ask would look up; returns the keys in prompt order."""
-    keys = []
-    for ids, kv in zip(chunk_ids, kvs, strict=True):
-        key = store.key_for(engine.fingerprint, engine.prompt.prefix_ids, ids)
-        result = store.put(key, kv, model_fingerprint=engine.fingerprint)
-        if not result.stored_in:
-            raise RuntimeError(f"the benchmark's KV store refused chunk {key[:12]} ({result.failed})")
-        keys.append(key)
-    return keys
+    """Store each chunk's KV under the key /ask would look up; returns the keys in prompt order.
+
+    Goes through the one KV writer (kvcache/writer.py) with the KV already computed; a chunk the store
+    could not keep stops the benchmark (its figures would be of recomputed KV).
+    """
+    from kvcache.writer import ensure_chunk_kv
+
+    by_ids = {tuple(ids): kv for ids, kv in zip(chunk_ids, kvs, strict=True)}
+    written = ensure_chunk_kv(
+        store,
+        chunk_ids,
+        model_fingerprint=engine.fingerprint,
+        prefix_ids=engine.prompt.prefix_ids,
+        compute=lambda todo: [by_ids[tuple(ids)] for ids in todo],
+    )
+    if written.unwritten:
+        raise RuntimeError(f"the benchmark's KV store refused {len(written.unwritten)} chunk(s)")
+    return written.keys
 
 
 class ChunkKVSet:

@@ -5,9 +5,10 @@ eight. So the scheduler feeds the last sampled token of every decoding request t
 together: the norms, projections and MLP run on a (B, 1, hidden) batch, and only attention runs per
 request, each against its own cache (the caches have different lengths, so nothing is padded).
 
-The arithmetic of each row is the one of `phases.decode` (same functions, same order); only the GEMMs
-see B rows instead of one, which may change the last bits of a logit but not the greedy token in the
-tests (tests/engine/test_batched_decode.py).
+Each layer is `Transformer.qkv`, then a cache write and attention per request, then
+`Transformer.output_and_mlp`: the same two halves of the layer body that `Transformer.layer` runs
+(engine/layers.py). Only the GEMMs see B rows instead of one, which may change the last bits of a logit
+but not the greedy token in the tests (tests/engine/test_batched_decode.py).
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.layers import Transformer, rms_norm
-from engine.rope import apply_rope
+from engine.layers import Transformer
 from engine.threads import parallel
 from engine.working_cache import WorkingCache
 
@@ -41,12 +41,8 @@ def decode_batch(tf: Transformer, caches: list[WorkingCache], token_ids: list[in
     h = tf.embed(torch.tensor(token_ids, device=tf.device))[:, None]  # (B, 1, hidden)
     with tf.serial_small(h):
         for idx in range(cfg.num_layers):
-            w = tf.w.layers[idx]
-            x = rms_norm(h, w.attn_norm, cfg.rms_norm_eps)
-            q, k, v = tf.linear(x, w.wqkv, w.bqkv).split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
-            k = apply_rope(k.view(bsz, 1, kv_heads, d), cos, sin)  # (B, 1, kv_heads, D)
-            v = v.view(bsz, 1, kv_heads, d)
-            q = apply_rope(q.view(bsz, 1, heads, d), cos, sin).transpose(1, 2)  # (B, heads, 1, D)
+            q, _, k, v = tf.qkv(idx, h, cos, sin)  # q (B, 1, heads, D); k (RoPE'd), v (B, 1, kv_heads, D)
+            q = q.transpose(1, 2)  # (B, heads, 1, D)
             outs = []
             for b, (cache, pos) in enumerate(zip(caches, positions, strict=True)):
                 cache.k[idx][0, :, pos] = k[b, 0]
@@ -58,10 +54,7 @@ def decode_batch(tf: Transformer, caches: list[WorkingCache], token_ids: list[in
                         )
                     )  # (1, heads, 1, D)
             o = torch.cat(outs).transpose(1, 2).reshape(bsz, 1, heads * d)
-            h = h + tf.linear(o, w.wo, w.bo)
-            x = rms_norm(h, w.mlp_norm, cfg.rms_norm_eps)
-            gate, up = tf.linear(x, w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)
-            h = h + tf.linear(F.silu(gate) * up, w.w_down, w.b_down)
+            h = tf.output_and_mlp(idx, h, o)
     for cache in caches:
         cache.length += 1
     return tf.logits(h[:, 0])

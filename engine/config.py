@@ -51,7 +51,11 @@ class EngineSettings(BaseModel):
     ratio_schedule: list[float] | None = None
     deviation_on: Literal["v", "k"] = "v"
 
-    max_queue: int = Field(default=16, ge=1, description="requests waiting or running before EngineBusy")
+    max_queue: int = Field(
+        default=16,
+        ge=1,
+        description="requests waiting for their prompt pass before EngineBusy (running ones: max_running)",
+    )
     max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
     max_new_tokens: int = Field(default=128, ge=1, description="answer length cap when a request sets none")
     temperature: float = Field(default=0.0, ge=0.0)

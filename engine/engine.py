@@ -6,7 +6,16 @@
     for event in engine.generate(GenerationRequest("r1", layout, InMemoryLayerSource(kvs))):
         ...                                                    # TokenEvent…, FinishEvent
 
-Thread-safe: many threads may call prefill/blend/generate at once; each request has its own state.
+Step-wise, as the scheduler drives it (a `RequestRun` is the request's state, the engine does the compute):
+
+    run = engine.new_run(request)
+    events = engine.prefill(run, between_layers=..., cancelled=...)  # prompt pass + first token
+    events_per_run = engine.decode([run, other_run])                 # one (batched) decode step each
+
+Meant for one computing thread: in the server that is the scheduler's worker (engine/scheduler.py), which
+runs every prefill, prompt pass and decode step; CLI tools and bench call it from their one thread. The
+weights are read-only and the prefix cache is locked, but nothing else here is designed for concurrent
+callers (two at once would also fight over the same cores).
 """
 
 from __future__ import annotations
@@ -22,12 +31,13 @@ from pathlib import Path
 import torch
 
 from engine import phases
+from engine.batched_decode import decode_batch
 from engine.builtin import ensure_builtin_llm
 from engine.config import EngineSettings
 from engine.generation import RequestRun
 from engine.layers import Transformer
 from engine.model import LoadedModel, ModelConfig, load_model
-from engine.phases import PrefixKV, extend, prefill_chunks, prefill_prefix
+from engine.phases import PrefixKV, decode, extend, prefill_chunks, prefill_prefix
 from engine.prompt import PromptBuilder
 from engine.types import (
     BlendConfig,
@@ -36,6 +46,7 @@ from engine.types import (
     Mode,
     PromptLayout,
     PromptResult,
+    RequestCancelled,
     ScoreResult,
 )
 from kvcache.types import ChunkKV, LayerKVSource
@@ -148,9 +159,15 @@ class Engine:
         mode: Mode = "blend",
         blend: BlendConfig | None = None,
         extra_capacity: int = 0,
-        should_stop: Callable[[], bool] | None = None,
+        *,
+        between_layers: Callable[[], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> PromptResult:
-        """The prompt pass of `mode`: last-token logits + working cache (room for extra_capacity more)."""
+        """The prompt pass of `mode`: last-token logits + working cache (room for extra_capacity more).
+
+        At every layer boundary `between_layers()` runs, then `cancelled()` is asked: True stops the pass
+        there with RequestCancelled (engine.phases.LayerBoundary).
+        """
         prefix = self.prefix_kv(layout.prefix_ids) if mode != "full" and kv_source is not None else None
         return phases.prompt_pass(
             self.transformer,
@@ -160,7 +177,8 @@ class Engine:
             blend or self.settings.blend_config(),
             prefix,
             capacity=layout.num_tokens + extra_capacity,
-            should_stop=should_stop,
+            between_layers=between_layers,
+            cancelled=cancelled,
         )
 
     def score(
@@ -189,22 +207,63 @@ class Engine:
         )
 
     # ------------------------------------------------------------------------------------ generation
-    def start(
+    def new_run(self, request: GenerationRequest, arrival_time: float | None = None) -> RequestRun:
+        """The state of one request (WAITING), to be driven by `prefill` and `decode`."""
+        return RequestRun(request, self.tokenizer, self.eos_token_ids, self.device, arrival_time)
+
+    def prefill(
         self,
-        request: GenerationRequest,
-        arrival_time: float | None = None,
-        should_stop: Callable[[], bool] | None = None,
-    ) -> RequestRun:
-        """A step-wise run of one request (the scheduler interleaves several of these)."""
-        return RequestRun(self, request, arrival_time, should_stop)
+        run: RequestRun,
+        *,
+        between_layers: Callable[[], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> list[GenerationEvent]:
+        """The prompt pass of the run's mode and its first token (gpt-fast's `prefill`, on a run).
+
+        `cancelled()` is asked before the pass starts and, like `between_layers()`, at every layer boundary
+        (engine.phases.LayerBoundary); once it says True the run finishes "cancelled" there. Closes
+        `run.request.kv_source` whatever happens: whoever executes the prompt pass owns the source.
+        """
+        request = run.request
+        try:
+            if cancelled is not None and cancelled():  # cancelled while it waited: no pass at all
+                return [run.cancel()]
+            run.start_prompt()
+            result = self.prompt_pass(
+                request.layout,
+                request.kv_source,
+                request.mode,
+                request.blend,
+                extra_capacity=request.sampling.max_tokens,
+                between_layers=between_layers,
+                cancelled=cancelled,
+            )
+        except RequestCancelled:
+            return [run.cancel()]
+        finally:
+            if request.kv_source is not None:
+                request.kv_source.close()
+        return run.accept_prompt(result)
+
+    def decode(self, runs: list[RequestRun]) -> list[list[GenerationEvent]]:
+        """One decode step of every run (decoding): its pending token through the model, the next sampled.
+
+        Several runs go through the layers together (engine/batched_decode.py). Returns each run's events.
+        """
+        if len(runs) == 1:
+            logits = decode(self.transformer, runs[0].cache, runs[0].pending_token)[None]  # (1, vocab)
+        else:
+            logits = decode_batch(self.transformer, [r.cache for r in runs], [r.pending_token for r in runs])
+        return [run.accept_logits(row) for run, row in zip(runs, logits, strict=True)]
 
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
         """Synchronous generation: TokenEvent… then exactly one FinishEvent. Closes request.kv_source."""
-        run = self.start(request)
+        run = self.new_run(request)
         try:
-            yield from run.prefill()
+            yield from self.prefill(run)
             while not run.finished:
-                yield from run.step()
+                (events,) = self.decode([run])
+                yield from events
         finally:
             run.release()
 

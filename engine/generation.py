@@ -1,36 +1,31 @@
-"""One request from prompt pass to finish, as a step-wise state machine the scheduler can interleave.
+"""One request's state from submission to finish: plain state, no engine, no compute.
 
-run = RequestRun(engine, request)       # WAITING: the one status of this request lives here
-events = run.prefill()                   # prompt pass of the request's mode + first token
-while not run.finished:
-    events = run.step()                  # one decode step
+    run = RequestRun(request, tokenizer, eos_token_ids, device)   # WAITING
+    run.start_prompt()                        # PREFILLING: the engine runs the prompt pass of its mode
+    events = run.accept_prompt(result)        # DECODING: first token sampled from the pass's logits
+    while not run.finished:
+        # the engine feeds run.pending_token through the model against run.cache (alone or batched)
+        events = run.accept_logits(logits)    # sample the next token; FINISHED on EOS, stop or length
 
-The scheduler batches decode steps of several runs: it feeds each run's `pending_token` through
-`engine.batched_decode.decode_batch` against `run.cache` and hands the logits back with `advance`.
+`Engine.prefill(run)` and `Engine.decode(runs)` do the compute and call these; the scheduler decides which
+run goes next and hands the events to its consumer. A consumer that goes away sets `cancel_requested`;
+whoever executes the run notices it at the next layer boundary or decode step and calls `cancel()`.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 import time
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from engine.phases import decode
 from engine.sampling import IncrementalDetokenizer, Sampler, StopStringFilter
-from engine.types import (
-    FinishEvent,
-    FinishReason,
-    GenerationEvent,
-    GenerationRequest,
-    PromptResult,
-    RequestCancelled,
-    TokenEvent,
-)
-from engine.working_cache import WorkingCache
+from engine.types import FinishEvent, FinishReason, GenerationEvent, GenerationRequest, PromptResult, TokenEvent
 
 if TYPE_CHECKING:
-    from engine.engine import Engine
+    import torch
+
+    from engine.working_cache import WorkingCache
 
 
 class RequestStatus(enum.Enum):
@@ -42,53 +37,42 @@ class RequestStatus(enum.Enum):
     FAILED = "failed"
 
 
+_DONE = (RequestStatus.FINISHED, RequestStatus.CANCELLED, RequestStatus.FAILED)
+
+
 class RequestRun:
+    """Status, sampler, detokenizer, working cache and pending token of one request (see module docstring).
+
+    Identity matters (eq=False semantics): the scheduler's lists hold each run once.
+    """
+
     def __init__(
         self,
-        engine: Engine,
         request: GenerationRequest,
+        tokenizer: Any,
+        eos_token_ids: frozenset[int],
+        device: torch.device,
         arrival_time: float | None = None,
-        should_stop: Callable[[], bool] | None = None,
     ) -> None:
-        self.engine = engine
         self.request = request
         self.arrival_time = arrival_time if arrival_time is not None else time.perf_counter()
-        self.should_stop = should_stop
         self.status = RequestStatus.WAITING
-        self.sampler = Sampler(request.sampling, engine.device)
-        self.detok = IncrementalDetokenizer(engine.tokenizer)
+        # Set from any thread when the consumer goes away; the executing thread acts on it.
+        self.cancel_requested = threading.Event()
+        self.sampler = Sampler(request.sampling, device)
+        self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopStringFilter(request.sampling.stop)
-        self.result: PromptResult | None = None
+        self.eos_token_ids = eos_token_ids
+        self.result: PromptResult | None = None  # its cache is the working cache decode extends
         self.text_parts: list[str] = []
         self.num_completion_tokens = 0
         self.first_token_time: float | None = None
         self._next_token: int | None = None  # sampled, not yet fed through the model
 
+    # ------------------------------------------------------------------------------------ state
     @property
     def finished(self) -> bool:
-        return self.status in (RequestStatus.FINISHED, RequestStatus.CANCELLED, RequestStatus.FAILED)
-
-    def prefill(self) -> list[GenerationEvent]:
-        req = self.request
-        self.status = RequestStatus.PREFILLING
-        try:
-            self.result = self.engine.prompt_pass(
-                req.layout,
-                req.kv_source,
-                req.mode,
-                req.blend,
-                extra_capacity=req.sampling.max_tokens,
-                should_stop=self.should_stop,
-            )
-        except RequestCancelled:
-            return [self.cancel()]
-        finally:
-            if req.kv_source is not None:
-                req.kv_source.close()
-        self.status = RequestStatus.DECODING
-        token_id = self.sampler(self.result.logits, self.detok.token_ids)
-        self.first_token_time = time.perf_counter()
-        return self._accept(token_id)
+        return self.status in _DONE
 
     @property
     def pending_token(self) -> int:
@@ -102,28 +86,39 @@ class RequestRun:
         assert self.result is not None and not self.finished
         return self.result.cache
 
-    def step(self) -> list[GenerationEvent]:
-        """Feed the last sampled token and sample the next one."""
-        if self.should_stop is not None and self.should_stop():
-            return [self.cancel()]
-        return self.advance(decode(self.engine.transformer, self.cache, self.pending_token))
+    # ------------------------------------------------------------------------------- transitions
+    def start_prompt(self) -> None:
+        self.status = RequestStatus.PREFILLING
 
-    def advance(self, logits) -> list[GenerationEvent]:
-        """Sample from the logits of a decode step that fed `pending_token` (one or batched)."""
+    def accept_prompt(self, result: PromptResult) -> list[GenerationEvent]:
+        """The prompt pass is done: keep its cache and sample the first token from its logits."""
+        self.result = result
+        self.status = RequestStatus.DECODING
+        token_id = self.sampler(result.logits, self.detok.token_ids)
+        self.first_token_time = time.perf_counter()
+        return self._accept(token_id)
+
+    def accept_logits(self, logits: torch.Tensor) -> list[GenerationEvent]:
+        """Sample from the logits (vocab,) of a decode step that fed `pending_token` (alone or batched)."""
         return self._accept(self.sampler(logits, self.detok.token_ids))
-
-    def fail(self) -> None:
-        self.status = RequestStatus.FAILED
-        self.release()
 
     def cancel(self) -> FinishEvent:
         self.status = RequestStatus.CANCELLED
         return self._finish("cancelled")
 
+    def fail(self) -> None:
+        self.status = RequestStatus.FAILED
+        self.release()
+
+    def release(self) -> None:
+        """Drop the working cache (memory) once the request is done."""
+        self.result = None
+
+    # --------------------------------------------------------------------------------- internals
     def _accept(self, token_id: int) -> list[GenerationEvent]:
         self.num_completion_tokens += 1
         sampling = self.request.sampling
-        if token_id in self.engine.eos_token_ids and not sampling.ignore_eos:
+        if token_id in self.eos_token_ids and not sampling.ignore_eos:
             return [self._token(self.stops.flush(), token_id), self._finish("stop")]
         released = self.stops.push(self.detok.add(token_id))
         if released.stopped:
@@ -147,8 +142,8 @@ class RequestRun:
         res = self.result
         layout = self.request.layout
         self._next_token = None
-        if res is not None:
-            self.result = None if reason == "cancelled" else res
+        if res is not None and reason == "cancelled":
+            self.result = None
         return FinishEvent(
             finish_reason=reason,
             num_prompt_tokens=layout.num_tokens,
@@ -162,7 +157,3 @@ class RequestRun:
             num_context_tokens=layout.num_context_tokens,
             text="".join(self.text_parts),
         )
-
-    def release(self) -> None:
-        """Drop the working cache (memory) once the request is done."""
-        self.result = None

@@ -212,6 +212,22 @@ class Transformer:
     def _project_qkv(
         self, idx: int, h: torch.Tensor, rows: Rows, cache: WorkingCache
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        q, k, k_rot, v = self.qkv(idx, h, rows.cos, rows.sin)
+        where = rows.span if rows.span is not None else rows.positions
+        cache.k[idx][:, :, where] = k_rot.transpose(1, 2)
+        cache.v[idx][:, :, where] = v.transpose(1, 2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    # The two halves of the layer body around attention. Every row set (`layer`, `project_qkv`,
+    # `attend_and_mlp`) and batched decode (engine/batched_decode.py) run exactly these; only how the
+    # new K/V reach a cache and how attention reads it differ.
+    def qkv(
+        self, idx: int, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Norm, QKV projection and RoPE of h (B, n, hidden); cos/sin broadcast over (B, n, heads, D/2).
+
+        Returns q (RoPE'd, (B, n, heads, D)), k before RoPE, k after RoPE and v, each (B, n, kv_heads, D).
+        """
         cfg, w = self.cfg, self.w.layers[idx]
         bsz, n, _ = h.shape
         heads, kv_heads, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -221,25 +237,26 @@ class Transformer:
         q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
         # RoPE is applied in the (B, n, heads, D) layout the GEMM produced: rotating a transposed view
         # is far slower on CPU because every element access is strided.
-        k = k.view(bsz, n, kv_heads, d)  # (B, n, kv_heads, D), before RoPE
+        k = k.view(bsz, n, kv_heads, d)  # before RoPE
         v = v.view(bsz, n, kv_heads, d)
-        k_rot = apply_rope(k, rows.cos, rows.sin)
-        where = rows.span if rows.span is not None else rows.positions
-        cache.k[idx][:, :, where] = k_rot.transpose(1, 2)
-        cache.v[idx][:, :, where] = v.transpose(1, 2)
-        q = apply_rope(q.view(bsz, n, heads, d), rows.cos, rows.sin).transpose(1, 2)  # (B, heads, n, D)
-        return q, k.transpose(1, 2), v.transpose(1, 2)
+        k_rot = apply_rope(k, cos, sin)
+        q = apply_rope(q.view(bsz, n, heads, d), cos, sin)
+        return q, k, k_rot, v
+
+    def output_and_mlp(self, idx: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+        """Output projection of the attention output o (B, n, heads·D), residual, SwiGLU MLP, residual."""
+        cfg, w = self.cfg, self.w.layers[idx]
+        h = h + self.linear(o, w.wo, w.bo)
+        x = rms_norm(h, w.mlp_norm, cfg.rms_norm_eps)
+        gate, up = self.linear(x, w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)  # (B, n, intermediate) each
+        return h + self.linear(F.silu(gate) * up, w.w_down, w.b_down)
 
     def attend_and_mlp(
         self, idx: int, h: torch.Tensor, q: torch.Tensor, rows: Rows, cache: WorkingCache
     ) -> torch.Tensor:
         """Second half of a layer for `rows`: attention over the cache, output projection, SwiGLU MLP."""
-        cfg, w = self.cfg, self.w.layers[idx]
+        cfg = self.cfg
         bsz, n, _ = h.shape
         with self.serial_small(h):
             o = self.attend(q, cache.k[idx], cache.v[idx], rows)  # (B, n, heads, D)
-            h = h + self.linear(o.view(bsz, n, cfg.num_heads * cfg.head_dim), w.wo, w.bo)
-
-            x = rms_norm(h, w.mlp_norm, cfg.rms_norm_eps)
-            gate, up = self.linear(x, w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)  # (B, n, intermediate) each
-            return h + self.linear(F.silu(gate) * up, w.w_down, w.b_down)
+            return self.output_and_mlp(idx, h, o.view(bsz, n, cfg.num_heads * cfg.head_dim))

@@ -43,7 +43,27 @@ from engine.types import (
 from engine.working_cache import WorkingCache
 from kvcache.types import ChunkKV, LayerKVSource
 
-StopCheck = Callable[[], bool]
+
+@dataclass(frozen=True)
+class LayerBoundary:
+    """What a prompt pass does at each layer boundary (before every layer, the first included).
+
+    `between_layers()` runs first: the scheduler uses it to give the requests already decoding their next
+    step, so one long prompt does not stall every other answer. Then `cancelled()` is asked; True raises
+    RequestCancelled, which `Engine.prefill` turns into a cancelled finish. Neither is called elsewhere.
+    """
+
+    between_layers: Callable[[], None] | None = None
+    cancelled: Callable[[], bool] | None = None
+
+    def __call__(self) -> None:
+        if self.between_layers is not None:
+            self.between_layers()
+        if self.cancelled is not None and self.cancelled():
+            raise RequestCancelled("request cancelled")
+
+
+_NO_BOUNDARY = LayerBoundary()
 
 
 @dataclass(frozen=True)
@@ -61,11 +81,6 @@ class PrefixKV:
 
 def _ids(tf: Transformer, ids: list[int]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64, device=tf.device)
-
-
-def _check(should_stop: StopCheck | None) -> None:
-    if should_stop is not None and should_stop():
-        raise RequestCancelled("request cancelled")
 
 
 # ------------------------------------------------------------------------------------------ prefill
@@ -172,7 +187,7 @@ def score_context(
     cache: WorkingCache,
     stored: _StoredContext,
     config: BlendConfig,
-    should_stop: StopCheck | None = None,
+    boundary: LayerBoundary = _NO_BOUNDARY,
 ) -> torch.Tensor:
     """How much the question attends to each context token, before anything is recomputed: (N,) float32.
 
@@ -187,7 +202,7 @@ def score_context(
     h = tf.embed(_ids(tf, layout.suffix_ids))[None]  # (1, S, hidden)
     per_layer = []
     for layer in range(score_layers[-1] + 1):
-        _check(should_stop)
+        boundary()
         stored.fill(layer)
         q, _, _ = tf.project_qkv(layer, h, rows, cache)
         if layer in score_layers:
@@ -230,13 +245,17 @@ def prompt_pass(
     config: BlendConfig,
     prefix: PrefixKV | None,
     capacity: int,
-    should_stop: StopCheck | None = None,
+    *,
+    between_layers: Callable[[], None] | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> PromptResult:
     """The prompt pass of any mode; returns last-token logits and the working cache decode continues.
 
     Every mode computes some rows fresh and keeps the stored KV of the others (module docstring);
     `config` only matters in mode `blend`. `capacity` sizes the working cache (prompt + decode room).
+    At every layer boundary `between_layers()` runs, then `cancelled()` is asked (`LayerBoundary`).
     """
+    boundary = LayerBoundary(between_layers, cancelled)
     t0 = time.perf_counter()
     cfg = tf.cfg
     p, n_ctx, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
@@ -258,7 +277,7 @@ def prompt_pass(
     # 1. Select (up-front selectors): the context rows that are fresh in every layer.
     selected = None
     if selector is not None and selector.upfront:
-        scores = score_context(tf, layout, cache, stored, config, should_stop) if selector.name == "query" else None  # type: ignore[arg-type]
+        scores = score_context(tf, layout, cache, stored, config, boundary) if selector.name == "query" else None  # type: ignore[arg-type]
         candidates = torch.arange(p, p + n_ctx, device=tf.device)
         keep = selector.select(
             SelectionInput(
@@ -276,11 +295,11 @@ def prompt_pass(
     h = tf.embed(_ids(tf, layout.all_ids())[rows.positions])[None]  # (1, rows, hidden)
     first_layer = 0
     if selector is not None and not selector.upfront:
-        h, rows = _check_layers(tf, layout, h, rows, cache, stored, config, selector, should_stop)  # type: ignore[arg-type]
+        h, rows = _check_layers(tf, layout, h, rows, cache, stored, config, selector, boundary)  # type: ignore[arg-type]
         first_layer = config.check_layers[-1] + 1
         select_s = time.perf_counter() - t0
     for layer in range(first_layer, cfg.num_layers):
-        _check(should_stop)
+        boundary()
         if stored is not None:
             stored.fill(layer)
         h, _, _ = tf.layer(layer, h, rows, cache)
@@ -312,7 +331,7 @@ def _check_layers(
     stored: _StoredContext,
     config: BlendConfig,
     selector: TokenSelector,
-    should_stop: StopCheck | None,
+    boundary: LayerBoundary,
 ) -> tuple[torch.Tensor, Rows]:
     """Layers 0…last check layer of a check-layer selector (CacheBlend): every non-prefix row is fresh until
     the first check layer; at each check layer the selector keeps its share of the context rows (plus all
@@ -322,7 +341,7 @@ def _check_layers(
     chunk_index = _chunk_index(layout, tf.device)
     all_rows_fresh = True  # until a check layer drops rows, the stored KV only serves the deviation
     for layer in range(config.check_layers[-1] + 1):
-        _check(should_stop)
+        boundary()
         if all_rows_fresh or layer in check_at:
             stored_k, stored_v = stored.read(layer)
             if not all_rows_fresh:
@@ -416,7 +435,6 @@ def extend(
     cache: WorkingCache,
     token_ids: list[int],
     all_logits: bool = False,
-    should_stop: StopCheck | None = None,
 ) -> torch.Tensor:
     """Append tokens after the cache's last position; logits (float32) of the last one, or of all of them.
 
@@ -427,8 +445,6 @@ def extend(
     rows = tf.rows(range(start, start + n), kv_len=start + n)
     h = tf.embed(_ids(tf, token_ids))[None]  # (1, n, hidden)
     for layer in range(tf.cfg.num_layers):
-        if n > 1:
-            _check(should_stop)
         h, _, _ = tf.layer(layer, h, rows, cache)
     cache.length = start + n
     return tf.logits(h[0] if all_logits else h[0, -1])

@@ -8,10 +8,12 @@
     kvs = scheduler.prefill_chunks(chunks, priority=PrefillPriority.INGEST)   # blocking, from any thread
     scheduler.stop()
 
-Each request has one `RequestRun` (status, sampler, working KV cache), created when it is submitted;
-nothing is shared between requests except the read-only weights and the engine's exact prefix KV.
+Three types carry a request through here: the caller's `GenerationRequest`, its `RequestRun` (status,
+sampler, working KV cache; engine/generation.py), created when it is submitted, and the `RequestStream`
+its consumer iterates. Nothing is shared between requests except the read-only weights and the engine's
+exact prefix KV. The scheduler decides; the engine executes (`Engine.prefill`, `Engine.decode`).
 
-Policy, one iteration of the worker:
+Policy, one iteration of the worker (pick → execute → deliver):
   1. at most one unit of prompt work, questions first: a unit of a chunk prefill that a question waits
      for (a KV entry missing or corrupt at question time), else the prompt pass of one waiting request,
      else a unit of an ingest chunk prefill (at most `prefill_unit_tokens` tokens, so decode steps keep
@@ -23,6 +25,9 @@ decode step, at most every DECODE_DURING_PREFILL_S, so one long prompt delays ot
 instead of stopping them for its whole length.
 A consumer that stops iterating (breaks, is cancelled, or drops the stream) cancels its request; the
 worker notices between layers of the prompt pass and between decode steps.
+Once `submit` returns, the request's `kv_source` belongs to the worker, which closes it when the prompt
+pass ends (or when the request is cancelled or stopped before it); a `submit` that raises leaves it with
+the caller.
 
 A scheduler that is not started runs `prefill_chunks` in the caller's thread: with no worker there is no
 other compute to share the cores with (CLI ingest, unit tests).
@@ -37,11 +42,10 @@ import enum
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from engine.batched_decode import decode_batch
 from engine.generation import RequestRun, RequestStatus
 from engine.types import EngineBusy, EngineError, FinishEvent, GenerationEvent, GenerationRequest
 
@@ -65,30 +69,6 @@ class PrefillPriority(enum.IntEnum):
     INGEST = 1  # after every waiting question
 
 
-@dataclass(eq=False)  # identity: the scheduler's lists hold each one once
-class RequestState:
-    """One submitted request: its run (which holds the one status) and the channel to its consumer."""
-
-    run: RequestRun
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    cancelled: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def request(self) -> GenerationRequest:
-        return self.run.request
-
-    @property
-    def status(self) -> RequestStatus:
-        return self.run.status
-
-    def deliver(self, item: GenerationEvent | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-        except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
-            self.cancelled.set()
-
-
 @dataclass(eq=False)  # identity (its fields hold tensors)
 class PrefillJob:
     """Chunks whose KV someone waits for; the worker computes them a unit at a time."""
@@ -105,23 +85,38 @@ class PrefillJob:
         return len(self.results) == len(self.chunks)
 
 
+# What the worker hands a consumer: events, or the error that ended its request.
+Outbox = Callable[["GenerationEvent | BaseException"], None]
+# One result of executing a run: its new events, or the error that failed it.
+Outcome = tuple[RequestRun, "list[GenerationEvent] | EngineError"]
+
+
+@dataclass(frozen=True)
+class _Iteration:
+    """What one iteration of the worker executes: at most one unit of prompt work, then a decode step."""
+
+    prefill: PrefillJob | None = None  # a unit of this chunk prefill
+    prompt: RequestRun | None = None  # the prompt pass of this request
+
+
 class RequestStream:
     """Async iterator over one request's events; cancelling or dropping it cancels the request."""
 
-    def __init__(self, state: RequestState) -> None:
-        self._state = state
+    def __init__(self, run: RequestRun, queue: asyncio.Queue) -> None:
+        self._run = run
+        self._queue = queue
         self._done = False
 
     @property
     def request_id(self) -> str:
-        return self._state.request.request_id
+        return self._run.request.request_id
 
     @property
     def status(self) -> RequestStatus:
-        return self._state.status
+        return self._run.status
 
     def cancel(self) -> None:
-        self._state.cancelled.set()
+        self._run.cancel_requested.set()
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -130,7 +125,7 @@ class RequestStream:
         if self._done:
             raise StopAsyncIteration
         try:
-            item = await self._state.queue.get()
+            item = await self._queue.get()
         except BaseException:  # CancelledError: the consumer task went away (e.g. client disconnect)
             self._done = True
             self.cancel()
@@ -154,9 +149,10 @@ class RequestStream:
         await self.aclose()
 
     def __del__(self) -> None:
-        # `async for … : break` drops the iterator; CPython finalises it right away.
+        # `async for … : break` drops the iterator; CPython finalises it right away. The scheduler holds the
+        # run, never the stream, so dropping the stream is seen here.
         if not self._done:
-            self._state.cancelled.set()
+            self._run.cancel_requested.set()
 
 
 class Scheduler:
@@ -176,8 +172,9 @@ class Scheduler:
         # Chunk prefill work between two decode steps (at least one chunk).
         self.prefill_unit_tokens = prefill_unit_tokens
         self._cv = threading.Condition()
-        self._waiting: collections.deque[RequestState] = collections.deque()
-        self._running: list[RequestState] = []
+        self._waiting: collections.deque[RequestRun] = collections.deque()
+        self._running: list[RequestRun] = []
+        self._outboxes: dict[RequestRun, Outbox] = {}  # every submitted run until it is done
         self._prefilling = 0  # requests taken off _waiting whose prompt pass runs now (0 or 1)
         self._prefills: list[PrefillJob] = []  # kept sorted by priority, FIFO within one
         self._thread: threading.Thread | None = None
@@ -237,14 +234,22 @@ class Scheduler:
     def submit(self, request: GenerationRequest, *, readmit: bool = False) -> RequestStream:
         """Queue a request; call from a running event loop. Raises EngineBusy when the queue is full.
 
+        The queue limit counts requests waiting for their prompt pass (`max_queue`); the ones in their
+        prompt pass or decoding are limited by `max_running` instead. On success the worker owns
+        `request.kv_source` (module docstring).
+
         The check is synchronous, so a caller that submits before it answers its own client can turn a full
         queue into an honest "busy" reply instead of a stream that fails later. `readmit=True` skips the
         queue limit: for a request that was already admitted once and must start over (e.g. its stored KV
         turned out corrupt before the first token), so an admitted caller is never refused half-way.
         """
         loop = asyncio.get_running_loop()
-        state = RequestState(run=self.engine.start(request), loop=loop, queue=asyncio.Queue())
-        state.run.should_stop = lambda: state.cancelled.is_set() or self._stopping
+        queue: asyncio.Queue = asyncio.Queue()
+        run = self.engine.new_run(request)
+
+        def outbox(item: GenerationEvent | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
         with self._cv:
             if self._stopping or self._thread is None:
                 raise SchedulerStopped("the engine scheduler is not running")
@@ -253,9 +258,10 @@ class Scheduler:
                     f"engine busy: {len(self._waiting)} requests waiting (max_queue="
                     f"{self.max_queue}), {len(self._running)} running"
                 )
-            self._waiting.append(state)
+            self._waiting.append(run)
+            self._outboxes[run] = outbox
             self._cv.notify_all()
-        return RequestStream(state)
+        return RequestStream(run, queue)
 
     def prefill_chunks(
         self,
@@ -289,42 +295,55 @@ class Scheduler:
 
     # --------------------------------------------------------------------------------------- worker
     def _work(self) -> None:
-        while True:
-            with self._cv:
-                while not self._stopping and not self._waiting and not self._running and not self._prefills:
-                    self._cv.wait()
-                if self._stopping:
-                    break
-                job, admit = self._pick()
-                if admit is not None:
-                    self._prefilling += 1
+        while (iteration := self._pick()) is not None:
             try:
-                if job is not None:
-                    self._prefill_unit(job)
-                elif admit is not None:
-                    try:
-                        self._admit(admit)
-                    finally:
-                        with self._cv:
-                            self._prefilling -= 1
-                if self._running:
-                    self._decode_step()
+                for run, outcome in self._execute(iteration):
+                    self._deliver(run, outcome)
             except Exception:  # a bug here must not kill the worker: every later request would hang
                 logger.exception("engine worker step failed")
-            with self._cv:
-                self._running = [s for s in self._running if s.status == RequestStatus.DECODING]
         self._shutdown()
 
-    def _pick(self) -> tuple[PrefillJob | None, RequestState | None]:
-        """The next unit of prompt work (call with the lock held): questions first."""
-        head = self._prefills[0] if self._prefills else None
-        if head is not None and head.priority == PrefillPriority.QUESTION:
-            return head, None
-        if self._waiting and len(self._running) < self.max_running:
-            return None, self._waiting.popleft()
-        if head is not None and not self._waiting:
-            return head, None
-        return None, None
+    def _pick(self) -> _Iteration | None:
+        """Wait for work and decide this iteration's (questions first); None once the scheduler stops."""
+        with self._cv:
+            self._running = [r for r in self._running if r.status == RequestStatus.DECODING]
+            while not self._stopping and not self._waiting and not self._running and not self._prefills:
+                self._cv.wait()
+            if self._stopping:
+                return None
+            head = self._prefills[0] if self._prefills else None
+            if head is not None and head.priority == PrefillPriority.QUESTION:
+                return _Iteration(prefill=head)
+            if self._waiting and len(self._running) < self.max_running:
+                self._prefilling += 1
+                return _Iteration(prompt=self._waiting.popleft())
+            if head is not None and not self._waiting:
+                return _Iteration(prefill=head)
+            return _Iteration()
+
+    def _execute(self, iteration: _Iteration) -> Iterator[Outcome]:
+        """Run the iteration's prompt work, then one decode step of the running requests."""
+        if iteration.prefill is not None:
+            self._prefill_unit(iteration.prefill)
+        elif iteration.prompt is not None:
+            yield self._prompt(iteration.prompt)
+        if self._running:
+            yield from self._decode_step()
+
+    def _deliver(self, run: RequestRun, outcome: list[GenerationEvent] | EngineError) -> None:
+        """Hand a run's events (or its error) to its consumer; a finished run lets go of its cache."""
+        outbox = self._outboxes.get(run)
+        items: list[GenerationEvent | BaseException] = list(outcome) if isinstance(outcome, list) else [outcome]
+        for item in items:
+            try:
+                if outbox is not None:
+                    outbox(item)
+            except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
+                run.cancel_requested.set()
+        if run.finished:
+            run.release()
+            with self._cv:
+                self._outboxes.pop(run, None)
 
     def _prefill_unit(self, job: PrefillJob) -> None:
         start = len(job.results)
@@ -351,92 +370,77 @@ class Scheduler:
             if job in self._prefills:
                 self._prefills.remove(job)
 
-    def _admit(self, state: RequestState) -> None:
-        if state.cancelled.is_set():
-            state.deliver(state.run.cancel())
-            if state.request.kv_source is not None:
-                state.request.kv_source.close()
-            return
-        plain = state.run.should_stop
-        last_round = [time.perf_counter()]
+    def _cancelled(self, run: RequestRun) -> bool:
+        return self._stopping or run.cancel_requested.is_set()
 
-        def between_layers() -> bool:
+    def _prompt(self, run: RequestRun) -> Outcome:
+        last_round = time.perf_counter()
+
+        def between_layers() -> None:
             # The prompt pass is split at its layers: the requests already decoding take their next step
             # in between, so one long prompt does not stall every other answer.
-            if self._running and time.perf_counter() - last_round[0] >= DECODE_DURING_PREFILL_S:
-                self._decode_step()
-                last_round[0] = time.perf_counter()
-            return plain() if plain is not None else False
+            nonlocal last_round
+            if self._running and time.perf_counter() - last_round >= DECODE_DURING_PREFILL_S:
+                for other, outcome in self._decode_step():
+                    self._deliver(other, outcome)
+                last_round = time.perf_counter()
 
-        state.run.should_stop = between_layers
         try:
-            self._emit(state, state.run.prefill)
-        finally:
-            state.run.should_stop = plain
-        if state.status == RequestStatus.DECODING:
-            with self._cv:
-                self._running.append(state)
-
-    def _decode_step(self) -> None:
-        """One decode step of every running request: cancelled ones finish, the rest decode batched."""
-        active: list[RequestState] = []
-        for state in self._running:
-            if state.status != RequestStatus.DECODING:
-                continue
-            if state.cancelled.is_set() or self._stopping:
-                self._emit(state, lambda s=state: [s.run.cancel()])
-            else:
-                active.append(state)
-        if len(active) == 1:
-            self._emit(active[0], active[0].run.step)
-        elif active:
-            try:
-                logits = decode_batch(
-                    self.engine.transformer, [s.run.cache for s in active], [s.run.pending_token for s in active]
-                )
-            except Exception as exc:
-                for state in active:
-                    self._fail(state, exc)
-                return
-            for i, state in enumerate(active):
-                self._emit(state, lambda s=state, row=logits[i]: s.run.advance(row))
-
-    def _emit(self, state: RequestState, action: Callable[[], list[GenerationEvent]]) -> None:
-        """Run one prefill/step action of a request and hand its events to the consumer."""
-        try:
-            events = action()
+            outcome: list[GenerationEvent] | EngineError = self.engine.prefill(
+                run, between_layers=between_layers, cancelled=lambda: self._cancelled(run)
+            )
         except Exception as exc:
-            self._fail(state, exc)
-            return
-        for event in events:
-            state.deliver(event)
-        if state.run.finished:
-            state.run.release()
+            outcome = self._failure(run, exc)
+        finally:
+            with self._cv:
+                self._prefilling -= 1
+                if run.status == RequestStatus.DECODING:
+                    self._running.append(run)
+        return run, outcome
 
-    def _fail(self, state: RequestState, exc: Exception) -> None:
-        logger.error("request %s failed", state.request.request_id, exc_info=exc)
-        state.run.fail()
-        if not isinstance(exc, EngineError):
-            wrapped = EngineError(f"generation failed: {exc}")
-            wrapped.__cause__ = exc  # callers react to typed causes (e.g. a corrupt KV entry)
-            exc = wrapped
-        state.deliver(exc)
+    def _decode_step(self) -> Iterator[Outcome]:
+        """One decode step of every running request: cancelled ones finish, the rest decode batched."""
+        active: list[RequestRun] = []
+        for run in self._running:
+            if run.status != RequestStatus.DECODING:
+                continue
+            if self._cancelled(run):
+                yield run, [run.cancel()]
+            else:
+                active.append(run)
+        if not active:
+            return
+        try:
+            per_run = self.engine.decode(active)
+        except Exception as exc:
+            for run in active:
+                yield run, self._failure(run, exc)
+            return
+        yield from zip(active, per_run, strict=True)
+
+    def _failure(self, run: RequestRun, exc: Exception) -> EngineError:
+        logger.error("request %s failed", run.request.request_id, exc_info=exc)
+        run.fail()
+        if isinstance(exc, EngineError):
+            return exc
+        wrapped = EngineError(f"generation failed: {exc}")
+        wrapped.__cause__ = exc  # callers react to typed causes (e.g. a corrupt KV entry)
+        return wrapped
 
     def _shutdown(self) -> None:
         with self._cv:
-            pending = list(self._waiting) + list(self._running)
+            waiting, running = list(self._waiting), list(self._running)
             jobs = list(self._prefills)
             self._waiting.clear()
             self._running = []
             self._prefills = []
-        for state in pending:
-            if state.status == RequestStatus.WAITING:
-                state.deliver(SchedulerStopped("the engine scheduler stopped before this request ran"))
-                state.run.status = RequestStatus.CANCELLED
-                if state.request.kv_source is not None:
-                    state.request.kv_source.close()
-            elif not state.run.finished:
-                state.deliver(state.run.cancel())
-                state.run.release()
+        for run in waiting:
+            run.status = RequestStatus.CANCELLED
+            if run.request.kv_source is not None:
+                run.request.kv_source.close()
+            self._deliver(run, SchedulerStopped("the engine scheduler stopped before this request ran"))
+        for run in running:
+            if not run.finished:
+                self._deliver(run, [run.cancel()])
         for job in jobs:
             job.future.set_exception(SchedulerStopped("the engine scheduler stopped before this prefill ran"))

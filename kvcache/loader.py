@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -126,6 +127,9 @@ class StoreLayerSource:
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kv-prefetch") if prefetch else None
         self._pending: tuple[int, Future[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        # layer() and close() swap `_pending` and touch the files: one at a time, even if a caller closes the
+        # source from another thread while a layer is being read (it then waits for that layer).
+        self._lock = threading.Lock()
         self._schedule(0)
 
     # -- LayerKVSource ---------------------------------------------------------------------------------
@@ -153,6 +157,10 @@ class StoreLayerSource:
         return sorted(self._loaded_layers)
 
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._lock:
+            return self._layer(layer_idx)
+
+    def _layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._closed:
             raise RuntimeError("layer source is closed")
         if not 0 <= layer_idx < self._num_layers:
@@ -176,6 +184,10 @@ class StoreLayerSource:
         return result
 
     def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self._closed:
             return
         self._closed = True

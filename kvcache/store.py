@@ -20,7 +20,7 @@ Public API (all methods thread-safe):
     store.delete(key: str) -> bool                       # from every tier
     store.keys() -> list[str]                            # sorted union over the tiers
     store.open_layers(keys: list[str], device="cpu", dtype=None, *, prefetch: bool | None = None,
-                      convert_on_device: bool | None = None)
+                      convert_on_device: bool | None = None, computed: Mapping[str, StoredEntry] | None = None)
         -> StoreLayerSource                              # raises KVEntryMissing(keys) up front
     store.stats() -> StoreStats
     store.close()
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -250,12 +250,15 @@ class TieredKVStore:
         *,
         prefetch: bool | None = None,
         convert_on_device: bool | None = None,
+        computed: Mapping[str, StoredEntry] | None = None,
     ) -> StoreLayerSource:
         """Serve the prompt's chunks (in this order) layer by layer; see `kvcache.loader`.
 
         Raises `KVEntryMissing` listing every key no tier could serve, before reading any layer, so
         the caller can recompute exactly those chunks and store them. `prefetch=None` uses the
         settings; `convert_on_device=None` converts/dequantizes on `device` unless it is the CPU.
+        `computed`: entries the caller has just computed (`kvcache.writer.ensure_chunk_kv`), served as
+        they are whether or not a tier kept them, so a store that refuses writes still answers.
         """
         if not keys:
             raise ValueError("open_layers needs at least one key")
@@ -263,6 +266,10 @@ class TieredKVStore:
         resolved: dict[str, ResolvedChunk] = {}
         need_redis: list[str] = []
         for key in unique:
+            fresh = computed.get(key) if computed else None
+            if fresh is not None:
+                resolved[key] = ResolvedChunk(key=key, tier="memory", meta=fresh.meta, entry=fresh)
+                continue
             entry = self.memory.get(key) if self.memory is not None else None
             if entry is not None:
                 resolved[key] = ResolvedChunk(key=key, tier="memory", meta=entry.meta, entry=entry)
@@ -283,7 +290,8 @@ class TieredKVStore:
                     key=key, tier="redis", meta=byte_reader.meta, reader=byte_reader, raw=data
                 )
         missing = [k for k in unique if k not in resolved]
-        self._count(len(unique) - len(missing), len(missing))
+        num_computed = sum(1 for k in unique if computed and k in computed)
+        self._count(len(unique) - len(missing) - num_computed, len(missing))
         if missing:
             for chunk in resolved.values():
                 chunk.close()

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from app.components import Components
     from app.metrics import Metrics
     from engine.scheduler import RequestStream, Scheduler
-    from engine.types import GenerationRequest, Mode, SelectorName
+    from engine.types import FinishEvent, GenerationRequest, Mode, SelectorName
     from kvcache.types import LayerKVSource
 
 logger = logging.getLogger(__name__)
@@ -126,6 +126,71 @@ AskEvent = SourcesEvent | TokenDelta | DoneEvent | ErrorEvent
 SNIPPET_CHARS = 240
 
 
+@dataclass(frozen=True)
+class OpenedKV:
+    """The chunks' KV, ready to stream into a prompt pass, and how much of it the store had."""
+
+    source: LayerKVSource
+    num_hits: int
+    num_misses: int
+
+
+class AnswerRecorder:
+    """Turns an engine finish into the DoneEvent and records what every answer reports (metrics, the
+    prefill-rate estimate). One per AskService; AdmittedAnswer reports through it."""
+
+    def __init__(self, metrics: Metrics | None, prefill_rate: PrefillRate) -> None:
+        self._metrics = metrics
+        self.prefill_rate = prefill_rate
+
+    def count(self, mode: str, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.asks.labels(mode, outcome).inc()
+
+    def done(
+        self,
+        event: FinishEvent,
+        pieces: list[str],
+        retrieval_ms: float,
+        kv_load_ms: float,
+        kv_hits: int,
+        kv_misses: int,
+    ) -> DoneEvent:
+        ttft_ms = retrieval_ms + kv_load_ms + event.ttft_s * 1000
+        if event.mode == "full":
+            self.prefill_rate.observe(event.num_prompt_tokens, event.ttft_s)
+        estimate = self.prefill_rate.estimate_ms(event.num_prompt_tokens)
+        if self._metrics is not None:
+            self._metrics.kv_lookups.labels("hit").inc(kv_hits)
+            self._metrics.kv_lookups.labels("miss").inc(kv_misses)
+            self._metrics.ttft.labels(event.mode).observe(ttft_ms / 1000)
+            self._metrics.total.labels(event.mode).observe(event.total_s)
+            self._metrics.recompute_ratio.observe(event.recompute_ratio)
+        self.count(event.mode, event.finish_reason)
+        return DoneEvent(
+            answer=event.text or "".join(pieces),
+            mode=event.mode,
+            selector=event.selector,
+            recompute_ratio=round(event.recompute_ratio, 4),
+            finish_reason=event.finish_reason,
+            usage=Usage(
+                prompt_tokens=event.num_prompt_tokens,
+                completion_tokens=event.num_completion_tokens,
+                context_tokens=event.num_context_tokens,
+                recomputed_tokens=event.num_recomputed_tokens,
+            ),
+            timings=Timings(
+                retrieval_ms=round(retrieval_ms, 2),
+                kv_load_ms=round(kv_load_ms, 2),
+                ttft_ms=round(ttft_ms, 2),
+                total_ms=round(retrieval_ms + kv_load_ms + event.total_s * 1000, 2),
+                full_prefill_estimate_ms=None if estimate is None else round(estimate, 1),
+            ),
+            kv_hits=kv_hits,
+            kv_misses=kv_misses,
+        )
+
+
 class AskService:
     def __init__(
         self,
@@ -136,8 +201,11 @@ class AskService:
     ) -> None:
         self._c = components
         self._scheduler = scheduler
-        self._metrics = metrics
-        self.prefill_rate = prefill_rate or PrefillRate()
+        self._recorder = AnswerRecorder(metrics, prefill_rate or PrefillRate())
+
+    @property
+    def prefill_rate(self) -> PrefillRate:
+        return self._recorder.prefill_rate
 
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
         """Answer one question as a stream of events: sources, token deltas, then done (or error).
@@ -190,12 +258,12 @@ class AskService:
             seed=request.seed,
             stop=request.stop,
         )
+        use_kv = bool(ordered) and mode != "full"
         answer = AdmittedAnswer(
-            self,
-            SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2)),
-            ordered,
-            mode,
-            lambda kv_source, effective: GenerationRequest(
+            sources=SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2)),
+            mode=mode,
+            open_kv=(lambda: self._open_kv(ordered)) if use_kv else None,
+            build=lambda kv_source, effective: GenerationRequest(
                 request_id=str(uuid.uuid4()),
                 layout=layout,
                 kv_source=kv_source,
@@ -203,18 +271,15 @@ class AskService:
                 blend=blend,
                 sampling=sampling,
             ),
+            scheduler=self._scheduler,
+            recorder=self._recorder,
         )
         try:
             await answer.open_and_submit(readmit=False)
         except EngineBusy as exc:
-            self._count(mode, "busy")
+            self._recorder.count(mode, "busy")
             raise AskBusy(f"the engine is busy, retry shortly ({exc})") from exc
         return answer
-
-    def _observe_kv(self, kv_hits: int, kv_misses: int) -> None:
-        if self._metrics is not None:
-            self._metrics.kv_lookups.labels("hit").inc(kv_hits)
-            self._metrics.kv_lookups.labels("miss").inc(kv_misses)
 
     # ---- steps -----------------------------------------------------------------------------------
 
@@ -250,123 +315,103 @@ class AskService:
             )
         return chunks, sources
 
-    def _open_kv(self, chunks: list[ChunkRecord]) -> tuple[LayerKVSource, int, int]:
-        """Open the chunks' stored KV layer-wise, recomputing (and storing) any that are missing."""
+    def _open_kv(self, chunks: list[ChunkRecord]) -> OpenedKV:
+        """Open the chunks' stored KV layer-wise; KV the store lacks is computed once and served as computed.
+
+        Runs in a worker thread (it blocks on the engine for missing chunks). The computed KV is stored
+        too (kvcache.writer), but served from what was computed, so a store that cannot keep it still answers.
+        """
         from engine.scheduler import PrefillPriority
         from kvcache.errors import KVEntryMissing
+        from kvcache.format import StoredEntry
+        from kvcache.writer import ensure_chunk_kv
 
         engine, store = self._c.engine, self._c.store
-        keys = [self._c.expected_kv_key(c.token_ids) for c in chunks]
+        token_ids = [c.token_ids for c in chunks]
+        keys = [self._c.expected_kv_key(ids) for ids in token_ids]
+        computed: dict[str, StoredEntry] = {}
         num_misses = 0
+        # A present entry may be evicted between two opens: it is then computed too, at most a few times.
         for _attempt in range(3):
             try:
-                source = store.open_layers(keys, device=engine.device, dtype=engine.dtype)
-                return source, len(set(keys)) - num_misses, num_misses
+                source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, computed=computed)
+                return OpenedKV(source=source, num_hits=len(set(keys)) - num_misses, num_misses=num_misses)
             except KVEntryMissing as exc:
-                missing = set(exc.keys)
-                num_misses += len(missing)
-                logger.info("recomputing KV of %d chunk(s) missing from the store", len(missing))
-                # The engine's worker computes them before any other prompt work: a question waits.
-                todo = {key: chunk.token_ids for chunk, key in zip(chunks, keys, strict=True) if key in missing}
-                kvs = self._scheduler.prefill_chunks(list(todo.values()), priority=PrefillPriority.QUESTION)
-                for key, kv in zip(todo, kvs, strict=True):
-                    store.put(key, kv, model_fingerprint=engine.fingerprint)
+                num_misses += len(exc.keys)
+                logger.info("computing the KV of %d chunk(s) missing from the store", len(exc.keys))
+                written = ensure_chunk_kv(
+                    store,
+                    token_ids,
+                    model_fingerprint=engine.fingerprint,
+                    prefix_ids=engine.prompt.prefix_ids,
+                    # The engine's worker computes them before any other prompt work: a question waits.
+                    compute=lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+                    missing_keys=exc.keys,
+                    keep_entries=True,
+                )
+                computed.update(written.computed)
         raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
-
-    def _done(
-        self, event: object, pieces: list[str], retrieval_ms: float, kv_load_ms: float, kv_hits: int, kv_misses: int
-    ) -> DoneEvent:
-        from engine.types import FinishEvent
-
-        assert isinstance(event, FinishEvent)
-        ttft_ms = retrieval_ms + kv_load_ms + event.ttft_s * 1000
-        if event.mode == "full":
-            self.prefill_rate.observe(event.num_prompt_tokens, event.ttft_s)
-        estimate = self.prefill_rate.estimate_ms(event.num_prompt_tokens)
-        if self._metrics is not None:
-            self._metrics.ttft.labels(event.mode).observe(ttft_ms / 1000)
-            self._metrics.total.labels(event.mode).observe(event.total_s)
-            self._metrics.recompute_ratio.observe(event.recompute_ratio)
-        self._count(event.mode, event.finish_reason)
-        return DoneEvent(
-            answer=event.text or "".join(pieces),
-            mode=event.mode,
-            selector=event.selector,
-            recompute_ratio=round(event.recompute_ratio, 4),
-            finish_reason=event.finish_reason,
-            usage=Usage(
-                prompt_tokens=event.num_prompt_tokens,
-                completion_tokens=event.num_completion_tokens,
-                context_tokens=event.num_context_tokens,
-                recomputed_tokens=event.num_recomputed_tokens,
-            ),
-            timings=Timings(
-                retrieval_ms=round(retrieval_ms, 2),
-                kv_load_ms=round(kv_load_ms, 2),
-                ttft_ms=round(ttft_ms, 2),
-                total_ms=round(retrieval_ms + kv_load_ms + event.total_s * 1000, 2),
-                full_prefill_estimate_ms=None if estimate is None else round(estimate, 1),
-            ),
-            kv_hits=kv_hits,
-            kv_misses=kv_misses,
-        )
-
-    def _count(self, mode: str, outcome: str) -> None:
-        if self._metrics is not None:
-            self._metrics.asks.labels(mode, outcome).inc()
 
 
 class AdmittedAnswer:
-    """A question the engine has accepted: `events()` streams sources, token deltas, then done or error."""
+    """A question the engine has accepted: `events()` streams sources, token deltas, then done or error.
+
+    Its collaborators come in: `open_kv` (None: no stored KV, mode full), `build` (the engine request for a
+    KV source), the scheduler and the recorder. Once a request is submitted its KV source belongs to the
+    engine's worker, which closes it; this object only closes a source whose submit failed.
+    """
 
     def __init__(
         self,
-        service: AskService,
+        *,
         sources: SourcesEvent,
-        ordered: list[ChunkRecord],
         mode: Mode,
+        open_kv: Callable[[], OpenedKV] | None,
         build: Callable[[LayerKVSource | None, Mode], GenerationRequest],
+        scheduler: Scheduler,
+        recorder: AnswerRecorder,
     ) -> None:
         self.sources = sources
-        self._service = service
-        self._ordered = ordered
         self._mode = mode
+        self._open_kv = open_kv
         self._build = build
+        self._scheduler = scheduler
+        self._recorder = recorder
         self._stream: RequestStream | None = None
-        self._kv_source: LayerKVSource | None = None
         self._kv_load_ms = 0.0
         self._kv_hits = 0
         self._kv_misses = 0
 
     async def open_and_submit(self, readmit: bool) -> None:
-        """Open the chunks' KV (recomputing missing entries) and queue the request; EngineBusy if full."""
+        """Open the chunks' KV (computing missing entries) and queue the request; EngineBusy if full."""
         started = time.perf_counter()
         kv_source = None
-        if self._ordered and self._mode != "full":
-            kv_source, hits, misses = await asyncio.to_thread(self._service._open_kv, self._ordered)
+        if self._open_kv is not None:
+            opened = await asyncio.to_thread(self._open_kv)
+            kv_source = opened.source
             if readmit:
-                self._kv_misses += misses
+                self._kv_misses += opened.num_misses
             else:
-                self._kv_hits, self._kv_misses = hits, misses
+                self._kv_hits, self._kv_misses = opened.num_hits, opened.num_misses
         self._kv_load_ms += (time.perf_counter() - started) * 1000
         gen = self._build(kv_source, self._mode if kv_source is not None else "full")
         try:
-            self._stream = self._service._scheduler.submit(gen, readmit=readmit)
+            self._stream = self._scheduler.submit(gen, readmit=readmit)
         except BaseException:
-            if kv_source is not None:
+            if kv_source is not None:  # never handed over: still ours to close
                 kv_source.close()
             raise
-        self._kv_source = kv_source
 
     def cancel(self) -> None:
         if self._stream is not None:
             self._stream.cancel()
 
     async def events(self) -> AsyncIterator[AskEvent]:
+        from engine.scheduler import SchedulerStopped
         from engine.types import EngineError, FinishEvent
         from kvcache.errors import KVEntryCorrupt
 
-        service, mode = self._service, self._mode
+        recorder, mode = self._recorder, self._mode
         pieces: list[str] = []
         yield self.sources
         retrieval_ms = self.sources.retrieval_ms
@@ -381,35 +426,36 @@ class AdmittedAnswer:
                 try:
                     async for event in stream:
                         if isinstance(event, FinishEvent):
-                            service._observe_kv(self._kv_hits, self._kv_misses)
-                            yield service._done(
+                            yield recorder.done(
                                 event, pieces, retrieval_ms, self._kv_load_ms, self._kv_hits, self._kv_misses
                             )
                             return
                         if event.text:
                             pieces.append(event.text)
                             yield TokenDelta(text=event.text)
+                except SchedulerStopped as exc:  # the server is shutting down
+                    logger.info("ask cancelled: %s", exc)
+                    recorder.count(mode, "cancelled")
+                    yield ErrorEvent(message=f"the server is shutting down: {exc}", code="cancelled")
+                    return
                 except (KVEntryCorrupt, EngineError) as exc:
                     corrupt = exc if isinstance(exc, KVEntryCorrupt) else exc.__cause__
                     if not isinstance(corrupt, KVEntryCorrupt):
                         logger.exception("ask failed")
-                        service._count(mode, "error")
+                        recorder.count(mode, "error")
                         yield ErrorEvent(message=str(exc), code="internal")
                         return
                     if pieces or attempt == 1:
                         logger.error("KV entry corrupt mid-answer: %s", exc)
-                        service._count(mode, "error")
+                        recorder.count(mode, "error")
                         yield ErrorEvent(message=f"stored KV was corrupt: {exc}", code="internal")
                         return
                     logger.warning("KV entry corrupt (%s); recomputing it and starting over", exc)
                 finally:
-                    await stream.aclose()
-                    if self._kv_source is not None:
-                        self._kv_source.close()
-                        self._kv_source = None
+                    await stream.aclose()  # cancels the request if it is still running; the worker cleans up
         except Exception as exc:
             logger.exception("ask failed")
-            service._count(mode, "error")
+            recorder.count(mode, "error")
             yield ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="internal")
 
 

@@ -31,6 +31,8 @@ class DoctorReport:
     kv_missing_chunk_ids: list[int] = field(default_factory=list)
     # KV entries no chunk refers to (kept: content-addressed, reusable by a re-ingest)
     num_unreferenced_kv_entries: int = 0
+    # of kv_missing_chunk_ids, those a repair computed but the store could not keep (disk full?)
+    kv_unwritten_chunk_ids: list[int] = field(default_factory=list)
     repaired: bool = False
 
     @property
@@ -76,11 +78,18 @@ def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
 
     if repair:
         _repair_index(components, report, missing_from_index)
+        from kvcache.writer import ensure_chunk_kv
+
         engine = components.engine
-        for chunk in kv_missing:
-            key = expected[chunk.id]
-            if store.contains(key) is None:  # two chunks may share one entry
-                store.put(key, engine.prefill_chunk(chunk.token_ids), model_fingerprint=engine.fingerprint)
+        written = ensure_chunk_kv(
+            store,
+            [c.token_ids for c in kv_missing],
+            model_fingerprint=engine.fingerprint,
+            prefix_ids=engine.prompt.prefix_ids,
+            compute=engine.prefill_chunks,
+        )
+        # Chunks whose KV the store could not keep stay reported as missing (the writer logged why).
+        report.kv_unwritten_chunk_ids = [c.id for c in kv_missing if expected[c.id] in written.unwritten]
         catalog.set_kv_keys({c.id: expected[c.id] for c in kv_missing})
     return report
 

@@ -690,53 +690,45 @@ class IngestService:
 
     def _precompute_kv(self, items: list[_WorkItem], tracker: _Progress, errors: list[dict[str, Any]]) -> None:
         from engine.scheduler import PrefillPriority
+        from kvcache.writer import ensure_chunk_kv
 
-        engine, store = self._c.engine, self._c.store
+        engine = self._c.engine
         live = [i for i in items if i.failed is None]
-        tracker.stage("kv", sum(len(i.chunks) for i in live))
-        done = 0
-        pending: list[tuple[str, list[int]]] = []  # (key, token ids) still to prefill, batched
-        unstored: set[str] = set()  # keys whose KV could not be written to persistent storage
+        token_ids = [chunk.token_ids for item in live for chunk in item.chunks]
+        tracker.stage("kv", len(token_ids))
+        for item in live:
+            item.kv_keys = [self._c.expected_kv_key(chunk.token_ids) for chunk in item.chunks]
+            with self._inflight_lock:
+                self._inflight_keys.update(item.kv_keys)
 
-        def flush() -> None:
-            if not pending:
-                return
-            # Batched prefill: one pass over the layers for several chunks (exactly the same KV as one
-            # at a time); on short chunks the per-layer overhead otherwise dominates. The scheduler runs
-            # it between questions' work, so ingest never delays an answer by more than one unit.
-            # A chunk precompute is a plain prefill of the chunks' tokens behind the cached prefix, so
-            # its compute time feeds the full-prefill estimate (short prompts prefill faster per token
-            # than long ones: until a full-mode answer is observed the estimate is on the low side).
-            kvs = self._scheduler.prefill_chunks(
-                [ids for _, ids in pending],
+        def on_batch(num_done: int) -> None:
+            tracker.check_cancel()
+            tracker.advance(num_done)
+
+        tracker.check_cancel()
+
+        # Content-addressed: a chunk already stored (same text, model and prompt) costs nothing. The rest is
+        # prefilled KV_BATCH_CHUNKS at a time (exactly the same KV as one at a time; on short chunks the
+        # per-layer overhead otherwise dominates), by the scheduler between questions' work, so ingest never
+        # delays an answer by more than one unit. A chunk precompute is a plain prefill of the chunk behind
+        # the cached prefix, so its compute time feeds the full-prefill estimate (short prompts prefill
+        # faster per token than long ones: until a full-mode answer is observed it is on the low side).
+        written = ensure_chunk_kv(
+            self._c.store,
+            token_ids,
+            model_fingerprint=engine.fingerprint,
+            prefix_ids=engine.prompt.prefix_ids,
+            compute=lambda todo: self._scheduler.prefill_chunks(
+                todo,
                 priority=PrefillPriority.INGEST,
                 on_unit=self._prefill_rate.observe if self._prefill_rate is not None else None,
-            )
-            for (key, _), kv in zip(pending, kvs, strict=True):
-                result = store.put(key, kv, model_fingerprint=engine.fingerprint)
-                # The persistent tier is what answers after a restart: an entry only in memory is lost then.
-                if ("disk" in result.failed) or not result.stored_in:
-                    unstored.add(key)
-            pending.clear()
-
-        for item in live:
-            for chunk in item.chunks:
-                tracker.check_cancel()
-                key = self._c.expected_kv_key(chunk.token_ids)
-                with self._inflight_lock:
-                    self._inflight_keys.add(key)
-                # Content-addressed: a chunk already stored (same text, model and prompt) costs nothing.
-                if store.contains(key) is None and all(key != k for k, _ in pending):
-                    pending.append((key, chunk.token_ids))
-                    if len(pending) >= KV_BATCH_CHUNKS:
-                        flush()
-                item.kv_keys.append(key)
-                done += 1
-                tracker.advance(done - len(pending))
-        flush()
-        tracker.advance(done)
-        if unstored:
-            self._fail_unstored(live, unstored, errors)
+            ),
+            batch_chunks=KV_BATCH_CHUNKS,
+            on_batch=on_batch,
+        )
+        tracker.advance(len(token_ids))
+        if written.unwritten:
+            self._fail_unstored(live, set(written.unwritten), errors)
 
     def _fail_unstored(self, live: list[_WorkItem], unstored: set[str], errors: list[dict[str, Any]]) -> None:
         """Documents with KV that could not be stored fail (their chunks are not committed): a job never reads

@@ -275,5 +275,5 @@ def test_cancel_is_checked_between_layers(tiny_engine, layout, chunk_kvs) -> Non
         return len(calls) >= 3
 
     with pytest.raises(RequestCancelled):
-        tiny_engine.prompt_pass(layout, _source(chunk_kvs), "blend", should_stop=stop_on_third_check)
+        tiny_engine.prompt_pass(layout, _source(chunk_kvs), "blend", cancelled=stop_on_third_check)
     assert len(calls) == 3  # stopped before layer 2 of 4

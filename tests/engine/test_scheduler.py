@@ -336,3 +336,35 @@ async def test_failed_prefill_raises_to_its_caller_and_the_worker_goes_on(tiny_e
         assert scheduler.num_prefill_jobs == 0
         events = await asyncio.wait_for(_collect(scheduler.submit(request)), 30)
         assert events[-1].finish_reason == "length"
+
+
+async def test_cancel_during_the_prompt_pass_stops_at_a_layer_and_the_worker_closes_the_source(
+    tiny_engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    inside, release = threading.Event(), threading.Event()
+    layers_read: list[int] = []
+    closed_by: list[str] = []
+
+    class GatedSource(InMemoryLayerSource):
+        def layer(self, layer_idx: int):
+            layers_read.append(layer_idx)
+            if layer_idx == 1:
+                inside.set()
+                release.wait(30)
+            return super().layer(layer_idx)
+
+        def close(self) -> None:
+            closed_by.append(threading.current_thread().name)
+
+    req = _request(tiny_engine, 0, mode="reuse")
+    req.kv_source = GatedSource(req.kv_source._chunks)
+    async with Scheduler(tiny_engine) as scheduler:
+        stream = scheduler.submit(req)
+        await asyncio.to_thread(inside.wait, 30)
+        stream.cancel()  # the consumer goes away while the worker is inside layer 1
+        release.set()
+        events = await asyncio.wait_for(_collect(stream), 30)
+    assert [e.finish_reason for e in events] == ["cancelled"]
+    assert layers_read == [0, 1]  # stopped at the boundary before layer 2
+    assert closed_by == ["blendrag-engine"]
+    assert "failed" not in caplog.text

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 
 import pytest
 
@@ -159,3 +161,146 @@ def test_every_mode_decodes_with_the_same_repetition_control(
     settings = components.settings.engine
     assert {s for _, s in seen} == {settings.sampling_params(max_tokens=5)}
     assert seen[0][1].stop_on_repeated_line is True
+
+
+def test_a_store_that_keeps_nothing_still_answers_from_the_kv_it_computed(
+    tmp_path, make_fast_settings, make_fast_components, monkeypatch
+) -> None:
+    """Memory tier off and a disk tier that refuses every write (a 1-byte budget): the question computes its
+    chunks' KV once and serves that, instead of reading the store again and failing."""
+    writer = make_fast_components(make_fast_settings())
+    service = IngestService(writer)
+    submitted = service.submit([IngestSource(kind="text", title="zorblat", text=DOCS["zorblat"])], enqueue=False)
+    service.run_job(submitted.job_id)
+    for chunk in writer.catalog.iter_chunks():
+        writer.store.delete(chunk.kv_key)
+    writer.retriever.save()
+
+    components = make_fast_components(make_fast_settings(kvcache={"memory_bytes": 0, "disk_bytes": 1}))
+    assert components.store.tier_names == ("disk",)
+    real = components.engine.prefill_chunks
+    computed: list[int] = []
+
+    def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
+        computed.extend(len(c) for c in chunks)
+        return real(chunks, prefix_ids, max_batch_tokens)
+
+    monkeypatch.setattr(components.engine, "prefill_chunks", recording)
+    q = "What is the capital of Zorblat?"
+    reference = ask(components, AskRequest(question=q, top_k=1, mode="full", max_tokens=4))[-1]
+    assert computed == []
+    done = ask(components, AskRequest(question=q, top_k=1, mode="blend", recompute_ratio=1.0, max_tokens=4))[-1]
+    assert isinstance(done, DoneEvent)
+    assert done.answer == reference.answer
+    assert (done.kv_hits, done.kv_misses) == (0, 1)
+    (chunk,) = components.catalog.iter_chunks()
+    assert computed == [len(chunk.token_ids)]  # computed once
+    assert components.store.contains(chunk.kv_key) is None  # and indeed not kept
+
+
+def test_a_client_that_disconnects_during_the_prompt_pass_fails_nothing(
+    components: Components, ingested, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The KV source is the engine worker's to close: the event loop never closes it under the worker."""
+    import threading
+
+    inside, release = threading.Event(), threading.Event()
+    closed_by: list[str] = []
+    open_layers = components.store.open_layers
+
+    class Gated:
+        """The store's real layer source, held at layer 1 until the client has gone."""
+
+        def __init__(self, source) -> None:
+            self._source = source
+            self.num_layers, self.num_tokens = source.num_layers, source.num_tokens
+
+        def layer(self, layer_idx: int):
+            if layer_idx == 1:
+                inside.set()
+                release.wait(30)
+            return self._source.layer(layer_idx)
+
+        def close(self) -> None:
+            closed_by.append(threading.current_thread().name)
+            self._source.close()
+
+    monkeypatch.setattr(components.store, "open_layers", lambda *a, **kw: Gated(open_layers(*a, **kw)))
+
+    async def go() -> None:
+        scheduler = build_scheduler(components)
+        scheduler.start()
+        try:
+            events = AskService(components, scheduler).ask(
+                AskRequest(question="capital of Zorblat?", top_k=2, mode="reuse", max_tokens=4)
+            )
+            assert isinstance(await events.__anext__(), SourcesEvent)
+            reader = asyncio.create_task(events.__anext__())
+            await asyncio.to_thread(inside.wait, 30)
+            reader.cancel()  # the client disconnects: the server's task is cancelled mid-stream
+            with pytest.raises(asyncio.CancelledError):
+                await reader
+            await events.aclose()
+            release.set()
+            deadline = time.monotonic() + 30
+            while scheduler.queue_depth or not closed_by:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.01)
+        finally:
+            release.set()
+            await asyncio.to_thread(scheduler.stop)
+
+    with caplog.at_level(logging.INFO):
+        asyncio.run(go())
+    assert closed_by == ["blendrag-engine"]
+    assert "request failed" not in caplog.text and "ask failed" not in caplog.text
+
+
+def test_a_question_the_stopping_scheduler_never_ran_ends_with_code_cancelled(
+    components: Components, ingested, monkeypatch
+) -> None:
+    import threading
+
+    from app.services.ask_service import ErrorEvent
+
+    inside, release = threading.Event(), threading.Event()
+    open_layers = components.store.open_layers
+
+    class Gated:
+        """Holds the first question's prompt pass at layer 1, so the second one waits behind it."""
+
+        def __init__(self, source) -> None:
+            self._source = source
+            self.num_layers, self.num_tokens = source.num_layers, source.num_tokens
+
+        def layer(self, layer_idx: int):
+            if layer_idx == 1 and not inside.is_set():
+                inside.set()
+                release.wait(30)
+            return self._source.layer(layer_idx)
+
+        def close(self) -> None:
+            self._source.close()
+
+    monkeypatch.setattr(components.store, "open_layers", lambda *a, **kw: Gated(open_layers(*a, **kw)))
+
+    async def go() -> tuple[list, list]:
+        scheduler = build_scheduler(components)
+        scheduler.start()
+        service = AskService(components, scheduler)
+        request = AskRequest(question="capital of Zorblat?", top_k=2, mode="reuse", max_tokens=4)
+        first = await service.admit(request)
+        await asyncio.to_thread(inside.wait, 30)
+        second = await service.admit(request)  # waits: the worker is inside the first prompt pass
+        stopping = asyncio.create_task(asyncio.to_thread(scheduler.stop))
+        deadline = time.monotonic() + 30
+        while not scheduler._stopping:  # stop() has begun (it then waits for the worker)
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        release.set()
+        await stopping
+        return [e async for e in first.events()], [e async for e in second.events()]
+
+    first, second = asyncio.run(go())
+    assert isinstance(first[-1], DoneEvent) and first[-1].finish_reason == "cancelled"
+    assert isinstance(second[-1], ErrorEvent) and second[-1].code == "cancelled"

@@ -1,0 +1,116 @@
+"""The one KV writer: compute the chunks the store lacks, store them, and say what could not be kept.
+
+    written = ensure_chunk_kv(
+        store, chunks, model_fingerprint=fp, prefix_ids=prefix, compute=scheduler_or_engine_prefill
+    )
+    written.keys         # the key of every chunk, in order (TieredKVStore.key_for)
+    written.computed     # key -> StoredEntry computed now (with keep_entries=True): what the store would serve
+    written.unwritten    # computed keys the store could not keep (see `entry_written`)
+
+Questions (app/services/ask_service.py), ingest, `blendrag doctor --repair` and bench all write chunk KV
+through here, so a failed put means the same everywhere: the entry is not in a tier that outlives this
+process (disk or Redis), or, for a store with memory only, not stored at all. It is logged here once per
+call; each caller then does what its contract asks: a question still serves the KV it just computed
+(`TieredKVStore.open_layers(..., computed=written.computed)`), ingest fails the documents concerned, doctor
+reports the chunks as still missing, bench stops.
+
+kvcache imports no engine: `compute(chunks) -> list[ChunkKV]` is the caller's (the scheduler's
+`prefill_chunks` in the server, `Engine.prefill_chunks` in CLI tools and bench).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvcache.format import StoredEntry, encode_entry
+from kvcache.store import PutResult, TieredKVStore
+from kvcache.types import ChunkKV
+
+logger = logging.getLogger(__name__)
+
+ComputeKV = Callable[[list[list[int]]], list[ChunkKV]]
+DEFAULT_BATCH_CHUNKS = 8  # chunks computed per call of `compute` (padded to the longest of the batch)
+
+
+@dataclass(frozen=True)
+class ChunkKVWrite:
+    """What `ensure_chunk_kv` found and did."""
+
+    keys: list[str]  # one per chunk given, in order (duplicates share a key)
+    num_present: int  # unique keys the store already held
+    num_computed: int  # unique keys computed now
+    unwritten: frozenset[str]  # computed keys the store could not keep (`entry_written` is False)
+    computed: dict[str, StoredEntry] = field(default_factory=dict)  # with keep_entries: key -> entry
+
+
+def entry_written(store: TieredKVStore, result: PutResult) -> bool:
+    """The policy for a put: written = held by a tier that outlives the process, when the store has one."""
+    if store.disk is not None or store.redis is not None:
+        return result.persisted
+    return bool(result.stored_in)
+
+
+def ensure_chunk_kv(
+    store: TieredKVStore,
+    chunks: Sequence[Sequence[int]],
+    *,
+    model_fingerprint: str,
+    prefix_ids: Sequence[int],
+    compute: ComputeKV,
+    keep_entries: bool = False,
+    batch_chunks: int = DEFAULT_BATCH_CHUNKS,
+    missing_keys: Sequence[str] | None = None,
+    on_batch: Callable[[int], None] | None = None,
+) -> ChunkKVWrite:
+    """Make sure every chunk's KV is stored: compute the missing ones `batch_chunks` at a time and put them.
+
+    `missing_keys`: the caller already knows which keys are missing (a failed `open_layers`); otherwise the
+    store is asked (one `locate_many`). `on_batch(num_done)` runs after each batch with the number of
+    `chunks` handled so far (present ones count from the start); it may raise to stop (ingest's cancel).
+    With `keep_entries` the computed entries come back, in the store's encoding, for the caller to serve.
+    """
+    keys = [store.key_for(model_fingerprint, prefix_ids, ids) for ids in chunks]
+    ids_by_key = {key: list(ids) for key, ids in zip(keys, chunks, strict=True)}
+    if missing_keys is None:
+        present = store.locate_many(list(ids_by_key))
+        todo = [key for key in ids_by_key if key not in present]
+    else:
+        wanted = set(missing_keys)
+        todo = [key for key in ids_by_key if key in wanted]
+    todo_set = set(todo)
+    num_done = sum(1 for key in keys if key not in todo_set)
+    if on_batch is not None and not todo:
+        on_batch(num_done)
+    computed: dict[str, StoredEntry] = {}
+    unwritten: set[str] = set()
+    failed_tiers: set[str] = set()
+    for start in range(0, len(todo), max(1, batch_chunks)):
+        batch = todo[start : start + max(1, batch_chunks)]
+        kvs = compute([ids_by_key[key] for key in batch])
+        for key, kv in zip(batch, kvs, strict=True):
+            entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint, storage_dtype=store.storage_dtype)
+            result = store.put_entry(entry)
+            if not entry_written(store, result):
+                unwritten.add(key)
+                failed_tiers.update(result.failed)
+            if keep_entries:
+                computed[key] = entry
+        batch_keys = set(batch)
+        num_done += sum(1 for key in keys if key in batch_keys)
+        if on_batch is not None:
+            on_batch(num_done)
+    if unwritten:
+        logger.warning(
+            "KV of %d chunk(s) could not be stored (%s failed; disk full or unwritable?)",
+            len(unwritten),
+            ", ".join(sorted(failed_tiers)) or "no tier kept it",
+        )
+    return ChunkKVWrite(
+        keys=keys,
+        num_present=len(ids_by_key) - len(todo),
+        num_computed=len(todo),
+        unwritten=frozenset(unwritten),
+        computed=computed,
+    )

@@ -1,0 +1,105 @@
+"""The one KV writer: computes only what is missing, stores it, and one policy for a put that failed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from kvtest_helpers import FINGERPRINT, PREFIX_IDS, make_kv, settings
+
+from kvcache.store import TieredKVStore
+from kvcache.types import ChunkKV
+from kvcache.writer import ensure_chunk_kv
+
+CHUNKS = [[100 + i, 7, 8] for i in range(5)]
+
+
+class Compute:
+    """A stand-in for the engine's prefill: deterministic KV per chunk, every call recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[list[int]]] = []
+
+    def __call__(self, chunks: list[list[int]]) -> list[ChunkKV]:
+        self.calls.append(chunks)
+        return [make_kv(ids[0]) for ids in chunks]
+
+
+def _ensure(store: TieredKVStore, chunks: list[list[int]], compute: Compute, **kwargs):
+    return ensure_chunk_kv(
+        store, chunks, model_fingerprint=FINGERPRINT, prefix_ids=PREFIX_IDS, compute=compute, **kwargs
+    )
+
+
+def test_only_missing_chunks_are_computed_in_batches_and_stored(tmp_path: Path) -> None:
+    store = TieredKVStore(settings(tmp_path))
+    first = Compute()
+    _ensure(store, CHUNKS[:2], first)
+    compute = Compute()
+    progress: list[int] = []
+    written = _ensure(store, CHUNKS + [CHUNKS[3]], compute, batch_chunks=2, on_batch=progress.append)
+    assert written.keys == [store.key_for(FINGERPRINT, PREFIX_IDS, ids) for ids in CHUNKS + [CHUNKS[3]]]
+    assert (written.num_present, written.num_computed, written.unwritten) == (2, 3, frozenset())
+    assert compute.calls == [[CHUNKS[2], CHUNKS[3]], [CHUNKS[4]]]  # the duplicate is computed once
+    assert progress == [5, 6]  # 2 present + 3 after the first batch (the duplicate too), then all 6
+    assert written.computed == {}  # not kept unless asked
+    for key in written.keys:
+        assert store.contains(key) == "memory"
+
+
+def test_known_missing_keys_skip_the_lookup(tmp_path: Path) -> None:
+    store = TieredKVStore(settings(tmp_path))
+    compute = Compute()
+    missing = store.key_for(FINGERPRINT, PREFIX_IDS, CHUNKS[1])
+    written = _ensure(store, CHUNKS[:3], compute, missing_keys=[missing])
+    assert compute.calls == [[CHUNKS[1]]]
+    assert (written.num_present, written.num_computed) == (2, 1)
+
+
+def test_kept_entries_are_what_the_store_serves(tmp_path: Path) -> None:
+    store = TieredKVStore(settings(tmp_path, storage_dtype="int8"))
+    written = _ensure(store, CHUNKS[:1], Compute(), keep_entries=True)
+    (key,) = written.keys
+    served = store.get(key, dtype=torch.float32)
+    kept = written.computed[key].to_chunk_kv(torch.float32, "cpu")
+    assert served is not None and torch.equal(kept.k, served.k) and torch.equal(kept.v, served.v)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "with_dir", "written_ok"),
+    [
+        ({"memory_bytes": 0, "disk_bytes": 1}, True, False),  # the disk refuses every entry (over budget)
+        ({"disk_bytes": 1}, True, False),  # memory holds it, but no tier that outlives the process does
+        ({}, True, True),
+        ({"memory_bytes": 1}, False, False),  # memory only, and it refuses
+        ({}, False, True),  # memory only: stored is all it can be
+    ],
+)
+def test_one_policy_for_a_failed_put(tmp_path: Path, overrides: dict, with_dir: bool, written_ok: bool) -> None:
+    store = TieredKVStore(settings(tmp_path if with_dir else None, **overrides))
+    written = _ensure(store, CHUNKS[:2], Compute(), keep_entries=True)
+    assert written.unwritten == (frozenset() if written_ok else frozenset(written.keys))
+    assert set(written.computed) == set(written.keys)  # the caller can serve them either way
+
+
+def test_open_layers_serves_computed_entries_the_store_did_not_keep(tmp_path: Path) -> None:
+    store = TieredKVStore(settings(tmp_path, memory_bytes=0, disk_bytes=1))
+    written = _ensure(store, CHUNKS[:2], Compute(), keep_entries=True)
+    assert store.contains(written.keys[0]) is None
+    with store.open_layers(written.keys, dtype=torch.float32, computed=written.computed) as source:
+        k, v = source.layer(1)
+    expected = [make_kv(ids[0]) for ids in CHUNKS[:2]]
+    torch.testing.assert_close(k, torch.cat([e.k[1] for e in expected], dim=1).float())
+    torch.testing.assert_close(v, torch.cat([e.v[1] for e in expected], dim=1).float())
+
+
+def test_the_writer_imports_no_engine_and_no_app() -> None:
+    import ast
+
+    import kvcache.writer
+
+    tree = ast.parse(Path(kvcache.writer.__file__).read_text())
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {m.split(".")[0] for m in modules} <= {"__future__", "logging", "collections", "dataclasses", "kvcache"}
