@@ -191,8 +191,11 @@ def _print_skipped(skipped: list[str], extensions: Any) -> None:
     )
 
 
-def _print_sources(sources: list[dict[str, Any]]) -> None:
+def _print_sources(sources: list[dict[str, Any]], notice: str | None = None) -> None:
     print("\n")
+    if not sources:
+        print(f"Sources: none ({notice or 'no documents match'}: the answer comes from the model alone)")
+        return
     print("Sources:")
     for s in sources:
         page = f", p. {s['page']}" if s.get("page") else ""
@@ -234,7 +237,7 @@ def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
                     sys.stdout.write(data["text"])
                     sys.stdout.flush()
                 case "done":
-                    _print_sources(sources)
+                    _print_sources(sources, data.get("notice"))
                     _print_done(data)
                 case "error":
                     print(f"\nerror: {data.get('message')}", file=sys.stderr)
@@ -299,7 +302,7 @@ def _ask_local(settings: Settings, request: Any) -> int:
                         sys.stdout.write(event.text)
                         sys.stdout.flush()
                     case DoneEvent():
-                        _print_sources([dataclasses.asdict(s) for s in sources])
+                        _print_sources([dataclasses.asdict(s) for s in sources], event.notice)
                         _print_done(dataclasses.asdict(event))
                     case ErrorEvent():
                         print(f"\nerror: {event.message}", file=sys.stderr)

@@ -285,6 +285,11 @@ class SourcesEventOut(BaseModel):
 
     sources: list[SourceOut]
     retrieval_ms: float
+    notice: str | None = Field(
+        default=None,
+        description='Set when there are no sources: "nothing ingested yet" or "no documents match" '
+        "(the answer then comes from the model alone)",
+    )
 
 
 class TokenEventOut(BaseModel):
@@ -298,6 +303,13 @@ class ErrorEventOut(BaseModel):
 
     message: str
     code: Literal["busy", "internal", "cancelled"]
+
+
+class CitationOut(BaseModel):
+    start: int = Field(description="First character of the sentence in `answer`")
+    end: int = Field(description="One past its last character")
+    rank: int = Field(description="The source's rank (its [n])")
+    score: float = Field(description="Weighted share of the sentence's distinctive words found in that source")
 
 
 class AskDoneOut(BaseModel):
@@ -315,6 +327,12 @@ class AskDoneOut(BaseModel):
     retrieval_ms: float
     ttft_ms: float
     total_ms: float
+    notice: str | None = Field(default=None, description="As in the `sources` event: why there are no sources")
+    citations: list[CitationOut] = Field(
+        default_factory=list,
+        description="Answer sentences and the source each draws on most (shared distinctive words); "
+        "the chat page shows them as [n] marks",
+    )
 
 
 class AskOut(AskDoneOut):

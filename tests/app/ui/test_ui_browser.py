@@ -182,7 +182,13 @@ HOSTILE_DOC = (
     '<img src="https://example.invalid/' + "a" * 300 + '.png" onerror="window.__pwned = 1">\n\n'
     "<script>window.__pwned = 2</script>\n"
 )
-CANNED_ANSWER = "### `timeout`\n\nUse a client [1]:\n\n```python\nclient = httpx.Client(timeout=5)\n```\n"
+CANNED_ANSWER = "### `timeout`\n\nSet it on the client.\n\n```python\nclient = httpx.Client(timeout=5)\n```\n"
+CITED = "Set it on the client."
+
+
+def _citation(answer: str, sentence: str, rank: int) -> dict:
+    start = answer.index(sentence)
+    return {"start": start, "end": start + len(sentence), "rank": rank, "score": 0.9}
 
 
 def _sse(event: str, data: dict) -> str:
@@ -207,7 +213,11 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
         _sse("sources", {"sources": real["sources"], "retrieval_ms": 1.0})
         + _sse("token", {"text": CANNED_ANSWER[:half]})
         + _sse("token", {"text": CANNED_ANSWER[half:]})
-        + _sse("done", {k: v for k, v in real.items() if k != "sources"} | {"answer": CANNED_ANSWER})
+        + _sse(
+            "done",
+            {k: v for k, v in real.items() if k != "sources"}
+            | {"answer": CANNED_ANSWER, "citations": [_citation(CANNED_ANSWER, CITED, 1)]},
+        )
     )
     for width in (1280, 390):
         context = browser.new_context(viewport={"width": width, "height": 900})
@@ -226,6 +236,7 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
         assert "```" not in answer.inner_text() and "###" not in answer.inner_text()
         cite = answer.query_selector("button.cite")
         assert cite.inner_text() == "[1]"
+        assert answer.query_selector("p:nth-of-type(1)").inner_text() == "Set it on the client [1]."
         shot(page, f"chat-markdown-{width}")
         cite.click()  # the [1] mark opens the source, itself rendered
         page.wait_for_selector("dialog#passage[open] #passage-text.markdown pre code")
@@ -240,3 +251,22 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
     with httpx.Client(base_url=ui_server.url, timeout=60) as http:
         http.delete(f"/documents/{source['document_id']}")
     assert console.unexpected() == []
+
+
+@pytest.fixture(scope="module")
+def empty_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[LiveServer]:
+    settings = server_settings(tmp_path_factory.mktemp("ui-empty") / "data", tiny_llama_dir)
+    with LiveServer(create_app(settings, load_in_background=False)) as server:
+        yield server
+
+
+def test_asking_with_nothing_ingested_says_so(empty_server: LiveServer, page: Any, shot: Any) -> None:
+    page.goto(empty_server.url + "/")
+    page.wait_for_selector("#server-status .dot.ok")
+    page.fill("#question", "When is the launch?")
+    page.press("#question", "Enter")
+    page.wait_for_selector("article.turn[data-state=done]", timeout=TIMEOUT_MS)
+    assert page.inner_text("[data-testid=notice]") == (
+        "Nothing ingested yet: the answer comes from the model alone, not from your documents"
+    )
+    shot(page, "chat-nothing-ingested")

@@ -35,6 +35,24 @@ function openPassage(source) {
   renderInto(body, source.text || source.snippet);
 }
 
+const NOTICES = { "nothing ingested yet": "Nothing ingested yet", "no documents match": "No documents match" };
+
+// The answer with " [n]" after each sentence the server attributed to source n (before its closing
+// punctuation), unless the model already cited it there.
+export function withCitationMarks(answer, citations) {
+  let out = "";
+  let position = 0;
+  for (const c of [...citations].sort((a, b) => a.end - b.end)) {
+    const sentence = answer.slice(c.start, c.end);
+    if (sentence.includes(`[${c.rank}]`)) continue;
+    const punct = /[.!?]+["')\]]*$/.exec(sentence);
+    const at = punct ? c.end - punct[0].length : c.end;
+    out += answer.slice(position, at) + ` [${c.rank}]`;
+    position = at;
+  }
+  return out + answer.slice(position);
+}
+
 // One question and its answer, updated as events arrive.
 class Turn {
   constructor(text) {
@@ -51,10 +69,11 @@ class Turn {
     this.renderer = new StreamRenderer(this.answer);
   }
 
-  setSources(sources) {
+  setSources(sources, notice) {
     this.sources = sources;
     this.sourceList.replaceChildren(el("li", { class: "label" }, sources.length
-      ? `Sources (${sources.length})` : "No passages matched; answering without documents"));
+      ? `Sources (${sources.length})` : el("span", { class: "notice", "data-testid": "notice" },
+        `${NOTICES[notice] || "No documents match"}: the answer comes from the model alone, not from your documents`)));
     for (const s of sources) {
       const page = s.page ? ` · p. ${s.page}` : "";
       this.sourceList.append(el("li", {},
@@ -89,7 +108,7 @@ class Turn {
   done(result) {
     this.finished = true;
     this.answer.classList.remove("streaming");
-    const answer = result.answer || this.text;
+    const answer = withCitationMarks(result.answer || this.text, result.citations || []);
     this.renderAnswer(answer).then(() => {
       if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
     });
@@ -148,7 +167,7 @@ async function ask(text, turn) {
   }
   try {
     for await (const { event, data } of readSSE(response)) {
-      if (event === "sources") turn.setSources(data.sources);
+      if (event === "sources") turn.setSources(data.sources, data.notice);
       else if (event === "token") turn.addText(data.text);
       else if (event === "done") turn.done(data);
       else if (event === "error") turn.fail(data.message);
