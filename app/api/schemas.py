@@ -319,7 +319,10 @@ class AskDoneOut(BaseModel):
     mode: str
     selector: str | None = Field(description="blend's token selector; null for modes that need none")
     recompute_ratio: float
-    finish_reason: str
+    finish_reason: str = Field(
+        description='"stop" (end of answer or a stop string), "length" (max_tokens), "repetition" (the model '
+        'began to repeat a sentence: the answer ends before it; /v1 reports it as "stop") or "cancelled"'
+    )
     usage: UsageOut
     timings: TimingsOut
     kv_hits: int
