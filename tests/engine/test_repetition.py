@@ -98,9 +98,9 @@ def test_a_repeated_sentence_is_never_sent_and_finishes_with_repetition(tiny_eng
     events = list(tiny_engine.generate(GenerationRequest("t", layout, None, "full", sampling=sampling)))
     fin = events[-1]
     assert (fin.finish_reason, fin.num_completion_tokens) == ("repetition", 5)
-    # Each sentence is released once the next one starts: the stream lags by one sentence, and the
-    # repeated one never reaches the client.
-    assert [e.text for e in events[:-1]] == ["", "", "The launch is on 3 March.", " It is soon.", ""]
+    # New text streams at once; " The launch is" is held (it starts like an earlier sentence) and, once
+    # it completes as a repeat, is never sent.
+    assert [e.text for e in events[:-1]] == ["The launch", " is on 3 March.", " It is soon.", "", ""]
     assert fin.text == "The launch is on 3 March. It is soon."
 
 
@@ -114,8 +114,11 @@ def test_a_repetition_stop_inside_a_code_block_closes_the_fence(tiny_engine, lay
 
 def test_held_text_is_released_at_the_end_of_a_run() -> None:
     guard = RepeatedLineGuard(enabled=True)
-    assert guard.push("First sentence here. Second one") == ("First sentence here.", False)
-    assert guard.flush() == " Second one"
+    assert guard.push("First sentence here. Second one. First sent") == ("First sentence here. Second one.", False)
+    assert guard.push("ence") == ("", False)  # still the start of the first sentence: held
+    assert guard.push(" is new") == (" First sentence is new", False)  # departed from it: released
+    assert guard.push(". First sentence") == (".", False)
+    assert guard.flush() == " First sentence"
     assert RepeatedLineGuard(enabled=False).push("A b c d. A b c d.") == ("A b c d. A b c d.", False)
 
 
