@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from app.catalog.repository import ChunkRecord
+from app.services.attribution import Citation, SourceText, attribute
 from app.services.estimates import PrefillRate
 from retrieval.types import SearchFilters
 
@@ -70,10 +71,17 @@ class Source:
     text: str
 
 
+NOTHING_INGESTED = "nothing ingested yet"
+NO_MATCH = "no documents match"
+
+
 @dataclass(frozen=True)
 class SourcesEvent:
     sources: list[Source]
     retrieval_ms: float
+    # Why there are no sources, when there are none: NOTHING_INGESTED or NO_MATCH (the answer then comes
+    # from the model alone, and the client should say so).
+    notice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,9 @@ class DoneEvent:
     timings: Timings
     kv_hits: int
     kv_misses: int
+    notice: str | None = None  # as in SourcesEvent: set when the answer had no sources
+    # Which source each answer sentence draws on (app/services/attribution.py), for [n] marks.
+    citations: list[Citation] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,7 @@ class AnswerRecorder:
         kv_load_ms: float,
         kv_hits: int,
         kv_misses: int,
+        sources: SourcesEvent,
     ) -> DoneEvent:
         ttft_ms = retrieval_ms + kv_load_ms + event.ttft_s * 1000
         if event.mode == "full":
@@ -167,8 +179,9 @@ class AnswerRecorder:
             self._metrics.total.labels(event.mode).observe(event.total_s)
             self._metrics.recompute_ratio.observe(event.recompute_ratio)
         self.count(event.mode, event.finish_reason)
+        answer = event.text or "".join(pieces)
         return DoneEvent(
-            answer=event.text or "".join(pieces),
+            answer=answer,
             mode=event.mode,
             selector=event.selector,
             recompute_ratio=round(event.recompute_ratio, 4),
@@ -188,6 +201,8 @@ class AnswerRecorder:
             ),
             kv_hits=kv_hits,
             kv_misses=kv_misses,
+            notice=sources.notice,
+            citations=attribute(answer, [SourceText(s.rank, s.text) for s in sources.sources]),
         )
 
 
@@ -238,6 +253,7 @@ class AskService:
 
         chunks, sources = await asyncio.to_thread(self._retrieve, request)
         retrieval_ms = (time.perf_counter() - started) * 1000
+        notice = None if sources else (NOTHING_INGESTED if self._c.retriever.count == 0 else NO_MATCH)
 
         engine = self._c.engine
         layout = engine.prompt.layout_ranked([c.token_ids for c in chunks], request.question.strip())
@@ -260,7 +276,7 @@ class AskService:
         )
         use_kv = bool(ordered) and mode != "full"
         answer = AdmittedAnswer(
-            sources=SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2)),
+            sources=SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2), notice=notice),
             mode=mode,
             open_kv=(lambda: self._open_kv(ordered)) if use_kv else None,
             build=lambda kv_source, effective: GenerationRequest(
@@ -427,7 +443,13 @@ class AdmittedAnswer:
                     async for event in stream:
                         if isinstance(event, FinishEvent):
                             yield recorder.done(
-                                event, pieces, retrieval_ms, self._kv_load_ms, self._kv_hits, self._kv_misses
+                                event,
+                                pieces,
+                                retrieval_ms,
+                                self._kv_load_ms,
+                                self._kv_hits,
+                                self._kv_misses,
+                                self.sources,
                             )
                             return
                         if event.text:
