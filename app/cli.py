@@ -58,6 +58,18 @@ def _take_data_dir(
     Raises Refused naming the owner and what to do when neither is possible.
     """
     owner = lock_owner(settings.data_dir)
+    if owner is None and remote and not _has_catalog(settings):
+        # `blendrag ask` in another folder would create ./data and answer from nothing, while the user's
+        # server runs elsewhere: a data dir without a catalog sends the work to a server on the default port.
+        from app.remote import RemoteServer, find_server
+
+        url = find_server(settings.server.host, settings.server.port)
+        if url is not None:
+            print(
+                f"{settings.data_dir} holds no catalog; sending the work to the blendrag server at {url}",
+                file=sys.stderr,
+            )
+            return RemoteServer(url, settings.server.api_key), None
     if owner is None:
         lock = DataDirLock(settings.data_dir)
         try:
@@ -73,6 +85,14 @@ def _take_data_dir(
     raise Refused(_busy_message(settings, owner, then))
 
 
+def _has_catalog(settings: Settings) -> bool:
+    """Whether the data dir has been used: its SQLite catalog exists (a PostgreSQL catalog always does)."""
+    url = settings.catalog.url or ""
+    if not url.startswith("sqlite:///"):
+        return True
+    return Path(url.removeprefix("sqlite:///")).exists()
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -86,41 +106,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
     owner = lock_owner(settings.data_dir)
     if owner is not None:
         raise Refused(_busy_message(settings, owner, "blendrag serve"))
+    from app.ports import PortInUse, check_port_free
+
+    try:  # before anything loads: a port in use fails now, not after the model
+        check_port_free(host, port)
+    except PortInUse as exc:
+        raise Refused(str(exc)) from exc
     # Start-up steps (model, embedder, "ready at …") are logged at info by our own packages.
     level = getattr(logging, settings.server.log_level.upper())
     for package in ("app", "engine", "kvcache", "retrieval", "ingest"):
         logging.getLogger(package).setLevel(min(level, logging.getLogger(package).getEffectiveLevel()))
     logger.info("starting the server for %s on %s", settings.data_dir, server_url(host, port))
+    from app.access_log import install_polling_filter
+
+    install_polling_filter()
     uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.server.log_level)
     return 0
-
-
-def _progress_printer() -> tuple[Any, Any]:
-    """(on_progress(stage, {"done", "total"}), close()) drawing one tqdm bar per ingest stage."""
-    from tqdm import tqdm
-
-    bars: dict[str, tqdm] = {}
-
-    def on_progress(stage: str | None, progress: dict[str, Any]) -> None:
-        if stage is None:
-            return
-        p = progress.get(stage, {})
-        bar = bars.get(stage)
-        if bar is None:
-            for other in bars.values():
-                other.close()
-            bar = bars[stage] = tqdm(
-                total=p.get("total", 0), desc=f"{stage:>6}", unit="item", file=sys.stderr, leave=True
-            )
-        bar.total = p.get("total", 0)
-        bar.n = p.get("done", 0)
-        bar.refresh()
-
-    def close() -> None:
-        for bar in bars.values():
-            bar.close()
-
-    return on_progress, close
 
 
 def _print_job(job_id: str, status: str, document_ids: list[str], errors: list[dict[str, Any]], num_files: int) -> int:
@@ -132,7 +133,8 @@ def _print_job(job_id: str, status: str, document_ids: list[str], errors: list[d
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from ingest.loaders import iter_paths
+    from app.cli_progress import IngestProgress
+    from ingest.loaders import find_files
 
     settings = _settings(args)
     paths = [Path(p) for p in args.paths]
@@ -140,19 +142,22 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         if not p.exists():
             print(f"error: {p}: no such file or directory", file=sys.stderr)
             return EXIT_USAGE
-    files = list(iter_paths(paths, settings.ingest.allowed_extensions))
-    if not files:
+    found = find_files(paths, settings.ingest.allowed_extensions)
+    if not found.paths:
         print("error: no ingestible files found under the given paths", file=sys.stderr)
+        _print_skipped(found.skipped, settings.ingest.allowed_extensions)
         return EXIT_USAGE
     tags = [t for t in (args.tags or "").split(",") if t]
     remote, lock = _take_data_dir(settings, "ingest", "blendrag ingest", remote=True)
-    on_progress, close_bars = _progress_printer()
+    progress = IngestProgress()
     if remote is not None:
         with remote:
-            accepted = remote.ingest_files(files, tags)
-            job = remote.wait_job(accepted["job_id"], lambda j: on_progress(j.get("stage"), j.get("progress", {})))
-        close_bars()
-        return _print_job(job["job_id"], job["status"], job["document_ids"], job["errors"], len(files))
+            accepted = remote.ingest_files(found.paths, tags, names=found.names)
+            job = remote.wait_job(accepted["job_id"], progress.update)
+        progress.finish(job)
+        code = _print_job(job["job_id"], job["status"], job["document_ids"], job["errors"], len(found.paths))
+        _print_skipped(found.skipped, settings.ingest.allowed_extensions)
+        return code
     assert lock is not None
     with lock:
         from app.components import build_components
@@ -162,19 +167,35 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         try:
             service = IngestService(components)
             sources = [
-                IngestSource(kind="file", title=f.name, path=str(f.resolve()), source_path=str(f.resolve()), tags=tags)
-                for f in files
+                IngestSource(kind="file", title=Path(name).name, path=str(f.resolve()), source_path=name, tags=tags)
+                for f, name in zip(found.paths, found.names, strict=True)
             ]
             submitted = service.submit(sources, enqueue=False)
-            local_job = service.run_job(submitted.job_id, on_progress=lambda j: on_progress(j.stage, j.progress))
-            close_bars()
+            local_job = service.run_job(submitted.job_id, on_progress=progress.update)
+            progress.finish(local_job)
         finally:
             components.close()
-    return _print_job(local_job.id, local_job.status.value, local_job.document_ids, local_job.errors, len(files))
+    code = _print_job(local_job.id, local_job.status.value, local_job.document_ids, local_job.errors, len(found.paths))
+    _print_skipped(found.skipped, settings.ingest.allowed_extensions)
+    return code
 
 
-def _print_sources(sources: list[dict[str, Any]]) -> None:
+def _print_skipped(skipped: list[str], extensions: Any) -> None:
+    """One line for the files of the named folders that were left out for their type."""
+    if not skipped:
+        return
+    shown = ", ".join(skipped[:8]) + (f", … ({len(skipped) - 8} more)" if len(skipped) > 8 else "")
+    print(
+        f"skipped {len(skipped)} file(s): unsupported type (ingestible: {', '.join(sorted(extensions))}): {shown}",
+        file=sys.stderr,
+    )
+
+
+def _print_sources(sources: list[dict[str, Any]], notice: str | None = None) -> None:
     print("\n")
+    if not sources:
+        print(f"Sources: none ({notice or 'no documents match'}: the answer comes from the model alone)")
+        return
     print("Sources:")
     for s in sources:
         page = f", p. {s['page']}" if s.get("page") else ""
@@ -229,7 +250,7 @@ def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
                     sys.stdout.write(data["text"])
                     sys.stdout.flush()
                 case "done":
-                    _print_sources(sources)
+                    _print_sources(sources, data.get("notice"))
                     _print_done(data)
                 case "error":
                     print(f"\nerror: {data.get('message')}", file=sys.stderr)
@@ -265,10 +286,17 @@ def cmd_ask(args: argparse.Namespace) -> int:
             name = str(err["loc"][0]) if err["loc"] else "question"
             print(f"error: {flags.get(name, name)}: {err['msg']}", file=sys.stderr)
         return EXIT_USAGE
+    had_catalog = _has_catalog(settings)
     remote, lock = _take_data_dir(settings, "ask", "blendrag ask", remote=True)
     if remote is not None:
         return _ask_remote(remote, args)
     assert lock is not None
+    if not had_catalog:
+        print(
+            f"data dir {settings.data_dir} is new and holds no documents: the answer comes from the model alone "
+            "(ingest first, or pass --data-dir)",
+            file=sys.stderr,
+        )
     with lock:
         return _ask_local(settings, body.to_request(body.question), body.conversation_id)
 
@@ -308,7 +336,7 @@ def _ask_local(settings: Settings, request: Any, conversation_id: str | None) ->
                         sys.stdout.write(event.text)
                         sys.stdout.flush()
                     case DoneEvent():
-                        _print_sources([dataclasses.asdict(s) for s in sources])
+                        _print_sources([dataclasses.asdict(s) for s in sources], event.notice)
                         _print_done(dataclasses.asdict(event))
                     case ErrorEvent():
                         print(f"\nerror: {event.message}", file=sys.stderr)

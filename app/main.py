@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from app.api import admin, ask, conversations, documents, health, index_status, openai_compat
+from app.api import admin, ask, conversations, documents, health, index_status, openai_compat, render
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.errors import install_error_handlers
 from app.datadir_lock import DataDirBusy, DataDirLock, server_url
@@ -81,6 +81,7 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         conversations.router,
         admin.router,
         index_status.router,
+        render.router,
     ):
         app.include_router(router)
     mount_ui(app)

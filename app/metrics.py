@@ -41,6 +41,7 @@ class RecentAsk:
     num_prompt_tokens: int
     num_completion_tokens: int
     full_prefill_estimate_ms: float | None
+    num_context_tokens: int = 0  # 0: nothing was retrieved (an answer from the model alone)
 
 
 class RecentAsks:

@@ -16,7 +16,10 @@ from typing import Any
 
 import httpx
 
+from app.api.sse import iter_sse
+
 TIMEOUT_S = 30.0
+POLL_S = 1.0  # job polling when the event stream is unavailable: at most once a second
 
 
 class RemoteError(RuntimeError):
@@ -46,24 +49,48 @@ class RemoteServer:
         _raise_for_status(response)
         return response.json()
 
-    def ingest_files(self, files: list[Path], tags: list[str]) -> dict[str, Any]:
-        """Upload files in one multipart request; the IngestAccepted body (job_id, document_ids)."""
+    def ingest_files(self, files: list[Path], tags: list[str], names: list[str] | None = None) -> dict[str, Any]:
+        """Upload files in one multipart request; the IngestAccepted body (job_id, document_ids).
+
+        `names` are what the server records as each file's source (its path relative to the folder the
+        user named, e.g. `advanced/timeouts.md`); without them, the files' base names."""
+        names = names if names is not None else [f.name for f in files]
         with ExitStack() as stack:
-            parts = [("files", (f.name, stack.enter_context(f.open("rb")), "application/octet-stream")) for f in files]
+            parts = [
+                ("files", (name, stack.enter_context(f.open("rb")), "application/octet-stream"))
+                for f, name in zip(files, names, strict=True)
+            ]
             data = {"tags": ",".join(tags)} if tags else {}
             return self._request("POST", "/ingest", files=parts, data=data, timeout=None)
 
     def job(self, job_id: str) -> dict[str, Any]:
         return self._request("GET", f"/ingest/jobs/{job_id}")
 
-    def wait_job(self, job_id: str, on_progress: Any = None, poll_s: float = 0.25) -> dict[str, Any]:
+    def wait_job(self, job_id: str, on_progress: Any = None) -> dict[str, Any]:
+        """Follow the job's event stream (one request, one access-log line, updates as they happen) until
+        it finishes; the final job. If the stream breaks off, polls once a second instead."""
+        try:
+            with self._client.stream(
+                "GET", f"/ingest/jobs/{job_id}/events", timeout=httpx.Timeout(TIMEOUT_S, read=None)
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for_status(response)
+                for message in iter_sse(response.iter_lines()):
+                    if message.event in ("progress", "done") and isinstance(message.data, dict):
+                        if on_progress is not None:
+                            on_progress(message.data)
+                        if message.event == "done":
+                            return message.data
+        except httpx.HTTPError:
+            pass  # fall back to polling below
         while True:
             job = self.job(job_id)
             if on_progress is not None:
                 on_progress(job)
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 return job
-            time.sleep(poll_s)
+            time.sleep(POLL_S)
 
     def purge_failed(self) -> int:
         return int(self._request("DELETE", "/documents", params={"status": "failed"})["deleted"])
@@ -92,6 +119,20 @@ class RemoteServer:
                         event, data = "message", []
         except httpx.HTTPError as exc:
             raise RemoteError(f"cannot reach the server at {self.url}: {exc}") from exc
+
+
+def find_server(host: str, port: int) -> str | None:
+    """The URL of a blendrag server answering on (host, port), or None (nothing there, or not blendrag)."""
+    probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    url = f"http://{probe_host}:{port}"
+    try:
+        response = httpx.get(f"{url}/health", timeout=1.0)
+        ready = httpx.get(f"{url}/ready", timeout=1.0)
+        if response.status_code == 200 and response.json() == {"status": "ok"} and "status" in ready.json():
+            return url
+    except (httpx.HTTPError, ValueError, TypeError):
+        return None
+    return None
 
 
 def _raise_for_status(response: httpx.Response) -> None:

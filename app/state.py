@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+PREFILL_RATE_FILE = "prefill_rate.json"  # the learned plain-prefill rate, kept across restarts
+
 
 @dataclass
 class AppState:
@@ -70,6 +72,7 @@ class AppState:
             self.load_error = f"{type(exc).__name__}: {exc}"
             return
         self.components = components
+        self.prefill_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=components.engine.fingerprint)
         self.scheduler = build_scheduler(components)
         self.scheduler.start()
 
@@ -116,5 +119,6 @@ class AppState:
             await asyncio.to_thread(self.ingest.stop)
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
+        self.prefill_rate.save()
         if self.components is not None:
             self.components.close()

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from engine.sampling import IncrementalDetokenizer, Sampler, StopStringFilter
+from engine.sampling import IncrementalDetokenizer, RepeatedLineGuard, Sampler, StopStringFilter
 from engine.types import FinishEvent, FinishReason, GenerationEvent, GenerationRequest, PromptResult, TokenEvent
 
 if TYPE_CHECKING:
@@ -62,6 +62,7 @@ class RequestRun:
         self.sampler = Sampler(request.sampling, device)
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopStringFilter(request.sampling.stop)
+        self.lines = RepeatedLineGuard(request.sampling.stop_on_repeated_line)
         self.eos_token_ids = eos_token_ids
         self.result: PromptResult | None = None  # its cache is the working cache decode extends
         self.text_parts: list[str] = []
@@ -119,17 +120,19 @@ class RequestRun:
         self.num_completion_tokens += 1
         sampling = self.request.sampling
         if token_id in self.eos_token_ids and not sampling.ignore_eos:
-            return [self._token(self.stops.flush(), token_id), self._finish("stop")]
+            return [self._token(self.lines.flush() + self.stops.flush(), token_id), self._finish("stop")]
         released = self.stops.push(self.detok.add(token_id))
+        text, repeated = self.lines.push(released.text)
+        if repeated:
+            # The model began to loop: end before the repeated sentence is sent, closing an open code fence.
+            return [self._token(text + self.lines.closing_fence(), token_id), self._finish("repetition")]
         if released.stopped:
-            return [self._token(released.text, token_id), self._finish("stop")]
-        if self.sampler.repetition.should_stop("".join(self.text_parts) + released.text):
-            # The model began to loop: end here, as if it had emitted EOS.
-            return [self._token(released.text + self.stops.flush(), token_id), self._finish("stop")]
+            return [self._token(text + self.lines.flush(), token_id), self._finish("stop")]
         if self.num_completion_tokens >= sampling.max_tokens:
-            return [self._token(released.text + self.stops.flush(), token_id), self._finish("length")]
+            tail = self.lines.flush() + self.stops.flush()  # in stream order: the guard's text comes first
+            return [self._token(text + tail, token_id), self._finish("length")]
         self._next_token = token_id
-        return [self._token(released.text, token_id)]
+        return [self._token(text, token_id)]
 
     def _token(self, text: str, token_id: int) -> TokenEvent:
         self.text_parts.append(text)

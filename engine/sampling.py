@@ -77,6 +77,71 @@ class RepetitionControl:
         return self.stop_on_repeated_line and ends_with_repeated_line(text)
 
 
+_BOUNDARY = re.compile(r"[.!?](?=\s|$)|\n")
+_FENCE_LINE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
+
+
+def _could_become_a_repeat(text: str) -> bool:
+    """Whether the sentence `text` is in the middle of is, so far, the start of an earlier sentence (only
+    then can it still turn out to repeat one)."""
+    parts = [_normalize(p) for p in _SENTENCE_BREAK.split(text)]
+    current = parts[-1] if parts else ""
+    if not current:
+        return False
+    return any(earlier.startswith(current) for earlier in parts[:-1] if len(earlier) >= MIN_REPEATED_LINE_CHARS)
+
+
+class RepeatedLineGuard:
+    """Holds back the sentence or line being written until it is known not to repeat an earlier one.
+
+    With `stop_on_repeated_line`, a loop must end *before* its first repeated line reaches the client. A
+    sentence in progress can only become a repeat while it is the start of an earlier sentence, so only
+    then is it held (until it completes or departs from every earlier one): new text streams at once, and
+    a loop lags by at most the sentence being checked.
+    `push` returns the text that may be sent and whether the sentence just completed repeats an earlier one
+    (the caller then finishes with reason "repetition" and never sends it). Disabled, it passes text through.
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._sent = ""  # every character released so far
+        self._held = ""  # written but not yet released: the sentence in progress
+
+    def push(self, text: str) -> tuple[str, bool]:
+        if not self.enabled:
+            return text, False
+        self._held += text
+        release = 0
+        for boundary in _BOUNDARY.finditer(self._held):
+            end = boundary.end()
+            if ends_with_repeated_line(self._sent + self._held[:end]):
+                out = self._held[:release]
+                self._sent += out
+                self._held = ""
+                return out, True
+            if end < len(self._held) or self._held[end - 1] == "\n":
+                release = end  # a confirmed boundary (followed by white space, or a line break)
+        if not _could_become_a_repeat(self._sent + self._held):
+            release = len(self._held)  # new words stream at once; only a possible repeat waits
+        out, self._held = self._held[:release], self._held[release:]
+        self._sent += out
+        return out, False
+
+    def flush(self) -> str:
+        """What is held, at a finish that is not a repetition (EOS, a stop string, max_tokens)."""
+        out, self._held = self._held, ""
+        self._sent += out
+        return out
+
+    def closing_fence(self) -> str:
+        """Text that closes a code fence the released answer left open (empty if none is open), so a
+        repetition stop inside a code block does not leave the rest of a rendered page in code."""
+        fences = _FENCE_LINE.findall(self._sent)
+        if len(fences) % 2 == 0:
+            return ""
+        return ("" if self._sent.endswith("\n") else "\n") + fences[-1]
+
+
 def banned_ngram_tokens(generated: Sequence[int], n: int) -> set[int]:
     """Tokens that would complete an n-gram already present in `generated`."""
     if n == 1:

@@ -21,7 +21,8 @@ SelectorName = Literal["query", "deviation", "first_k", "random"]
 SELECTORS: tuple[SelectorName, ...] = get_args(SelectorName)
 ScoreFuse = Literal["mean", "max"]
 ScoreBy = Literal["attention", "output"]
-FinishReason = Literal["stop", "length", "cancelled"]
+# "repetition": stop_on_repeated_line ended a loop before its first repeated sentence was sent.
+FinishReason = Literal["stop", "length", "cancelled", "repetition"]
 
 
 class EngineError(RuntimeError):

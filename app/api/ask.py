@@ -70,6 +70,7 @@ def event_payload(event: AskEvent) -> tuple[str, dict[str, Any]]:
             return "sources", {
                 "sources": [dataclasses.asdict(s) for s in event.sources],
                 "retrieval_ms": event.retrieval_ms,
+                "notice": event.notice,
             }
         case TokenDelta():
             return "token", {"text": event.text}
@@ -95,6 +96,7 @@ def record_answer(metrics: Metrics, event: DoneEvent) -> None:
             num_prompt_tokens=event.usage.prompt_tokens,
             num_completion_tokens=event.usage.completion_tokens,
             full_prefill_estimate_ms=event.timings.full_prefill_estimate_ms,
+            num_context_tokens=event.usage.context_tokens,
         )
     )
 
@@ -136,7 +138,7 @@ def client_gone() -> JSONResponse:
 
 _STREAM_DOC = (
     "With `stream: true` (default), Server-Sent Events in this order: one `sources` "
-    "`{sources: [{rank, chunk_id, document_id, title, page, score, snippet, text}], retrieval_ms}`, "
+    "`{sources: [{rank, chunk_id, document_id, title, page, score, snippet, text}], retrieval_ms, notice}`, "
     "then `token` `{text}` deltas, then one `done` (the AskOut fields except `sources`) or one "
     "`error` `{message, code: busy|internal|cancelled}`. With `stream: false`, one AskOut JSON body."
 )

@@ -37,6 +37,7 @@ from app.api.schemas import (
     ValidationErrorOut,
 )
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
+from app.api.uploads import upload_source_path
 from app.catalog import DocumentStatus
 from app.catalog.repository import DocumentRecord, JobRecord
 from app.services.document_service import DocumentBusy, DocumentService
@@ -240,9 +241,11 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
             for index, (upload, name) in enumerate(zip(uploads, names, strict=True)):
                 spooled = await _spool(upload, settings.uploads_dir, settings.ingest.max_file_bytes)
                 stored = save_upload(settings.uploads_dir, batch_dir.name, index, name, spooled)  # type: ignore[union-attr]
+                # The source is the path the client sent (relative to the folder it ingests: `advanced/x.md`).
                 # The second `same.txt` of one request is its own source (re-uploading it replaces it alone).
-                seen[name] = seen.get(name, 0) + 1
-                source = f"upload:{name}" if seen[name] == 1 else f"upload:{name} ({seen[name]})"
+                relative = upload_source_path(upload.filename or name)
+                seen[relative] = seen.get(relative, 0) + 1
+                source = relative if seen[relative] == 1 else f"{relative} ({seen[relative]})"
                 sources.append(IngestSource(kind="file", title=name, path=str(stored), source_path=source, tags=tags))
         except BaseException:
             if batch_dir is not None:

@@ -229,7 +229,8 @@ def _ask_request(body: ChatCompletionIn, conversations: ConversationService, own
     )
 
 
-def _finish_reason(reason: str) -> str:
+def finish_reason(reason: str) -> str:
+    """OpenAI's finish_reason for ours: "length" stays, "repetition" (and every other end) is "stop"."""
     return "length" if reason == "length" else "stop"
 
 
@@ -365,7 +366,7 @@ async def chat_completions(
                                 "index": 0,
                                 "message": {"role": "assistant", "content": event.answer, "refusal": None},
                                 "logprobs": None,
-                                "finish_reason": _finish_reason(event.finish_reason),
+                                "finish_reason": finish_reason(event.finish_reason),
                             }
                         ],
                         "usage": _usage(event),
@@ -402,7 +403,7 @@ async def _stream(
                 yield chunk({"content": event.text})
             elif isinstance(event, DoneEvent):
                 record_answer(state.metrics, event)
-                yield chunk({}, _finish_reason(event.finish_reason), blendrag=_extras(event))
+                yield chunk({}, finish_reason(event.finish_reason), blendrag=_extras(event))
                 if include_usage:
                     yield sse_event(
                         None, {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(event)}

@@ -304,6 +304,11 @@ class SourcesEventOut(BaseModel):
 
     sources: list[SourceOut]
     retrieval_ms: float
+    notice: str | None = Field(
+        default=None,
+        description='Set when there are no sources: "nothing ingested yet" or "no documents match" '
+        "(the answer then comes from the model alone)",
+    )
 
 
 class TokenEventOut(BaseModel):
@@ -319,6 +324,13 @@ class ErrorEventOut(BaseModel):
     code: Literal["busy", "internal", "cancelled"]
 
 
+class CitationOut(BaseModel):
+    start: int = Field(description="First character of the sentence in `answer`")
+    end: int = Field(description="One past its last character")
+    rank: int = Field(description="The source's rank (its [n])")
+    score: float = Field(description="Weighted share of the sentence's distinctive words found in that source")
+
+
 class AskDoneOut(BaseModel):
     """Data of the `done` SSE event (last): the AskOut fields except `sources`."""
 
@@ -326,7 +338,10 @@ class AskDoneOut(BaseModel):
     mode: str
     selector: str | None = Field(description="blend's token selector; null for modes that need none")
     recompute_ratio: float
-    finish_reason: str
+    finish_reason: str = Field(
+        description='"stop" (end of answer or a stop string), "length" (max_tokens), "repetition" (the model '
+        'began to repeat a sentence: the answer ends before it; /v1 reports it as "stop") or "cancelled"'
+    )
     usage: UsageOut
     timings: TimingsOut
     kv_hits: int
@@ -344,6 +359,12 @@ class AskDoneOut(BaseModel):
     retrieval_ms: float
     ttft_ms: float
     total_ms: float
+    notice: str | None = Field(default=None, description="As in the `sources` event: why there are no sources")
+    citations: list[CitationOut] = Field(
+        default_factory=list,
+        description="Answer sentences and the source each draws on most (shared distinctive words); "
+        "the chat page shows them as [n] marks",
+    )
 
 
 class AskOut(AskDoneOut):
@@ -464,6 +485,7 @@ class RecentAskOut(BaseModel):
     num_prompt_tokens: int
     num_completion_tokens: int
     full_prefill_estimate_ms: float | None
+    num_context_tokens: int = Field(description="Context tokens in the prompt; 0 for an answer without documents")
 
 
 class StorageOut(BaseModel):
@@ -491,6 +513,9 @@ class StatsOut(BaseModel):
     ingest_chunks: int
     ingest_seconds: float
     ingest_chunks_per_s: float | None
-    ttft_by_mode: dict[str, ModeStatsOut] = Field(description="Over the recent asks below")
+    ttft_by_mode: dict[str, ModeStatsOut] = Field(
+        description="Over the recent asks below that had context (answers without documents are left out: "
+        "their prompt is the question alone, which says nothing about a mode's speed)"
+    )
     recent: list[RecentAskOut] = Field(description="Last answers, oldest first (bounded ring buffer)")
     storage: StorageOut

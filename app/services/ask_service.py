@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from app.catalog.repository import ChunkRecord
+from app.services.attribution import Citation, SourceText, attribute
 from app.services.conversation_prompt import TurnKV, build_prompt
 from app.services.estimates import PrefillRate
 from app.services.followup_service import FollowupService
@@ -82,10 +83,17 @@ class Source:
     text: str
 
 
+NOTHING_INGESTED = "nothing ingested yet"
+NO_MATCH = "no documents match"
+
+
 @dataclass(frozen=True)
 class SourcesEvent:
     sources: list[Source]
     retrieval_ms: float
+    # Why there are no sources, when there are none: NOTHING_INGESTED or NO_MATCH (the answer then comes
+    # from the model alone, and the client should say so).
+    notice: str | None = None
 
 
 @dataclass(frozen=True)
@@ -127,6 +135,9 @@ class DoneEvent:
     timings: Timings
     kv_hits: int
     kv_misses: int
+    notice: str | None = None  # as in SourcesEvent: set when the answer had no sources
+    # Which source each answer sentence draws on (app/services/attribution.py), for [n] marks.
+    citations: list[Citation] = field(default_factory=list)
     conversation_id: str | None = None
     history_turns: int = 0
     history_dropped_turns: int = 0
@@ -189,6 +200,7 @@ class AnswerRecorder:
         kv_load_ms: float,
         kv_hits: int,
         kv_misses: int,
+        sources: SourcesEvent,
     ) -> DoneEvent:
         ttft_ms = retrieval_ms + kv_load_ms + event.ttft_s * 1000
         if event.mode == "full":
@@ -201,8 +213,9 @@ class AnswerRecorder:
             self._metrics.total.labels(event.mode).observe(event.total_s)
             self._metrics.recompute_ratio.observe(event.recompute_ratio)
         self.count(event.mode, event.finish_reason)
+        answer = event.text or "".join(pieces)
         return DoneEvent(
-            answer=event.text or "".join(pieces),
+            answer=answer,
             mode=event.mode,
             selector=event.selector,
             recompute_ratio=round(event.recompute_ratio, 4),
@@ -222,6 +235,8 @@ class AnswerRecorder:
             ),
             kv_hits=kv_hits,
             kv_misses=kv_misses,
+            notice=sources.notice,
+            citations=attribute(answer, [SourceText(s.rank, s.text) for s in sources.sources]),
         )
 
 
@@ -278,6 +293,7 @@ class AskService:
         except EngineBusy as exc:  # the rewrite of a follow-up found the engine full
             self._recorder.count(mode, "busy")
             raise AskBusy(f"the engine is busy, retry shortly ({exc})") from exc
+        notice = None if plan.sources else (NOTHING_INGESTED if self._c.retriever.count == 0 else NO_MATCH)
         layout = plan.layout
         context = self._c.engine.model.config.max_position_embeddings
         max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - layout.num_tokens)
@@ -292,7 +308,7 @@ class AskService:
         )
         use_kv = bool(layout.chunk_ids) and mode != "full"
         answer = AdmittedAnswer(
-            sources=SourcesEvent(sources=plan.sources, retrieval_ms=round(plan.retrieval_ms, 2)),
+            sources=SourcesEvent(sources=plan.sources, retrieval_ms=round(plan.retrieval_ms, 2), notice=notice),
             mode=mode,
             open_kv=(lambda: self._open_kv(plan)) if use_kv else None,
             build=lambda kv_source, effective: GenerationRequest(
@@ -573,7 +589,13 @@ class AdmittedAnswer:
                     async for event in stream:
                         if isinstance(event, FinishEvent):
                             done = recorder.done(
-                                event, pieces, retrieval_ms, self._kv_load_ms, self._kv_hits, self._kv_misses
+                                event,
+                                pieces,
+                                retrieval_ms,
+                                self._kv_load_ms,
+                                self._kv_hits,
+                                self._kv_misses,
+                                self.sources,
                             )
                             if self._finish is not None:
                                 done = await self._finish(done, self._history_reused)

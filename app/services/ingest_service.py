@@ -195,6 +195,8 @@ class IngestService:
                 )
                 document_ids.append(dup)
                 continue
+            if identity is not None:
+                self._replace_failed(identity)
             doc = self._c.catalog.add_document(
                 title=s.title,
                 source_path=s.source_path,
@@ -254,6 +256,20 @@ class IngestService:
         else:
             return None, None
         return identity, existing.id if existing is not None else None
+
+    def _replace_failed(self, identity: tuple[str, str]) -> None:
+        """A retry of content whose earlier ingest failed replaces the failed document(s), so retries after
+        a failure do not pile up failed copies of the same bytes."""
+        kind, digest = identity
+        failed = (DocumentStatus.FAILED,)
+        while True:
+            if kind == "file":
+                old = self._c.catalog.find_by_metadata(FILE_HASH_KEY, digest, failed)
+            else:
+                old = self._c.catalog.find_by_hash(digest, failed)
+            if old is None or not self.delete_document(old.id):
+                return
+            logger.info("replacing failed document %s with a retry of the same content", old.id)
 
     def _count_tokens(self, text: str) -> int:
         return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])

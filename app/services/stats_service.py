@@ -61,7 +61,8 @@ def hit_rate(hits: int, misses: int) -> float | None:
 def ttft_by_mode(recent: list[RecentAsk]) -> dict[str, ModeStats]:
     by_mode: dict[str, list[float]] = {}
     for ask in recent:
-        by_mode.setdefault(ask.mode, []).append(ask.ttft_ms)
+        if ask.num_context_tokens > 0:  # a question with no documents is as fast in every mode
+            by_mode.setdefault(ask.mode, []).append(ask.ttft_ms)
     out = {}
     for mode, values in sorted(by_mode.items()):
         ordered = sorted(values)

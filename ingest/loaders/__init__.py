@@ -141,21 +141,24 @@ def _single(
 
 
 def _parse(data: bytes, fmt: str, filename: str, source: str | None, settings: IngestSettings) -> list[LoadedDocument]:
-    stem = PurePath(filename).stem or PurePath(filename).name
+    # A file without a title of its own (no H1, no <title>, no front matter) is titled by its file name,
+    # extension included: "nav.html" says what it is, "nav" looks like a heading it does not have.
+    name = PurePath(filename).name
+    stem = PurePath(filename).stem or name
     if fmt == "txt":
-        return _single(fmt, None, stem, [Section(parse_text(data, source))], source, {})
+        return _single(fmt, None, name, [Section(parse_text(data, source))], source, {})
     if fmt == "md":
         title, text, metadata = parse_markdown(data, source, settings.md_strip_front_matter)
-        return _single(fmt, title, stem, [Section(text)], source, metadata)
+        return _single(fmt, title, name, [Section(text)], source, metadata)
     if fmt == "html":
         title, text, metadata = parse_html(data)
-        return _single(fmt, title, stem, [Section(text)], source, metadata)
+        return _single(fmt, title, name, [Section(text)], source, metadata)
     if fmt == "pdf":
         title, sections, metadata = parse_pdf(data, source)
-        return _single(fmt, title, stem, sections, source, metadata)
+        return _single(fmt, title, name, sections, source, metadata)
     if fmt == "docx":
         title, text, metadata = parse_docx(data, source)
-        return _single(fmt, title, stem, [Section(text)], source, metadata)
+        return _single(fmt, title, name, [Section(text)], source, metadata)
     if fmt in ("json", "jsonl"):
         return list(_iter_record_documents(data, fmt, stem, source, settings))
     raise UnsupportedFormat(f"no loader for format {fmt!r}", source)
@@ -270,6 +273,50 @@ def _is_hidden(name: str) -> bool:
     return name.startswith(".")
 
 
+@dataclass(frozen=True)
+class FoundFiles:
+    """What `find_files` found under the paths a user named."""
+
+    paths: list[Path]  # the files to ingest, in order
+    names: list[str]  # each file's name as shown: its path relative to the folder named (POSIX), or its name
+    skipped: list[str]  # files inside named folders left out because their type is not ingestible
+
+
+def find_files(paths: Iterable[str | Path], extensions: Collection[str]) -> FoundFiles:
+    """`iter_paths` with each file's relative name, and the files of named folders that were skipped
+    for their type (so the CLI can say "skipped 12 files: unsupported type …" instead of nothing)."""
+    found = FoundFiles(paths=[], names=[], skipped=[])
+    seen: set[Path] = set()
+    for raw in paths:
+        root = Path(raw)
+        if not root.is_dir():
+            candidates = [(root, root.name)]
+        else:
+            candidates = []
+            for file_path in _walk(root):
+                name = file_path.relative_to(root).as_posix()
+                if file_path.suffix.lower().lstrip(".") in extensions:
+                    candidates.append((file_path, name))
+                else:
+                    found.skipped.append(name)
+        for file_path, name in candidates:
+            key = file_path.resolve()
+            if key not in seen:
+                seen.add(key)
+                found.paths.append(file_path)
+                found.names.append(name)
+    return found
+
+
+def _walk(root: Path) -> list[Path]:
+    """Every non-hidden file under `root` (hidden folders skipped, symlinked folders not followed), sorted."""
+    found: list[Path] = []
+    for directory, subdirectories, filenames in os.walk(root):
+        subdirectories[:] = [name for name in subdirectories if not _is_hidden(name)]
+        found.extend(Path(directory, name) for name in filenames if not _is_hidden(name))
+    return sorted(found, key=lambda item: item.relative_to(root).parts)
+
+
 def iter_paths(paths: Iterable[str | Path], extensions: Collection[str] | None = None) -> Iterator[Path]:
     """Files named directly, plus the files under named folders (recursive, sorted, hidden skipped).
 
@@ -286,16 +333,12 @@ def iter_paths(paths: Iterable[str | Path], extensions: Collection[str] | None =
                 seen.add(key)
                 yield path
             continue
-        found: list[Path] = []
-        for directory, subdirectories, filenames in os.walk(path):
-            subdirectories[:] = [name for name in subdirectories if not _is_hidden(name)]
-            for name in filenames:
-                if _is_hidden(name):
-                    continue
-                if extensions is not None and PurePath(name).suffix.lower().lstrip(".") not in extensions:
-                    continue
-                found.append(Path(directory, name))
-        for file_path in sorted(found, key=lambda item: item.relative_to(path).parts):
+        found = [
+            file_path
+            for file_path in _walk(path)
+            if extensions is None or file_path.suffix.lower().lstrip(".") in extensions
+        ]
+        for file_path in found:
             key = file_path.resolve()
             if key not in seen:
                 seen.add(key)

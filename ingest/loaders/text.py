@@ -14,7 +14,11 @@ from ingest.types import MetadataValue
 logger = logging.getLogger(__name__)
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?\n)?(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.DOTALL)
-_ATX_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+# A level-1 heading line: up to three spaces of indent, one `#`, then the title (closing #s dropped).
+_ATX_H1 = re.compile(r"^ {0,3}#[ \t]+(.+?)(?:[ \t]+#+)?[ \t]*$")
+_SETEXT_H1_UNDERLINE = re.compile(r"^ {0,3}=+[ \t]*$")
+# A fenced code block opens and closes with 3+ backticks or tildes (CommonMark): `#` lines inside are code.
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _NUL_PROBE_BYTES = 8192
 # A heading's attribute list (mkdocs / Pandoc / kramdown): `## Query Parameters { #query-parameters }`,
 # `# Title {.class key=value}`. Only at the end of an ATX heading line.
@@ -73,8 +77,33 @@ def strip_heading_attributes(text: str) -> str:
 
 
 def markdown_title(text: str) -> str | None:
-    match = _ATX_HEADING.search(text)
-    return match.group(1).strip() if match else None
+    """The first real level-1 heading (`# Title` or a `===`-underlined line), or None.
+
+    Lines inside fenced code blocks are code, not headings: a shell comment `# install it` in a
+    ```bash block must not title the document. Lower-level headings (`## Features`) never do.
+    """
+    fence: str | None = None  # the opening fence's characters while inside a fenced block
+    previous = ""
+    for line in text.split("\n"):
+        opening = _FENCE.match(line)
+        if fence is not None:
+            # A fence closes with the same character, at least as long, and nothing else on the line.
+            marker = opening.group(1) if opening else ""
+            if marker[:1] == fence[0] and len(marker) >= len(fence) and not line.strip().strip(fence[0]):
+                fence = None
+            previous = ""
+            continue
+        if opening:
+            fence = opening.group(1)
+            previous = ""
+            continue
+        heading = _ATX_H1.match(line)
+        if heading and heading.group(1).strip():
+            return heading.group(1).strip()
+        if previous.strip() and _SETEXT_H1_UNDERLINE.match(line):
+            return previous.strip()
+        previous = line
+    return None
 
 
 def parse_text(data: bytes, path: str | None) -> str:

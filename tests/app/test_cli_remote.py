@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from app.cli import EXIT_BUSY, main
+from app.cli_progress import STAGE_ORDER as STAGES
 from app.datadir_lock import DataDirLock, lock_owner
 
 pytestmark = pytest.mark.slow  # the real MiniLM embedder in a second process
@@ -83,7 +84,7 @@ def server(cli_env: dict[str, str], tmp_path: Path) -> Iterator[Server]:
 
 
 def test_cli_sends_its_work_to_the_running_server(
-    server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     data = tmp_path / "data"
     log = server.log.read_text()
@@ -103,16 +104,31 @@ def test_cli_sends_its_work_to_the_running_server(
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "zorblat.md").write_text("# Zorblat\n\nQuintaro is the capital of Zorblat.\n")
-    (docs / "bread.txt").write_text("Sourdough needs flour, water, salt and a starter.\n")
+    (docs / "guide").mkdir()
+    (docs / "guide" / "bread.txt").write_text("Sourdough needs flour, water, salt and a starter.\n")
+    (docs / "logo.png").write_bytes(b"\x89PNG\r\n")
+    (docs / "CNAME").write_text("docs.example.org\n")
     assert main(["ingest", str(docs), "--data-dir", str(data)]) == 0
     out, err = capsys.readouterr()
     assert "succeeded; 2 of 2 file(s) ingested" in out
     assert f"the server at {server.url} owns {data}: sending the work to it" in err
+    # Without a terminal: one plain line per stage, each at its total, then the files left out.
+    stage_lines = [line.strip() for line in err.splitlines() if line.strip().split(":")[0] in STAGES]
+    assert [line.split(":")[0] for line in stage_lines] == list(STAGES), err
+    for line in stage_lines:
+        done, total = line.split(": ")[1].split("/")
+        assert done == total and int(total) > 0, line
+    assert "\r" not in err
+    assert err.splitlines()[-1].startswith("skipped 2 file(s): unsupported type (ingestible: ")
+    assert err.splitlines()[-1].endswith(": CNAME, logo.png")
 
     # The server itself knows the documents and retrieves them (before, the CLI wrote behind its back).
     auth = {"Authorization": f"Bearer {API_KEY}"}
     listed = httpx.get(f"{server.url}/documents", headers=auth).json()
-    assert sorted((d["title"], d["status"]) for d in listed["documents"]) == [("Zorblat", "ready"), ("bread", "ready")]
+    assert sorted((d["title"], d["source"], d["status"]) for d in listed["documents"]) == [
+        ("Zorblat", "zorblat.md", "ready"),
+        ("bread.txt", "guide/bread.txt", "ready"),  # the path relative to the folder ingested
+    ]
     answer = httpx.post(
         f"{server.url}/ask",
         json={"question": "What is the capital of Zorblat?", "top_k": 1, "stream": False},
@@ -171,6 +187,26 @@ def test_cli_sends_its_work_to_the_running_server(
     assert main(["serve", "--port", "1", "--data-dir", str(data)]) == EXIT_BUSY
     assert "is in use by `blendrag serve`" in capsys.readouterr().err
 
+    # Another data dir on the server's port: refused at once, naming the port and what holds it, before any
+    # model is loaded (nothing is written under the new data dir).
+    other = tmp_path / "other"
+    assert main(["serve", "--port", str(server.port), "--data-dir", str(other)]) == EXIT_BUSY
+    assert capsys.readouterr().err == (
+        f"error: port {server.port} on 127.0.0.1 is already in use by a blendrag server ({server.url}) "
+        "(use --port to pick another)\n"
+    )
+    assert not (other / "models").exists()
+
+    # `blendrag ask` from a folder whose data dir was never used finds the server on the configured port
+    # instead of creating an empty data dir and answering from nothing.
+    monkeypatch.setenv("BLENDRAG_SERVER__PORT", str(server.port))
+    assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--data-dir", str(other)]) == 0
+    out, err = capsys.readouterr()
+    assert f"{other} holds no catalog; sending the work to the blendrag server at {server.url}" in err
+    assert "Sources:\n  [1] Zorblat (score" in out
+    assert not (other / "catalog.db").exists()
+    monkeypatch.delenv("BLENDRAG_SERVER__PORT")
+
     # Stopped, the server saved an index that agrees with the catalog; the data dir is free again.
     server.stop()
     assert lock_owner(data) is None
@@ -178,6 +214,19 @@ def test_cli_sends_its_work_to_the_running_server(
     out = capsys.readouterr().out
     assert "2 documents, 2 committed chunks" in out
     assert "committed chunks missing from the index: 0 found" in out
+
+
+def test_a_port_held_by_another_process_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert main(["serve", "--port", str(port), "--data-dir", str(tmp_path / "data")]) == EXIT_BUSY
+    name = Path(f"/proc/{os.getpid()}/comm").read_text().strip()
+    assert capsys.readouterr().err == (
+        f"error: port {port} on 127.0.0.1 is already in use by process {os.getpid()} ({name}) "
+        "(use --port to pick another)\n"
+    )
 
 
 def test_a_data_dir_busy_with_another_cli_command_is_refused(

@@ -10,6 +10,7 @@ from enginetest_tiny import random_chunks
 from engine.config import EngineSettings
 from engine.sampling import (
     IncrementalDetokenizer,
+    RepeatedLineGuard,
     RepetitionControl,
     Sampler,
     banned_ngram_tokens,
@@ -90,12 +91,35 @@ def test_penalty_changes_the_run_but_not_the_first_token(tiny_engine, layout) ->
     assert len(set(penalised)) > len(set(free))
 
 
-def test_a_repeated_sentence_finishes_the_request_with_stop(tiny_engine, layout, monkeypatch) -> None:
+def test_a_repeated_sentence_is_never_sent_and_finishes_with_repetition(tiny_engine, layout, monkeypatch) -> None:
     script = iter(["The launch", " is on 3 March.", " It is soon.", " The launch is", " on 3 March.", " More"])
     monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
-    ids, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=6, ignore_eos=True, stop_on_repeated_line=True))
-    assert (fin.finish_reason, len(ids)) == ("stop", 5)
-    assert fin.text == "The launch is on 3 March. It is soon. The launch is on 3 March."
+    sampling = SamplingParams(max_tokens=6, ignore_eos=True, stop_on_repeated_line=True)
+    events = list(tiny_engine.generate(GenerationRequest("t", layout, None, "full", sampling=sampling)))
+    fin = events[-1]
+    assert (fin.finish_reason, fin.num_completion_tokens) == ("repetition", 5)
+    # New text streams at once; " The launch is" is held (it starts like an earlier sentence) and, once
+    # it completes as a repeat, is never sent.
+    assert [e.text for e in events[:-1]] == ["The launch", " is on 3 March.", " It is soon.", "", ""]
+    assert fin.text == "The launch is on 3 March. It is soon."
+
+
+def test_a_repetition_stop_inside_a_code_block_closes_the_fence(tiny_engine, layout, monkeypatch) -> None:
+    script = iter(["Run:\n", "```python\n", "value = compute(1)\n", "value = compute(1)\n", "more"])
+    monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
+    _, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=5, ignore_eos=True, stop_on_repeated_line=True))
+    assert fin.finish_reason == "repetition"
+    assert fin.text == "Run:\n```python\nvalue = compute(1)\n```"
+
+
+def test_held_text_is_released_at_the_end_of_a_run() -> None:
+    guard = RepeatedLineGuard(enabled=True)
+    assert guard.push("First sentence here. Second one. First sent") == ("First sentence here. Second one.", False)
+    assert guard.push("ence") == ("", False)  # still the start of the first sentence: held
+    assert guard.push(" is new") == (" First sentence is new", False)  # departed from it: released
+    assert guard.push(". First sentence") == (".", False)
+    assert guard.flush() == " First sentence"
+    assert RepeatedLineGuard(enabled=False).push("A b c d. A b c d.") == ("A b c d. A b c d.", False)
 
 
 def test_without_the_stop_the_same_script_runs_to_length(tiny_engine, layout, monkeypatch) -> None:

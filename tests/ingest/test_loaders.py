@@ -108,7 +108,7 @@ def test_txt_is_normalized_and_hashed(tmp_path: Path) -> None:
     document = only(load_path(path))
     assert document.text == "Hello world\n\nSecond\tpara."
     assert document.sections == [Section("Hello world\n\nSecond\tpara.", None)]
-    assert (document.title, document.format, document.mime_type) == ("notes", "txt", "text/plain")
+    assert (document.title, document.format, document.mime_type) == ("notes.txt", "txt", "text/plain")
     assert document.source_path == str(path)
     assert document.content_hash == content_hash("Hello world\n\nSecond\tpara.")
     assert len(document.content_hash) == 64
@@ -152,12 +152,30 @@ def test_markdown_heading_attribute_lists_are_stripped(tmp_path: Path) -> None:
     )  # only real attribute lists, only on headings
 
 
+def test_markdown_title_is_the_first_h1_outside_code_fences(tmp_path: Path) -> None:
+    # The httpx docs' index.md: a `#` shell comment inside a fence came before the real heading.
+    source = (
+        "```bash\n# The command line client is an optional dependency.\n$ pip install 'httpx[cli]'\n```\n\n"
+        "~~~~\n# still code\n~~~\n# still code, the fence needs four tildes\n~~~~\n\n"
+        "## Features\n\n# HTTPX {#top}\n\nA client.\n\n# Second H1\n"
+    )
+    assert only(load_path(write(tmp_path / "index.md", source))).title == "HTTPX"
+
+
+def test_markdown_setext_h1_and_no_h1_falls_back_to_the_file_name(tmp_path: Path) -> None:
+    assert only(load_path(write(tmp_path / "a.md", "Intro text\n\nGuide\n=====\n\nBody.\n"))).title == "Guide"
+    # README.md with only lower-level headings was titled "Features"; a file name says more.
+    readme = "Some text.\n\n## Features\n\n* fast\n\n### Install\n"
+    assert only(load_path(write(tmp_path / "README.md", readme))).title == "README.md"
+    assert only(load_path(write(tmp_path / "nav.html", "<ul><li>Home</li></ul>"))).title == "nav.html"
+
+
 def test_markdown_horizontal_rule_is_not_front_matter(tmp_path: Path) -> None:
     source = "---\nJust a rule, then some prose.\n---\nMore."
     # The block is a YAML *string*, not a mapping: it stays in the text.
     document = only(load_path(write(tmp_path / "rule.md", source)))
     assert document.text == source
-    assert document.title == "rule"
+    assert document.title == "rule.md"
 
 
 # -- html ------------------------------------------------------------------------------------------------
@@ -210,7 +228,7 @@ def test_pdf_blank_pages_keep_numbering(tmp_path: Path, make_pdf) -> None:
     document = only(load_path(write(tmp_path / "gaps.pdf", make_pdf([[], ["Only page two."], []]))))
     assert document.sections == [Section("Only page two.", page=2)]
     assert document.metadata == {"num_pages": 3}
-    assert document.title == "gaps"
+    assert document.title == "gaps.pdf"
 
 
 def test_pdf_without_text_layer_is_empty(tmp_path: Path, make_pdf) -> None:
@@ -397,7 +415,7 @@ def test_load_bytes_uses_filename_for_format_and_title() -> None:
     document = only(load_bytes(b"<p>Hello</p>", "upload.html", source_path="uploads/42"))
     assert (document.text, document.title, document.source_path, document.format) == (
         "Hello",
-        "upload",
+        "upload.html",
         "uploads/42",
         "html",
     )

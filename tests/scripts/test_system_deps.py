@@ -75,6 +75,18 @@ def test_everything_present_does_nothing(tmp_path: Path) -> None:
     assert fake.apt_calls() == []
 
 
+def test_dry_run_with_everything_present_says_so(tmp_path: Path) -> None:
+    fake = Fake(tmp_path, uid=1000)  # no root needed to be told nothing is missing
+    fake.have(*ALL)
+    out = fake.run("--dry-run")
+    assert (out.returncode, out.stdout, out.stderr) == (
+        0,
+        "all present: chromium redis-server postgresql docker-compose caddy\n",
+        "",
+    )
+    assert fake.apt_calls() == []
+
+
 def test_root_with_apt_updates_once_and_installs_only_what_is_missing(tmp_path: Path) -> None:
     fake = Fake(tmp_path, uid=0)
     fake.have("redis-server")

@@ -176,3 +176,16 @@ def test_a_new_system_prompt_makes_stored_kv_stale(tmp_path: Path, tiny_llama_di
         answer = new.post("/ask", json={"question": "What was stored?", "max_tokens": 1, "stream": False}).json()
         assert (answer["kv_hits"], answer["kv_misses"]) == (0, 1)  # recomputed at ask time, then stored
         assert [c["kv_state"] for c in new.get(f"/documents/{doc_id}").json()["chunks"]] == ["fresh"]
+
+
+def test_answers_without_documents_are_left_out_of_the_mode_percentiles() -> None:
+    from app.metrics import RecentAsk
+    from app.services.stats_service import ttft_by_mode
+
+    def ask(ttft: float, num_context_tokens: int) -> RecentAsk:
+        return RecentAsk(0.0, "full", None, ttft, ttft, 0.0, 0, 0, 10, 1, None, num_context_tokens)
+
+    stats = ttft_by_mode([ask(180, 0), ask(170, 0), ask(4000, 600), ask(4200, 600), ask(4100, 600)])
+    assert set(stats) == {"full"}
+    assert (stats["full"].count, stats["full"].ttft_ms_p50) == (3, 4100)
+    assert ttft_by_mode([ask(180, 0)]) == {}

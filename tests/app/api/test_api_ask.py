@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from apitools import CORPUS
 from fastapi.testclient import TestClient
@@ -28,7 +30,8 @@ def test_stream_is_sources_then_tokens_then_done(client: TestClient, corpus: dic
     assert len(names) >= 3
 
     sources = events[0][1]
-    assert set(sources) == {"sources", "retrieval_ms"}
+    assert set(sources) == {"sources", "retrieval_ms", "notice"}
+    assert sources["notice"] is None  # there are sources: nothing to warn about
     assert len(sources["sources"]) == 2
     assert [s["rank"] for s in sources["sources"]] == [1, 2]
     top = sources["sources"][0]
@@ -53,6 +56,8 @@ def test_stream_is_sources_then_tokens_then_done(client: TestClient, corpus: dic
     assert done["kv_hits"] == 2 and done["kv_misses"] == 0
     assert 0.0 < done["recompute_ratio"] <= 1.0
     assert done["selector"] == "query"  # the engine's default selector answered
+    assert done["notice"] is None
+    assert all(set(c) == {"start", "end", "rank", "score"} for c in done["citations"])
 
 
 @pytest.mark.parametrize("selector", ["query", "deviation", "first_k", "random"])
@@ -113,6 +118,8 @@ def test_non_streaming_answer_is_one_json_body(client: TestClient, corpus: dict[
         "retrieval_ms",
         "ttft_ms",
         "total_ms",
+        "notice",
+        "citations",
     }
     assert body["conversation_id"] and (body["history_turns"], body["history_dropped_turns"]) == (0, 0)
     assert body["retrieval_query"] is None
@@ -200,3 +207,25 @@ def test_defaults_are_the_servers_settings(client: TestClient) -> None:
         "selector": "query",
         "max_tokens": 8,
     }
+
+
+def test_an_answer_without_sources_says_why(
+    client: TestClient, corpus: dict[str, str], tmp_path: Path, tiny_llama_dir: Path
+) -> None:
+    from apitools import server_settings
+
+    from app.main import create_app
+
+    # Documents exist, but the filter excludes them all.
+    body = {"question": "What is the capital of Zorblat?", "filters": {"tags": ["no-such-tag"]}, "stream": False}
+    answer = client.post("/ask", json=body).json()
+    assert (answer["sources"], answer["notice"]) == ([], "no documents match")
+    events = ask_stream(client, question="What is the capital of Zorblat?", filters={"tags": ["nope"]})
+    assert events[0][0] == "sources"
+    assert (events[0][1]["sources"], events[0][1]["notice"]) == ([], "no documents match")
+    assert events[-1][1]["notice"] == "no documents match"
+    # A server with nothing ingested says so.
+    empty_app = create_app(server_settings(tmp_path / "empty", tiny_llama_dir), load_in_background=False)
+    with TestClient(empty_app) as empty:
+        answer = empty.post("/ask", json={"question": "When is the launch?", "stream": False}).json()
+    assert (answer["sources"], answer["notice"]) == ([], "nothing ingested yet")

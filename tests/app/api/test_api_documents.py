@@ -72,10 +72,10 @@ def test_multipart_upload_ingests_files_with_tags(client: TestClient) -> None:
     job = wait_for_job(client, response.json()["job_id"])
     assert job["status"] == "succeeded", job
     first = client.get(f"/documents/{ids[0]}").json()
-    assert first["title"] == "rivers"  # plain text: the file name without extension
+    assert first["title"] == "rivers.txt"  # plain text: its file name
     assert client.get(f"/documents/{ids[1]}").json()["title"] == "Kites"  # markdown: its first heading
     assert first["tags"] == ["upload", "test"]
-    assert first["source"] == "upload:rivers.txt"
+    assert first["source"] == "rivers.txt"
     assert first["chunks"][0]["text"].startswith("Purple rivers flow through Quintaro")
     for doc_id in ids:
         assert client.delete(f"/documents/{doc_id}").status_code == 204
@@ -105,7 +105,7 @@ def test_multipart_inline_documents_field_is_ingested_too(client: TestClient) ->
     ids = response.json()["document_ids"]
     job = wait_for_job(client, response.json()["job_id"])
     assert job["status"] == "succeeded", job
-    assert [client.get(f"/documents/{i}").json()["title"] for i in ids] == ["Inline note", "a"]
+    assert [client.get(f"/documents/{i}").json()["title"] for i in ids] == ["Inline note", "a.txt"]
     for doc_id in ids:
         client.delete(f"/documents/{doc_id}")
 
@@ -286,6 +286,35 @@ def test_failed_documents_are_purged_in_one_call(client: TestClient, corpus: dic
     assert refused.status_code == 422
     assert refused.json()["detail"] == "query.status: Input should be 'failed'"
     assert client.delete("/documents").status_code == 422  # no status: never everything
+
+
+def test_an_upload_keeps_the_path_it_was_sent_with_relative_and_safe(client: TestClient) -> None:
+    files = [
+        ("files", ("advanced/timeouts.md", b"# Timeouts\n\nhttpx times out after five seconds.", "text/markdown")),
+        ("files", ("../../etc/notes.txt", b"Escaping names stay inside.", "text/plain")),
+    ]
+    accepted = client.post("/ingest", files=files)
+    assert wait_for_job(client, accepted.json()["job_id"])["status"] == "succeeded"
+    docs = [client.get(f"/documents/{i}").json() for i in accepted.json()["document_ids"]]
+    assert [(d["title"], d["source"]) for d in docs] == [
+        ("Timeouts", "advanced/timeouts.md"),
+        ("notes.txt", "etc/notes.txt"),
+    ]
+    for d in docs:
+        client.delete(f"/documents/{d['id']}")
+
+
+def test_a_retry_of_the_same_failed_bytes_replaces_the_failed_document(client: TestClient) -> None:
+    broken = [("files", ("broken.json", b'[{"text": "fine"}, {"text": oops}]', "application/json"))]
+    ids = []
+    for _ in range(3):  # before: three uploads of the same bytes left three failed documents
+        accepted = client.post("/ingest", files=broken)
+        assert wait_for_job(client, accepted.json()["job_id"])["status"] == "failed"
+        ids.append(accepted.json()["document_ids"][0])
+    failed = client.get("/documents", params={"status": "failed"}).json()
+    assert [d["id"] for d in failed["documents"]] == [ids[-1]]
+    assert [client.get(f"/documents/{i}").status_code for i in ids] == [404, 404, 200]
+    client.delete("/documents", params={"status": "failed"})
 
 
 def test_documents_query_validation(client: TestClient) -> None:

@@ -118,6 +118,7 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
         "/api/stats",
         "/api/defaults",
         "/api/index",
+        "/api/render",
     }
     ask = spec["paths"]["/ask"]["post"]
     assert set(ask["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}

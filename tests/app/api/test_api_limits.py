@@ -138,7 +138,7 @@ def test_uploaded_file_over_the_token_cap_fails_its_document(http: TestClient) -
     job = wait_for_job(http, accepted.json()["job_id"])
     assert job["status"] == "succeeded"  # the short file made it
     [error] = job["errors"]
-    assert error["code"] == "too_large" and error["source"] == "upload:long.txt"
+    assert error["code"] == "too_large" and error["source"] == "long.txt"
     assert error["error"].endswith(f"the limit is {MAX_DOC_TOKENS} (ingest.max_document_tokens)")
     statuses = [http.get(f"/documents/{d}").json()["status"] for d in job["document_ids"]]
     assert statuses == ["failed", "ready"]

@@ -148,3 +148,14 @@ def test_errors_come_in_openai_shape(oai: openai.OpenAI, live_server: LiveServer
             "code": None,
         }
     }
+
+
+def test_finish_reasons_map_to_openai_ones() -> None:
+    from app.api.openai_compat import finish_reason
+
+    assert [finish_reason(r) for r in ("stop", "length", "repetition", "cancelled")] == [
+        "stop",
+        "length",
+        "stop",
+        "stop",
+    ]

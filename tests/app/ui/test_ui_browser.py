@@ -68,7 +68,7 @@ def test_admin_upload_shows_progress_then_full_coverage(ui_server: LiveServer, p
     with httpx.Client(base_url=ui_server.url) as http:
         [doc_id] = http.get(f"/ingest/jobs/{job.get_attribute('data-job-id')}").json()["document_ids"]
     row = page.wait_for_selector(f"tr[data-doc-id='{doc_id}'][data-status=ready]", timeout=TIMEOUT_MS)
-    assert row.query_selector(".title .t").inner_text() == "festival"  # a text file is titled by its name
+    assert row.query_selector(".title .t").inner_text() == "festival.txt"  # a text file is titled by its name
     assert "tags: events" in row.inner_text()
     assert row.query_selector(".covtext").inner_text() == "1/1 fresh"
     page.wait_for_function("document.getElementById('card-coverage').textContent === '100%'", timeout=TIMEOUT_MS)
@@ -175,3 +175,98 @@ def test_api_docs_render_offline(ui_server: LiveServer, page: Any, shot: Any) ->
     assert page.inner_text(".info .title").startswith("blendrag")
     assert outside == []
     shot(page, "api-docs")
+
+
+HOSTILE_DOC = (
+    "# Timeouts\n\nSet a timeout on the client:\n\n```python\nclient = httpx.Client(timeout=10.0)\n```\n\n"
+    '<img src="https://example.invalid/' + "a" * 300 + '.png" onerror="window.__pwned = 1">\n\n'
+    "<script>window.__pwned = 2</script>\n"
+)
+CANNED_ANSWER = "### `timeout`\n\nSet it on the client.\n\n```python\nclient = httpx.Client(timeout=5)\n```\n"
+CITED = "Set it on the client."
+
+
+def _citation(answer: str, sentence: str, rank: int) -> dict:
+    start = answer.index(sentence)
+    return {"start": start, "end": start + len(sentence), "rank": rank, "score": 0.9}
+
+
+def _sse(event: str, data: dict) -> str:
+    import json
+
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
+def test_answers_and_passages_render_as_markdown_and_nothing_executes(
+    ui_server: LiveServer, browser: Any, console: Any, shot: Any
+) -> None:
+    with httpx.Client(base_url=ui_server.url, timeout=60) as http:
+        accepted = http.post("/ingest", json={"documents": [{"title": "Timeouts", "text": HOSTILE_DOC}]}).json()
+        assert wait_for_job(http, accepted["job_id"])["status"] == "succeeded"
+        real = http.post("/ask", json={"question": "How do I set a timeout?", "top_k": 1, "stream": False}).json()
+    [source] = real["sources"]
+    assert source["title"] == "Timeouts"
+    # The answer: a fixed Markdown stream (the tiny test model writes random tokens), split mid-fence so the
+    # page renders an unclosed fence while streaming; sources and stats as the server sends them.
+    half = CANNED_ANSWER.index("timeout=5")
+    body = (
+        _sse("sources", {"sources": real["sources"], "retrieval_ms": 1.0})
+        + _sse("token", {"text": CANNED_ANSWER[:half]})
+        + _sse("token", {"text": CANNED_ANSWER[half:]})
+        + _sse(
+            "done",
+            {k: v for k, v in real.items() if k != "sources"}
+            | {"answer": CANNED_ANSWER, "citations": [_citation(CANNED_ANSWER, CITED, 1)]},
+        )
+    )
+    for width in (1280, 390):
+        context = browser.new_context(viewport={"width": width, "height": 900})
+        page = context.new_page()
+        page.on("pageerror", lambda exc: console.errors.append(str(exc)))
+        page.route("**/ask", lambda route: route.fulfill(status=200, content_type="text/event-stream", body=body))
+        page.goto(ui_server.url + "/")
+        page.wait_for_selector("#server-status .dot.ok")
+        page.fill("#question", "How do I set a timeout?")
+        page.press("#question", "Enter")
+        answer = page.wait_for_selector("article.turn[data-rendered=true] [data-testid=answer]", timeout=TIMEOUT_MS)
+        assert answer.query_selector("h3 code").inner_text() == "timeout"
+        code = answer.query_selector("pre code.language-python")
+        assert code.inner_text().strip() == "client = httpx.Client(timeout=5)"
+        assert page.eval_on_selector("pre code", "e => getComputedStyle(e).fontFamily").startswith("ui-monospace")
+        assert "```" not in answer.inner_text() and "###" not in answer.inner_text()
+        cite = answer.query_selector("button.cite")
+        assert cite.inner_text() == "[1]"
+        assert answer.query_selector("p:nth-of-type(1)").inner_text() == "Set it on the client [1]."
+        shot(page, f"chat-markdown-{width}")
+        cite.click()  # the [1] mark opens the source, itself rendered
+        page.wait_for_selector("dialog#passage[open] #passage-text.markdown pre code")
+        text = page.inner_text("#passage-text")
+        assert "client = httpx.Client(timeout=10.0)" in text and '<img src="https://example.invalid/' in text
+        assert page.query_selector("#passage-text img, #passage-text script") is None
+        assert page.evaluate("window.__pwned") is None
+        overflow = page.eval_on_selector("#passage-text", "e => e.scrollWidth - e.clientWidth")
+        assert overflow <= 0, overflow  # the long <img …> text wraps inside the dialog
+        shot(page, f"chat-markdown-passage-{width}")
+        context.close()
+    with httpx.Client(base_url=ui_server.url, timeout=60) as http:
+        http.delete(f"/documents/{source['document_id']}")
+    assert console.unexpected() == []
+
+
+@pytest.fixture(scope="module")
+def empty_server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[LiveServer]:
+    settings = server_settings(tmp_path_factory.mktemp("ui-empty") / "data", tiny_llama_dir)
+    with LiveServer(create_app(settings, load_in_background=False)) as server:
+        yield server
+
+
+def test_asking_with_nothing_ingested_says_so(empty_server: LiveServer, page: Any, shot: Any) -> None:
+    page.goto(empty_server.url + "/")
+    page.wait_for_selector("#server-status .dot.ok")
+    page.fill("#question", "When is the launch?")
+    page.press("#question", "Enter")
+    page.wait_for_selector("article.turn[data-state=done]", timeout=TIMEOUT_MS)
+    assert page.inner_text("[data-testid=notice]") == (
+        "Nothing ingested yet: the answer comes from the model alone, not from your documents"
+    )
+    shot(page, "chat-nothing-ingested")

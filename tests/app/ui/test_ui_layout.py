@@ -158,3 +158,28 @@ def test_reuse_answers_do_not_claim_blending_and_the_ttft_axis_has_one_unit(
     page.wait_for_selector("#ttft-chart circle", timeout=TIMEOUT_MS)
     ticks = page.eval_on_selector_all("#ttft-chart text.tick", "ts => ts.map(t => t.textContent)")
     assert len(ticks) >= 2 and len({t.split()[-1] for t in ticks}) == 1, ticks
+
+
+def test_ttft_chart_never_joins_across_gaps_and_marks_answers_without_documents(
+    ui_server: LiveServer, page: Any
+) -> None:
+    page.goto(f"{ui_server.url}/admin")
+    page.wait_for_selector("#ttft-chart")
+    drawn = page.evaluate("""async () => {
+        const { drawTtftChart } = await import('/static/js/chart.js');
+        const ask = (mode, ttft, ctx) => ({ mode, selector: null, ttft_ms: ttft, recompute_ratio: 0,
+                                            num_prompt_tokens: 40, num_context_tokens: ctx });
+        // Two answers with nothing ingested (fast), blend answers, then full answers much later.
+        const recent = [ask("full", 180, 0), ask("full", 170, 0), ask("blend", 900, 500), ask("blend", 950, 500),
+                        ask("full", 4000, 500), ask("full", 4100, 500)];
+        const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+        const legend = document.createElement("div");
+        document.body.append(svg, legend);
+        drawTtftChart(svg, legend, recent, {});
+        const lines = (mode) => [...svg.querySelectorAll(`g[data-mode=${mode}] polyline`)]
+            .map((l) => l.getAttribute("points").split(" ").length);
+        return { full: lines("full"), blend: lines("blend"),
+                 hollow: svg.querySelectorAll("g[data-mode=full] circle.no-context").length };
+    }""")
+    # full: one line over its last two answers only, never from the no-document answers across the blend ones.
+    assert drawn == {"full": [2], "blend": [2], "hollow": 2}

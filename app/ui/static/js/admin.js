@@ -170,7 +170,7 @@ function renderDocuments(page, coverage) {
   }
   for (const doc of page.documents) {
     const cov = byDoc.get(doc.id);
-    const sub = [doc.source && !doc.source.startsWith("upload:") ? doc.source : null,
+    const sub = [doc.source && doc.source !== doc.title ? doc.source : null,
       doc.tags.length ? `tags: ${doc.tags.join(", ")}` : null].filter(Boolean).join(" · ");
     const status = el("td", {}, el("span", { class: `badge ${doc.status}`, title: doc.error || "" }, doc.status));
     if (doc.status === "pending") status.append(el("div", { class: "inline-progress", "data-job": doc.job_id }, "queued"));

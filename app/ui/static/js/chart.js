@@ -36,6 +36,23 @@ export function axisLabel(value, yMax, step) {
   return `${(value / 1000).toFixed(decimals)} s`;
 }
 
+// Runs of at least two points of one mode that are neighbours in the answer order and all had context.
+export function runs(points) {
+  const out = [];
+  let current = [];
+  for (const point of points) {
+    const joins = current.length && point.i === current[current.length - 1].i + 1 && point.r.num_context_tokens;
+    if (!joins) {
+      if (current.length > 1) out.push(current);
+      current = point.r.num_context_tokens ? [point] : [];
+    } else {
+      current.push(point);
+    }
+  }
+  if (current.length > 1) out.push(current);
+  return out;
+}
+
 export function drawTtftChart(target, legend, recent, byMode) {
   const width = Math.max(target.clientWidth || 0, 320);
   const height = 240;
@@ -76,16 +93,22 @@ export function drawTtftChart(target, legend, recent, byMode) {
     const color = modeColor(mode);
     const points = recent.map((r, i) => ({ r, i })).filter(({ r }) => r.mode === mode);
     const group = svg("g", { "data-mode": mode });
-    if (points.length > 1) {
+    // A line joins only answers next to each other in time with context: another mode's answer, or one
+    // without documents (its prompt is the question alone), is a gap, never a long line across the chart.
+    for (const run of runs(points)) {
       group.append(svg("polyline", {
-        points: points.map(({ r, i }) => `${x(i)},${y(r.ttft_ms)}`).join(" "),
+        points: run.map(({ r, i }) => `${x(i)},${y(r.ttft_ms)}`).join(" "),
         fill: "none", stroke: color, "stroke-width": 1.5, "stroke-opacity": 0.55,
       }));
     }
     for (const { r, i } of points) {
       const ratio = r.mode === "blend" ? ` (${r.selector}) · recompute ${(r.recompute_ratio * 100).toFixed(0)}%` : "";
-      group.append(svg("circle", { cx: x(i), cy: y(r.ttft_ms), r: 4, fill: color },
-        svg("title", {}, `${r.mode}: TTFT ${fmtMs(r.ttft_ms)}${ratio} · ${r.num_prompt_tokens} prompt tokens`)));
+      const bare = !r.num_context_tokens;
+      const what = bare ? " · no documents (left out of p50/p95)" : "";
+      group.append(svg("circle", {
+        cx: x(i), cy: y(r.ttft_ms), r: 4, fill: bare ? "none" : color, stroke: color, "stroke-width": bare ? 1.5 : 0,
+        class: bare ? "no-context" : "",
+      }, svg("title", {}, `${r.mode}: TTFT ${fmtMs(r.ttft_ms)}${ratio} · ${r.num_prompt_tokens} prompt tokens${what}`)));
     }
     target.append(group);
     const stats = byMode[mode];

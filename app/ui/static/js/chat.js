@@ -5,6 +5,7 @@
 // "Recent conversations" reopens a stored one (GET /conversations, GET /conversations/{id}).
 
 import { api, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, watchReadiness } from "./api.js";
+import { renderInto, StreamRenderer } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -58,10 +59,33 @@ function openPassage(source) {
   $("passage-title").textContent = `[${source.rank}] ${source.title}`;
   const meta = [];
   if (source.page) meta.push(`p. ${source.page}`);
-  meta.push(`score ${source.score.toFixed(3)}`, `chunk ${source.chunk_id}`);
+  // A reopened conversation's sources are references only (no score, no text).
+  if (source.score !== undefined) meta.push(`score ${source.score.toFixed(3)}`);
+  meta.push(`chunk ${source.chunk_id}`);
   $("passage-meta").textContent = meta.join(" · ");
-  $("passage-text").textContent = source.text || source.snippet;
+  const body = $("passage-text");
+  const text = source.text || source.snippet || "The passage text is not stored with the conversation.";
+  body.textContent = text;
   dialog.showModal();
+  renderInto(body, text);
+}
+
+const NOTICES = { "nothing ingested yet": "Nothing ingested yet", "no documents match": "No documents match" };
+
+// The answer with " [n]" after each sentence the server attributed to source n (before its closing
+// punctuation), unless the model already cited it there.
+export function withCitationMarks(answer, citations) {
+  let out = "";
+  let position = 0;
+  for (const c of [...citations].sort((a, b) => a.end - b.end)) {
+    const sentence = answer.slice(c.start, c.end);
+    if (sentence.includes(`[${c.rank}]`)) continue;
+    const punct = /[.!?]+["')\]]*$/.exec(sentence);
+    const at = punct ? c.end - punct[0].length : c.end;
+    out += answer.slice(position, at) + ` [${c.rank}]`;
+    position = at;
+  }
+  return out + answer.slice(position);
 }
 
 // One question and its answer, updated as events arrive.
@@ -78,12 +102,14 @@ class Turn {
       this.answer, this.sourceList, this.stats);
     this.text = "";
     this.numDeltas = 0;
+    this.renderer = new StreamRenderer(this.answer);
   }
 
-  setSources(sources) {
+  setSources(sources, notice) {
     this.sources = sources;
     this.sourceList.replaceChildren(el("li", { class: "label" }, sources.length
-      ? `Sources (${sources.length})` : "No passages matched; answering without documents"));
+      ? `Sources (${sources.length})` : el("span", { class: "notice", "data-testid": "notice" },
+        `${NOTICES[notice] || "No documents match"}: the answer comes from the model alone, not from your documents`)));
     for (const s of sources) {
       const page = s.page ? ` · p. ${s.page}` : "";
       // A reopened conversation's sources carry no text or score: shown, not opened.
@@ -104,31 +130,26 @@ class Turn {
 
   addText(delta) {
     this.text += delta;
-    this.answer.textContent = this.text;
+    if (!this.answer.classList.contains("markdown")) this.answer.textContent = this.text;
+    this.renderer.update(this.text);
     this.numDeltas += 1;
     this.root.dataset.deltas = String(this.numDeltas); // how many token events arrived (tests read it)
   }
 
-  // The final answer, with [n] citations turned into buttons that open the passage.
-  renderAnswer(text) {
-    this.answer.replaceChildren();
-    for (const part of text.split(/(\[\d+\])/)) {
-      const match = /^\[(\d+)\]$/.exec(part);
-      const source = match && this.sources.find((s) => s.rank === Number(match[1]));
-      if (source) {
-        this.answer.append(el("button", { class: "cite", type: "button", title: source.title,
-                                          onclick: () => openPassage(source) }, part));
-      } else {
-        this.answer.append(part);
-      }
-    }
+  // The final answer as Markdown, with [n] citations turned into buttons that open the passage.
+  async renderAnswer(text) {
+    this.renderer.close();
+    await renderInto(this.answer, text, this.sources, openPassage);
+    this.root.dataset.rendered = "true";
   }
 
   done(result) {
     this.finished = true;
     this.answer.classList.remove("streaming");
-    this.renderAnswer(result.answer || this.text);
-    if (!(result.answer || this.text)) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+    const answer = withCitationMarks(result.answer || this.text, result.citations || []);
+    this.renderAnswer(answer).then(() => {
+      if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+    });
     const t = result.timings;
     const items = [el("span", { "data-k": "ttft" }, "TTFT ", el("b", {}, fmtMs(t.ttft_ms)))];
     if (t.full_prefill_estimate_ms !== null && t.full_prefill_estimate_ms !== undefined && result.mode !== "full") {
@@ -164,6 +185,7 @@ class Turn {
 
   fail(message) {
     this.finished = true;
+    this.renderer.close();
     this.answer.classList.remove("streaming");
     if (!this.text) this.answer.replaceChildren();
     this.answer.append(el("div", { class: "error-text", "data-testid": "error" }, message));
@@ -193,7 +215,7 @@ async function ask(text, turn) {
   }
   try {
     for await (const { event, data } of readSSE(response)) {
-      if (event === "sources") turn.setSources(data.sources);
+      if (event === "sources") turn.setSources(data.sources, data.notice);
       else if (event === "token") turn.addText(data.text);
       else if (event === "done") {
         turn.done(data);

@@ -1,0 +1,35 @@
+"""POST /api/render: Markdown to sanitized HTML for the chat page (answers while they stream, passages)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, Field
+
+from app.api.schemas import ErrorOut, ValidationErrorOut
+from app.services.render import MAX_RENDER_CHARS, render_markdown
+
+router = APIRouter(tags=["ui"])
+
+
+class RenderIn(BaseModel):
+    text: str = Field(max_length=MAX_RENDER_CHARS, description="Markdown")
+
+
+class RenderOut(BaseModel):
+    html: str = Field(description="Sanitized HTML: raw HTML in the input is shown as text, never executed")
+
+
+@router.post(
+    "/api/render",
+    response_model=RenderOut,
+    responses={
+        400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
+        422: {"model": ValidationErrorOut, "description": "No `text`, or text over the size limit"},
+    },
+)
+def render(body: RenderIn) -> RenderOut:
+    """Render Markdown the way the chat page shows answers and passages."""
+    try:
+        return RenderOut(html=render_markdown(body.text))
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
