@@ -211,6 +211,18 @@ def _print_done(done: dict[str, Any]) -> None:
         f"TTFT {t['ttft_ms']:.0f} ms, total {t['total_ms']:.0f} ms; "
         f"KV hits {done['kv_hits']}, misses {done['kv_misses']}"
     )
+    usage = done.get("usage") or {}
+    if usage.get("history_tokens"):
+        print(
+            f"history: {done.get('history_turns', 0)} earlier turn(s), {usage['history_tokens']} tokens, "
+            f"{usage.get('history_reused_tokens', 0)} from stored KV"
+            + (f"; {done['history_dropped_turns']} oldest left out" if done.get("history_dropped_turns") else "")
+        )
+    if done.get("conversation_id"):
+        print(
+            f"conversation {done['conversation_id']} "
+            f"(continue it: blendrag ask --conversation {done['conversation_id']} …)"
+        )
 
 
 def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
@@ -223,6 +235,7 @@ def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
             "recompute_ratio": args.ratio,
             "selector": args.selector,
             "max_tokens": args.max_tokens,
+            "conversation_id": args.conversation,
         }.items()
         if v is not None
     }
@@ -259,9 +272,16 @@ def cmd_ask(args: argparse.Namespace) -> int:
             recompute_ratio=args.ratio,
             selector=args.selector,
             max_tokens=args.max_tokens,
+            conversation_id=args.conversation,
         )
     except ValidationError as exc:
-        flags = {"recompute_ratio": "--ratio", "top_k": "--top-k", "max_tokens": "--max-tokens", "mode": "--mode"}
+        flags = {
+            "recompute_ratio": "--ratio",
+            "top_k": "--top-k",
+            "max_tokens": "--max-tokens",
+            "mode": "--mode",
+            "conversation_id": "--conversation",
+        }
         for err in exc.errors():
             name = str(err["loc"][0]) if err["loc"] else "question"
             print(f"error: {flags.get(name, name)}: {err['msg']}", file=sys.stderr)
@@ -278,19 +298,33 @@ def cmd_ask(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     with lock:
-        return _ask_local(settings, body.to_request(body.question))
+        return _ask_local(settings, body.to_request(body.question), body.conversation_id)
 
 
-def _ask_local(settings: Settings, request: Any) -> int:
+def _ask_local(settings: Settings, request: Any, conversation_id: str | None) -> int:
+    from app.catalog import Catalog
     from app.components import build_components, build_scheduler
     from app.services.ask_service import AskService, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
+    from app.services.conversation_service import ConversationNotFound, ConversationService, owner_of
 
+    # Before the model loads: an unknown conversation is a quick usage error. The owner is the one a
+    # request with this server's key would be, so the CLI and HTTP see the same conversations.
+    catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
+    try:
+        context = ConversationService(catalog).open(conversation_id, owner_of(settings.server.api_key))
+    except ConversationNotFound as exc:
+        print(f"error: --conversation: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        catalog.close()
+    request = dataclasses.replace(request, history=context.history, conversation=context)
     components = build_components(settings)
+    conversations = ConversationService(components.catalog)
 
     async def run() -> int:
         scheduler = build_scheduler(components)
         scheduler.start()
-        service = AskService(components, scheduler)
+        service = AskService(components, scheduler, conversations=conversations)
         sources: list[Any] = []
         code = 0
         try:
@@ -470,6 +504,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument(
+        "--conversation", default=None, metavar="ID", help="continue this conversation (an earlier answer names it)"
+    )
     _add_data_dir(p)
     p.set_defaults(func=cmd_ask)
 

@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from app.api import admin, ask, documents, health, index_status, openai_compat, render
+from app.api import admin, ask, conversations, documents, health, index_status, openai_compat, render
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.errors import install_error_handlers
 from app.datadir_lock import DataDirBusy, DataDirLock, server_url
@@ -25,8 +25,11 @@ DESCRIPTION = """\
 RAG server that answers from precomputed, blended KV caches (CacheBlend).
 
 * **documents**: ingest text or files as background jobs, follow their progress, list and delete documents.
-* **ask**: question → retrieval → blended KV → streamed answer (Server-Sent Events) with sources.
-* **openai**: `/v1/chat/completions` and `/v1/models` for OpenAI clients (sources in an extra field).
+* **ask**: question → retrieval → blended KV → streamed answer (Server-Sent Events) with sources; send
+  the answer's `conversation_id` back to ask a follow-up (earlier turns are reused KV in the prompt).
+* **conversations**: your stored conversations, their turns and sources; delete one.
+* **openai**: `/v1/chat/completions` and `/v1/models` for OpenAI clients (the whole `messages` history
+  counts; sources in an extra field).
 * **admin**: KV cache coverage, serving stats and Prometheus `/metrics`.
 
 When `server.api_key` is set, the documents and admin routes need `Authorization: Bearer <key>`
@@ -75,6 +78,7 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         documents.router,
         ask.router,
         openai_compat.router,
+        conversations.router,
         admin.router,
         index_status.router,
         render.router,

@@ -97,6 +97,14 @@ class Metrics:
         self.asks = Counter(
             "blendrag_asks_total", "Answered questions by mode and outcome", ["mode", "outcome"], registry=r
         )
+        self.history_tokens = Counter(
+            "blendrag_history_tokens_total", "Tokens of conversations' earlier turns placed in prompts", registry=r
+        )
+        self.history_reused_tokens = Counter(
+            "blendrag_history_reused_tokens_total",
+            "Of those, the tokens whose KV came from the store (the rest were computed at question time)",
+            registry=r,
+        )
         self.kv_lookups = Counter(
             "blendrag_ask_kv_lookups_total", "Chunk KV lookups at ask time", ["result"], registry=r
         )

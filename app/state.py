@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from app.components import Components
     from app.jobs.pg_queue import PgJobQueue
     from app.services.ask_service import AskService
+    from app.services.conversation_service import ConversationService
     from app.services.coverage_service import CoverageService
     from app.services.document_service import DocumentService
     from app.services.ingest_service import IngestService
@@ -40,6 +41,7 @@ class AppState:
     ask: AskService | None = None
     coverage: CoverageService | None = None
     documents: DocumentService | None = None
+    conversations: ConversationService | None = None
     stats: StatsService = field(init=False)
     load_error: str | None = None
     job_queue: PgJobQueue | None = None  # PostgreSQL catalog only
@@ -58,6 +60,7 @@ class AppState:
         """Load models and open stores off the event loop, so /health answers while this runs."""
         from app.components import build_components, build_scheduler
         from app.services.ask_service import AskService
+        from app.services.conversation_service import ConversationService
         from app.services.coverage_service import CoverageService
         from app.services.document_service import DocumentService
         from app.services.ingest_service import IngestService
@@ -94,7 +97,10 @@ class AppState:
                 sync.start()
         else:
             self.ingest = IngestService(components, **ingest_options)
-        self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
+        self.conversations = ConversationService(components.catalog)
+        self.ask = AskService(
+            components, self.scheduler, self.metrics, self.prefill_rate, conversations=self.conversations
+        )
         self.coverage = CoverageService(components)
         self.documents = DocumentService(components, self.ingest, self.coverage)
         if self.job_queue is None:

@@ -58,6 +58,11 @@ class EngineSettings(BaseModel):
     )
     max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
     max_new_tokens: int = Field(default=128, ge=1, description="answer length cap when a request sets none")
+    history_max_tokens: int = Field(
+        default=1024,
+        ge=0,
+        description="a conversation's earlier turns in the prompt: at most this many tokens, oldest dropped first",
+    )
     temperature: float = Field(default=0.0, ge=0.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     # Repetition control, applied identically in every mode (it only looks at the generated tokens).

@@ -221,13 +221,18 @@ def score_context(
     return scores.mean(0) if config.score_fuse == "mean" else scores.max(0).values
 
 
+def _exact_first_segment(layout: PromptLayout) -> int:
+    """Tokens of the first segment whose stored KV is exact here: computed behind this very prefix."""
+    return len(layout.chunk_ids[0]) if layout.chunk_ids and layout.segments_behind_prefix else 0
+
+
 def _fresh_positions(mode: Mode, layout: PromptLayout, selected: torch.Tensor | None) -> torch.Tensor | range:
     """Rows computed fresh from layer 0 on. `selected`: context positions an up-front selector chose."""
     p, n, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
     if mode == "full":
         return range(0, total)
     if mode == "prefix":  # prefix + chunk 1 were computed exactly in this order at ingest
-        return range(p + (len(layout.chunk_ids[0]) if layout.chunk_ids else 0), total)
+        return range(p + _exact_first_segment(layout), total)
     if mode == "reuse":
         return range(p + n, total)
     if selected is None:  # blend with a check-layer selector: every non-prefix row until the check layer
@@ -271,7 +276,7 @@ def prompt_pass(
     if mode != "full":
         cache.k[:, 0, :, :p] = prefix.k  # type: ignore[union-attr]  # exact: reused as a true prefix
         cache.v[:, 0, :, :p] = prefix.v  # type: ignore[union-attr]
-        first_chunk = len(layout.chunk_ids[0]) if layout.chunk_ids else 0
+        first_chunk = _exact_first_segment(layout)
         stored = _StoredContext(tf, kv_source, cache, p, p + (first_chunk if mode == "prefix" else n_ctx))  # type: ignore[arg-type]
 
     # 1. Select (up-front selectors): the context rows that are fresh in every layer.

@@ -39,21 +39,47 @@ class RequestCancelled(EngineError):
 
 @dataclass(frozen=True)
 class PromptLayout:
-    """[prefix][chunk 1]…[chunk k][suffix], all as token ids; positions are indices into the concatenation.
+    """[prefix][chunk 1]…[chunk k][turn 1]…[turn t-1][suffix], all as token ids; positions are indices into
+    the concatenation.
 
     `prefix_ids` (system prompt + chat-template opening of the user turn) is shared by every request and
-    every chunk precompute; `chunk_ids` are the stored ids of the retrieved chunks in prompt order.
+    every chunk precompute. `chunk_ids` are the stored *segments* in prompt order: the retrieved chunks,
+    then, in a conversation, its earlier turns (the last `num_history_segments` entries, oldest first, each
+    a question + answer as the chat template renders them). To the engine a turn is a segment like a chunk:
+    stored KV re-rotated to its position, its tokens candidates for the selector's recompute budget.
     """
 
     prefix_ids: list[int]
     chunk_ids: list[list[int]]
     suffix_ids: list[int]
+    num_history_segments: int = 0
+    # Whether the segments' stored KV was computed behind these prefix_ids. False for a client's own system
+    # prompt (the store holds KV computed behind the server's): mode `prefix` then reuses the prefix alone.
+    segments_behind_prefix: bool = True
 
     def __post_init__(self) -> None:
         if not self.suffix_ids:
             raise ValueError("PromptLayout.suffix_ids must not be empty (the question goes there)")
         if any(len(c) == 0 for c in self.chunk_ids):
             raise ValueError("PromptLayout.chunk_ids must not contain empty chunks")
+        if not 0 <= self.num_history_segments <= len(self.chunk_ids):
+            raise ValueError(
+                f"num_history_segments must be within [0, {len(self.chunk_ids)}], got {self.num_history_segments}"
+            )
+
+    @property
+    def retrieved_chunk_ids(self) -> list[list[int]]:
+        """The retrieved chunks' segments (prompt order), without the conversation's earlier turns."""
+        return self.chunk_ids[: len(self.chunk_ids) - self.num_history_segments]
+
+    @property
+    def history_ids(self) -> list[list[int]]:
+        """The earlier turns' segments, oldest first."""
+        return self.chunk_ids[len(self.chunk_ids) - self.num_history_segments :]
+
+    @property
+    def num_history_tokens(self) -> int:
+        return sum(len(c) for c in self.history_ids)
 
     @property
     def num_prefix_tokens(self) -> int:

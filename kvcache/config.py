@@ -30,6 +30,11 @@ class KVCacheSettings(BaseModel):
     dir: Path | None = Field(default=None, description="Disk tier root (<data_dir>/kv); None: no disk tier")
     storage_dtype: StorageDType = Field(default="fp16", description="How K/V are stored; part of the key")
     memory_bytes: int = Field(default=512 * MiB, ge=0, description="Memory tier budget; 0 disables it")
+    history_memory_bytes: int = Field(
+        default=128 * MiB,
+        ge=0,
+        description="Memory tier budget of conversation-turn entries, apart from the chunks'; 0 disables it",
+    )
     disk_bytes: int = Field(default=20 * GiB, gt=0, description="Disk tier budget (LRU eviction)")
     redis_url: str | None = Field(default=None, description="redis://host:port/db; None: no Redis tier")
     redis_key_prefix: str = Field(default="blendrag:kv:", min_length=1)

@@ -1,7 +1,9 @@
 """`TieredKVStore`: the chunk-KV store the app, the engine's callers and bench use.
 
-Tiers, in lookup order: memory (LRU, `memory_bytes`; absent when 0) -> disk (`dir`, LRU, `disk_bytes`;
-absent when `dir` is None) -> Redis (`redis_url`; absent when None). Writes go to every tier; a read
+Tiers, in lookup order: memory (LRU, `memory_bytes`; absent when 0) -> history memory (conversation
+turns' entries, `put(..., history=True)`, LRU within its own `history_memory_bytes`, so a long chat never
+evicts the chunks' entries and the other way round) -> disk (`dir`, LRU, `disk_bytes`; absent when `dir`
+is None) -> Redis (`redis_url`; absent when None). Writes go to every tier; a read
 that hits a lower tier promotes the entry into the tiers above it. Every storage fault (corrupt or
 truncated entry, file deleted behind our back, full disk, Redis down) is survived, counted in
 `stats()`, logged, and turns into "not stored" / "not found", i.e. "recompute this chunk", never an
@@ -12,7 +14,7 @@ Public API (all methods thread-safe):
     store = TieredKVStore(settings: KVCacheSettings)
     store.key_for(model_fingerprint: str, prefix_token_ids, chunk_token_ids) -> str
     store.put(key: str, kv: ChunkKV, *, model_fingerprint: str, overwrite: bool = False,
-              cache_in_memory: bool = True) -> PutResult
+              cache_in_memory: bool = True, history: bool = False) -> PutResult
     store.get(key: str, *, device="cpu", dtype: torch.dtype | None = None) -> ChunkKV | None
     store.get_entry(key: str) -> StoredEntry | None
     store.contains(key: str) -> str | None              # "memory" | "disk" | "redis" | None
@@ -20,7 +22,8 @@ Public API (all methods thread-safe):
     store.delete(key: str) -> bool                       # from every tier
     store.keys() -> list[str]                            # sorted union over the tiers
     store.open_layers(keys: list[str], device="cpu", dtype=None, *, prefetch: bool | None = None,
-                      convert_on_device: bool | None = None, computed: Mapping[str, StoredEntry] | None = None)
+                      convert_on_device: bool | None = None, computed: Mapping[str, StoredEntry] | None = None,
+                      history_keys: Collection[str] = ())
         -> StoreLayerSource                              # raises KVEntryMissing(keys) up front
     store.stats() -> StoreStats
     store.close()
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -87,6 +90,8 @@ class TieredKVStore:
     def __init__(self, settings: KVCacheSettings) -> None:
         self.settings = settings
         self.memory: MemoryTier | None = MemoryTier(settings.memory_bytes) if settings.memory_bytes else None
+        # Made at the first turn stored (a server that never holds a conversation shows no such tier).
+        self.history_memory: MemoryTier | None = None
         self.disk: DiskTier | None = (
             DiskTier(settings.dir, settings.disk_bytes, fsync=settings.fsync) if settings.dir else None
         )
@@ -110,7 +115,28 @@ class TieredKVStore:
 
     @property
     def tier_names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in (self.memory, self.disk, self.redis) if t is not None)
+        return tuple(t.name for t in self._tiers() if t is not None)
+
+    def _tiers(self) -> tuple[MemoryTier | DiskTier | RedisTier | None, ...]:
+        return (self.memory, self.history_memory, self.disk, self.redis)
+
+    def _memory_for(self, history: bool) -> MemoryTier | None:
+        if not history:
+            return self.memory
+        if self.history_memory is None and self.settings.history_memory_bytes:
+            with self._lock:
+                if self.history_memory is None:
+                    tier = MemoryTier(self.settings.history_memory_bytes)
+                    tier.name = "history_memory"
+                    self.history_memory = tier
+        return self.history_memory
+
+    def _memory_get(self, key: str) -> StoredEntry | None:
+        for tier in (self.memory, self.history_memory):
+            entry = tier.get(key) if tier is not None else None
+            if entry is not None:
+                return entry
+        return None
 
     def key_for(self, model_fingerprint: str, prefix_token_ids: Iterable[int], chunk_token_ids: Iterable[int]) -> str:
         """`chunk_key(...)` with this store's storage dtype."""
@@ -124,19 +150,31 @@ class TieredKVStore:
     # -- writes --------------------------------------------------------------------------------------
 
     def put(
-        self, key: str, kv: ChunkKV, *, model_fingerprint: str, overwrite: bool = False, cache_in_memory: bool = True
+        self,
+        key: str,
+        kv: ChunkKV,
+        *,
+        model_fingerprint: str,
+        overwrite: bool = False,
+        cache_in_memory: bool = True,
+        history: bool = False,
     ) -> PutResult:
-        """Store a chunk's KV in every tier (persistent ones first). Storage faults never raise."""
-        entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint, storage_dtype=self.storage_dtype)
-        return self.put_entry(entry, overwrite=overwrite, cache_in_memory=cache_in_memory)
+        """Store a chunk's KV in every tier (persistent ones first). Storage faults never raise.
 
-    def put_entry(self, entry: StoredEntry, *, overwrite: bool = False, cache_in_memory: bool = True) -> PutResult:
+        `history`: a conversation turn's entry; its memory copy goes to the history memory tier."""
+        entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint, storage_dtype=self.storage_dtype)
+        return self.put_entry(entry, overwrite=overwrite, cache_in_memory=cache_in_memory, history=history)
+
+    def put_entry(
+        self, entry: StoredEntry, *, overwrite: bool = False, cache_in_memory: bool = True, history: bool = False
+    ) -> PutResult:
         key = check_key(entry.key)
         data = serialize_entry(entry) if (self.disk or self.redis) else None
         stored: list[str] = []
         failed: list[str] = []
-        if self.memory is not None and cache_in_memory:
-            (stored if self.memory.put(key, entry) else failed).append("memory")
+        memory = self._memory_for(history)
+        if memory is not None and cache_in_memory:
+            (stored if memory.put(key, entry) else failed).append(memory.name)
         if self.disk is not None and data is not None:
             (stored if self.disk.put_bytes(key, data, overwrite=overwrite) else failed).append("disk")
         if self.redis is not None and data is not None:
@@ -151,7 +189,7 @@ class TieredKVStore:
     def delete(self, key: str) -> bool:
         check_key(key)
         removed = False
-        for tier in (self.memory, self.disk, self.redis):
+        for tier in self._tiers():
             if tier is not None:
                 removed = tier.delete(key) or removed
         return removed
@@ -163,11 +201,10 @@ class TieredKVStore:
         check_key(key)
         promote = self.settings.promote_on_load
         verify = self.settings.verify_checksums
-        if self.memory is not None:
-            entry = self.memory.get(key)
-            if entry is not None:
-                self._count(1, 0)
-                return entry
+        entry = self._memory_get(key)
+        if entry is not None:
+            self._count(1, 0)
+            return entry
         if self.disk is not None:
             entry = self.disk.get(key, verify=verify)
             if entry is not None:
@@ -202,8 +239,9 @@ class TieredKVStore:
     def contains(self, key: str) -> str | None:
         """Name of the highest tier holding `key`, or None. Does not read or promote the entry."""
         check_key(key)
-        if self.memory is not None and self.memory.contains(key):
-            return "memory"
+        for memory in (self.memory, self.history_memory):
+            if memory is not None and memory.contains(key):
+                return memory.name
         if self.disk is not None and self.disk.contains(key):
             return "disk"
         if self.redis is not None and self.redis.contains(key):
@@ -214,11 +252,13 @@ class TieredKVStore:
         """Where each present key lives and its size per tier (one Redis round trip for all keys)."""
         unique = [check_key(k) for k in dict.fromkeys(keys)]
         sizes: dict[str, dict[str, int]] = {k: {} for k in unique}
-        if self.memory is not None:
+        for memory in (self.memory, self.history_memory):
+            if memory is None:
+                continue
             for k in unique:
-                n = self.memory.nbytes_of(k)
+                n = memory.nbytes_of(k)
                 if n is not None:
-                    sizes[k]["memory"] = n
+                    sizes[k][memory.name] = n
         if self.disk is not None:
             for k in unique:
                 n = self.disk.nbytes_of(k)
@@ -235,7 +275,7 @@ class TieredKVStore:
 
     def keys(self) -> list[str]:
         found: set[str] = set()
-        for tier in (self.memory, self.disk, self.redis):
+        for tier in self._tiers():
             if tier is not None:
                 found.update(tier.keys())
         return sorted(found)
@@ -251,6 +291,7 @@ class TieredKVStore:
         prefetch: bool | None = None,
         convert_on_device: bool | None = None,
         computed: Mapping[str, StoredEntry] | None = None,
+        history_keys: Collection[str] = (),
     ) -> StoreLayerSource:
         """Serve the prompt's chunks (in this order) layer by layer; see `kvcache.loader`.
 
@@ -259,6 +300,7 @@ class TieredKVStore:
         settings; `convert_on_device=None` converts/dequantizes on `device` unless it is the CPU.
         `computed`: entries the caller has just computed (`kvcache.writer.ensure_chunk_kv`), served as
         they are whether or not a tier kept them, so a store that refuses writes still answers.
+        `history_keys`: those of `keys` that are conversation turns (promoted into the history memory tier).
         """
         if not keys:
             raise ValueError("open_layers needs at least one key")
@@ -270,7 +312,7 @@ class TieredKVStore:
             if fresh is not None:
                 resolved[key] = ResolvedChunk(key=key, tier="memory", meta=fresh.meta, entry=fresh)
                 continue
-            entry = self.memory.get(key) if self.memory is not None else None
+            entry = self._memory_get(key)
             if entry is not None:
                 resolved[key] = ResolvedChunk(key=key, tier="memory", meta=entry.meta, entry=entry)
                 continue
@@ -298,6 +340,11 @@ class TieredKVStore:
             raise KVEntryMissing(missing)
         first = resolved[unique[0]].meta
         promote = self.settings.promote_on_load
+        history = frozenset(history_keys)
+
+        def on_promote(chunk: ResolvedChunk, layers: list[LayerData] | None) -> None:
+            self._on_promote(chunk, layers, history=chunk.key in history)
+
         return StoreLayerSource(
             [resolved[k] for k in keys],
             device=device,
@@ -305,8 +352,9 @@ class TieredKVStore:
             prefetch=self.settings.prefetch if prefetch is None else prefetch,
             verify=self.settings.verify_checksums,
             on_corrupt=self._on_corrupt,
-            on_promote=self._on_promote if promote else None,
-            collect_layers=promote and self.memory is not None,
+            on_promote=on_promote if promote else None,
+            collect_layers=promote
+            and (self.memory is not None or (bool(history) and bool(self.settings.history_memory_bytes))),
             convert_on_device=convert_on_device,
         )
 
@@ -315,16 +363,17 @@ class TieredKVStore:
         if tier is not None:
             tier.remove_corrupt(chunk.key, exc)
 
-    def _on_promote(self, chunk: ResolvedChunk, layers: list[LayerData] | None) -> None:
+    def _on_promote(self, chunk: ResolvedChunk, layers: list[LayerData] | None, history: bool = False) -> None:
         if chunk.tier == "redis" and chunk.raw is not None and self.disk is not None:
             self.disk.put_bytes(chunk.key, chunk.raw)
-        if layers is not None and self.memory is not None:
-            self.memory.put(chunk.key, StoredEntry.from_layers(chunk.meta, layers))
+        memory = self._memory_for(history)
+        if layers is not None and memory is not None:
+            memory.put(chunk.key, StoredEntry.from_layers(chunk.meta, layers))
 
     # -- accounting ----------------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
-        tiers = tuple(t.stats() for t in (self.memory, self.disk, self.redis) if t is not None)
+        tiers = tuple(t.stats() for t in self._tiers() if t is not None)
         with self._lock:
             return StoreStats(
                 tiers=tiers, num_hits=self._num_hits, num_misses=self._num_misses, storage_dtype=self.storage_dtype

@@ -7,12 +7,12 @@
     written.computed     # key -> StoredEntry computed now (with keep_entries=True): what the store would serve
     written.unwritten    # computed keys the store could not keep (see `entry_written`)
 
-Questions (app/services/ask_service.py), ingest, `blendrag doctor --repair` and bench all write chunk KV
-through here, so a failed put means the same everywhere: the entry is not in a tier that outlives this
-process (disk or Redis), or, for a store with memory only, not stored at all. It is logged here once per
-call; each caller then does what its contract asks: a question still serves the KV it just computed
-(`TieredKVStore.open_layers(..., computed=written.computed)`), ingest fails the documents concerned, doctor
-reports the chunks as still missing, bench stops.
+Questions (app/services/ask_service.py, the chunks and a conversation's turns), ingest, `blendrag doctor
+--repair` and bench all write KV through here, so a failed put means the same everywhere: the entry is not
+in a tier that outlives this process (disk or Redis), or, for a store with memory only, not stored at all.
+It is logged here once per call; each caller then does what its contract asks: a question still serves the
+KV it just computed (`TieredKVStore.open_layers(..., computed=written.computed)`), ingest fails the
+documents concerned, doctor reports the chunks as still missing, bench stops.
 
 kvcache imports no engine: `compute(chunks) -> list[ChunkKV]` is the caller's (the scheduler's
 `prefill_chunks` in the server, `Engine.prefill_chunks` in CLI tools and bench).
@@ -21,7 +21,7 @@ kvcache imports no engine: `compute(chunks) -> list[ChunkKV]` is the caller's (t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from kvcache.format import StoredEntry, encode_entry
@@ -63,6 +63,7 @@ def ensure_chunk_kv(
     batch_chunks: int = DEFAULT_BATCH_CHUNKS,
     missing_keys: Sequence[str] | None = None,
     on_batch: Callable[[int], None] | None = None,
+    history_keys: Collection[str] = (),
 ) -> ChunkKVWrite:
     """Make sure every chunk's KV is stored: compute the missing ones `batch_chunks` at a time and put them.
 
@@ -70,6 +71,7 @@ def ensure_chunk_kv(
     store is asked (one `locate_many`). `on_batch(num_done)` runs after each batch with the number of
     `chunks` handled so far (present ones count from the start); it may raise to stop (ingest's cancel).
     With `keep_entries` the computed entries come back, in the store's encoding, for the caller to serve.
+    `history_keys`: the keys of conversation turns (their memory copy goes to the history memory tier).
     """
     keys = [store.key_for(model_fingerprint, prefix_ids, ids) for ids in chunks]
     ids_by_key = {key: list(ids) for key, ids in zip(keys, chunks, strict=True)}
@@ -91,7 +93,7 @@ def ensure_chunk_kv(
         kvs = compute([ids_by_key[key] for key in batch])
         for key, kv in zip(batch, kvs, strict=True):
             entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint, storage_dtype=store.storage_dtype)
-            result = store.put_entry(entry)
+            result = store.put_entry(entry, history=key in history_keys)
             if not entry_written(store, result):
                 unwritten.add(key)
                 failed_tiers.update(result.failed)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 IndexType = Literal["flat", "hnsw", "ivf"]
+FollowupMode = Literal["concat", "rewrite", "off"]
 
 
 class RetrievalSettings(BaseModel):
@@ -43,3 +44,8 @@ class RetrievalSettings(BaseModel):
     rerank_model: str | None = None
     # "cpu", "cuda", "cuda:1" or "auto". FAISS uses the GPU only if faiss-gpu is installed.
     device: str = "cpu"
+    # Follow-up questions of a conversation (retrieval/followup.py): concat (default) weighs the new question
+    # and the previous ones, the latest most; rewrite has the model restate the question; off: the question alone.
+    followup: FollowupMode = "concat"
+    followup_turns: int = Field(2, ge=0, le=16, description="Earlier user questions the follow-up query reads")
+    followup_decay: float = Field(0.5, gt=0.0, le=1.0, description="concat: weight of each step back in time")

@@ -47,6 +47,12 @@ def stats(state: AppState = Depends(get_state)) -> StatsOut:
     """Everything the admin page shows besides coverage: KV hit rates per tier, recent TTFT by mode,
     ingest throughput, queue depth."""
     snapshot = state.stats.snapshot(state.components, state.documents, state.scheduler)
+    counts = state.conversations.counts() if state.conversations is not None else None
     return StatsOut.model_validate(
-        {**dataclasses.asdict(snapshot), "storage": dataclasses.asdict(state.storage.status())}
+        {
+            **dataclasses.asdict(snapshot),
+            "storage": dataclasses.asdict(state.storage.status()),
+            "conversations": counts.num_conversations if counts is not None else None,
+            "conversation_turns": counts.num_turns if counts is not None else None,
+        }
     )

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
+from app.api.deps import conversation_owner, engine_is_full, get_ask, get_conversations, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.schemas import (
     AskDefaultsOut,
@@ -38,6 +38,7 @@ from app.services.ask_service import (
     SourcesEvent,
     TokenDelta,
 )
+from app.services.conversation_service import ConversationNotFound, ConversationService
 from app.state import AppState
 
 router = APIRouter(
@@ -104,15 +105,20 @@ def busy_error() -> HTTPException:
     return HTTPException(503, BUSY_DETAIL, headers={"Retry-After": "1"})
 
 
-def validated(body: AskIn, state: AppState) -> AskRequest:
-    """The service request for a (validated) body, or 503 when the engine is already full.
+def validated(body: AskIn, state: AppState, conversations: ConversationService, owner: str | None) -> AskRequest:
+    """The service request for a (validated) body: in its conversation (a new one without an id; 404 for
+    an id this caller does not have), or 503 when the engine is already full.
 
     The busy check here is only a shortcut that spares retrieval; the binding check is the scheduler's, in
     `admitted`.
     """
+    try:
+        context = conversations.open(body.conversation_id, owner)
+    except ConversationNotFound as exc:
+        raise HTTPException(404, str(exc)) from exc
     if engine_is_full(state):
         raise busy_error()
-    return body.to_request(body.question)
+    return dataclasses.replace(body.to_request(body.question), history=context.history, conversation=context)
 
 
 async def admitted(service: AskService, request: AskRequest) -> AdmittedAnswer:
@@ -143,6 +149,7 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
         model=AskOut,
     ),
     400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
+    404: {"model": ErrorOut, "description": "No such conversation (unknown, deleted or another API key's)"},
     422: {
         "model": ValidationErrorOut,
         "description": "Empty question, unknown mode, ratio outside [0, 1], prompt longer than the model's context …",
@@ -166,10 +173,15 @@ def ask_defaults(state: AppState = Depends(get_state)) -> AskDefaultsOut:
 
 @router.post("/ask", responses=_ASK_RESPONSES, response_model=None)
 async def ask(
-    body: AskIn, request: Request, service: AskService = Depends(get_ask), state: AppState = Depends(get_state)
+    body: AskIn,
+    request: Request,
+    service: AskService = Depends(get_ask),
+    state: AppState = Depends(get_state),
+    conversations: ConversationService = Depends(get_conversations),
 ) -> Any:
-    """Answer a question from the library: retrieve, blend the chunks' stored KV, generate."""
-    answer = await admitted(service, validated(body, state))
+    """Answer a question from the library: retrieve, blend the chunks' stored KV, generate. With a
+    `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query."""
+    answer = await admitted(service, validated(body, state, conversations, conversation_owner(request)))
     if not body.stream:
         return await _answer_json(answer, request, state.metrics)
 

@@ -11,6 +11,7 @@ from fastapi import HTTPException, Request
 
 from app.api.rate_limit import client_id
 from app.services.ask_service import AskService
+from app.services.conversation_service import ConversationService, owner_of
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
 from app.services.ingest_service import IngestService
@@ -45,6 +46,7 @@ get_ingest: Callable[[Request], IngestService] = _loaded(lambda s: s.ingest)
 get_ask: Callable[[Request], AskService] = _loaded(lambda s: s.ask)
 get_coverage: Callable[[Request], CoverageService] = _loaded(lambda s: s.coverage)
 get_documents: Callable[[Request], DocumentService] = _loaded(lambda s: s.documents)
+get_conversations: Callable[[Request], ConversationService] = _loaded(lambda s: s.conversations)
 
 
 def engine_is_full(state: AppState) -> bool:
@@ -62,6 +64,11 @@ def presented_key(request: Request) -> str | None:
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
     return request.headers.get("x-api-key") or None
+
+
+def conversation_owner(request: Request) -> str | None:
+    """Whose conversations a request sees: its key's hash, or None (every caller without a key)."""
+    return owner_of(presented_key(request))
 
 
 def require_api_key(request: Request) -> None:

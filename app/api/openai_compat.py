@@ -1,14 +1,24 @@
 """OpenAI-compatible `POST /v1/chat/completions` and `GET /v1/models`, answered by retrieval + blend.
 
-The last user message is the question; retrieval runs on it and the answer is grounded in the retrieved
-chunks exactly like /ask. Earlier turns and client system messages are not placed in the prompt: the
-server's own system prompt is part of every stored chunk KV's key, and blending needs the prompt to be
-`[prefix][chunks][question]`. The retrieved passages come back in an extra `sources` field (on the
-response, or on the first stream chunk), and blendrag's timings in an extra `blendrag` field.
+The whole `messages` array counts, as OpenAI clients expect:
 
-Extensions accepted in the body (the `openai` client's `extra_body=`): `top_k`, `filters`, `mode`,
-`recompute_ratio`, `selector`. The served model is listed by /v1/models; any `model` name is accepted (one model
-is served) and the response names the served one.
+- the last `user` message is the question (unanswered user messages just before it are joined to it);
+- earlier `user` / `assistant` pairs are the conversation's history: placed in the prompt as the chat
+  template renders them (their KV is stored by content, so a client resending the same history reuses
+  it), and retrieval reads their questions (`retrieval.followup`);
+- a `system` or `developer` message replaces the server's system prompt for this request (one more
+  prefix, computed once; the chunks' stored KV is blended behind it);
+- `tool` / `function` messages are not read.
+
+Stateless: nothing is stored unless the body names a `conversation_id` (the `openai` client's
+`extra_body=`): "new" starts a stored conversation, an id continues one (404 if unknown), and the turn is
+recorded there; with a conversation id and no earlier messages, the stored turns are the history. The
+retrieved passages come back in an extra `sources` field (on the response, or on the first stream chunk),
+and blendrag's timings and conversation in an extra `blendrag` field.
+
+Other extensions accepted in the body: `top_k`, `filters`, `mode`, `recompute_ratio`, `selector`. The
+served model is listed by /v1/models; any `model` name is accepted (one model is served) and the response
+names the served one.
 """
 
 from __future__ import annotations
@@ -25,10 +35,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.ask import BUSY_DETAIL, client_gone, record_answer
-from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
+from app.api.deps import conversation_owner, engine_is_full, get_ask, get_conversations, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
-from app.api.schemas import NOT_BLANK, AskParams, MaxTokens, NotBool, OpenAIErrorOut
+from app.api.schemas import NOT_BLANK, AskParams, ConversationId, MaxTokens, NotBool, OpenAIErrorOut
 from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.ask_service import (
     MAX_QUESTION_CHARS,
@@ -42,7 +52,9 @@ from app.services.ask_service import (
     SourcesEvent,
     TokenDelta,
 )
+from app.services.conversation_service import ConversationNotFound, ConversationService
 from app.state import AppState
+from engine.prompt import Turn
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
 router = APIRouter(
@@ -93,12 +105,17 @@ class UserMessage(BaseModel):
 
 
 class OtherMessage(BaseModel):
-    """Accepted for compatibility and not placed in the prompt (see the module's docstring)."""
+    """system / developer (the system prompt), assistant (an earlier answer); tool / function are not read."""
 
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "assistant", "tool", "function"]
     content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(p.text or "" for p in self.content if p.type == "text")
+        return self.content or ""
 
 
 ChatMessage = Annotated[UserMessage | OtherMessage, Field(discriminator="role")]
@@ -129,6 +146,11 @@ class ChatCompletionIn(AskParams):
     max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
     n: Annotated[int, NotBool] = Field(default=1, ge=1, le=1, description="Only one choice is generated")
+    conversation_id: ConversationId | None = Field(
+        default=None,
+        description='Store this turn: "new" starts a conversation, an id continues one (404 if unknown); '
+        "without earlier messages, the stored turns are the history. Default: stateless, nothing stored",
+    )
 
 
 class ModelOut(BaseModel):
@@ -149,12 +171,62 @@ def list_models() -> ModelList:
     return ModelList(data=[ModelOut(id=SERVED_MODEL, created=_STARTED, owned_by="blendrag")])
 
 
-def _ask_request(body: ChatCompletionIn) -> AskRequest:
-    question = next((m.text() for m in reversed(body.messages) if isinstance(m, UserMessage)), "")
-    if not question:
+@dataclasses.dataclass(frozen=True)
+class ChatMessages:
+    """What a `messages` array asks: the question, the earlier turns, the client's system prompt."""
+
+    question: str
+    history: tuple[Turn, ...]
+    system_prompt: str | None  # None: the server's
+
+
+def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
+    """Split `messages` into question, history and system prompt (see the module docstring)."""
+    last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=None)
+    if last_user is None:
         raise HTTPException(400, "messages must contain a user message with text (the question)")
+    systems = [m.text().strip() for m in messages if m.role in ("system", "developer")]
+    systems = [t for t in systems if t]
+    history: list[Turn] = []
+    asked: list[str] = []  # user messages not answered yet
+    for message in messages[: last_user + 1]:
+        if isinstance(message, UserMessage):
+            asked.append(message.text().strip())
+        elif message.role == "assistant":
+            if message.content is None:
+                continue  # a tool call without text
+            answer = message.text().strip()  # may be empty: an empty answer is still a turn, as /ask stores it
+            if asked:
+                history.append(Turn(question="\n".join(asked), answer=answer))
+                asked = []
+            elif history:  # two assistant messages in a row: one answer
+                history[-1] = Turn(history[-1].question, f"{history[-1].answer}\n{answer}")
+    question = "\n".join(asked)
+    if len(question) > MAX_QUESTION_CHARS:
+        raise HTTPException(
+            400, f"the question (the last user messages) is longer than {MAX_QUESTION_CHARS} characters"
+        )
+    return ChatMessages(
+        question=question, history=tuple(history), system_prompt="\n\n".join(systems) if systems else None
+    )
+
+
+def _ask_request(body: ChatCompletionIn, conversations: ConversationService, owner: str | None) -> AskRequest:
+    """The service request: question, history and system prompt from `messages`; the conversation to
+    record the turn in when the body names one (ConversationNotFound for an id this caller lacks)."""
+    chat = read_messages(body.messages)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    return body.to_request(question, max_tokens=body.max_completion_tokens, stop=stop)
+    context = None
+    history = chat.history
+    if body.conversation_id is not None:
+        context = conversations.open(body.conversation_id, owner)
+        history = chat.history or context.history
+    return dataclasses.replace(
+        body.to_request(chat.question, max_tokens=body.max_completion_tokens, stop=stop),
+        history=history,
+        system_prompt=chat.system_prompt,
+        conversation=context,
+    )
 
 
 def finish_reason(reason: str) -> str:
@@ -167,6 +239,8 @@ def _usage(done: DoneEvent) -> dict[str, int]:
         "prompt_tokens": done.usage.prompt_tokens,
         "completion_tokens": done.usage.completion_tokens,
         "total_tokens": done.usage.total_tokens,
+        "history_tokens": done.usage.history_tokens,
+        "history_reused_tokens": done.usage.history_reused_tokens,
     }
 
 
@@ -180,6 +254,12 @@ def _extras(done: DoneEvent) -> dict[str, Any]:
         "timings": dataclasses.asdict(done.timings),
         "context_tokens": done.usage.context_tokens,
         "recomputed_tokens": done.usage.recomputed_tokens,
+        "history_tokens": done.usage.history_tokens,
+        "history_reused_tokens": done.usage.history_reused_tokens,
+        "history_turns": done.history_turns,
+        "history_dropped_turns": done.history_dropped_turns,
+        "retrieval_query": done.retrieval_query,
+        "conversation_id": done.conversation_id,
     }
 
 
@@ -245,9 +325,13 @@ async def chat_completions(
     request: Request,
     service: AskService = Depends(get_ask),
     state: AppState = Depends(get_state),
+    conversations: ConversationService = Depends(get_conversations),
 ) -> Any:
-    """Chat completion grounded in the library (retrieval on the last user message)."""
-    ask_request = _ask_request(body)
+    """Chat completion grounded in the library; the whole `messages` history counts (see the module doc)."""
+    try:
+        ask_request = _ask_request(body, conversations, conversation_owner(request))
+    except ConversationNotFound as exc:
+        return openai_error(404, str(exc), code="conversation_not_found")
     if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
         return _busy(BUSY_DETAIL)
     try:

@@ -236,8 +236,25 @@ class AskParams(BaseModel):
         )
 
 
+ConversationId = Annotated[
+    str,
+    Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9-]+$",
+        description="A conversation's id, as an earlier answer's `conversation_id` gave it",
+    ),
+]
+
+
 class AskIn(AskParams):
     model_config = ConfigDict(extra="forbid")
+
+    conversation_id: ConversationId | None = Field(
+        default=None,
+        description="Continue this conversation: its earlier turns are in the prompt and retrieval reads "
+        "their questions. Without one a new conversation starts; the answer names it.",
+    )
 
     # min_length and pattern document the rule; the validator below checks it with a readable message.
     question: str = Field(max_length=MAX_QUESTION_CHARS, json_schema_extra={"minLength": 1, "pattern": NOT_BLANK})
@@ -267,6 +284,8 @@ class UsageOut(BaseModel):
     completion_tokens: int
     context_tokens: int
     recomputed_tokens: int
+    history_tokens: int = Field(default=0, description="Tokens of the conversation's earlier turns in the prompt")
+    history_reused_tokens: int = Field(default=0, description="Of those, the ones served from stored KV")
     total_tokens: int
 
 
@@ -327,6 +346,16 @@ class AskDoneOut(BaseModel):
     timings: TimingsOut
     kv_hits: int
     kv_misses: int
+    conversation_id: str | None = Field(
+        default=None, description="The conversation this turn belongs to (send it back to continue)"
+    )
+    history_turns: int = Field(default=0, description="Earlier turns placed in the prompt")
+    history_dropped_turns: int = Field(
+        default=0, description="Oldest earlier turns left out to fit `engine.history_max_tokens`"
+    )
+    retrieval_query: str | None = Field(
+        default=None, description="What retrieval searched with when it was not the question alone"
+    )
     retrieval_ms: float
     ttft_ms: float
     total_ms: float
@@ -348,6 +377,49 @@ class JobErrorEventOut(BaseModel):
     """Data of an `error` event on a job's stream."""
 
     message: str
+
+
+# ---- conversations --------------------------------------------------------------------------------
+
+
+class ConversationOut(BaseModel):
+    id: str
+    title: str = Field(description="The first question")
+    num_turns: int
+    created_at: str
+    updated_at: str = Field(description="When the last turn was added")
+
+
+class ConversationPageOut(BaseModel):
+    total: int = Field(description="Your conversations, over all pages")
+    offset: int
+    limit: int
+    conversations: list[ConversationOut] = Field(description="The most recently continued first")
+
+
+class TurnSourceOut(BaseModel):
+    rank: int
+    chunk_id: int
+    document_id: str
+    title: str
+    page: int | None
+
+
+class TurnOut(BaseModel):
+    index: int = Field(description="0-based, in the order asked")
+    question: str
+    answer: str
+    sources: list[TurnSourceOut] = Field(description="The passages it was answered from (deleted ones left out)")
+    mode: str
+    selector: str | None
+    recompute_ratio: float
+    timings: dict[str, Any]
+    usage: dict[str, Any]
+    created_at: str
+
+
+class ConversationDetailOut(ConversationOut):
+    turns: list[TurnOut]
 
 
 # ---- admin ----------------------------------------------------------------------------------------
@@ -436,6 +508,8 @@ class StatsOut(BaseModel):
     kv_hit_rate: float | None = Field(description="Store reads found in some tier / all store reads")
     ask_kv_hits: int = Field(description="Chunk KV found at ask time (since start)")
     ask_kv_misses: int = Field(description="Chunk KV recomputed at ask time (since start)")
+    conversations: int | None = Field(default=None, description="Stored conversations (all owners)")
+    conversation_turns: int | None = Field(default=None, description="Their turns")
     ingest_chunks: int
     ingest_seconds: float
     ingest_chunks_per_s: float | None

@@ -6,7 +6,7 @@ import enum
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Enum, ForeignKey, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, DateTime, Enum, Float, ForeignKey, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -119,3 +119,44 @@ class IndexEventRow(Base):
     document_id: Mapped[str] = mapped_column(String(36))
     op: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ConversationRow(Base):
+    """A conversation of /ask (or /v1 with a `conversation_id`): its turns are answered with the earlier
+    ones in the prompt. `owner` is the hash of the API key that created it (None: no key), never the key."""
+
+    __tablename__ = "conversations"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(80), index=True, nullable=True)
+    title: Mapped[str] = mapped_column(String(512))
+    num_turns: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+    turns: Mapped[list[TurnRow]] = relationship(
+        back_populates="conversation", cascade="all, delete-orphan", order_by="TurnRow.index"
+    )
+
+
+class TurnRow(Base):
+    """One question and its answer, with what answered it (sources, mode, selector, ratio, timings)."""
+
+    __tablename__ = "conversation_turns"
+    __table_args__ = {"sqlite_autoincrement": True}
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    index: Mapped[int] = mapped_column(Integer)
+    question: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    source_chunk_ids: Mapped[list[int]] = mapped_column(JSON, default=list)
+    mode: Mapped[str] = mapped_column(String(16))
+    selector: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    recompute_ratio: Mapped[float] = mapped_column(Float, default=0.0)
+    # {"retrieval_ms": …, "ttft_ms": …, "total_ms": …} and the usage counts, as the answer reported them.
+    timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    usage: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    conversation: Mapped[ConversationRow] = relationship(back_populates="turns")

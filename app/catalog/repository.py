@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine as SQLEngine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.catalog.conversations import ConversationStore
 from app.catalog.models import (
     ChunkRow,
     DocumentRow,
@@ -195,6 +196,7 @@ class Catalog:
         else:
             raise ValueError(f"catalog.url: unsupported database {self.dialect!r} (use sqlite or postgresql)")
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
+        self.conversations = ConversationStore(self._sessions)
         from app.catalog import migrate as migrations
 
         if migrate:

@@ -1,4 +1,4 @@
-"""AskService: retrieve → load chunk KV → blend → stream, one typed event at a time.
+"""AskService: retrieve → load chunk (and earlier turns') KV → blend → stream, one typed event at a time.
 
 The router turns these events into Server-Sent Events (or one JSON body); the CLI prints them.
 """
@@ -9,22 +9,28 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from app.catalog.repository import ChunkRecord
 from app.services.attribution import Citation, SourceText, attribute
+from app.services.conversation_prompt import TurnKV, build_prompt
 from app.services.estimates import PrefillRate
+from app.services.followup_service import FollowupService
+from engine.prompt import Turn
+from retrieval.followup import FollowupQuery
 from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
     from app.components import Components
     from app.metrics import Metrics
+    from app.services.conversation_service import ConversationContext, ConversationService
     from engine.scheduler import RequestStream, Scheduler
-    from engine.types import FinishEvent, GenerationRequest, Mode, SelectorName
+    from engine.types import FinishEvent, GenerationRequest, Mode, PromptLayout, SelectorName
     from kvcache.types import LayerKVSource
+    from retrieval.config import FollowupMode
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +63,12 @@ class AskRequest:
     top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    # A conversation: the earlier turns (oldest first) go into the prompt and the retrieval query; the
+    # finished turn is recorded in `conversation` when there is one (/ask always, /v1 on request).
+    history: tuple[Turn, ...] = ()
+    conversation: ConversationContext | None = None
+    system_prompt: str | None = None  # a client's own (/v1 `system` message); None: the server's
+    followup: FollowupMode | None = None  # how retrieval reads the history (default: settings)
 
 
 @dataclass(frozen=True)
@@ -95,6 +107,8 @@ class Usage:
     completion_tokens: int
     context_tokens: int
     recomputed_tokens: int
+    history_tokens: int = 0  # tokens of earlier turns in the prompt
+    history_reused_tokens: int = 0  # of those, served from stored KV
 
     @property
     def total_tokens(self) -> int:
@@ -124,6 +138,10 @@ class DoneEvent:
     notice: str | None = None  # as in SourcesEvent: set when the answer had no sources
     # Which source each answer sentence draws on (app/services/attribution.py), for [n] marks.
     citations: list[Citation] = field(default_factory=list)
+    conversation_id: str | None = None
+    history_turns: int = 0
+    history_dropped_turns: int = 0
+    retrieval_query: str | None = None  # what retrieval searched when it was not the question alone
 
 
 @dataclass(frozen=True)
@@ -138,12 +156,28 @@ SNIPPET_CHARS = 240
 
 
 @dataclass(frozen=True)
+class AskPlan:
+    """A question's retrieval and prompt, before any KV is opened (`AskService.plan`; bench reads it)."""
+
+    layout: PromptLayout
+    ordered: list[ChunkRecord]  # the retrieved chunks in prompt order
+    sources: list[Source]  # best first
+    retrieval_ms: float
+    query: FollowupQuery  # what retrieval searched
+    num_history_turns: int
+    num_dropped_turns: int
+    history_keys: list[str]  # the store key of each earlier turn in the layout
+
+
+@dataclass(frozen=True)
 class OpenedKV:
-    """The chunks' KV, ready to stream into a prompt pass, and how much of it the store had."""
+    """The prompt's KV (chunks, then earlier turns), ready to stream into a prompt pass, and how much of it
+    the store had."""
 
     source: LayerKVSource
-    num_hits: int
-    num_misses: int
+    num_hits: int  # retrieved chunks found in the store
+    num_misses: int  # retrieved chunks computed now
+    num_history_reused_tokens: int = 0  # earlier turns' tokens found in the store
 
 
 class AnswerRecorder:
@@ -213,10 +247,15 @@ class AskService:
         scheduler: Scheduler,
         metrics: Metrics | None = None,
         prefill_rate: PrefillRate | None = None,
+        conversations: ConversationService | None = None,
     ) -> None:
         self._c = components
         self._scheduler = scheduler
+        self._metrics = metrics
         self._recorder = AnswerRecorder(metrics, prefill_rate or PrefillRate())
+        self._conversations = conversations
+        self._followup = FollowupService(components, scheduler)
+        self._turn_kv = TurnKV(components)
 
     @property
     def prefill_rate(self) -> PrefillRate:
@@ -249,21 +288,14 @@ class AskService:
 
         engine_settings = self._c.settings.engine
         mode: Mode = request.mode or engine_settings.mode
-        started = time.perf_counter()
-
-        chunks, sources = await asyncio.to_thread(self._retrieve, request)
-        retrieval_ms = (time.perf_counter() - started) * 1000
-        notice = None if sources else (NOTHING_INGESTED if self._c.retriever.count == 0 else NO_MATCH)
-
-        engine = self._c.engine
-        layout = engine.prompt.layout_ranked([c.token_ids for c in chunks], request.question.strip())
-        ordered = list(reversed(chunks))  # the chunks in prompt order, for their stored KV
-        context = engine.model.config.max_position_embeddings
-        if layout.num_tokens >= context:
-            raise AskValidationError(
-                f"the prompt is {layout.num_tokens} tokens (question + {len(ordered)} retrieved chunks), longer "
-                f"than the model's context of {context} tokens; ask with a smaller top_k or a shorter question"
-            )
+        try:
+            plan = await self.plan(request)
+        except EngineBusy as exc:  # the rewrite of a follow-up found the engine full
+            self._recorder.count(mode, "busy")
+            raise AskBusy(f"the engine is busy, retry shortly ({exc})") from exc
+        notice = None if plan.sources else (NOTHING_INGESTED if self._c.retriever.count == 0 else NO_MATCH)
+        layout = plan.layout
+        context = self._c.engine.model.config.max_position_embeddings
         max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - layout.num_tokens)
         blend = engine_settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
         # The settings' sampling (repetition control included, the same in every mode); request values win.
@@ -274,11 +306,11 @@ class AskService:
             seed=request.seed,
             stop=request.stop,
         )
-        use_kv = bool(ordered) and mode != "full"
+        use_kv = bool(layout.chunk_ids) and mode != "full"
         answer = AdmittedAnswer(
-            sources=SourcesEvent(sources=sources, retrieval_ms=round(retrieval_ms, 2), notice=notice),
+            sources=SourcesEvent(sources=plan.sources, retrieval_ms=round(plan.retrieval_ms, 2), notice=notice),
             mode=mode,
-            open_kv=(lambda: self._open_kv(ordered)) if use_kv else None,
+            open_kv=(lambda: self._open_kv(plan)) if use_kv else None,
             build=lambda kv_source, effective: GenerationRequest(
                 request_id=str(uuid.uuid4()),
                 layout=layout,
@@ -289,6 +321,7 @@ class AskService:
             ),
             scheduler=self._scheduler,
             recorder=self._recorder,
+            finish=lambda done, history_reused: self._finish_turn(request, plan, done, history_reused),
         )
         try:
             await answer.open_and_submit(readmit=False)
@@ -297,15 +330,57 @@ class AskService:
             raise AskBusy(f"the engine is busy, retry shortly ({exc})") from exc
         return answer
 
+    async def plan(self, request: AskRequest) -> AskPlan:
+        """Retrieve (reading the conversation's recent questions) and lay out the prompt.
+
+        Raises AskValidationError when even without earlier turns the prompt is longer than the model's
+        context, EngineBusy when a `rewrite` follow-up finds the engine full."""
+        engine = self._c.engine
+        started = time.perf_counter()
+        query = await self._followup.query(request.question, request.history, request.followup)
+        chunks, sources = await asyncio.to_thread(self._retrieve, request, query)
+        retrieval_ms = (time.perf_counter() - started) * 1000
+        context = engine.model.config.max_position_embeddings
+        prompt = build_prompt(
+            engine.prompt.for_system_prompt(request.system_prompt),
+            [c.token_ids for c in chunks],
+            request.question.strip(),
+            request.history,
+            self._c.settings.engine.history_max_tokens,
+            context,
+        )
+        layout = prompt.layout
+        if layout.num_tokens >= context:
+            raise AskValidationError(
+                f"the prompt is {layout.num_tokens} tokens (question + {len(chunks)} retrieved chunks), longer "
+                f"than the model's context of {context} tokens; ask with a smaller top_k or a shorter question"
+            )
+        return AskPlan(
+            layout=layout,
+            ordered=list(reversed(chunks)),  # the chunks in prompt order, for their stored KV
+            sources=sources,
+            retrieval_ms=retrieval_ms,
+            query=query,
+            num_history_turns=prompt.num_history_turns,
+            num_dropped_turns=prompt.num_dropped_turns,
+            history_keys=self._turn_kv.keys(layout),
+        )
+
+    def open_plan_kv(self, plan: AskPlan) -> OpenedKV:
+        """Open the plan's stored KV (chunks, then earlier turns), computing and storing what is missing.
+        Blocks on the engine for missing entries: call it from a worker thread; close `source` after."""
+        return self._open_kv(plan)
+
     # ---- steps -----------------------------------------------------------------------------------
 
-    def _retrieve(self, request: AskRequest) -> tuple[list[ChunkRecord], list[Source]]:
+    def _retrieve(self, request: AskRequest, query: FollowupQuery) -> tuple[list[ChunkRecord], list[Source]]:
         settings = self._c.settings.retrieval
         hits = self._c.retriever.search(
-            request.question.strip(),
+            query.text,
             top_k=request.top_k or settings.top_k,
             score_threshold=settings.score_threshold,
             filters=request.filters,
+            query_vector=query.vector,
         )
         # Only committed documents answer: a pending document's chunks may already be in the index.
         ready = self._c.catalog.ready_chunk_ids([h.chunk_id for h in hits])
@@ -331,11 +406,13 @@ class AskService:
             )
         return chunks, sources
 
-    def _open_kv(self, chunks: list[ChunkRecord]) -> OpenedKV:
-        """Open the chunks' stored KV layer-wise; KV the store lacks is computed once and served as computed.
+    def _open_kv(self, plan: AskPlan) -> OpenedKV:
+        """Open the prompt's stored KV layer-wise (chunks, then earlier turns); KV the store lacks is computed
+        once and served as computed.
 
-        Runs in a worker thread (it blocks on the engine for missing chunks). The computed KV is stored
+        Runs in a worker thread (it blocks on the engine for missing segments). The computed KV is stored
         too (kvcache.writer), but served from what was computed, so a store that cannot keep it still answers.
+        A missing or corrupt turn entry is computed like a missing chunk, never an error.
         """
         from engine.scheduler import PrefillPriority
         from kvcache.errors import KVEntryMissing
@@ -343,18 +420,29 @@ class AskService:
         from kvcache.writer import ensure_chunk_kv
 
         engine, store = self._c.engine, self._c.store
-        token_ids = [c.token_ids for c in chunks]
-        keys = [self._c.expected_kv_key(ids) for ids in token_ids]
+        chunk_ids = [c.token_ids for c in plan.ordered]
+        chunk_keys = [self._c.expected_kv_key(ids) for ids in chunk_ids]
+        history = set(plan.history_keys)
+        token_ids = chunk_ids + plan.layout.history_ids
+        keys = chunk_keys + plan.history_keys
         computed: dict[str, StoredEntry] = {}
-        num_misses = 0
+        missed: set[str] = set()
         # A present entry may be evicted between two opens: it is then computed too, at most a few times.
         for _attempt in range(3):
             try:
-                source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, computed=computed)
-                return OpenedKV(source=source, num_hits=len(set(keys)) - num_misses, num_misses=num_misses)
+                source = store.open_layers(
+                    keys, device=engine.device, dtype=engine.dtype, computed=computed, history_keys=history
+                )
+                num_misses = len(missed - history)
+                return OpenedKV(
+                    source=source,
+                    num_hits=len(set(chunk_keys)) - num_misses,
+                    num_misses=num_misses,
+                    num_history_reused_tokens=TurnKV.reused_tokens(plan.layout, plan.history_keys, missed),
+                )
             except KVEntryMissing as exc:
-                num_misses += len(exc.keys)
-                logger.info("computing the KV of %d chunk(s) missing from the store", len(exc.keys))
+                missed.update(exc.keys)
+                logger.info("computing the KV of %d segment(s) missing from the store", len(exc.keys))
                 written = ensure_chunk_kv(
                     store,
                     token_ids,
@@ -364,17 +452,70 @@ class AskService:
                     compute=lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
                     missing_keys=exc.keys,
                     keep_entries=True,
+                    history_keys=history,
                 )
                 computed.update(written.computed)
         raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
+
+    async def _finish_turn(self, request: AskRequest, plan: AskPlan, done: DoneEvent, history_reused: int) -> DoneEvent:
+        """A finished answer: store its turn's KV (the next turn reuses it), record it in its conversation,
+        and say so in `done`. Runs before `done` is sent, so a client's next turn finds both."""
+        import dataclasses
+
+        from engine.scheduler import PrefillPriority
+
+        try:
+            await asyncio.to_thread(
+                self._turn_kv.store_turn,
+                Turn(request.question, done.answer),
+                lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+            )
+        except Exception:  # the answer stands; the next turn computes the entry
+            logger.exception("could not store the KV of a finished turn")
+        usage = dataclasses.replace(
+            done.usage, history_tokens=plan.layout.num_history_tokens, history_reused_tokens=history_reused
+        )
+        if self._metrics is not None:
+            self._metrics.history_tokens.inc(usage.history_tokens)
+            self._metrics.history_reused_tokens.inc(usage.history_reused_tokens)
+        done = dataclasses.replace(
+            done,
+            usage=usage,
+            history_turns=plan.num_history_turns,
+            history_dropped_turns=plan.num_dropped_turns,
+            retrieval_query=plan.query.text if plan.query.num_turns_used else None,
+        )
+        context = request.conversation
+        if context is None or context.conversation_id is None or self._conversations is None:
+            return done
+        from app.catalog.conversations import NewTurn
+
+        recorded = NewTurn(
+            question=request.question.strip(),
+            answer=done.answer,
+            source_chunk_ids=[s.chunk_id for s in plan.sources],
+            mode=done.mode,
+            selector=done.selector,
+            recompute_ratio=done.recompute_ratio,
+            timings=dataclasses.asdict(done.timings),
+            usage={**dataclasses.asdict(usage), "kv_hits": done.kv_hits, "kv_misses": done.kv_misses},
+        )
+        try:
+            kept = await asyncio.to_thread(self._conversations.record, context, recorded)
+        except Exception:  # the answer stands; `done` then names no conversation
+            logger.exception("could not record a conversation turn")
+            return done
+        return dataclasses.replace(done, conversation_id=context.conversation_id) if kept else done
 
 
 class AdmittedAnswer:
     """A question the engine has accepted: `events()` streams sources, token deltas, then done or error.
 
     Its collaborators come in: `open_kv` (None: no stored KV, mode full), `build` (the engine request for a
-    KV source), the scheduler and the recorder. Once a request is submitted its KV source belongs to the
-    engine's worker, which closes it; this object only closes a source whose submit failed.
+    KV source), the scheduler, the recorder and `finish` (the finished turn: its KV stored, its conversation
+    recorded, the `done` that says so; given the history tokens served from the store). Once a request is
+    submitted its KV source belongs to the engine's worker, which closes it; this object only closes a
+    source whose submit failed.
     """
 
     def __init__(
@@ -386,6 +527,7 @@ class AdmittedAnswer:
         build: Callable[[LayerKVSource | None, Mode], GenerationRequest],
         scheduler: Scheduler,
         recorder: AnswerRecorder,
+        finish: Callable[[DoneEvent, int], Awaitable[DoneEvent]] | None = None,
     ) -> None:
         self.sources = sources
         self._mode = mode
@@ -393,10 +535,12 @@ class AdmittedAnswer:
         self._build = build
         self._scheduler = scheduler
         self._recorder = recorder
+        self._finish = finish
         self._stream: RequestStream | None = None
         self._kv_load_ms = 0.0
         self._kv_hits = 0
         self._kv_misses = 0
+        self._history_reused = 0
 
     async def open_and_submit(self, readmit: bool) -> None:
         """Open the chunks' KV (computing missing entries) and queue the request; EngineBusy if full."""
@@ -409,6 +553,8 @@ class AdmittedAnswer:
                 self._kv_misses += opened.num_misses
             else:
                 self._kv_hits, self._kv_misses = opened.num_hits, opened.num_misses
+            # After a corrupt entry, the second open says which turns were computed after all.
+            self._history_reused = opened.num_history_reused_tokens
         self._kv_load_ms += (time.perf_counter() - started) * 1000
         gen = self._build(kv_source, self._mode if kv_source is not None else "full")
         try:
@@ -442,7 +588,7 @@ class AdmittedAnswer:
                 try:
                     async for event in stream:
                         if isinstance(event, FinishEvent):
-                            yield recorder.done(
+                            done = recorder.done(
                                 event,
                                 pieces,
                                 retrieval_ms,
@@ -451,6 +597,9 @@ class AdmittedAnswer:
                                 self._kv_misses,
                                 self.sources,
                             )
+                            if self._finish is not None:
+                                done = await self._finish(done, self._history_reused)
+                            yield done
                             return
                         if event.text:
                             pieces.append(event.text)

@@ -32,18 +32,34 @@ def test_ingest_ask_cache_doctor(tiny_env: Path, tmp_path: Path, capsys: pytest.
     out = capsys.readouterr().out
     assert "Sources:\n  [1] Zorblat" in out
     assert "mode blend" in out and "KV hits 1, misses 0" in out
+    conversation = next(line for line in out.splitlines() if line.startswith("conversation ")).split()[1]
+
+    # A follow-up in the same conversation: the first turn is in the prompt, from stored KV.
+    args = ["ask", "And its rivers?", "--conversation", conversation, "--top-k", "1", "--data-dir", str(tiny_env)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    history = next(line for line in out.splitlines() if line.startswith("history: "))
+    turn_tokens = int(history.split()[4])
+    assert history == f"history: 1 earlier turn(s), {turn_tokens} tokens, {turn_tokens} from stored KV"
+    assert f"conversation {conversation} " in out
+    assert main(["ask", "q", "--conversation", "nope", "--data-dir", str(tiny_env)]) == 2
+    assert capsys.readouterr().err == "error: --conversation: no conversation 'nope'\n"
 
     assert main(["cache", "stats", "--data-dir", str(tiny_env)]) == 0
     out = capsys.readouterr().out
     disk_line = next(line for line in out.splitlines() if line.startswith("disk"))
-    assert disk_line.split()[1] == "2"  # two chunks, two entries
+    assert disk_line.split()[1] == "4"  # two chunks and the two answered turns
 
     assert main(["doctor", "--data-dir", str(tiny_env)]) == 0
     assert "committed chunks without fresh KV: 0" in capsys.readouterr().out
 
     # losing an entry is found by doctor and repaired
-    victim = next(p for p in (tiny_env / "kv").rglob("*.safetensors"))
-    victim.unlink()
+    from app.catalog import Catalog
+
+    catalog = Catalog(f"sqlite:///{tiny_env / 'catalog.db'}")
+    key = catalog.iter_chunks()[0].kv_key  # a chunk's entry (the turns' entries are no chunk's)
+    catalog.close()
+    (tiny_env / "kv" / key[:2] / f"{key}.safetensors").unlink()
     assert main(["doctor", "--data-dir", str(tiny_env)]) == 1
     assert "committed chunks without fresh KV: 1 found" in capsys.readouterr().out
     assert main(["doctor", "--repair", "--data-dir", str(tiny_env)]) == 0

@@ -140,13 +140,22 @@ def test_cli_sends_its_work_to_the_running_server(
     out = capsys.readouterr().out
     assert "Sources:\n  [1] Zorblat (score" in out
     assert "mode blend" in out and "KV hits 1, misses 0" in out
+    conversation = next(line for line in out.splitlines() if line.startswith("conversation ")).split()[1]
+    args = ["ask", "And its rivers?", "--conversation", conversation, "--top-k", "1", "--data-dir", str(data)]
+    assert main(args) == 0
+    assert "history: 1 earlier turn(s)" in capsys.readouterr().out  # the server continued it
+    # The CLI sent the settings' key: the conversation is that key's.
+    assert httpx.get(f"{server.url}/conversations/{conversation}", headers=auth, timeout=10).json()["num_turns"] == 2
+    assert httpx.get(f"{server.url}/conversations/{conversation}", timeout=10).status_code == 404
 
     # cache stats shows the server's tiers (its memory tier holds the two entries it just wrote), readable.
     assert main(["cache", "stats", "--data-dir", str(data)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"KV cache tiers (server at {server.url})"
     rows = {line.split()[0]: line.split() for line in out[2:]}
-    assert rows["memory"][1] == "2" and rows["disk"][1] == "2"
+    # Disk: the two chunks and the answered turns. The first question was asked twice with the same (greedy)
+    # answer: one turn, one entry, found by content; plus the follow-up's turn.
+    assert rows["memory"][1] == "2" and rows["history_memory"][1] == "2" and rows["disk"][1] == "4"
     assert rows["memory"][3] == "KiB" and rows["memory"][5] == "MiB"  # "NN.N KiB" of a "64.0 MiB" budget
     assert int(rows["memory"][6]) >= 1  # the ask above hit it
 

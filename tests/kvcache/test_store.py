@@ -156,3 +156,30 @@ def test_store_never_aliases_caller_tensors(tmp_path: Path) -> None:
         k.zero_()
     with store.open_layers([key_of(0)]) as src:
         assert torch.equal(src.layer(0)[0], original.k[0])
+
+
+def test_history_entries_have_their_own_memory_budget(tmp_path: Path) -> None:
+    # Room for two entries in each memory tier: turns never evict chunks, chunks never evict turns.
+    store = TieredKVStore(
+        settings(tmp_path, memory_bytes=2 * ENTRY_TENSOR_BYTES, history_memory_bytes=2 * ENTRY_TENSOR_BYTES)
+    )
+    assert store.tier_names == ("memory", "disk")  # no history tier until a turn is stored
+    for i in range(2):
+        assert store.put(key_of(i), make_kv(i), model_fingerprint=FINGERPRINT).stored_in == ("memory", "disk")
+    for i in range(2, 5):
+        result = store.put(key_of(i), make_kv(i), model_fingerprint=FINGERPRINT, history=True)
+        assert result.stored_in == ("history_memory", "disk")
+    assert store.tier_names == ("memory", "history_memory", "disk")
+    assert store.memory.keys() == [key_of(0), key_of(1)]
+    assert store.history_memory.keys() == [key_of(3), key_of(4)]  # the oldest turn went to disk only
+    assert store.contains(key_of(4)) == "history_memory" and store.contains(key_of(2)) == "disk"
+    # A turn read back from disk is promoted into the history tier, not the chunks'.
+    with store.open_layers([key_of(0), key_of(2)], history_keys=[key_of(2)]) as source:
+        for layer in range(source.num_layers):
+            source.layer(layer)
+    assert store.memory.keys() == [key_of(1), key_of(0)]  # key 0 was just read: most recently used
+    assert store.history_memory.keys() == [key_of(4), key_of(2)]
+    got = store.get(key_of(2))
+    assert got is not None and torch.equal(got.k, make_kv(2).k)
+    assert [t.name for t in store.stats().tiers] == ["memory", "history_memory", "disk"]
+    assert store.delete(key_of(4)) and store.contains(key_of(4)) is None

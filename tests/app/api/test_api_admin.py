@@ -88,7 +88,10 @@ def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str
     stats = client.get("/api/stats").json()
     assert stats["model"] == "tiny-llama-smollm2-tok"
     assert len(stats["fingerprint"]) == 12
-    assert [t["name"] for t in stats["kv_tiers"]] == ["memory", "disk"]
+    # Each answer stored its turn's KV: the history memory tier exists now, one entry per distinct turn.
+    assert [t["name"] for t in stats["kv_tiers"]] == ["memory", "history_memory", "disk"]
+    assert stats["kv_tiers"][1]["num_entries"] >= 1
+    assert stats["conversations"] >= 2 and stats["conversation_turns"] >= 2
     memory = stats["kv_tiers"][0]
     assert memory["num_entries"] >= 3 and memory["num_bytes"] > 0
     if memory["num_hits"] + memory["num_misses"]:

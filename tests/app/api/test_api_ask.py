@@ -111,12 +111,19 @@ def test_non_streaming_answer_is_one_json_body(client: TestClient, corpus: dict[
         "timings",
         "kv_hits",
         "kv_misses",
+        "conversation_id",
+        "history_turns",
+        "history_dropped_turns",
+        "retrieval_query",
         "retrieval_ms",
         "ttft_ms",
         "total_ms",
         "notice",
         "citations",
     }
+    assert body["conversation_id"] and (body["history_turns"], body["history_dropped_turns"]) == (0, 0)
+    assert body["retrieval_query"] is None
+    assert (body["usage"]["history_tokens"], body["usage"]["history_reused_tokens"]) == (0, 0)
     assert [s["rank"] for s in body["sources"]] == [1, 2]
     assert body["sources"][0]["document_id"] == corpus["Zorblat facts"]
     assert body["usage"]["completion_tokens"] <= 4

@@ -109,6 +109,8 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
         "/documents",
         "/documents/{document_id}",
         "/ask",
+        "/conversations",
+        "/conversations/{conversation_id}",
         "/v1/models",
         "/v1/chat/completions",
         "/metrics",

@@ -1,7 +1,10 @@
 // The chat page: POST /ask with stream=true and render its Server-Sent Events as they arrive:
 // `sources` (numbered passages), `token` (text deltas), `done` (timings) or `error`.
+// Turns stack into a conversation: each question after the first carries the `conversation_id` the
+// first answer named, so the server puts the earlier turns in the prompt. "New chat" starts over;
+// "Recent conversations" reopens a stored one (GET /conversations, GET /conversations/{id}).
 
-import { api, el, errorMessage, fmtMs, fmtPct, readSSE, watchReadiness } from "./api.js";
+import { api, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, watchReadiness } from "./api.js";
 import { renderInto, StreamRenderer } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
@@ -16,6 +19,35 @@ const topK = $("top-k");
 const thread = $("thread");
 const button = $("ask-btn");
 const dialog = $("passage");
+const recent = $("recent");
+const recentList = $("recent-list");
+const convLabel = $("conv-label");
+
+let conversationId = null; // the conversation the next question continues (null: a new one)
+let numTurns = 0;
+
+function setConversation(id, title) {
+  conversationId = id;
+  thread.dataset.conversation = id || "";
+  convLabel.textContent = id ? (title ? `“${title}”` : "") : "";
+  convLabel.title = id ? `conversation ${id}` : "";
+  if (id) history.replaceState(null, "", `#c=${encodeURIComponent(id)}`);
+  else history.replaceState(null, "", location.pathname);
+}
+
+function showEmpty() {
+  thread.replaceChildren(el("div", { class: "empty", id: "empty" },
+    el("h1", {}, "Ask your documents"),
+    el("p", {}, "Answers start fast: every passage was read by the model when it was ingested, and its "
+      + "cached state is blended in at question time. Follow-up questions continue the conversation.")));
+}
+
+function newChat() {
+  setConversation(null);
+  numTurns = 0;
+  showEmpty();
+  question.focus();
+}
 
 function syncControls() {
   ratioOut.value = fmtPct(Number(ratio.value));
@@ -27,12 +59,15 @@ function openPassage(source) {
   $("passage-title").textContent = `[${source.rank}] ${source.title}`;
   const meta = [];
   if (source.page) meta.push(`p. ${source.page}`);
-  meta.push(`score ${source.score.toFixed(3)}`, `chunk ${source.chunk_id}`);
+  // A reopened conversation's sources are references only (no score, no text).
+  if (source.score !== undefined) meta.push(`score ${source.score.toFixed(3)}`);
+  meta.push(`chunk ${source.chunk_id}`);
   $("passage-meta").textContent = meta.join(" · ");
   const body = $("passage-text");
-  body.textContent = source.text || source.snippet;
+  const text = source.text || source.snippet || "The passage text is not stored with the conversation.";
+  body.textContent = text;
   dialog.showModal();
-  renderInto(body, source.text || source.snippet);
+  renderInto(body, text);
 }
 
 const NOTICES = { "nothing ingested yet": "Nothing ingested yet", "no documents match": "No documents match" };
@@ -55,15 +90,16 @@ export function withCitationMarks(answer, citations) {
 
 // One question and its answer, updated as events arrive.
 class Turn {
-  constructor(text) {
+  constructor(text, number) {
     this.sources = [];
     this.finished = false;
     this.answer = el("div", { class: "answer streaming", "data-testid": "answer" },
       el("span", { class: "waiting" }, "Retrieving passages…"));
     this.sourceList = el("ol", { class: "sources", hidden: true, "data-testid": "sources" });
     this.stats = el("div", { class: "stats", hidden: true, "data-testid": "stats" });
-    this.root = el("article", { class: "panel turn", "data-state": "streaming" },
-      el("div", { class: "question" }, text), this.answer, this.sourceList, this.stats);
+    this.root = el("article", { class: "panel turn", "data-state": "streaming", "data-testid": "turn" },
+      el("div", { class: "question" }, number > 1 ? el("span", { class: "n" }, `#${number}`) : null, text),
+      this.answer, this.sourceList, this.stats);
     this.text = "";
     this.numDeltas = 0;
     this.renderer = new StreamRenderer(this.answer);
@@ -76,11 +112,13 @@ class Turn {
         `${NOTICES[notice] || "No documents match"}: the answer comes from the model alone, not from your documents`)));
     for (const s of sources) {
       const page = s.page ? ` · p. ${s.page}` : "";
+      // A reopened conversation's sources carry no text or score: shown, not opened.
+      const stored = s.score === undefined;
       this.sourceList.append(el("li", {},
-        el("button", { class: "source", type: "button", title: s.snippet, "data-rank": s.rank,
-                       onclick: () => openPassage(s) },
+        el("button", { class: "source", type: "button", title: s.snippet || s.title, "data-rank": s.rank,
+                       disabled: stored, onclick: stored ? null : () => openPassage(s) },
           el("span", { class: "n" }, `[${s.rank}]`), el("span", { class: "t" }, s.title + page),
-          el("span", { class: "s" }, s.score.toFixed(2)))));
+          stored ? null : el("span", { class: "s" }, s.score.toFixed(2)))));
     }
     this.sourceList.hidden = false;
     if (!this.text) {
@@ -130,6 +168,15 @@ class Turn {
       el("b", {}, result.kv_misses), " miss"));
     items.push(el("span", {}, "tokens ", el("b", {}, result.usage.prompt_tokens), " in / ",
       el("b", {}, result.usage.completion_tokens), " out"));
+    const historyTokens = result.usage.history_tokens || 0;
+    if (historyTokens > 0) {
+      items.push(el("span", { "data-k": "history" }, "history ", el("b", {}, historyTokens), " tok, ",
+        el("b", {}, result.usage.history_reused_tokens || 0), " reused"));
+    }
+    if (result.history_dropped_turns > 0) {
+      items.push(el("span", { "data-k": "dropped" }, `${result.history_dropped_turns} oldest turn`
+        + `${result.history_dropped_turns > 1 ? "s" : ""} left out (history budget)`));
+    }
     items.push(el("span", {}, "total ", el("b", {}, fmtMs(t.total_ms))));
     this.stats.replaceChildren(...items);
     this.stats.hidden = false;
@@ -150,11 +197,12 @@ async function ask(text, turn) {
   const body = { question: text, mode: mode.value, stream: true };
   if (mode.value === "blend") body.recompute_ratio = Number(ratio.value);
   if (topK.value) body.top_k = Number(topK.value);
+  if (conversationId) body.conversation_id = conversationId;
   let response;
   try {
     response = await fetch("/ask", {
       method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "text/event-stream" },
+      headers: authHeaders({ "Content-Type": "application/json", Accept: "text/event-stream" }),
       body: JSON.stringify(body),
     });
   } catch (err) {
@@ -169,7 +217,12 @@ async function ask(text, turn) {
     for await (const { event, data } of readSSE(response)) {
       if (event === "sources") turn.setSources(data.sources, data.notice);
       else if (event === "token") turn.addText(data.text);
-      else if (event === "done") turn.done(data);
+      else if (event === "done") {
+        turn.done(data);
+        if (data.conversation_id && data.conversation_id !== conversationId) {
+          setConversation(data.conversation_id, conversationId ? null : text);
+        }
+      }
       else if (event === "error") turn.fail(data.message);
     }
   } catch (err) {
@@ -202,12 +255,81 @@ async function loadDefaults() {
   }
 }
 
+// ---- recent conversations ---------------------------------------------------------------------------
+
+function ago(iso) {
+  const s = (Date.now() - Date.parse(iso)) / 1000;
+  if (!(s >= 0)) return "";
+  if (s < 60) return "just now";
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ago`;
+  return new Date(iso).toLocaleDateString();
+}
+
+async function loadRecent() {
+  let page;
+  try {
+    page = await api("/conversations?limit=20");
+  } catch (err) {
+    recentList.replaceChildren(el("li", { class: "muted" }, `Could not load: ${err.message}`));
+    return;
+  }
+  if (!page.conversations.length) {
+    recentList.replaceChildren(el("li", { class: "muted" }, "No conversations yet"));
+    return;
+  }
+  recentList.replaceChildren(...page.conversations.map((c) => el("li", {},
+    el("button", { type: "button", "data-id": c.id, "aria-current": c.id === conversationId ? "true" : null,
+                   onclick: () => { recent.open = false; reopen(c.id); } },
+      el("span", { class: "t" }, c.title),
+      el("span", { class: "m" }, `${c.num_turns} turn${c.num_turns === 1 ? "" : "s"} · ${ago(c.updated_at)}`)))));
+}
+
+// Show a stored conversation's turns (answers, sources and timing lines) and continue it.
+async function reopen(id) {
+  let conv;
+  try {
+    conv = await api(`/conversations/${encodeURIComponent(id)}`);
+  } catch (err) {
+    if (err.status === 404) {
+      newChat();
+      return;
+    }
+    const failed = new Turn("", 1);
+    thread.replaceChildren(failed.root);
+    failed.fail(`Could not open the conversation: ${err.message}`);
+    return;
+  }
+  thread.replaceChildren();
+  numTurns = 0;
+  for (const stored of conv.turns) {
+    numTurns += 1;
+    const turn = new Turn(stored.question, numTurns);
+    thread.append(turn.root);
+    turn.setSources(stored.sources);
+    turn.done({
+      answer: stored.answer,
+      mode: stored.mode,
+      selector: stored.selector,
+      recompute_ratio: stored.recompute_ratio,
+      timings: { full_prefill_estimate_ms: null, ...stored.timings },
+      usage: { prompt_tokens: 0, completion_tokens: 0, ...stored.usage },
+      kv_hits: stored.usage.kv_hits ?? 0,
+      kv_misses: stored.usage.kv_misses ?? 0,
+      history_dropped_turns: 0,
+    });
+  }
+  setConversation(conv.id, conv.title);
+  revealEnd({ root: thread.lastElementChild || thread });
+}
+
 form.addEventListener("submit", async (event) => {
   event.preventDefault();
   const text = question.value.trim();
   if (!text || button.disabled) return;
   $("empty")?.remove();
-  const turn = new Turn(text);
+  numTurns += 1;
+  const turn = new Turn(text, numTurns);
   thread.append(turn.root);
   revealEnd(turn);
   question.value = "";
@@ -230,11 +352,20 @@ question.addEventListener("keydown", (event) => {
 mode.addEventListener("change", syncControls);
 ratio.addEventListener("input", syncControls);
 $("passage-close").addEventListener("click", () => dialog.close());
+$("new-chat").addEventListener("click", newChat);
+recent.addEventListener("toggle", () => {
+  if (recent.open) loadRecent();
+});
+document.addEventListener("click", (event) => {
+  if (recent.open && !recent.contains(event.target)) recent.open = false;
+});
 dialog.addEventListener("click", (event) => {
   if (event.target === dialog) dialog.close(); // a click on the backdrop
 });
 
 syncControls();
 loadDefaults();
+const fromHash = /^#c=(.+)$/.exec(location.hash);
+if (fromHash) reopen(decodeURIComponent(fromHash[1]));
 watchReadiness($("server-status"));
 question.focus();

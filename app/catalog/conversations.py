@@ -1,0 +1,200 @@
+"""`ConversationStore`: the catalog's conversations and their turns, as typed records.
+
+Reached as `Catalog.conversations`. A conversation belongs to an owner (the hash of the API key that
+created it, or None for requests without a key); every read and delete is scoped to it, so another
+owner's conversation is "not found", like an unknown id.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.catalog.models import ConversationRow, TurnRow, utcnow
+
+TITLE_CHARS = 512
+
+
+@dataclass(frozen=True)
+class ConversationRecord:
+    id: str
+    owner: str | None
+    title: str  # the first question (cut to TITLE_CHARS)
+    num_turns: int
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
+class NewTurn:
+    question: str
+    answer: str
+    source_chunk_ids: list[int]
+    mode: str
+    selector: str | None
+    recompute_ratio: float
+    timings: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TurnRecord:
+    index: int  # 0-based, in the order asked
+    question: str
+    answer: str
+    source_chunk_ids: list[int]
+    mode: str
+    selector: str | None
+    recompute_ratio: float
+    timings: dict[str, Any]
+    usage: dict[str, Any]
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class ConversationPage:
+    total: int  # the owner's conversations, over all pages
+    conversations: list[ConversationRecord]
+
+
+@dataclass(frozen=True)
+class ConversationCounts:
+    num_conversations: int
+    num_turns: int
+
+
+def _conversation(row: ConversationRow) -> ConversationRecord:
+    return ConversationRecord(
+        id=row.id,
+        owner=row.owner,
+        title=row.title,
+        num_turns=row.num_turns,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+    )
+
+
+def _turn(row: TurnRow) -> TurnRecord:
+    return TurnRecord(
+        index=row.index,
+        question=row.question,
+        answer=row.answer,
+        source_chunk_ids=[int(i) for i in row.source_chunk_ids or []],
+        mode=row.mode,
+        selector=row.selector,
+        recompute_ratio=float(row.recompute_ratio),
+        timings=dict(row.timings or {}),
+        usage=dict(row.usage or {}),
+        created_at=row.created_at,
+    )
+
+
+def _owned(owner: str | None):  # type: ignore[no-untyped-def]
+    return ConversationRow.owner.is_(None) if owner is None else ConversationRow.owner == owner
+
+
+class ConversationStore:
+    """Thread-safe (one short session per call), like `Catalog`."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self._sessions = sessions
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        with self._sessions.begin() as session:
+            yield session
+
+    def create(self, owner: str | None, title: str, conversation_id: str | None = None) -> ConversationRecord:
+        now = utcnow()
+        row = ConversationRow(
+            id=conversation_id or str(uuid.uuid4()),
+            owner=owner,
+            title=" ".join(title.split())[:TITLE_CHARS] or "(untitled)",
+            num_turns=0,
+            created_at=now,
+            updated_at=now,
+        )
+        with self._session() as s:
+            s.add(row)
+            s.flush()
+            return _conversation(row)
+
+    def get(self, conversation_id: str, owner: str | None) -> ConversationRecord | None:
+        with self._session() as s:
+            row = s.scalar(select(ConversationRow).where(ConversationRow.id == conversation_id, _owned(owner)))
+            return None if row is None else _conversation(row)
+
+    def turns(self, conversation_id: str) -> list[TurnRecord]:
+        """The turns in the order they were asked."""
+        with self._session() as s:
+            rows = s.scalars(
+                select(TurnRow).where(TurnRow.conversation_id == conversation_id).order_by(TurnRow.index)
+            ).all()
+            return [_turn(r) for r in rows]
+
+    def add_turn(self, conversation_id: str, turn: NewTurn) -> TurnRecord | None:
+        """Append a turn; None when the conversation is gone (deleted while the answer was generated)."""
+        with self._session() as s:
+            # The row lock orders two turns finishing at once on PostgreSQL; SQLite has one writer anyway.
+            row = s.scalar(select(ConversationRow).where(ConversationRow.id == conversation_id).with_for_update())
+            if row is None:
+                return None
+            now = utcnow()
+            turn_row = TurnRow(
+                conversation_id=conversation_id,
+                index=row.num_turns,
+                question=turn.question,
+                answer=turn.answer,
+                source_chunk_ids=list(turn.source_chunk_ids),
+                mode=turn.mode,
+                selector=turn.selector,
+                recompute_ratio=float(turn.recompute_ratio),
+                timings=dict(turn.timings),
+                usage=dict(turn.usage),
+                created_at=now,
+            )
+            s.add(turn_row)
+            s.execute(
+                update(ConversationRow)
+                .where(ConversationRow.id == conversation_id)
+                .values(num_turns=row.num_turns + 1, updated_at=now)
+            )
+            s.flush()
+            return _turn(turn_row)
+
+    def page(self, owner: str | None, offset: int = 0, limit: int = 20) -> ConversationPage:
+        """The owner's conversations, the most recently continued first."""
+        with self._session() as s:
+            total = s.scalar(select(func.count()).select_from(ConversationRow).where(_owned(owner))) or 0
+            rows = s.scalars(
+                select(ConversationRow)
+                .where(_owned(owner))
+                .order_by(ConversationRow.updated_at.desc(), ConversationRow.created_at.desc(), ConversationRow.id)
+                .offset(offset)
+                .limit(limit)
+            ).all()
+            return ConversationPage(total=int(total), conversations=[_conversation(r) for r in rows])
+
+    def delete(self, conversation_id: str, owner: str | None) -> bool:
+        """Delete a conversation and its turns; False when the owner has no such conversation."""
+        with self._session() as s:
+            found = s.scalar(select(ConversationRow.id).where(ConversationRow.id == conversation_id, _owned(owner)))
+            if found is None:
+                return False
+            s.execute(delete(TurnRow).where(TurnRow.conversation_id == conversation_id))
+            s.execute(delete(ConversationRow).where(ConversationRow.id == conversation_id))
+            return True
+
+    def counts(self) -> ConversationCounts:
+        """Over every owner (the admin page)."""
+        with self._session() as s:
+            num_conversations = s.scalar(select(func.count()).select_from(ConversationRow)) or 0
+            num_turns = s.scalar(select(func.count()).select_from(TurnRow)) or 0
+            return ConversationCounts(num_conversations=int(num_conversations), num_turns=int(num_turns))

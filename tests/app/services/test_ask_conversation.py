@@ -1,0 +1,102 @@
+"""AskService in a conversation on the fast stack: the follow-up query, rewrite through the scheduler,
+turns recorded in the catalog, and the turn's KV stored before `done`."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.components import Components, build_scheduler
+from app.services.ask_service import AskRequest, AskService, DoneEvent
+from app.services.conversation_service import ConversationService
+from app.services.ingest_service import IngestService, IngestSource
+from engine.prompt import Turn
+
+DOCS = {
+    "zorblat": "Quintaro is the capital of Zorblat. It has purple rivers and a kite festival in May.",
+    "bread": "Sourdough needs flour, water, salt and a starter. Bake it at 250 degrees for forty minutes.",
+}
+
+
+@pytest.fixture
+def ingested(components: Components) -> None:
+    service = IngestService(components)
+    submitted = service.submit([IngestSource(kind="text", title=t, text=x) for t, x in DOCS.items()], enqueue=False)
+    service.run_job(submitted.job_id)
+
+
+def run(components: Components, *requests: AskRequest, conversations: ConversationService | None = None):
+    """The done event of each request, asked in order, and the request ids the scheduler saw."""
+    submitted: list[str] = []
+
+    async def go() -> list[DoneEvent]:
+        scheduler = build_scheduler(components)
+        real = scheduler.submit
+
+        def spy(request, **kwargs):
+            submitted.append(request.request_id)
+            return real(request, **kwargs)
+
+        scheduler.submit = spy  # type: ignore[method-assign]
+        scheduler.start()
+        service = AskService(components, scheduler, conversations=conversations)
+        try:
+            return [[e async for e in service.ask(r)][-1] for r in requests]
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    return asyncio.run(go()), submitted
+
+
+def test_concat_query_reads_the_earlier_questions(components: Components, ingested: None) -> None:
+    history = (Turn("Where is Quintaro?", "On Zorblat."),)
+    [concat, off], _ = run(
+        components,
+        AskRequest(question="And its rivers?", history=history, top_k=1, max_tokens=2),
+        AskRequest(question="And its rivers?", history=history, top_k=1, max_tokens=2, followup="off"),
+    )
+    assert concat.retrieval_query == "And its rivers? Where is Quintaro?"
+    assert off.retrieval_query is None
+    assert concat.history_turns == 1 and concat.usage.history_tokens == len(
+        components.engine.prompt.turn_ids(history[0])
+    )
+
+
+def test_rewrite_asks_the_model_first(components: Components, ingested: None) -> None:
+    history = (Turn("Where is Quintaro?", "On Zorblat."),)
+    [done], submitted = run(
+        components, AskRequest(question="And its rivers?", history=history, top_k=1, max_tokens=2, followup="rewrite")
+    )
+    assert isinstance(done, DoneEvent)
+    assert [r.startswith("rewrite-") for r in submitted] == [True, False]  # the rewrite, then the answer
+    assert done.retrieval_query  # whatever the random model wrote (or the question itself when it wrote nothing)
+
+
+def test_turns_are_recorded_and_their_kv_stored_before_done(components: Components, ingested: None) -> None:
+    conversations = ConversationService(components.catalog)
+    context = conversations.open(None, owner=None)
+    [first], _ = run(
+        components,
+        AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=3, conversation=context),
+        conversations=conversations,
+    )
+    assert first.conversation_id == context.conversation_id
+    key = components.expected_kv_key(components.engine.prompt.turn_ids(Turn("Where is Quintaro?", first.answer)))
+    assert components.store.contains(key) == "history_memory"
+    context = conversations.open(first.conversation_id, owner=None)
+    assert context.history == (Turn("Where is Quintaro?", first.answer),)
+    [second], _ = run(
+        components,
+        AskRequest(question="And its rivers?", history=context.history, top_k=1, max_tokens=3, conversation=context),
+        conversations=conversations,
+    )
+    assert second.usage.history_reused_tokens == second.usage.history_tokens > 0
+    turns = components.catalog.conversations.turns(first.conversation_id)
+    assert [t.question for t in turns] == ["Where is Quintaro?", "And its rivers?"]
+    assert turns[1].usage["history_reused_tokens"] == second.usage.history_reused_tokens
+    assert turns[0].source_chunk_ids and turns[0].mode == "blend"
+    # Stateless (no conversation): the turn's KV is stored, nothing is recorded.
+    [stateless], _ = run(components, AskRequest(question="Bread?", top_k=1, max_tokens=2))
+    assert stateless.conversation_id is None
+    assert components.catalog.conversations.counts().num_conversations == 1
