@@ -382,6 +382,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             components.close()
     verb = "repaired" if args.repair else "found"
     print(f"{report.num_documents} documents, {report.num_chunks} committed chunks")
+    if report.index_repair_note:
+        print(f"  index: {report.index_repair_note}")
     print(f"  stranded pending documents: {len(report.stranded_document_ids)} {verb}")
     print(f"  index entries without a committed chunk: {len(report.orphan_index_ids)} {verb}")
     print(f"  committed chunks missing from the index: {len(report.unindexed_chunk_ids)} {verb}")

@@ -133,7 +133,7 @@ class HttpClient:
         self.client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout, headers=headers)
 
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
-        from app.api.sse import aiter_sse
+        from app.api.sse import aiter_sse, asse_lines
 
         body: dict[str, Any] = {
             "question": question,
@@ -154,7 +154,7 @@ class HttpClient:
                     return AskTiming(
                         mode, False, None, time.perf_counter() - t0, error=f"HTTP {response.status_code}: {text}"
                     )
-                async for event, data in aiter_sse(response.aiter_lines()):
+                async for event, data in aiter_sse(asse_lines(response.aiter_text())):
                     if event == "token" and first is None and data.get("text"):
                         first = time.perf_counter()
                     elif event == "error":

@@ -31,6 +31,8 @@ class DoctorReport:
     kv_missing_chunk_ids: list[int] = field(default_factory=list)
     # KV entries no chunk refers to (kept: content-addressed, reusable by a re-ingest)
     num_unreferenced_kv_entries: int = 0
+    # what opening the index had to fix (an unreadable snapshot rebuilt from the catalog …); None: nothing
+    index_repair_note: str | None = None
     repaired: bool = False
 
     @property
@@ -45,7 +47,7 @@ class DoctorReport:
 
 def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
     catalog, retriever, store = components.catalog, components.retriever, components.store
-    report = DoctorReport(repaired=repair)
+    report = DoctorReport(repaired=repair, index_repair_note=getattr(retriever, "repair_note", None))
     live_jobs = {j.id for j in catalog.jobs_with_status([JobStatus.QUEUED, JobStatus.RUNNING])}
 
     documents = catalog.all_documents()
