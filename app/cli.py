@@ -91,7 +91,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     for package in ("app", "engine", "kvcache", "retrieval", "ingest"):
         logging.getLogger(package).setLevel(min(level, logging.getLogger(package).getEffectiveLevel()))
     logger.info("starting the server for %s on %s", settings.data_dir, server_url(host, port))
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.server.log_level)
+    # proxy_headers off: the app applies X-Forwarded-For itself, trusting server.forwarded_allow_ips only.
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.server.log_level, proxy_headers=False)
     return 0
 
 

@@ -45,7 +45,23 @@ class ServerSettings(BaseModel):
         description="Question requests per minute per API key (or IP without one); null: no limit",
     )
     ask_burst: int = Field(default=30, ge=1, description="Question requests a client may send at once")
-    cors_origins: list[str] = Field(default_factory=list)
+    wrong_key_per_minute: float = Field(
+        default=10.0,
+        gt=0,
+        description="Requests with a wrong API key an IP address may send per minute (401 each); past it 429",
+    )
+    wrong_key_burst: int = Field(default=10, ge=1, description="Wrong-key requests an IP address may send at once")
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1",
+        description="Peers whose X-Forwarded-For names the client (comma-separated IPs or CIDRs, '*' for any); "
+        "others are the client themselves. Behind docker/compose.yaml's Caddy the api replicas trust '*' "
+        "(only the compose network reaches them)",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins (scheme://host:port) allowed to call the API, CORS and state-changing "
+        "requests included; the server's own pages are always allowed",
+    )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, gt=0, description="Largest JSON (non-multipart) request body; larger is a 413"
     )

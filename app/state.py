@@ -43,6 +43,7 @@ class AppState:
     job_queue: PgJobQueue | None = None  # PostgreSQL catalog only
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     rate_limiter: RateLimiter | None = None
+    wrong_key_limiter: RateLimiter = field(init=False)
     storage: StorageMonitor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -51,6 +52,7 @@ class AppState:
         server = self.settings.server
         if server.ask_rate_per_minute is not None and self.rate_limiter is None:
             self.rate_limiter = RateLimiter(server.ask_rate_per_minute, server.ask_burst)
+        self.wrong_key_limiter = RateLimiter(server.wrong_key_per_minute, server.wrong_key_burst)
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""
