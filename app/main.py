@@ -54,10 +54,12 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         try:
             yield
         finally:
-            if not task.done():
-                await task
-            await state.close()
-            lock.release()
+            try:
+                if not task.done():
+                    await task
+                await state.close()
+            finally:
+                lock.release()  # even when closing failed: the next start must not find the dir taken
 
     docs_assets = docs_assets_dir()
     # Without local Swagger UI assets, FastAPI's default /docs (CDN-hosted assets) is better than none.

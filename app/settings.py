@@ -45,6 +45,12 @@ class ServerSettings(BaseModel):
         description="Question requests per minute per API key (or IP without one); null: no limit",
     )
     ask_burst: int = Field(default=30, ge=1, description="Question requests a client may send at once")
+    anonymous_max_tokens: int | None = Field(
+        default=512,
+        ge=1,
+        description="New tokens an answer may have for a request without the valid API key (every request "
+        "when api_key is unset); a larger max_tokens is clipped to it. null: only the request limit (4096)",
+    )
     wrong_key_per_minute: float = Field(
         default=10.0,
         gt=0,

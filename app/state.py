@@ -75,12 +75,14 @@ class AppState:
         def on_commit(num_chunks: int, seconds: float) -> None:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
+            self.storage.ensure_reserve()  # a reserve spent on a full disk comes back once there is room
 
         ingest_options = {
             "on_chunks_committed": on_commit,
             "prefill_rate": self.prefill_rate,
             "scheduler": self.scheduler,
             "on_storage_fault": self.storage.record,
+            "free_space": self.storage.release_reserve,
         }
         if self.settings.catalog.is_postgres:
             # Scale-out: jobs go to the PostgreSQL queue (`blendrag worker`), the index follows the catalog.
@@ -95,7 +97,8 @@ class AppState:
             self.ingest = IngestService(components, **ingest_options)
         self.ask = AskService(components, self.scheduler, self.metrics, self.prefill_rate)
         self.coverage = CoverageService(components)
-        self.documents = DocumentService(components, self.ingest, self.coverage)
+        self.documents = DocumentService(components, self.ingest, self.coverage, self.storage)
+        await asyncio.to_thread(self.storage.ensure_reserve)
         if self.job_queue is None:
             self.ingest.recover()
             self.ingest.start()

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
+from app.api.deps import cap_for_client, engine_is_full, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.schemas import (
     AskDefaultsOut,
@@ -167,7 +167,7 @@ async def ask(
     body: AskIn, request: Request, service: AskService = Depends(get_ask), state: AppState = Depends(get_state)
 ) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate."""
-    answer = await admitted(service, validated(body, state))
+    answer = await admitted(service, cap_for_client(validated(body, state), request))
     if not body.stream:
         return await _answer_json(answer, request, state.metrics)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import math
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import TypeVar
 from fastapi import HTTPException, Request
 
 from app.api.rate_limit import client_id
-from app.services.ask_service import AskService
+from app.services.ask_service import AskRequest, AskService
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
 from app.services.ingest_service import IngestService
@@ -80,6 +81,7 @@ def guard_questions(request: Request) -> None:
     state = get_state(request)
     server = state.settings.server
     valid_key = _check_key(request, server.api_key, required=server.protect_ask)
+    request.state.anonymous = valid_key is None
     limiter = state.rate_limiter
     if limiter is None:
         return
@@ -92,6 +94,16 @@ def guard_questions(request: Request) -> None:
             "at once, per API key (or IP address); retry later",
             headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
         )
+
+
+def cap_for_client(ask: AskRequest, request: Request) -> AskRequest:
+    """Clip `max_tokens` of an anonymous question (no valid key) to `server.anonymous_max_tokens`."""
+    settings = get_state(request).settings
+    cap = settings.server.anonymous_max_tokens
+    if cap is None or not getattr(request.state, "anonymous", True):
+        return ask
+    wanted = ask.max_tokens or settings.engine.max_new_tokens
+    return dataclasses.replace(ask, max_tokens=cap) if wanted > cap else ask
 
 
 def _check_key(request: Request, expected: str | None, *, required: bool = True) -> str | None:

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.ask import BUSY_DETAIL, client_gone, record_answer
-from app.api.deps import engine_is_full, get_ask, get_state, guard_questions
+from app.api.deps import cap_for_client, engine_is_full, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
 from app.api.schemas import NOT_BLANK, AskParams, MaxTokens, NotBool, OpenAIErrorOut
@@ -246,7 +246,7 @@ async def chat_completions(
     state: AppState = Depends(get_state),
 ) -> Any:
     """Chat completion grounded in the library (retrieval on the last user message)."""
-    ask_request = _ask_request(body)
+    ask_request = cap_for_client(_ask_request(body), request)
     if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
         return _busy(BUSY_DETAIL)
     try:

@@ -107,6 +107,8 @@ def test_job_whose_failure_cannot_be_written_is_never_left_running(
     job = wait_for_job(http, accepted.json()["job_id"])
     assert job["status"] == "failed"  # reported failed although the catalog still says running
     assert job["errors"][-1]["code"] == "storage"
+    listed = {j["job_id"]: j for j in http.get("/ingest/jobs").json()["jobs"]}[job["job_id"]]
+    assert (listed["status"], listed["stage"], listed["errors"]) == ("failed", None, job["errors"])  # one answer
     assert catalog.get_job(job["job_id"]).status.value == "running"
 
     monkeypatch.setattr(catalog, "update_job", real_update)  # space freed: the worker writes it down
