@@ -389,7 +389,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"  index entries without a committed chunk: {len(report.orphan_index_ids)} {verb}")
     print(f"  committed chunks missing from the index: {len(report.unindexed_chunk_ids)} {verb}")
     print(f"  committed chunks without fresh KV: {len(report.kv_missing_chunk_ids)} {verb}")
-    print(f"  KV entries no chunk uses (kept): {report.num_unreferenced_kv_entries}")
+    leftover = "removed" if args.repair else "found (--repair removes them)"
+    print(f"  KV entries no chunk uses: {report.num_unreferenced_kv_entries} {leftover}")
+    print(
+        f"  uploads no job needs: {len(report.unreferenced_upload_paths)} "
+        f"({human_bytes(report.num_unreferenced_upload_bytes)}) {leftover}"
+    )
     if report.problems and not args.repair:
         print("run `blendrag doctor --repair` to fix these", file=sys.stderr)
         return 1

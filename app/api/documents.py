@@ -130,7 +130,12 @@ _INGEST_BODY = {
                             "(by default: `ingest.allowed_extensions`; the part's Content-Disposition `filename`); "
                             "another extension answers 415",
                         },
-                        "tags": {"type": "string", "description": "comma-separated tags for every file"},
+                        "tags": {
+                            "type": "string",
+                            "pattern": r"^$|^[^\[{]",
+                            "description": "comma-separated tags for every file (plain text: a value starting "
+                            "with [ or { is refused; inline documents carry their own `tags` list)",
+                        },
                         "documents": {
                             "type": "array",
                             "minItems": 1,
@@ -234,8 +239,8 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
     form = await request.form()
     try:
         tag_parts = form.getlist("tags")
-        if len(tag_parts) > 1 or any(not isinstance(t, str) for t in tag_parts):
-            raise HTTPException(422, "'tags' is one text field of comma-separated tags")
+        if len(tag_parts) > 1 or any(not isinstance(t, str) or t.startswith(("[", "{")) for t in tag_parts):
+            raise HTTPException(422, "'tags' is one text field of comma-separated tags (not JSON)")
         tags = [t.strip() for t in str(tag_parts[0] if tag_parts else "").split(",") if t.strip()]
         sources: list[IngestSource] = []
         for part in form.getlist("documents"):
