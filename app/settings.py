@@ -75,6 +75,19 @@ class ServerSettings(BaseModel):
         default=256 * 1024 * 1024, gt=0, description="Largest multipart request (all files together); larger is a 413"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    memory_trim_idle_s: float | None = Field(
+        default=2.0,
+        gt=0,
+        description="After work, once the engine has been idle this long, return freed heap memory to the "
+        "system (glibc malloc_trim); null: never (RSS then stays at its peak after a burst of clients)",
+    )
+    malloc_mmap_threshold_bytes: int | None = Field(
+        default=1024 * 1024,
+        ge=4096,
+        le=32 * 1024 * 1024,
+        description="Allocations at least this large get their own mapping, unmapped when freed (glibc "
+        "M_MMAP_THRESHOLD, fixed instead of growing to 32 MiB); null: the C library's default",
+    )
 
 
 class CatalogSettings(BaseModel):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from app.api.rate_limit import RateLimiter
 from app.datadir_lock import server_url
+from app.memory import IdleTrimmer, set_mmap_threshold
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
 from app.services.stats_service import StatsService
@@ -45,6 +46,7 @@ class AppState:
     rate_limiter: RateLimiter | None = None
     wrong_key_limiter: RateLimiter = field(init=False)
     storage: StorageMonitor = field(init=False)
+    trimmer: IdleTrimmer | None = None
 
     def __post_init__(self) -> None:
         self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate)
@@ -62,6 +64,9 @@ class AppState:
         from app.services.document_service import DocumentService
         from app.services.ingest_service import IngestService
 
+        server = self.settings.server
+        if server.malloc_mmap_threshold_bytes is not None:
+            set_mmap_threshold(server.malloc_mmap_threshold_bytes)  # before the models allocate
         try:
             components = await asyncio.to_thread(build_components, self.settings)
         except Exception as exc:
@@ -71,6 +76,14 @@ class AppState:
         self.components = components
         self.scheduler = build_scheduler(components)
         self.scheduler.start()
+        if server.memory_trim_idle_s is not None:
+            scheduler = self.scheduler
+            self.trimmer = IdleTrimmer(
+                lambda: scheduler.queue_depth > 0 or scheduler.num_prefill_jobs > 0,
+                server.memory_trim_idle_s,
+                on_rss=self.metrics.process_rss.set,
+            )
+            self.trimmer.start()
 
         def on_commit(num_chunks: int, seconds: float) -> None:
             self.metrics.ingest_chunks.inc(num_chunks)
@@ -106,6 +119,8 @@ class AppState:
         self.ready.set()
 
     async def close(self) -> None:
+        if self.trimmer is not None:
+            await asyncio.to_thread(self.trimmer.stop)
         sync = getattr(self.components.retriever, "sync", None) if self.components is not None else None
         if sync is not None:
             await asyncio.to_thread(sync.stop)
