@@ -15,6 +15,8 @@ from apitools import LiveServer, server_settings
 
 from app.main import create_app
 
+pytestmark = pytest.mark.browser
+
 PAGE = b"<!doctype html><title>some other site</title><p>hello</p>"
 INGEST_JS = """async ([api, mode]) => {
   const form = new FormData();
