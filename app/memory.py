@@ -42,6 +42,11 @@ def _libc() -> ctypes.CDLL | None:
     return libc if hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
 
 
+def glibc_available() -> bool:
+    """Whether the allocator controls here (glibc mallopt / malloc_trim) do anything."""
+    return _libc() is not None
+
+
 def rss_bytes() -> int | None:
     """Resident set size of this process (Linux), or None where /proc is not there."""
     try:
