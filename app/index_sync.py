@@ -94,7 +94,7 @@ def open_snapshot_retriever(settings: Settings, catalog: Catalog, *, embedder: E
     """Load the index snapshot and make it hold exactly the catalog's ready chunks.
 
     Content must never make a data dir unstartable: a snapshot that cannot be read (any error but an
-    embedder mismatch, which needs the operator) is set aside and rebuilt from the catalog, with a warning.
+    embedder mismatch, which needs the operator) is replaced by one rebuilt from the catalog, with a warning.
     """
     retriever = SnapshotRetriever(settings.retrieval, settings.index_dir, embedder=embedder)
     note: str | None = None

@@ -244,7 +244,7 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
         tags = [t.strip() for t in str(tag_parts[0] if tag_parts else "").split(",") if t.strip()]
         sources: list[IngestSource] = []
         for part in form.getlist("documents"):
-            sources.extend(_text_source(d) for d in await _inline_documents(part))
+            sources.extend(_text_source(d) for d in await _inline_documents(part, settings.server.max_body_bytes))
         uploads = form.getlist("files")
         if any(not isinstance(u, UploadFile) or not u.filename for u in uploads):
             raise HTTPException(422, "each 'files' part must be a file (with a filename)")
@@ -280,11 +280,15 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
     return sources, batch_dir
 
 
-async def _inline_documents(part: str | UploadFile) -> list[DocumentIn]:
-    """The documents of one `documents` part: a JSON list of documents, {"documents": [...]}, or one document."""
-    raw_text = part if isinstance(part, str) else (await part.read()).decode("utf-8", errors="strict")
+async def _inline_documents(part: str | UploadFile, max_bytes: int) -> list[DocumentIn]:
+    """The documents of one `documents` part: a JSON list of documents, {"documents": [...]}, or one document.
+    A part sent as a file is read up to `max_bytes` (`server.max_body_bytes`, as for a JSON body)."""
+    if isinstance(part, UploadFile):
+        data = await part.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise HTTPException(413, f"a 'documents' part is larger than {max_bytes} bytes (server.max_body_bytes)")
     try:
-        raw = json.loads(raw_text)
+        raw = json.loads(part if isinstance(part, str) else data.decode("utf-8"))
         if isinstance(raw, dict) and "documents" not in raw:
             raw = [raw]  # one document per part
         return IngestIn.model_validate(raw if isinstance(raw, dict) else {"documents": raw}).documents
