@@ -99,6 +99,9 @@ def test_multipart_form_accepts_what_its_schema_says(client: TestClient) -> None
         headers=headers,
     )
     assert per_part.status_code == 202 and len(per_part.json()["document_ids"]) == 2
+    as_file = {"title": "Filed", "text": "Inline documents sent as a file part about quays."}
+    filed = client.post("/ingest", files=[("documents", ("docs.json", json.dumps([as_file])))], headers=headers)
+    assert filed.status_code == 202, filed.text
     for bad, status in ((("documents", (None, "")), 422), (("files", ("image.gif", b"GIF89a")), 415)):
         response = client.post("/ingest", files=[bad], headers=headers)
         assert response.status_code == status, response.text
