@@ -78,8 +78,9 @@ class ServerSettings(BaseModel):
     memory_trim_idle_s: float | None = Field(
         default=2.0,
         gt=0,
-        description="After work, once the engine has been idle this long, return freed heap memory to the "
-        "system (glibc malloc_trim); null: never (RSS then stays at its peak after a burst of clients)",
+        description="After work, once the engine has been idle this long, collect unreachable cycles (which "
+        "hold finished requests' KV tensors) and return freed heap memory to the system (glibc malloc_trim); "
+        "null: never (RSS then stays near its peak after a burst of clients)",
     )
     malloc_mmap_threshold_bytes: int | None = Field(
         default=1024 * 1024,

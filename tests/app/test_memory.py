@@ -54,6 +54,40 @@ def test_fixed_mmap_threshold_returns_freed_working_caches() -> None:
     assert _held_mib("fixed") < 100
 
 
+def test_idle_trimmer_frees_tensors_held_only_by_reference_cycles() -> None:
+    """What kept a finished request's KV alive in an idle server: cycles nothing collected."""
+    import gc
+    import weakref
+
+    import torch
+
+    class Holder:
+        pass
+
+    busy = threading.Event()
+    trimmer = IdleTrimmer(busy.is_set, idle_s=0.1, poll_s=0.02)
+    gc.disable()  # an idle process allocates nothing, so the collector would not run on its own
+    try:
+        a, b = Holder(), Holder()
+        a.other, b.other = b, a  # a cycle, as a request's objects form one
+        a.kv = torch.zeros(4 * 2**20 // 4)
+        alive = weakref.ref(a.kv)
+        del a, b
+        assert alive() is not None
+        trimmer.start()
+        busy.set()
+        time.sleep(0.1)
+        busy.clear()
+        deadline = time.monotonic() + 5
+        while trimmer.num_trims == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        assert alive() is None
+    finally:
+        trimmer.stop()
+        gc.enable()
+
+
 def test_idle_trimmer_trims_once_after_work_then_waits_for_more() -> None:
     busy = threading.Event()
     seen: list[int] = []
