@@ -465,6 +465,10 @@ class IngestService:
                     job.id, status=JobStatus.FAILED, stage=None, errors=errors, duplicate_ids=duplicates
                 )
 
+            # Every document of the job is failed now: none may keep index entries a commit already added
+            # (the index must hold exactly the catalog's ready chunks).
+            for item in items:
+                self._c.retriever.remove_document(item.document_id)
             try:
                 self._with_reserve(mark_failed)
             except Exception as handler_exc:  # e.g. the catalog is full too: never leave the job `running`
