@@ -120,7 +120,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.access_log import install_polling_filter
 
     install_polling_filter()
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.server.log_level)
+    # proxy_headers off: the app applies X-Forwarded-For itself, trusting server.forwarded_allow_ips only.
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=settings.server.log_level, proxy_headers=False)
     return 0
 
 
@@ -444,13 +445,20 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             components.close()
     verb = "repaired" if args.repair else "found"
     print(f"{report.num_documents} documents, {report.num_chunks} committed chunks")
+    if report.index_repair_note:
+        print(f"  index: {report.index_repair_note}")
     print(f"  stranded pending documents: {len(report.stranded_document_ids)} {verb}")
     print(f"  index entries without a committed chunk: {len(report.orphan_index_ids)} {verb}")
     print(f"  committed chunks missing from the index: {len(report.unindexed_chunk_ids)} {verb}")
     print(f"  committed chunks without fresh KV: {len(report.kv_missing_chunk_ids)} {verb}")
     if report.kv_unwritten_chunk_ids:
         print(f"  of those, KV the store could not keep: {len(report.kv_unwritten_chunk_ids)} (disk full?)")
-    print(f"  KV entries no chunk uses (kept): {report.num_unreferenced_kv_entries}")
+    leftover = "removed" if args.repair else "found (--repair removes them)"
+    print(f"  KV entries no chunk uses: {report.num_unreferenced_kv_entries} {leftover}")
+    print(
+        f"  uploads no job needs: {len(report.unreferenced_upload_paths)} "
+        f"({human_bytes(report.num_unreferenced_upload_bytes)}) {leftover}"
+    )
     if report.problems and not args.repair:
         print("run `blendrag doctor --repair` to fix these", file=sys.stderr)
         return 1

@@ -39,9 +39,19 @@ class Components:
         return self.store.key_for(self.engine.fingerprint, self.engine.prompt.prefix_ids, token_ids)
 
     def close(self) -> None:
-        self.retriever.save()
-        self.store.close()
-        self.catalog.close()
+        """Save the index and close the stores; a failed save (a full disk) does not keep the stores open
+        or fail the shutdown: the catalog is the truth, and the next start brings the index level with it."""
+        try:
+            self.retriever.save()
+        except Exception as exc:  # noqa: BLE001 - logged; rebuilt from the catalog at the next start
+            logger.error(
+                "index snapshot not saved at shutdown (%s: %s); the next start rebuilds it", type(exc).__name__, exc
+            )
+        finally:
+            try:
+                self.store.close()
+            finally:
+                self.catalog.close()
 
 
 def build_components(settings: Settings, *, role: Role = "server") -> Components:

@@ -6,7 +6,10 @@ start, remembering the newest event id it had seen *before* reading, then polls 
 the current chunks of each document named since: whatever order jobs commit in, every replica ends with
 exactly the ready chunks of the catalog, within one poll interval (0.5 s by default).
 
-With the SQLite catalog nothing here runs: the server keeps its FAISS snapshot on disk as before.
+With the SQLite catalog the server keeps its FAISS snapshot on disk (`open_snapshot_retriever`), and
+the catalog is still the source of truth: a snapshot that cannot be read is rebuilt from it, and one that
+disagrees with it (chunks missing or extra, e.g. an index dir moved aside) is brought level before the
+server says it is ready.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from retrieval.retriever import Retriever
-from retrieval.types import IndexedChunk
+from retrieval.types import IndexedChunk, IndexMismatchError
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
     from app.catalog.repository import IndexEntry
     from app.settings import Settings
+    from retrieval.embedder import Embedder
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +61,22 @@ class EmbedOnlyRetriever(CatalogFedRetriever):
         return 0
 
 
-def open_retriever(settings: Settings, catalog: Catalog, role: Role = "server") -> Retriever:
+class SnapshotRetriever(Retriever):
+    """The SQLite server's retriever: the on-disk snapshot, checked against the catalog when opened.
+
+    `repair_note` says what opening had to fix (None when the snapshot matched the catalog), for the
+    start-up log and `blendrag doctor`.
+    """
+
+    repair_note: str | None = None
+
+
+def open_retriever(
+    settings: Settings, catalog: Catalog, role: Role = "server", *, embedder: Embedder | None = None
+) -> Retriever:
     """The retriever for this process: the on-disk snapshot (SQLite) or one fed from PostgreSQL."""
     if not settings.catalog.is_postgres:
-        return Retriever.open(settings.index_dir, settings.retrieval)
+        return open_snapshot_retriever(settings, catalog, embedder=embedder)
     if role == "worker":
         return EmbedOnlyRetriever(settings.retrieval)
     retriever = CatalogFedRetriever(settings.retrieval)
@@ -72,6 +88,89 @@ def open_retriever(settings: Settings, catalog: Catalog, role: Role = "server") 
     )
     retriever.sync.rebuild()
     return retriever
+
+
+def open_snapshot_retriever(settings: Settings, catalog: Catalog, *, embedder: Embedder | None = None) -> Retriever:
+    """Load the index snapshot and make it hold exactly the catalog's ready chunks.
+
+    Content must never make a data dir unstartable: a snapshot that cannot be read (any error but an
+    embedder mismatch, which needs the operator) is replaced by one rebuilt from the catalog, with a warning.
+    """
+    retriever = SnapshotRetriever(settings.retrieval, settings.index_dir, embedder=embedder)
+    note: str | None = None
+    try:
+        retriever.load()
+    except IndexMismatchError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever broke the file, the catalog can rebuild it
+        reason = f"{type(exc).__name__}: {str(exc)[:200]}"
+        note = f"the index snapshot could not be read ({reason}); rebuilt from the catalog"
+        logger.warning("%s", note)
+        retriever = SnapshotRetriever(settings.retrieval, settings.index_dir, embedder=embedder)
+    added, removed = sync_with_catalog(catalog, retriever)
+    if note is None and (added or removed):
+        note = f"the index disagreed with the catalog: {added} chunks added, {removed} removed"
+        logger.warning("%s", note)
+    if note is not None:
+        retriever.repair_note = note
+        retriever.save()
+    return retriever
+
+
+def sync_with_catalog(catalog: Catalog, retriever: Retriever) -> tuple[int, int]:
+    """Add the catalog's ready chunks the index lacks and remove what it holds beyond them: (added, removed)."""
+    ready = catalog.all_ready_chunk_ids()
+    indexed = set(retriever.chunk_ids())
+    extra = indexed - ready
+    if extra:
+        retriever.remove(extra)
+    missing = ready - indexed
+    if missing:
+        # Read by document (the catalog's unit), keeping only the chunks the index lacks.
+        document_ids = sorted({c.document_id for c in catalog.chunks_by_ids(sorted(missing)).values()})
+        entries = [e for e in catalog.index_entries(document_ids) if e.chunk.id in missing]
+        index_entries(catalog, retriever, entries)
+    return len(missing), len(extra)
+
+
+def index_entries(catalog: Catalog, retriever: Retriever, entries: list[IndexEntry]) -> None:
+    """Add catalog chunks to a retriever with their stored embeddings (embedding, and storing, those
+    without one or with one of another dimension than the embedder's)."""
+    if not entries:
+        return
+    chunks = [
+        IndexedChunk(
+            chunk_id=e.chunk.id,
+            document_id=e.chunk.document_id,
+            text=e.chunk.text,
+            title=e.chunk.title,
+            page=e.chunk.page,
+            tags=tuple(e.tags),
+        )
+        for e in entries
+    ]
+    dimension = _embedder_dimension(retriever)
+    missing = [
+        i
+        for i, e in enumerate(entries)
+        if e.embedding is None or (dimension is not None and e.embedding.shape[-1] != dimension)
+    ]
+    if missing:
+        # Chunks committed before the catalog stored embeddings: embed them once and store the result.
+        computed = retriever.embed_chunks([chunks[i] for i in missing])
+        catalog.set_embeddings({chunks[i].chunk_id: computed[n] for n, i in enumerate(missing)})
+        by_index = dict(zip(missing, computed, strict=True))
+    else:
+        by_index = {}
+    vectors = np.stack([by_index.get(i, e.embedding) for i, e in enumerate(entries)])  # (n, dim)
+    retriever.add(chunks, vectors)
+
+
+def _embedder_dimension(retriever: Retriever) -> int | None:
+    try:
+        return int(retriever.embedder.dimension)
+    except Exception:  # noqa: BLE001 - an embedder that cannot say: trust the stored vectors
+        return None
 
 
 class IndexSync:
@@ -127,29 +226,7 @@ class IndexSync:
         return len(document_ids)
 
     def _add(self, entries: list[IndexEntry]) -> None:
-        if not entries:
-            return
-        chunks = [
-            IndexedChunk(
-                chunk_id=e.chunk.id,
-                document_id=e.chunk.document_id,
-                text=e.chunk.text,
-                title=e.chunk.title,
-                page=e.chunk.page,
-                tags=tuple(e.tags),
-            )
-            for e in entries
-        ]
-        missing = [i for i, e in enumerate(entries) if e.embedding is None]
-        if missing:
-            # Chunks committed before the catalog stored embeddings: embed them once and store the result.
-            computed = self._retriever.embed_chunks([chunks[i] for i in missing])
-            self._catalog.set_embeddings({chunks[i].chunk_id: computed[n] for n, i in enumerate(missing)})
-            by_index = dict(zip(missing, computed, strict=True))
-        else:
-            by_index = {}
-        vectors = np.stack([by_index[i] if e.embedding is None else e.embedding for i, e in enumerate(entries)])
-        self._retriever.add(chunks, vectors)
+        index_entries(self._catalog, self._retriever, entries)
 
     # ---- background polling ----------------------------------------------------------------------
 

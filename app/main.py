@@ -9,9 +9,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from app.api import admin, ask, conversations, documents, health, index_status, openai_compat, render
 from app.api.body_limit import BodySizeLimitMiddleware
+from app.api.cross_site import CrossSiteGuardMiddleware
 from app.api.errors import install_error_handlers
 from app.datadir_lock import DataDirBusy, DataDirLock, server_url
 from app.metrics import RequestMetricsMiddleware
@@ -55,10 +57,12 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         try:
             yield
         finally:
-            if not task.done():
-                await task
-            await state.close()
-            lock.release()
+            try:
+                if not task.done():
+                    await task
+                await state.close()
+            finally:
+                lock.release()  # even when closing failed: the next start must not find the dir taken
 
     docs_assets = docs_assets_dir()
     # Without local Swagger UI assets, FastAPI's default /docs (CDN-hosted assets) is better than none.
@@ -91,11 +95,16 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         app.add_middleware(
             CORSMiddleware, allow_origins=settings.server.cors_origins, allow_methods=["*"], allow_headers=["*"]
         )
+    # Outside CORS: a cross-site POST/DELETE from an origin not in cors_origins never reaches a route.
+    app.add_middleware(CrossSiteGuardMiddleware, allowed_origins=settings.server.cors_origins)
     app.add_middleware(
         BodySizeLimitMiddleware,
         max_body_bytes=settings.server.max_body_bytes,
         max_upload_bytes=settings.server.max_upload_bytes,
     )
-    # Added last so it is outermost: it sees every request, including CORS preflights and errors.
     app.add_middleware(RequestMetricsMiddleware, metrics=state.metrics)
+    # Outermost: every layer (metrics, cross-site guard, rate limits) sees the client's own address. A
+    # peer listed in server.forwarded_allow_ips (a reverse proxy) names the client in X-Forwarded-For;
+    # anyone else's X-Forwarded-For is ignored. `blendrag serve` turns uvicorn's own copy of this off.
+    app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.server.forwarded_allow_ips)
     return app

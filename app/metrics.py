@@ -118,6 +118,7 @@ class Metrics:
         self.ingest_chunks = Counter("blendrag_ingest_chunks_total", "Chunks committed by ingest", registry=r)
         self.ingest_seconds = Counter("blendrag_ingest_seconds_total", "Seconds spent in ingest jobs", registry=r)
         self.queue_depth = Gauge("blendrag_engine_queue_depth", "Requests waiting or running in the engine", registry=r)
+        self.process_rss = Gauge("blendrag_process_rss_bytes", "Resident memory of the server process", registry=r)
 
     def refresh(self, store_stats: StoreStats | None, queue_depth: int | None) -> None:
         """Copy numbers other components own into gauges; called at scrape time."""
@@ -130,6 +131,11 @@ class Metrics:
                 self.kv_faults.labels(tier.name).set(tier.num_faults)
         if queue_depth is not None:
             self.queue_depth.set(queue_depth)
+        from app.memory import rss_bytes
+
+        rss = rss_bytes()
+        if rss is not None:
+            self.process_rss.set(rss)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

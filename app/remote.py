@@ -7,7 +7,6 @@ same settings is sent as a bearer token.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -16,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from app.api.sse import iter_sse
+from app.api.sse import iter_sse, sse_lines
 
 TIMEOUT_S = 30.0
 POLL_S = 1.0  # job polling when the event stream is unavailable: at most once a second
@@ -76,7 +75,7 @@ class RemoteServer:
                 if response.status_code >= 400:
                     response.read()
                     _raise_for_status(response)
-                for message in iter_sse(response.iter_lines()):
+                for message in iter_sse(sse_lines(response.iter_text())):
                     if message.event in ("progress", "done") and isinstance(message.data, dict):
                         if on_progress is not None:
                             on_progress(message.data)
@@ -107,16 +106,10 @@ class RemoteServer:
                 if response.status_code >= 400:
                     response.read()
                     _raise_for_status(response)
-                event = "message"
-                data: list[str] = []
-                for line in response.iter_lines():
-                    if line.startswith("event:"):
-                        event = line.partition(":")[2].strip()
-                    elif line.startswith("data:"):
-                        data.append(line.partition(":")[2].removeprefix(" "))
-                    elif not line and data:
-                        yield event, json.loads("\n".join(data))
-                        event, data = "message", []
+                # Lines end at CR/LF only: iter_lines also splits at U+2028, which a quoted passage may hold.
+                for message in iter_sse(sse_lines(response.iter_text())):
+                    if isinstance(message.data, dict):
+                        yield message.event or "message", message.data
         except httpx.HTTPError as exc:
             raise RemoteError(f"cannot reach the server at {self.url}: {exc}") from exc
 

@@ -45,7 +45,29 @@ class ServerSettings(BaseModel):
         description="Question requests per minute per API key (or IP without one); null: no limit",
     )
     ask_burst: int = Field(default=30, ge=1, description="Question requests a client may send at once")
-    cors_origins: list[str] = Field(default_factory=list)
+    anonymous_max_tokens: int | None = Field(
+        default=512,
+        ge=1,
+        description="New tokens an answer may have for a request without the valid API key (every request "
+        "when api_key is unset); a larger max_tokens is clipped to it. null: only the request limit (4096)",
+    )
+    wrong_key_per_minute: float = Field(
+        default=10.0,
+        gt=0,
+        description="Requests with a wrong API key an IP address may send per minute (401 each); past it 429",
+    )
+    wrong_key_burst: int = Field(default=10, ge=1, description="Wrong-key requests an IP address may send at once")
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1",
+        description="Peers whose X-Forwarded-For names the client (comma-separated IPs or CIDRs, '*' for any); "
+        "others are the client themselves. Behind docker/compose.yaml's Caddy the api replicas trust '*' "
+        "(only the compose network reaches them)",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Browser origins (scheme://host:port) allowed to call the API, CORS and state-changing "
+        "requests included; the server's own pages are always allowed",
+    )
     max_body_bytes: int = Field(
         default=8 * 1024 * 1024, gt=0, description="Largest JSON (non-multipart) request body; larger is a 413"
     )
@@ -53,6 +75,20 @@ class ServerSettings(BaseModel):
         default=256 * 1024 * 1024, gt=0, description="Largest multipart request (all files together); larger is a 413"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    memory_trim_idle_s: float | None = Field(
+        default=2.0,
+        gt=0,
+        description="After work, once the engine has been idle this long, collect unreachable cycles (which "
+        "hold finished requests' KV tensors) and return freed heap memory to the system (glibc malloc_trim); "
+        "null: never (RSS then stays near its peak after a burst of clients)",
+    )
+    malloc_mmap_threshold_bytes: int | None = Field(
+        default=1024 * 1024,
+        ge=4096,
+        le=32 * 1024 * 1024,
+        description="Allocations at least this large get their own mapping, unmapped when freed (glibc "
+        "M_MMAP_THRESHOLD, fixed instead of growing to 32 MiB); null: the C library's default",
+    )
 
 
 class CatalogSettings(BaseModel):

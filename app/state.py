@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from app.api.rate_limit import RateLimiter
 from app.datadir_lock import server_url
+from app.memory import IdleTrimmer, set_mmap_threshold
 from app.metrics import Metrics
 from app.services.estimates import PrefillRate
 from app.services.stats_service import StatsService
@@ -47,7 +48,9 @@ class AppState:
     job_queue: PgJobQueue | None = None  # PostgreSQL catalog only
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     rate_limiter: RateLimiter | None = None
+    wrong_key_limiter: RateLimiter = field(init=False)
     storage: StorageMonitor = field(init=False)
+    trimmer: IdleTrimmer | None = None
 
     def __post_init__(self) -> None:
         self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate)
@@ -55,6 +58,7 @@ class AppState:
         server = self.settings.server
         if server.ask_rate_per_minute is not None and self.rate_limiter is None:
             self.rate_limiter = RateLimiter(server.ask_rate_per_minute, server.ask_burst)
+        self.wrong_key_limiter = RateLimiter(server.wrong_key_per_minute, server.wrong_key_burst)
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""
@@ -65,6 +69,9 @@ class AppState:
         from app.services.document_service import DocumentService
         from app.services.ingest_service import IngestService
 
+        server = self.settings.server
+        if server.malloc_mmap_threshold_bytes is not None:
+            set_mmap_threshold(server.malloc_mmap_threshold_bytes)  # before the models allocate
         try:
             components = await asyncio.to_thread(build_components, self.settings)
         except Exception as exc:
@@ -75,16 +82,26 @@ class AppState:
         self.prefill_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=components.engine.fingerprint)
         self.scheduler = build_scheduler(components)
         self.scheduler.start()
+        if server.memory_trim_idle_s is not None:
+            scheduler = self.scheduler
+            self.trimmer = IdleTrimmer(
+                lambda: scheduler.queue_depth > 0 or scheduler.num_prefill_jobs > 0,
+                server.memory_trim_idle_s,
+                on_rss=self.metrics.process_rss.set,
+            )
+            self.trimmer.start()
 
         def on_commit(num_chunks: int, seconds: float) -> None:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
+            self.storage.ensure_reserve()  # a reserve spent on a full disk comes back once there is room
 
         ingest_options = {
             "on_chunks_committed": on_commit,
             "prefill_rate": self.prefill_rate,
             "scheduler": self.scheduler,
             "on_storage_fault": self.storage.record,
+            "free_space": self.storage.release_reserve,
         }
         if self.settings.catalog.is_postgres:
             # Scale-out: jobs go to the PostgreSQL queue (`blendrag worker`), the index follows the catalog.
@@ -102,7 +119,8 @@ class AppState:
             components, self.scheduler, self.metrics, self.prefill_rate, conversations=self.conversations
         )
         self.coverage = CoverageService(components)
-        self.documents = DocumentService(components, self.ingest, self.coverage)
+        self.documents = DocumentService(components, self.ingest, self.coverage, self.storage)
+        await asyncio.to_thread(self.storage.ensure_reserve)
         if self.job_queue is None:
             self.ingest.recover()
             self.ingest.start()
@@ -110,6 +128,8 @@ class AppState:
         self.ready.set()
 
     async def close(self) -> None:
+        if self.trimmer is not None:
+            await asyncio.to_thread(self.trimmer.stop)
         sync = getattr(self.components.retriever, "sync", None) if self.components is not None else None
         if sync is not None:
             await asyncio.to_thread(sync.stop)

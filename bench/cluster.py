@@ -9,7 +9,6 @@ when we are root, since PostgreSQL refuses root) and Redis from `redis-server`. 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import shutil
 import signal
@@ -346,13 +345,11 @@ def wait_job(replica: Process, job_id: str, timeout: float = 600) -> dict[str, A
 
 
 def sse_events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
-    name = None
-    for line in response.iter_lines():
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            yield name or "message", json.loads(line.removeprefix("data: "))
-            name = None
+    from app.api.sse import iter_sse, sse_lines
+
+    # Not iter_lines: it also splits at U+2028, which a quoted passage may hold.
+    for message in iter_sse(sse_lines(response.iter_text())):
+        yield message.event or "message", message.data
 
 
 def ask(replica: Process, question: str, **options: Any) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import tempfile
 import time
@@ -73,8 +74,52 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--decode-tokens", type=int, default=64, help="answer length of the decode measurement")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the temp data dir goes")
+    parser.add_argument(
+        "--rss-pid",
+        type=int,
+        default=None,
+        help="with --url: the server's pid; its RSS is reported idle, peak under load and after --rss-settle-s",
+    )
+    parser.add_argument("--rss-settle-s", type=float, default=15.0, help="idle wait before the 'after' RSS")
     parser.set_defaults(func=main)
     return parser
+
+
+def process_rss_bytes(pid: int) -> int | None:
+    """VmRSS of a process (Linux /proc), or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class RSSSampler:
+    """Samples a process's RSS every `interval_s` while running; `peak` is the largest value seen."""
+
+    def __init__(self, pid: int, interval_s: float = 0.25) -> None:
+        self.pid = pid
+        self.interval_s = interval_s
+        self.peak = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, process_rss_bytes(self.pid) or 0)
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> int:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        return self.peak
 
 
 @dataclass
@@ -133,7 +178,7 @@ class HttpClient:
         self.client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout, headers=headers)
 
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
-        from app.api.sse import aiter_sse
+        from app.api.sse import aiter_sse, asse_lines
 
         body: dict[str, Any] = {
             "question": question,
@@ -154,7 +199,7 @@ class HttpClient:
                     return AskTiming(
                         mode, False, None, time.perf_counter() - t0, error=f"HTTP {response.status_code}: {text}"
                     )
-                async for event, data in aiter_sse(response.aiter_lines()):
+                async for event, data in aiter_sse(asse_lines(response.aiter_text())):
                     if event == "token" and first is None and data.get("text"):
                         first = time.perf_counter()
                     elif event == "error":
@@ -307,10 +352,24 @@ async def _in_process(
 
 async def _remote(args: argparse.Namespace, examples: list[Example], modes: list[str]) -> dict[str, Any]:
     client = HttpClient(args.url, args.timeout, args.api_key)
+    pid = args.rss_pid
+    rss: dict[str, int | None] = {"start": process_rss_bytes(pid) if pid else None}
     try:
         if args.ingest:
             await client.ingest(unique_passages(examples, args.passages))
-        return await _measure(args, client, examples, modes) | {"machine": machine_info(), "model": "server's"}
+        if pid:
+            await asyncio.sleep(args.rss_settle_s)  # ingest done and idle: what the corpus and KV tier hold
+            rss["idle"] = process_rss_bytes(pid)
+            sampler = RSSSampler(pid)
+            sampler.start()
+        measured = await _measure(args, client, examples, modes)
+        if pid:
+            rss["peak_under_load"] = await sampler.stop()
+            await asyncio.sleep(args.rss_settle_s)
+            rss["after"] = process_rss_bytes(pid)
+            logger.info("server RSS (MiB): %s", {k: (v or 0) >> 20 for k, v in rss.items()})
+            measured["rss_bytes"] = rss
+        return measured | {"machine": machine_info(), "model": "server's"}
     finally:
         await client.close()
 

@@ -200,6 +200,9 @@ class StoreLayerSource:
         try:
             self._promote()
         finally:
+            # The collected layers are a whole copy of the lower-tier chunks' KV: drop them now, not when
+            # this source is collected (it sits in reference cycles an idle server never collects).
+            self._collected = {}
             for c in self._unique.values():
                 c.close()
 

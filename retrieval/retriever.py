@@ -4,6 +4,9 @@ Persistence: `save()` writes a *snapshot generation* under the directory —
 `vectors-<gen>.bin`, `chunks-<gen>.jsonl` (metadata and text), `bm25-<gen>.json` — and only then
 atomically replaces `MANIFEST.json`, which names the current generation. A crash at any point leaves
 the previous snapshot intact and loadable; files of older generations are deleted after the switch.
+The chunks file is line-safe: each record is ASCII-only JSON (every other character escaped), so no
+line splitter can break a record, and records are read back by splitting at "\n" only (format 1
+wrote raw U+2028 / U+2029 / U+0085, which `str.splitlines` also breaks at; it is read the same way).
 The retriever's metadata (document id, title, page, tags, text) lets it work standalone; the app's
 catalog remains the source of truth for documents.
 
@@ -42,7 +45,8 @@ from retrieval.types import (
 logger = logging.getLogger(__name__)
 
 MANIFEST_FILENAME = "MANIFEST.json"
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
+READABLE_FORMATS = (1, 2)  # 1: the same records with raw non-ASCII characters
 _GENERATION_FILE = re.compile(r"^(vectors|chunks|bm25)-(\d{6,})\.(bin|jsonl|json)$")
 _STALE_TEMP_SECONDS = 3600
 
@@ -267,7 +271,7 @@ class Retriever:
                             "tags": list(c.tags),
                             "text": c.text,
                         },
-                        ensure_ascii=False,
+                        ensure_ascii=True,  # line-safe: no U+2028, U+0085 … a reader could split at
                     )
                     for c in (self._chunks[chunk_id] for chunk_id in sorted(self._chunks))
                 ]
@@ -311,8 +315,8 @@ class Retriever:
         manifest_path = directory / MANIFEST_FILENAME
         if not manifest_path.exists():
             return False
-        manifest = json.loads(manifest_path.read_text())
-        if manifest.get("format") != SNAPSHOT_FORMAT:
+        manifest = json.loads(manifest_path.read_bytes())
+        if manifest.get("format") not in READABLE_FORMATS:
             raise RetrievalError(f"unknown retriever snapshot format {manifest.get('format')!r}")
         if manifest["embedder"] != self.settings.embedder:
             raise IndexMismatchError(
@@ -320,10 +324,11 @@ class Retriever:
                 f"settings say {self.settings.embedder!r}; reindex, or restore the setting"
             )
         files = manifest["files"]
+        # Records end at b"\n" only: format 1 files hold raw U+2028 inside strings, which is valid JSON.
         chunks = [
             self._chunk_from_json(line)
-            for line in (directory / files["chunks"]).read_text(encoding="utf-8").splitlines()
-            if line
+            for line in (directory / files["chunks"]).read_bytes().split(b"\n")
+            if line.strip()
         ]
         bm25 = BM25Index.from_bytes((directory / files["bm25"]).read_bytes())
         index: VectorIndex | None = None
@@ -465,7 +470,7 @@ class Retriever:
         return self._reranker
 
     @staticmethod
-    def _chunk_from_json(line: str) -> IndexedChunk:
+    def _chunk_from_json(line: bytes) -> IndexedChunk:
         record = json.loads(line)
         return IndexedChunk(
             chunk_id=int(record["chunk_id"]),

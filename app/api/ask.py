@@ -11,7 +11,15 @@ from typing import Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from app.api.deps import conversation_owner, engine_is_full, get_ask, get_conversations, get_state, guard_questions
+from app.api.deps import (
+    cap_for_client,
+    conversation_owner,
+    engine_is_full,
+    get_ask,
+    get_conversations,
+    get_state,
+    guard_questions,
+)
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.schemas import (
     AskDefaultsOut,
@@ -181,7 +189,9 @@ async def ask(
 ) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate. With a
     `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query."""
-    answer = await admitted(service, validated(body, state, conversations, conversation_owner(request)))
+    answer = await admitted(
+        service, cap_for_client(validated(body, state, conversations, conversation_owner(request)), request)
+    )
     if not body.stream:
         return await _answer_json(answer, request, state.metrics)
 

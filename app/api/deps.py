@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import math
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from typing import TypeVar
 from fastapi import HTTPException, Request
 
 from app.api.rate_limit import client_id
-from app.services.ask_service import AskService
+from app.services.ask_service import AskRequest, AskService
 from app.services.conversation_service import ConversationService, owner_of
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
@@ -76,16 +77,22 @@ def require_api_key(request: Request) -> None:
     _check_key(request, get_state(request).settings.server.api_key)
 
 
+def client_host(request: Request) -> str | None:
+    """The client's IP address (X-Forwarded-For already applied for trusted proxies, see app/main.py)."""
+    return request.client.host if request.client else None
+
+
 def guard_questions(request: Request) -> None:
-    """The question routes: the key when `server.protect_ask` is on (401), then the rate limit (429)."""
+    """The question routes: a wrong key is a 401 (429 past the wrong-key limit); the key is required with
+    `server.protect_ask`; then the rate limit (429), bucketed on a valid key, else on the client address."""
     state = get_state(request)
     server = state.settings.server
-    if server.protect_ask:
-        _check_key(request, server.api_key)
+    valid_key = _check_key(request, server.api_key, required=server.protect_ask)
+    request.state.anonymous = valid_key is None
     limiter = state.rate_limiter
     if limiter is None:
         return
-    client = client_id(presented_key(request), request.client.host if request.client else None)
+    client = client_id(valid_key, client_host(request))
     wait_s = limiter.acquire(client)
     if wait_s is not None:
         raise HTTPException(
@@ -96,13 +103,39 @@ def guard_questions(request: Request) -> None:
         )
 
 
-def _check_key(request: Request, expected: str | None) -> None:
+def cap_for_client(ask: AskRequest, request: Request) -> AskRequest:
+    """Clip `max_tokens` of an anonymous question (no valid key) to `server.anonymous_max_tokens`."""
+    settings = get_state(request).settings
+    cap = settings.server.anonymous_max_tokens
+    if cap is None or not getattr(request.state, "anonymous", True):
+        return ask
+    wanted = ask.max_tokens or settings.engine.max_new_tokens
+    return dataclasses.replace(ask, max_tokens=cap) if wanted > cap else ask
+
+
+def _check_key(request: Request, expected: str | None, *, required: bool = True) -> str | None:
+    """The valid key the request presents (None without one). A wrong key is always a 401, and counts
+    against the address's wrong-key budget (429 once spent); no key is a 401 when `required`."""
     if not expected:
-        return
+        return None  # no key configured: whatever a client sends means nothing
     given = presented_key(request)
-    if given is None or not hmac.compare_digest(given.encode(), expected.encode()):
-        raise HTTPException(
-            status_code=401,
-            detail="missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+    if given is not None and hmac.compare_digest(given.encode(), expected.encode()):
+        return given
+    if given is not None:
+        state = get_state(request)
+        wait_s = state.wrong_key_limiter.acquire(client_id(None, client_host(request)))
+        if wait_s is not None:
+            server = state.settings.server
+            raise HTTPException(
+                status_code=429,
+                detail=f"too many requests with a wrong API key from this address (at most "
+                f"{server.wrong_key_per_minute:g} per minute); retry later",
+                headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+            )
+    if given is None and not required:
+        return None
+    raise HTTPException(
+        status_code=401,
+        detail="missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+        headers={"WWW-Authenticate": "Bearer"},
+    )

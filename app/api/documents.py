@@ -50,6 +50,7 @@ from app.services.ingest_service import (
     save_upload,
 )
 from app.state import AppState
+from ingest.config import KNOWN_EXTENSIONS
 
 router = APIRouter(
     tags=["documents"],
@@ -101,6 +102,8 @@ def document_out(doc: DocumentRecord) -> DocumentOut:
 
 # ---- ingest ---------------------------------------------------------------------------------------
 
+# The file names the default `ingest.allowed_extensions` accepts, as the spec's Content-Disposition pattern.
+_FILENAME_PATTERN = r'filename="[^"]*\.(' + "|".join(sorted(KNOWN_EXTENSIONS)) + ')"'
 _INGEST_BODY = {
     "requestBody": {
         "content": {
@@ -124,18 +127,41 @@ _INGEST_BODY = {
                             "type": "array",
                             "minItems": 1,
                             "items": {"type": "string", "format": "binary"},
-                            "description": "Files named *.txt, .md, .html, .pdf, .docx, .json or .jsonl (by default: "
-                            "`ingest.allowed_extensions`); another extension answers 415",
+                            "description": "Files whose names end in .txt, .md, .html, .pdf, .docx, .json or .jsonl "
+                            "(by default: `ingest.allowed_extensions`; the part's Content-Disposition `filename`); "
+                            "another extension answers 415",
                         },
-                        "tags": {"type": "string", "description": "comma-separated tags for every file"},
-                        "documents": {
+                        "tags": {
                             "type": "string",
-                            "contentMediaType": "application/json",
-                            "description": "optional JSON list of inline documents",
+                            "pattern": r"^$|^[^\[{]",
+                            "description": "comma-separated tags for every file (plain text: a value starting "
+                            "with [ or { is refused; inline documents carry their own `tags` list)",
+                        },
+                        "documents": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": DocumentIn.model_json_schema(),
+                            "description": "inline documents, as in the JSON body: one part holding the JSON "
+                            "list (or one part per document, each a JSON object)",
                         },
                     },
                     "anyOf": [{"required": ["files"]}, {"required": ["documents"]}],
-                }
+                },
+                "encoding": {
+                    "files": {
+                        "headers": {
+                            "Content-Disposition": {
+                                "description": "each file part names its file; the extension picks the loader",
+                                "schema": {
+                                    "type": "string",
+                                    "pattern": _FILENAME_PATTERN,
+                                    "example": 'form-data; name="files"; filename="notes.txt"',
+                                },
+                            }
+                        }
+                    },
+                    "documents": {"contentType": "application/json"},
+                },
             },
         },
         "required": True,
@@ -213,19 +239,16 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
     settings = state.settings
     form = await request.form()
     try:
-        tags = [t.strip() for t in str(form.get("tags") or "").split(",") if t.strip()]
+        tag_parts = form.getlist("tags")
+        if len(tag_parts) > 1 or any(not isinstance(t, str) or t.startswith(("[", "{")) for t in tag_parts):
+            raise HTTPException(422, "'tags' is one text field of comma-separated tags (not JSON)")
+        tags = [t.strip() for t in str(tag_parts[0] if tag_parts else "").split(",") if t.strip()]
         sources: list[IngestSource] = []
-        inline = form.get("documents")
-        if isinstance(inline, str) and inline.strip():
-            try:
-                raw = json.loads(inline)
-                docs = IngestIn.model_validate(raw if isinstance(raw, dict) else {"documents": raw}).documents
-            except ValueError as exc:
-                raise HTTPException(422, f"invalid 'documents' field: {_brief(exc)}") from exc
-            except RecursionError as exc:
-                raise HTTPException(422, "invalid 'documents' field: JSON nested too deeply") from exc
-            sources.extend(_text_source(d) for d in docs)
-        uploads = [u for u in form.getlist("files") if isinstance(u, UploadFile) and u.filename]
+        for part in form.getlist("documents"):
+            sources.extend(_text_source(d) for d in await _inline_documents(part, settings.server.max_body_bytes))
+        uploads = form.getlist("files")
+        if any(not isinstance(u, UploadFile) or not u.filename for u in uploads):
+            raise HTTPException(422, "each 'files' part must be a file (with a filename)")
         names = []
         for upload in uploads:  # check every name before storing any file
             try:
@@ -258,6 +281,24 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
             422, "multipart ingest needs at least one file in the 'files' field (or inline 'documents')"
         )
     return sources, batch_dir
+
+
+async def _inline_documents(part: str | UploadFile, max_bytes: int) -> list[DocumentIn]:
+    """The documents of one `documents` part: a JSON list of documents, {"documents": [...]}, or one document.
+    A part sent as a file is read up to `max_bytes` (`server.max_body_bytes`, as for a JSON body)."""
+    if isinstance(part, UploadFile):
+        data = await part.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            raise HTTPException(413, f"a 'documents' part is larger than {max_bytes} bytes (server.max_body_bytes)")
+    try:
+        raw = json.loads(part if isinstance(part, str) else data.decode("utf-8"))
+        if isinstance(raw, dict) and "documents" not in raw:
+            raw = [raw]  # one document per part
+        return IngestIn.model_validate(raw if isinstance(raw, dict) else {"documents": raw}).documents
+    except ValueError as exc:  # not JSON (an empty part included), not UTF-8, or not documents
+        raise HTTPException(422, f"invalid 'documents' field: {_brief(exc)}") from exc
+    except RecursionError as exc:
+        raise HTTPException(422, "invalid 'documents' field: JSON nested too deeply") from exc
 
 
 async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
@@ -400,10 +441,11 @@ def get_document(document_id: str, service: DocumentService = Depends(get_docume
 @router.delete("/documents", response_model=PurgeOut, responses={422: {"model": ErrorOut}})
 def purge_documents(
     status: Annotated[Literal["failed"], Query(description="only `failed` documents can be purged in bulk")],
-    service: IngestService = Depends(get_ingest),
+    service: DocumentService = Depends(get_documents),
 ) -> PurgeOut:
     """Delete every failed document at once (`?status=failed`: what failed ingests left). The spec admits
-    `failed` only, so any other status is a 422 from validation, as the schema says."""
+    `failed` only, so any other status is a 422 from validation, as the schema says. Works on a full
+    disk (it frees space)."""
     return PurgeOut(deleted=service.purge_failed())
 
 

@@ -35,7 +35,15 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.ask import BUSY_DETAIL, client_gone, record_answer
-from app.api.deps import conversation_owner, engine_is_full, get_ask, get_conversations, get_state, guard_questions
+from app.api.deps import (
+    cap_for_client,
+    conversation_owner,
+    engine_is_full,
+    get_ask,
+    get_conversations,
+    get_state,
+    guard_questions,
+)
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
 from app.api.schemas import NOT_BLANK, AskParams, ConversationId, MaxTokens, NotBool, OpenAIErrorOut
@@ -329,7 +337,7 @@ async def chat_completions(
 ) -> Any:
     """Chat completion grounded in the library; the whole `messages` history counts (see the module doc)."""
     try:
-        ask_request = _ask_request(body, conversations, conversation_owner(request))
+        ask_request = cap_for_client(_ask_request(body, conversations, conversation_owner(request)), request)
     except ConversationNotFound as exc:
         return openai_error(404, str(exc), code="conversation_not_found")
     if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding

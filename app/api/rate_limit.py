@@ -1,8 +1,13 @@
-"""Per-client rate limits on the question routes (/ask, /v1/chat/completions): a token bucket per API key.
+"""Per-client rate limits: a token bucket per client.
 
-A client is its API key when it presents one (any key: with `server.protect_ask` only the right one gets
-this far), else its IP address. Each bucket holds `server.ask_burst` requests and refills at
-`server.ask_rate_per_minute`; an empty bucket answers 429 with Retry-After (seconds until one refills).
+The question routes (/ask, /v1/chat/completions): a client is its API key when it presents the *valid*
+one, else its IP address (a made-up key per request must not buy a fresh bucket). Each bucket holds
+`server.ask_burst` requests and refills at `server.ask_rate_per_minute`; an empty bucket answers 429 with
+Retry-After (seconds until one refills). A wrong key is a 401 on every route, and wrong keys are limited
+per IP address too (`server.wrong_key_per_minute`, `server.wrong_key_burst`): past that, 429.
+
+The IP address is the TCP peer's, or the one named by X-Forwarded-For when the peer is listed in
+`server.forwarded_allow_ips` (loopback by default; see app/main.py).
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ class RateLimiter:
 
 
 def client_id(api_key: str | None, host: str | None) -> str:
-    """The bucket of a request: a hash of its key (never the key itself), else its IP address."""
+    """The bucket of a request: a hash of its (valid) key (never the key itself), else its IP address."""
     if api_key:
         return "key:" + hashlib.sha256(api_key.encode()).hexdigest()[:16]
     return f"ip:{host or 'unknown'}"

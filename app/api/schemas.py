@@ -7,26 +7,28 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field, field_validator, model_validator
 
 from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED
-from app.services.text_checks import invalid_strings, is_blank, nesting_depth
+from app.services.text_checks import NOT_BLANK, invalid_strings, is_blank, nesting_depth
 from engine.types import Mode, SelectorName  # defined once, by the engine (plain data, no torch)
 from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
     from app.services.ask_service import AskRequest
 
-NOT_BLANK = r"\S"  # at least one character that is not white space
-
 
 def _not_bool(value: Any) -> Any:
-    # pydantic's lax mode reads true/false as 1/0; the spec says number, so a boolean is a 422.
+    # pydantic's lax mode reads true/false as 1/0 and "6" as 6; the spec says number, so both are a 422.
+    # (53.0 stays an integer, as in JSON Schema.)
     if isinstance(value, bool):
         raise ValueError("expected a number, not true/false")
+    if isinstance(value, str):
+        raise ValueError("expected a number, not a string")
     return value
 
 
 NotBool = BeforeValidator(_not_bool)
 
 # Request limits, defined once for /ask, /v1/chat/completions and the CLI (which validates through AskIn).
+# Numbers are JSON numbers: a string ("6") is a 422 like a boolean, as the spec's type says.
 TopK = Annotated[int, Field(ge=1, le=64), NotBool]
 MaxTokens = Annotated[int, Field(ge=1, le=4096), NotBool]
 Temperature = Annotated[float, Field(ge=0.0, le=2.0, description="0 (or below 1e-4): greedy"), NotBool]
@@ -175,11 +177,16 @@ class DocumentDetail(DocumentOut):
 class FiltersIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    document_ids: list[str] | None = Field(default=None, description="Only retrieve from these documents")
-    tags: list[str] | None = Field(default=None, description="Only retrieve from documents with any tag")
+    document_ids: list[str] | None = Field(
+        default=None, description="Only retrieve from these documents; null or [] (nothing selected): no filter"
+    )
+    tags: list[str] | None = Field(
+        default=None, description="Only retrieve from documents with any of these tags; null or []: no filter"
+    )
 
     def to_filters(self) -> SearchFilters:
-        return SearchFilters(document_ids=self.document_ids, tags=self.tags)
+        # An empty list is "nothing selected" (a UI with no box ticked), not "match nothing": no filter.
+        return SearchFilters(document_ids=self.document_ids or None, tags=self.tags or None)
 
 
 class JobList(BaseModel):

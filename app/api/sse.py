@@ -13,9 +13,20 @@ from pydantic import BaseModel
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the stream
 
 
+# Characters that JSON may carry raw but that common line readers (Python's str.splitlines, httpx's
+# iter_lines) treat as line breaks: escaped on the way out so every client sees one `data:` line.
+_LINE_SAFE = str.maketrans({"\u2028": "\\u2028", "\u2029": "\\u2029", "\x85": "\\u0085"})
+
+
+def line_safe_json(data: Any) -> str:
+    """JSON text with no character any line splitter breaks at (non-ASCII text otherwise kept raw)."""
+    # Those characters can only occur inside JSON strings, where the escape means the same character.
+    return json.dumps(data, ensure_ascii=False).translate(_LINE_SAFE)
+
+
 def sse_event(name: str | None, data: Any) -> str:
     """One event. `data` is JSON-encoded unless it is already a string (OpenAI's `[DONE]`)."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
+    payload = data if isinstance(data, str) else line_safe_json(data)
     head = f"event: {name}\n" if name else ""
     # A JSON dump has no raw newlines, so one `data:` line always suffices.
     return f"{head}data: {payload}\n\n"
@@ -118,9 +129,60 @@ class SSEParser:
             return [SSEMessage(event, raw)]
 
 
+class SSELineSplitter:
+    """Lines of an event stream from text chunks as they arrive. The event-stream format ends lines at
+    CRLF, LF or CR only: U+2028, U+0085, form feeds … are part of a line (httpx's `iter_lines` and
+    `str.splitlines` split there too, which cut a `data:` line quoting such a passage in two)."""
+
+    def __init__(self) -> None:
+        self._buffer = ""
+
+    def feed(self, text: str) -> list[str]:
+        data = self._buffer + text
+        lines: list[str] = []
+        start = 0
+        i = 0
+        while i < len(data):
+            ch = data[i]
+            if ch == "\n" or ch == "\r":
+                if ch == "\r" and i + 1 == len(data):
+                    break  # maybe the CR of a CRLF split across chunks: decide with the next one
+                lines.append(data[start:i])
+                i += 2 if ch == "\r" and data[i + 1] == "\n" else 1
+                start = i
+                continue
+            i += 1
+        self._buffer = data[start:]
+        return lines
+
+    def close(self) -> list[str]:
+        rest, self._buffer = self._buffer, ""
+        rest = rest.removesuffix("\r")
+        return [rest] if rest else []
+
+
+def sse_lines(chunks: Iterable[str]) -> Iterator[str]:
+    """Event-stream lines from text chunks (e.g. httpx's `response.iter_text()`)."""
+    splitter = SSELineSplitter()
+    for chunk in chunks:
+        yield from splitter.feed(chunk)
+    yield from splitter.close()
+
+
+async def asse_lines(chunks: AsyncIterable[str]) -> AsyncIterator[str]:
+    """sse_lines for async text streams (httpx's `response.aiter_text()`)."""
+    splitter = SSELineSplitter()
+    async for chunk in chunks:
+        for line in splitter.feed(chunk):
+            yield line
+    for line in splitter.close():
+        yield line
+
+
 def iter_sse(lines: Iterable[str]) -> Iterator[SSEMessage]:
-    """Events from lines as they arrive (e.g. httpx's `response.iter_lines()`); stops after each event's
-    blank line, so it can be called again on the same line iterator for the next event."""
+    """Events from lines as they arrive (`sse_lines(response.iter_text())`; not httpx's `iter_lines`,
+    which also splits at U+2028); stops after each event's blank line, so it can be called again on the
+    same line iterator for the next event."""
     parser = SSEParser()
     for line in lines:
         yield from parser.feed(line)
@@ -128,7 +190,7 @@ def iter_sse(lines: Iterable[str]) -> Iterator[SSEMessage]:
 
 
 async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[SSEMessage]:
-    """iter_sse for async line streams (httpx's `response.aiter_lines()`)."""
+    """iter_sse for async line streams (`asse_lines(response.aiter_text())`)."""
     parser = SSEParser()
     async for line in lines:
         for message in parser.feed(line):
@@ -139,4 +201,4 @@ async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[SSEMessage]:
 
 def parse_sse(body: str) -> list[SSEMessage]:
     """All events of a complete body."""
-    return list(iter_sse(body.splitlines()))
+    return list(iter_sse(sse_lines([body])))

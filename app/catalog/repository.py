@@ -518,6 +518,12 @@ class Catalog:
                 q = q.where(DocumentRow.status.in_(list(statuses)))
             return [_chunk(c, title) for c, title in s.execute(q.order_by(ChunkRow.id)).all()]
 
+    def all_ready_chunk_ids(self) -> set[int]:
+        """Ids of every chunk of a ready document (what the index must hold)."""
+        with self._session() as s:
+            q = select(ChunkRow.id).join(DocumentRow).where(DocumentRow.status == DocumentStatus.READY)
+            return set(s.scalars(q))
+
     def ready_chunk_ids(self, chunk_ids: Sequence[int]) -> set[int]:
         if not chunk_ids:
             return set()

@@ -5,13 +5,16 @@ The catalog is the source of truth. Run it with the server stopped (it rewrites 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.catalog import DocumentStatus, JobStatus
 
 if TYPE_CHECKING:
+    from app.catalog import Catalog
     from app.components import Components
 
 logger = logging.getLogger(__name__)
@@ -29,10 +32,15 @@ class DoctorReport:
     unindexed_chunk_ids: list[int] = field(default_factory=list)
     # committed chunks without a fresh KV entry: prefilled and stored again
     kv_missing_chunk_ids: list[int] = field(default_factory=list)
-    # KV entries no chunk refers to (kept: content-addressed, reusable by a re-ingest)
+    # KV entries no chunk refers to (left by failed or deleted documents): removed by --repair
     num_unreferenced_kv_entries: int = 0
     # of kv_missing_chunk_ids, those a repair computed but the store could not keep (disk full?)
     kv_unwritten_chunk_ids: list[int] = field(default_factory=list)
+    # files under uploads/ no queued or running job will read (a finished job's, a duplicate's): removed
+    unreferenced_upload_paths: list[str] = field(default_factory=list)
+    num_unreferenced_upload_bytes: int = 0
+    # what opening the index had to fix (an unreadable snapshot rebuilt from the catalog …); None: nothing
+    index_repair_note: str | None = None
     repaired: bool = False
 
     @property
@@ -47,7 +55,7 @@ class DoctorReport:
 
 def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
     catalog, retriever, store = components.catalog, components.retriever, components.store
-    report = DoctorReport(repaired=repair)
+    report = DoctorReport(repaired=repair, index_repair_note=getattr(retriever, "repair_note", None))
     live_jobs = {j.id for j in catalog.jobs_with_status([JobStatus.QUEUED, JobStatus.RUNNING])}
 
     documents = catalog.all_documents()
@@ -73,8 +81,13 @@ def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
     present = store.locate_many(list(set(expected.values())))
     kv_missing = [c for c in ready_chunks if expected[c.id] not in present]
     report.kv_missing_chunk_ids = [c.id for c in kv_missing]
-    referenced = set(expected.values())
-    report.num_unreferenced_kv_entries = sum(1 for k in store.keys() if k not in referenced)  # noqa: SIM118 (a store, not a dict)
+    # Leftovers: not inconsistencies (no exit code), only space; --repair removes them.
+    referenced = set(expected.values()) | {c.kv_key for c in catalog.iter_chunks() if c.kv_key}
+    unreferenced_keys = [k for k in store.keys() if k not in referenced]  # noqa: SIM118 (a store, not a dict)
+    report.num_unreferenced_kv_entries = len(unreferenced_keys)
+    uploads = _unreferenced_uploads(components.settings.uploads_dir, catalog)
+    report.unreferenced_upload_paths = [str(p) for p in uploads]
+    report.num_unreferenced_upload_bytes = sum(p.stat().st_size for p in uploads)
 
     if repair:
         _repair_index(components, report, missing_from_index)
@@ -91,7 +104,32 @@ def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
         # Chunks whose KV the store could not keep stay reported as missing (the writer logged why).
         report.kv_unwritten_chunk_ids = [c.id for c in kv_missing if expected[c.id] in written.unwritten]
         catalog.set_kv_keys({c.id: expected[c.id] for c in kv_missing})
+        for key in unreferenced_keys:
+            store.delete(key)
+        _remove_uploads(components.settings.uploads_dir, uploads)
     return report
+
+
+def _unreferenced_uploads(uploads_dir: Path, catalog: Catalog) -> list[Path]:
+    """Files under uploads/ that no queued or running job names as a source (spool files included)."""
+    if not uploads_dir.is_dir():
+        return []
+    needed = {
+        str(Path(source["path"]).resolve())
+        for job in catalog.jobs_with_status([JobStatus.QUEUED, JobStatus.RUNNING])
+        for source in job.spec.get("sources", [])
+        if source.get("kind") == "file" and source.get("path")
+    }
+    return sorted(p for p in uploads_dir.rglob("*") if p.is_file() and str(p.resolve()) not in needed)
+
+
+def _remove_uploads(uploads_dir: Path, paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+    # Empty batch directories (uploads/<batch>/<n>/) go too, deepest first; uploads/ itself stays.
+    for directory in sorted((d for d in uploads_dir.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
 
 
 def _repair_index(components: Components, report: DoctorReport, missing: list) -> None:

@@ -1,19 +1,29 @@
 """DocumentService: the library as routers and the CLI see it (list, one document with its chunks'
 KV state, delete, counts by status). Reads the catalog; deletion goes through the IngestService, which
-owns the index and the KV entries a document shares with others."""
+owns the index and the KV entries a document shares with others.
+
+Deleting is how a full disk is freed, so a deletion that hits "no space" releases the storage reserve
+(app/services/storage_faults.py) and runs again in the room that makes."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from app.catalog import DocumentStatus
 from app.catalog.repository import ChunkRecord, DocumentRecord
+from app.services.storage_faults import StorageMonitor, is_storage_full
 
 if TYPE_CHECKING:
     from app.components import Components
     from app.services.coverage_service import CoverageService
     from app.services.ingest_service import IngestService
+
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DocumentBusy(Exception):
@@ -36,10 +46,17 @@ class DocumentView:
 
 
 class DocumentService:
-    def __init__(self, components: Components, ingest: IngestService, coverage: CoverageService) -> None:
+    def __init__(
+        self,
+        components: Components,
+        ingest: IngestService,
+        coverage: CoverageService,
+        storage: StorageMonitor | None = None,
+    ) -> None:
         self._c = components
         self._ingest = ingest
         self._coverage = coverage
+        self._storage = storage
 
     def list(self, offset: int, limit: int, status: DocumentStatus | None = None) -> tuple[list[DocumentRecord], int]:
         """Documents newest first, and how many match `status` over all pages."""
@@ -60,7 +77,25 @@ class DocumentService:
             raise DocumentBusy(
                 f"document {document_id} is still being ingested by job {doc.job_id}; cancel the job first"
             )
-        self._ingest.delete_document(document_id)
+        self._freeing_space(lambda: self._ingest.delete_document(document_id))
+
+    def purge_failed(self) -> int:
+        """Delete every failed document; returns how many."""
+        return self._freeing_space(self._ingest.purge_failed)
+
+    def _freeing_space(self, delete: Callable[[], T]) -> T:
+        """Run a deletion; on a full disk, once more after releasing the storage reserve. A deletion either
+        changed nothing in the catalog (one transaction) or finished, so running it again is safe."""
+        try:
+            result = delete()
+        except Exception as exc:
+            if self._storage is None or not is_storage_full(exc) or not self._storage.release_reserve():
+                raise
+            logger.warning("deletion hit a full disk (%s); retrying in the released reserve", exc)
+            result = delete()
+        if self._storage is not None:
+            self._storage.ensure_reserve()  # back once the disk has room
+        return result
 
     def count_by_status(self) -> dict[str, int]:
         return {

@@ -118,6 +118,7 @@ class IngestService:
         scheduler: Scheduler | None = None,
         on_storage_fault: Callable[[str], None] | None = None,
         dispatch: Callable[[str], object] | None = None,
+        free_space: Callable[[], bool] | None = None,
     ) -> None:
         """`scheduler` computes the chunks' KV (questions go first); without one, an unstarted scheduler
         of its own computes them in the ingest thread (CLI ingest, tests). `dispatch(job_id)` hands
@@ -129,6 +130,9 @@ class IngestService:
         self._dispatch = dispatch
         self._scheduler = scheduler if scheduler is not None else build_scheduler(components)
         self._on_storage_fault = on_storage_fault
+        # Releases the storage reserve (True if it did): a failure the client is told of must be written
+        # down, or a restart would run the job again and report another outcome.
+        self._free_space = free_space
         # Jobs whose failure could not be written (the catalog itself was full): job id → error. They read
         # as failed (get_job) and the worker writes them down as soon as the catalog takes writes again.
         self._unsettled: dict[str, str] = {}
@@ -275,13 +279,17 @@ class IngestService:
         return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def recent_jobs(self, limit: int) -> list[JobRecord]:
-        return self._c.catalog.list_jobs(limit=limit)
+        # Each as get_job reports it: a job whose failure is not yet written reads failed in both.
+        return [self._settled_view(job) for job in self._c.catalog.list_jobs(limit=limit)]
 
     def get_job(self, job_id: str) -> JobRecord | None:
         job = self._c.catalog.get_job(job_id)
+        return self._settled_view(job) if job is not None else None
+
+    def _settled_view(self, job: JobRecord) -> JobRecord:
         with self._unsettled_lock:
-            error = self._unsettled.get(job_id)
-        if job is not None and error is not None and not job.status.finished:
+            error = self._unsettled.get(job.id)
+        if error is not None and not job.status.finished:
             return dataclasses.replace(
                 job,
                 status=JobStatus.FAILED,
@@ -312,6 +320,7 @@ class IngestService:
             self._queue.put(None)
             self._worker.join(timeout=60)
             self._worker = None
+        self._settle()  # a failure reported but not yet written: last chance before a restart re-runs it
 
     def _work(self) -> None:
         while True:
@@ -329,6 +338,15 @@ class IngestService:
                 self._unsettle(job_id, f"{type(exc).__name__}: {exc}")
             self._settle()
 
+    def _with_reserve(self, write: Callable[[], None]) -> None:
+        """Run a catalog write; on a full disk, once more after releasing the storage reserve."""
+        try:
+            write()
+        except Exception as exc:
+            if self._free_space is None or not is_storage_full(exc) or not self._free_space():
+                raise
+            write()
+
     def _unsettle(self, job_id: str, error: str) -> None:
         """A job whose own failure handling failed: never leave it `running`."""
         with self._unsettled_lock:
@@ -340,7 +358,8 @@ class IngestService:
         with self._unsettled_lock:
             pending = dict(self._unsettled)
         for job_id, error in pending.items():
-            try:
+
+            def mark_failed(job_id: str = job_id, error: str = error) -> None:
                 job = self._c.catalog.get_job(job_id)
                 if job is not None and not job.status.finished:
                     for doc_id in job.document_ids:
@@ -353,6 +372,9 @@ class IngestService:
                         stage=None,
                         errors=[*job.errors, {"source": None, "error": error, "code": "storage"}],
                     )
+
+            try:
+                self._with_reserve(mark_failed)
             except Exception as exc:
                 logger.warning("ingest job %s still cannot be marked failed: %s", job_id, exc)
                 continue
@@ -443,6 +465,7 @@ class IngestService:
             if full:
                 self._storage_fault(f"{type(exc).__name__}: {exc}")
             message = f"storage full: {exc}" if full else f"ingest failed: {exc}"
+            self._drop_unused_kv(items, failed_only=False)  # frees space for the failure to be written
             errors.append(
                 {
                     "source": None,
@@ -450,17 +473,26 @@ class IngestService:
                     "code": "storage_full" if full else "internal",
                 }
             )
-            try:
+
+            def mark_failed() -> None:
                 for item in items:
                     self._fail_document(item, message)
                 self._c.catalog.update_job(
                     job.id, status=JobStatus.FAILED, stage=None, errors=errors, duplicate_ids=duplicates
                 )
+
+            # Every document of the job is failed now: none may keep index entries a commit already added
+            # (the index must hold exactly the catalog's ready chunks).
+            for item in items:
+                self._c.retriever.remove_document(item.document_id)
+            try:
+                self._with_reserve(mark_failed)
             except Exception as handler_exc:  # e.g. the catalog is full too: never leave the job `running`
                 logger.error("could not mark ingest job %s failed: %s", job.id, handler_exc)
                 self._unsettle(job.id, message)
                 return self.get_job(job.id)  # type: ignore[return-value]
             return tracker.emit()
+        self._drop_unused_kv(items, failed_only=True)
         ok = [i for i in items if i.failed is None]
         # A duplicate is not a failure: its content is stored, under the id the 202 gave.
         failures = [e for e in errors if e.get("code") != "duplicate"]
@@ -821,13 +853,36 @@ class IngestService:
         if not deleted:
             return
         self._c.retriever.remove([c.id for c in deleted])
-        self._c.retriever.save()
         keys = {c.kv_key for c in deleted if c.kv_key}
         still_used = self._c.catalog.referenced_kv_keys(keys)
         with self._inflight_lock:
             still_used |= keys & self._inflight_keys
-        for key in keys - still_used:
+        for key in keys - still_used:  # first: it frees the space the snapshot below needs
             self._c.store.delete(key)
+        try:
+            self._c.retriever.save()
+        except OSError as exc:
+            if not is_storage_full(exc):
+                raise
+            # The catalog (the truth) and the in-memory index are right; the snapshot is written at the next
+            # save, or brought level with the catalog at the next start.
+            logger.warning("index snapshot not saved after a deletion (disk full): %s", exc)
+            self._storage_fault(f"{type(exc).__name__}: {exc}")
+
+    def _drop_unused_kv(self, items: list[_WorkItem], *, failed_only: bool) -> None:
+        """KV entries this job stored for documents that then failed, which no committed chunk uses: left
+        behind they would only fill the disk (on a full disk, deleting them is what makes room)."""
+        keys = {k for i in items if (i.failed is not None or not failed_only) for k in i.kv_keys}
+        if not keys:
+            return
+        try:
+            keep = self._c.catalog.referenced_kv_keys(keys)
+            if failed_only:
+                keep |= {k for i in items if i.failed is None for k in i.kv_keys}
+            for key in keys - keep:
+                self._c.store.delete(key)
+        except Exception as exc:  # best effort: doctor --repair removes what is left
+            logger.warning("could not remove the KV entries of failed documents: %s", exc)
 
     # ---- helpers ---------------------------------------------------------------------------------
 

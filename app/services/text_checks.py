@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-# Characters str.isspace() calls white space but Unicode's White_Space property (what `\s` means in the
-# OpenAPI spec's regular expressions) does not: the ASCII information separators.
-_NOT_UNICODE_SPACE = frozenset("\x1c\x1d\x1e\x1f")
+# "Blank" has one definition, used by the request schemas (as a pattern in the OpenAPI spec) and the
+# services: text with no character left once ingest's normalization (ingest/normalize.py) drops the
+# characters that carry no text: white space, zero-width space/joiners, BOM, soft hyphen, control
+# characters. The pattern matches one character that is none of those. (Python's and ECMA-262's `\s`
+# differ only at U+001C..U+001F and U+FEFF, which are listed here explicitly.)
+NOT_BLANK = r"[^\s\u200b\u200c\u200d\u2060\ufeff\u00ad\u0000-\u001f\u007f]"
+_NOT_BLANK = re.compile(NOT_BLANK)
 
 
 def is_blank(text: str) -> bool:
-    """True for text made only of Unicode White_Space (the empty string included)."""
-    return all(ch.isspace() and ch not in _NOT_UNICODE_SPACE for ch in text)
+    """True for text with no visible character: only white space, zero-width or control characters."""
+    return _NOT_BLANK.search(text) is None
 
 
 def is_valid_utf8(text: str) -> bool:

@@ -114,7 +114,9 @@ def _json_values(data: str, path: str | None) -> Iterator[Any]:
 
 
 def _jsonl_values(data: str, path: str | None) -> Iterator[Any]:
-    for line_number, line in enumerate(data.splitlines(), start=1):
+    # JSON Lines ends a record at "\n" (a "\r" before it is JSON white space): not str.splitlines, which
+    # also breaks at U+2028, U+0085 … that a JSON string may hold raw.
+    for line_number, line in enumerate(data.split("\n"), start=1):
         if not line.strip():
             continue
         try:

@@ -57,3 +57,12 @@ def test_summary_counts_503s_apart_from_200_then_busy() -> None:
     summary = summarize(timings, wall_s=2.0)
     assert (summary["errors"], summary["busy_503"], summary["busy_after_200"]) == (3, 2, 1)
     assert summary["share_503"] == 0.5
+
+
+def test_rss_of_a_process_and_of_one_that_is_gone() -> None:
+    import os
+
+    from bench.throughput import process_rss_bytes
+
+    assert (process_rss_bytes(os.getpid()) or 0) > 10 * 2**20
+    assert process_rss_bytes(2**22 + 12345) is None

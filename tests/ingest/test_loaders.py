@@ -324,6 +324,14 @@ def test_json_records_become_documents(tmp_path: Path) -> None:
     assert all(d.format == "json" and d.source_path == str(tmp_path / "data.json") for d in documents)
 
 
+def test_jsonl_line_holding_raw_line_separators_is_one_record(tmp_path: Path) -> None:
+    """Valid JSON Lines: U+2028, U+2029 and U+0085 are allowed raw inside a JSON string."""
+    line = '{"title": "Q3\u2028report", "text": "Revenue\u2029grew\x85by four percent."}'
+    documents = load_path(write(tmp_path / "raw.jsonl", line + "\r\n" + '{"text": "two"}'))
+    assert [d.title for d in documents] == ["Q3\u2028report", "raw #2"]
+    assert documents[0].text.split() == ["Revenue", "grew", "by", "four", "percent."]
+
+
 def test_json_single_object_and_custom_fields(tmp_path: Path) -> None:
     settings = IngestSettings(json_text_field="body.content", json_title_field="headline")
     path = write(tmp_path / "one.json", json.dumps({"headline": "Hi", "body": {"content": "Nested text."}}))

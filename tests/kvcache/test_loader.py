@@ -179,3 +179,41 @@ def test_device_side_conversion_path_equals_host_path(tmp_path: Path, storage: s
     for (k0, v0), (k1, v1) in zip(out[False], out[True], strict=True):
         assert k1.dtype == dtype
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
+def _tensor_bytes_reachable(root: object, depth: int = 6) -> int:
+    """Bytes of the tensors an object still refers to (through attributes, dicts, lists, tuples)."""
+    seen: set[int] = set()
+    total = 0
+    level = [root]
+    for _ in range(depth):
+        nxt: list[object] = []
+        for obj in level:
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if isinstance(obj, torch.Tensor):
+                total += obj.untyped_storage().nbytes()
+            elif isinstance(obj, dict):
+                nxt.extend(obj.values())
+            elif isinstance(obj, list | tuple | set):
+                nxt.extend(obj)
+            elif hasattr(obj, "__dict__"):
+                nxt.extend(vars(obj).values())
+            elif hasattr(obj, "__slots__"):
+                nxt.extend(getattr(obj, s, None) for s in obj.__slots__)
+        level = nxt
+    return total
+
+
+def test_closed_source_holds_no_layers_of_the_chunks_it_read(tmp_path: Path) -> None:
+    """A closed source may live on (in reference cycles, until a garbage collection): it must not keep
+    the whole KV it collected for promotion (the memory tier here is too small to take it)."""
+    store = TieredKVStore(settings(tmp_path, memory_bytes=1024))
+    keys = _fill(store, [0, 1], cache_in_memory=False)
+    src = store.open_layers(keys, prefetch=False)
+    for layer in range(NUM_LAYERS):
+        src.layer(layer)
+    assert _tensor_bytes_reachable(src) > 0  # while open it holds the layers it read
+    src.close()
+    assert _tensor_bytes_reachable(src) == 0

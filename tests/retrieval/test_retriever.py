@@ -246,3 +246,41 @@ def test_inconsistent_snapshot_and_missing_directory(tmp_path: Path) -> None:
 
 def test_empty_retriever_searches_nothing() -> None:
     assert Retriever().search("anything", query_vector=VECTORS[0]) == []
+
+
+LINE_BREAKERS = "\u2028\u2029\x85\x0b\x0c\x1c\x1d\x1e\r"  # everything str.splitlines breaks at, but "\n"
+
+
+def test_snapshot_survives_every_line_separator_in_title_tags_and_text(tmp_path: Path) -> None:
+    hostile = IndexedChunk(
+        chunk_id=7, document_id="doc-x", text=f"Revenue{LINE_BREAKERS}grew", title="Q3\u2028report", tags=("a\u2029b",)
+    )
+    retriever = Retriever(RetrievalSettings(), tmp_path)
+    retriever.add([hostile], VECTORS[:1])
+    retriever.save()
+    raw = (tmp_path / "chunks-000001.jsonl").read_bytes()
+    assert raw.isascii() and len(raw.splitlines()) == 1  # line-safe for any reader
+    loaded = Retriever.open(tmp_path)
+    assert loaded.get(7) == hostile
+    assert json.loads((tmp_path / MANIFEST_FILENAME).read_text())["format"] == 2
+
+
+def test_format_1_snapshot_with_raw_separators_loads(tmp_path: Path) -> None:
+    """A snapshot written before the fix (raw U+2028 in the JSON) is read again after upgrading."""
+    retriever = Retriever(RetrievalSettings(), tmp_path)
+    retriever.add(
+        [IndexedChunk(chunk_id=5, document_id="d", text="Revenue grew.", title="Q3\u2028report")], VECTORS[:1]
+    )
+    retriever.save()
+    record = {
+        "chunk_id": 5,
+        "document_id": "d",
+        "title": "Q3\u2028report",
+        "page": None,
+        "tags": [],
+        "text": "Revenue grew.",
+    }
+    (tmp_path / "chunks-000001.jsonl").write_bytes(json.dumps(record, ensure_ascii=False).encode())
+    manifest = json.loads((tmp_path / MANIFEST_FILENAME).read_text())
+    (tmp_path / MANIFEST_FILENAME).write_text(json.dumps({**manifest, "format": 1}))
+    assert Retriever.open(tmp_path).get(5).title == "Q3\u2028report"  # type: ignore[union-attr]

@@ -31,7 +31,10 @@ PROTECTED = [
 
 @pytest.fixture(scope="module")
 def keyed(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> Iterator[TestClient]:
-    settings = server_settings(tmp_path_factory.mktemp("auth") / "data", tiny_llama_dir, server={"api_key": KEY})
+    # Many wrong keys from one address here: the wrong-key limit (429) is tested in test_api_rate_keys.py.
+    settings = server_settings(
+        tmp_path_factory.mktemp("auth") / "data", tiny_llama_dir, server={"api_key": KEY, "wrong_key_burst": 1000}
+    )
     with TestClient(create_app(settings, load_in_background=False)) as client:
         yield client
 

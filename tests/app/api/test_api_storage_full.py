@@ -107,6 +107,8 @@ def test_job_whose_failure_cannot_be_written_is_never_left_running(
     job = wait_for_job(http, accepted.json()["job_id"])
     assert job["status"] == "failed"  # reported failed although the catalog still says running
     assert job["errors"][-1]["code"] == "storage"
+    listed = {j["job_id"]: j for j in http.get("/ingest/jobs").json()["jobs"]}[job["job_id"]]
+    assert (listed["status"], listed["stage"], listed["errors"]) == ("failed", None, job["errors"])  # one answer
     assert catalog.get_job(job["job_id"]).status.value == "running"
 
     monkeypatch.setattr(catalog, "update_job", real_update)  # space freed: the worker writes it down
@@ -115,3 +117,31 @@ def test_job_whose_failure_cannot_be_written_is_never_left_running(
         assert time.monotonic() < deadline, "the failed job was never written down"
         time.sleep(0.05)
     assert catalog.get_document(job["document_ids"][0]).status.value == "failed"
+
+
+def test_failure_is_written_with_the_reserve_so_a_restart_cannot_rerun_the_job(
+    http: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client is told `failed`; the catalog must say so too, or a restart would run the job again."""
+    components = _components(http)
+    catalog, retriever = components.catalog, components.retriever
+    storage = http.app.state.blendrag.storage  # type: ignore[attr-defined]
+    assert storage.reserve_path.is_file()
+    real_update = catalog.update_job
+
+    def embed_full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def update_while_full(job_id: str, **fields: Any) -> Any:
+        if storage.reserve_path.exists() and getattr(fields.get("status"), "value", None) == "failed":
+            raise _sqlite_full()  # the disk is full until the reserve is given up
+        return real_update(job_id, **fields)
+
+    monkeypatch.setattr(retriever, "embed_chunks", embed_full)
+    monkeypatch.setattr(catalog, "update_job", update_while_full)
+    accepted = http.post("/ingest", json={"documents": [{"title": "t", "text": "Moons of Zorblat are green."}]})
+    job = wait_for_job(http, accepted.json()["job_id"])
+    assert job["status"] == "failed" and job["errors"][-1]["code"] == "storage_full"
+    assert catalog.get_job(job["job_id"]).status.value == "failed"  # written down, not only reported
+    assert not storage.reserve_path.exists()
+    assert http.app.state.blendrag.ingest.recover() == []  # type: ignore[attr-defined]

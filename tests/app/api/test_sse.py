@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.api.sse import SSEMessage, aiter_sse, iter_sse, parse_sse, sse_comment, sse_event
+from app.api.sse import SSEMessage, aiter_sse, asse_lines, iter_sse, parse_sse, sse_comment, sse_event, sse_lines
 
 
 def test_parse_reads_what_the_server_writes() -> None:
@@ -43,3 +43,44 @@ async def test_aiter_sse_over_async_lines() -> None:
         SSEMessage("token", {"text": "x"}),
         SSEMessage("done", {"answer": "x"}),
     ]
+
+
+HOSTILE = "Q3\u2028report\u2029and\x85more\x0bform\x0cfeed\x1csep"
+
+
+def test_events_quoting_line_separators_stay_one_line_for_any_reader() -> None:
+    import httpx
+
+    body = sse_event("token", {"text": HOSTILE}) + sse_event("done", {"answer": HOSTILE})
+    # Escaped on the wire, so even a reader splitting like str.splitlines (httpx iter_lines) sees one line.
+    assert "\u2028" not in body and "\x85" not in body
+    assert httpx.Response(200, text=body).iter_lines().__next__() == "event: token"
+    assert [m.data for m in parse_sse(body)] == [{"text": HOSTILE}, {"answer": HOSTILE}]
+
+
+def test_line_splitter_breaks_at_cr_lf_only_across_chunks() -> None:
+    raw = 'data: {"text": "a\u2028b"}\r'  # a CR at a chunk's end may be half of a CRLF
+    chunks = [raw, '\n\ndata: x\rdata: y\n\ndata: {"t": "\x85"', "}\n\n"]
+    assert list(sse_lines(chunks)) == [
+        'data: {"text": "a\u2028b"}',
+        "",
+        "data: x",
+        "data: y",
+        "",
+        'data: {"t": "\x85"}',
+        "",
+    ]
+    # raw separators from another server (not escaped) are read whole too
+    assert list(iter_sse(sse_lines(chunks))) == [
+        SSEMessage(None, {"text": "a\u2028b"}),
+        SSEMessage(None, "x\ny"),
+        SSEMessage(None, {"t": "\x85"}),
+    ]
+
+
+async def test_async_line_splitter() -> None:
+    async def chunks():
+        for part in ('data: {"t": "\u2029', '"}\n', "\n"):
+            yield part
+
+    assert [m async for m in aiter_sse(asse_lines(chunks()))] == [SSEMessage(None, {"t": "\u2029"})]

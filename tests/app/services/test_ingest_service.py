@@ -359,3 +359,21 @@ def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(compo
     _, job = run(IngestService(components), [text("B", TEXT_B)])
     assert job.status == JobStatus.SUCCEEDED
     assert threads and set(threads) == {threading.current_thread().name}
+
+
+def test_a_job_failing_in_commit_leaves_no_index_entries(components: Components, monkeypatch) -> None:
+    """Its documents are failed, so the index (which must hold exactly the ready chunks) drops what the
+    commit had already added."""
+    service = IngestService(components)
+    real = components.catalog.set_document_status
+
+    def refuse_ready(document_id: str, status: DocumentStatus, error: str | None = None) -> None:
+        if status == DocumentStatus.READY:
+            raise RuntimeError("the document went away mid-commit")
+        real(document_id, status, error=error)
+
+    monkeypatch.setattr(components.catalog, "set_document_status", refuse_ready)
+    submitted, job = run(service, [text("a", "Alpha text about kites."), text("b", "Beta text about rivers.")])
+    assert job.status == JobStatus.FAILED
+    assert components.retriever.count == 0
+    assert [components.catalog.get_document(d).status for d in submitted.document_ids] == [DocumentStatus.FAILED] * 2
