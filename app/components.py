@@ -32,12 +32,10 @@ class Components:
     retriever: Retriever
 
     def expected_kv_key(self, token_ids: list[int]) -> str:
-        """The KV entry key a chunk has under the current model, system prompt and storage dtype."""
+        """The KV entry key a chunk has under the current model and system prompt (any storage dtype)."""
         from kvcache.keys import chunk_key
 
-        return chunk_key(
-            self.engine.fingerprint, self.engine.prompt.prefix_ids, token_ids, self.settings.kvcache.storage_dtype
-        )
+        return chunk_key(self.engine.fingerprint, self.engine.prompt.prefix_ids, token_ids)
 
     def close(self) -> None:
         self.retriever.save()
