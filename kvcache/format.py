@@ -394,7 +394,6 @@ def encode_entry(
         params = int4 or Int4Params()
         if head_dim % 2:
             raise ValueError(f"int4 storage needs an even head_dim, got {head_dim}")
-        check_v_group(kv_heads, head_dim, params.v_group)
         for what, x in (("k", kv.k), ("v", kv.v)):
             if not torch.is_floating_point(x):
                 raise ValueError(f"{what} must be a floating tensor, got {x.dtype}")

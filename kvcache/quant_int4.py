@@ -8,7 +8,8 @@ q in 0..15 with x ≈ q * s + z. The groups follow each tensor's outlier structu
   zeros: (kv_heads, num_k_groups, head_dim).
 - V has no such channels, so V is quantized *per token*: a group is `v_group` consecutive channels of
   one token, counted over the token's values of all heads in order (head 0's channels, then head
-  1's, ...). Scales and zeros: (num_tokens, kv_heads * head_dim / v_group).
+  1's, ...), `v_group` being the largest divisor of kv_heads * head_dim not above the target.
+  Scales and zeros: (num_tokens, kv_heads * head_dim / v_group).
 
 The token groups of K are balanced: a chunk of T tokens gets n = max(1, round(T / k_group_target))
 groups of ceil(T / n) tokens (the last may be shorter), so a chunk slightly longer than the target
@@ -23,7 +24,8 @@ q = clamp(round((x - z) / s), 0, 15) reconstructs it within s / 2 (plus float32 
 A constant group gets s = 0 and reconstructs to z, within fp16 rounding of its value.
 
 Public API:
-- `k_group_tokens(num_tokens, target)`, `quantize_int4(x, *, k_group_target, v_group, kind) -> Int4Quantized`
+- `k_group_tokens(num_tokens, target)`, `v_group_channels(kv_heads, head_dim, target)`,
+  `quantize_int4(x, *, kind, k_group_target, v_group) -> Int4Quantized`
 - `pack_nibbles(q)`, `unpack_nibbles(packed)` (lossless inverses)
 - `dequantize_int4(q4, kind, dtype)` (torch, any device) and `host_dequantize_int4(dst, ...)` (numpy,
   single-threaded, for the layer loader's worker; see `kvcache.hostcopy` for why).
@@ -63,6 +65,12 @@ def k_group_tokens(num_tokens: int, target: int) -> int:
 
 def num_k_groups(num_tokens: int, group: int) -> int:
     return math.ceil(num_tokens / group)
+
+
+def v_group_channels(kv_heads: int, head_dim: int, target: int) -> int:
+    """Channels per V group: the largest divisor of kv_heads * head_dim not above `target`."""
+    width = kv_heads * head_dim
+    return max(d for d in range(1, min(target, width) + 1) if width % d == 0)
 
 
 def check_v_group(kv_heads: int, head_dim: int, v_group: int) -> None:
@@ -140,8 +148,7 @@ def quantize_int4(x: torch.Tensor, *, kind: Kind, k_group_target: int = 128, v_g
         codes = q.reshape(*lead, heads, dim, n * group)[..., :tokens].transpose(-1, -2)  # (..., H, T, D)
         scale, zero = scale.transpose(-1, -2), zero.transpose(-1, -2)  # (..., H, n, D)
     elif kind == "v":
-        check_v_group(heads, dim, v_group)
-        group = v_group
+        group = v_group_channels(heads, dim, v_group)
         n = heads * dim // group
         xt = xf.movedim(-3, -2).reshape(*lead, tokens, n, group)  # (..., T, H*D) in groups
         q, scale, zero = _quantize_groups(xt, None)  # q (..., T, n, g); scale (..., T, n)
