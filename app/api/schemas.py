@@ -103,6 +103,8 @@ class IngestAccepted(BaseModel):
 class StageProgress(BaseModel):
     done: int
     total: int
+    bytes: int | None = Field(default=None, description="kv stage: bytes of KV entries the job added, as stored")
+    tokens: int | None = Field(default=None, description="kv stage: tokens those entries hold")
 
 
 class JobOut(BaseModel):

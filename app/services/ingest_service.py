@@ -698,6 +698,8 @@ class IngestService:
             )
             for (key, _), kv in zip(pending, kvs, strict=True):
                 result = store.put(key, kv, model_fingerprint=engine.fingerprint)
+                if result.stored_in:
+                    tracker.add_kv(result.num_bytes, kv.num_tokens)  # the bill, shown as it grows
                 # The persistent tier is what answers after a restart: an entry only in memory is lost then.
                 if ("disk" in result.failed) or not result.stored_in:
                     unstored.add(key)
@@ -858,6 +860,12 @@ class _Progress:
     def advance(self, done: int) -> None:
         self._progress[self._stage]["done"] = done
         self._write(force=done >= self._progress[self._stage]["total"])
+
+    def add_kv(self, num_bytes: int, num_tokens: int) -> None:
+        """KV bytes (as stored) and tokens this job added: the kv stage's `bytes` and `tokens`."""
+        kv = self._progress["kv"]
+        kv["bytes"] = kv.get("bytes", 0) + num_bytes
+        kv["tokens"] = kv.get("tokens", 0) + num_tokens
 
     def grow(self, extra: int) -> None:
         """The current stage has `extra` more items than announced (records found while parsing)."""
