@@ -61,7 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument(
         "--kv-dtype",
         default="fp16",
-        choices=["fp32", "fp16", "bf16", "int8"],
+        choices=["fp32", "fp16", "bf16", "int8", "int4"],
         help="storage dtype the cached modes read (fp32: the engine's tensors as is)",
     )
     add_blend_args(parser)
