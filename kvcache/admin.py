@@ -204,7 +204,8 @@ def convert(
     if store.disk is not None:
         disk = store.disk
         disk.rescan()
-        for key in disk.keys():
+        disk_keys = disk.keys()  # a snapshot, next victim first
+        for key in disk_keys:
             try:
                 with FileEntryReader(disk.path_for(key), key) as reader:
                     if reader.meta.storage_dtype == to:
@@ -234,7 +235,8 @@ def convert(
         skipped.append("disk")
     if store.redis is not None and store.redis.ping():
         redis_tier = store.redis
-        for key in redis_tier.keys():
+        redis_keys = redis_tier.keys()
+        for key in redis_keys:
             raw = redis_tier.get_bytes(key)
             if raw is None:
                 continue

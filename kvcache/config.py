@@ -40,7 +40,9 @@ class KVCacheSettings(BaseModel):
         default="fp16", description="How new entries store K/V; entries of any dtype are read"
     )
     int4_k_group: int = Field(default=128, ge=1, le=4096, description="int4: target tokens per K group")
-    int4_v_group: int = Field(default=64, ge=2, le=4096, description="int4: channels per V group")
+    int4_v_group: int = Field(
+        default=192, ge=2, le=4096, description="int4: channels per V group (at most; all heads of a token)"
+    )
     memory_bytes: int = Field(default=512 * MiB, ge=0, description="Memory tier budget; 0 disables it")
     disk_bytes: int | None = Field(
         default=None, gt=0, description="Disk tier budget; None: held + disk_free_share of the free space"

@@ -21,6 +21,7 @@ Public API:
 - `serialize_entry(entry) -> bytes`; reading back is `kvcache.reader` (`deserialize_entry`, readers).
 - `StoredEntry` (tensors in storage form, CPU): `.nbytes`, `.layer(l) -> LayerData`,
   `.to_chunk_kv(dtype=None, device="cpu") -> ChunkKV`.
+- `format_bytes_per_token(storage_dtype, *, num_layers, kv_heads, head_dim, int4=None) -> float`
 - `dequantize_layer_into(k_dst, v_dst, data, meta)` (CPU, no torch threads) and
   `dequantize_layer(data, meta, device, dtype)` (any device): one layer in compute form.
 """
@@ -49,6 +50,7 @@ from kvcache.quant_int4 import (
     host_dequantize_int4,
     num_k_groups,
     quantize_int4,
+    v_group_channels,
 )
 from kvcache.types import ChunkKV
 
@@ -70,7 +72,9 @@ class Int4Params:
     """How int4 entries are grouped (see `kvcache.quant_int4`); recorded in each entry's metadata."""
 
     k_group: int = 128  # target tokens per K group (per channel)
-    v_group: int = 64  # channels per V group (per token)
+    # channels per V group (per token), at most: SmolLM2's 3 heads x 64 make one group of a token's 192
+    # values; one group per head (64) costs 240 B/token more, 6.15 KiB/token in all (KL: see bench kv)
+    v_group: int = 192
 
 
 def default_compute_dtype(storage_dtype: StorageDType) -> torch.dtype:
@@ -351,6 +355,33 @@ class StoredEntry:
         for layer in range(self.meta.num_layers):
             out.update(self.layer(layer).named(layer))
         return out
+
+
+def format_bytes_per_token(
+    storage_dtype: StorageDType, *, num_layers: int, kv_heads: int, head_dim: int, int4: Int4Params | None = None
+) -> float:
+    """Bytes per token of an entry in `storage_dtype` for this model shape, scales included: the store's
+    price. int4's K scales are per group of tokens, so the figure is for chunks of one full K group."""
+    params = int4 or Int4Params()
+    groups = {}
+    if storage_dtype == "int4":
+        groups = {
+            "int4_k_group": params.k_group,
+            "int4_v_group": v_group_channels(kv_heads, head_dim, params.v_group),
+        }
+    meta = EntryMeta(
+        key="0" * 64,
+        model_fingerprint="-",
+        storage_dtype=storage_dtype,
+        num_layers=num_layers,
+        kv_heads=kv_heads,
+        num_tokens=params.k_group,
+        head_dim=head_dim,
+        created_at=0.0,
+        checksums={},
+        **groups,
+    )
+    return meta.bytes_per_token
 
 
 def _to_storage(x: torch.Tensor, storage_dtype: StorageDType, what: str) -> torch.Tensor:

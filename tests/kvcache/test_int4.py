@@ -133,7 +133,7 @@ def test_entry_bytes_round_trip_and_bytes_per_token() -> None:
     assert entry.meta.bytes_per_token == codes + params_bytes == entry.nbytes / 40
     back = deserialize_entry(serialize_entry(entry), entry.key)
     assert back.meta == entry.meta
-    assert all(torch.equal(a, b) for a, b in zip(back.named_tensors().values(), entry.named_tensors().values()))
+    assert all(torch.equal(a, b) for a, b in zip(back.named_tensors().values(), entry.named_tensors().values(), strict=True))
     out = back.to_chunk_kv()
     assert out.k.dtype == torch.float32
     for layer in range(4):
@@ -171,10 +171,9 @@ def test_corrupt_int4_entry_is_detected_and_recomputed(tmp_path: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-3] ^= 0x10  # one nibble of the last tensor's data
     path.write_bytes(bytes(data))
-    with pytest.raises(KVEntryCorrupt) as info:
-        with store.open_layers([key_of(2)]) as source:
-            for layer in range(source.num_layers):
-                source.layer(layer)
+    with pytest.raises(KVEntryCorrupt) as info, store.open_layers([key_of(2)]) as source:
+        for layer in range(source.num_layers):
+            source.layer(layer)
     assert info.value.kind == "checksum"
     assert store.contains(key_of(2)) is None and not path.exists()  # dropped: the caller recomputes it
     store.put(key_of(2), kv, model_fingerprint=FINGERPRINT)  # ... and stores it again
