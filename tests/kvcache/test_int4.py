@@ -133,7 +133,9 @@ def test_entry_bytes_round_trip_and_bytes_per_token() -> None:
     assert entry.meta.bytes_per_token == codes + params_bytes == entry.nbytes / 40
     back = deserialize_entry(serialize_entry(entry), entry.key)
     assert back.meta == entry.meta
-    assert all(torch.equal(a, b) for a, b in zip(back.named_tensors().values(), entry.named_tensors().values(), strict=True))
+    assert all(
+        torch.equal(a, b) for a, b in zip(back.named_tensors().values(), entry.named_tensors().values(), strict=True)
+    )
     out = back.to_chunk_kv()
     assert out.k.dtype == torch.float32
     for layer in range(4):
