@@ -176,10 +176,32 @@ def dequantize_int4(q4: Int4Quantized, kind: Kind, dtype: torch.dtype) -> torch.
     return (codes * scale + zero).to(dtype)
 
 
-def _np_expand(p: np.ndarray, kind: Kind, heads: int, tokens: int, dim: int, group: int) -> np.ndarray:
-    if kind == "k":  # (H, n, D) -> (H, T, D)
-        return np.repeat(p, group, axis=1)[:, :tokens, :]
-    return np.repeat(p, group, axis=1).reshape(tokens, heads, dim).transpose(1, 0, 2)
+def _np_apply(out: np.ndarray, scale: np.ndarray, zero: np.ndarray, kind: Kind, group: int) -> None:
+    """out (H, T, D) codes as float32 -> out * scale + zero, broadcasting the group parameters (no
+    (H, T, D)-sized temporaries: this runs on the loader's thread for every layer of every prompt)."""
+    heads, tokens, dim = out.shape
+    if kind == "k":  # (H, n, D): one slice of `group` tokens per K group
+        for i in range(scale.shape[1]):
+            part = out[:, i * group : (i + 1) * group]
+            part *= scale[:, i : i + 1]
+            part += zero[:, i : i + 1]
+        return
+    if dim % group == 0:  # V groups within a head: (T, H * D / g) -> (H, T, D / g, 1)
+        shape = (tokens, heads, dim // group)
+        s = scale.reshape(shape).transpose(1, 0, 2)[..., None]
+        z = zero.reshape(shape).transpose(1, 0, 2)[..., None]
+        grouped = out.reshape(heads, tokens, dim // group, group)  # a view: only the last axis is split
+        grouped *= s
+        grouped += z
+    elif group % dim == 0:  # V groups spanning whole heads: head h is in group h // (g / D)
+        which = np.arange(heads) // (group // dim)
+        out *= scale.T[which][:, :, None]
+        out += zero.T[which][:, :, None]
+    else:  # a group boundary inside a head: spell the parameters out per value
+        s_full = np.repeat(scale, group, axis=1).reshape(tokens, heads, dim).transpose(1, 0, 2)
+        z_full = np.repeat(zero, group, axis=1).reshape(tokens, heads, dim).transpose(1, 0, 2)
+        out *= s_full
+        out += z_full
 
 
 def host_dequantize_int4(
@@ -188,11 +210,6 @@ def host_dequantize_int4(
     """dst (H, T, D) float32 CPU tensor or view = dequantized values, with numpy (no torch threads)."""
     out = dst.numpy()
     p = packed.numpy()
-    heads, tokens, half = p.shape
-    dim = 2 * half
     out[..., 0::2] = p & 0x0F
     out[..., 1::2] = p >> 4
-    s = _np_expand(scale.numpy().astype(np.float32), kind, heads, tokens, dim, group)
-    z = _np_expand(zero.numpy().astype(np.float32), kind, heads, tokens, dim, group)
-    np.multiply(out, s, out=out)
-    np.add(out, z, out=out)
+    _np_apply(out, scale.numpy().astype(np.float32), zero.numpy().astype(np.float32), kind, group)

@@ -93,10 +93,11 @@ def test_constant_group_reconstructs_its_value() -> None:
         assert bool(((back - x).abs() <= q4.scale.float().max() / 2 * (1 + 1e-6)).all())
 
 
-def test_host_dequantize_matches_torch_bit_for_bit() -> None:
+@pytest.mark.parametrize("group", [8, 16, 24, 48])  # V: within a head, across a head boundary, whole heads
+def test_host_dequantize_matches_torch_bit_for_bit(group: int) -> None:
     x = _layer(2, tokens=37)
     for kind in ("k", "v"):
-        q4 = quantize_int4(x, kind=kind, k_group_target=16, v_group=16)  # type: ignore[arg-type]
+        q4 = quantize_int4(x, kind=kind, k_group_target=group, v_group=group)  # type: ignore[arg-type]
         out = torch.empty(x.shape)
         host_dequantize_int4(out, q4.packed, q4.scale, q4.zero, kind, q4.group)  # type: ignore[arg-type]
         assert torch.equal(out, dequantize_int4(q4, kind, torch.float32))  # type: ignore[arg-type]
