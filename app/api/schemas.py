@@ -101,10 +101,13 @@ class IngestAccepted(BaseModel):
 
 
 class StageProgress(BaseModel):
+    """done/total; the kv stage also has `bytes` (of the KV entries the job added, as stored) and `tokens`
+    (the tokens those entries hold): what the job adds to the KV store's bill."""
+
+    model_config = ConfigDict(extra="allow")
+
     done: int
     total: int
-    bytes: int | None = Field(default=None, description="kv stage: bytes of KV entries the job added, as stored")
-    tokens: int | None = Field(default=None, description="kv stage: tokens those entries hold")
 
 
 class JobOut(BaseModel):

@@ -226,10 +226,12 @@ function stageText(job) {
   if (job.status === "running") {
     const p = job.progress[job.stage] || { done: 0, total: 0 };
     const name = STAGE_NAMES[job.stage] || job.stage || "starting";
-    return job.cancel_requested ? "cancelling…" : `${name} ${p.done}/${p.total}`;
+    const kvAdded = job.stage === "kv" && p.bytes ? ` · KV +${fmtBytes(p.bytes)}` : "";
+    return job.cancel_requested ? "cancelling…" : `${name} ${p.done}/${p.total}${kvAdded}`;
   }
   const chunks = job.progress.kv ? job.progress.kv.total : 0;
-  if (job.status === "succeeded") return `done: ${job.document_ids.length - job.duplicate_ids.length} document(s), ${chunks} chunk(s)`;
+  const kvBytes = job.progress.kv && job.progress.kv.bytes ? `, KV cache +${fmtBytes(job.progress.kv.bytes)}` : "";
+  if (job.status === "succeeded") return `done: ${job.document_ids.length - job.duplicate_ids.length} document(s), ${chunks} chunk(s)${kvBytes}`;
   return job.status;
 }
 
