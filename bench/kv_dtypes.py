@@ -3,9 +3,9 @@ and what the disk tier's eviction policy keeps.
 
 1. Per storage dtype (fp16, bf16, int8, int4): bytes per token (in memory and as an entry file, scales
    included), the share of fp16's, what lossless compression of the entry file would save (zlib level 6
-   and lzma preset 6, stdlib stand-ins for zstd; on the first 3 examples' entries), and, against the
-   engine's own fp32 KV, the first-token KL, first-token agreement and greedy-answer agreement at reuse
-   and at blend@--ratio.
+   and lzma preset 6 for int8 / int4, stdlib stand-ins for zstd; on the first example's entries), and,
+   against the engine's own fp32 KV, the first-token KL, first-token agreement and greedy-answer
+   agreement at reuse and at blend@--ratio.
 2. TTFT at blend@--ratio (open the entries, prompt pass, first token) with the entries only in the memory
    tier (in --ttft-memory-dtype), and only on disk (in --ttft-dtype; a disk-only TieredKVStore in a temp
    dir, memory tier off): `disk` with the OS page cache as it is (the entries were just written, so it
@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "kv"
-COMPRESSION_EXAMPLES = 3  # examples whose entry files are compressed to measure the saving
+COMPRESSION_EXAMPLES = 1  # examples whose entry files are compressed to measure the saving (lzma is slow)
 TTFT_VARIANTS = ("memory", "disk", "disk_no_prefetch", "disk_cold", "disk_cold_no_prefetch", "disk_one_miss")
 # name -> (store, prefetch, evict the entry files from the page cache first, drop the first chunk's entry)
 _VARIANTS = {
@@ -212,7 +212,9 @@ def evaluate(
             }
             if n <= COMPRESSION_EXAMPLES:  # a sample: lzma takes seconds per entry
                 row["zlib_bytes"] = sum(len(zlib.compress(f, 6)) for f in entry_files)
-                row["lzma_bytes"] = sum(len(lzma.compress(f, preset=6)) for f in entry_files)
+                # lzma only where compression is in question (the quantized formats): seconds per fp16 entry
+                if dtype in ("int8", "int4"):
+                    row["lzma_bytes"] = sum(len(lzma.compress(f, preset=6)) for f in entry_files)
                 row["compressed_sample_bytes"] = row["file_bytes"]
             for spec in specs:
                 out = run_pass(engine, bp.layout, kvs.source(dtype), spec, [], max_tokens)
@@ -305,8 +307,11 @@ def summarize(
             # first COMPRESSION_EXAMPLES examples' entries
             "zlib_saving": 1.0
             - sum(r["zlib_bytes"] for r in sampled) / sum(r["compressed_sample_bytes"] for r in sampled),
-            "lzma_saving": 1.0
-            - sum(r["lzma_bytes"] for r in sampled) / sum(r["compressed_sample_bytes"] for r in sampled),
+            "lzma_saving": (
+                1.0 - sum(r["lzma_bytes"] for r in sampled) / sum(r["compressed_sample_bytes"] for r in sampled)
+                if sampled and all("lzma_bytes" in r for r in sampled)
+                else None
+            ),
             "modes": modes,
         }
     out: dict[str, Any] = {"dtypes": out_dtypes, "kv_elements_per_token": kv_elements_per_token(engine)}
@@ -425,12 +430,12 @@ def main(args: argparse.Namespace) -> int:
     plot(result, plot_path(args))
     for dtype, d in result["dtypes"].items():
         logger.info(
-            "%s: %.0f B/token (%.1f%% of fp16; zlib would save %.1f%%, lzma %.1f%%), %s",
+            "%s: %.0f B/token (%.1f%% of fp16; zlib would save %.1f%%, lzma %s), %s",
             dtype,
             d["bytes_per_token"],
             100 * d["share_of_fp16"],
             100 * d["zlib_saving"],
-            100 * d["lzma_saving"],
+            "-" if d["lzma_saving"] is None else f"{100 * d['lzma_saving']:.1f}%",
             ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items()),
         )
     if (t := result.get("ttft")) is not None:
