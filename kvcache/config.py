@@ -36,8 +36,10 @@ class KVCacheSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dir: Path | None = Field(default=None, description="Disk tier root (<data_dir>/kv); None: no disk tier")
+    # int4: the smallest format whose default blend stays within +0.01 first-token KL of fp16's with the
+    # same look-up answers (docs/benchmarks.md, "KV footprint"); a quarter of fp16's bytes
     storage_dtype: StorageDType = Field(
-        default="fp16", description="How new entries store K/V; entries of any dtype are read"
+        default="int4", description="How new entries store K/V; entries of any dtype are read"
     )
     int4_k_group: int = Field(default=128, ge=1, le=4096, description="int4: target tokens per K group")
     int4_v_group: int = Field(

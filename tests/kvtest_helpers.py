@@ -46,7 +46,12 @@ def key_of(i: int) -> str:
 
 
 def settings(tmp_path: Path | None, **overrides: object) -> KVCacheSettings:
-    base: dict[str, object] = {"dir": None if tmp_path is None else tmp_path / "kv", "fsync": False}
+    # fp16 unless a test says otherwise: tier tests compare stored tensors bit for bit
+    base: dict[str, object] = {
+        "dir": None if tmp_path is None else tmp_path / "kv",
+        "fsync": False,
+        "storage_dtype": "fp16",
+    }
     base.update(overrides)
     return KVCacheSettings(**base)  # type: ignore[arg-type]
 

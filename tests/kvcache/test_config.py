@@ -8,7 +8,7 @@ from kvcache.config import KVCacheSettings, MiB
 
 def test_defaults() -> None:
     s = KVCacheSettings()
-    assert (s.dir, s.storage_dtype, s.memory_bytes, s.disk_bytes) == (None, "fp16", 512 * MiB, None)
+    assert (s.dir, s.storage_dtype, s.memory_bytes, s.disk_bytes) == (None, "int4", 512 * MiB, None)
     assert (s.disk_free_share, s.eviction, s.int4_k_group, s.int4_v_group) == (0.5, "frequency", 128, 192)
     assert s.redis_url is None and s.prefetch is True and s.verify_checksums is True
 
