@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from app.datadir_lock import DataDirBusy, DataDirLock, LockOwner, lock_owner, server_url
 from app.settings import Settings, SettingsError, load_settings
 from engine.types import MODES, SELECTORS
+from kvcache.config import STORAGE_DTYPES
 
 if TYPE_CHECKING:
     from app.remote import RemoteServer
@@ -125,6 +126,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_kv_added(progress: dict[str, Any]) -> None:
+    """What the job added to the KV store: the cost of the cache, shown with the result."""
+    kv = progress.get("kv") or {}
+    num_bytes, num_tokens = kv.get("bytes") or 0, kv.get("tokens") or 0
+    per_token = f", {human_bytes(round(num_bytes / num_tokens))} per token" if num_tokens else ""
+    print(f"KV cache: +{human_bytes(num_bytes)} for {num_tokens} new chunk tokens{per_token}")
+
+
 def _print_job(job_id: str, status: str, document_ids: list[str], errors: list[dict[str, Any]], num_files: int) -> int:
     num_ok = len(document_ids) - len({e.get("source") for e in errors})
     print(f"job {job_id}: {status}; {max(num_ok, 0)} of {num_files} file(s) ingested")
@@ -156,6 +165,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             accepted = remote.ingest_files(found.paths, tags, names=found.names)
             job = remote.wait_job(accepted["job_id"], progress.update)
         progress.finish(job)
+        _print_kv_added(job.get("progress") or {})
         code = _print_job(job["job_id"], job["status"], job["document_ids"], job["errors"], len(found.paths))
         _print_skipped(found.skipped, settings.ingest.allowed_extensions)
         return code
@@ -176,6 +186,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             progress.finish(local_job)
         finally:
             components.close()
+    _print_kv_added(local_job.progress)
     code = _print_job(local_job.id, local_job.status.value, local_job.document_ids, local_job.errors, len(found.paths))
     _print_skipped(found.skipped, settings.ingest.allowed_extensions)
     return code
@@ -422,6 +433,20 @@ def cmd_cache(args: argparse.Namespace) -> int:
                         f"disk tier now {human_bytes(pr.bytes_after)}"
                     )
                     return 0
+                case "convert":
+                    cr = admin.convert(store, args.to)
+                    print(
+                        f"converted {cr.num_converted} entries to {cr.to} "
+                        f"({human_bytes(cr.num_bytes_before)} -> {human_bytes(cr.num_bytes_after)}); "
+                        f"{cr.num_already} already {cr.to}, {cr.num_removed} unreadable removed"
+                    )
+                    if args.to != settings.kvcache.storage_dtype:
+                        print(
+                            f"note: kvcache.storage_dtype is {settings.kvcache.storage_dtype}: new entries are "
+                            f"still written in it; set it to {args.to} to keep the store in one format",
+                            file=sys.stderr,
+                        )
+                    return 0
         finally:
             store.close()
     return EXIT_USAGE
@@ -526,8 +551,14 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         cp = csub.add_parser(name, help=help_text)
         _add_data_dir(cp)
-    cp = csub.add_parser("prune", help="evict least-recently-used disk entries down to a size")
+    cp = csub.add_parser("prune", help="evict disk entries (the eviction policy's victims first) down to a size")
     cp.add_argument("--max-bytes", type=int, required=True)
+    _add_data_dir(cp)
+    cp = csub.add_parser(
+        "convert",
+        help="rewrite stored entries in another storage dtype, in place (atomic per entry; rerun to resume)",
+    )
+    cp.add_argument("--to", required=True, choices=list(STORAGE_DTYPES), help="target storage dtype")
     _add_data_dir(cp)
     p.set_defaults(func=cmd_cache)
 

@@ -32,7 +32,7 @@ class Components:
     retriever: Retriever
 
     def expected_kv_key(self, token_ids: list[int]) -> str:
-        """The KV entry key a chunk has under the current model, system prompt and storage dtype.
+        """The KV entry key a chunk has under the current model, system prompt (any storage dtype).
 
         `TieredKVStore.key_for` is the one key function; the KV writer (kvcache/writer.py) uses it too.
         """

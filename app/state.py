@@ -53,7 +53,7 @@ class AppState:
     trimmer: IdleTrimmer | None = None
 
     def __post_init__(self) -> None:
-        self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate)
+        self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate, self.settings.kvcache)
         self.storage = StorageMonitor(self.settings.data_dir)
         server = self.settings.server
         if server.ask_rate_per_minute is not None and self.rate_limiter is None:

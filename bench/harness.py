@@ -193,7 +193,7 @@ def save_figure(fig, path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------ KV sources
-STORAGE_DTYPES = ("fp16", "bf16", "int8")
+STORAGE_DTYPES = ("fp16", "bf16", "int8", "int4")
 
 
 def put_chunks(
@@ -225,8 +225,9 @@ def put_chunks(
 class ChunkKVSet:
     """One prompt's precomputed chunk KV, served as any storage dtype the store supports.
 
-    `fp32` serves the engine's own tensors (no storage rounding); fp16/bf16/int8 go through an in-memory
-    `TieredKVStore` (the real encode path, int8 with per-token scales) and its layer-wise loader.
+    `fp32` serves the engine's own tensors (no storage rounding); fp16/bf16/int8/int4 go through an
+    in-memory `TieredKVStore` (the real encode path with the store's default int4 groups) and its
+    layer-wise loader.
     """
 
     def __init__(self, engine: Engine, chunk_ids: list[list[int]], kvs: list[ChunkKV]) -> None:
@@ -270,14 +271,18 @@ class ChunkKVSet:
         located = store.locate_many(keys)
         return sum(located[k].num_bytes_by_tier["memory"] for k in keys)
 
-    def serialized_bytes(self, storage_dtype: str) -> int:
-        """Bytes of these chunks' entry files (what the disk tier and Redis hold)."""
+    def serialized_entries(self, storage_dtype: str) -> list[bytes]:
+        """These chunks' entry files (what the disk tier and Redis hold), in prompt order."""
         from kvcache.format import serialize_entry
 
         store, keys = self._store(storage_dtype)
-        total = 0
+        out = []
         for key in keys:
             entry = store.get_entry(key)
             assert entry is not None
-            total += len(serialize_entry(entry))
-        return total
+            out.append(serialize_entry(entry))
+        return out
+
+    def serialized_bytes(self, storage_dtype: str) -> int:
+        """Bytes of these chunks' entry files."""
+        return sum(len(data) for data in self.serialized_entries(storage_dtype))

@@ -57,7 +57,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--kv-dtype",
         default="fp16",
         choices=list(STORAGE_DTYPES),
-        help="storage dtype of the ingest (the server's default is fp16)",
+        help="storage dtype of the ingest (the server's default is int4)",
     )
     parser.add_argument("--dtype-sample", type=int, default=24, help="chunks used to measure KV bytes per dtype")
     parser.add_argument("--no-recall", action="store_true", help="skip the recall@k part")

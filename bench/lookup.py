@@ -214,6 +214,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
+    parser.add_argument(
+        "--kv-dtype",
+        default=None,
+        choices=["fp16", "bf16", "int8", "int4"],
+        help="storage dtype ingest writes the chunks' KV in (default: the server's)",
+    )
     parser.set_defaults(func=main)
     return parser
 
@@ -232,8 +238,9 @@ def main(args: argparse.Namespace) -> int:
     run = RunRecord()
     facts = make_facts(args.examples, args.seed)
     with tempfile.TemporaryDirectory(prefix="blendrag-lookup-") as tmp:
+        kvcache = {"storage_dtype": args.kv_dtype} if args.kv_dtype else {}
         settings = bench_settings(
-            Path(tmp), args.model, args.models_dir, args.threads, retrieval={"top_k": args.passages}
+            Path(tmp), args.model, args.models_dir, args.threads, retrieval={"top_k": args.passages}, kvcache=kvcache
         )
         ratio = args.ratio if args.ratio is not None else settings.engine.recompute_ratio
         modes = [("full", "full", None), ("reuse", "reuse", None)]
@@ -256,6 +263,7 @@ def main(args: argparse.Namespace) -> int:
             "top_k": args.passages,
             "ratio": ratio,
             "default_selector": settings.engine.selector,
+            "kv_dtype": settings.kvcache.storage_dtype,
             "max_tokens": args.max_tokens,
             "machine": machine_info(),
             **outcome,

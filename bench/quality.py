@@ -10,7 +10,7 @@ any chunks (no context). Per mode:
     nll               teacher-forced NLL of the first gold answer, mean per token, mean over examples
     benefit_retained  (NLL_no_context − NLL_mode) ÷ (NLL_no_context − NLL_full), of the mean NLLs
 
-Cached modes read the chunk KV through the store in --kv-dtype (fp16 by default, what /ask serves).
+Cached modes read the chunk KV through the store in --kv-dtype (int4 by default, what /ask serves).
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
     parser.add_argument(
         "--kv-dtype",
-        default="fp16",
-        choices=["fp32", "fp16", "bf16", "int8"],
+        default="int4",
+        choices=["fp32", "fp16", "bf16", "int8", "int4"],
         help="storage dtype the cached modes read (fp32: the engine's tensors as is)",
     )
     add_blend_args(parser)

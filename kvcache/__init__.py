@@ -12,8 +12,10 @@ Typical use (the app builds one store from its settings and shares it across wor
     except KVEntryMissing as exc:
         ...  # recompute exc.keys, put them, retry
 
-Modules: config (settings), keys, format / reader (entry bytes), quant (int8), memory_tier,
-disk_tier, redis_tier, store, loader, stats, coverage, admin, errors, types (the shared contract).
+Modules: config (settings), keys, format / reader (entry bytes of every storage dtype), quant (int8),
+quant_int4 (int4: grouped, asymmetric, packed), memory_tier, disk_tier (byte budget), eviction (which
+disk entry goes: retrieval frequency or LRU), redis_tier, store, loader, stats, coverage, admin
+(stats, verify, prune, convert), errors, types (the shared contract).
 """
 
 from kvcache.config import KVCacheSettings, StorageDType

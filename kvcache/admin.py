@@ -1,24 +1,35 @@
-"""Maintenance behind `blendrag cache stats|verify|prune` (the CLI formats the results).
+"""Maintenance behind `blendrag cache stats|verify|prune|convert` (the CLI formats the results).
 
     stats(store) -> StoreStats                      # same as store.stats()
     verify(store, *, tiers=("disk", "redis")) -> VerifyReport
     prune(store, max_bytes: int) -> PruneReport
+    convert(store, to: StorageDType, *, on_entry=None) -> ConvertReport
 
 `verify` rescans the disk tier (picking up entries other processes wrote), then reads every entry of
 the chosen persistent tiers completely, checking header, metadata and every tensor's checksum; bad
 entries are removed (and counted as faults in `store.stats()`). `prune` evicts least recently used disk
 entries until the disk tier holds at most `max_bytes` (it does not change the configured budget).
+
+`convert` rewrites every persistent entry (disk, then Redis) that is not yet in `to` in that format,
+in place under the same key. Each entry is replaced atomically (a new file renamed over the old one,
+or one Redis SET), so an interrupted run leaves every entry readable, in its old format or its new
+one, and running it again resumes: entries already in `to` are skipped. Entries found unreadable are
+removed (they are recomputed when needed), as `verify` does.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import torch
+
+from kvcache.config import STORAGE_DTYPES, StorageDType
 from kvcache.errors import KVEntryCorrupt
-from kvcache.reader import BytesEntryReader, FileEntryReader
+from kvcache.format import StoredEntry, encode_entry, serialize_entry
+from kvcache.reader import BytesEntryReader, FileEntryReader, deserialize_entry
 from kvcache.stats import StoreStats
 from kvcache.store import TieredKVStore
 
@@ -153,3 +164,118 @@ def prune(store: TieredKVStore, max_bytes: int) -> PruneReport:
         num_evicted=len(evicted),
         evicted_keys=tuple(evicted),
     )
+
+
+@dataclass(frozen=True)
+class ConvertReport:
+    to: str
+    num_converted: int
+    num_already: int  # already in the target format (skipped)
+    num_removed: int  # unreadable, removed
+    num_bytes_before: int  # of the converted entries
+    num_bytes_after: int
+    converted_by_tier: dict[str, int] = field(default_factory=dict)
+    skipped_tiers: tuple[str, ...] = ()
+
+
+def _reencode(entry: StoredEntry, store: TieredKVStore, to: StorageDType) -> bytes:
+    kv = entry.to_chunk_kv(torch.float32)
+    new = encode_entry(
+        kv,
+        key=entry.key,
+        model_fingerprint=entry.meta.model_fingerprint,
+        storage_dtype=to,
+        created_at=entry.meta.created_at,
+        int4=store.int4,
+    )
+    return serialize_entry(new)
+
+
+def convert(
+    store: TieredKVStore, to: StorageDType, *, on_entry: Callable[[str, str], None] | None = None
+) -> ConvertReport:
+    """Rewrite persistent entries into `to` (see the module docstring). `on_entry(tier, key)` is called
+    after each entry is done (converted or skipped), e.g. for progress."""
+    if to not in STORAGE_DTYPES:
+        raise ValueError(f"storage dtype must be one of {', '.join(STORAGE_DTYPES)}, not {to!r}")
+    converted: Counter[str] = Counter()
+    num_already = num_removed = bytes_before = bytes_after = 0
+    skipped: list[str] = []
+    if store.disk is not None:
+        disk = store.disk
+        disk.rescan()
+        disk_keys = disk.keys()  # a snapshot, next victim first
+        for key in disk_keys:
+            try:
+                with FileEntryReader(disk.path_for(key), key) as reader:
+                    if reader.meta.storage_dtype == to:
+                        num_already += 1
+                        if on_entry is not None:
+                            on_entry("disk", key)
+                        continue
+                    entry = reader.read_all(verify=True)
+                    old_size = reader.nbytes
+            except FileNotFoundError:
+                disk.delete(key)  # deleted meanwhile (another process)
+                continue
+            except KVEntryCorrupt as exc:
+                disk.remove_corrupt(key, exc)
+                num_removed += 1
+                continue
+            data = _reencode(entry, store, to)
+            if disk.replace_bytes(key, data):
+                converted["disk"] += 1
+                bytes_before += old_size
+                bytes_after += len(data)
+            if store.memory is not None:
+                store.memory.delete(key)  # the next read takes the new format
+            if on_entry is not None:
+                on_entry("disk", key)
+    else:
+        skipped.append("disk")
+    if store.redis is not None and store.redis.ping():
+        redis_tier = store.redis
+        redis_keys = redis_tier.keys()
+        for key in redis_keys:
+            raw = redis_tier.get_bytes(key)
+            if raw is None:
+                continue
+            try:
+                with BytesEntryReader(raw, key) as byte_reader:
+                    if byte_reader.meta.storage_dtype == to:
+                        num_already += 1
+                        continue
+                entry = deserialize_entry(raw, key, verify=True)
+            except KVEntryCorrupt as exc:
+                redis_tier.remove_corrupt(key, exc)
+                num_removed += 1
+                continue
+            data = _reencode(entry, store, to)
+            if redis_tier.put_bytes(key, data, overwrite=True):
+                converted["redis"] += 1
+                bytes_before += len(raw)
+                bytes_after += len(data)
+            if on_entry is not None:
+                on_entry("redis", key)
+    else:
+        skipped.append("redis")
+    report = ConvertReport(
+        to=to,
+        num_converted=sum(converted.values()),
+        num_already=num_already,
+        num_removed=num_removed,
+        num_bytes_before=bytes_before,
+        num_bytes_after=bytes_after,
+        converted_by_tier=dict(converted),
+        skipped_tiers=tuple(skipped),
+    )
+    logger.info(
+        "kv convert to %s: %d converted (%d -> %d bytes), %d already, %d removed",
+        to,
+        report.num_converted,
+        bytes_before,
+        bytes_after,
+        num_already,
+        num_removed,
+    )
+    return report

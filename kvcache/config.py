@@ -3,8 +3,13 @@
 `KVCacheSettings` is a plain pydantic model: it never reads the environment. The app fills `dir` with
 `<data_dir>/kv`; `dir=None` runs the store without a disk tier (tests, benchmarks).
 
-Budgets: `memory_bytes` (0 turns the memory tier off) and `disk_bytes` are enforced by this process with
-LRU eviction. Redis's own budget belongs to the Redis server (`maxmemory` + `maxmemory-policy
+Budgets: `memory_bytes` (0 turns the memory tier off, LRU eviction) and `disk_bytes` are enforced by this
+process. `disk_bytes=None` (the default) sizes the disk tier at start: what it already holds plus
+`disk_free_share` of the free space of its file system (logged). The disk tier evicts by `eviction`:
+"frequency" (retrieval count decaying with `eviction_half_life` retrievals, see `kvcache.eviction`)
+or "lru". An evicted chunk is recomputed when a question needs it and stored again.
+
+Redis's own budget belongs to the Redis server (`maxmemory` + `maxmemory-policy
 allkeys-lru`), because replicas share it and no single client can account for it; here we only cap the
 size of one entry (`redis_max_entry_bytes`) and set a TTL that is refreshed on every hit.
 """
@@ -16,7 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-StorageDType = Literal["fp16", "bf16", "int8"]
+from kvcache.eviction import EvictionName
+
+StorageDType = Literal["fp16", "bf16", "int8", "int4"]
+STORAGE_DTYPES: tuple[StorageDType, ...] = ("fp16", "bf16", "int8", "int4")
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -28,14 +36,27 @@ class KVCacheSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     dir: Path | None = Field(default=None, description="Disk tier root (<data_dir>/kv); None: no disk tier")
-    storage_dtype: StorageDType = Field(default="fp16", description="How K/V are stored; part of the key")
+    # int4: the smallest format whose default blend stays within +0.01 first-token KL of fp16's with the
+    # same look-up answers (docs/benchmarks.md, "KV footprint"); a quarter of fp16's bytes
+    storage_dtype: StorageDType = Field(
+        default="int4", description="How new entries store K/V; entries of any dtype are read"
+    )
+    int4_k_group: int = Field(default=128, ge=1, le=4096, description="int4: target tokens per K group")
+    int4_v_group: int = Field(
+        default=192, ge=2, le=4096, description="int4: channels per V group (at most; all heads of a token)"
+    )
     memory_bytes: int = Field(default=512 * MiB, ge=0, description="Memory tier budget; 0 disables it")
     history_memory_bytes: int = Field(
         default=128 * MiB,
         ge=0,
         description="Memory tier budget of conversation-turn entries, apart from the chunks'; 0 disables it",
     )
-    disk_bytes: int = Field(default=20 * GiB, gt=0, description="Disk tier budget (LRU eviction)")
+    disk_bytes: int | None = Field(
+        default=None, gt=0, description="Disk tier budget; None: held + disk_free_share of the free space"
+    )
+    disk_free_share: float = Field(default=0.5, gt=0, le=1, description="Share of free space for disk_bytes=None")
+    eviction: EvictionName = Field(default="frequency", description="Disk tier eviction: frequency or lru")
+    eviction_half_life: float = Field(default=100_000, gt=0, description="Retrievals for a count to halve")
     redis_url: str | None = Field(default=None, description="redis://host:port/db; None: no Redis tier")
     redis_key_prefix: str = Field(default="blendrag:kv:", min_length=1)
     redis_ttl_s: int | None = Field(default=7 * 24 * 3600, gt=0, description="Refreshed on each hit")

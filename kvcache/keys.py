@@ -1,10 +1,15 @@
 """Content-addressed keys of chunk-KV entries.
 
-`chunk_key(model_fingerprint, prefix_token_ids, chunk_token_ids, storage_dtype) -> str` is the
-sha256 (64 lowercase hex chars) over all four inputs, each framed with its length so that no two
-different inputs hash the same bytes (prefix [1, 2] + chunk [3] differs from prefix [1] + chunk [2, 3]).
-Changing the model, the system prompt/template (prefix), the chunk text or the storage dtype yields a
-new key, so stale entries are never served: they simply stop being found.
+`chunk_key(model_fingerprint, prefix_token_ids, chunk_token_ids) -> str` is the sha256 (64 lowercase
+hex chars) over the inputs, each framed with its length so that no two different inputs hash the same
+bytes (prefix [1, 2] + chunk [3] differs from prefix [1] + chunk [2, 3]). Changing the model, the system
+prompt/template (prefix) or the chunk text yields a new key, so stale entries are never served: they
+simply stop being found.
+
+A key names what was computed, not how it is stored: the storage dtype is in the entry's metadata and
+every reader dequantizes whatever it finds, so changing `storage_dtype` (or `blendrag cache convert`)
+keeps every key and every stored entry usable. Keys once also framed the storage dtype; that slot is
+kept and always holds "fp16" (the default of that time), so entries written then keep their keys.
 """
 
 from __future__ import annotations
@@ -16,11 +21,9 @@ import sys
 from array import array
 from collections.abc import Iterable
 
-from kvcache.config import StorageDType
-
 KEY_VERSION = b"blendrag-kv-key/v1"
 _KEY_RE = re.compile(r"^[0-9a-f]{64}$")
-_STORAGE_DTYPES = ("fp16", "bf16", "int8")
+_FORMAT_SLOT = b"fp16"  # see the module docstring
 
 
 def _token_bytes(token_ids: Iterable[int]) -> bytes:
@@ -40,14 +43,10 @@ def _framed(data: bytes) -> bytes:
     return struct.pack("<Q", len(data)) + data
 
 
-def chunk_key(
-    model_fingerprint: str, prefix_token_ids: Iterable[int], chunk_token_ids: Iterable[int], storage_dtype: StorageDType
-) -> str:
+def chunk_key(model_fingerprint: str, prefix_token_ids: Iterable[int], chunk_token_ids: Iterable[int]) -> str:
     """The entry key of one chunk prefilled behind `prefix_token_ids` by the model `model_fingerprint`."""
     if not model_fingerprint:
         raise ValueError("model_fingerprint must be a non-empty string")
-    if storage_dtype not in _STORAGE_DTYPES:
-        raise ValueError(f"storage_dtype must be one of {_STORAGE_DTYPES}, got {storage_dtype!r}")
     chunk = _token_bytes(chunk_token_ids)
     if chunk[:8] == b"\0" * 8:
         raise ValueError("a chunk needs at least one token")
@@ -56,7 +55,7 @@ def chunk_key(
     h.update(_framed(model_fingerprint.encode("utf-8")))
     h.update(_token_bytes(prefix_token_ids))
     h.update(chunk)
-    h.update(_framed(storage_dtype.encode("ascii")))
+    h.update(_framed(_FORMAT_SLOT))
     return h.hexdigest()
 
 

@@ -4,7 +4,9 @@
 for those no tier can serve) and returns a `StoreLayerSource`, the `LayerKVSource` the engine consumes:
 
 - `layer(l) -> (k, v)`: K (pre-RoPE) and V of all chunks concatenated in prompt order, each
-  (kv_heads, num_tokens, head_dim) in `dtype` on `device`. int8 entries are dequantized.
+  (kv_heads, num_tokens, head_dim) in `dtype` on `device`. int8 / int4 entries are dequantized here,
+  layer by layer, so dequantization overlaps the caller's compute like the reads do. Chunks of
+  different storage dtypes (a store written before a change of `storage_dtype`) mix freely.
 - With prefetch on, opening schedules layer 0 and each `layer(l)` schedules layer l+1 on a private
   worker thread, so reading (and checksumming, and copying to the device) hides behind the caller's
   compute of layer l. Results are identical with and without prefetch.
@@ -32,8 +34,16 @@ from types import TracebackType
 import torch
 
 from kvcache.errors import KVEntryCorrupt
-from kvcache.format import SCALE_DTYPE, TORCH_STORAGE_DTYPES, EntryMeta, LayerData, StoredEntry
-from kvcache.hostcopy import host_copy, host_dequantize
+from kvcache.format import (
+    SCALE_DTYPE,
+    TORCH_STORAGE_DTYPES,
+    EntryMeta,
+    LayerData,
+    StoredEntry,
+    dequantize_layer,
+    dequantize_layer_into,
+)
+from kvcache.hostcopy import host_copy
 from kvcache.quant import dequantize_int8
 from kvcache.reader import EntryReader
 
@@ -238,20 +248,22 @@ class StoreLayerSource:
         per_key = {key: self._read_chunk_layer(c, layer_idx) for key, c in self._unique.items()}
         shape = (self._kv_heads, self._num_tokens, self._head_dim)
         storage_dtypes = {c.meta.storage_dtype for c in self._unique.values()}
-        if self._convert_on_device and len(storage_dtypes) == 1:
+        if self._convert_on_device and storage_dtypes == {"int4"}:
+            # int4 groups differ per chunk: ship each chunk's packed bytes and dequantize it there
+            k = torch.empty(shape, dtype=self._dtype, device=self._device)
+            v = torch.empty(shape, dtype=self._dtype, device=self._device)
+            for chunk, (start, end) in zip(self._chunks, self._spans, strict=True):
+                k[:, start:end], v[:, start:end] = dequantize_layer(
+                    per_key[chunk.key], chunk.meta, self._device, self._dtype
+                )
+        elif self._convert_on_device and len(storage_dtypes) == 1:
             k, v = self._load_to_device(per_key, shape, storage_dtypes.pop())
         else:
             # fill the output chunk by chunk (no torch.cat of temporaries), converting on this thread
             k = torch.empty(shape, dtype=self._dtype)  # (kv_heads, num_tokens, head_dim)
             v = torch.empty(shape, dtype=self._dtype)
             for chunk, (start, end) in zip(self._chunks, self._spans, strict=True):
-                data = per_key[chunk.key]
-                if data.k_scale is None or data.v_scale is None:
-                    host_copy(k[:, start:end], data.k)
-                    host_copy(v[:, start:end], data.v)
-                else:
-                    host_dequantize(k[:, start:end], data.k, data.k_scale)
-                    host_dequantize(v[:, start:end], data.v, data.v_scale)
+                dequantize_layer_into(k[:, start:end], v[:, start:end], per_key[chunk.key], chunk.meta)
             if self._device.type != "cpu":
                 k, v = k.to(self._device), v.to(self._device)
         self._loaded_layers.add(layer_idx)

@@ -29,12 +29,13 @@ import numpy as np
 import torch
 
 from kvcache.errors import KVEntryCorrupt
-from kvcache.format import EntryMeta, LayerData, StoredEntry, tensor_checksum
+from kvcache.format import EntryMeta, LayerData, StoredEntry, layer_tensor_names, tensor_checksum
 
 _ST_DTYPES: dict[str, torch.dtype] = {
     "F16": torch.float16,
     "BF16": torch.bfloat16,
     "I8": torch.int8,
+    "U8": torch.uint8,
     "F32": torch.float32,
 }
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # a 100-layer int8 entry's header is ~40 KiB
@@ -114,16 +115,11 @@ class EntryReader:
         if not 0 <= layer_idx < self.meta.num_layers:
             raise IndexError(f"layer {layer_idx} of an entry with {self.meta.num_layers} layers")
         i = layer_idx
-        k = self.read_tensor(f"k.{i}", verify=verify, layer_idx=i)
-        v = self.read_tensor(f"v.{i}", verify=verify, layer_idx=i)
-        if not self.meta.quantized:
-            return LayerData(k=k, v=v)
-        return LayerData(
-            k=k,
-            v=v,
-            k_scale=self.read_tensor(f"k_scale.{i}", verify=verify, layer_idx=i),
-            v_scale=self.read_tensor(f"v_scale.{i}", verify=verify, layer_idx=i),
-        )
+        parts = {
+            name.split(".")[0]: self.read_tensor(name, verify=verify, layer_idx=i)
+            for name in layer_tensor_names(i, self.meta.storage_dtype)
+        }
+        return LayerData(**parts)
 
     def read_all(self, *, verify: bool = True) -> StoredEntry:
         layers = [self.read_layer(layer, verify=verify) for layer in range(self.meta.num_layers)]

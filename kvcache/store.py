@@ -2,12 +2,14 @@
 
 Tiers, in lookup order: memory (LRU, `memory_bytes`; absent when 0) -> history memory (conversation
 turns' entries, `put(..., history=True)`, LRU within its own `history_memory_bytes`, so a long chat never
-evicts the chunks' entries and the other way round) -> disk (`dir`, LRU, `disk_bytes`; absent when `dir`
-is None) -> Redis (`redis_url`; absent when None). Writes go to every tier; a read
-that hits a lower tier promotes the entry into the tiers above it. Every storage fault (corrupt or
-truncated entry, file deleted behind our back, full disk, Redis down) is survived, counted in
-`stats()`, logged, and turns into "not stored" / "not found", i.e. "recompute this chunk", never an
-exception from `put`/`get`/`contains` and never a wrong tensor.
+evicts the chunks' entries and the other way round) -> disk (`dir`, `disk_bytes`, evicting by `eviction`;
+absent when `dir` is None) -> Redis (`redis_url`; absent when None). Every key a read asks for is recorded
+as a retrieval by the disk tier's eviction policy, whichever tier serves it (or none). New entries are
+written in `storage_dtype`; entries of any other dtype are read as they are.
+Writes go to every tier; a read that hits a lower tier promotes the entry into the tiers above it.
+Every storage fault (corrupt or truncated entry, file deleted behind our back, full disk, Redis
+down) is survived, counted in `stats()`, logged, and turns into "not stored" / "not found", i.e.
+"recompute this chunk", never an exception from `put`/`get`/`contains` and never a wrong tensor.
 
 Public API (all methods thread-safe):
 
@@ -44,7 +46,9 @@ import torch
 from kvcache.config import KVCacheSettings, StorageDType
 from kvcache.disk_tier import DiskTier
 from kvcache.errors import KVEntryCorrupt, KVEntryMissing
+from kvcache.eviction import make_policy
 from kvcache.format import (
+    Int4Params,
     LayerData,
     StoredEntry,
     default_compute_dtype,
@@ -92,9 +96,16 @@ class TieredKVStore:
         self.memory: MemoryTier | None = MemoryTier(settings.memory_bytes) if settings.memory_bytes else None
         # Made at the first turn stored (a server that never holds a conversation shows no such tier).
         self.history_memory: MemoryTier | None = None
-        self.disk: DiskTier | None = (
-            DiskTier(settings.dir, settings.disk_bytes, fsync=settings.fsync) if settings.dir else None
-        )
+        self.disk: DiskTier | None = None
+        if settings.dir:
+            self.disk = DiskTier(
+                settings.dir,
+                settings.disk_bytes,
+                fsync=settings.fsync,
+                policy=make_policy(settings.eviction, settings.eviction_half_life),
+                free_share=settings.disk_free_share,
+            )
+        self.int4 = Int4Params(k_group=settings.int4_k_group, v_group=settings.int4_v_group)
         self.redis: RedisTier | None = None
         if settings.redis_url:
             self.redis = RedisTier(
@@ -139,8 +150,8 @@ class TieredKVStore:
         return None
 
     def key_for(self, model_fingerprint: str, prefix_token_ids: Iterable[int], chunk_token_ids: Iterable[int]) -> str:
-        """`chunk_key(...)` with this store's storage dtype."""
-        return chunk_key(model_fingerprint, prefix_token_ids, chunk_token_ids, self.storage_dtype)
+        """`chunk_key(...)`: the same whatever the storage dtype (the entry records its own format)."""
+        return chunk_key(model_fingerprint, prefix_token_ids, chunk_token_ids)
 
     def _count(self, num_hits: int, num_misses: int) -> None:
         with self._lock:
@@ -162,8 +173,20 @@ class TieredKVStore:
         """Store a chunk's KV in every tier (persistent ones first). Storage faults never raise.
 
         `history`: a conversation turn's entry; its memory copy goes to the history memory tier."""
-        entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint, storage_dtype=self.storage_dtype)
+        entry = self.encode(key, kv, model_fingerprint=model_fingerprint)
         return self.put_entry(entry, overwrite=overwrite, cache_in_memory=cache_in_memory, history=history)
+
+    def encode(
+        self, key: str, kv: ChunkKV, *, model_fingerprint: str, storage_dtype: StorageDType | None = None
+    ) -> StoredEntry:
+        """`kv` in this store's storage form (or `storage_dtype`'s), as `put` would store it."""
+        return encode_entry(
+            kv,
+            key=key,
+            model_fingerprint=model_fingerprint,
+            storage_dtype=storage_dtype or self.storage_dtype,
+            int4=self.int4,
+        )
 
     def put_entry(
         self, entry: StoredEntry, *, overwrite: bool = False, cache_in_memory: bool = True, history: bool = False
@@ -201,6 +224,8 @@ class TieredKVStore:
         check_key(key)
         promote = self.settings.promote_on_load
         verify = self.settings.verify_checksums
+        if self.disk is not None:
+            self.disk.record_retrieval([key])
         entry = self._memory_get(key)
         if entry is not None:
             self._count(1, 0)
@@ -305,6 +330,8 @@ class TieredKVStore:
         if not keys:
             raise ValueError("open_layers needs at least one key")
         unique = [check_key(k) for k in dict.fromkeys(keys)]
+        if self.disk is not None:
+            self.disk.record_retrieval(unique)
         resolved: dict[str, ResolvedChunk] = {}
         need_redis: list[str] = []
         for key in unique:
@@ -380,5 +407,7 @@ class TieredKVStore:
             )
 
     def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
         if self.redis is not None:
             self.redis.close()

@@ -24,7 +24,7 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from kvcache.format import StoredEntry, encode_entry
+from kvcache.format import StoredEntry
 from kvcache.store import PutResult, TieredKVStore
 from kvcache.types import ChunkKV
 
@@ -43,6 +43,8 @@ class ChunkKVWrite:
     num_computed: int  # unique keys computed now
     unwritten: frozenset[str]  # computed keys the store could not keep (`entry_written` is False)
     computed: dict[str, StoredEntry] = field(default_factory=dict)  # with keep_entries: key -> entry
+    num_bytes_written: int = 0  # serialized bytes of the entries written now (the cache's bill)
+    num_tokens_written: int = 0  # their tokens
 
 
 def entry_written(store: TieredKVStore, result: PutResult) -> bool:
@@ -88,15 +90,19 @@ def ensure_chunk_kv(
     computed: dict[str, StoredEntry] = {}
     unwritten: set[str] = set()
     failed_tiers: set[str] = set()
+    num_bytes_written = num_tokens_written = 0
     for start in range(0, len(todo), max(1, batch_chunks)):
         batch = todo[start : start + max(1, batch_chunks)]
         kvs = compute([ids_by_key[key] for key in batch])
         for key, kv in zip(batch, kvs, strict=True):
-            entry = encode_entry(kv, key=key, model_fingerprint=model_fingerprint, storage_dtype=store.storage_dtype)
+            entry = store.encode(key, kv, model_fingerprint=model_fingerprint)
             result = store.put_entry(entry, history=key in history_keys)
             if not entry_written(store, result):
                 unwritten.add(key)
                 failed_tiers.update(result.failed)
+            else:
+                num_bytes_written += result.num_bytes
+                num_tokens_written += kv.num_tokens
             if keep_entries:
                 computed[key] = entry
         batch_keys = set(batch)
@@ -115,4 +121,6 @@ def ensure_chunk_kv(
         num_computed=len(todo),
         unwritten=frozenset(unwritten),
         computed=computed,
+        num_bytes_written=num_bytes_written,
+        num_tokens_written=num_tokens_written,
     )

@@ -16,7 +16,7 @@ import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from kvcache.config import KVCacheSettings, StorageDType
+from kvcache.config import KVCacheSettings
 from kvcache.keys import chunk_key
 from kvcache.types import ChunkKV
 
@@ -41,12 +41,17 @@ def make_kv(
     return ChunkKV(k=torch.randn(shape, generator=g).to(dtype), v=torch.randn(shape, generator=g).to(dtype))
 
 
-def key_of(i: int, storage_dtype: StorageDType = "fp16") -> str:
-    return chunk_key(FINGERPRINT, PREFIX_IDS, [100 + i, 7, 8], storage_dtype)
+def key_of(i: int) -> str:
+    return chunk_key(FINGERPRINT, PREFIX_IDS, [100 + i, 7, 8])
 
 
 def settings(tmp_path: Path | None, **overrides: object) -> KVCacheSettings:
-    base: dict[str, object] = {"dir": None if tmp_path is None else tmp_path / "kv", "fsync": False}
+    # fp16 unless a test says otherwise: tier tests compare stored tensors bit for bit
+    base: dict[str, object] = {
+        "dir": None if tmp_path is None else tmp_path / "kv",
+        "fsync": False,
+        "storage_dtype": "fp16",
+    }
     base.update(overrides)
     return KVCacheSettings(**base)  # type: ignore[arg-type]
 

@@ -103,6 +103,11 @@ class IngestAccepted(BaseModel):
 
 
 class StageProgress(BaseModel):
+    """done/total; the kv stage also has `bytes` (of the KV entries the job added, as stored) and `tokens`
+    (the tokens those entries hold): what the job adds to the KV store's bill."""
+
+    model_config = ConfigDict(extra="allow")
+
     done: int
     total: int
 
@@ -502,6 +507,16 @@ class StorageOut(BaseModel):
     last_fault_at: float | None = Field(description="Unix time of last_fault")
 
 
+class KVFootprintOut(BaseModel):
+    storage_dtype: str = Field(description="The format new KV entries are stored in")
+    bytes_per_token: float | None = Field(description="Bytes per token of that format for the model, scales included")
+    bytes_per_million_tokens: float | None
+    eviction: str = Field(description="Disk tier eviction policy: frequency or lru")
+    disk_budget_bytes: int | None = Field(description="Disk tier budget; null without a disk tier")
+    disk_bytes: int = Field(description="What the disk tier holds")
+    disk_entries: int
+
+
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
@@ -513,6 +528,7 @@ class StatsOut(BaseModel):
     documents_by_status: dict[str, int]
     kv_tiers: list[TierStatsOut]
     kv_hit_rate: float | None = Field(description="Store reads found in some tier / all store reads")
+    kv_footprint: KVFootprintOut = Field(description="What the KV store costs and holds")
     ask_kv_hits: int = Field(description="Chunk KV found at ask time (since start)")
     ask_kv_misses: int = Field(description="Chunk KV recomputed at ask time (since start)")
     conversations: int | None = Field(default=None, description="Stored conversations (all owners)")

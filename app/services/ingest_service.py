@@ -759,6 +759,7 @@ class IngestService:
             on_batch=on_batch,
         )
         tracker.advance(len(token_ids))
+        tracker.add_kv(written.num_bytes_written, written.num_tokens_written)  # the cache's bill
         if written.unwritten:
             self._fail_unstored(live, set(written.unwritten), errors)
 
@@ -921,6 +922,12 @@ class _Progress:
     def advance(self, done: int) -> None:
         self._progress[self._stage]["done"] = done
         self._write(force=done >= self._progress[self._stage]["total"])
+
+    def add_kv(self, num_bytes: int, num_tokens: int) -> None:
+        """KV bytes (as stored) and tokens this job added: the kv stage's `bytes` and `tokens`."""
+        kv = self._progress["kv"]
+        kv["bytes"] = kv.get("bytes", 0) + num_bytes
+        kv["tokens"] = kv.get("tokens", 0) + num_tokens
 
     def grow(self, extra: int) -> None:
         """The current stage has `extra` more items than announced (records found while parsing)."""

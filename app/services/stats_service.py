@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from app.services.document_service import DocumentService
     from engine.config import EngineSettings
     from engine.scheduler import Scheduler
+    from kvcache.config import KVCacheSettings
     from kvcache.stats import TierStats
 
 
@@ -25,6 +26,48 @@ class ModeStats:
     ttft_ms_mean: float
     ttft_ms_p50: float
     ttft_ms_p95: float
+
+
+@dataclass(frozen=True)
+class KVFootprint:
+    """What the KV store costs: its format's bytes per token, the disk budget and what the disk holds."""
+
+    storage_dtype: str
+    bytes_per_token: float | None  # scales included; None before the model is loaded
+    bytes_per_million_tokens: float | None
+    eviction: str
+    disk_budget_bytes: int | None  # None: no disk tier
+    disk_bytes: int
+    disk_entries: int
+
+
+def kv_footprint(components: Components | None, settings: KVCacheSettings) -> KVFootprint:
+    from kvcache.format import Int4Params, format_bytes_per_token
+
+    per_token = None
+    disk_budget, disk_bytes, disk_entries = None, 0, 0
+    if components is not None:
+        cfg = components.engine.config
+        per_token = format_bytes_per_token(
+            settings.storage_dtype,
+            num_layers=cfg.num_layers,
+            kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            int4=Int4Params(k_group=settings.int4_k_group, v_group=settings.int4_v_group),
+        )
+        disk = components.store.disk
+        if disk is not None:
+            st = disk.stats()
+            disk_budget, disk_bytes, disk_entries = st.budget_bytes, st.num_bytes, st.num_entries
+    return KVFootprint(
+        storage_dtype=settings.storage_dtype,
+        bytes_per_token=round(per_token, 1) if per_token is not None else None,
+        bytes_per_million_tokens=round(per_token * 1e6) if per_token is not None else None,
+        eviction=settings.eviction,
+        disk_budget_bytes=disk_budget,
+        disk_bytes=disk_bytes,
+        disk_entries=disk_entries,
+    )
 
 
 @dataclass(frozen=True)
@@ -39,6 +82,7 @@ class ServingStats:
     documents_by_status: dict[str, int]
     kv_tiers: list[TierStats]  # the store's own, in lookup order
     kv_hit_rate: float | None
+    kv_footprint: KVFootprint
     ask_kv_hits: int
     ask_kv_misses: int
     ingest_chunks: int
@@ -77,8 +121,17 @@ def ttft_by_mode(recent: list[RecentAsk]) -> dict[str, ModeStats]:
 
 
 class StatsService:
-    def __init__(self, engine_settings: EngineSettings, metrics: Metrics, prefill_rate: PrefillRate) -> None:
+    def __init__(
+        self,
+        engine_settings: EngineSettings,
+        metrics: Metrics,
+        prefill_rate: PrefillRate,
+        kv_settings: KVCacheSettings | None = None,
+    ) -> None:
+        from kvcache.config import KVCacheSettings
+
         self._engine = engine_settings
+        self._kv_settings = kv_settings or KVCacheSettings()
         self._metrics = metrics
         self._prefill_rate = prefill_rate
 
@@ -108,6 +161,7 @@ class StatsService:
             documents_by_status=documents.count_by_status() if documents is not None else {},
             kv_tiers=tiers,
             kv_hit_rate=kv_hit_rate,
+            kv_footprint=kv_footprint(components, self._kv_settings),
             ask_kv_hits=int(sample("blendrag_ask_kv_lookups_total", {"result": "hit"}) or 0),
             ask_kv_misses=int(sample("blendrag_ask_kv_lookups_total", {"result": "miss"}) or 0),
             ingest_chunks=chunks,

@@ -82,3 +82,43 @@ def test_errors_exit_non_zero_with_a_message(
     with pytest.raises(SystemExit) as exc:
         main(["ask"])
     assert exc.value.code == 2
+
+
+def test_ingest_shows_the_kv_bill_and_cache_convert_shrinks_it(
+    tiny_env: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import human_bytes
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "zorblat.md").write_text("# Zorblat\n\nQuintaro is the capital of Zorblat.\n")
+    (docs / "bread.txt").write_text("Sourdough needs flour, water, salt and a starter.\n")
+    assert main(["ingest", str(docs), "--data-dir", str(tiny_env)]) == 0
+    out = capsys.readouterr().out
+    files = sorted((tiny_env / "kv").rglob("*.safetensors"))
+    int4_bytes = sum(p.stat().st_size for p in files)
+    line = next(x for x in out.splitlines() if x.startswith("KV cache: +"))
+    assert line.startswith(f"KV cache: +{human_bytes(int4_bytes)} for ")
+
+    # a store written in another format (as by an earlier version with fp16 entries) ...
+    assert main(["cache", "convert", "--to", "fp16", "--data-dir", str(tiny_env)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("converted 2 entries to fp16")
+    assert "set it to fp16" in captured.err  # new entries are still written in int4
+    assert sorted((tiny_env / "kv").rglob("*.safetensors")) == files  # in place: same keys, same files
+    fp16_bytes = sum(p.stat().st_size for p in files)
+    assert fp16_bytes > int4_bytes
+    # ... is still read as it is: the answer finds its KV (no recompute)
+    assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--data-dir", str(tiny_env)]) == 0
+    assert "KV hits 1, misses 0" in capsys.readouterr().out
+    # ... and converted back in place; a rerun resumes with nothing left to do
+    assert main(["cache", "convert", "--to", "int4", "--data-dir", str(tiny_env)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.startswith("converted 2 entries to int4") and captured.err == ""
+    assert sum(p.stat().st_size for p in files) < fp16_bytes
+    assert main(["cache", "convert", "--to", "int4", "--data-dir", str(tiny_env)]) == 0
+    assert "converted 0 entries to int4" in capsys.readouterr().out
+    assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--data-dir", str(tiny_env)]) == 0
+    assert "KV hits 1, misses 0" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["cache", "convert", "--to", "int3", "--data-dir", str(tiny_env)])

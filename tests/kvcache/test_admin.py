@@ -92,3 +92,50 @@ def test_prune_evicts_least_recently_used_first(tmp_path: Path) -> None:
         admin.prune(store, -1)
     with pytest.raises(ValueError):
         admin.prune(TieredKVStore(settings(None)), 10)
+
+
+def test_convert_interrupted_and_resumed_leaves_every_entry_readable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvcache.atomic as atomic
+
+    store, _ = _store_with(tmp_path, 6, memory_bytes=0)  # fp16 entries
+    disk = store.disk
+    assert disk is not None
+    before = {key_of(i): store.get(key_of(i)) for i in range(6)}
+    fp16_size = disk.nbytes_of(key_of(0))
+    # the run is killed while writing its third entry (after part of the bytes went out)
+    writes = [0]
+    real_write = atomic._os_write
+
+    def dying_write(fd: int, data: object) -> int:
+        writes[0] += 1
+        if writes[0] == 3:
+            real_write(fd, bytes(memoryview(data)[:100]))  # type: ignore[arg-type]
+            raise KeyboardInterrupt
+        return real_write(fd, data)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(atomic, "_os_write", dying_write)
+    order = disk.keys()
+    with pytest.raises(KeyboardInterrupt):
+        admin.convert(store, "int4")
+    monkeypatch.setattr(atomic, "_os_write", real_write)
+    # every entry reads: the first two in int4, the others still fp16; no temp file is left behind
+    dtypes = {k: store.get_entry(k).meta.storage_dtype for k in order}  # type: ignore[union-attr]
+    assert [dtypes[k] for k in order] == ["int4", "int4", "fp16", "fp16", "fp16", "fp16"]
+    assert entry_files(tmp_path / "kv") == sorted(disk.path_for(k) for k in order)
+    resumed = admin.convert(store, "int4")
+    assert (resumed.num_converted, resumed.num_already, resumed.num_removed) == (4, 2, 0)
+    again = admin.convert(store, "int4")
+    assert (again.num_converted, again.num_already) == (0, 6)
+    for key, old in before.items():
+        new = store.get(key)
+        assert new is not None and old is not None
+        assert store.get_entry(key).meta.storage_dtype == "int4"  # type: ignore[union-attr]
+        assert float((new.k.float() - old.k.float()).abs().max()) < 0.6  # make_kv is N(0, 1): steps < 0.6
+    size = disk.nbytes_of(key_of(0))
+    assert size is not None and fp16_size is not None and size < fp16_size  # a small entry: header-heavy
+    assert store.get_entry(key_of(0)).nbytes == 1536 < before[key_of(0)].nbytes() / 2  # type: ignore[union-attr]
+    assert resumed.num_bytes_after < resumed.num_bytes_before
+    # and back: converting is not one-way
+    assert admin.convert(store, "fp16").num_converted == 6

@@ -3,12 +3,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from kvcache.config import GiB, KVCacheSettings, MiB
+from kvcache.config import KVCacheSettings, MiB
 
 
 def test_defaults() -> None:
     s = KVCacheSettings()
-    assert (s.dir, s.storage_dtype, s.memory_bytes, s.disk_bytes) == (None, "fp16", 512 * MiB, 20 * GiB)
+    assert (s.dir, s.storage_dtype, s.memory_bytes, s.disk_bytes) == (None, "int4", 512 * MiB, None)
+    assert (s.disk_free_share, s.eviction, s.int4_k_group, s.int4_v_group) == (0.5, "frequency", 128, 192)
     assert s.redis_url is None and s.prefetch is True and s.verify_checksums is True
 
 
@@ -18,6 +19,10 @@ def test_defaults() -> None:
         {"memory_bytes": -1},
         {"disk_bytes": 0},
         {"storage_dtype": "fp32"},
+        {"disk_free_share": 0},
+        {"disk_free_share": 1.5},
+        {"eviction": "random"},
+        {"int4_v_group": 1},
         {"redis_url": "http://localhost:6379"},
         {"redis_ttl_s": 0},
         {"redis_timeout_s": 0},

@@ -9,7 +9,7 @@ from kvcache.store import TieredKVStore
 
 
 def _keys(n: int, fingerprint: str) -> list[str]:
-    return [chunk_key(fingerprint, PREFIX_IDS, [500 + i], "fp16") for i in range(n)]
+    return [chunk_key(fingerprint, PREFIX_IDS, [500 + i]) for i in range(n)]
 
 
 def test_fresh_stale_missing_per_document_and_tier(tmp_path: Path) -> None:

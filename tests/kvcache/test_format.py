@@ -18,7 +18,7 @@ from kvcache.types import ChunkKV
 def _encode(kv: ChunkKV, dtype: str = "fp16", key: str | None = None, created_at: float = 1700000000.5):
     return encode_entry(
         kv,
-        key=key or key_of(0, dtype),
+        key=key or key_of(0),
         model_fingerprint=FINGERPRINT,  # type: ignore[arg-type]
         storage_dtype=dtype,
         created_at=created_at,
@@ -50,7 +50,7 @@ def test_float32_input_is_stored_as_its_fp16_rounding() -> None:
 def test_int8_error_is_at_most_half_a_scale_step() -> None:
     kv = make_kv(3, dtype=torch.float32)
     kv.k[1, 0, 5] = 0.0  # an all-zero row: scale 0, dequantizes to exactly 0
-    entry = _encode(kv, "int8", key=key_of(0, "int8"))
+    entry = _encode(kv, "int8", key=key_of(0))
     back = deserialize_entry(serialize_entry(entry), entry.key)
     assert back.k.dtype == torch.int8 and back.k_scale is not None and back.v_scale is not None
     assert back.k_scale.shape == (NUM_LAYERS, KV_HEADS, NUM_TOKENS)
@@ -98,7 +98,7 @@ def test_metadata_and_checksums(tmp_path: Path) -> None:
 
 
 def test_int8_file_names_scales(tmp_path: Path) -> None:
-    entry = _encode(make_kv(5, dtype=torch.float32), "int8", key=key_of(1, "int8"))
+    entry = _encode(make_kv(5, dtype=torch.float32), "int8", key=key_of(1))
     path = tmp_path / "e.safetensors"
     path.write_bytes(serialize_entry(entry))
     with safe_open(str(path), framework="pt") as f:
@@ -129,7 +129,7 @@ def test_encode_rejects_malformed_kv(bad: str) -> None:
 def test_overflow_is_fine_in_bf16() -> None:
     kv = make_kv(6, dtype=torch.float32)
     kv.k[0, 0, 0, 0] = 1e6
-    entry = _encode(kv, "bf16", key=key_of(0, "bf16"))
+    entry = _encode(kv, "bf16", key=key_of(0))
     assert entry.k[0, 0, 0, 0].item() == pytest.approx(1e6, rel=1e-2)
 
 

@@ -23,21 +23,22 @@ def _expected(fingerprint: str, prefix: list[int], chunk: list[int], dtype: str)
 
 
 def test_key_is_sha256_of_framed_inputs() -> None:
-    key = chunk_key("smollm2@abc", [1, 2, 3], [10, 20], "fp16")
+    key = chunk_key("smollm2@abc", [1, 2, 3], [10, 20])
+    # the format slot always holds "fp16": keys of entries written when it held the storage dtype
     assert key == _expected("smollm2@abc", [1, 2, 3], [10, 20], "fp16")
     assert len(key) == 64 and is_valid_key(key)
 
 
 def test_same_inputs_same_key_whatever_the_container() -> None:
-    a = chunk_key("m", [1, 2], [3, 4, 5], "bf16")
-    assert a == chunk_key("m", (1, 2), (3, 4, 5), "bf16")
-    assert a == chunk_key("m", torch.tensor([1, 2]), torch.tensor([3, 4, 5]), "bf16")
-    assert a == chunk_key("m", iter([1, 2]), range(3, 6), "bf16")
+    a = chunk_key("m", [1, 2], [3, 4, 5])
+    assert a == chunk_key("m", (1, 2), (3, 4, 5))
+    assert a == chunk_key("m", torch.tensor([1, 2]), torch.tensor([3, 4, 5]))
+    assert a == chunk_key("m", iter([1, 2]), range(3, 6))
 
 
-@pytest.mark.parametrize("change", ["fingerprint", "prefix", "chunk", "dtype"])
+@pytest.mark.parametrize("change", ["fingerprint", "prefix", "chunk"])
 def test_any_change_makes_a_new_key(change: str) -> None:
-    args = {"model_fingerprint": "m1", "prefix_token_ids": [1, 2], "chunk_token_ids": [3, 4], "storage_dtype": "fp16"}
+    args = {"model_fingerprint": "m1", "prefix_token_ids": [1, 2], "chunk_token_ids": [3, 4]}
     base = chunk_key(**args)  # type: ignore[arg-type]
     changed = dict(args)
     changed.update(
@@ -45,19 +46,18 @@ def test_any_change_makes_a_new_key(change: str) -> None:
             "fingerprint": {"model_fingerprint": "m2"},
             "prefix": {"prefix_token_ids": [1, 2, 0]},
             "chunk": {"chunk_token_ids": [3, 5]},
-            "dtype": {"storage_dtype": "int8"},
         }[change]
     )
     assert chunk_key(**changed) != base  # type: ignore[arg-type]
 
 
 def test_boundary_between_prefix_and_chunk_matters() -> None:
-    assert chunk_key("m", [1, 2], [3], "fp16") != chunk_key("m", [1], [2, 3], "fp16")
-    assert chunk_key("m", [], [1, 2], "fp16") != chunk_key("m", [1], [2], "fp16")
+    assert chunk_key("m", [1, 2], [3]) != chunk_key("m", [1], [2, 3])
+    assert chunk_key("m", [], [1, 2]) != chunk_key("m", [1], [2])
 
 
 def test_empty_prefix_is_allowed() -> None:
-    assert chunk_key("m", [], [5], "int8") == _expected("m", [], [5], "int8")
+    assert chunk_key("m", [], [5]) == _expected("m", [], [5], "fp16")
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,6 @@ def test_empty_prefix_is_allowed() -> None:
         {"prefix_token_ids": [1.5]},
         {"chunk_token_ids": [2**63]},
         {"model_fingerprint": ""},
-        {"storage_dtype": "fp32"},
     ],
 )
 def test_bad_inputs_raise(bad: dict[str, object]) -> None:
@@ -76,7 +75,6 @@ def test_bad_inputs_raise(bad: dict[str, object]) -> None:
         "model_fingerprint": "m",
         "prefix_token_ids": [1],
         "chunk_token_ids": [2],
-        "storage_dtype": "fp16",
     }
     args.update(bad)
     with pytest.raises(ValueError):

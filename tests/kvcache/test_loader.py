@@ -18,7 +18,7 @@ def _open_fds() -> int:
 def _fill(store: TieredKVStore, seeds: list[int], storage: str = "fp16", **put_kw: object) -> list[str]:
     keys = []
     for s in seeds:
-        key = key_of(s, storage)  # type: ignore[arg-type]
+        key = key_of(s)  # type: ignore[arg-type]
         kv = make_kv(s, num_tokens=8 + s, dtype=torch.float32 if storage == "int8" else torch.float16)
         store.put(key, kv, model_fingerprint=FINGERPRINT, **put_kw)  # type: ignore[arg-type]
         keys.append(key)

@@ -33,7 +33,7 @@ def test_put_get_round_trip_all_tiers(tmp_path: Path) -> None:
 
 def test_key_for_uses_the_store_dtype(tmp_path: Path) -> None:
     store = TieredKVStore(settings(tmp_path, storage_dtype="bf16"))
-    assert store.key_for(FINGERPRINT, PREFIX_IDS, [1]) == chunk_key(FINGERPRINT, PREFIX_IDS, [1], "bf16")
+    assert store.key_for(FINGERPRINT, PREFIX_IDS, [1]) == chunk_key(FINGERPRINT, PREFIX_IDS, [1])
 
 
 def test_contains_names_the_highest_tier_and_disk_hit_is_promoted(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_locate_many(tmp_path: Path) -> None:
 def test_int8_store(tmp_path: Path) -> None:
     store = TieredKVStore(settings(tmp_path, storage_dtype="int8", memory_bytes=0))
     kv = make_kv(3, dtype=torch.float32)
-    key = key_of(3, "int8")
+    key = key_of(3)
     store.put(key, kv, model_fingerprint=FINGERPRINT)
     got = store.get(key)
     assert got is not None and got.k.dtype == torch.float32

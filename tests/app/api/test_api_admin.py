@@ -111,6 +111,18 @@ def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str
         assert by_mode["count"] == len(mine)
         assert by_mode["ttft_ms_p95"] == round(mine[round(0.95 * (len(mine) - 1))], 2)
     assert stats["prefill_tokens_per_s"] > 0  # full-mode answers and ingest teach the estimate
+    # the bill: the tiny Llama (2 layers x 2 KV heads x head_dim 16) costs 256 B a token in fp16; in int4
+    # 64 B of codes + 8 B of V scales/zeros (one group per token and layer) + 2 B of K's (per 128 tokens)
+    fp = stats["kv_footprint"]
+    per_token = {"fp16": 256.0, "bf16": 256.0, "int8": 160.0, "int4": 74.0}[fp["storage_dtype"]]
+    assert (fp["bytes_per_token"], fp["bytes_per_million_tokens"]) == (per_token, per_token * 1e6)
+    disk = stats["kv_tiers"][1]
+    assert (fp["disk_bytes"], fp["disk_entries"], fp["disk_budget_bytes"]) == (
+        disk["num_bytes"],
+        disk["num_entries"],
+        disk["budget_bytes"],
+    )
+    assert fp["eviction"] == "frequency" and fp["disk_bytes"] <= fp["disk_budget_bytes"]
 
 
 def test_metrics_use_route_templates_and_cover_every_family(client: TestClient, corpus: dict[str, str]) -> None:

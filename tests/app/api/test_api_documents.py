@@ -47,7 +47,13 @@ def test_json_ingest_is_accepted_and_its_job_succeeds(client: TestClient, corpus
     assert job["errors"] == []
     assert job["document_ids"] == body["document_ids"]
     assert set(job["progress"]) == STAGES
-    assert job["progress"]["kv"] == {"done": 1, "total": 1}
+    kv = job["progress"]["kv"]
+    assert (kv["done"], kv["total"]) == (1, 1)
+    # what the job added to the KV store: its one entry's file, and that chunk's tokens
+    components = client.app.state.blendrag.components  # type: ignore[attr-defined]
+    [chunk] = components.catalog.chunks_of(body["document_ids"][0])
+    located = components.store.locate_many([chunk.kv_key])[chunk.kv_key]
+    assert (kv["bytes"], kv["tokens"]) == (located.num_bytes_by_tier["disk"], len(chunk.token_ids))
     assert job["progress"]["commit"] == {"done": 1, "total": 1}
 
     stored = client.get(f"/documents/{body['document_ids'][0]}").json()

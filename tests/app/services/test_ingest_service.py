@@ -48,6 +48,14 @@ def test_text_documents_become_ready_with_index_and_kv(components: Components) -
     assert set(components.retriever.chunk_ids()) == {c.id for c in components.catalog.iter_chunks()}
     report = run_doctor(components, repair=False)
     assert report.problems == 0
+    # the kv stage reports what it added to the store: every entry's bytes as stored, and their tokens
+    chunks = list(components.catalog.iter_chunks())
+    store = components.store
+    located = store.locate_many([c.kv_key for c in chunks if c.kv_key])
+    assert job.progress["kv"]["bytes"] == sum(loc.num_bytes_by_tier["disk"] for loc in located.values())
+    assert job.progress["kv"]["tokens"] == sum(len(c.token_ids) for c in chunks)
+    _, again = run(service, [text("A2", TEXT_A + " More.")])
+    assert again.progress["kv"]["bytes"] > 0  # only the new chunks count; stored ones cost nothing
 
 
 def test_duplicate_content_is_reported_and_not_stored_twice(components: Components) -> None:

@@ -76,6 +76,12 @@ def test_admin_upload_shows_progress_then_full_coverage(ui_server: LiveServer, p
     assert re.fullmatch(r"(\d+) fresh · 0 stale · 0 missing of \1 chunks", detail), detail
     tiers = page.inner_text("#card-tiers")
     assert "memory" in tiers and "disk" in tiers
+    with httpx.Client(base_url=ui_server.url) as http:
+        fp = http.get("/api/stats").json()["kv_footprint"]
+    fmt = page.inner_text("[data-footprint=format]")
+    assert fmt.startswith(f"format\t{fp['storage_dtype']} · ") and "/token · " in fmt and "per 1M tokens" in fmt
+    budget = page.inner_text("[data-footprint='disk budget']")
+    assert f"{fp['disk_entries']} entries · evicts by frequency" in budget, budget
     shot(page, "admin-after-upload")
 
 

@@ -86,6 +86,16 @@ function renderCards(coverage, stats) {
   }
   const fresh = Object.entries(coverage.bytes_by_tier).map(([tier, n]) => `${tier} ${fmtBytes(n)}`);
   $("card-tiers-detail").textContent = fresh.length ? `fresh entries: ${fresh.join(" · ")}` : "";
+  // the bill: what the store's format costs per token, the disk budget and how much of it is used
+  const fp = stats.kv_footprint;
+  const footprint = [
+    ["format", fp.bytes_per_token == null ? fp.storage_dtype
+      : `${fp.storage_dtype} · ${fmtBytes(fp.bytes_per_token)}/token · ${fmtBytes(fp.bytes_per_million_tokens)} per 1M tokens`],
+    ["disk budget", fp.disk_budget_bytes == null ? "no disk tier"
+      : `${fmtBytes(fp.disk_bytes)} of ${fmtBytes(fp.disk_budget_bytes)} (${fmtPct(fp.disk_bytes / fp.disk_budget_bytes, 0)}) · ${fp.disk_entries} entries · evicts by ${fp.eviction}`],
+  ];
+  $("card-footprint").replaceChildren(
+    ...footprint.map(([k, v]) => el("tr", { "data-footprint": k }, el("td", {}, k), el("td", {}, v))));
 
   const rows = [
     ["model", stats.model ?? "–"],
@@ -218,10 +228,12 @@ function stageText(job) {
   if (job.status === "running") {
     const p = job.progress[job.stage] || { done: 0, total: 0 };
     const name = STAGE_NAMES[job.stage] || job.stage || "starting";
-    return job.cancel_requested ? "cancelling…" : `${name} ${p.done}/${p.total}`;
+    const kvAdded = job.stage === "kv" && p.bytes ? ` · KV +${fmtBytes(p.bytes)}` : "";
+    return job.cancel_requested ? "cancelling…" : `${name} ${p.done}/${p.total}${kvAdded}`;
   }
   const chunks = job.progress.kv ? job.progress.kv.total : 0;
-  if (job.status === "succeeded") return `done: ${job.document_ids.length - job.duplicate_ids.length} document(s), ${chunks} chunk(s)`;
+  const kvBytes = job.progress.kv && job.progress.kv.bytes ? `, KV cache +${fmtBytes(job.progress.kv.bytes)}` : "";
+  if (job.status === "succeeded") return `done: ${job.document_ids.length - job.duplicate_ids.length} document(s), ${chunks} chunk(s)${kvBytes}`;
   return job.status;
 }
 
