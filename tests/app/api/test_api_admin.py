@@ -116,7 +116,7 @@ def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str
     fp = stats["kv_footprint"]
     per_token = {"fp16": 256.0, "bf16": 256.0, "int8": 160.0, "int4": 74.0}[fp["storage_dtype"]]
     assert (fp["bytes_per_token"], fp["bytes_per_million_tokens"]) == (per_token, per_token * 1e6)
-    disk = stats["kv_tiers"][1]
+    disk = next(t for t in stats["kv_tiers"] if t["name"] == "disk")
     assert (fp["disk_bytes"], fp["disk_entries"], fp["disk_budget_bytes"]) == (
         disk["num_bytes"],
         disk["num_entries"],
