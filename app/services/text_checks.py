@@ -9,8 +9,8 @@ from typing import Any
 # services: text with no character left once ingest's normalization (ingest/normalize.py) drops the
 # characters that carry no text: white space, zero-width space/joiners, BOM, soft hyphen, control
 # characters. The pattern matches one character that is none of those. (Python's and ECMA-262's `\s`
-# differ only at U+001C..U+001F and U+FEFF, which are listed here explicitly.)
-NOT_BLANK = r"[^\s\u200b\u200c\u200d\u2060\ufeff\u00ad\u0000-\u001f\u007f]"
+# differ at U+001C..U+001F, U+0085 (NEL) and U+FEFF, which are listed here explicitly, with all C1 controls.)
+NOT_BLANK = r"[^\s\u200b\u200c\u200d\u2060\ufeff\u00ad\u0000-\u001f\u007f-\u009f]"
 _NOT_BLANK = re.compile(NOT_BLANK)
 
 
