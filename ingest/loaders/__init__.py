@@ -282,9 +282,10 @@ class FoundFiles:
     skipped: list[str]  # files inside named folders left out because their type is not ingestible
 
 
-def find_files(paths: Iterable[str | Path], extensions: Collection[str]) -> FoundFiles:
-    """`iter_paths` with each file's relative name, and the files of named folders that were skipped
-    for their type (so the CLI can say "skipped 12 files: unsupported type …" instead of nothing)."""
+def find_files(paths: Iterable[str | Path], extensions: Collection[str] | None) -> FoundFiles:
+    """The files of `iter_paths` with each one's relative name, and the files of named folders that were
+    skipped for their type (so the CLI can say "skipped 12 files: unsupported type …" instead of nothing).
+    `extensions` None keeps every file."""
     found = FoundFiles(paths=[], names=[], skipped=[])
     seen: set[Path] = set()
     for raw in paths:
@@ -295,7 +296,7 @@ def find_files(paths: Iterable[str | Path], extensions: Collection[str]) -> Foun
             candidates = []
             for file_path in _walk(root):
                 name = file_path.relative_to(root).as_posix()
-                if file_path.suffix.lower().lstrip(".") in extensions:
+                if extensions is None or file_path.suffix.lower().lstrip(".") in extensions:
                     candidates.append((file_path, name))
                 else:
                     found.skipped.append(name)
@@ -324,25 +325,7 @@ def iter_paths(paths: Iterable[str | Path], extensions: Collection[str] | None =
     explicitly is always yielded so that an unsupported type is reported rather than ignored.
     Each file is yielded once even if reachable twice; symlinked folders are not followed.
     """
-    seen: set[Path] = set()
-    for raw in paths:
-        path = Path(raw)
-        if not path.is_dir():
-            key = path.resolve()
-            if key not in seen:
-                seen.add(key)
-                yield path
-            continue
-        found = [
-            file_path
-            for file_path in _walk(path)
-            if extensions is None or file_path.suffix.lower().lstrip(".") in extensions
-        ]
-        for file_path in found:
-            key = file_path.resolve()
-            if key not in seen:
-                seen.add(key)
-                yield file_path
+    yield from find_files(paths, extensions).paths
 
 
 def iter_load(paths: Iterable[str | Path], settings: IngestSettings | None = None) -> Iterator[LoadResult]:
