@@ -5,7 +5,7 @@
     events = run.accept_prompt(result)        # DECODING: first token sampled from the pass's logits
     while not run.finished:
         # the engine feeds run.pending_token through the model against run.cache (alone or batched)
-        events = run.accept_logits(logits)    # sample the next token; FINISHED on EOS, stop or length
+        events = run.accept_logits(logits)    # the next token; FINISHED on EOS, stop, length or repetition
 
 `Engine.prefill(run)` and `Engine.decode(runs)` do the compute and call these; the scheduler decides which
 run goes next and hands the events to its consumer. A consumer that goes away sets `cancel_requested`;
