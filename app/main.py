@@ -11,7 +11,18 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app.api import admin, ask, conversations, documents, health, index_status, openai_compat, render
+from app.api import (
+    admin,
+    ask,
+    collections,
+    conversations,
+    documents,
+    health,
+    index_status,
+    keys,
+    openai_compat,
+    render,
+)
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.cross_site import CrossSiteGuardMiddleware
 from app.api.errors import install_error_handlers
@@ -84,6 +95,8 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         openai_compat.router,
         conversations.router,
         admin.router,
+        keys.router,
+        collections.router,
         index_status.router,
         render.router,
     ):

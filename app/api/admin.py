@@ -10,14 +10,14 @@ import dataclasses
 
 from fastapi import APIRouter, Depends, Response
 
-from app.api.deps import get_coverage, get_state, require_api_key
+from app.api.deps import get_coverage, get_state, require_admin
 from app.api.schemas import CoverageOut, ErrorOut, StatsOut
 from app.services.coverage_service import CoverageService
 from app.state import AppState
 
 router = APIRouter(
     tags=["admin"],
-    dependencies=[Depends(require_api_key)],
+    dependencies=[Depends(require_admin)],
     responses={401: {"model": ErrorOut, "description": "API key required"}},
 )
 

@@ -8,7 +8,7 @@ Deleting is how a full disk is freed, so a deletion that hits "no space" release
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -58,30 +58,40 @@ class DocumentService:
         self._coverage = coverage
         self._storage = storage
 
-    def list(self, offset: int, limit: int, status: DocumentStatus | None = None) -> tuple[list[DocumentRecord], int]:
-        """Documents newest first, and how many match `status` over all pages."""
-        return self._c.catalog.list_documents(offset=offset, limit=limit, status=status)
+    def list(
+        self,
+        offset: int,
+        limit: int,
+        status: DocumentStatus | None = None,
+        collections: Collection[str] | None = None,
+    ) -> tuple[list[DocumentRecord], int]:
+        """Documents (of `collections`; None: all) newest first, and how many match over all pages."""
+        return self._c.catalog.list_documents(offset=offset, limit=limit, status=status, collections=collections)
 
-    def get(self, document_id: str) -> DocumentView | None:
+    def get(self, document_id: str, collections: Collection[str] | None = None) -> DocumentView | None:
+        """One document with its chunks' KV states; None when unknown or outside `collections`."""
         doc = self._c.catalog.get_document(document_id)
-        if doc is None:
+        if doc is None or (collections is not None and doc.collection not in collections):
             return None
         chunks = self._c.catalog.chunks_of(document_id)
         states = self._coverage.chunk_states(document_id) if chunks else {}
         return DocumentView(doc, [ChunkView(c, states.get(c.id, "missing")) for c in chunks])
 
-    def delete(self, document_id: str) -> None:
-        """Delete a document with its chunks, index entries and unshared KV; nothing if it is unknown."""
+    def delete(self, document_id: str, collections: Collection[str] | None = None) -> None:
+        """Delete a document with its chunks, index entries and unshared KV; nothing if it is unknown or
+        outside `collections` (None: any collection)."""
         doc = self._c.catalog.get_document(document_id)
-        if doc is not None and doc.status == DocumentStatus.PENDING:
+        if doc is None or (collections is not None and doc.collection not in collections):
+            return
+        if doc.status == DocumentStatus.PENDING:
             raise DocumentBusy(
                 f"document {document_id} is still being ingested by job {doc.job_id}; cancel the job first"
             )
         self._freeing_space(lambda: self._ingest.delete_document(document_id))
 
-    def purge_failed(self) -> int:
-        """Delete every failed document; returns how many."""
-        return self._freeing_space(self._ingest.purge_failed)
+    def purge_failed(self, collections: Collection[str] | None = None) -> int:
+        """Delete every failed document (of `collections`; None: all); returns how many."""
+        return self._freeing_space(lambda: self._ingest.purge_failed(collections))
 
     def _freeing_space(self, delete: Callable[[], T]) -> T:
         """Run a deletion; on a full disk, once more after releasing the storage reserve. A deletion either
