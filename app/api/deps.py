@@ -214,6 +214,15 @@ def guard_questions(request: Request) -> Access:
     return access
 
 
+def scope_request(ask: AskRequest, access: Access, requested: Iterable[str] | None) -> AskRequest:
+    """The question searched only in the caller's collections (narrowed to `requested`; 403 for one it may
+    not read): the filter goes into retrieval itself, before top-k."""
+    collections = access.narrowed(requested)
+    if collections is None:
+        return ask
+    return dataclasses.replace(ask, filters=dataclasses.replace(ask.filters, collections=collections))
+
+
 def cap_for_client(ask: AskRequest, request: Request) -> AskRequest:
     """Clip `max_tokens` of an anonymous question (no valid key) to `server.anonymous_max_tokens`."""
     settings = get_state(request).settings

@@ -107,8 +107,8 @@ class DocumentService:
             self._storage.ensure_reserve()  # back once the disk has room
         return result
 
-    def count_by_status(self) -> dict[str, int]:
+    def count_by_status(self, collections: Collection[str] | None = None) -> dict[str, int]:
         return {
-            status.value: self._c.catalog.list_documents(offset=0, limit=1, status=status)[1]
+            status.value: self._c.catalog.list_documents(offset=0, limit=1, status=status, collections=collections)[1]
             for status in DocumentStatus
         }

@@ -17,12 +17,13 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from app.catalog import DocumentStatus, JobStatus
+from app.catalog.models import DEFAULT_COLLECTION
 from app.catalog.repository import ChunkRecord, JobRecord, NewChunk
 from app.services.estimates import PrefillRate
 from app.services.storage_faults import is_storage_full
@@ -104,6 +105,7 @@ class _WorkItem:
     vectors: np.ndarray | None = None
     kv_keys: list[str] = field(default_factory=list)
     failed: str | None = None
+    collection: str = DEFAULT_COLLECTION
 
 
 ProgressCallback = Callable[[JobRecord], None]
@@ -149,7 +151,11 @@ class IngestService:
 
     # ---- submission ------------------------------------------------------------------------------
 
-    def submit(self, sources: list[IngestSource], *, enqueue: bool = True) -> SubmitResult:
+    def submit(
+        self, sources: list[IngestSource], *, enqueue: bool = True, collection: str = DEFAULT_COLLECTION
+    ) -> SubmitResult:
+        """Queue a job adding `sources` to `collection`. Duplicates and replaced sources are found within
+        that collection only: the same text in two collections is two documents, each its keys'."""
         if not sources:
             raise IngestError("nothing to ingest: give at least one document or file")
         limits = self._c.settings.ingest
@@ -179,14 +185,14 @@ class IngestService:
         # Content already stored (same text, or the same file bytes) is answered with the existing
         # document's id right here, so the id in the 202 always resolves.
         sources = [self._with_file_hash(s) for s in sources]
-        job = self._c.catalog.create_job({})
+        job = self._c.catalog.create_job({}, collection=collection)
         fresh: list[IngestSource] = []
         fresh_ids: list[str] = []
         duplicates: list[dict[str, Any]] = []
         document_ids: list[str] = []
         first_of: dict[tuple[str, str], str] = {}  # identity → document id within this request
         for s in sources:
-            identity, stored = self._identity(s)
+            identity, stored = self._identity(s, collection)
             dup = stored or (first_of.get(identity) if identity is not None else None)
             if dup is not None:
                 duplicates.append(
@@ -200,7 +206,7 @@ class IngestService:
                 document_ids.append(dup)
                 continue
             if identity is not None:
-                self._replace_failed(identity)
+                self._replace_failed(identity, collection)
             doc = self._c.catalog.add_document(
                 title=s.title,
                 source_path=s.source_path,
@@ -208,6 +214,7 @@ class IngestService:
                 tags=s.tags,
                 metadata=s.metadata,
                 job_id=job.id,
+                collection=collection,
             )
             if identity is not None:
                 first_of[identity] = doc.id
@@ -240,8 +247,9 @@ class IngestService:
             return source  # parse reports the unreadable file
         return replace(source, metadata={**source.metadata, FILE_HASH_KEY: digest.hexdigest()})
 
-    def _identity(self, source: IngestSource) -> tuple[tuple[str, str] | None, str | None]:
-        """(what makes two sources the same, the id of an active stored document that is the same)."""
+    def _identity(self, source: IngestSource, collection: str) -> tuple[tuple[str, str] | None, str | None]:
+        """(what makes two sources the same, the id of an active stored document of `collection` that is
+        the same)."""
         from ingest.errors import LoaderError
         from ingest.loaders import load_text
 
@@ -252,25 +260,27 @@ class IngestService:
                 )
             except LoaderError:
                 return None, None  # parse reports it
-            existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
+            existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES, collection)
             identity = ("text", loaded.content_hash)
         elif FILE_HASH_KEY in source.metadata:
             identity = ("file", str(source.metadata[FILE_HASH_KEY]))
-            existing = self._c.catalog.find_by_metadata(FILE_HASH_KEY, identity[1], ACTIVE_DOCUMENT_STATUSES)
+            existing = self._c.catalog.find_by_metadata(
+                FILE_HASH_KEY, identity[1], ACTIVE_DOCUMENT_STATUSES, collection
+            )
         else:
             return None, None
         return identity, existing.id if existing is not None else None
 
-    def _replace_failed(self, identity: tuple[str, str]) -> None:
+    def _replace_failed(self, identity: tuple[str, str], collection: str) -> None:
         """A retry of content whose earlier ingest failed replaces the failed document(s), so retries after
         a failure do not pile up failed copies of the same bytes."""
         kind, digest = identity
         failed = (DocumentStatus.FAILED,)
         while True:
             if kind == "file":
-                old = self._c.catalog.find_by_metadata(FILE_HASH_KEY, digest, failed)
+                old = self._c.catalog.find_by_metadata(FILE_HASH_KEY, digest, failed, collection)
             else:
-                old = self._c.catalog.find_by_hash(digest, failed)
+                old = self._c.catalog.find_by_hash(digest, failed, collection)
             if old is None or not self.delete_document(old.id):
                 return
             logger.info("replacing failed document %s with a retry of the same content", old.id)
@@ -278,9 +288,10 @@ class IngestService:
     def _count_tokens(self, text: str) -> int:
         return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def recent_jobs(self, limit: int) -> list[JobRecord]:
+    def recent_jobs(self, limit: int, collections: Collection[str] | None = None) -> list[JobRecord]:
+        """The newest jobs (of `collections`; None: all)."""
         # Each as get_job reports it: a job whose failure is not yet written reads failed in both.
-        return [self._settled_view(job) for job in self._c.catalog.list_jobs(limit=limit)]
+        return [self._settled_view(job) for job in self._c.catalog.list_jobs(limit=limit, collections=collections)]
 
     def get_job(self, job_id: str) -> JobRecord | None:
         job = self._c.catalog.get_job(job_id)
@@ -428,7 +439,10 @@ class IngestService:
     def _run_locked(self, job: JobRecord, on_progress: ProgressCallback | None) -> JobRecord:
         sources = [IngestSource.from_spec(s) for s in job.spec.get("sources", [])]
         # document_ids may be longer than sources: records of a json/jsonl file fan out at parse time.
-        items = [_WorkItem(doc_id, src) for doc_id, src in zip(job.document_ids, sources, strict=False)]
+        items = [
+            _WorkItem(doc_id, src, collection=job.collection)
+            for doc_id, src in zip(job.document_ids, sources, strict=False)
+        ]
         tracker = _Progress(self._c, job.id, on_progress)
         # Duplicates of stored documents were answered at submit; they stay reported.
         errors: list[dict[str, Any]] = list(job.spec.get("duplicates", []))
@@ -559,7 +573,9 @@ class IngestService:
     ) -> list[_WorkItem]:
         """Documents for the records after a file's first, created in batched catalog writes."""
         src, job_id = item.source, tracker.job_id
-        existing = self._c.catalog.find_by_hashes({d.content_hash for d in docs}, ACTIVE_DOCUMENT_STATUSES)
+        existing = self._c.catalog.find_by_hashes(
+            {d.content_hash for d in docs}, ACTIVE_DOCUMENT_STATUSES, item.collection
+        )
         new_items: list[_WorkItem] = []
         rows: list[dict[str, Any]] = []
         for i, loaded in enumerate(docs, 1):
@@ -590,6 +606,7 @@ class IngestService:
                     "tags": src.tags,
                     "metadata": dict(loaded.metadata),
                     "job_id": job_id,
+                    "collection": item.collection,
                 }
             )
             new_items.append(
@@ -599,6 +616,7 @@ class IngestService:
                         kind="file", title=loaded.title, path=src.path, source_path=source_path, tags=src.tags
                     ),
                     loaded=loaded,
+                    collection=item.collection,
                 )
             )
         for start in range(0, len(rows), CATALOG_BATCH):
@@ -618,7 +636,7 @@ class IngestService:
         errors: list[dict[str, Any]],
         duplicates: list[str],
     ) -> None:
-        existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
+        existing = self._c.catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES, item.collection)
         duplicate_of = seen_hashes.get(loaded.content_hash)
         if existing is not None and existing.job_id != job_id:
             duplicate_of = existing.id
@@ -811,7 +829,13 @@ class IngestService:
             retriever.add(
                 [
                     IndexedChunk(
-                        chunk_id=cid, document_id=doc.id, text=c.text, title=doc.title, page=c.page, tags=list(doc.tags)
+                        chunk_id=cid,
+                        document_id=doc.id,
+                        text=c.text,
+                        title=doc.title,
+                        page=c.page,
+                        tags=list(doc.tags),
+                        collection=doc.collection,
                     )
                     for cid, c in zip(chunk_ids, item.chunks, strict=True)
                 ],
@@ -825,7 +849,9 @@ class IngestService:
             # Re-ingest of a changed file: the new version is live, now drop the old one. Only versions from
             # earlier jobs: two sources of one request never replace each other (that lost an upload).
             if item.source.source_path:
-                for old in catalog.find_by_source(item.source.source_path, exclude_id=item.document_id):
+                for old in catalog.find_by_source(
+                    item.source.source_path, exclude_id=item.document_id, collection=item.collection
+                ):
                     if old.job_id == tracker.job_id:
                         continue
                     logger.info("replacing document %s (%s)", old.id, item.source.source_path)
@@ -842,9 +868,10 @@ class IngestService:
         self._drop_chunks(deleted)
         return True
 
-    def purge_failed(self) -> int:
-        """Delete every failed document (with whatever chunks it had) in bulk; returns how many."""
-        num_deleted, chunks = self._c.catalog.delete_documents_with_status(DocumentStatus.FAILED)
+    def purge_failed(self, collections: Collection[str] | None = None) -> int:
+        """Delete every failed document (of `collections`; None: all) with whatever chunks it had, in bulk;
+        returns how many."""
+        num_deleted, chunks = self._c.catalog.delete_documents_with_status(DocumentStatus.FAILED, collections)
         self._drop_chunks(chunks)
         logger.info("purged %d failed documents", num_deleted)
         return num_deleted
