@@ -45,8 +45,12 @@ RAG server that answers from precomputed, blended KV caches (CacheBlend).
   counts; sources in an extra field).
 * **admin**: KV cache coverage, serving stats and Prometheus `/metrics`.
 
+* **collections**: every document belongs to a collection; the admin key (`server.api_key`) makes collection
+  keys (`/admin/keys`) that see only their collections on every route.
+
 When `server.api_key` is set, the documents and admin routes need `Authorization: Bearer <key>`
-(or `X-API-Key: <key>`); asking stays open. The web UI lives at `/` (chat) and `/admin`.
+(or `X-API-Key: <key>`); asking stays open until the first collection key exists (then it needs a key,
+or `server.public_collections`). The web UI lives at `/` (chat) and `/admin`.
 """
 
 
