@@ -23,7 +23,7 @@ from app.services.conversation_service import ConversationService, owner_of
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
 from app.services.ingest_service import IngestService
-from app.services.key_service import KeyService
+from app.services.key_service import SECRET_PREFIX, KeyService
 from app.state import AppState
 
 T = TypeVar("T")
@@ -144,6 +144,8 @@ def _identify(request: Request) -> Access | None:
         if server.api_key and hmac.compare_digest(given.encode(), server.api_key.encode()):
             access = ADMIN
         else:
+            if state.keys is None and given.startswith(SECRET_PREFIX):
+                raise _not_ready(state)  # a collection key can be checked once the catalog is open
             record = state.keys.authenticate(given) if state.keys is not None else None
             if record is not None:
                 access = Access("key", frozenset(record.collections), record.can_ingest, key_id=record.id)

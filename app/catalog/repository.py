@@ -610,14 +610,19 @@ class Catalog:
             q = select(ChunkRow.id).join(DocumentRow).where(DocumentRow.status == DocumentStatus.READY)
             return set(s.scalars(q))
 
-    def ready_chunk_ids(self, chunk_ids: Sequence[int]) -> set[int]:
+    def ready_chunk_ids(self, chunk_ids: Sequence[int], collections: Collection[str] | None = None) -> set[int]:
+        """Those of `chunk_ids` whose document is ready (and in `collections`, when given)."""
         if not chunk_ids:
             return set()
         with self._session() as s:
             q = (
                 select(ChunkRow.id)
                 .join(DocumentRow)
-                .where(ChunkRow.id.in_(list(chunk_ids)), DocumentRow.status == DocumentStatus.READY)
+                .where(
+                    ChunkRow.id.in_(list(chunk_ids)),
+                    DocumentRow.status == DocumentStatus.READY,
+                    *_in_collections(collections),
+                )
             )
             return set(s.scalars(q))
 
