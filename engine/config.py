@@ -24,7 +24,9 @@ class EngineSettings(BaseModel):
     )
     device: Literal["cpu", "cuda", "auto"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
-        default="auto", description="auto: float32 on CPU, bfloat16 on CUDA"
+        default="auto",
+        description="auto: bfloat16 on CUDA and on a CPU with native bf16 matrix units (AMX, AVX512-BF16), "
+        "float32 on other CPUs (engine/dtype_choice.py)",
     )
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU)")
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -145,8 +147,3 @@ class EngineSettings(BaseModel):
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("engine.device is 'cuda' but torch sees no CUDA device")
         return self.device
-
-    def resolve_dtype(self, device: str) -> str:
-        if self.dtype == "auto":
-            return "bfloat16" if device.startswith("cuda") else "float32"
-        return self.dtype

@@ -517,9 +517,17 @@ class KVFootprintOut(BaseModel):
     disk_entries: int
 
 
+class ComputeOut(BaseModel):
+    dtype: str = Field(description="float32, bfloat16 or float16")
+    reason: str = Field(description="Why: the setting, the device, or what torch reports about the CPU")
+    requested: str = Field(description="The setting (engine.dtype / retrieval.embed_dtype), e.g. auto")
+
+
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
+    compute: ComputeOut | None = Field(description="The engine's compute dtype and why; null before start-up")
+    embedder_compute: ComputeOut | None = Field(description="The embedder's compute dtype and why")
     default_mode: str = Field(description="The mode a question without `mode` is answered in")
     default_selector: str = Field(description="The blend token selector a question without `selector` gets")
     default_recompute_ratio: float
