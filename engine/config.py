@@ -49,6 +49,15 @@ class EngineSettings(BaseModel):
     )
     pool_window: int = Field(default=1, ge=1, description="query: max-pool scores over this many neighbours")
     min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
+    attention_share: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="query, adaptive budget (off when null): recompute the fewest tokens holding this share of "
+        "the question's attention to the context, within [ratio_min, ratio_max]; a request's own ratio turns it off",
+    )
+    ratio_min: float = Field(default=0.05, ge=0.0, le=1.0, description="adaptive budget: least share recomputed")
+    ratio_max: float = Field(default=0.30, ge=0.0, le=1.0, description="adaptive budget: largest share recomputed")
     check_layers: list[int] = Field(default_factory=lambda: [1])
     ratio_schedule: list[float] | None = None
     deviation_on: Literal["v", "k"] = "v"
@@ -121,6 +130,9 @@ class EngineSettings(BaseModel):
             score_by=self.score_by,
             pool_window=self.pool_window,
             min_per_chunk=self.min_per_chunk,
+            attention_share=self.attention_share if recompute_ratio is None else None,
+            ratio_min=self.ratio_min,
+            ratio_max=self.ratio_max,
             check_layers=tuple(self.check_layers),
             ratio_schedule=schedule if recompute_ratio is None else None,
             deviation_on=self.deviation_on,
