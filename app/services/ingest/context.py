@@ -72,6 +72,6 @@ class JobContext:
         self.fail(item, message)
         self.errors.append(JobError(source=item.source.label, error=message, code=code))
 
-    def add_duplicate(self, source: IngestSource | str | None, of: str) -> None:
-        label = source.label if isinstance(source, IngestSource) else source
-        self.errors.append(JobError.duplicate(label, of))
+    def add_duplicate(self, source: IngestSource, of: str) -> None:
+        """Report `source` as a duplicate of the stored document `of`."""
+        self.errors.append(JobError.duplicate(source.label, of))

@@ -58,10 +58,6 @@ class IngestService:
         )
         self._worker = IngestWorker(self._env, on_chunks_committed=on_chunks_committed, free_space=free_space)
 
-    @property
-    def documents(self) -> DocumentService:
-        return self._env.documents
-
     def submit(self, sources: list[IngestSource], *, enqueue: bool = True) -> SubmitResult:
         """Create the job (refused with IngestError / IngestTooLarge over a cap) and queue it unless told not to."""
         submission.check_caps(sources, self._c.settings.ingest, self._count_tokens)

@@ -107,7 +107,7 @@ def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) 
         duplicate_of = find_duplicate(stored.get(loaded.content_hash), ctx.seen_hashes.get(loaded.content_hash), job_id)
         if duplicate_of is not None:
             ctx.duplicates.append(duplicate_of)
-            ctx.add_duplicate(record.source_path or loaded.title, duplicate_of)
+            ctx.add_duplicate(record, duplicate_of)
             continue
         doc_id = str(uuid.uuid4())
         ctx.seen_hashes[loaded.content_hash] = doc_id
