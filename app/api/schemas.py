@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field, field_validator, model_validator
 
-from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED
+from app.services.ask_types import MAX_QUESTION_CHARS, MAX_SEED
 from app.services.text_checks import NOT_BLANK, invalid_strings, is_blank, nesting_depth
 from engine.types import Mode, SelectorName  # defined once, by the engine (plain data, no torch)
 from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
-    from app.services.ask_service import AskRequest
+    from app.services.ask_types import AskRequest
 
 
 def _not_bool(value: Any) -> Any:
@@ -231,7 +231,7 @@ class AskParams(BaseModel):
 
     def to_request(self, question: str, max_tokens: int | None = None, stop: tuple[str, ...] = ()) -> AskRequest:
         """The service request (already validated here, at the edge)."""
-        from app.services.ask_service import AskRequest
+        from app.services.ask_types import AskRequest
 
         return AskRequest(
             question=question,
