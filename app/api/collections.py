@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, HTTPException, Path
 
 from app.api.deps import Access, get_state, require_admin, require_reader
-from app.api.schemas import CollectionDeletedOut, CollectionListOut, CollectionOut, ErrorOut
+from app.api.schemas import CollectionDeletedOut, CollectionListOut, CollectionOut, ErrorOut, ValidationErrorOut
 from app.services.collection_service import CollectionBusy, CollectionNotFound, CollectionService
 from app.services.document_service import DocumentBusy
 from app.services.key_service import COLLECTION_PATTERN
@@ -49,6 +49,7 @@ def list_collections(
     responses={
         403: {"model": ErrorOut, "description": "A collection key may not delete collections"},
         404: {"model": ErrorOut, "description": "No document is in this collection"},
+        422: {"model": ValidationErrorOut, "description": "Not a collection name"},
         409: {"model": ErrorOut, "description": "A document of it is still being ingested"},
     },
 )

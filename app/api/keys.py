@@ -40,6 +40,7 @@ def key_out(record: KeyRecord) -> KeyOut:
     status_code=201,
     response_model=KeyCreatedOut,
     responses={
+        400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
         409: {"model": ErrorOut, "description": "No server.api_key is set"},
         422: {"model": ValidationErrorOut, "description": "Invalid name or collections"},
     },

@@ -14,7 +14,6 @@ from engine.types import BlendConfig, PromptLayout, SamplingParams
 def test_defaults() -> None:
     s = EngineSettings()
     assert s.model == "builtin" and s.mode == "blend" and s.recompute_ratio == 0.15 and s.check_layers == [1]
-    assert s.resolve_dtype("cpu") == "float32" and s.resolve_dtype("cuda") == "bfloat16"
     cfg = s.blend_config()
     assert cfg.ratios() == (0.15,) and cfg.selector == "query" and cfg.score_layers == (12,) and cfg.deviation_on == "v"
     assert s.sampling_params(max_tokens=5).max_tokens == 5

@@ -65,13 +65,14 @@ def _bounded(case: Any) -> None:
 
 
 def _same_on_the_wire(case: Any, failure: str) -> bool:
-    """Multipart "negative" cases that are valid on the wire. A form field is text: turning the `tags`
-    string into a number or boolean sends the same bytes as a valid string ("3", "true"). Only these two
-    mutations are excused; every other multipart violation still counts."""
+    """Multipart "negative" cases that are valid on the wire. A form field is text: turning the `tags` or
+    `collection` string into a number or boolean sends the same bytes as a valid string ("3", "true"), and
+    a null is no part at all (the default). Only these mutations are excused; every other multipart
+    violation still counts."""
     media_type = getattr(case, "media_type", "") or ""
     if not media_type.startswith("multipart/") or "Schema-violating request accepted" not in failure:
         return False
-    if "violates `type` at /properties/tags" in failure:
+    if "violates `type` at /properties/tags" in failure or "violates `type` at /properties/collection" in failure:
         return True
     # Dropping one branch's required part of `anyOf: [files] | [documents]` while the body still holds the
     # other branch's part leaves a valid body (schemathesis counts it as a violation all the same).
