@@ -106,9 +106,9 @@ class DocumentService:
         """Delete a document with its chunks, index entries and unshared KV; nothing if it is unknown or
         outside `collections` (None: any collection)."""
         doc = self._c.catalog.get_document(document_id)
-        if doc is None or (collections is not None and doc.collection not in collections):
-            return
-        if doc.status == DocumentStatus.PENDING:
+        if doc is not None and collections is not None and doc.collection not in collections:
+            return  # another collection's document: answered like an unknown id, and left alone
+        if doc is not None and doc.status == DocumentStatus.PENDING:
             raise DocumentBusy(
                 f"document {document_id} is still being ingested by job {doc.job_id}; cancel the job first"
             )
