@@ -10,7 +10,7 @@ Typical use (the app builds one store from its settings and shares it across wor
         with store.open_layers(keys, device, dtype) as source:              # at question time
             k, v = source.layer(0)                                          # (kv_heads, T, head_dim)
     except KVEntryMissing as exc:
-        ...  # recompute exc.keys, put them, retry
+        ...  # ensure_chunk_kv(..., missing_keys=exc.keys, keep_entries=True), open again with computed=
 
 Modules: config (settings), keys, format / reader (entry bytes of every storage dtype), quant (int8),
 quant_int4 (int4: grouped, asymmetric, packed), memory_tier, disk_tier (byte budget), eviction (which
