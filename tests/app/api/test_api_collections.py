@@ -13,6 +13,7 @@ import pytest
 from apitools import server_settings, wait_for_job
 from fastapi.testclient import TestClient
 
+from app.catalog import DocumentStatus
 from app.main import create_app
 
 ADMIN_KEY = "admin-secret"
@@ -196,7 +197,16 @@ def test_documents_are_scoped_and_another_collections_look_unknown(server: TestC
     read_only = server.delete(f"/documents/{docs['team-b']}", headers=world["b"])
     assert read_only.status_code == 403
     assert server.delete("/documents", params={"status": "failed"}, headers=world["b"]).status_code == 403
+    # A failed document of team-a: B's purge leaves it, and B's own job list and cancel never see A's job.
+    catalog = server.app.state.blendrag.components.catalog
+    failed = catalog.add_document(
+        title="broken", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None, collection="team-a"
+    )
+    catalog.set_document_status(failed.id, DocumentStatus.FAILED, error="unreadable")
     assert server.delete("/documents", params={"status": "failed"}, headers=bearer(writer_b)).json() == {"deleted": 0}
+    assert server.post(f"/ingest/jobs/{world['jobs']['team-a']}/cancel", headers=bearer(writer_b)).status_code == 404
+    assert server.get(f"/documents/{failed.id}", headers=ADMIN).status_code == 200
+    assert server.delete("/documents", params={"status": "failed"}, headers=world["a"]).json() == {"deleted": 1}
 
 
 def test_ingest_is_refused_outside_the_keys_grant_before_anything_is_stored(
