@@ -119,6 +119,10 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
         "/api/defaults",
         "/api/index",
         "/api/render",
+        "/collections",
+        "/collections/{name}",
+        "/admin/keys",
+        "/admin/keys/{key_id}",
     }
     ask = spec["paths"]["/ask"]["post"]
     assert set(ask["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
