@@ -174,11 +174,13 @@ class Transformer:
         it runs for the few suffix rows, so the explicit (n × kv_len) matrix is small.
         """
         cfg = self.cfg
-        k = cache_k[:, :, :kv_len].float()
-        if cfg.num_heads != cfg.num_kv_heads:
-            k = k.repeat_interleave(cfg.num_heads // cfg.num_kv_heads, dim=1)  # (B, heads, kv_len, D)
+        bsz, heads, n, d = q.shape
+        k = cache_k[:, :, :kv_len].float()  # (B, kv_heads, kv_len, D); a view in float32
+        # GQA without repeating K per query head: the query heads sharing a KV head are consecutive (HF's
+        # repeat_interleave order), so they stack into the rows of one GEMM against that head's keys.
+        qg = q.float().reshape(bsz, cfg.num_kv_heads, (heads // cfg.num_kv_heads) * n, d)
         with parallel():
-            scores = torch.matmul(q.float(), k.transpose(-1, -2)) * cfg.head_dim**-0.5  # (B, heads, n, kv_len)
+            scores = torch.matmul(qg, k.transpose(-1, -2)).view(bsz, heads, n, kv_len) * cfg.head_dim**-0.5
         key_pos = torch.arange(kv_len, device=self.device)
         scores.masked_fill_(key_pos[None, :] > rows.positions[:, None], float("-inf"))
         return torch.softmax(scores, dim=-1)
