@@ -118,10 +118,14 @@ class Transformer:
             # Exact causal mask from absolute positions (never "bottom-right aligned").
             mask = None
             if first + 1 < block_kv:
-                allowed = key_pos[:block_kv][None, :] <= q_pos[:, None]  # (rows, block_kv)
-                # Additive float mask, built once per row set: SDPA would convert a bool mask per call.
-                mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-                mask.masked_fill_(~allowed, float("-inf"))
+                # Additive float mask, built once per row set: SDPA would convert a bool mask per call. A few
+                # element-wise passes over (rows × keys): on one thread, like the layers' small ops.
+                small = q_pos.numel() * block_kv <= SERIAL_MAX_ELEMENTS
+                with serial(self.device.type == "cpu" and small):
+                    later = key_pos[:block_kv][None, :] > q_pos[:, None]  # (rows, block_kv): may not see
+                    mask = torch.zeros(later.shape, dtype=self.dtype, device=self.device).masked_fill_(
+                        later, float("-inf")
+                    )
             blocks.append(AttentionBlock(rows=slice(start, start + q_pos.numel()), kv_len=block_kv, mask=mask))
         return blocks
 
