@@ -172,7 +172,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     assert lock is not None
     with lock:
         from app.components import build_components
-        from app.services.ingest_service import IngestService, IngestSource
+        from app.services.ingest import IngestService, IngestSource
 
         components = build_components(settings, role="worker")  # PostgreSQL: only embeds; replicas index
         try:
@@ -316,7 +316,8 @@ def cmd_ask(args: argparse.Namespace) -> int:
 def _ask_local(settings: Settings, request: Any, conversation_id: str | None) -> int:
     from app.catalog import Catalog
     from app.components import build_components, build_scheduler
-    from app.services.ask_service import AskService, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
+    from app.services.ask_service import AskService
+    from app.services.ask_types import DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
     from app.services.conversation_service import ConversationNotFound, ConversationService, owner_of
 
     # Before the model loads: an unknown conversation is a quick usage error. The owner is the one a
@@ -500,7 +501,7 @@ def cmd_purge_failed(args: argparse.Namespace) -> int:
         assert lock is not None
         with lock:
             from app.components import build_components
-            from app.services.ingest_service import IngestService
+            from app.services.ingest import IngestService
 
             components = build_components(settings)
             try:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from app.services.conversation_service import ConversationService
     from app.services.coverage_service import CoverageService
     from app.services.document_service import DocumentService
-    from app.services.ingest_service import IngestService
+    from app.services.ingest import IngestService
     from engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class AppState:
         from app.services.conversation_service import ConversationService
         from app.services.coverage_service import CoverageService
         from app.services.document_service import DocumentService
-        from app.services.ingest_service import IngestService
+        from app.services.ingest import IngestService
 
         server = self.settings.server
         if server.malloc_mmap_threshold_bytes is not None:
@@ -96,12 +96,16 @@ class AppState:
             self.metrics.ingest_seconds.inc(seconds)
             self.storage.ensure_reserve()  # a reserve spent on a full disk comes back once there is room
 
+        self.coverage = CoverageService(components)
+        # One DocumentService for the routes and the ingest jobs: a deletion keeps the KV a running job holds.
+        self.documents = DocumentService(components, self.coverage, self.storage)
         ingest_options = {
             "on_chunks_committed": on_commit,
             "prefill_rate": self.prefill_rate,
             "scheduler": self.scheduler,
             "on_storage_fault": self.storage.record,
             "free_space": self.storage.release_reserve,
+            "documents": self.documents,
         }
         if self.settings.catalog.is_postgres:
             # Scale-out: jobs go to the PostgreSQL queue (`blendrag worker`), the index follows the catalog.
@@ -118,8 +122,6 @@ class AppState:
         self.ask = AskService(
             components, self.scheduler, self.metrics, self.prefill_rate, conversations=self.conversations
         )
-        self.coverage = CoverageService(components)
-        self.documents = DocumentService(components, self.ingest, self.coverage, self.storage)
         await asyncio.to_thread(self.storage.ensure_reserve)
         if self.job_queue is None:
             self.ingest.recover()

@@ -135,7 +135,7 @@ def _norm(text: str) -> str:
 
 async def _ask(state: Any, request: Any) -> tuple[Any, list[str], float]:
     """(done event, source titles best first, wall seconds) of one request through AskService."""
-    from app.services.ask_service import DoneEvent, ErrorEvent, SourcesEvent
+    from app.services.ask_types import DoneEvent, ErrorEvent, SourcesEvent
 
     titles: list[str] = []
     started = time.perf_counter()
@@ -151,7 +151,7 @@ async def _ask(state: Any, request: Any) -> tuple[Any, list[str], float]:
 
 
 def _request(question: str, history: list[Any], max_tokens: int, **extra: Any) -> Any:
-    from app.services.ask_service import AskRequest
+    from app.services.ask_types import AskRequest
 
     return AskRequest(question=question, history=tuple(history), max_tokens=max_tokens, temperature=0.0, **extra)
 

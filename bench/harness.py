@@ -179,13 +179,13 @@ def machine_info(engine: Engine | None = None) -> dict[str, Any]:
     return info
 
 
-def compute_dtype(engine: Engine) -> dict[str, str]:
-    """The dtype the engine computes in and why it chose it (engine.dtype: auto)."""
-    out = {"compute_dtype": str(engine.dtype).removeprefix("torch.")}
-    choice = getattr(engine, "dtype_choice", None)
-    if choice is not None:
-        out["dtype_choice_reason"] = str(choice.reason)
-    return out
+def compute_dtype(engine: Engine) -> dict[str, Any]:
+    """The dtype the engine computes in, and the choice behind it (`engine.dtype: auto`: which and why)."""
+    choice = engine.dtype_choice
+    return {
+        "compute_dtype": str(engine.dtype).removeprefix("torch."),
+        "dtype_choice": {"dtype": str(choice.dtype), "reason": str(choice.reason)},
+    }
 
 
 def result_header(name: str, args: argparse.Namespace, engine: Engine | None = None, **extra: Any) -> dict[str, Any]:

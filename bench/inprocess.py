@@ -78,7 +78,7 @@ class StageClock:
 
 def ingest_passages(state: AppState, passages: list[Passage]) -> tuple[Any, StageClock]:
     """Ingest each passage as one text document in one job, synchronously; returns (job, stage clock)."""
-    from app.services.ingest_service import IngestSource
+    from app.services.ingest import IngestSource
 
     assert state.ingest is not None
     sources = [IngestSource(kind="text", title=p.title or f"passage {i}", text=p.text) for i, p in enumerate(passages)]

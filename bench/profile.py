@@ -103,7 +103,7 @@ def profile_modes(
 
 
 def markdown(result: dict[str, Any]) -> str:
-    reason = f" ({result['dtype_choice_reason']})" if "dtype_choice_reason" in result else ""
+    reason = f" ({result['dtype_choice']['reason']})"
     lines = [
         f"Profile · {result['model']} · {result['compute_dtype']}{reason}"
         f" · {result['examples']} example(s) × {result['passages']} passages · KV {result['kv_dtype']}"

@@ -21,6 +21,9 @@ BLEND_FIELDS: tuple[str, ...] = (
     "score_by",
     "pool_window",
     "min_per_chunk",
+    "attention_share",
+    "ratio_min",
+    "ratio_max",
     "check_layers",
     "ratio_schedule",
     "deviation_on",
@@ -38,7 +41,9 @@ class EngineSettings(BaseModel):
     )
     device: Literal["cpu", "cuda", "auto"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
-        default="auto", description="auto: float32 on CPU, bfloat16 on CUDA"
+        default="auto",
+        description="auto: bfloat16 on CUDA and on a CPU with native bf16 matrix units (AMX, AVX512-BF16), "
+        "float32 on other CPUs (engine/dtype_choice.py)",
     )
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU)")
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -61,6 +66,15 @@ class EngineSettings(BaseModel):
     )
     pool_window: int = Field(default=1, ge=1, description="query: max-pool scores over this many neighbours")
     min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
+    attention_share: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="query, adaptive budget (off when null): recompute the fewest tokens holding this share of "
+        "the question's attention to the context, within [ratio_min, ratio_max]; a request's own ratio turns it off",
+    )
+    ratio_min: float = Field(default=0.05, ge=0.0, le=1.0, description="adaptive budget: least share recomputed")
+    ratio_max: float = Field(default=0.30, ge=0.0, le=1.0, description="adaptive budget: largest share recomputed")
     check_layers: list[int] = Field(default_factory=lambda: [1])
     ratio_schedule: list[float] | None = None
     deviation_on: Literal["v", "k"] = "v"
@@ -127,8 +141,8 @@ class EngineSettings(BaseModel):
         request's own ratio and selector where it gives them. A request's ratio replaces a ratio schedule."""
         values = {name: getattr(self, name) for name in BLEND_FIELDS}
         values = {name: tuple(v) if isinstance(v, list) else v for name, v in values.items()}
-        if recompute_ratio is not None:
-            values |= {"recompute_ratio": recompute_ratio, "ratio_schedule": None}
+        if recompute_ratio is not None:  # a fixed share: no schedule, no adaptive budget
+            values |= {"recompute_ratio": recompute_ratio, "ratio_schedule": None, "attention_share": None}
         if selector is not None:
             values["selector"] = selector
         return BlendConfig(**values)
@@ -154,8 +168,3 @@ class EngineSettings(BaseModel):
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("engine.device is 'cuda' but torch sees no CUDA device")
         return self.device
-
-    def resolve_dtype(self, device: str) -> str:
-        if self.dtype == "auto":
-            return "bfloat16" if device.startswith("cuda") else "float32"
-        return self.dtype

@@ -34,6 +34,7 @@ from engine import phases
 from engine.batched_decode import decode_batch
 from engine.builtin import ensure_builtin_llm
 from engine.config import EngineSettings
+from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
 from engine.generation import RequestRun
 from engine.layers import Transformer
 from engine.model import LoadedModel, ModelConfig, load_model
@@ -61,7 +62,8 @@ class Engine:
         self.settings = settings
         path = ensure_builtin_llm(Path(models_dir)) if settings.model == "builtin" else Path(settings.model)
         device = settings.resolve_device()
-        dtype = settings.resolve_dtype(device)
+        self.dtype_choice: DtypeChoice = choose_compute_dtype(settings.dtype, device)
+        dtype = self.dtype_choice.dtype
         if settings.num_threads is not None and device == "cpu":
             torch.set_num_threads(settings.num_threads)  # process-wide; the engine is the main CPU user
         t0 = time.perf_counter()
@@ -73,6 +75,7 @@ class Engine:
         self._prefix_lock = threading.Lock()
         self._prefixes: OrderedDict[tuple[int, ...], PrefixKV] = OrderedDict()
         self.prefix_kv(self.prompt.prefix_ids)
+        log_choice(self.dtype_choice)
         logger.info(
             "engine ready: %s %s on %s in %.1fs (fingerprint %s…)",
             path.name,

@@ -29,7 +29,13 @@ import torch
 
 from engine.layers import Rows, Transformer
 from engine.rope import apply_rope
-from engine.selectors import SelectionInput, TokenSelector, make_selector, num_recompute_tokens
+from engine.selectors import (
+    SelectionInput,
+    TokenSelector,
+    adaptive_num_keep,
+    make_selector,
+    num_recompute_tokens,
+)
 from engine.threads import SERIAL_MAX_ELEMENTS, serial
 from engine.types import (
     BlendConfig,
@@ -221,6 +227,18 @@ def score_context(
     return scores.mean(0) if config.score_fuse == "mean" else scores.max(0).values
 
 
+def _upfront_budget(config: BlendConfig, n_ctx: int, scores: torch.Tensor | None) -> int:
+    """Context rows an up-front selector keeps: recompute_ratio · N, or the adaptive budget of `query`."""
+    if config.attention_share is None or scores is None:
+        return num_recompute_tokens(config.recompute_ratio, n_ctx)
+    return adaptive_num_keep(
+        scores,
+        config.attention_share,
+        num_recompute_tokens(config.ratio_min, n_ctx),
+        num_recompute_tokens(config.ratio_max, n_ctx),
+    )
+
+
 def _exact_first_segment(layout: PromptLayout) -> int:
     """Tokens of the first segment whose stored KV is exact here: computed behind this very prefix."""
     return len(layout.chunk_ids[0]) if layout.chunk_ids and layout.segments_behind_prefix else 0
@@ -288,7 +306,7 @@ def prompt_pass(
             SelectionInput(
                 positions=candidates,
                 chunk_index=_chunk_index(layout, tf.device),
-                num_keep=num_recompute_tokens(config.recompute_ratio, n_ctx),
+                num_keep=_upfront_budget(config, n_ctx, scores),
                 scores=scores,
             )
         )

@@ -33,6 +33,23 @@ def num_recompute_tokens(ratio: float, num_context_tokens: int) -> int:
     return min(num_context_tokens, int(math.floor(ratio * num_context_tokens + 0.5)))
 
 
+def adaptive_num_keep(scores: torch.Tensor, share: float, num_min: int, num_max: int) -> int:
+    """The fewest top-scored tokens whose scores hold `share` of the total, clamped to [num_min, num_max].
+
+    `scores` (N,) are the question's attention to each context token (`engine.phases.score_context`), so the
+    share is of the attention the question pays the context (the prefix's attention sink is not counted).
+    A question that looks at a few tokens gets a small budget, one that spreads its attention a larger one.
+    """
+    n = scores.numel()
+    if n == 0:
+        return 0
+    ordered = torch.sort(scores.float().clamp_min(0), descending=True).values
+    mass = torch.cumsum(ordered, 0)
+    total = float(mass[-1])
+    needed = n if total <= 0 else int(torch.searchsorted(mass, share * total).item()) + 1
+    return max(min(num_min, n), min(needed, num_max, n))
+
+
 @dataclass
 class SelectionInput:
     """The candidate context tokens. Up-front selectors see `scores` (query) or nothing else; the

@@ -124,6 +124,11 @@ class BlendConfig:
     score_by: ScoreBy = "attention"
     pool_window: int = 1
     min_per_chunk: int = 0
+    # query selector, adaptive budget: when set, keep the fewest top tokens that hold this share of the
+    # question's attention to the context (instead of recompute_ratio · N), clamped to [ratio_min, ratio_max].
+    attention_share: float | None = None
+    ratio_min: float = 0.05
+    ratio_max: float = 0.30
     # deviation selector
     check_layers: tuple[int, ...] = (1,)
     ratio_schedule: tuple[float, ...] | None = None
@@ -144,6 +149,13 @@ class BlendConfig:
             raise ValueError(f"pool_window must be an odd number >= 1, got {self.pool_window}")
         if self.min_per_chunk < 0:
             raise ValueError(f"min_per_chunk must be >= 0, got {self.min_per_chunk}")
+        if self.attention_share is not None and not 0.0 < self.attention_share <= 1.0:
+            raise ValueError(f"attention_share must be within (0, 1], got {self.attention_share}")
+        if not 0.0 <= self.ratio_min <= self.ratio_max <= 1.0:
+            raise ValueError(
+                f"need 0 <= ratio_min <= ratio_max <= 1 (the adaptive budget's bounds), got {self.ratio_min}, "
+                f"{self.ratio_max}"
+            )
         layers = _increasing(self.check_layers, "check_layers")
         object.__setattr__(self, "check_layers", layers)
         if self.ratio_schedule is not None:

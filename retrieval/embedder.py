@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
 from retrieval.types import RetrievalError
 
 if TYPE_CHECKING:
@@ -75,8 +76,11 @@ class Embedder:
         batch_size: int = 64,
         query_prefix: str = "",
         passage_prefix: str = "",
+        dtype: str = "float32",
     ) -> None:
         self.name = model
+        self.dtype = dtype  # "auto", "float32" or "bfloat16"; resolved at load
+        self.dtype_choice: DtypeChoice | None = None
         self.device = device
         self.batch_size = batch_size
         self.query_prefix = query_prefix
@@ -92,6 +96,7 @@ class Embedder:
             settings.embed_batch_size,
             settings.query_prefix,
             settings.passage_prefix,
+            settings.embed_dtype,
         )
 
     def load(self) -> SentenceTransformer:
@@ -104,6 +109,10 @@ class Embedder:
                     self._model = sentence_transformer(str(path), device=device, local_files_only=True)
                 except (OSError, ValueError) as exc:
                     raise EmbedderUnavailable(f"cannot load embedder from {path}: {exc}") from exc
+                self.dtype_choice = choose_compute_dtype(self.dtype, device, setting="retrieval.embed_dtype")
+                if self.dtype_choice.dtype == "bfloat16":
+                    self._model.bfloat16()
+                log_choice(self.dtype_choice, "embedder")
                 logger.info(
                     "embedder %s loaded from %s on %s (dim %d)", self.name, path, device, self._dimension(self._model)
                 )
@@ -133,7 +142,11 @@ class Embedder:
             convert_to_numpy=True,
             show_progress_bar=False,
         )
-        return np.ascontiguousarray(embeddings, dtype=np.float32)
+        embeddings = np.ascontiguousarray(embeddings, dtype=np.float32)
+        if self.dtype_choice is not None and self.dtype_choice.dtype != "float32":
+            # normalized in the compute dtype (norms 1 ± 3e-3 in bf16): unit length again, in float32
+            embeddings /= np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+        return embeddings
 
     def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
         """Embeddings of passages/chunks. # (n, dim) float32, unit norm"""

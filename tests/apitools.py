@@ -37,7 +37,7 @@ MAX_FILE_BYTES = 64 * 1024
 def server_settings(data_dir: Path, tiny_llama_dir: Path, **overrides: Any) -> Settings:
     """Like the shared `tiny_settings`, for a module-scoped data dir, plus overrides per section."""
     sections: dict[str, dict[str, Any]] = {
-        "engine": {"model": str(tiny_llama_dir), "max_new_tokens": 8, "num_threads": 2},
+        "engine": {"model": str(tiny_llama_dir), "max_new_tokens": 8, "num_threads": 2, "dtype": "float32"},
         "kvcache": {"memory_bytes": 64 * 1024 * 1024},
         "ingest": {"max_file_bytes": MAX_FILE_BYTES},
         # One test client asks far more often than a person: rate limits are tested where they are set.

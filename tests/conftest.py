@@ -11,6 +11,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The suite computes in float32 on every CPU (exactness tests compare at 1e-4..1e-5): `auto` would pick
+# bfloat16 on a CPU with AMX. Servers the tests start in subprocesses read these too; tests of `auto`
+# itself pass the setting explicitly.
+os.environ.setdefault("BLENDRAG_ENGINE__DTYPE", "float32")
+os.environ.setdefault("BLENDRAG_RETRIEVAL__EMBED_DTYPE", "float32")
 
 # Converted models survive between local runs (CI starts clean and converts once, ~20 s).
 MODELS_CACHE = Path(

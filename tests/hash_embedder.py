@@ -8,6 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from engine.dtype_choice import DtypeChoice
+
 HASH_DIM = 64
 
 
@@ -17,6 +19,7 @@ class HashEmbedder:
     Texts that share words are close, which is all the service tests ask of retrieval."""
 
     name = "test-hash"
+    dtype_choice = DtypeChoice("float32", "hash embedder", "float32")
 
     def __init__(self, dim: int = HASH_DIM) -> None:
         self.dim = dim

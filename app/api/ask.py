@@ -34,12 +34,12 @@ from app.api.schemas import (
 )
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
-from app.services.ask_service import (
-    AdmittedAnswer,
+from app.services.admitted_answer import AdmittedAnswer
+from app.services.ask_service import AskService
+from app.services.ask_types import (
     AskBusy,
     AskEvent,
     AskRequest,
-    AskService,
     AskValidationError,
     DoneEvent,
     ErrorEvent,

@@ -11,11 +11,12 @@ from typing import TypeVar
 from fastapi import HTTPException, Request
 
 from app.api.rate_limit import client_id
-from app.services.ask_service import AskRequest, AskService
+from app.services.ask_service import AskService
+from app.services.ask_types import AskRequest
 from app.services.conversation_service import ConversationService, owner_of
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
-from app.services.ingest_service import IngestService
+from app.services.ingest import IngestService
 from app.state import AppState
 
 T = TypeVar("T")

@@ -37,18 +37,11 @@ from app.api.schemas import (
     ValidationErrorOut,
 )
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
-from app.api.uploads import upload_source_path
+from app.api.uploads import UploadNameError, check_upload_name, save_upload, upload_source_path
 from app.catalog import DocumentStatus
 from app.catalog.repository import DocumentRecord, JobRecord
 from app.services.document_service import DocumentBusy, DocumentService
-from app.services.ingest_service import (
-    IngestError,
-    IngestService,
-    IngestSource,
-    IngestTooLarge,
-    check_upload_name,
-    save_upload,
-)
+from app.services.ingest import IngestError, IngestService, IngestSource, IngestTooLarge
 from app.state import AppState
 from ingest.config import KNOWN_EXTENSIONS
 
@@ -254,7 +247,7 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
             try:
                 names.append(check_upload_name(upload.filename or ""))
                 detect_format(names[-1], settings.ingest)
-            except IngestError as exc:
+            except UploadNameError as exc:
                 raise HTTPException(422, str(exc)) from exc
             except UnsupportedFormat as exc:
                 raise HTTPException(415, f"{upload.filename}: {exc.message}") from exc

@@ -48,12 +48,12 @@ from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
 from app.api.schemas import NOT_BLANK, AskParams, ConversationId, MaxTokens, NotBool, OpenAIErrorOut
 from app.api.sse import inline_schema, sse_event, sse_response
-from app.services.ask_service import (
+from app.services.admitted_answer import AdmittedAnswer
+from app.services.ask_service import AskService
+from app.services.ask_types import (
     MAX_QUESTION_CHARS,
-    AdmittedAnswer,
     AskBusy,
     AskRequest,
-    AskService,
     AskValidationError,
     DoneEvent,
     ErrorEvent,

@@ -6,13 +6,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, computed_field, field_validator, model_validator
 
-from app.services.ask_service import MAX_QUESTION_CHARS, MAX_SEED
+from app.services.ask_types import MAX_QUESTION_CHARS, MAX_SEED
 from app.services.text_checks import NOT_BLANK, invalid_strings, is_blank, nesting_depth
 from engine.types import Mode, SelectorName  # defined once, by the engine (plain data, no torch)
 from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
-    from app.services.ask_service import AskRequest
+    from app.services.ask_types import AskRequest
 
 
 def _not_bool(value: Any) -> Any:
@@ -231,7 +231,7 @@ class AskParams(BaseModel):
 
     def to_request(self, question: str, max_tokens: int | None = None, stop: tuple[str, ...] = ()) -> AskRequest:
         """The service request (already validated here, at the edge)."""
-        from app.services.ask_service import AskRequest
+        from app.services.ask_types import AskRequest
 
         return AskRequest(
             question=question,
@@ -517,9 +517,17 @@ class KVFootprintOut(BaseModel):
     disk_entries: int
 
 
+class ComputeOut(BaseModel):
+    dtype: str = Field(description="float32, bfloat16 or float16")
+    reason: str = Field(description="Why: the setting, the device, or what torch reports about the CPU")
+    requested: str = Field(description="The setting (engine.dtype / retrieval.embed_dtype), e.g. auto")
+
+
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
+    compute: ComputeOut | None = Field(description="The engine's compute dtype and why; null before start-up")
+    embedder_compute: ComputeOut | None = Field(description="The embedder's compute dtype and why")
     default_mode: str = Field(description="The mode a question without `mode` is answered in")
     default_selector: str = Field(description="The blend token selector a question without `selector` gets")
     default_recompute_ratio: float

@@ -1,14 +1,24 @@
-"""The names uploads are known by: the path a client sent, kept relative and safe.
+"""Uploaded files: the name each is shown and stored under, and where it is kept.
 
 `blendrag ingest ./docs` sends each file as its path relative to the folder it was found under
-(`advanced/timeouts.md`), so sources and the catalog say where a passage came from. The stored copy's
-file name is checked elsewhere (`check_upload_name`); this is the name shown and used as the document's
-identity for re-ingest (the same path with new content replaces the old document).
+(`advanced/timeouts.md`), so sources and the catalog say where a passage came from. That path
+(`upload_source_path`) is the name shown and used as the document's identity for re-ingest (the same
+path with new content replaces the old document); the stored copy's file name is its base name,
+checked by `check_upload_name`.
 """
 
 from __future__ import annotations
 
-from pathlib import PurePosixPath
+import shutil
+from pathlib import Path, PurePosixPath
+
+from app.services.text_checks import is_valid_utf8
+
+MAX_FILENAME_BYTES = 255  # what common file systems store in one path component
+
+
+class UploadNameError(ValueError):
+    """An upload's file name that no file system can store (HTTP 422)."""
 
 
 def upload_source_path(filename: str) -> str:
@@ -19,3 +29,32 @@ def upload_source_path(filename: str) -> str:
     if parts and len(parts[0]) == 2 and parts[0][1] == ":":  # a Windows drive ("C:")
         parts = parts[1:]
     return "/".join(parts) or "upload"
+
+
+def check_upload_name(filename: str) -> str:
+    """The base name an upload is stored under; UploadNameError for one no file system can store."""
+    name = Path(filename.replace("\\", "/")).name
+    if "\x00" in filename:
+        raise UploadNameError(f"file name {filename!r} contains a NUL character")
+    if len(name.encode("utf-8", errors="surrogatepass")) > MAX_FILENAME_BYTES:
+        raise UploadNameError(f"file name {name[:40]!r}… is longer than {MAX_FILENAME_BYTES} bytes")
+    if not is_valid_utf8(name):
+        raise UploadNameError(f"file name {name!r} is not valid Unicode")
+    return name or "upload"
+
+
+def save_upload(uploads_dir: Path, job_hint: str, index: int, filename: str, data_path: Path) -> Path:
+    """Move an uploaded temp file under the data dir so the job can be re-run after a restart.
+
+    Each file of a request gets its own directory (`<batch>/<index>/<name>`): two files with the same name
+    in one request are two uploads, never one overwriting the other, and each keeps its own name.
+    """
+    target_dir = uploads_dir / job_hint / str(index)
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / check_upload_name(filename)
+    try:
+        shutil.move(str(data_path), target)
+    except BaseException:
+        data_path.unlink(missing_ok=True)
+        raise
+    return target

@@ -23,7 +23,7 @@ from app.jobs.pg_queue import ENTRYPOINT, INSTALL_HINT, PgJobQueue, libpq_url
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
-    from app.services.ingest_service import IngestService
+    from app.services.ingest import IngestService
     from app.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def run_worker(settings: Settings) -> int:
         logger.error(INSTALL_HINT)
         return 1
     from app.components import build_components
-    from app.services.ingest_service import IngestService
+    from app.services.ingest import IngestService
 
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
     components = build_components(settings, role="worker")

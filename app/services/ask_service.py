@@ -1,6 +1,8 @@
 """AskService: retrieve → load chunk (and earlier turns') KV → blend → stream, one typed event at a time.
 
-The router turns these events into Server-Sent Events (or one JSON body); the CLI prints them.
+The router turns these events into Server-Sent Events (or one JSON body); the CLI prints them. The
+values a question and its answer are made of live in ask_types.py; opening a prompt's KV in
+prompt_kv.py; streaming an accepted answer in admitted_answer.py.
 """
 
 from __future__ import annotations
@@ -9,235 +11,43 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from app.catalog.repository import ChunkRecord
-from app.services.attribution import Citation, SourceText, attribute
+from app.services.admitted_answer import AdmittedAnswer
+from app.services.answer_recorder import AnswerRecorder
+from app.services.ask_types import (
+    NO_MATCH,
+    NOTHING_INGESTED,
+    AskBusy,
+    AskEvent,
+    AskPlan,
+    AskRequest,
+    AskValidationError,
+    DoneEvent,
+    ErrorEvent,
+    Source,
+    SourcesEvent,
+)
 from app.services.conversation_prompt import TurnKV, build_prompt
 from app.services.estimates import PrefillRate
 from app.services.followup_service import FollowupService
+from app.services.prompt_kv import OpenedKV, open_plan_kv
 from engine.prompt import Turn
 from retrieval.followup import FollowupQuery
-from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
     from app.components import Components
     from app.metrics import Metrics
-    from app.services.conversation_service import ConversationContext, ConversationService
-    from engine.scheduler import RequestStream, Scheduler
-    from engine.types import FinishEvent, GenerationRequest, Mode, PromptLayout, SelectorName
-    from kvcache.types import LayerKVSource
-    from retrieval.config import FollowupMode
+    from app.services.conversation_service import ConversationService
+    from engine.scheduler import Scheduler
+    from engine.types import Mode
 
 logger = logging.getLogger(__name__)
 
-MAX_QUESTION_CHARS = 8000  # /ask and /v1 alike (enforced at the edge, app/api/schemas.py)
-MAX_SEED = 2**53 - 1  # exact as a JSON double (torch.Generator.manual_seed takes more)
-
-
-class AskValidationError(ValueError):
-    """A question that cannot be asked although its fields are valid (its prompt is longer than the model's
-    context): HTTP 422 / 400, CLI exit 2."""
-
-
-class AskBusy(RuntimeError):
-    """The engine's queue is full: HTTP 503 with Retry-After (checked before any response starts)."""
-
-
-@dataclass(frozen=True)
-class AskRequest:
-    """One question. Its values are validated where it comes in (app/api/schemas.AskParams, which the
-    CLI uses too); the service trusts them."""
-
-    question: str
-    top_k: int | None = None
-    filters: SearchFilters = field(default_factory=SearchFilters)
-    mode: Mode | None = None
-    recompute_ratio: float | None = None
-    selector: SelectorName | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    # A conversation: the earlier turns (oldest first) go into the prompt and the retrieval query; the
-    # finished turn is recorded in `conversation` when there is one (/ask always, /v1 on request).
-    history: tuple[Turn, ...] = ()
-    conversation: ConversationContext | None = None
-    system_prompt: str | None = None  # a client's own (/v1 `system` message); None: the server's
-    followup: FollowupMode | None = None  # how retrieval reads the history (default: settings)
-
-
-@dataclass(frozen=True)
-class Source:
-    rank: int  # 1-based, best first: the [n] a reader cites
-    chunk_id: int
-    document_id: str
-    title: str
-    page: int | None
-    score: float
-    snippet: str
-    text: str
-
-
-NOTHING_INGESTED = "nothing ingested yet"
-NO_MATCH = "no documents match"
-
-
-@dataclass(frozen=True)
-class SourcesEvent:
-    sources: list[Source]
-    retrieval_ms: float
-    # Why there are no sources, when there are none: NOTHING_INGESTED or NO_MATCH (the answer then comes
-    # from the model alone, and the client should say so).
-    notice: str | None = None
-
-
-@dataclass(frozen=True)
-class TokenDelta:
-    text: str
-
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    context_tokens: int
-    recomputed_tokens: int
-    history_tokens: int = 0  # tokens of earlier turns in the prompt
-    history_reused_tokens: int = 0  # of those, served from stored KV
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-
-@dataclass(frozen=True)
-class Timings:
-    retrieval_ms: float
-    kv_load_ms: float
-    ttft_ms: float
-    total_ms: float
-    full_prefill_estimate_ms: float | None  # what a plain (no-reuse) prefill of this prompt would take
-
-
-@dataclass(frozen=True)
-class DoneEvent:
-    answer: str
-    mode: str
-    selector: str | None  # the blend's token selector; None when the mode recomputes by rule (full, reuse…)
-    recompute_ratio: float
-    finish_reason: str
-    usage: Usage
-    timings: Timings
-    kv_hits: int
-    kv_misses: int
-    notice: str | None = None  # as in SourcesEvent: set when the answer had no sources
-    # Which source each answer sentence draws on (app/services/attribution.py), for [n] marks.
-    citations: list[Citation] = field(default_factory=list)
-    conversation_id: str | None = None
-    history_turns: int = 0
-    history_dropped_turns: int = 0
-    retrieval_query: str | None = None  # what retrieval searched when it was not the question alone
-
-
-@dataclass(frozen=True)
-class ErrorEvent:
-    message: str
-    code: Literal["busy", "internal", "cancelled"] = "internal"
-
-
-AskEvent = SourcesEvent | TokenDelta | DoneEvent | ErrorEvent
-
 SNIPPET_CHARS = 240
-
-
-@dataclass(frozen=True)
-class AskPlan:
-    """A question's retrieval and prompt, before any KV is opened (`AskService.plan`; bench reads it)."""
-
-    layout: PromptLayout
-    ordered: list[ChunkRecord]  # the retrieved chunks in prompt order
-    sources: list[Source]  # best first
-    retrieval_ms: float
-    query: FollowupQuery  # what retrieval searched
-    num_history_turns: int
-    num_dropped_turns: int
-    history_keys: list[str]  # the store key of each earlier turn in the layout
-
-
-@dataclass(frozen=True)
-class OpenedKV:
-    """The prompt's KV (chunks, then earlier turns), ready to stream into a prompt pass, and how much of it
-    the store had."""
-
-    source: LayerKVSource
-    num_hits: int  # retrieved chunks found in the store
-    num_misses: int  # retrieved chunks computed now
-    num_history_reused_tokens: int = 0  # earlier turns' tokens found in the store
-
-
-class AnswerRecorder:
-    """Turns an engine finish into the DoneEvent and records what every answer reports (metrics, the
-    prefill-rate estimate). One per AskService; AdmittedAnswer reports through it."""
-
-    def __init__(self, metrics: Metrics | None, prefill_rate: PrefillRate) -> None:
-        self._metrics = metrics
-        self.prefill_rate = prefill_rate
-
-    def count(self, mode: str, outcome: str) -> None:
-        if self._metrics is not None:
-            self._metrics.asks.labels(mode, outcome).inc()
-
-    def done(
-        self,
-        event: FinishEvent,
-        pieces: list[str],
-        retrieval_ms: float,
-        kv_load_ms: float,
-        kv_hits: int,
-        kv_misses: int,
-        sources: SourcesEvent,
-    ) -> DoneEvent:
-        ttft_ms = retrieval_ms + kv_load_ms + event.ttft_s * 1000
-        if event.mode == "full":
-            self.prefill_rate.observe(event.num_prompt_tokens, event.ttft_s)
-        estimate = self.prefill_rate.estimate_ms(event.num_prompt_tokens)
-        if self._metrics is not None:
-            self._metrics.kv_lookups.labels("hit").inc(kv_hits)
-            self._metrics.kv_lookups.labels("miss").inc(kv_misses)
-            self._metrics.ttft.labels(event.mode).observe(ttft_ms / 1000)
-            self._metrics.total.labels(event.mode).observe(event.total_s)
-            self._metrics.recompute_ratio.observe(event.recompute_ratio)
-        self.count(event.mode, event.finish_reason)
-        answer = event.text or "".join(pieces)
-        return DoneEvent(
-            answer=answer,
-            mode=event.mode,
-            selector=event.selector,
-            recompute_ratio=round(event.recompute_ratio, 4),
-            finish_reason=event.finish_reason,
-            usage=Usage(
-                prompt_tokens=event.num_prompt_tokens,
-                completion_tokens=event.num_completion_tokens,
-                context_tokens=event.num_context_tokens,
-                recomputed_tokens=event.num_recomputed_tokens,
-            ),
-            timings=Timings(
-                retrieval_ms=round(retrieval_ms, 2),
-                kv_load_ms=round(kv_load_ms, 2),
-                ttft_ms=round(ttft_ms, 2),
-                total_ms=round(retrieval_ms + kv_load_ms + event.total_s * 1000, 2),
-                full_prefill_estimate_ms=None if estimate is None else round(estimate, 1),
-            ),
-            kv_hits=kv_hits,
-            kv_misses=kv_misses,
-            notice=sources.notice,
-            citations=attribute(answer, [SourceText(s.rank, s.text) for s in sources.sources]),
-        )
 
 
 class AskService:
@@ -310,7 +120,7 @@ class AskService:
         answer = AdmittedAnswer(
             sources=SourcesEvent(sources=plan.sources, retrieval_ms=round(plan.retrieval_ms, 2), notice=notice),
             mode=mode,
-            open_kv=(lambda: self._open_kv(plan)) if use_kv else None,
+            open_kv=(lambda: open_plan_kv(self._c, self._scheduler, plan)) if use_kv else None,
             build=lambda kv_source, effective: GenerationRequest(
                 request_id=str(uuid.uuid4()),
                 layout=layout,
@@ -369,7 +179,7 @@ class AskService:
     def open_plan_kv(self, plan: AskPlan) -> OpenedKV:
         """Open the plan's stored KV (chunks, then earlier turns), computing and storing what is missing.
         Blocks on the engine for missing entries: call it from a worker thread; close `source` after."""
-        return self._open_kv(plan)
+        return open_plan_kv(self._c, self._scheduler, plan)
 
     # ---- steps -----------------------------------------------------------------------------------
 
@@ -405,57 +215,6 @@ class AskService:
                 )
             )
         return chunks, sources
-
-    def _open_kv(self, plan: AskPlan) -> OpenedKV:
-        """Open the prompt's stored KV layer-wise (chunks, then earlier turns); KV the store lacks is computed
-        once and served as computed.
-
-        Runs in a worker thread (it blocks on the engine for missing segments). The computed KV is stored
-        too (kvcache.writer), but served from what was computed, so a store that cannot keep it still answers.
-        A missing or corrupt turn entry is computed like a missing chunk, never an error.
-        """
-        from engine.scheduler import PrefillPriority
-        from kvcache.errors import KVEntryMissing
-        from kvcache.format import StoredEntry
-        from kvcache.writer import ensure_chunk_kv
-
-        engine, store = self._c.engine, self._c.store
-        chunk_ids = [c.token_ids for c in plan.ordered]
-        chunk_keys = [self._c.expected_kv_key(ids) for ids in chunk_ids]
-        history = set(plan.history_keys)
-        token_ids = chunk_ids + plan.layout.history_ids
-        keys = chunk_keys + plan.history_keys
-        computed: dict[str, StoredEntry] = {}
-        missed: set[str] = set()
-        # A present entry may be evicted between two opens: it is then computed too, at most a few times.
-        for _attempt in range(3):
-            try:
-                source = store.open_layers(
-                    keys, device=engine.device, dtype=engine.dtype, computed=computed, history_keys=history
-                )
-                num_misses = len(missed - history)
-                return OpenedKV(
-                    source=source,
-                    num_hits=len(set(chunk_keys)) - num_misses,
-                    num_misses=num_misses,
-                    num_history_reused_tokens=TurnKV.reused_tokens(plan.layout, plan.history_keys, missed),
-                )
-            except KVEntryMissing as exc:
-                missed.update(exc.keys)
-                logger.info("computing the KV of %d segment(s) missing from the store", len(exc.keys))
-                written = ensure_chunk_kv(
-                    store,
-                    token_ids,
-                    model_fingerprint=engine.fingerprint,
-                    prefix_ids=engine.prompt.prefix_ids,
-                    # The engine's worker computes them before any other prompt work: a question waits.
-                    compute=lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
-                    missing_keys=exc.keys,
-                    keep_entries=True,
-                    history_keys=history,
-                )
-                computed.update(written.computed)
-        raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")
 
     async def _finish_turn(self, request: AskRequest, plan: AskPlan, done: DoneEvent, history_reused: int) -> DoneEvent:
         """A finished answer: store its turn's KV (the next turn reuses it), record it in its conversation,
@@ -506,128 +265,6 @@ class AskService:
             logger.exception("could not record a conversation turn")
             return done
         return dataclasses.replace(done, conversation_id=context.conversation_id) if kept else done
-
-
-class AdmittedAnswer:
-    """A question the engine has accepted: `events()` streams sources, token deltas, then done or error.
-
-    Its collaborators come in: `open_kv` (None: no stored KV, mode full), `build` (the engine request for a
-    KV source), the scheduler, the recorder and `finish` (the finished turn: its KV stored, its conversation
-    recorded, the `done` that says so; given the history tokens served from the store). Once a request is
-    submitted its KV source belongs to the engine's worker, which closes it; this object only closes a
-    source whose submit failed.
-    """
-
-    def __init__(
-        self,
-        *,
-        sources: SourcesEvent,
-        mode: Mode,
-        open_kv: Callable[[], OpenedKV] | None,
-        build: Callable[[LayerKVSource | None, Mode], GenerationRequest],
-        scheduler: Scheduler,
-        recorder: AnswerRecorder,
-        finish: Callable[[DoneEvent, int], Awaitable[DoneEvent]] | None = None,
-    ) -> None:
-        self.sources = sources
-        self._mode = mode
-        self._open_kv = open_kv
-        self._build = build
-        self._scheduler = scheduler
-        self._recorder = recorder
-        self._finish = finish
-        self._stream: RequestStream | None = None
-        self._kv_load_ms = 0.0
-        self._kv_hits = 0
-        self._kv_misses = 0
-        self._history_reused = 0
-
-    async def open_and_submit(self, readmit: bool) -> None:
-        """Open the chunks' KV (computing missing entries) and queue the request; EngineBusy if full."""
-        started = time.perf_counter()
-        kv_source = None
-        if self._open_kv is not None:
-            opened = await asyncio.to_thread(self._open_kv)
-            kv_source = opened.source
-            if readmit:
-                self._kv_misses += opened.num_misses
-            else:
-                self._kv_hits, self._kv_misses = opened.num_hits, opened.num_misses
-            # After a corrupt entry, the second open says which turns were computed after all.
-            self._history_reused = opened.num_history_reused_tokens
-        self._kv_load_ms += (time.perf_counter() - started) * 1000
-        gen = self._build(kv_source, self._mode if kv_source is not None else "full")
-        try:
-            self._stream = self._scheduler.submit(gen, readmit=readmit)
-        except BaseException:
-            if kv_source is not None:  # never handed over: still ours to close
-                kv_source.close()
-            raise
-
-    def cancel(self) -> None:
-        if self._stream is not None:
-            self._stream.cancel()
-
-    async def events(self) -> AsyncIterator[AskEvent]:
-        from engine.scheduler import SchedulerStopped
-        from engine.types import EngineError, FinishEvent
-        from kvcache.errors import KVEntryCorrupt
-
-        recorder, mode = self._recorder, self._mode
-        pieces: list[str] = []
-        yield self.sources
-        retrieval_ms = self.sources.retrieval_ms
-        try:
-            # A stored entry found corrupt while its layers stream in has already been dropped by the store:
-            # opening again recomputes it. Only before the first token, so the client never sees a restart.
-            for attempt in range(2):
-                if attempt == 1:
-                    await self.open_and_submit(readmit=True)
-                stream = self._stream
-                assert stream is not None
-                try:
-                    async for event in stream:
-                        if isinstance(event, FinishEvent):
-                            done = recorder.done(
-                                event,
-                                pieces,
-                                retrieval_ms,
-                                self._kv_load_ms,
-                                self._kv_hits,
-                                self._kv_misses,
-                                self.sources,
-                            )
-                            if self._finish is not None:
-                                done = await self._finish(done, self._history_reused)
-                            yield done
-                            return
-                        if event.text:
-                            pieces.append(event.text)
-                            yield TokenDelta(text=event.text)
-                except SchedulerStopped as exc:  # the server is shutting down
-                    logger.info("ask cancelled: %s", exc)
-                    recorder.count(mode, "cancelled")
-                    yield ErrorEvent(message=f"the server is shutting down: {exc}", code="cancelled")
-                    return
-                except (KVEntryCorrupt, EngineError) as exc:
-                    corrupt = exc if isinstance(exc, KVEntryCorrupt) else exc.__cause__
-                    if not isinstance(corrupt, KVEntryCorrupt):
-                        logger.exception("ask failed")
-                        recorder.count(mode, "error")
-                        yield ErrorEvent(message=str(exc), code="internal")
-                        return
-                    if pieces or attempt == 1:
-                        logger.error("KV entry corrupt mid-answer: %s", exc)
-                        recorder.count(mode, "error")
-                        yield ErrorEvent(message=f"stored KV was corrupt: {exc}", code="internal")
-                        return
-                    logger.warning("KV entry corrupt (%s); recomputing it and starting over", exc)
-                finally:
-                    await stream.aclose()  # cancels the request if it is still running; the worker cleans up
-        except Exception as exc:
-            logger.exception("ask failed")
-            recorder.count(mode, "error")
-            yield ErrorEvent(message=f"{type(exc).__name__}: {exc}", code="internal")
 
 
 def _snippet(text: str) -> str:

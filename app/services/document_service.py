@@ -1,6 +1,7 @@
 """DocumentService: the library as routers and the CLI see it (list, one document with its chunks'
-KV state, delete, counts by status). Reads the catalog; deletion goes through the IngestService, which
-owns the index and the KV entries a document shares with others.
+KV state, delete, counts by status). A deletion removes the document's chunks, index entries and the
+KV entries nothing else uses: not those other documents share, nor those a running ingest job holds
+(`kv_in_use`) before it has committed the chunks that use them.
 
 Deleting is how a full disk is freed, so a deletion that hits "no space" releases the storage reserve
 (app/services/storage_faults.py) and runs again in the room that makes."""
@@ -8,18 +9,18 @@ Deleting is how a full disk is freed, so a deletion that hits "no space" release
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from app.catalog import DocumentStatus
 from app.catalog.repository import ChunkRecord, DocumentRecord
+from app.services.coverage_service import CoverageService
 from app.services.storage_faults import StorageMonitor, is_storage_full
 
 if TYPE_CHECKING:
     from app.components import Components
-    from app.services.coverage_service import CoverageService
-    from app.services.ingest_service import IngestService
 
 
 logger = logging.getLogger(__name__)
@@ -45,18 +46,42 @@ class DocumentView:
         return {s: sum(c.kv_state == s for c in self.chunks) for s in ("fresh", "stale", "missing")}
 
 
+class KeysInUse:
+    """KV keys a running ingest job relies on but has not committed chunk rows for yet: a concurrent delete
+    of another document sharing such an entry must not remove it."""
+
+    def __init__(self) -> None:
+        self._keys: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, keys: Iterable[str]) -> None:
+        with self._lock:
+            self._keys.update(keys)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._keys.clear()
+
+    def among(self, keys: set[str]) -> set[str]:
+        with self._lock:
+            return keys & self._keys
+
+
 class DocumentService:
     def __init__(
         self,
         components: Components,
-        ingest: IngestService,
-        coverage: CoverageService,
+        coverage: CoverageService | None = None,
         storage: StorageMonitor | None = None,
+        on_storage_fault: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_storage_fault` hears of an index snapshot a full disk kept from being saved (by default the
+        storage monitor's `record`)."""
         self._c = components
-        self._ingest = ingest
-        self._coverage = coverage
+        self._coverage = coverage if coverage is not None else CoverageService(components)
         self._storage = storage
+        self._on_storage_fault = on_storage_fault or (storage.record if storage is not None else None)
+        self.kv_in_use = KeysInUse()
 
     def list(self, offset: int, limit: int, status: DocumentStatus | None = None) -> tuple[list[DocumentRecord], int]:
         """Documents newest first, and how many match `status` over all pages."""
@@ -77,11 +102,58 @@ class DocumentService:
             raise DocumentBusy(
                 f"document {document_id} is still being ingested by job {doc.job_id}; cancel the job first"
             )
-        self._freeing_space(lambda: self._ingest.delete_document(document_id))
+        self._freeing_space(lambda: self.delete_document(document_id))
 
     def purge_failed(self) -> int:
-        """Delete every failed document; returns how many."""
-        return self._freeing_space(self._ingest.purge_failed)
+        """Delete every failed document (with whatever chunks it had) in bulk; returns how many."""
+        return self._freeing_space(self._purge_failed)
+
+    def delete_document(self, document_id: str) -> bool:
+        """Delete a document with its chunks, index entries and (unshared) KV entries, whatever its
+        status; False if it is unknown."""
+        deleted = self._c.catalog.delete_document(document_id)
+        if deleted is None:
+            return False
+        self._drop_chunks(deleted)
+        return True
+
+    def _purge_failed(self) -> int:
+        num_deleted, chunks = self._c.catalog.delete_documents_with_status(DocumentStatus.FAILED)
+        self._drop_chunks(chunks)
+        logger.info("purged %d failed documents", num_deleted)
+        return num_deleted
+
+    def _drop_chunks(self, deleted: list[ChunkRecord]) -> None:
+        """Index entries and unshared KV entries of chunks just deleted from the catalog."""
+        if not deleted:
+            return
+        self._c.retriever.remove([c.id for c in deleted])
+        keys = {c.kv_key for c in deleted if c.kv_key}
+        still_used = self._c.catalog.referenced_kv_keys(keys) | self.kv_in_use.among(keys)
+        for key in keys - still_used:  # first: it frees the space the snapshot below needs
+            self._c.store.delete(key)
+        try:
+            self._c.retriever.save()
+        except OSError as exc:
+            if not is_storage_full(exc):
+                raise
+            # The catalog (the truth) and the in-memory index are right; the snapshot is written at the next
+            # save, or brought level with the catalog at the next start.
+            logger.warning("index snapshot not saved after a deletion (disk full): %s", exc)
+            if self._on_storage_fault is not None:
+                self._on_storage_fault(f"{type(exc).__name__}: {exc}")
+
+    def drop_unused_kv(self, keys: set[str], keep: set[str]) -> None:
+        """Delete the KV entries among `keys` that no committed chunk uses and `keep` does not name (an
+        ingest job's entries for documents that failed). Best effort: doctor --repair removes what is left."""
+        if not keys:
+            return
+        try:
+            still_used = self._c.catalog.referenced_kv_keys(keys) | keep
+            for key in keys - still_used:
+                self._c.store.delete(key)
+        except Exception as exc:
+            logger.warning("could not remove the KV entries of failed documents: %s", exc)
 
     def _freeing_space(self, delete: Callable[[], T]) -> T:
         """Run a deletion; on a full disk, once more after releasing the storage reserve. A deletion either

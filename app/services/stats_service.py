@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from app.components import Components
     from app.services.document_service import DocumentService
     from engine.config import EngineSettings
+    from engine.dtype_choice import DtypeChoice
     from engine.scheduler import Scheduler
     from kvcache.config import KVCacheSettings
     from kvcache.stats import TierStats
@@ -74,6 +75,8 @@ def kv_footprint(components: Components | None, settings: KVCacheSettings) -> KV
 class ServingStats:
     model: str | None
     fingerprint: str | None
+    compute: DtypeChoice | None  # the engine's dtype and why (None before start-up)
+    embedder_compute: DtypeChoice | None
     default_mode: str
     default_selector: str
     default_recompute_ratio: float
@@ -153,6 +156,8 @@ class StatsService:
         return ServingStats(
             model=model if model == "builtin" else Path(model).name,
             fingerprint=components.engine.fingerprint[:12] if components is not None else None,
+            compute=components.engine.dtype_choice if components is not None else None,
+            embedder_compute=components.retriever.embedder.dtype_choice if components is not None else None,
             default_mode=self._engine.mode,
             default_selector=self._engine.selector,
             default_recompute_ratio=self._engine.recompute_ratio,

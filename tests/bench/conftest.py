@@ -59,5 +59,6 @@ def tiny_engine(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     from engine.engine import Engine
 
     return Engine(
-        EngineSettings(model=str(tiny_llama_dir), num_threads=2), models_dir=tmp_path_factory.mktemp("models")
+        EngineSettings(model=str(tiny_llama_dir), num_threads=2, dtype="float32"),
+        models_dir=tmp_path_factory.mktemp("models"),
     )

@@ -29,6 +29,8 @@ def test_result_header_records_model_data_dtype_blend_and_machine(tiny_engine) -
     assert header["benchmark"] == "x" and header["dataset_name"] == "musique_dev"
     assert (header["examples"], header["passages"], header["seed"], header["ratios"]) == (2, 6, 0, [0.15])
     assert header["compute_dtype"] == header["machine"]["compute_dtype"] == "float32"
+    choice = tiny_engine.dtype_choice
+    assert header["dtype_choice"] == {"dtype": "float32", "reason": choice.reason} and choice.dtype == "float32"
     assert header["blend"] == asdict(tiny_engine.settings.blend_config())
     assert header["machine"]["cpu_flags"] == cpu_facts()["cpu_flags"]
     assert list(header)[-1] == "machine"

@@ -14,7 +14,6 @@ from engine.types import BlendConfig, PromptLayout, SamplingParams
 def test_defaults() -> None:
     s = EngineSettings()
     assert s.model == "builtin" and s.mode == "blend" and s.recompute_ratio == 0.15 and s.check_layers == [1]
-    assert s.resolve_dtype("cpu") == "float32" and s.resolve_dtype("cuda") == "bfloat16"
     cfg = s.blend_config()
     assert cfg.ratios() == (0.15,) and cfg.selector == "query" and cfg.score_layers == (12,) and cfg.deviation_on == "v"
     assert s.sampling_params(max_tokens=5).max_tokens == 5
@@ -104,6 +103,9 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
         score_by="output",
         pool_window=3,
         min_per_chunk=2,
+        attention_share=0.6,
+        ratio_min=0.1,
+        ratio_max=0.4,
         check_layers=[1, 3],
         ratio_schedule=[0.5, 0.3],
         deviation_on="k",
@@ -117,12 +119,20 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
         "score_by": "output",
         "pool_window": 3,
         "min_per_chunk": 2,
+        "attention_share": 0.6,
+        "ratio_min": 0.1,
+        "ratio_max": 0.4,
         "check_layers": (1, 3),
         "ratio_schedule": (0.5, 0.3),
         "deviation_on": "k",
         "seed": 7,
     }
     assert EngineSettings().blend_config() == BlendConfig()
-    # A request's ratio replaces the schedule; its selector replaces the configured one.
-    assert s.blend_config(recompute_ratio=0.1, selector="query").ratio_schedule is None
-    assert s.blend_config(recompute_ratio=0.1, selector="query").selector == "query"
+    # A request's ratio replaces the schedule and the adaptive budget; its selector the configured one.
+    fixed = s.blend_config(recompute_ratio=0.1, selector="query")
+    assert (fixed.recompute_ratio, fixed.ratio_schedule, fixed.attention_share, fixed.selector) == (
+        0.1,
+        None,
+        None,
+        "query",
+    )

@@ -169,3 +169,58 @@ def test_upfront_rows_are_fresh_in_every_layer_and_others_stored(tiny_engine, la
     sel = res.selected_positions - p
     late = sel[sel >= len(layout.chunk_ids[0])]
     assert (res.cache.v[1, 0, :, p + late] - stored_v[1][:, late]).abs().max() > 1e-4
+
+
+def test_adaptive_budget_takes_the_fewest_tokens_holding_the_share() -> None:
+    from engine.selectors import adaptive_num_keep
+
+    scores = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])  # sorted: 0.4 0.3 0.15 0.1 0.05 → cumulative 0.4 0.7 0.85 0.95 1
+    assert [adaptive_num_keep(scores, share, 0, 5) for share in (0.3, 0.4, 0.5, 0.7, 0.8, 0.9, 1.0)] == [
+        1,
+        1,
+        2,
+        2,
+        3,
+        4,
+        5,
+    ]
+    assert adaptive_num_keep(scores, 0.3, 2, 5) == 2  # clamped up to the minimum
+    assert adaptive_num_keep(scores, 1.0, 0, 3) == 3  # and down to the maximum
+    assert adaptive_num_keep(torch.zeros(4), 0.5, 1, 3) == 3  # no attention at all: as many as allowed
+    assert adaptive_num_keep(torch.zeros(0), 0.5, 1, 3) == 0
+
+
+def test_adaptive_budget_in_the_prompt_pass(tiny_engine, layout, chunk_kvs) -> None:
+    from engine.selectors import adaptive_num_keep
+
+    n = layout.num_context_tokens
+    scores = _scores(tiny_engine, layout, chunk_kvs, BlendConfig(0.15))
+    expected = adaptive_num_keep(scores, 0.5, num_recompute_tokens(0.05, n), num_recompute_tokens(0.6, n))
+    assert num_recompute_tokens(0.05, n) < expected < num_recompute_tokens(0.6, n)  # not at a bound
+    cfg = BlendConfig(0.15, attention_share=0.5, ratio_min=0.05, ratio_max=0.6)
+    result = tiny_engine.prompt_pass(layout, InMemoryLayerSource(chunk_kvs), "blend", cfg)
+    assert result.num_recomputed_tokens == expected
+    # The adaptive pick is the same top-scored set a fixed budget of that size picks.
+    p = layout.num_prefix_tokens
+    top = QuerySelector().select(_inp(scores.tolist(), [0] * n, expected))
+    assert result.selected_positions.tolist() == (top + p).tolist()
+    # All of the attention, all tokens allowed: the blend is the full prefill.
+    whole = tiny_engine.prompt_pass(
+        layout, InMemoryLayerSource(chunk_kvs), "blend", BlendConfig(0.15, attention_share=1.0, ratio_max=1.0)
+    )
+    full = tiny_engine.prompt_pass(layout, None, "full")
+    torch.testing.assert_close(whole.logits, full.logits, atol=1e-4, rtol=0)
+
+
+def test_adaptive_settings_map_and_a_request_ratio_turns_them_off() -> None:
+    from engine.config import EngineSettings
+
+    settings = EngineSettings(attention_share=0.6, ratio_min=0.1, ratio_max=0.25)
+    cfg = settings.blend_config()
+    assert (cfg.attention_share, cfg.ratio_min, cfg.ratio_max) == (0.6, 0.1, 0.25)
+    assert settings.blend_config(recompute_ratio=0.2).attention_share is None
+    assert EngineSettings().blend_config().attention_share is None  # off by default
+    with pytest.raises(ValueError, match="ratio_min <= ratio_max"):
+        BlendConfig(0.15, attention_share=0.5, ratio_min=0.4, ratio_max=0.2)
+    with pytest.raises(ValueError, match="attention_share must be within"):
+        BlendConfig(0.15, attention_share=0.0)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from retrieval import Embedder, IndexedChunk, RetrievalSettings, Retriever
 from retrieval.eval import evaluate_recall
@@ -76,3 +77,40 @@ def test_evaluate_recall_on_a_small_dataset(embedder: Embedder, tmp_path: Path) 
     assert report.recall == {1: 1.0, 5: 1.0}
     assert (report.num_questions, report.num_passages) == (5, 5)
     assert report.embed_seconds > 0 and report.search_seconds > 0
+
+
+def test_bf16_embedder_keeps_unit_float32_vectors_and_the_ranking(
+    embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine import dtype_choice
+    from engine.dtype_choice import CpuBf16Support
+
+    # Play a CPU with AMX: `auto` must then load the model in bfloat16.
+    amx = CpuBf16Support(amx_tile=True, avx512_bf16=True, onednn_bf16=True, capability="AVX512")
+    monkeypatch.setattr(dtype_choice, "detect_cpu_bf16", lambda: amx)
+    monkeypatch.setattr(dtype_choice, "probe_bf16_speedup", lambda repeats=3: 6.0)
+    bf16 = Embedder("builtin", dtype="auto")
+    model = bf16.load()
+    assert bf16.dtype_choice is not None and bf16.dtype_choice.dtype == "bfloat16"
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    vectors = bf16.embed_passages([text for _, text in PASSAGES])
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), np.ones(5), atol=1e-5)
+    reference = embedder.embed_passages([text for _, text in PASSAGES])
+    assert float(np.min(np.sum(vectors * reference, axis=1))) > 0.99  # the same directions within bf16 rounding
+    queries = bf16.embed_queries([q for q, _ in QUESTIONS])
+    assert [int(i) for i in np.argmax(queries @ vectors.T, axis=1)] == [gold for _, gold in QUESTIONS]
+
+
+def test_float32_is_the_class_default_and_auto_follows_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine import dtype_choice
+    from engine.dtype_choice import CpuBf16Support
+
+    avx2 = CpuBf16Support(amx_tile=False, avx512_bf16=False, onednn_bf16=False, capability="AVX2")
+    monkeypatch.setattr(dtype_choice, "detect_cpu_bf16", lambda: avx2)
+    assert Embedder("builtin").dtype == "float32"
+    assert Embedder.from_settings(RetrievalSettings()).dtype == "auto"
+    auto = Embedder("builtin", dtype="auto")
+    auto.load()
+    assert auto.dtype_choice is not None and auto.dtype_choice.dtype == "float32"
+    assert auto.dtype_choice.reason == "CPU: no bf16 matrix units (torch dispatches AVX2)"

@@ -88,6 +88,12 @@ def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str
     stats = client.get("/api/stats").json()
     assert stats["model"] == "tiny-llama-smollm2-tok"
     assert len(stats["fingerprint"]) == 12
+    assert stats["compute"] == {"dtype": "float32", "reason": "set by engine.dtype", "requested": "float32"}
+    assert stats["embedder_compute"] == {
+        "dtype": "float32",
+        "reason": "set by retrieval.embed_dtype",
+        "requested": "float32",
+    }
     # Each answer stored its turn's KV: the history memory tier exists now, one entry per distinct turn.
     assert [t["name"] for t in stats["kv_tiers"]] == ["memory", "history_memory", "disk"]
     assert stats["kv_tiers"][1]["num_entries"] >= 1

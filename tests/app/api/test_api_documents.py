@@ -8,7 +8,7 @@ from apitools import CORPUS, MAX_FILE_BYTES, wait_for_job
 from fastapi.testclient import TestClient
 
 from app.api.sse import parse_sse
-from app.services.ingest_service import IngestSource
+from app.services.ingest import IngestSource
 
 STAGES = {"parse", "chunk", "embed", "kv", "commit"}
 

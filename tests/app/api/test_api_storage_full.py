@@ -86,7 +86,7 @@ def test_kv_write_failure_fails_the_document_not_succeeded(http: TestClient, mon
 def test_job_whose_failure_cannot_be_written_is_never_left_running(
     http: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.services.ingest_service as ingest_service
+    import app.services.ingest.worker as ingest_service
 
     components = _components(http)
     catalog, retriever = components.catalog, components.retriever

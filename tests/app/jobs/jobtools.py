@@ -15,7 +15,7 @@ from app.settings import Settings
 def worker_in_thread(settings: Settings) -> Iterator[Components]:
     """`blendrag worker` in this process (own data dir, same catalog), stopped on exit."""
     from app.jobs.worker import JobRunner, consume
-    from app.services.ingest_service import IngestService
+    from app.services.ingest import IngestService
 
     worker_settings = settings.model_copy(update={"data_dir": settings.data_dir.parent / "worker"})
     worker_settings.kvcache = settings.kvcache.model_copy(update={"dir": worker_settings.data_dir / "kv"})

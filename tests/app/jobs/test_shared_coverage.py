@@ -10,7 +10,7 @@ from app.catalog import DocumentStatus, JobStatus
 from app.components import Components, build_components
 from app.jobs.pg_queue import PgJobQueue
 from app.services.coverage_service import CoverageService
-from app.services.ingest_service import IngestService, IngestSource
+from app.services.ingest import IngestService, IngestSource
 from app.settings import Settings
 
 

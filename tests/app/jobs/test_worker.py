@@ -19,7 +19,7 @@ from app.catalog import DocumentStatus, JobStatus
 from app.components import Components, build_components
 from app.jobs.pg_queue import PgJobQueue
 from app.services.doctor import run_doctor
-from app.services.ingest_service import IngestService, IngestSource
+from app.services.ingest import IngestService, IngestSource
 from app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[3]

@@ -8,9 +8,10 @@ import asyncio
 import pytest
 
 from app.components import Components, build_scheduler
-from app.services.ask_service import AskRequest, AskService, DoneEvent
+from app.services.ask_service import AskService
+from app.services.ask_types import AskRequest, DoneEvent
 from app.services.conversation_service import ConversationService
-from app.services.ingest_service import IngestService, IngestSource
+from app.services.ingest import IngestService, IngestSource
 from engine.prompt import Turn
 
 DOCS = {

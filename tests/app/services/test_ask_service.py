@@ -9,14 +9,9 @@ import time
 import pytest
 
 from app.components import Components, build_scheduler
-from app.services.ask_service import (
-    AskRequest,
-    AskService,
-    DoneEvent,
-    SourcesEvent,
-    TokenDelta,
-)
-from app.services.ingest_service import IngestService, IngestSource
+from app.services.ask_service import AskService
+from app.services.ask_types import AskRequest, DoneEvent, SourcesEvent, TokenDelta
+from app.services.ingest import IngestService, IngestSource
 from retrieval.types import SearchFilters
 
 DOCS = {
@@ -262,7 +257,7 @@ def test_a_question_the_stopping_scheduler_never_ran_ends_with_code_cancelled(
 ) -> None:
     import threading
 
-    from app.services.ask_service import ErrorEvent
+    from app.services.ask_types import ErrorEvent
 
     inside, release = threading.Event(), threading.Event()
     open_layers = components.store.open_layers

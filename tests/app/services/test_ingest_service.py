@@ -10,7 +10,7 @@ import pytest
 from app.catalog import DocumentStatus, JobStatus
 from app.components import Components
 from app.services.doctor import run_doctor
-from app.services.ingest_service import IngestError, IngestService, IngestSource
+from app.services.ingest import IngestError, IngestService, IngestSource
 
 TEXT_A = "Quintaro is the capital of Zorblat. It has purple rivers.\n\nThe kite festival is in May."
 TEXT_B = "Sourdough needs flour, water, salt and a starter. Bake it at 250 degrees."
@@ -249,7 +249,7 @@ def _records_file(path: Path, n: int, start: int = 0) -> Path:
 def test_a_records_file_is_parsed_per_record_and_written_in_batches(
     components: Components, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.services.ingest_service as ingest_module
+    import app.services.ingest.stages as ingest_module
 
     monkeypatch.setattr(ingest_module, "CATALOG_BATCH", 100)
     calls = {"add_document": 0, "add_documents": []}

@@ -99,6 +99,8 @@ function renderCards(coverage, stats) {
 
   const rows = [
     ["model", stats.model ?? "–"],
+    ["compute", stats.compute ? `${stats.compute.dtype} (${stats.compute.requested}: ${stats.compute.reason})` : "–"],
+    ["embedder", stats.embedder_compute ? `${stats.embedder_compute.dtype} (${stats.embedder_compute.requested})` : "–"],
     ["default answer", stats.default_mode === "blend"
       ? `blend · ${stats.default_selector} · recompute ${fmtPct(stats.default_recompute_ratio, 0)}` : stats.default_mode],
     ["engine queue", stats.queue_depth ?? "–"],

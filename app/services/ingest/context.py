@@ -1,0 +1,77 @@
+"""What the stages of a job work with: the environment (`IngestEnv`) and one job's state (`JobContext`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from app.catalog import DocumentStatus
+from app.services.ingest.progress import Progress
+from app.services.ingest.types import IngestSource, JobError, WorkItem
+
+if TYPE_CHECKING:
+    from app.catalog import Catalog
+    from app.components import Components
+    from app.services.document_service import DocumentService
+    from app.services.estimates import PrefillRate
+    from app.settings import Settings
+    from engine.scheduler import Scheduler
+
+
+@dataclass(frozen=True)
+class IngestEnv:
+    """The components a job's stages use. `scheduler` computes the chunks' KV (questions go first);
+    `documents` deletes what a re-ingest replaces and knows which KV entries a running job holds."""
+
+    components: Components
+    scheduler: Scheduler
+    documents: DocumentService
+    prefill_rate: PrefillRate | None = None
+    on_storage_fault: Callable[[str], None] | None = None
+
+    @property
+    def catalog(self) -> Catalog:
+        return self.components.catalog
+
+    @property
+    def settings(self) -> Settings:
+        return self.components.settings
+
+    def storage_fault(self, message: str) -> None:
+        if self.on_storage_fault is not None:
+            self.on_storage_fault(message)
+
+
+@dataclass
+class JobContext:
+    """One job on its way through the stages. `errors` are what the job row reports (duplicates included);
+    `duplicates` the ids its `duplicate_ids` lists; `seen_hashes` content hash → document id in this job."""
+
+    env: IngestEnv
+    job_id: str
+    items: list[WorkItem]
+    progress: Progress
+    errors: list[JobError] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    seen_hashes: dict[str, str] = field(default_factory=dict)
+
+    def live(self) -> list[WorkItem]:
+        """The items no stage has failed (or found to be a duplicate) so far."""
+        return [i for i in self.items if i.failed is None]
+
+    def fail(self, item: WorkItem, message: str) -> None:
+        """Mark one document failed (the job goes on with the others)."""
+        item.failed = message
+        catalog = self.env.catalog
+        if catalog.get_document(item.document_id) is not None:
+            catalog.set_document_status(item.document_id, DocumentStatus.FAILED, error=message)
+
+    def reject(self, item: WorkItem, message: str, code: str) -> None:
+        """Fail one document and report it in the job's errors."""
+        self.fail(item, message)
+        self.errors.append(JobError(source=item.source.label, error=message, code=code))
+
+    def add_duplicate(self, source: IngestSource, of: str) -> None:
+        """Report `source` as a duplicate of the stored document `of`."""
+        self.errors.append(JobError.duplicate(source.label, of))
