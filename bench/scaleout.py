@@ -103,7 +103,7 @@ def ingest_round(
         "chunks": num_chunks,
         "seconds": round(elapsed, 2),
         "chunks_per_s": round(num_chunks / elapsed, 3),
-        "harness.load_avg": harness.load_avg(),
+        "load_avg": harness.load_avg(),
     }
 
 
@@ -174,7 +174,7 @@ def main(args: argparse.Namespace) -> int:
     for r in rounds:
         print(
             f"ingest, {r['workers']} worker(s): {r['chunks']} chunks in {r['seconds']} s = "
-            f"{r['chunks_per_s']} chunks/s (load avg {r['harness.load_avg']})"
+            f"{r['chunks_per_s']} chunks/s (load avg {r['load_avg']})"
         )
     lat = result["ready_to_searchable_s"]
     print(f"ready on A -> searchable on B: median {lat['median']} s, max {lat['max']} s over {lat['probes']} docs")

@@ -305,7 +305,7 @@ async def _measure(args: argparse.Namespace, client: Any, examples: list[Example
                     "round": r,
                     "mode": mode,
                     "wall_s": wall,
-                    "harness.load_avg": load,
+                    "load_avg": load,
                     "requests": [asdict(t) for t in timings],
                 }
             )
@@ -429,7 +429,7 @@ def main(args: argparse.Namespace) -> int:
                 "decode, %s client(s): %s tokens/s aggregate (load avg %s)",
                 n,
                 d["decode_tokens_per_s"],
-                d["harness.load_avg"],
+                d["load_avg"],
             )
         logger.info("decode speedup, most clients vs one: %s", decode["speedup"])
     return 0

@@ -71,7 +71,7 @@ def _rss_probe(settings_json: str, models_dir: str, kv_file: str, ratio: float, 
     source = InMemoryLayerSource(kvs, device=engine.device, dtype=engine.dtype)
     config = engine.settings.blend_config(recompute_ratio=ratio)
     ttft, _ = time_to_first_token(engine, data["layout"], source, "blend", config)
-    conn.send({"harness.peak_rss_bytes": harness.peak_rss_bytes(), "rss_after_load_bytes": after_load, "ttft_s": ttft})
+    conn.send({"peak_rss_bytes": harness.peak_rss_bytes(), "rss_after_load_bytes": after_load, "ttft_s": ttft})
     conn.close()
 
 
@@ -193,8 +193,8 @@ def main(args: argparse.Namespace) -> int:
             "chunks": len(prepared[0].layout.chunk_ids),
             "ratio": args.rss_ratio,
             "prompt_tokens": prepared[0].layout.num_tokens,
-            "harness.peak_rss_bytes": rss["harness.peak_rss_bytes"],
-            "peak_rss_gib": round(rss["harness.peak_rss_bytes"] / GIB, 3),
+            "peak_rss_bytes": rss["peak_rss_bytes"],
+            "peak_rss_gib": round(rss["peak_rss_bytes"] / GIB, 3),
             "rss_after_load_gib": round(rss["rss_after_load_bytes"] / GIB, 3),
         }
     harness.write_result(args, result, run, plot)
