@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from bench.llamacpp import llama_cpp_available
 
 
@@ -33,22 +31,55 @@ def test_peers_records_why_llamacpp_is_left_out(run_bench, dataset_path) -> None
         assert reason.startswith("llama_cpp is not importable")
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not llama_cpp_available(), reason="needs the optional llama-cpp-python (llamacpp extra)")
-def test_f16_gguf_holds_the_shipped_weights(tmp_path) -> None:
+def _quantized_gguf(path, rng) -> dict:
+    """A small GGUF like the shipped one: Q4_1 and Q8_0 matrices, F32 vectors, scalar and array metadata."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    tensors = {
+        "token_embd.weight": (rng.standard_normal((8, 64)).astype(np.float32), GGMLQuantizationType.Q8_0),
+        "blk.0.attn_q.weight": (rng.standard_normal((4, 64)).astype(np.float32), GGMLQuantizationType.Q4_1),
+        "blk.0.attn_norm.weight": (rng.standard_normal(64).astype(np.float32), GGMLQuantizationType.F32),
+    }
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_file_type(3)  # MOSTLY_Q4_1
+    writer.add_token_list(["<a>", "<b>", "c"])
+    writer.add_rope_freq_base(100000.0)
+    for name, (values, qtype) in tensors.items():
+        data = values if qtype == GGMLQuantizationType.F32 else quantize(values, qtype)
+        writer.add_tensor(name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tensors
+
+
+def test_f16_gguf_holds_the_same_weights_and_metadata(tmp_path) -> None:
     import numpy as np
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
     from bench.gguf_f16 import write_f16_gguf
-    from engine.builtin import builtin_gguf_path
 
-    source = builtin_gguf_path()
-    written = GGUFReader(write_f16_gguf(source, tmp_path / "f16.gguf"))
-    shipped = GGUFReader(source)
+    _quantized_gguf(tmp_path / "q.gguf", np.random.default_rng(0))
+    source, written = (
+        GGUFReader(tmp_path / "q.gguf"),
+        GGUFReader(write_f16_gguf(tmp_path / "q.gguf", tmp_path / "f16.gguf")),
+    )
     assert written.fields["general.file_type"].contents() == 1  # MOSTLY_F16
-    assert [t.name for t in written.tensors] == [t.name for t in shipped.tensors]
-    for a, b in zip(shipped.tensors, written.tensors, strict=True):
-        assert list(a.shape) == list(b.shape) and b.tensor_type.name == ("F16" if len(a.shape) > 1 else "F32")
+    for name in ("general.architecture", "llama.block_count", "tokenizer.ggml.tokens", "llama.rope.freq_base"):
+        assert written.fields[name].contents() == source.fields[name].contents()
+    assert [t.name for t in written.tensors] == [t.name for t in source.tensors]
+    types = {t.name: t.tensor_type.name for t in written.tensors}
+    assert types == {"token_embd.weight": "F16", "blk.0.attn_q.weight": "F16", "blk.0.attn_norm.weight": "F32"}
+    for a, b in zip(source.tensors, written.tensors, strict=True):
+        assert list(a.shape) == list(b.shape)
         x, y = dequantize(a.data, a.tensor_type), dequantize(b.data, b.tensor_type)
-        assert np.allclose(x.reshape(-1), y.reshape(-1), rtol=1e-3, atol=1e-6)  # F16 rounding only
+        assert x.shape == y.shape and np.allclose(x, y, rtol=1e-3, atol=1e-4)  # F16 rounding of the same values
+    # An existing file is kept as it is (the F16 GGUF is written once).
+    before = (tmp_path / "f16.gguf").stat().st_mtime_ns
+    write_f16_gguf(tmp_path / "q.gguf", tmp_path / "f16.gguf")
+    assert (tmp_path / "f16.gguf").stat().st_mtime_ns == before
