@@ -158,11 +158,18 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         _print_skipped(found.skipped, settings.ingest.allowed_extensions)
         return EXIT_USAGE
     tags = [t for t in (args.tags or "").split(",") if t]
+    from app.services.key_service import KeyRequestError, check_collection
+
+    try:
+        collection = check_collection(args.collection)
+    except KeyRequestError as exc:
+        print(f"error: --collection: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     remote, lock = _take_data_dir(settings, "ingest", "blendrag ingest", remote=True)
     progress = IngestProgress()
     if remote is not None:
         with remote:
-            accepted = remote.ingest_files(found.paths, tags, names=found.names)
+            accepted = remote.ingest_files(found.paths, tags, names=found.names, collection=collection)
             job = remote.wait_job(accepted["job_id"], progress.update)
         progress.finish(job)
         _print_kv_added(job.get("progress") or {})
@@ -181,7 +188,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                 IngestSource(kind="file", title=Path(name).name, path=str(f.resolve()), source_path=name, tags=tags)
                 for f, name in zip(found.paths, found.names, strict=True)
             ]
-            submitted = service.submit(sources, enqueue=False)
+            submitted = service.submit(sources, enqueue=False, collection=collection)
             local_job = service.run_job(submitted.job_id, on_progress=progress.update)
             progress.finish(local_job)
         finally:
@@ -248,6 +255,7 @@ def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
             "selector": args.selector,
             "max_tokens": args.max_tokens,
             "conversation_id": args.conversation,
+            "collections": args.collections,
         }.items()
         if v is not None
     }
@@ -285,6 +293,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
             selector=args.selector,
             max_tokens=args.max_tokens,
             conversation_id=args.conversation,
+            collections=args.collections,
         )
     except ValidationError as exc:
         flags = {
@@ -293,6 +302,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
             "max_tokens": "--max-tokens",
             "mode": "--mode",
             "conversation_id": "--conversation",
+            "collections": "--collection",
         }
         for err in exc.errors():
             name = str(err["loc"][0]) if err["loc"] else "question"
@@ -310,7 +320,12 @@ def cmd_ask(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     with lock:
-        return _ask_local(settings, body.to_request(body.question), body.conversation_id)
+        request = body.to_request(body.question)
+        if body.collections is not None:
+            request = dataclasses.replace(
+                request, filters=dataclasses.replace(request.filters, collections=frozenset(body.collections))
+            )
+        return _ask_local(settings, request, body.conversation_id)
 
 
 def _ask_local(settings: Settings, request: Any, conversation_id: str | None) -> int:
@@ -526,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ingest", help="ingest files and folders (txt, md, html, pdf, docx, json, jsonl)")
     p.add_argument("paths", nargs="+")
     p.add_argument("--tags", default=None, help="comma-separated tags for every ingested document")
+    p.add_argument(
+        "--collection", default="default", metavar="NAME", help="the collection they join (default: default)"
+    )
     _add_data_dir(p)
     p.set_defaults(func=cmd_ingest)
 
@@ -540,6 +558,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument(
         "--conversation", default=None, metavar="ID", help="continue this conversation (an earlier answer names it)"
+    )
+    p.add_argument(
+        "--collection",
+        action="append",
+        default=None,
+        dest="collections",
+        metavar="NAME",
+        help="only search this collection (repeat for several; default: every collection)",
     )
     _add_data_dir(p)
     p.set_defaults(func=cmd_ask)
@@ -575,6 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_scaleout import add_parsers
 
     add_parsers(sub, _add_data_dir)  # db upgrade|current, worker
+    from app.cli_keys import add_parsers as add_key_parsers
+
+    add_key_parsers(sub, _add_data_dir)  # keys create|list|revoke
     return parser
 
 

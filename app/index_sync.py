@@ -146,6 +146,7 @@ def index_entries(catalog: Catalog, retriever: Retriever, entries: list[IndexEnt
             title=e.chunk.title,
             page=e.chunk.page,
             tags=tuple(e.tags),
+            collection=e.collection,
         )
         for e in entries
     ]

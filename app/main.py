@@ -11,7 +11,18 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from app.api import admin, ask, conversations, documents, health, index_status, openai_compat, render
+from app.api import (
+    admin,
+    ask,
+    collections,
+    conversations,
+    documents,
+    health,
+    index_status,
+    keys,
+    openai_compat,
+    render,
+)
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.cross_site import CrossSiteGuardMiddleware
 from app.api.errors import install_error_handlers
@@ -34,8 +45,12 @@ RAG server that answers from precomputed, blended KV caches (CacheBlend).
   counts; sources in an extra field).
 * **admin**: KV cache coverage, serving stats and Prometheus `/metrics`.
 
+* **collections**: every document belongs to a collection; the admin key (`server.api_key`) makes collection
+  keys (`/admin/keys`) that see only their collections on every route.
+
 When `server.api_key` is set, the documents and admin routes need `Authorization: Bearer <key>`
-(or `X-API-Key: <key>`); asking stays open. The web UI lives at `/` (chat) and `/admin`.
+(or `X-API-Key: <key>`); asking stays open until the first collection key exists (then it needs a key,
+or `server.public_collections`). The web UI lives at `/` (chat) and `/admin`.
 """
 
 
@@ -84,6 +99,8 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         openai_compat.router,
         conversations.router,
         admin.router,
+        keys.router,
+        collections.router,
         index_status.router,
         render.router,
     ):

@@ -48,7 +48,9 @@ class RemoteServer:
         _raise_for_status(response)
         return response.json()
 
-    def ingest_files(self, files: list[Path], tags: list[str], names: list[str] | None = None) -> dict[str, Any]:
+    def ingest_files(
+        self, files: list[Path], tags: list[str], names: list[str] | None = None, collection: str | None = None
+    ) -> dict[str, Any]:
         """Upload files in one multipart request; the IngestAccepted body (job_id, document_ids).
 
         `names` are what the server records as each file's source (its path relative to the folder the
@@ -60,6 +62,8 @@ class RemoteServer:
                 for f, name in zip(files, names, strict=True)
             ]
             data = {"tags": ",".join(tags)} if tags else {}
+            if collection is not None:
+                data["collection"] = collection
             return self._request("POST", "/ingest", files=parts, data=data, timeout=None)
 
     def job(self, job_id: str) -> dict[str, Any]:

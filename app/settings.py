@@ -39,6 +39,18 @@ class ServerSettings(BaseModel):
         description="With api_key set: /ask and /v1/* need the key too (else anyone may ask, "
         "and answers quote stored passages)",
     )
+    public_collections: list[str] = Field(
+        default_factory=list,
+        description="Collections anyone may ask about without a key; when set, a request without a key sees "
+        "only these. Empty: once any collection key exists, the question routes need a key",
+    )
+    key_cache_s: float = Field(
+        default=0.5,
+        ge=0,
+        le=5,
+        description="How long a replica trusts its lookup of a collection key: a key revoked through one "
+        "replica is refused by every replica within this",
+    )
     ask_rate_per_minute: float | None = Field(
         default=120.0,
         gt=0,

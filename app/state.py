@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from app.services.coverage_service import CoverageService
     from app.services.document_service import DocumentService
     from app.services.ingest import IngestService
+    from app.services.key_service import KeyService
     from engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ class AppState:
     coverage: CoverageService | None = None
     documents: DocumentService | None = None
     conversations: ConversationService | None = None
+    keys: KeyService | None = None
     stats: StatsService = field(init=False)
     load_error: str | None = None
     job_queue: PgJobQueue | None = None  # PostgreSQL catalog only
@@ -119,6 +121,9 @@ class AppState:
         else:
             self.ingest = IngestService(components, **ingest_options)
         self.conversations = ConversationService(components.catalog)
+        from app.services.key_service import KeyService
+
+        self.keys = KeyService(components.catalog.keys, cache_s=server.key_cache_s)
         self.ask = AskService(
             components, self.scheduler, self.metrics, self.prefill_rate, conversations=self.conversations
         )

@@ -2,15 +2,21 @@
 
 Public API (import from the modules; this package imports nothing eagerly):
 
-    engine.config.EngineSettings          pydantic settings (model, device, dtype, mode, ratio, …)
-    engine.engine.Engine                  Engine(settings, models_dir): prefill_chunk(s), prompt_pass, score,
-                                          generate; step-wise new_run, prefill(run), decode(runs)
-    engine.generation.RequestRun          one request's state (status, sampler, working cache); no compute
-    engine.scheduler.Scheduler            Scheduler(engine).submit(request) -> async iterator of events
-    engine.prompt.PromptBuilder           prefix_ids, suffix_ids(question), layout(chunk_ids, question)
+    engine.config.EngineSettings          pydantic settings (model, device, dtype, mode, ratio, …);
+                                          blend_config(), sampling_params()
+    engine.engine.Engine                  Engine(settings, models_dir): prefix_kv, prefill_chunk(s),
+                                          prompt_pass, score, generate; step-wise new_run, prefill(run),
+                                          decode(runs)
+    engine.generation.RequestRun          one request's state (RequestStatus, sampler, working cache); no compute
+    engine.scheduler.Scheduler            Scheduler(engine).submit(request) -> RequestStream (async iterator
+                                          of events); prefill_chunks(chunks, priority=PrefillPriority.…)
+    engine.prompt.PromptBuilder           prefix_ids, suffix_ids(question), layout(chunk_ids, question,
+                                          history_ids), layout_ranked, for_system_prompt(text)
     engine.types                          PromptLayout, BlendConfig, SamplingParams, GenerationRequest,
-                                          TokenEvent, FinishEvent, PromptResult, ScoreResult, Mode,
-                                          EngineError, EngineBusy
+                                          TokenEvent, FinishEvent, GenerationEvent, PromptResult,
+                                          ScoreResult, Mode, SelectorName, EngineError, EngineBusy,
+                                          RequestCancelled
     engine.selectors.TokenSelector        the protocol behind BlendConfig.selector (query, deviation, first_k,
                                           random)
+    engine.dtype_choice                   choose_compute_dtype: what `engine.dtype: auto` computes in, and why
 """

@@ -5,17 +5,19 @@ Typical use (the app builds one store from its settings and shares it across wor
     from kvcache import KVCacheSettings, TieredKVStore, KVEntryMissing
     store = TieredKVStore(KVCacheSettings(dir=data_dir / "kv"))
     key = store.key_for(model_fingerprint, prefix_token_ids, chunk_token_ids)
-    store.put(key, chunk_kv, model_fingerprint=model_fingerprint)          # at ingest
+    store.put(key, chunk_kv, model_fingerprint=model_fingerprint)          # or kvcache.writer.ensure_chunk_kv
     try:
         with store.open_layers(keys, device, dtype) as source:              # at question time
             k, v = source.layer(0)                                          # (kv_heads, T, head_dim)
     except KVEntryMissing as exc:
-        ...  # recompute exc.keys, put them, retry
+        ...  # ensure_chunk_kv(..., missing_keys=exc.keys, keep_entries=True), open again with computed=
 
 Modules: config (settings), keys, format / reader (entry bytes of every storage dtype), quant (int8),
 quant_int4 (int4: grouped, asymmetric, packed), memory_tier, disk_tier (byte budget), eviction (which
-disk entry goes: retrieval frequency or LRU), redis_tier, store, loader, stats, coverage, admin
-(stats, verify, prune, convert), errors, types (the shared contract).
+disk entry goes: retrieval frequency or LRU), redis_tier, atomic (atomic file writes), store, loader and
+hostcopy (layer-wise reads off torch's threads), writer (the one KV writer: compute what the store lacks
+and put it, one policy for a failed put), stats, coverage, admin (stats, verify, prune, convert), errors,
+types (the shared contract).
 """
 
 from kvcache.config import KVCacheSettings, StorageDType

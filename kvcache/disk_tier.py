@@ -22,7 +22,8 @@ the index stats the file and adopts it, and a file deleted behind our back is no
 StoredEntry | None`, `read_bytes(key)`, `replace_bytes(key, data) -> bool` (rewrite a held entry in
 place, e.g. in another format), `delete(key) -> bool`, `remove_corrupt(key, exc)`,
 `record_retrieval(keys)`, `keys()` (next victim first), `evict_to(max_bytes) -> list[str]`,
-`rescan() -> int`, `stats()`, `close()`. Thread-safe. The default policy is LRU.
+`rescan() -> int`, `stats()`, `close()`. Thread-safe. `policy=None` is LRU; the store passes the one
+`kvcache.eviction` makes (frequency by default).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
   previous `followup_turns` user questions, weights 1, decay, decay², … (the latest weighs most), made
   unit length again; BM25 and the reranker read the questions' text, newest first.
 - `rewrite`: the model rewrites the question into a standalone one first (app/services, it needs the
-  engine); that text is then the query. `rewrite_prompt` is the instruction it gets.
+  engine); that text is then the query. `REWRITE_SYSTEM_PROMPT` is the instruction it gets,
+  `rewrite_request_text` the request built from the recent turns, `clean_rewrite` tidies the answer.
 - `off`: the new question alone.
 """
 

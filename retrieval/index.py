@@ -14,7 +14,8 @@ Index types:
 
 Filtered search (`allowed_ids`) is exact for flat, and for hnsw/ivf whenever the allowed set is small
 (≤ `exact_filter_limit`: those vectors are scored directly, avoiding the recall loss of filtered graph or
-cluster search); larger allowed sets use FAISS id selectors.
+cluster search); larger allowed sets use FAISS id selectors, and when those return fewer than k hits (a
+scattered allowed set the graph walk or the probed lists miss) the allowed set is scored exactly.
 
 The index is not thread-safe; the Retriever serializes access. With faiss-gpu installed and
 `use_gpu=True`, unfiltered flat/ivf searches run on a GPU copy (rebuilt lazily after changes).
@@ -172,7 +173,13 @@ class VectorIndex:
             if len(allowed) <= self.exact_filter_limit:
                 return self._exact_search(query, k, allowed)
             selector = faiss.IDSelectorBatch(np.array(sorted(allowed), dtype=np.int64))
-            return self._faiss_search(query, min(k, len(allowed)), selector)
+            wanted = min(k, len(allowed))
+            hits = self._faiss_search(query, wanted, selector)
+            if len(hits) < wanted:
+                # A graph walk (hnsw) or the probed lists (ivf) reached too few allowed vectors: an allowed
+                # set scattered across the index must still fill top-k, so score it exactly.
+                return self._exact_search(query, k, allowed)
+            return hits
         if self._tombstones:
             selector = faiss.IDSelectorNot(faiss.IDSelectorBatch(np.array(sorted(self._tombstones), dtype=np.int64)))
             return self._faiss_search(query, min(k, len(self._live)), selector)

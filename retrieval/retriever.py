@@ -16,6 +16,7 @@ happen outside the state lock, so searches are not blocked by an ingest's embedd
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -34,6 +35,7 @@ from retrieval.index import VectorIndex
 from retrieval.persist import atomic_write_bytes, fsync_directory
 from retrieval.rerank import Reranker, RerankerUnavailable
 from retrieval.types import (
+    DEFAULT_COLLECTION,
     IndexedChunk,
     IndexMismatchError,
     RetrievalError,
@@ -73,6 +75,7 @@ class Retriever:
         self._chunks: dict[int, IndexedChunk] = {}
         self._by_document: dict[str, set[int]] = {}
         self._by_tag: dict[str, set[int]] = {}
+        self._by_collection: dict[str, set[int]] = {}
         self._index: VectorIndex | None = None
         self._bm25 = BM25Index()
         self._generation = 0
@@ -154,6 +157,7 @@ class Retriever:
                 self._by_document.setdefault(chunk.document_id, set()).add(chunk.chunk_id)
                 for tag in chunk.tags:
                     self._by_tag.setdefault(tag, set()).add(chunk.chunk_id)
+                self._by_collection.setdefault(chunk.collection, set()).add(chunk.chunk_id)
                 self._bm25.add(chunk.chunk_id, self.passage_text(chunk))
             self._dirty = True
 
@@ -176,7 +180,7 @@ class Retriever:
             for chunk_id in chunk_ids:
                 chunk = self._chunks[chunk_id]
                 self._untag(chunk)
-                chunk = IndexedChunk(chunk.chunk_id, chunk.document_id, chunk.text, chunk.title, chunk.page, new_tags)
+                chunk = dataclasses.replace(chunk, tags=new_tags)
                 self._chunks[chunk_id] = chunk
                 for tag in new_tags:
                     self._by_tag.setdefault(tag, set()).add(chunk_id)
@@ -269,6 +273,7 @@ class Retriever:
                             "title": c.title,
                             "page": c.page,
                             "tags": list(c.tags),
+                            "collection": c.collection,
                             "text": c.text,
                         },
                         ensure_ascii=True,  # line-safe: no U+2028, U+0085 … a reader could split at
@@ -351,11 +356,13 @@ class Retriever:
             self._chunks = {}
             self._by_document = {}
             self._by_tag = {}
+            self._by_collection = {}
             for chunk in chunks:
                 self._chunks[chunk.chunk_id] = chunk
                 self._by_document.setdefault(chunk.document_id, set()).add(chunk.chunk_id)
                 for tag in chunk.tags:
                     self._by_tag.setdefault(tag, set()).add(chunk.chunk_id)
+                self._by_collection.setdefault(chunk.collection, set()).add(chunk.chunk_id)
             self._bm25 = bm25
             self._index = index
             self._generation = int(manifest["generation"])
@@ -412,6 +419,10 @@ class Retriever:
             document_chunks.discard(chunk_id)
             if not document_chunks:
                 del self._by_document[chunk.document_id]
+            collection_chunks = self._by_collection[chunk.collection]
+            collection_chunks.discard(chunk_id)
+            if not collection_chunks:
+                del self._by_collection[chunk.collection]
             self._untag(chunk)
         return len(present)
 
@@ -438,6 +449,9 @@ class Retriever:
             else:
                 matching = set().union(*tagged)
             allowed = matching if allowed is None else allowed & matching
+        if filters.collections is not None:
+            in_collections = set().union(*(self._by_collection.get(c, set()) for c in filters.collections))
+            allowed = in_collections if allowed is None else allowed & in_collections
         return allowed
 
     def _fill_cosine(self, cosine: dict[int, float], chunk_ids: list[int], query_vector: np.ndarray) -> None:
@@ -479,6 +493,7 @@ class Retriever:
             title=record["title"],
             page=record["page"],
             tags=tuple(record["tags"]),
+            collection=record.get("collection", DEFAULT_COLLECTION),  # snapshots before collections: default
         )
 
     @staticmethod

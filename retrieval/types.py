@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+DEFAULT_COLLECTION = "default"  # a chunk's collection when none is given (and in snapshots made before them)
+
 
 class RetrievalError(RuntimeError):
     """Base class of retrieval failures."""
@@ -24,6 +26,7 @@ class IndexedChunk:
     title: str = ""
     page: int | None = None
     tags: tuple[str, ...] = ()
+    collection: str = DEFAULT_COLLECTION
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tags", tuple(self.tags))
@@ -34,16 +37,18 @@ class SearchFilters:
     """Restrict a search. Empty/None fields do not filter; fields combine with AND.
 
     document_ids: the chunk's document is one of these. tags: the chunk has any of these tags
-    (all of them when match_all_tags).
+    (all of them when match_all_tags). collections: the chunk's collection is one of these; applied
+    inside the vector and keyword search, before top-k, like every filter here.
     """
 
     document_ids: frozenset[str] | None = None
     tags: frozenset[str] | None = None
     match_all_tags: bool = False
+    collections: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         # Accept any iterable (lists from JSON bodies); store frozensets.
-        for name in ("document_ids", "tags"):
+        for name in ("document_ids", "tags", "collections"):
             value: Iterable[str] | None = getattr(self, name)
             if value is not None:
                 object.__setattr__(self, name, frozenset(value))

@@ -1,7 +1,8 @@
 """Admin data: cache coverage, serving stats for the admin page, and Prometheus /metrics.
 
-All of these need the API key when `server.api_key` is set (Prometheus sends it with
-`authorization: {credentials: …}` in its scrape config).
+All of these need a key when `server.api_key` is set (Prometheus sends it with `authorization:
+{credentials: …}` in its scrape config). /metrics is the admin's; a collection key reads /api/coverage
+and /api/stats of its own collections (document counts and coverage; the serving numbers are the server's).
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import dataclasses
 
 from fastapi import APIRouter, Depends, Response
 
-from app.api.deps import get_coverage, get_state, require_api_key
+from app.api.deps import Access, get_coverage, get_state, require_admin, require_reader
 from app.api.schemas import CoverageOut, ErrorOut, StatsOut
 from app.services.coverage_service import CoverageService
 from app.state import AppState
 
 router = APIRouter(
     tags=["admin"],
-    dependencies=[Depends(require_api_key)],
+    dependencies=[Depends(require_reader)],
     responses={401: {"model": ErrorOut, "description": "API key required"}},
 )
 
@@ -25,7 +26,11 @@ router = APIRouter(
 @router.get(
     "/metrics",
     response_class=Response,
-    responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}},
+    responses={
+        200: {"content": {"text/plain": {}}, "description": "Prometheus text format"},
+        403: {"model": ErrorOut, "description": "A collection key may not read the server's metrics"},
+    },
+    dependencies=[Depends(require_admin)],
 )
 def metrics(state: AppState = Depends(get_state)) -> Response:
     """Prometheus metrics: requests by route template and status, TTFT per mode, recompute ratio, KV
@@ -35,19 +40,20 @@ def metrics(state: AppState = Depends(get_state)) -> Response:
 
 
 @router.get("/api/coverage", response_model=CoverageOut)
-def coverage(service: CoverageService = Depends(get_coverage)) -> CoverageOut:
-    """How much of the library can be answered from stored KV now: fresh / stale / missing chunks, in
-    total and per ready document, and bytes of fresh entries per tier."""
-    view = service.compute()
+def coverage(service: CoverageService = Depends(get_coverage), access: Access = Depends(require_reader)) -> CoverageOut:
+    """How much of the library (your collections) can be answered from stored KV now: fresh / stale /
+    missing chunks, in total and per ready document, and bytes of fresh entries per tier."""
+    view = service.compute(access.collections)
     return CoverageOut.model_validate(dataclasses.asdict(view))
 
 
 @router.get("/api/stats", response_model=StatsOut)
-def stats(state: AppState = Depends(get_state)) -> StatsOut:
+def stats(state: AppState = Depends(get_state), access: Access = Depends(require_reader)) -> StatsOut:
     """Everything the admin page shows besides coverage: KV hit rates per tier, recent TTFT by mode,
-    ingest throughput, queue depth."""
-    snapshot = state.stats.snapshot(state.components, state.documents, state.scheduler)
-    counts = state.conversations.counts() if state.conversations is not None else None
+    ingest throughput, queue depth. A collection key gets the document counts of its collections and no
+    conversation counts (those are every owner's)."""
+    snapshot = state.stats.snapshot(state.components, state.documents, state.scheduler, access.collections)
+    counts = state.conversations.counts() if state.conversations is not None and access.is_admin else None
     return StatsOut.model_validate(
         {
             **dataclasses.asdict(snapshot),

@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import (
+    Access,
     cap_for_client,
     conversation_owner,
     engine_is_full,
@@ -19,6 +20,7 @@ from app.api.deps import (
     get_conversations,
     get_state,
     guard_questions,
+    scope_request,
 )
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.schemas import (
@@ -53,7 +55,8 @@ router = APIRouter(
     tags=["ask"],
     dependencies=[Depends(guard_questions)],
     responses={
-        401: {"model": ErrorOut, "description": "API key required (with `server.protect_ask`)"},
+        401: {"model": ErrorOut, "description": "API key required (`server.protect_ask`, or collection keys exist)"},
+        403: {"model": ErrorOut, "description": "A named collection the key may not read"},
         429: {"model": ErrorOut, "description": "Too many questions from this API key / IP; see Retry-After"},
     },
 )
@@ -113,20 +116,24 @@ def busy_error() -> HTTPException:
     return HTTPException(503, BUSY_DETAIL, headers={"Retry-After": "1"})
 
 
-def validated(body: AskIn, state: AppState, conversations: ConversationService, owner: str | None) -> AskRequest:
-    """The service request for a (validated) body: in its conversation (a new one without an id; 404 for
-    an id this caller does not have), or 503 when the engine is already full.
+def validated(
+    body: AskIn, state: AppState, conversations: ConversationService, owner: str | None, access: Access
+) -> AskRequest:
+    """The service request for a (validated) body: searching the caller's collections (403 for a named one
+    it may not read), in its conversation (a new one without an id; 404 for an id this caller does not
+    have), or 503 when the engine is already full.
 
     The busy check here is only a shortcut that spares retrieval; the binding check is the scheduler's, in
     `admitted`.
     """
+    request = scope_request(body.to_request(body.question), access, body.collections)
     try:
         context = conversations.open(body.conversation_id, owner)
     except ConversationNotFound as exc:
         raise HTTPException(404, str(exc)) from exc
     if engine_is_full(state):
         raise busy_error()
-    return dataclasses.replace(body.to_request(body.question), history=context.history, conversation=context)
+    return dataclasses.replace(request, history=context.history, conversation=context)
 
 
 async def admitted(service: AskService, request: AskRequest) -> AdmittedAnswer:
@@ -186,12 +193,13 @@ async def ask(
     service: AskService = Depends(get_ask),
     state: AppState = Depends(get_state),
     conversations: ConversationService = Depends(get_conversations),
+    access: Access = Depends(guard_questions),
 ) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate. With a
-    `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query."""
-    answer = await admitted(
-        service, cap_for_client(validated(body, state, conversations, conversation_owner(request)), request)
-    )
+    `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query. Only
+    the collections the caller's key may read are searched (`collections` narrows them)."""
+    asked = validated(body, state, conversations, conversation_owner(request), access)
+    answer = await admitted(service, cap_for_client(asked, request))
     if not body.stream:
         return await _answer_json(answer, request, state.metrics)
 

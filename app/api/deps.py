@@ -1,12 +1,19 @@
-"""FastAPI dependencies: the app state, its services (503 until models are loaded) and the API key."""
+"""FastAPI dependencies: the app state, its services (503 until models are loaded) and who is asking.
+
+Every request that shows or changes the library gets an `Access`: the admin (`server.api_key`, or anyone
+on a server without one), a collection key (stored hashed in the catalog, app/services/key_service.py),
+or anonymous. Routes depend on `require_admin` (admin only), `require_reader` (admin or a collection key,
+scoped to its collections) or `guard_questions` (the question routes: anonymous too, when allowed).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import hmac
 import math
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, TypeVar
 
 from fastapi import HTTPException, Request
 
@@ -17,6 +24,7 @@ from app.services.conversation_service import ConversationService, owner_of
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
 from app.services.ingest import IngestService
+from app.services.key_service import SECRET_PREFIX, KeyService
 from app.state import AppState
 
 T = TypeVar("T")
@@ -49,6 +57,47 @@ get_ask: Callable[[Request], AskService] = _loaded(lambda s: s.ask)
 get_coverage: Callable[[Request], CoverageService] = _loaded(lambda s: s.coverage)
 get_documents: Callable[[Request], DocumentService] = _loaded(lambda s: s.documents)
 get_conversations: Callable[[Request], ConversationService] = _loaded(lambda s: s.conversations)
+get_keys: Callable[[Request], KeyService] = _loaded(lambda s: s.keys)
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one request may see and do. `collections` None: every collection."""
+
+    role: Literal["admin", "key", "anonymous"]
+    collections: frozenset[str] | None
+    can_ingest: bool
+    key_id: str | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    def sees(self, collection: str) -> bool:
+        return self.collections is None or collection in self.collections
+
+    def narrowed(self, requested: Iterable[str] | None) -> frozenset[str] | None:
+        """The collections a request searches: its own, or the `collections` it names (403 for one it may
+        not read). None: every collection."""
+        if requested is None:
+            return self.collections
+        wanted = frozenset(requested)
+        if self.collections is not None:
+            refused = sorted(wanted - self.collections)
+            if refused:
+                raise HTTPException(403, f"this key may not read collection {refused[0]!r}")
+        return wanted
+
+    def check_ingest(self, collection: str) -> None:
+        """403 unless this caller may add documents to (or delete them from) `collection`."""
+        if not self.can_ingest:
+            raise HTTPException(403, "this key may not ingest or delete documents")
+        if not self.sees(collection):
+            raise HTTPException(403, f"this key may not write to collection {collection!r}")
+
+
+ADMIN = Access(role="admin", collections=None, can_ingest=True)
+KEY_REQUIRED = "missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
 
 
 def engine_is_full(state: AppState) -> bool:
@@ -73,27 +122,90 @@ def conversation_owner(request: Request) -> str | None:
     return owner_of(presented_key(request))
 
 
-def require_api_key(request: Request) -> None:
-    """401 unless `server.api_key` is unset or the request presents it (compared in constant time)."""
-    _check_key(request, get_state(request).settings.server.api_key)
-
-
 def client_host(request: Request) -> str | None:
     """The client's IP address (X-Forwarded-For already applied for trusted proxies, see app/main.py)."""
     return request.client.host if request.client else None
 
 
-def guard_questions(request: Request) -> None:
-    """The question routes: a wrong key is a 401 (429 past the wrong-key limit); the key is required with
-    `server.protect_ask`; then the rate limit (429), bucketed on a valid key, else on the client address."""
+def _unauthorized() -> HTTPException:
+    return HTTPException(status_code=401, detail=KEY_REQUIRED, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _identify(request: Request) -> Access | None:
+    """The admin or a collection key, from the key the request presents; None without a key. A wrong key
+    is a 401 (429 past the address's wrong-key budget) whenever keys mean something on this server."""
+    cached = getattr(request.state, "access", None)
+    if cached is not None:
+        return cached
     state = get_state(request)
     server = state.settings.server
-    valid_key = _check_key(request, server.api_key, required=server.protect_ask)
-    request.state.anonymous = valid_key is None
+    given = presented_key(request)
+    access: Access | None = None
+    if given is not None:
+        if server.api_key and hmac.compare_digest(given.encode(), server.api_key.encode()):
+            access = ADMIN
+        else:
+            if state.keys is None and given.startswith(SECRET_PREFIX):
+                raise _not_ready(state)  # a collection key can be checked once the catalog is open
+            record = state.keys.authenticate(given) if state.keys is not None else None
+            if record is not None:
+                access = Access("key", frozenset(record.collections), record.can_ingest, key_id=record.id)
+            elif server.api_key or (state.keys is not None and state.keys.any_keys()):
+                _count_wrong_key(request)
+                raise _unauthorized()
+            # No key configured on this server: whatever a client sends means nothing.
+    request.state.access = access
+    return access
+
+
+def require_admin(request: Request) -> Access:
+    """The admin routes: the admin key (anyone, without `server.api_key`); a collection key is a 403."""
+    access = _identify(request)
+    if access is None:
+        if get_state(request).settings.server.api_key:
+            raise _unauthorized()
+        return ADMIN
+    if not access.is_admin:
+        raise HTTPException(403, "this route needs the admin key; a collection key may not use it")
+    return access
+
+
+def require_reader(request: Request) -> Access:
+    """Routes that show or change documents: the admin (everything) or a collection key (its collections)."""
+    access = _identify(request)
+    if access is None:
+        if get_state(request).settings.server.api_key:
+            raise _unauthorized()
+        return ADMIN
+    return access
+
+
+def question_access(request: Request) -> Access:
+    """Who asks, on the question routes. Without a key: the `server.public_collections` when set; else
+    everything on an open server, and a 401 once collection keys exist (or with `server.protect_ask`)."""
+    access = _identify(request)
+    if access is not None:
+        return access
+    state = get_state(request)
+    server = state.settings.server
+    if server.public_collections:
+        return Access("anonymous", frozenset(server.public_collections), can_ingest=False)
+    if (server.api_key and server.protect_ask) or (state.keys is not None and state.keys.any_keys()):
+        raise _unauthorized()
+    return Access("anonymous", None, can_ingest=False)
+
+
+def guard_questions(request: Request) -> Access:
+    """The question routes: who asks (401 as `question_access` says), then the rate limit (429), bucketed
+    on a valid key (the admin's or a collection key's, each its own bucket), else on the client address."""
+    state = get_state(request)
+    server = state.settings.server
+    access = question_access(request)
+    request.state.anonymous = access.role == "anonymous"
     limiter = state.rate_limiter
     if limiter is None:
-        return
-    client = client_id(valid_key, client_host(request))
+        return access
+    client = client_id(presented_key(request) if access.role != "anonymous" else None, client_host(request))
     wait_s = limiter.acquire(client)
     if wait_s is not None:
         raise HTTPException(
@@ -102,6 +214,16 @@ def guard_questions(request: Request) -> None:
             "at once, per API key (or IP address); retry later",
             headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
         )
+    return access
+
+
+def scope_request(ask: AskRequest, access: Access, requested: Iterable[str] | None) -> AskRequest:
+    """The question searched only in the caller's collections (narrowed to `requested`; 403 for one it may
+    not read): the filter goes into retrieval itself, before top-k."""
+    collections = access.narrowed(requested)
+    if collections is None:
+        return ask
+    return dataclasses.replace(ask, filters=dataclasses.replace(ask.filters, collections=collections))
 
 
 def cap_for_client(ask: AskRequest, request: Request) -> AskRequest:
@@ -114,29 +236,15 @@ def cap_for_client(ask: AskRequest, request: Request) -> AskRequest:
     return dataclasses.replace(ask, max_tokens=cap) if wanted > cap else ask
 
 
-def _check_key(request: Request, expected: str | None, *, required: bool = True) -> str | None:
-    """The valid key the request presents (None without one). A wrong key is always a 401, and counts
-    against the address's wrong-key budget (429 once spent); no key is a 401 when `required`."""
-    if not expected:
-        return None  # no key configured: whatever a client sends means nothing
-    given = presented_key(request)
-    if given is not None and hmac.compare_digest(given.encode(), expected.encode()):
-        return given
-    if given is not None:
-        state = get_state(request)
-        wait_s = state.wrong_key_limiter.acquire(client_id(None, client_host(request)))
-        if wait_s is not None:
-            server = state.settings.server
-            raise HTTPException(
-                status_code=429,
-                detail=f"too many requests with a wrong API key from this address (at most "
-                f"{server.wrong_key_per_minute:g} per minute); retry later",
-                headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
-            )
-    if given is None and not required:
-        return None
-    raise HTTPException(
-        status_code=401,
-        detail="missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
+def _count_wrong_key(request: Request) -> None:
+    """Count a wrong key against the address's budget: 429 once it is spent."""
+    state = get_state(request)
+    wait_s = state.wrong_key_limiter.acquire(client_id(None, client_host(request)))
+    if wait_s is not None:
+        server = state.settings.server
+        raise HTTPException(
+            status_code=429,
+            detail=f"too many requests with a wrong API key from this address (at most "
+            f"{server.wrong_key_per_minute:g} per minute); retry later",
+            headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+        )

@@ -1,12 +1,15 @@
 """Ingest, job and document routes: thin, the IngestService and CoverageService do the work.
 
-Every route here is an admin route: with `server.api_key` set it answers 401 without the key.
+With `server.api_key` set every route here needs a key: the admin key sees everything, a collection key
+only its collections (another collection's document or job is a 404, like an unknown id) and may ingest
+or delete only with `can_ingest`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import tempfile
 import uuid
@@ -18,7 +21,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import ValidationError
 from starlette.datastructures import UploadFile
 
-from app.api.deps import get_documents, get_ingest, get_state, require_api_key
+from app.api.deps import Access, get_documents, get_ingest, get_state, require_reader
 from app.api.schemas import (
     ChunkOut,
     DocumentDetail,
@@ -39,17 +42,20 @@ from app.api.schemas import (
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
 from app.api.uploads import UploadNameError, check_upload_name, save_upload, upload_source_path
 from app.catalog import DocumentStatus
+from app.catalog.models import DEFAULT_COLLECTION
 from app.catalog.repository import DocumentRecord, JobRecord
 from app.services.document_service import DocumentBusy, DocumentService
 from app.services.ingest import IngestError, IngestService, IngestSource, IngestTooLarge
+from app.services.key_service import COLLECTION_PATTERN
 from app.state import AppState
 from ingest.config import KNOWN_EXTENSIONS
 
 router = APIRouter(
     tags=["documents"],
-    dependencies=[Depends(require_api_key)],
+    dependencies=[Depends(require_reader)],
     responses={
         401: {"model": ErrorOut, "description": "API key required"},
+        403: {"model": ErrorOut, "description": "The key may not ingest, delete, or use this collection"},
         422: {"model": ValidationErrorOut, "description": "Invalid request"},
         503: {"model": ErrorOut, "description": "Models still loading"},
     },
@@ -71,6 +77,7 @@ def job_out(job: JobRecord) -> JobOut:
         document_ids=job.document_ids,
         duplicate_ids=job.duplicate_ids,
         cancel_requested=job.cancel_requested,
+        collection=job.collection,
         created_at=job.created_at.isoformat(),
         updated_at=job.updated_at.isoformat(),
     )
@@ -88,6 +95,7 @@ def document_out(doc: DocumentRecord) -> DocumentOut:
         num_chunks=doc.num_chunks,
         num_tokens=doc.num_tokens,
         job_id=doc.job_id,
+        collection=doc.collection,
         created_at=doc.created_at.isoformat(),
         updated_at=doc.updated_at.isoformat(),
     )
@@ -97,6 +105,12 @@ def document_out(doc: DocumentRecord) -> DocumentOut:
 
 # The file names the default `ingest.allowed_extensions` accepts, as the spec's Content-Disposition pattern.
 _FILENAME_PATTERN = r'filename="[^"]*\.(' + "|".join(sorted(KNOWN_EXTENSIONS)) + ')"'
+_COLLECTION_SCHEMA = {
+    "type": "string",
+    "pattern": COLLECTION_PATTERN,
+    "default": DEFAULT_COLLECTION,
+    "description": "The collection the documents join (default `default`); the key must be allowed to ingest there",
+}
 _INGEST_BODY = {
     "requestBody": {
         "content": {
@@ -107,7 +121,8 @@ _INGEST_BODY = {
                     "required": ["documents"],
                     "additionalProperties": False,
                     "properties": {
-                        "documents": {"type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()}
+                        "documents": {"type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()},
+                        "collection": _COLLECTION_SCHEMA,
                     },
                 }
             },
@@ -130,6 +145,7 @@ _INGEST_BODY = {
                             "description": "comma-separated tags for every file (plain text: a value starting "
                             "with [ or { is refused; inline documents carry their own `tags` list)",
                         },
+                        "collection": _COLLECTION_SCHEMA,
                         "documents": {
                             "type": "array",
                             "minItems": 1,
@@ -174,26 +190,32 @@ _INGEST_BODY = {
     },
 )
 async def ingest(
-    request: Request, service: IngestService = Depends(get_ingest), state: AppState = Depends(get_state)
+    request: Request,
+    service: IngestService = Depends(get_ingest),
+    state: AppState = Depends(get_state),
+    access: Access = Depends(require_reader),
 ) -> IngestAccepted:
     """Queue documents for ingest; returns at once with the job to watch.
 
     Send JSON `{"documents": [{"title", "text", "metadata", "tags", "source"}]}`, or a multipart form
     with one or more `files` (txt, md, html, pdf, docx, json, jsonl), optional `tags` (comma-separated)
     and optional `documents` (the same JSON list, inline). Unsupported file types answer 415 and files
-    over `ingest.max_file_bytes` 413, before anything is queued.
+    over `ingest.max_file_bytes` 413, before anything is queued. `collection` (a JSON field, or a form
+    field) names the collection the documents join; a key not allowed to ingest there is a 403, before
+    anything is stored.
     """
     content_type = request.headers.get("content-type", "")
     batch_dir: Path | None = None
     if content_type.startswith("multipart/form-data"):
-        sources, batch_dir = await _multipart_sources(request, state)
+        sources, batch_dir, collection = await _multipart_sources(request, state, access)
     elif content_type.startswith("application/json") or not content_type:
         body = _ingest_body(await request.body())
-        sources = [_text_source(d) for d in body.documents]
+        access.check_ingest(body.collection)
+        sources, collection = [_text_source(d) for d in body.documents], body.collection
     else:
         raise HTTPException(415, f"send application/json or multipart/form-data, not {content_type!r}")
     try:
-        result = await asyncio.to_thread(service.submit, sources)
+        result = await asyncio.to_thread(service.submit, sources, collection=collection)
     except BaseException as exc:
         if batch_dir is not None:  # nothing was queued: the stored uploads must not linger
             shutil.rmtree(batch_dir, ignore_errors=True)
@@ -224,8 +246,11 @@ def _brief(exc: ValueError) -> str:
     return str(exc)
 
 
-async def _multipart_sources(request: Request, state: AppState) -> tuple[list[IngestSource], Path | None]:
-    """The sources of a multipart form, with the directory its files were stored in (None without files)."""
+async def _multipart_sources(
+    request: Request, state: AppState, access: Access
+) -> tuple[list[IngestSource], Path | None, str]:
+    """The sources of a multipart form, the directory its files were stored in (None without files) and the
+    collection they join (checked against the key before any file is stored)."""
     from ingest.errors import UnsupportedFormat
     from ingest.loaders import detect_format
 
@@ -236,6 +261,8 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
         if len(tag_parts) > 1 or any(not isinstance(t, str) or t.startswith(("[", "{")) for t in tag_parts):
             raise HTTPException(422, "'tags' is one text field of comma-separated tags (not JSON)")
         tags = [t.strip() for t in str(tag_parts[0] if tag_parts else "").split(",") if t.strip()]
+        collection = _form_collection(form.getlist("collection"))
+        access.check_ingest(collection)
         sources: list[IngestSource] = []
         for part in form.getlist("documents"):
             sources.extend(_text_source(d) for d in await _inline_documents(part, settings.server.max_body_bytes))
@@ -273,7 +300,18 @@ async def _multipart_sources(request: Request, state: AppState) -> tuple[list[In
         raise HTTPException(
             422, "multipart ingest needs at least one file in the 'files' field (or inline 'documents')"
         )
-    return sources, batch_dir
+    return sources, batch_dir, collection
+
+
+def _form_collection(parts: list[Any]) -> str:
+    if not parts:
+        return DEFAULT_COLLECTION
+    if len(parts) > 1 or not isinstance(parts[0], str) or not re.match(COLLECTION_PATTERN, parts[0]):
+        raise HTTPException(
+            422,
+            "'collection' is one text field: 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
+        )
+    return parts[0]
 
 
 async def _inline_documents(part: str | UploadFile, max_bytes: int) -> list[DocumentIn]:
@@ -317,23 +355,29 @@ async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
 # ---- jobs -----------------------------------------------------------------------------------------
 
 
-def _job_or_404(service: IngestService, job_id: str) -> JobRecord:
+def _job_or_404(service: IngestService, job_id: str, access: Access) -> JobRecord:
     job = service.get_job(job_id)
-    if job is None:
+    if job is None or not access.sees(job.collection):  # another collection's job: as if unknown
         raise HTTPException(404, f"no ingest job {job_id}")
     return job
 
 
 @router.get("/ingest/jobs", response_model=JobList)
-def list_jobs(limit: Annotated[int, Query(ge=1, le=100)] = 10, service: IngestService = Depends(get_ingest)) -> JobList:
-    """Recent ingest jobs, newest first, whoever started them (web UI, API or CLI)."""
-    return JobList(jobs=[job_out(j) for j in service.recent_jobs(limit)])
+def list_jobs(
+    limit: Annotated[int, Query(ge=1, le=100)] = 10,
+    service: IngestService = Depends(get_ingest),
+    access: Access = Depends(require_reader),
+) -> JobList:
+    """Recent ingest jobs of your collections, newest first, whoever started them (web UI, API or CLI)."""
+    return JobList(jobs=[job_out(j) for j in service.recent_jobs(limit, access.collections)])
 
 
 @router.get("/ingest/jobs/{job_id}", response_model=JobOut, responses={404: {"model": ErrorOut}})
-def get_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut:
+def get_job(
+    job_id: str, service: IngestService = Depends(get_ingest), access: Access = Depends(require_reader)
+) -> JobOut:
     """Status, current stage, per-stage progress and per-source errors of one ingest job."""
-    return job_out(_job_or_404(service, job_id))
+    return job_out(_job_or_404(service, job_id, access))
 
 
 @router.post(
@@ -341,14 +385,17 @@ def get_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut
     response_model=JobOut,
     responses={404: {"model": ErrorOut}, 409: {"model": ErrorOut}},
 )
-def cancel_job(job_id: str, service: IngestService = Depends(get_ingest)) -> JobOut:
+def cancel_job(
+    job_id: str, service: IngestService = Depends(get_ingest), access: Access = Depends(require_reader)
+) -> JobOut:
     """Cancel a queued or running job (a running one stops at its next step and rolls back its documents).
 
     Answers the job as it is now: `cancelled` at once for a queued job, `running` with
     `cancel_requested: true` for a running one until it stops. Cancelling a cancelled job is a no-op;
     a job that already succeeded or failed answers 409.
     """
-    job = _job_or_404(service, job_id)
+    job = _job_or_404(service, job_id, access)
+    access.check_ingest(job.collection)
     if job.status.finished and job.status.value != "cancelled":
         raise HTTPException(409, f"ingest job {job_id} already {job.status.value}")
     return job_out(service.cancel(job_id))
@@ -365,9 +412,14 @@ def cancel_job(job_id: str, service: IngestService = Depends(get_ingest)) -> Job
         404: {"model": ErrorOut},
     },
 )
-async def job_events(job_id: str, request: Request, service: IngestService = Depends(get_ingest)) -> Any:
+async def job_events(
+    job_id: str,
+    request: Request,
+    service: IngestService = Depends(get_ingest),
+    access: Access = Depends(require_reader),
+) -> Any:
     """Server-Sent Events of one job's progress until it finishes (then the stream ends)."""
-    first = await asyncio.to_thread(_job_or_404, service, job_id)
+    first = await asyncio.to_thread(_job_or_404, service, job_id, access)
 
     async def stream() -> AsyncIterator[str]:
         job: JobRecord | None = first
@@ -403,16 +455,19 @@ def list_documents(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     status: Annotated[DocumentStatusName | None, Query(description="pending | ready | failed")] = None,
     service: DocumentService = Depends(get_documents),
+    access: Access = Depends(require_reader),
 ) -> DocumentPage:
-    """Documents, newest first, with the total count matching the filter."""
-    docs, total = service.list(offset, limit, DocumentStatus(status) if status else None)
+    """Documents of your collections, newest first, with the total count matching the filter."""
+    docs, total = service.list(offset, limit, DocumentStatus(status) if status else None, access.collections)
     return DocumentPage(total=total, offset=offset, limit=limit, documents=[document_out(d) for d in docs])
 
 
 @router.get("/documents/{document_id}", response_model=DocumentDetail, responses={404: {"model": ErrorOut}})
-def get_document(document_id: str, service: DocumentService = Depends(get_documents)) -> DocumentDetail:
+def get_document(
+    document_id: str, service: DocumentService = Depends(get_documents), access: Access = Depends(require_reader)
+) -> DocumentDetail:
     """One document with its chunks and each chunk's KV state (fresh / stale / missing)."""
-    view = service.get(document_id)
+    view = service.get(document_id, access.collections)
     if view is None:
         raise HTTPException(404, f"no document {document_id}")
     out = [
@@ -435,25 +490,33 @@ def get_document(document_id: str, service: DocumentService = Depends(get_docume
 def purge_documents(
     status: Annotated[Literal["failed"], Query(description="only `failed` documents can be purged in bulk")],
     service: DocumentService = Depends(get_documents),
+    access: Access = Depends(require_reader),
 ) -> PurgeOut:
     """Delete every failed document at once (`?status=failed`: what failed ingests left). The spec admits
     `failed` only, so any other status is a 422 from validation, as the schema says. Works on a full
-    disk (it frees space)."""
-    return PurgeOut(deleted=service.purge_failed())
+    disk (it frees space). A collection key purges its own collections only."""
+    if not access.can_ingest:
+        raise HTTPException(403, "this key may not ingest or delete documents")
+    return PurgeOut(deleted=service.purge_failed(access.collections))
 
 
 @router.delete(
     "/documents/{document_id}", status_code=204, response_class=Response, responses={409: {"model": ErrorOut}}
 )
-def delete_document(document_id: str, service: DocumentService = Depends(get_documents)) -> Response:
+def delete_document(
+    document_id: str, service: DocumentService = Depends(get_documents), access: Access = Depends(require_reader)
+) -> Response:
     """Delete a document with its chunks, index entries and unshared KV entries.
 
     Idempotent: 204 whether the document existed or not (a retried DELETE must not look like a failure,
     and an id that never existed is indistinguishable from one already deleted). 409 while the document
-    is still being ingested (`pending`): cancel its job first.
+    is still being ingested (`pending`): cancel its job first. Another collection's document answers 204
+    too and is left alone (an answer that differed would tell a key which ids exist elsewhere).
     """
+    if not access.can_ingest:
+        raise HTTPException(403, "this key may not ingest or delete documents")
     try:
-        service.delete(document_id)
+        service.delete(document_id, access.collections)
     except DocumentBusy as exc:
         raise HTTPException(409, str(exc)) from exc
     return Response(status_code=204)

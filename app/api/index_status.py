@@ -11,7 +11,7 @@ from typing import Literal
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
-from app.api.deps import _loaded, require_api_key
+from app.api.deps import _loaded, require_admin
 from app.api.schemas import ErrorOut
 from app.components import Components
 
@@ -19,7 +19,7 @@ get_components = _loaded(lambda s: s.components)  # 503 until start-up has built
 
 router = APIRouter(
     tags=["admin"],
-    dependencies=[Depends(require_api_key)],
+    dependencies=[Depends(require_admin)],
     responses={
         401: {"model": ErrorOut, "description": "API key required"},
         503: {"model": ErrorOut, "description": "Models still loading"},

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.ask import BUSY_DETAIL, client_gone, record_answer
 from app.api.deps import (
+    Access,
     cap_for_client,
     conversation_owner,
     engine_is_full,
@@ -43,6 +44,7 @@ from app.api.deps import (
     get_conversations,
     get_state,
     guard_questions,
+    scope_request,
 )
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
@@ -334,10 +336,13 @@ async def chat_completions(
     service: AskService = Depends(get_ask),
     state: AppState = Depends(get_state),
     conversations: ConversationService = Depends(get_conversations),
+    access: Access = Depends(guard_questions),
 ) -> Any:
-    """Chat completion grounded in the library; the whole `messages` history counts (see the module doc)."""
+    """Chat completion grounded in the library; the whole `messages` history counts (see the module doc).
+    Only the collections the caller's key may read are searched (`collections` narrows them)."""
     try:
-        ask_request = cap_for_client(_ask_request(body, conversations, conversation_owner(request)), request)
+        asked = scope_request(_ask_request(body, conversations, conversation_owner(request)), access, body.collections)
+        ask_request = cap_for_client(asked, request)
     except ConversationNotFound as exc:
         return openai_error(404, str(exc), code="conversation_not_found")
     if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding

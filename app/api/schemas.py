@@ -38,6 +38,14 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED), NotBool]
 JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 DocumentStatusName = Literal["pending", "ready", "failed"]
 KVState = Literal["fresh", "stale", "missing"]
+CollectionName = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        description="A collection: 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
+        examples=["default"],
+    ),
+]
 
 
 class ErrorOut(BaseModel):
@@ -92,6 +100,7 @@ class IngestIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] = Field(min_length=1)
+    collection: CollectionName = Field(default="default", description="The collection the documents join")
 
 
 class IngestAccepted(BaseModel):
@@ -121,6 +130,7 @@ class JobOut(BaseModel):
     document_ids: list[str]
     duplicate_ids: list[str] = Field(description="Submitted documents dropped as duplicates of stored ones")
     cancel_requested: bool = False
+    collection: str = Field(description="The collection the job ingests into")
     created_at: str
     updated_at: str
 
@@ -136,6 +146,7 @@ class DocumentOut(BaseModel):
     num_chunks: int
     num_tokens: int
     job_id: str | None
+    collection: str
     created_at: str
     updated_at: str
 
@@ -213,6 +224,12 @@ class AskParams(BaseModel):
 
     top_k: TopK | None = Field(default=None, description="Chunks to retrieve (default: settings)")
     filters: FiltersIn = Field(default_factory=FiltersIn)
+    collections: list[CollectionName] | None = Field(
+        default=None,
+        min_length=1,
+        description="Only retrieve from these collections (each must be one the caller's key may read); "
+        "null: every collection it may read",
+    )
     mode: Mode | None = Field(
         default=None,
         description="blend (CacheBlend), full (no reuse), prefix "
@@ -441,6 +458,7 @@ class DocumentCoverageOut(BaseModel):
     document_id: str
     title: str
     status: str
+    collection: str
     chunks_total: int
     chunks_fresh: int
     chunks_stale: int
@@ -550,3 +568,50 @@ class StatsOut(BaseModel):
     )
     recent: list[RecentAskOut] = Field(description="Last answers, oldest first (bounded ring buffer)")
     storage: StorageOut
+
+
+# ---- collections and keys ---------------------------------------------------------------------------
+
+
+class CollectionOut(BaseModel):
+    name: str
+    num_documents: int = Field(description="Documents of every status")
+    num_ready_documents: int
+    num_chunks: int
+    chunks_fresh: int = Field(description="Chunks of ready documents whose stored KV is usable now")
+    coverage: float = Field(description="fresh / chunks of ready documents (1.0 when there are none)")
+
+
+class CollectionListOut(BaseModel):
+    collections: list[CollectionOut] = Field(description="The collections the caller may read, by name")
+
+
+class CollectionDeletedOut(BaseModel):
+    name: str
+    deleted: int = Field(description="Documents deleted")
+
+
+class KeyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"\S", description="Who the key is for")
+    collections: list[CollectionName] = Field(min_length=1, max_length=100, description="Collections it may read")
+    can_ingest: bool = Field(default=False, description="It may also ingest into and delete from them")
+
+
+class KeyCreatedOut(BaseModel):
+    key_id: str
+    key: str = Field(description="The secret: shown this once, stored only as a hash")
+
+
+class KeyOut(BaseModel):
+    key_id: str
+    name: str
+    collections: list[str]
+    can_ingest: bool
+    created_at: str
+    last_used_at: str | None = Field(description="Within 30 s; null: never used")
+
+
+class KeyListOut(BaseModel):
+    keys: list[KeyOut] = Field(description="Oldest first; never the secrets")

@@ -6,12 +6,15 @@ import enum
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Enum, Float, ForeignKey, Integer, LargeBinary, String, Text
+from sqlalchemy import JSON, Boolean, DateTime, Enum, Float, ForeignKey, Integer, LargeBinary, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+DEFAULT_COLLECTION = "default"  # where documents go without a `collection`, and where older catalogs migrated
 
 
 class Base(DeclarativeBase):
@@ -50,6 +53,9 @@ class DocumentRow(Base):
     num_chunks: Mapped[int] = mapped_column(Integer, default=0)
     num_tokens: Mapped[int] = mapped_column(Integer, default=0)
     job_id: Mapped[str | None] = mapped_column(String(36), index=True, nullable=True)
+    collection: Mapped[str] = mapped_column(
+        String(64), index=True, default=DEFAULT_COLLECTION, server_default=DEFAULT_COLLECTION
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
@@ -96,6 +102,9 @@ class JobRow(Base):
     document_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
     duplicate_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
+    collection: Mapped[str] = mapped_column(
+        String(64), index=True, default=DEFAULT_COLLECTION, server_default=DEFAULT_COLLECTION
+    )
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
@@ -118,6 +127,7 @@ class IndexEventRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     document_id: Mapped[str] = mapped_column(String(36))
     op: Mapped[str] = mapped_column(String(16))
+    collection: Mapped[str] = mapped_column(String(64), default=DEFAULT_COLLECTION, server_default=DEFAULT_COLLECTION)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -160,3 +170,17 @@ class TurnRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     conversation: Mapped[ConversationRow] = relationship(back_populates="turns")
+
+
+class ApiKeyRow(Base):
+    """A collection key made by the admin: only the SHA-256 of its secret is stored, never the secret."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(128))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    collections: Mapped[list[str]] = mapped_column(JSON, default=list)
+    can_ingest: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

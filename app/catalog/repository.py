@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -11,13 +11,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import create_engine, delete, event, func, insert, select, text, update
+from sqlalchemy import case, create_engine, delete, event, func, insert, select, text, update
 from sqlalchemy.engine import Engine as SQLEngine
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalog.conversations import ConversationStore
+from app.catalog.keys import KeyStore
 from app.catalog.models import (
+    DEFAULT_COLLECTION,
     ChunkRow,
     DocumentRow,
     DocumentStatus,
@@ -56,6 +58,7 @@ class DocumentRecord:
     job_id: str | None
     created_at: datetime
     updated_at: datetime
+    collection: str = DEFAULT_COLLECTION
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class IndexEntry:
     chunk: ChunkRecord
     tags: list[str]
     embedding: np.ndarray | None  # (dim,) float32
+    collection: str = DEFAULT_COLLECTION
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,17 @@ class IndexEvent:
     id: int
     document_id: str
     op: IndexEventOp
+    collection: str = DEFAULT_COLLECTION
+
+
+@dataclass(frozen=True)
+class CollectionCounts:
+    """One collection's size in the catalog (its coverage comes from the CoverageService)."""
+
+    name: str
+    num_documents: int
+    num_ready_documents: int
+    num_chunks: int
 
 
 @dataclass
@@ -114,6 +129,7 @@ class JobRecord:
     created_at: datetime
     updated_at: datetime
     extra: dict[str, Any] = field(default_factory=dict)
+    collection: str = DEFAULT_COLLECTION
 
 
 def _doc(row: DocumentRow) -> DocumentRecord:
@@ -131,6 +147,7 @@ def _doc(row: DocumentRow) -> DocumentRecord:
         job_id=row.job_id,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        collection=row.collection,
     )
 
 
@@ -162,6 +179,7 @@ def _job(row: JobRow) -> JobRecord:
         cancel_requested=row.cancel_requested,
         created_at=row.created_at,
         updated_at=row.updated_at,
+        collection=row.collection,
     )
 
 
@@ -197,6 +215,7 @@ class Catalog:
             raise ValueError(f"catalog.url: unsupported database {self.dialect!r} (use sqlite or postgresql)")
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         self.conversations = ConversationStore(self._sessions)
+        self.keys = KeyStore(self._sessions)
         from app.catalog import migrate as migrations
 
         if migrate:
@@ -232,6 +251,7 @@ class Catalog:
         metadata: dict[str, Any],
         job_id: str | None,
         document_id: str | None = None,
+        collection: str = DEFAULT_COLLECTION,
     ) -> DocumentRecord:
         with self._session() as s:
             row = DocumentRow(
@@ -243,6 +263,7 @@ class Catalog:
                 tags=tags,
                 metadata_=metadata,
                 job_id=job_id,
+                collection=collection,
             )
             s.add(row)
             s.flush()
@@ -250,7 +271,7 @@ class Catalog:
 
     def add_documents(self, documents: Sequence[dict[str, Any]]) -> None:
         """Insert many pending documents in one transaction. Each dict: id, title, source_path,
-        content_hash, tags, metadata, job_id."""
+        content_hash, tags, metadata, job_id, and optionally collection (default `default`)."""
         if not documents:
             return
         now = utcnow()
@@ -270,6 +291,7 @@ class Catalog:
                         "num_chunks": 0,
                         "num_tokens": 0,
                         "job_id": d["job_id"],
+                        "collection": d.get("collection", DEFAULT_COLLECTION),
                         "created_at": now,
                         "updated_at": now,
                     }
@@ -277,8 +299,11 @@ class Catalog:
                 ],
             )
 
-    def find_by_hashes(self, content_hashes: set[str], statuses: Sequence[DocumentStatus]) -> dict[str, DocumentRecord]:
-        """One active document per content hash, for those hashes that have one."""
+    def find_by_hashes(
+        self, content_hashes: set[str], statuses: Sequence[DocumentStatus], collection: str | None = None
+    ) -> dict[str, DocumentRecord]:
+        """One active document per content hash, for those hashes that have one (in `collection` when given:
+        the same text in two collections is two documents, each visible to its own keys)."""
         found: dict[str, DocumentRecord] = {}
         hashes = list(content_hashes)
         with self._session() as s:
@@ -287,6 +312,7 @@ class Catalog:
                     select(DocumentRow).where(
                         DocumentRow.content_hash.in_(hashes[start : start + 500]),
                         DocumentRow.status.in_(list(statuses)),
+                        *_in_collection(collection),
                     )
                 )
                 for row in rows:
@@ -318,47 +344,93 @@ class Catalog:
             row = s.get(DocumentRow, document_id)
             return _doc(row) if row else None
 
-    def find_by_hash(self, content_hash: str, statuses: Sequence[DocumentStatus]) -> DocumentRecord | None:
+    def find_by_hash(
+        self, content_hash: str, statuses: Sequence[DocumentStatus], collection: str | None = None
+    ) -> DocumentRecord | None:
         with self._session() as s:
             row = s.scalars(
                 select(DocumentRow)
-                .where(DocumentRow.content_hash == content_hash, DocumentRow.status.in_(list(statuses)))
+                .where(
+                    DocumentRow.content_hash == content_hash,
+                    DocumentRow.status.in_(list(statuses)),
+                    *_in_collection(collection),
+                )
                 .limit(1)
             ).first()
             return _doc(row) if row else None
 
-    def find_by_metadata(self, key: str, value: str, statuses: Sequence[DocumentStatus]) -> DocumentRecord | None:
+    def find_by_metadata(
+        self, key: str, value: str, statuses: Sequence[DocumentStatus], collection: str | None = None
+    ) -> DocumentRecord | None:
         """A document whose metadata has `key` equal to the string `value` (e.g. file_sha256)."""
         with self._session() as s:
             row = s.scalars(
                 select(DocumentRow)
-                .where(DocumentRow.metadata_[key].as_string() == value, DocumentRow.status.in_(list(statuses)))
+                .where(
+                    DocumentRow.metadata_[key].as_string() == value,
+                    DocumentRow.status.in_(list(statuses)),
+                    *_in_collection(collection),
+                )
                 .limit(1)
             ).first()
             return _doc(row) if row else None
 
-    def find_by_source(self, source_path: str, exclude_id: str | None = None) -> list[DocumentRecord]:
+    def find_by_source(
+        self, source_path: str, exclude_id: str | None = None, collection: str | None = None
+    ) -> list[DocumentRecord]:
+        """Documents ingested from `source_path` (in `collection` when given: a source is replaced only
+        within its own collection)."""
         with self._session() as s:
-            q = select(DocumentRow).where(DocumentRow.source_path == source_path)
+            q = select(DocumentRow).where(DocumentRow.source_path == source_path, *_in_collection(collection))
             if exclude_id:
                 q = q.where(DocumentRow.id != exclude_id)
             return [_doc(r) for r in s.scalars(q)]
 
     def list_documents(
-        self, *, offset: int = 0, limit: int = 50, status: DocumentStatus | None = None
+        self,
+        *,
+        offset: int = 0,
+        limit: int = 50,
+        status: DocumentStatus | None = None,
+        collections: Collection[str] | None = None,
     ) -> tuple[list[DocumentRecord], int]:
+        """A page of documents, newest first, and the count matching; `collections` None: all of them."""
         with self._session() as s:
-            q = select(DocumentRow)
-            count_q = select(func.count()).select_from(DocumentRow)
+            q = select(DocumentRow).where(*_in_collections(collections))
+            count_q = select(func.count()).select_from(DocumentRow).where(*_in_collections(collections))
             if status is not None:
                 q = q.where(DocumentRow.status == status)
                 count_q = count_q.where(DocumentRow.status == status)
             rows = s.scalars(q.order_by(DocumentRow.created_at.desc(), DocumentRow.id).offset(offset).limit(limit))
             return [_doc(r) for r in rows], int(s.scalar(count_q) or 0)
 
-    def all_documents(self) -> list[DocumentRecord]:
+    def all_documents(self, collections: Collection[str] | None = None) -> list[DocumentRecord]:
         with self._session() as s:
-            return [_doc(r) for r in s.scalars(select(DocumentRow).order_by(DocumentRow.created_at))]
+            q = select(DocumentRow).where(*_in_collections(collections)).order_by(DocumentRow.created_at)
+            return [_doc(r) for r in s.scalars(q)]
+
+    def collection_counts(self, collections: Collection[str] | None = None) -> list[CollectionCounts]:
+        """Every collection holding a document (or only those of `collections`), by name."""
+        with self._session() as s:
+            rows = s.execute(
+                select(
+                    DocumentRow.collection,
+                    func.count(),
+                    func.sum(case((DocumentRow.status == DocumentStatus.READY, 1), else_=0)),
+                    func.sum(DocumentRow.num_chunks),
+                )
+                .where(*_in_collections(collections))
+                .group_by(DocumentRow.collection)
+                .order_by(DocumentRow.collection)
+            ).all()
+            return [
+                CollectionCounts(name, int(n), int(ready or 0), int(chunks or 0)) for name, n, ready, chunks in rows
+            ]
+
+    def document_ids_in(self, collection: str) -> list[str]:
+        with self._session() as s:
+            q = select(DocumentRow.id).where(DocumentRow.collection == collection).order_by(DocumentRow.created_at)
+            return list(s.scalars(q))
 
     def replace_chunks(self, document_id: str, chunks: Sequence[NewChunk]) -> list[int]:
         """Store a document's chunks (dropping any earlier ones); returns the new chunk ids in order."""
@@ -417,9 +489,9 @@ class Catalog:
             if old is None:
                 return
             if self.index_events and (status == DocumentStatus.READY or old == DocumentStatus.READY):
-                self._log_index_event(
-                    s, document_id, IndexEventOp.READY if status == DocumentStatus.READY else IndexEventOp.REMOVED
-                )
+                op = IndexEventOp.READY if status == DocumentStatus.READY else IndexEventOp.REMOVED
+                collection = s.scalar(select(DocumentRow.collection).where(DocumentRow.id == document_id))
+                self._log_index_event(s, document_id, op, collection or DEFAULT_COLLECTION)
             s.execute(update(DocumentRow).where(DocumentRow.id == document_id).values(status=status, error=error))
 
     def delete_document(self, document_id: str) -> list[ChunkRecord] | None:
@@ -430,17 +502,21 @@ class Catalog:
                 return None
             chunks = [_chunk(c, row.title) for c in row.chunks]
             if self.index_events and row.status == DocumentStatus.READY:
-                self._log_index_event(s, document_id, IndexEventOp.REMOVED)
+                self._log_index_event(s, document_id, IndexEventOp.REMOVED, row.collection)
             s.delete(row)
             return chunks
 
-    def delete_documents_with_status(self, status: DocumentStatus) -> tuple[int, list[ChunkRecord]]:
-        """Delete every document in `status` with its chunks, in bulk; (documents deleted, their chunks)."""
+    def delete_documents_with_status(
+        self, status: DocumentStatus, collections: Collection[str] | None = None
+    ) -> tuple[int, list[ChunkRecord]]:
+        """Delete every document in `status` (of `collections`, None: all) with its chunks, in bulk;
+        (documents deleted, their chunks)."""
+        where = (DocumentRow.status == status, *_in_collections(collections))
         with self._session() as s:
-            ids = select(DocumentRow.id).where(DocumentRow.status == status)
+            ids = select(DocumentRow.id).where(*where)
             chunks = [_chunk(c) for c in s.scalars(select(ChunkRow).where(ChunkRow.document_id.in_(ids)))]
             s.execute(delete(ChunkRow).where(ChunkRow.document_id.in_(ids)))
-            result = s.execute(delete(DocumentRow).where(DocumentRow.status == status))
+            result = s.execute(delete(DocumentRow).where(*where))
             return int(result.rowcount or 0), chunks  # type: ignore[attr-defined]
 
     def set_embeddings(self, embeddings_by_chunk_id: dict[int, np.ndarray]) -> None:
@@ -450,12 +526,12 @@ class Catalog:
 
     # ---- the index feed (replicas build FAISS from these) -----------------------------------------
 
-    def _log_index_event(self, s: Session, document_id: str, op: IndexEventOp) -> None:
+    def _log_index_event(self, s: Session, document_id: str, op: IndexEventOp, collection: str) -> None:
         if self.dialect == "postgresql":
             # Held until this transaction commits: the next event's id is drawn only after this one is
             # visible, so ids become visible in order and a reader's cursor never skips one.
             s.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_INDEX_EVENT_LOCK})
-        s.add(IndexEventRow(document_id=document_id, op=op.value))
+        s.add(IndexEventRow(document_id=document_id, op=op.value, collection=collection))
         s.flush()
 
     def last_index_event_id(self) -> int:
@@ -467,7 +543,10 @@ class Catalog:
             rows = s.scalars(
                 select(IndexEventRow).where(IndexEventRow.id > event_id).order_by(IndexEventRow.id).limit(limit)
             )
-            return [IndexEvent(id=r.id, document_id=r.document_id, op=IndexEventOp(r.op)) for r in rows]
+            return [
+                IndexEvent(id=r.id, document_id=r.document_id, op=IndexEventOp(r.op), collection=r.collection)
+                for r in rows
+            ]
 
     def prune_index_events(self, before: datetime) -> int:
         """Drop events older than `before` (replicas further behind than that rebuild from scratch)."""
@@ -482,7 +561,7 @@ class Catalog:
         """Chunks of ready documents (all of them, or of `document_ids`) with embeddings, in id order."""
         with self._session() as s:
             q = (
-                select(ChunkRow, DocumentRow.title, DocumentRow.tags)
+                select(ChunkRow, DocumentRow.title, DocumentRow.tags, DocumentRow.collection)
                 .join(DocumentRow)
                 .where(DocumentRow.status == DocumentStatus.READY)
             )
@@ -491,8 +570,13 @@ class Catalog:
                     return []
                 q = q.where(ChunkRow.document_id.in_(list(document_ids)))
             return [
-                IndexEntry(chunk=_chunk(c, title), tags=list(tags or []), embedding=decode_embedding(c.embedding))
-                for c, title, tags in s.execute(q.order_by(ChunkRow.id)).all()
+                IndexEntry(
+                    chunk=_chunk(c, title),
+                    tags=list(tags or []),
+                    embedding=decode_embedding(c.embedding),
+                    collection=collection,
+                )
+                for c, title, tags, collection in s.execute(q.order_by(ChunkRow.id)).all()
             ]
 
     # ---- chunks ----------------------------------------------------------------------------------
@@ -511,9 +595,11 @@ class Catalog:
             row = s.get(DocumentRow, document_id)
             return [_chunk(c, row.title) for c in row.chunks] if row else []
 
-    def iter_chunks(self, statuses: Sequence[DocumentStatus] | None = None) -> list[ChunkRecord]:
+    def iter_chunks(
+        self, statuses: Sequence[DocumentStatus] | None = None, collections: Collection[str] | None = None
+    ) -> list[ChunkRecord]:
         with self._session() as s:
-            q = select(ChunkRow, DocumentRow.title).join(DocumentRow)
+            q = select(ChunkRow, DocumentRow.title).join(DocumentRow).where(*_in_collections(collections))
             if statuses is not None:
                 q = q.where(DocumentRow.status.in_(list(statuses)))
             return [_chunk(c, title) for c, title in s.execute(q.order_by(ChunkRow.id)).all()]
@@ -524,22 +610,34 @@ class Catalog:
             q = select(ChunkRow.id).join(DocumentRow).where(DocumentRow.status == DocumentStatus.READY)
             return set(s.scalars(q))
 
-    def ready_chunk_ids(self, chunk_ids: Sequence[int]) -> set[int]:
+    def ready_chunk_ids(self, chunk_ids: Sequence[int], collections: Collection[str] | None = None) -> set[int]:
+        """Those of `chunk_ids` whose document is ready (and in `collections`, when given)."""
         if not chunk_ids:
             return set()
         with self._session() as s:
             q = (
                 select(ChunkRow.id)
                 .join(DocumentRow)
-                .where(ChunkRow.id.in_(list(chunk_ids)), DocumentRow.status == DocumentStatus.READY)
+                .where(
+                    ChunkRow.id.in_(list(chunk_ids)),
+                    DocumentRow.status == DocumentStatus.READY,
+                    *_in_collections(collections),
+                )
             )
             return set(s.scalars(q))
 
     # ---- jobs ------------------------------------------------------------------------------------
 
-    def create_job(self, spec: dict[str, Any]) -> JobRecord:
+    def create_job(self, spec: dict[str, Any], collection: str = DEFAULT_COLLECTION) -> JobRecord:
         with self._session() as s:
-            row = JobRow(id=str(uuid.uuid4()), status=JobStatus.QUEUED, spec=spec, progress={}, errors=[])
+            row = JobRow(
+                id=str(uuid.uuid4()),
+                status=JobStatus.QUEUED,
+                spec=spec,
+                progress={},
+                errors=[],
+                collection=collection,
+            )
             s.add(row)
             s.flush()
             return _job(row)
@@ -558,9 +656,22 @@ class Catalog:
             rows = s.scalars(select(JobRow).where(JobRow.status.in_(list(statuses))).order_by(JobRow.created_at))
             return [_job(r) for r in rows]
 
-    def list_jobs(self, limit: int = 50) -> list[JobRecord]:
+    def list_jobs(self, limit: int = 50, collections: Collection[str] | None = None) -> list[JobRecord]:
         with self._session() as s:
-            return [_job(r) for r in s.scalars(select(JobRow).order_by(JobRow.created_at.desc()).limit(limit))]
+            q = select(JobRow).where(*_in_collections(collections, JobRow.collection))
+            return [_job(r) for r in s.scalars(q.order_by(JobRow.created_at.desc()).limit(limit))]
+
+
+def _in_collection(collection: str | None) -> tuple[Any, ...]:
+    """WHERE clauses for one collection (none: every collection)."""
+    return () if collection is None else (DocumentRow.collection == collection,)
+
+
+def _in_collections(collections: Collection[str] | None, column: Any = None) -> tuple[Any, ...]:
+    """WHERE clauses for a set of collections (None: every collection; an empty set matches nothing)."""
+    if collections is None:
+        return ()
+    return ((DocumentRow.collection if column is None else column).in_(sorted(collections)),)
 
 
 def encode_embedding(vector: np.ndarray | None) -> bytes | None:

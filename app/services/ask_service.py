@@ -192,8 +192,9 @@ class AskService:
             filters=request.filters,
             query_vector=query.vector,
         )
-        # Only committed documents answer: a pending document's chunks may already be in the index.
-        ready = self._c.catalog.ready_chunk_ids([h.chunk_id for h in hits])
+        # Only committed documents answer: a pending document's chunks may already be in the index. The
+        # catalog (the truth) checks the collections again behind the index's own filter.
+        ready = self._c.catalog.ready_chunk_ids([h.chunk_id for h in hits], request.filters.collections)
         records = self._c.catalog.chunks_by_ids(list(ready))
         chunks: list[ChunkRecord] = []
         sources: list[Source] = []

@@ -2,9 +2,10 @@
 
 `build_prompt` lays out `[prefix][chunks][turn 1]…[turn t-1][question]` within the history token budget
 and the model's context (oldest turns dropped first). `TurnKV` names each earlier turn's entry (keyed
-like a chunk's: model fingerprint + the server's prefix + the turn's token ids + dtype) and writes the
-entry of a finished turn: its segment prefilled behind the server's prefix, as a chunk is at ingest, into
-the store's history memory tier and the tiers below it.
+like a chunk's: model fingerprint + the server's prefix + the turn's token ids; the storage dtype is not
+part of a key) and writes the entry of a finished turn through the one KV writer (kvcache/writer.py): its
+segment prefilled behind the server's prefix, as a chunk is at ingest, into the store's history memory
+tier and the tiers below it.
 
 Why a prefill and not the answer's working cache: the cache holds the turn's rows computed behind that
 turn's retrieved chunks (the entry would depend on them, and a stateless client resending the same turn

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from app.catalog import DocumentStatus
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Collection, Sequence
 
     from app.components import Components
     from kvcache.store import EntryLocation, TieredKVStore
@@ -28,6 +28,7 @@ class DocumentCoverage(CoverageCountsView):
     document_id: str = ""
     title: str = ""
     status: str = ""
+    collection: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,11 +76,13 @@ class CoverageService:
         report = compute_coverage(self._store, refs)  # type: ignore[arg-type]
         return {int(c.ref.chunk_id): c.state.value for c in report.chunks}
 
-    def compute(self) -> CoverageView:
+    def compute(self, collections: Collection[str] | None = None) -> CoverageView:
+        """Coverage of the ready documents of `collections` (None: all): a collection key's view counts
+        only its own chunks."""
         from kvcache.coverage import ChunkRef, compute_coverage
 
-        docs = [d for d in self._c.catalog.all_documents() if d.status == DocumentStatus.READY]
-        chunks = self._c.catalog.iter_chunks([DocumentStatus.READY])
+        docs = [d for d in self._c.catalog.all_documents(collections) if d.status == DocumentStatus.READY]
+        chunks = self._c.catalog.iter_chunks([DocumentStatus.READY], collections)
         refs = [
             ChunkRef(
                 chunk_id=c.id,
@@ -95,7 +98,17 @@ class CoverageService:
             counts = report.documents.get(doc.id)
             if counts is None:
                 per_doc.append(
-                    DocumentCoverage(0, 0, 0, 0, 1.0, document_id=doc.id, title=doc.title, status=doc.status.value)
+                    DocumentCoverage(
+                        0,
+                        0,
+                        0,
+                        0,
+                        1.0,
+                        document_id=doc.id,
+                        title=doc.title,
+                        status=doc.status.value,
+                        collection=doc.collection,
+                    )
                 )
                 continue
             per_doc.append(
@@ -108,6 +121,7 @@ class CoverageService:
                     document_id=doc.id,
                     title=doc.title,
                     status=doc.status.value,
+                    collection=doc.collection,
                 )
             )
         t = report.total

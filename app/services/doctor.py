@@ -149,6 +149,7 @@ def _repair_index(components: Components, report: DoctorReport, missing: list) -
                     title=c.title,
                     page=c.page,
                     tags=tuple(docs[c.document_id].tags),
+                    collection=docs[c.document_id].collection,
                 )
                 for c in missing
             ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -83,30 +83,41 @@ class DocumentService:
         self._on_storage_fault = on_storage_fault or (storage.record if storage is not None else None)
         self.kv_in_use = KeysInUse()
 
-    def list(self, offset: int, limit: int, status: DocumentStatus | None = None) -> tuple[list[DocumentRecord], int]:
-        """Documents newest first, and how many match `status` over all pages."""
-        return self._c.catalog.list_documents(offset=offset, limit=limit, status=status)
+    def list(
+        self,
+        offset: int,
+        limit: int,
+        status: DocumentStatus | None = None,
+        collections: Collection[str] | None = None,
+    ) -> tuple[list[DocumentRecord], int]:
+        """Documents (of `collections`; None: all) newest first, and how many match over all pages."""
+        return self._c.catalog.list_documents(offset=offset, limit=limit, status=status, collections=collections)
 
-    def get(self, document_id: str) -> DocumentView | None:
+    def get(self, document_id: str, collections: Collection[str] | None = None) -> DocumentView | None:
+        """One document with its chunks' KV states; None when unknown or outside `collections`."""
         doc = self._c.catalog.get_document(document_id)
-        if doc is None:
+        if doc is None or (collections is not None and doc.collection not in collections):
             return None
         chunks = self._c.catalog.chunks_of(document_id)
         states = self._coverage.chunk_states(document_id) if chunks else {}
         return DocumentView(doc, [ChunkView(c, states.get(c.id, "missing")) for c in chunks])
 
-    def delete(self, document_id: str) -> None:
-        """Delete a document with its chunks, index entries and unshared KV; nothing if it is unknown."""
+    def delete(self, document_id: str, collections: Collection[str] | None = None) -> None:
+        """Delete a document with its chunks, index entries and unshared KV; nothing if it is unknown or
+        outside `collections` (None: any collection)."""
         doc = self._c.catalog.get_document(document_id)
-        if doc is not None and doc.status == DocumentStatus.PENDING:
+        if doc is None or (collections is not None and doc.collection not in collections):
+            return
+        if doc.status == DocumentStatus.PENDING:
             raise DocumentBusy(
                 f"document {document_id} is still being ingested by job {doc.job_id}; cancel the job first"
             )
         self._freeing_space(lambda: self.delete_document(document_id))
 
-    def purge_failed(self) -> int:
-        """Delete every failed document (with whatever chunks it had) in bulk; returns how many."""
-        return self._freeing_space(self._purge_failed)
+    def purge_failed(self, collections: Collection[str] | None = None) -> int:
+        """Delete every failed document (of `collections`; None: all) with whatever chunks it had, in bulk;
+        returns how many."""
+        return self._freeing_space(lambda: self._purge_failed(collections))
 
     def delete_document(self, document_id: str) -> bool:
         """Delete a document with its chunks, index entries and (unshared) KV entries, whatever its
@@ -117,8 +128,8 @@ class DocumentService:
         self._drop_chunks(deleted)
         return True
 
-    def _purge_failed(self) -> int:
-        num_deleted, chunks = self._c.catalog.delete_documents_with_status(DocumentStatus.FAILED)
+    def _purge_failed(self, collections: Collection[str] | None) -> int:
+        num_deleted, chunks = self._c.catalog.delete_documents_with_status(DocumentStatus.FAILED, collections)
         self._drop_chunks(chunks)
         logger.info("purged %d failed documents", num_deleted)
         return num_deleted
@@ -169,8 +180,8 @@ class DocumentService:
             self._storage.ensure_reserve()  # back once the disk has room
         return result
 
-    def count_by_status(self) -> dict[str, int]:
+    def count_by_status(self, collections: Collection[str] | None = None) -> dict[str, int]:
         return {
-            status.value: self._c.catalog.list_documents(offset=0, limit=1, status=status)[1]
+            status.value: self._c.catalog.list_documents(offset=0, limit=1, status=status, collections=collections)[1]
             for status in DocumentStatus
         }

@@ -12,6 +12,8 @@ from app.metrics import Metrics, RecentAsk
 from app.services.estimates import PrefillRate
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from app.components import Components
     from app.services.document_service import DocumentService
     from engine.config import EngineSettings
@@ -139,8 +141,13 @@ class StatsService:
         self._prefill_rate = prefill_rate
 
     def snapshot(
-        self, components: Components | None, documents: DocumentService | None, scheduler: Scheduler | None
+        self,
+        components: Components | None,
+        documents: DocumentService | None,
+        scheduler: Scheduler | None,
+        collections: Collection[str] | None = None,
     ) -> ServingStats:
+        """The serving numbers; document counts are those of `collections` (None: all)."""
         sample = self._metrics.registry.get_sample_value
         tiers: list[TierStats] = []
         kv_hit_rate = None
@@ -163,7 +170,7 @@ class StatsService:
             default_recompute_ratio=self._engine.recompute_ratio,
             queue_depth=queue_depth(scheduler),
             prefill_tokens_per_s=round(rate, 1) if rate is not None else None,
-            documents_by_status=documents.count_by_status() if documents is not None else {},
+            documents_by_status=documents.count_by_status(collections) if documents is not None else {},
             kv_tiers=tiers,
             kv_hit_rate=kv_hit_rate,
             kv_footprint=kv_footprint(components, self._kv_settings),

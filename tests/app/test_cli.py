@@ -122,3 +122,46 @@ def test_ingest_shows_the_kv_bill_and_cache_convert_shrinks_it(
     assert "KV hits 1, misses 0" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["cache", "convert", "--to", "int3", "--data-dir", str(tiny_env)])
+
+
+def test_collections_and_keys(
+    tiny_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`ingest --collection`, `ask --collection` (repeatable) and `keys create|list|revoke`."""
+    for team, text in (
+        ("team-a", "Quintaro is the capital of Zorblat, say A."),
+        ("team-b", "Zorblat: Quintaro, say B."),
+    ):
+        folder = tmp_path / team
+        folder.mkdir()
+        (folder / "zorblat.txt").write_text(text + "\n")  # the same source name in both: no replacement
+        assert main(["ingest", str(folder), "--collection", team, "--data-dir", str(tiny_env)]) == 0
+    capsys.readouterr()
+    ask = ["ask", "What is the capital of Zorblat?", "--top-k", "4", "--data-dir", str(tiny_env)]
+    assert main([*ask, "--collection", "team-b"]) == 0
+    out = capsys.readouterr().out
+    sources = [line for line in out.splitlines() if line.startswith("  [")]
+    assert len(sources) == 1  # top-k 4, but only one document is in team-b
+    assert main([*ask, "--collection", "team-a", "--collection", "team-b"]) == 0
+    assert len([line for line in capsys.readouterr().out.splitlines() if line.startswith("  [")]) == 2
+    assert main(["ingest", str(tmp_path / "team-a"), "--collection", "bad name", "--data-dir", str(tiny_env)]) == 2
+    assert "--collection: collection 'bad name'" in capsys.readouterr().err
+
+    keys = ["keys", "create", "team A", "--collection", "team-a", "--ingest", "--data-dir", str(tiny_env)]
+    assert main(keys) == 2  # no admin key: a first collection key would lock the open server
+    assert "set server.api_key" in capsys.readouterr().err
+    monkeypatch.setenv("BLENDRAG_SERVER__API_KEY", "admin-secret")
+    assert main(keys) == 0
+    out = capsys.readouterr().out
+    key_id = out.split()[1]
+    assert out.splitlines()[0] == f"key {key_id} (team A): read and ingest team-a"
+    assert out.splitlines()[1].startswith("secret (shown once, stored only as a hash): brk_")
+    assert main(["keys", "list", "--data-dir", str(tiny_env)]) == 0
+    listed = capsys.readouterr().out
+    assert (
+        listed.startswith(f"{key_id}  team A  collections=team-a  ingest=yes  created=") and "last_used=never" in listed
+    )
+    assert main(["keys", "revoke", key_id, "--data-dir", str(tiny_env)]) == 0
+    assert main(["keys", "revoke", key_id, "--data-dir", str(tiny_env)]) == 1
+    assert main(["keys", "list", "--data-dir", str(tiny_env)]) == 0
+    assert capsys.readouterr().out.endswith("no collection keys\n")

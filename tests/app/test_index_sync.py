@@ -18,7 +18,7 @@ from app.catalog import Catalog, DocumentStatus
 from app.catalog.repository import NewChunk
 from app.index_sync import CatalogFedRetriever, EmbedOnlyRetriever, IndexSync
 from retrieval.config import RetrievalSettings
-from retrieval.types import IndexedChunk
+from retrieval.types import IndexedChunk, SearchFilters
 
 DIM = 8
 
@@ -209,3 +209,40 @@ def test_a_workers_retriever_embeds_but_keeps_nothing() -> None:
     assert retriever.embed_chunks([chunk]).shape == (1, DIM)
     retriever.add([chunk], np.ones((1, DIM), dtype=np.float32))
     assert retriever.count == 0 and retriever.save() is False
+
+
+def test_replicas_keep_each_chunks_collection_for_the_search_filter(catalogs: tuple[Catalog, ...]) -> None:
+    """The change log names the collection and a replica's index keeps it: a filtered search on a replica
+    answers only from the collection asked for, for chunks indexed at start and after."""
+    worker, cat_a, _ = catalogs
+    first = worker.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    a, sync_a = replica(cat_a)
+    sync_a.start()
+    try:
+        docs = {}
+        for name, seed in (("team-a", 1), ("team-b", 2)):
+            doc = worker.add_document(
+                title=name, source_path=None, content_hash=None, tags=[], metadata={}, job_id=None, collection=name
+            )
+            worker.replace_chunks(
+                doc.id,
+                [
+                    NewChunk(
+                        index=0, text=name, token_ids=[1], page=None, char_start=0, char_end=1, embedding=vector(seed)
+                    )
+                ],
+            )
+            worker.set_document_status(doc.id, DocumentStatus.READY)
+            docs[name] = doc.id
+        wait_until(lambda: len(a.chunk_ids()) == 2)
+        assert [(e.document_id, e.collection) for e in worker.index_events_after(0)] == [
+            (docs["team-a"], "team-a"),
+            (docs["team-b"], "team-b"),
+        ]
+        only_b = a.search("", top_k=5, filters=SearchFilters(collections=["team-b"]), query_vector=vector(1))
+        assert [h.document_id for h in only_b] == [docs["team-b"]]
+    finally:
+        sync_a.stop()
+    rebuilt, _ = replica(cat_a)  # built from the catalog at start
+    assert sorted(rebuilt.get(i).collection for i in rebuilt.chunk_ids()) == ["team-a", "team-b"]
+    assert first.collection == "default"

@@ -284,3 +284,29 @@ def test_format_1_snapshot_with_raw_separators_loads(tmp_path: Path) -> None:
     manifest = json.loads((tmp_path / MANIFEST_FILENAME).read_text())
     (tmp_path / MANIFEST_FILENAME).write_text(json.dumps({**manifest, "format": 1}))
     assert Retriever.open(tmp_path).get(5).title == "Q3\u2028report"  # type: ignore[union-attr]
+
+
+def test_collection_filter_fills_top_k_from_the_callers_collection(tmp_path: Path) -> None:
+    """Chunks of another collection lie closer to the query; the filter is applied inside the vector and
+    keyword search, so top-k is filled from the allowed collection alone, and a snapshot keeps it."""
+    chunks = [
+        IndexedChunk(chunk_id=100 + i, document_id=f"doc-{i}", text=f"kite festival {i}", collection=c)
+        for i, c in enumerate(["team-a"] * 10 + ["team-b"] * 30)
+    ]
+    retriever = Retriever(RetrievalSettings(hybrid=True), tmp_path)
+    retriever.add(chunks, VECTORS)
+    query = VECTORS[0]  # chunk 100 is team-a; the closest team-b chunks outrank most of team-a
+    only_b = SearchFilters(collections=["team-b"])
+    hits = retriever.search("kite festival", top_k=5, filters=only_b, query_vector=query)
+    assert len(hits) == 5 and {h.chunk_id for h in hits} <= set(range(110, 140))
+    plain = Retriever(RetrievalSettings(), tmp_path / "plain")
+    plain.add(chunks, VECTORS)
+    vector_hits = plain.search("x", top_k=5, filters=SearchFilters(collections=["team-a"]), query_vector=query)
+    assert ids(vector_hits) == brute_force(query, 5, list(range(10)))
+    assert plain.search("x", top_k=5, filters=SearchFilters(collections=["nobody"]), query_vector=query) == []
+    retriever.save()
+    reopened = Retriever.open(tmp_path, RetrievalSettings(hybrid=True))
+    assert [reopened.get(100).collection, reopened.get(139).collection] == ["team-a", "team-b"]
+    assert ids(reopened.search("kite festival", top_k=5, filters=only_b, query_vector=query)) == ids(hits)
+    retriever.remove([100 + i for i in range(10)])
+    assert retriever.search("x", top_k=5, filters=SearchFilters(collections=["team-a"]), query_vector=query) == []

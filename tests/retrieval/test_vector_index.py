@@ -164,3 +164,16 @@ def test_gpu_request_without_faiss_gpu_falls_back_to_cpu() -> None:
     index = make("flat", use_gpu=True)
     index.add(IDS, VECTORS)
     assert [h.chunk_id for h in index.search(VECTORS[4], 3)] == brute_force(VECTORS[4], 3)
+
+
+@pytest.mark.parametrize("index_type", ["hnsw", "ivf"])
+def test_a_scattered_allowed_set_still_fills_top_k(index_type: str) -> None:
+    """An allowed set (one collection) lying far from the query, past exact_filter_limit: the probed IVF
+    list or the HNSW walk holds few of them, yet the search returns k allowed hits, the exact best."""
+    index = VectorIndex(DIM, index_type, ivf_nlist=4, ivf_nprobe=1, hnsw_ef_search=4, exact_filter_limit=5)
+    index.add(IDS, VECTORS)
+    query = VECTORS[0]
+    farthest = np.argsort(VECTORS @ query, kind="stable")[:12]  # the 12 vectors least like the query
+    allowed = set(IDS[farthest].tolist())
+    hits = index.search(query, 10, allowed_ids=allowed)
+    assert [h.chunk_id for h in hits] == brute_force(query, 10, IDS[farthest], VECTORS[farthest])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app.catalog import DocumentStatus
+from app.catalog.models import DEFAULT_COLLECTION
 from app.services.ingest.progress import Progress
 from app.services.ingest.types import IngestSource, JobError, WorkItem
 
@@ -46,12 +47,14 @@ class IngestEnv:
 @dataclass
 class JobContext:
     """One job on its way through the stages. `errors` are what the job row reports (duplicates included);
-    `duplicates` the ids its `duplicate_ids` lists; `seen_hashes` content hash → document id in this job."""
+    `duplicates` the ids its `duplicate_ids` lists; `seen_hashes` content hash → document id in this job.
+    `collection`: where the job's documents go; duplicates and replaced sources are looked for there only."""
 
     env: IngestEnv
     job_id: str
     items: list[WorkItem]
     progress: Progress
+    collection: str = DEFAULT_COLLECTION
     errors: list[JobError] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
     seen_hashes: dict[str, str] = field(default_factory=dict)

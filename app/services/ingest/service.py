@@ -8,10 +8,11 @@ the worker (`worker.py`) do the work.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from app.catalog import JobStatus
+from app.catalog.models import DEFAULT_COLLECTION
 from app.services.document_service import DocumentService
 from app.services.ingest import submission
 from app.services.ingest.context import IngestEnv
@@ -58,10 +59,13 @@ class IngestService:
         )
         self._worker = IngestWorker(self._env, on_chunks_committed=on_chunks_committed, free_space=free_space)
 
-    def submit(self, sources: list[IngestSource], *, enqueue: bool = True) -> SubmitResult:
-        """Create the job (refused with IngestError / IngestTooLarge over a cap) and queue it unless told not to."""
+    def submit(
+        self, sources: list[IngestSource], *, enqueue: bool = True, collection: str = DEFAULT_COLLECTION
+    ) -> SubmitResult:
+        """Create the job adding `sources` to `collection` (refused with IngestError / IngestTooLarge over a
+        cap) and queue it unless told not to."""
         submission.check_caps(sources, self._c.settings.ingest, self._count_tokens)
-        result = submission.create_job(self._c.catalog, self._env.documents, sources)
+        result = submission.create_job(self._c.catalog, self._env.documents, sources, collection)
         if enqueue:
             (self._dispatch or self._worker.enqueue)(result.job_id)
         return result
@@ -69,9 +73,11 @@ class IngestService:
     def _count_tokens(self, text: str) -> int:
         return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def recent_jobs(self, limit: int) -> list[JobRecord]:
+    def recent_jobs(self, limit: int, collections: Collection[str] | None = None) -> list[JobRecord]:
+        """The newest jobs (of `collections`; None: all)."""
         # Each as get_job reports it: a job whose failure is not yet written reads failed in both.
-        return [self._worker.settled_view(job) for job in self._c.catalog.list_jobs(limit=limit)]
+        jobs = self._c.catalog.list_jobs(limit=limit, collections=collections)
+        return [self._worker.settled_view(job) for job in jobs]
 
     def get_job(self, job_id: str) -> JobRecord | None:
         job = self._c.catalog.get_job(job_id)
@@ -110,5 +116,5 @@ class IngestService:
         """Delete a document with its chunks, index entries and unshared KV (see DocumentService)."""
         return self._env.documents.delete_document(document_id)
 
-    def purge_failed(self) -> int:
-        return self._env.documents.purge_failed()
+    def purge_failed(self, collections: Collection[str] | None = None) -> int:
+        return self._env.documents.purge_failed(collections)

@@ -72,7 +72,7 @@ def parse(ctx: JobContext) -> None:
 def accept(ctx: JobContext, item: WorkItem, loaded: LoadedDocument) -> None:
     """Keep a parsed document, or drop it as a duplicate of stored content (one copy is kept)."""
     catalog = ctx.env.catalog
-    stored = catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
+    stored = catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES, ctx.collection)
     duplicate_of = find_duplicate(stored, ctx.seen_hashes.get(loaded.content_hash), ctx.job_id)
     if duplicate_of is None:
         ctx.seen_hashes[loaded.content_hash] = item.document_id
@@ -93,7 +93,7 @@ def accept(ctx: JobContext, item: WorkItem, loaded: LoadedDocument) -> None:
 def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) -> list[WorkItem]:
     """Documents for the records after a file's first, created in batched catalog writes."""
     src, job_id, catalog = item.source, ctx.job_id, ctx.env.catalog
-    stored = catalog.find_by_hashes({d.content_hash for d in docs}, ACTIVE_DOCUMENT_STATUSES)
+    stored = catalog.find_by_hashes({d.content_hash for d in docs}, ACTIVE_DOCUMENT_STATUSES, ctx.collection)
     new_items: list[WorkItem] = []
     rows: list[dict[str, Any]] = []
     for i, loaded in enumerate(docs, 1):
@@ -111,7 +111,7 @@ def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) 
             continue
         doc_id = str(uuid.uuid4())
         ctx.seen_hashes[loaded.content_hash] = doc_id
-        rows.append({"id": doc_id, **new_document(record, job_id, loaded)})
+        rows.append({"id": doc_id, **new_document(record, job_id, loaded, collection=ctx.collection)})
         new_items.append(WorkItem(doc_id, record, loaded=loaded))
     for start in range(0, len(rows), CATALOG_BATCH):
         ctx.progress.check_cancel()
@@ -283,7 +283,13 @@ def commit(ctx: JobContext) -> int:
         retriever.add(
             [
                 IndexedChunk(
-                    chunk_id=cid, document_id=doc.id, text=c.text, title=doc.title, page=c.page, tags=list(doc.tags)
+                    chunk_id=cid,
+                    document_id=doc.id,
+                    text=c.text,
+                    title=doc.title,
+                    page=c.page,
+                    tags=list(doc.tags),
+                    collection=doc.collection,
                 )
                 for cid, c in zip(chunk_ids, item.chunks, strict=True)
             ],
@@ -297,7 +303,11 @@ def commit(ctx: JobContext) -> int:
         # Re-ingest of a changed file: the new version is live, now drop the old one. Only versions from
         # earlier jobs: two sources of one request never replace each other (that lost an upload).
         if item.source.source_path:
-            for old in catalog.find_by_source(item.source.source_path, exclude_id=item.document_id):
+            # Only within the job's collection: another collection's file of the same name is its own.
+            olds = catalog.find_by_source(
+                item.source.source_path, exclude_id=item.document_id, collection=ctx.collection
+            )
+            for old in olds:
                 if old.job_id == ctx.job_id:
                     continue
                 logger.info("replacing document %s (%s)", old.id, item.source.source_path)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from app.catalog import DocumentStatus
+from app.catalog.models import DEFAULT_COLLECTION
 from app.services.ingest.types import (
     ACTIVE_DOCUMENT_STATUSES,
     FILE_HASH_KEY,
@@ -83,8 +84,11 @@ def with_file_hash(source: IngestSource) -> IngestSource:
     return replace(source, metadata={**source.metadata, FILE_HASH_KEY: digest.hexdigest()})
 
 
-def identity_of(catalog: Catalog, source: IngestSource) -> tuple[Identity | None, DocumentRecord | None]:
-    """(what makes two sources the same, an active stored document that is the same)."""
+def identity_of(
+    catalog: Catalog, source: IngestSource, collection: str
+) -> tuple[Identity | None, DocumentRecord | None]:
+    """(what makes two sources the same, an active stored document of `collection` that is the same: the
+    same text in two collections is two documents, each visible to its own keys)."""
     from ingest.errors import LoaderError
     from ingest.loaders import load_text
 
@@ -95,10 +99,11 @@ def identity_of(catalog: Catalog, source: IngestSource) -> tuple[Identity | None
             )
         except LoaderError:
             return None, None  # parse reports it
-        return ("text", loaded.content_hash), catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES)
+        stored = catalog.find_by_hash(loaded.content_hash, ACTIVE_DOCUMENT_STATUSES, collection)
+        return ("text", loaded.content_hash), stored
     if FILE_HASH_KEY in source.metadata:
         digest = str(source.metadata[FILE_HASH_KEY])
-        return ("file", digest), catalog.find_by_metadata(FILE_HASH_KEY, digest, ACTIVE_DOCUMENT_STATUSES)
+        return ("file", digest), catalog.find_by_metadata(FILE_HASH_KEY, digest, ACTIVE_DOCUMENT_STATUSES, collection)
     return None, None
 
 
@@ -110,22 +115,24 @@ def find_duplicate(stored: DocumentRecord | None, earlier: str | None, job_id: s
     return earlier
 
 
-def replace_failed(catalog: Catalog, documents: DocumentService, identity: Identity) -> None:
+def replace_failed(catalog: Catalog, documents: DocumentService, identity: Identity, collection: str) -> None:
     """A retry of content whose earlier ingest failed replaces the failed document(s), so retries after
     a failure do not pile up failed copies of the same bytes."""
     kind, digest = identity
     failed = (DocumentStatus.FAILED,)
     while True:
         if kind == "file":
-            old = catalog.find_by_metadata(FILE_HASH_KEY, digest, failed)
+            old = catalog.find_by_metadata(FILE_HASH_KEY, digest, failed, collection)
         else:
-            old = catalog.find_by_hash(digest, failed)
+            old = catalog.find_by_hash(digest, failed, collection)
         if old is None or not documents.delete_document(old.id):
             return
         logger.info("replacing failed document %s with a retry of the same content", old.id)
 
 
-def new_document(source: IngestSource, job_id: str, loaded: LoadedDocument | None = None) -> dict[str, Any]:
+def new_document(
+    source: IngestSource, job_id: str, loaded: LoadedDocument | None = None, collection: str = DEFAULT_COLLECTION
+) -> dict[str, Any]:
     """The fields of a new pending document for `source` (parsed already when `loaded` is given)."""
     return {
         "title": loaded.title if loaded is not None else source.title,
@@ -134,29 +141,33 @@ def new_document(source: IngestSource, job_id: str, loaded: LoadedDocument | Non
         "tags": source.tags,
         "metadata": dict(loaded.metadata) if loaded is not None else source.metadata,
         "job_id": job_id,
+        "collection": collection,
     }
 
 
-def create_job(catalog: Catalog, documents: DocumentService, sources: list[IngestSource]) -> SubmitResult:
-    """The queued job with a pending document per new source; duplicates are answered with the stored
-    document's id and reported in the job's errors. Sources are checked (`check_caps`) before."""
+def create_job(
+    catalog: Catalog, documents: DocumentService, sources: list[IngestSource], collection: str = DEFAULT_COLLECTION
+) -> SubmitResult:
+    """The queued job with a pending document per new source, all in `collection`; duplicates (within it)
+    are answered with the stored document's id and reported in the job's errors. Sources are checked
+    (`check_caps`) before."""
     sources = [with_file_hash(s) for s in sources]
-    job = catalog.create_job({})
+    job = catalog.create_job({}, collection=collection)
     fresh: list[IngestSource] = []
     fresh_ids: list[str] = []
     duplicates: list[JobError] = []
     document_ids: list[str] = []
     first_of: dict[Identity, str] = {}  # identity → document id within this request
     for s in sources:
-        identity, stored = identity_of(catalog, s)
+        identity, stored = identity_of(catalog, s, collection)
         dup = find_duplicate(stored, first_of.get(identity) if identity is not None else None, job.id)
         if dup is not None:
             duplicates.append(JobError.duplicate(s.label, dup))
             document_ids.append(dup)
             continue
         if identity is not None:
-            replace_failed(catalog, documents, identity)
-        doc = catalog.add_document(**new_document(s, job.id))
+            replace_failed(catalog, documents, identity, collection)
+        doc = catalog.add_document(**new_document(s, job.id, collection=collection))
         if identity is not None:
             first_of[identity] = doc.id
         fresh.append(s)

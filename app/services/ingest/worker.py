@@ -259,6 +259,7 @@ def job_context(env: IngestEnv, job: JobRecord, on_progress: ProgressCallback | 
         job_id=job.id,
         items=items,
         progress=Progress(env.catalog, job.id, on_progress),
+        collection=job.collection,
         errors=errors,
         duplicates=[e.document_id for e in errors if e.document_id is not None],
     )

@@ -44,6 +44,7 @@ def test_coverage_counts_every_ready_chunk(client: TestClient, corpus: dict[str,
     assert zorblat == {
         "document_id": corpus["Zorblat facts"],
         "title": "Zorblat facts",
+        "collection": "default",
         "status": "ready",
         "chunks_total": 1,
         "chunks_fresh": 1,

@@ -255,6 +255,7 @@ def test_documents_are_listed_newest_first_with_paging(client: TestClient, corpu
         "num_chunks",
         "num_tokens",
         "job_id",
+        "collection",
         "created_at",
         "updated_at",
     }

@@ -69,3 +69,13 @@ def test_rate_limiter_refills_and_keeps_clients_apart() -> None:
     assert limiter.acquire(a) is None
     now[0] = 100.0
     assert [limiter.acquire(a), limiter.acquire(a), limiter.acquire(a) is not None] == [None, None, True]
+
+
+def test_a_collection_key_has_a_bucket_of_its_own(protected: TestClient) -> None:
+    made = protected.post("/admin/keys", json={"name": "team", "collections": ["default"]}, headers=BEARER)
+    assert made.status_code == 201, made.text
+    team = {"Authorization": f"Bearer {made.json()['key']}"}
+    # The admin key's bucket is spent by the tests above; the collection key starts with a full burst of 3.
+    assert protected.get("/api/defaults", headers=BEARER).status_code == 429
+    assert [protected.get("/api/defaults", headers=team).status_code for _ in range(4)] == [200, 200, 200, 429]
+    assert protected.delete(f"/admin/keys/{made.json()['key_id']}", headers=BEARER).status_code == 204

@@ -86,7 +86,7 @@ def test_kv_write_failure_fails_the_document_not_succeeded(http: TestClient, mon
 def test_job_whose_failure_cannot_be_written_is_never_left_running(
     http: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import app.services.ingest.worker as ingest_service
+    import app.services.ingest.worker as ingest_worker
 
     components = _components(http)
     catalog, retriever = components.catalog, components.retriever
@@ -100,7 +100,7 @@ def test_job_whose_failure_cannot_be_written_is_never_left_running(
             raise _sqlite_full()
         return real_update(job_id, **fields)
 
-    monkeypatch.setattr(ingest_service, "UNSETTLED_RETRY_S", 0.2)
+    monkeypatch.setattr(ingest_worker, "UNSETTLED_RETRY_S", 0.2)
     monkeypatch.setattr(retriever, "embed_chunks", embed_full)
     monkeypatch.setattr(catalog, "update_job", update_refusing_failed)
     accepted = http.post("/ingest", json={"documents": [{"title": "t", "text": "Rivers of Zorblat are purple."}]})

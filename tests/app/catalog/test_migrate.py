@@ -199,3 +199,62 @@ def test_events_of_transactions_committing_at_once_are_never_skipped(url: str) -
     assert [e.document_id for e in fast.index_events_after(0)] == docs
     slow.close()
     fast.close()
+
+
+def test_a_0004_catalog_migrates_into_the_default_collection(url: str) -> None:
+    """Documents, their chunks, jobs and change-log rows of a catalog made before collections all land in
+    `default`; no chunk is lost (the column is added in place, `documents` is not rebuilt)."""
+    from sqlalchemy import text
+
+    engine = create_engine(url)
+    migrations.upgrade(engine, "0004")
+    with engine.begin() as conn:
+        if conn.dialect.name == "sqlite":
+            conn.execute(text("PRAGMA foreign_keys=ON"))  # as the catalog runs: a table rebuild would cascade
+        conn.execute(
+            text(
+                "INSERT INTO documents (id, title, status, tags, metadata, num_chunks, num_tokens, created_at, "
+                "updated_at) VALUES ('d1', 'Old doc', 'READY', '[]', '{}', 2, 3, :t, :t)"
+            ),
+            {"t": "2026-01-01 00:00:00"},
+        )
+        for chunk_id, blob in ((7, b"\x05\x00\x00\x00\x06\x00\x00\x00"), (8, b"\x07\x00\x00\x00")):
+            conn.execute(
+                text(
+                    'INSERT INTO chunks (id, document_id, "index", text, token_ids_blob, num_tokens, char_start, '
+                    "char_end) VALUES (:id, 'd1', :i, 'c', :b, 1, 0, 1)"
+                ),
+                {"id": chunk_id, "i": chunk_id - 7, "b": blob},
+            )
+        conn.execute(
+            text(
+                "INSERT INTO ingest_jobs (id, status, progress, errors, spec, document_ids, duplicate_ids, "
+                "cancel_requested, created_at, updated_at) VALUES ('j1', 'SUCCEEDED', '{}', '[]', '{}', '[]', "
+                "'[]', false, :t, :t)"
+            ),
+            {"t": "2026-01-01 00:00:00"},
+        )
+        conn.execute(
+            text("INSERT INTO index_events (document_id, op, created_at) VALUES ('d1', 'ready', :t)"),
+            {"t": "2026-01-01 00:00:00"},
+        )
+    assert migrations.upgrade(engine) == ("0004", migrations.head_revision())
+    engine.dispose()
+    catalog = Catalog(url)
+    doc = catalog.get_document("d1")
+    assert (doc.title, doc.collection) == ("Old doc", "default")
+    assert [(c.id, c.token_ids) for c in catalog.chunks_of("d1")] == [(7, [5, 6]), (8, [7])]
+    assert catalog.get_job("j1").collection == "default"
+    assert [(e.document_id, e.collection) for e in catalog.index_events_after(0)] == [("d1", "default")]
+    assert [(c.name, c.num_documents, c.num_chunks) for c in catalog.collection_counts()] == [("default", 1, 2)]
+    assert catalog.keys.count() == 0
+    # new rows go to the collection they are given, and listing is scoped by it
+    other = catalog.add_document(
+        title="New", source_path="a.txt", content_hash="h", tags=[], metadata={}, job_id=None, collection="team-b"
+    )
+    assert [d.id for d in catalog.list_documents(collections={"team-b"})[0]] == [other.id]
+    assert catalog.list_documents(collections={"default"})[1] == 1
+    assert catalog.find_by_source("a.txt", collection="default") == []
+    assert [d.id for d in catalog.find_by_source("a.txt", collection="team-b")] == [other.id]
+    assert catalog.find_by_hash("h", [DocumentStatus.PENDING], collection="default") is None
+    catalog.close()

@@ -87,3 +87,31 @@ def test_list_documents_pages(catalog: Catalog) -> None:
     rest, _ = catalog.list_documents(offset=2, limit=10)
     assert len(rest) == 3
     assert {d.id for d in page}.isdisjoint({d.id for d in rest})
+
+
+def test_collections_scope_reads_deletes_and_jobs(catalog: Catalog) -> None:
+    ids = {}
+    for name in ("a", "b"):
+        job = catalog.create_job({}, collection=name)
+        doc = catalog.add_document(
+            title=name, source_path="same.txt", content_hash="h", tags=[], metadata={}, job_id=job.id, collection=name
+        )
+        catalog.replace_chunks(doc.id, [_chunk(0, [1, 2], key="shared")])
+        catalog.set_document_status(doc.id, DocumentStatus.READY)
+        ids[name] = doc.id
+    chunk_a, chunk_b = catalog.chunks_of(ids["a"])[0].id, catalog.chunks_of(ids["b"])[0].id
+    assert catalog.ready_chunk_ids([chunk_a, chunk_b], {"b"}) == {chunk_b}
+    assert catalog.ready_chunk_ids([chunk_a, chunk_b]) == {chunk_a, chunk_b}
+    assert [j.collection for j in catalog.list_jobs(collections={"a"})] == ["a"]
+    assert [(e.collection, e.chunk.id) for e in catalog.index_entries()] == [("a", chunk_a), ("b", chunk_b)]
+    assert [c.id for c in catalog.iter_chunks(collections={"a"})] == [chunk_a]
+    assert [(c.name, c.num_documents, c.num_ready_documents, c.num_chunks) for c in catalog.collection_counts()] == [
+        ("a", 1, 1, 1),
+        ("b", 1, 1, 1),
+    ]
+    assert catalog.find_by_hashes({"h"}, [DocumentStatus.READY], "b")["h"].id == ids["b"]
+    catalog.set_document_status(ids["a"], DocumentStatus.FAILED, error="x")
+    assert catalog.delete_documents_with_status(DocumentStatus.FAILED, {"b"})[0] == 0
+    assert catalog.delete_documents_with_status(DocumentStatus.FAILED, {"a"})[0] == 1
+    assert catalog.referenced_kv_keys({"shared"}) == {"shared"}  # b's chunk still uses the entry
+    assert catalog.list_documents(collections=set())[1] == 0

@@ -182,7 +182,8 @@ function renderDocuments(page, coverage) {
   }
   for (const doc of page.documents) {
     const cov = byDoc.get(doc.id);
-    const sub = [doc.source && doc.source !== doc.title ? doc.source : null,
+    const sub = [doc.collection && doc.collection !== "default" ? `collection: ${doc.collection}` : null,
+      doc.source && doc.source !== doc.title ? doc.source : null,
       doc.tags.length ? `tags: ${doc.tags.join(", ")}` : null].filter(Boolean).join(" · ");
     const status = el("td", {}, el("span", { class: `badge ${doc.status}`, title: doc.error || "" }, doc.status));
     if (doc.status === "pending") status.append(el("div", { class: "inline-progress", "data-job": doc.job_id }, "queued"));
@@ -330,6 +331,7 @@ $("upload-form").addEventListener("submit", async (event) => {
   const form = new FormData();
   for (const file of files) form.append("files", file, file.name);
   if ($("tags").value.trim()) form.append("tags", $("tags").value.trim());
+  if ($("collection").value.trim()) form.append("collection", $("collection").value.trim());
   const button = $("upload-btn");
   button.disabled = true;
   try {
@@ -343,6 +345,68 @@ $("upload-form").addEventListener("submit", async (event) => {
     else $("upload-error").textContent = err.message;
   } finally {
     button.disabled = false;
+  }
+});
+
+// ---- collections and keys ----------------------------------------------------------------------
+
+function fmtDate(iso) {
+  return iso ? new Date(iso).toLocaleString() : "never";
+}
+
+function renderCollections(collections, isAdmin) {
+  const body = $("collections-body");
+  body.replaceChildren();
+  if (!collections.length) {
+    body.append(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "No collections yet: upload documents.")));
+  }
+  for (const c of collections) {
+    const notReady = c.num_documents - c.num_ready_documents;
+    const del = isAdmin ? armTwoClick(el("button", { class: "btn small danger", type: "button", "data-action": "delete",
+      title: `Delete every document of ${c.name}` }, "Delete"),
+    () => api(`/collections/${encodeURIComponent(c.name)}`, { method: "DELETE" })) : null;
+    body.append(el("tr", { "data-collection": c.name },
+      el("td", { class: "title" }, el("div", { class: "t" }, c.name)),
+      el("td", { class: "num" }, c.num_documents, notReady ? el("div", { class: "sub" }, `${notReady} not ready`) : null),
+      el("td", { class: "num" }, c.num_chunks),
+      el("td", { class: "cov" }, el("div", { class: "covtext" }, `${fmtPct(c.coverage, c.coverage < 1 ? 1 : 0)} · ${c.chunks_fresh} fresh`)),
+      el("td", {}, del)));
+  }
+}
+
+function renderKeys(keys) {
+  $("keys-panel").hidden = keys === null;
+  if (keys === null) return;
+  const body = $("keys-body");
+  body.replaceChildren();
+  if (!keys.keys.length) {
+    body.append(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "No collection keys.")));
+  }
+  for (const k of keys.keys) {
+    const revoke = armTwoClick(el("button", { class: "btn small danger", type: "button", "data-action": "revoke" },
+      "Revoke"), () => api(`/admin/keys/${encodeURIComponent(k.key_id)}`, { method: "DELETE" }));
+    body.append(el("tr", { "data-key-id": k.key_id },
+      el("td", { class: "title" }, el("div", { class: "t" }, k.name), el("div", { class: "sub" }, k.key_id)),
+      el("td", {}, k.collections.join(", "), k.can_ingest ? el("div", { class: "sub" }, "may ingest") : null),
+      el("td", {}, fmtDate(k.created_at)),
+      el("td", {}, fmtDate(k.last_used_at)),
+      el("td", {}, revoke)));
+  }
+}
+
+$("key-form").addEventListener("submit", async (event) => {
+  event.preventDefault();
+  $("key-form-error").textContent = "";
+  const collections = $("key-collections").value.split(",").map((c) => c.trim()).filter(Boolean);
+  try {
+    const made = await api("/admin/keys", { method: "POST", json: { name: $("key-name").value.trim(), collections,
+      can_ingest: $("key-ingest").checked } });
+    $("key-secret-value").textContent = made.key;
+    $("key-secret").hidden = false;
+    $("key-form").reset();
+    refresh();
+  } catch (err) {
+    $("key-form-error").textContent = err.message;
   }
 });
 
@@ -376,10 +440,14 @@ async function refresh() {
 async function load() {
   try {
     const filter = $("status-filter").value;
-    const [page, coverage, stats, jobs] = await Promise.all([
+    const [page, coverage, stats, jobs, collections, keys] = await Promise.all([
       api(`/documents?offset=${offset}&limit=${PAGE_SIZE}${filter ? `&status=${filter}` : ""}`),
-      api("/api/coverage"), api("/api/stats"), api(`/ingest/jobs?limit=${MAX_JOB_CARDS}`)]);
+      api("/api/coverage"), api("/api/stats"), api(`/ingest/jobs?limit=${MAX_JOB_CARDS}`), api("/collections"),
+      // Only the admin key manages keys: a collection key gets a 403 here, and the panel stays hidden.
+      api("/admin/keys").catch((err) => (err instanceof ApiError && err.status === 403 ? null : Promise.reject(err)))]);
     showError("");
+    renderCollections(collections.collections, keys !== null);
+    renderKeys(keys);
     renderCards(coverage, stats);
     renderDocuments(page, coverage);
     showServerJobs(jobs.jobs);

@@ -3,8 +3,15 @@
 
 const KEY_STORAGE = "blendrag.apiKey";
 
+// The chat page keeps the key it asks for (a collection key, typically) for this tab's session only;
+// the admin page remembers the admin key across sessions. A session key wins while the tab lives.
 export function apiKey() {
-  return localStorage.getItem(KEY_STORAGE) || "";
+  return sessionStorage.getItem(KEY_STORAGE) || localStorage.getItem(KEY_STORAGE) || "";
+}
+
+export function setSessionKey(key) {
+  if (key) sessionStorage.setItem(KEY_STORAGE, key);
+  else sessionStorage.removeItem(KEY_STORAGE);
 }
 
 export function setApiKey(key) {

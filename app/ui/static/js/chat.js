@@ -4,7 +4,8 @@
 // first answer named, so the server puts the earlier turns in the prompt. "New chat" starts over;
 // "Recent conversations" reopens a stored one (GET /conversations, GET /conversations/{id}).
 
-import { api, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, watchReadiness } from "./api.js";
+import { api, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, setSessionKey, watchReadiness }
+  from "./api.js";
 import { renderInto, StreamRenderer } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
@@ -210,6 +211,11 @@ async function ask(text, turn) {
     return;
   }
   if (!response.ok) {
+    if (response.status === 401) {
+      askForKey();
+      turn.fail("This server needs a key to answer: enter it above, then ask again.");
+      return;
+    }
     turn.fail(await errorMessage(response));
     return;
   }
@@ -250,10 +256,28 @@ async function loadDefaults() {
     ratio.value = String(defaults.recompute_ratio);
     syncControls();
     form.dataset.defaults = "server";
-  } catch {
+  } catch (err) {
+    if (err.status === 401) askForKey();
     form.dataset.defaults = "page"; // unreachable server: the fields stay empty, /ask fills them in
   }
 }
+
+// ---- the key, when the server wants one ---------------------------------------------------------------
+
+function askForKey() {
+  $("keybar").hidden = false;
+  $("api-key").focus();
+}
+
+$("key-save").addEventListener("click", () => {
+  const key = $("api-key").value.trim();
+  if (!key) return;
+  setSessionKey(key); // this tab only: closing it forgets the key
+  $("api-key").value = "";
+  $("keybar").hidden = true;
+  loadDefaults();
+  loadRecent();
+});
 
 // ---- recent conversations ---------------------------------------------------------------------------
 
@@ -271,7 +295,9 @@ async function loadRecent() {
   try {
     page = await api("/conversations?limit=20");
   } catch (err) {
-    recentList.replaceChildren(el("li", { class: "muted" }, `Could not load: ${err.message}`));
+    if (err.status === 401) askForKey();
+    recentList.replaceChildren(el("li", { class: "muted" }, err.status === 401 ? "A key is needed"
+      : `Could not load: ${err.message}`));
     return;
   }
   if (!page.conversations.length) {

@@ -1,0 +1,72 @@
+"""Collection keys (admin only): make one (the secret is shown once), list them, revoke one.
+
+A key is refused by every replica within `server.key_cache_s` of its revocation.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+
+from app.api.deps import get_keys, get_state, require_admin
+from app.api.schemas import ErrorOut, KeyCreatedOut, KeyIn, KeyListOut, KeyOut, ValidationErrorOut
+from app.catalog.keys import KeyRecord
+from app.services.key_service import KeyRequestError, KeyService
+
+router = APIRouter(
+    prefix="/admin/keys",
+    tags=["admin"],
+    dependencies=[Depends(require_admin)],
+    responses={
+        401: {"model": ErrorOut, "description": "Admin key required"},
+        403: {"model": ErrorOut, "description": "A collection key may not manage keys"},
+        503: {"model": ErrorOut, "description": "Models still loading"},
+    },
+)
+
+
+def key_out(record: KeyRecord) -> KeyOut:
+    return KeyOut(
+        key_id=record.id,
+        name=record.name,
+        collections=list(record.collections),
+        can_ingest=record.can_ingest,
+        created_at=record.created_at.isoformat(),
+        last_used_at=record.last_used_at.isoformat() if record.last_used_at else None,
+    )
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=KeyCreatedOut,
+    responses={
+        400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
+        409: {"model": ErrorOut, "description": "No server.api_key is set"},
+        422: {"model": ValidationErrorOut, "description": "Invalid name or collections"},
+    },
+)
+def create_key(body: KeyIn, request: Request, service: KeyService = Depends(get_keys)) -> KeyCreatedOut:
+    """Make a collection key; the answer holds its secret, shown this once (only a hash is stored)."""
+    if not get_state(request).settings.server.api_key:
+        # Without an admin key the server is open; a first collection key would close the question routes
+        # to everyone while leaving the admin routes open.
+        raise HTTPException(409, "set server.api_key (the admin key) before making collection keys")
+    try:
+        created = service.create(body.name, body.collections, body.can_ingest)
+    except KeyRequestError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    return KeyCreatedOut(key_id=created.record.id, key=created.secret)
+
+
+@router.get("", response_model=KeyListOut)
+def list_keys(service: KeyService = Depends(get_keys)) -> KeyListOut:
+    """Every collection key, oldest first (names, collections, dates; never the secrets)."""
+    return KeyListOut(keys=[key_out(k) for k in service.list()])
+
+
+@router.delete("/{key_id}", status_code=204, response_class=Response, responses={404: {"model": ErrorOut}})
+def revoke_key(key_id: str, service: KeyService = Depends(get_keys)) -> Response:
+    """Revoke a key: refused from now on by this replica, by every replica within `server.key_cache_s`."""
+    if not service.revoke(key_id):
+        raise HTTPException(404, f"no key {key_id}")
+    return Response(status_code=204)
