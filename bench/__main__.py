@@ -23,6 +23,8 @@ SUBCOMMANDS = (
     "bench.kv_dtypes",
     "bench.llamacpp",
     "bench.scaleout",
+    "bench.profile",
+    "bench.peers",
 )
 
 

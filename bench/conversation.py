@@ -38,17 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
-from bench.harness import (
-    DEFAULT_NQ6,
-    RunRecord,
-    add_common_args,
-    machine_info,
-    new_figure,
-    plot_path,
-    save_figure,
-    write_json,
-)
 from bench.inprocess import bench_settings, ingest_passages, start_app
 from bench.metrics import kl_divergence, mean
 
@@ -354,13 +345,16 @@ def summarize(rows: list[dict[str, Any]], top_k: int) -> dict[str, Any]:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test",
+        harness.DEFAULT_NQ6,
+        8,
+        4,
+        "conversation.json",
     )
-    add_common_args(parser, dataset=DEFAULT_NQ6, examples=8, passages=4, out="conversation.json")
     parser.add_argument("--turns", type=int, default=3, choices=[2, 3, 4], help="turns per session")
     parser.add_argument("--lookup", type=int, default=12, help="look-up projects (0: skip the look-up test)")
     parser.add_argument("--no-timings", action="store_true", help="skip the TTFT runs (quality and recall only)")
@@ -372,7 +366,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def plot(result: dict[str, Any], path: Path) -> None:
     turns = result["by_turn"]
     names = sorted(turns, key=int)
-    fig, axes = new_figure(3, width_per_panel=4.4)
+    fig, axes = harness.new_figure(3, width_per_panel=4.4)
     ax = axes[0]
     if all("ttft_ms" in turns[t] for t in names):
         for key, color in (
@@ -418,11 +412,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     for ax in axes:
         ax.set_xticks([int(t) for t in names])
     fig.suptitle(f"conversations · {result['model']} · {result['sessions']} sessions", fontsize=9)
-    save_figure(fig, path)
+    harness.save_figure(fig, path)
 
 
 def main(args: argparse.Namespace) -> int:
-    run = RunRecord()
+    run = harness.RunRecord()
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
     sessions = make_sessions(examples, args.turns)
     projects = make_projects(args.lookup, args.seed) if args.lookup else []
@@ -444,32 +438,29 @@ def main(args: argparse.Namespace) -> int:
                 ingest_passages(state, _unique(passages))
                 rows = await run_sessions(state, sessions, args.passages, args.max_tokens, not args.no_timings)
                 lookup = await run_lookup(state, projects, args.max_tokens) if projects else None
-                return {"per_turn": rows, "lookup": lookup}
+                return harness.result_header(
+                    NAME,
+                    args,
+                    state.components.engine,
+                    sessions=len(sessions),
+                    turns=args.turns,
+                    top_k=args.passages,
+                    mode=settings.engine.mode,
+                    selector=settings.engine.selector,
+                    ratio=settings.engine.recompute_ratio,
+                    followup_default=settings.retrieval.followup,
+                    history_max_tokens=settings.engine.history_max_tokens,
+                    client_system_prompt=CLIENT_SYSTEM_PROMPT,
+                    max_tokens=args.max_tokens,
+                    by_turn=summarize(rows, args.passages),
+                    per_turn=rows,
+                    lookup=lookup,
+                )
             finally:
                 await state.close()
 
-        outcome = asyncio.run(go())
-        result: dict[str, Any] = {
-            "benchmark": NAME,
-            "model": Path(settings.engine.model).name,
-            "dataset": str(args.dataset),
-            "sessions": len(sessions),
-            "turns": args.turns,
-            "top_k": args.passages,
-            "mode": settings.engine.mode,
-            "selector": settings.engine.selector,
-            "ratio": settings.engine.recompute_ratio,
-            "followup_default": settings.retrieval.followup,
-            "history_max_tokens": settings.engine.history_max_tokens,
-            "client_system_prompt": CLIENT_SYSTEM_PROMPT,
-            "max_tokens": args.max_tokens,
-            "machine": machine_info(),
-            "by_turn": summarize(outcome["per_turn"], args.passages),
-            **outcome,
-        }
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    plot(result, plot_path(args))
+        result = asyncio.run(go())
+    harness.write_result(args, result, run, plot)
     for turn, entry in result["by_turn"].items():
         logger.info(
             "turn %s: %s", turn, {k: v for k, v in entry.items() if k != "recall"} | {"recall": entry["recall"]}

@@ -23,24 +23,10 @@ import logging
 import statistics
 from typing import TYPE_CHECKING, Any
 
-from bench.data import build_prompt, load_dataset, select_examples
-from bench.harness import (
-    DEFAULT_MUSIQUE,
-    ChunkKVSet,
-    RunRecord,
-    add_blend_args,
-    add_common_args,
-    blend_settings,
-    build_engine,
-    machine_info,
-    model_name,
-    new_figure,
-    plot_path,
-    save_figure,
-    write_json,
-)
+from bench import harness
 from bench.metrics import mean
 from bench.passes import mode_specs, parse_ratios, parse_selectors, run_pass
+from bench.prepared import PreparedPrompt, bench_prompts
 from bench.quality import evaluate
 
 if TYPE_CHECKING:
@@ -57,13 +43,17 @@ SELECTOR_COLORS = {"query": "tab:blue", "deviation": "tab:red", "first_k": "tab:
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="speed-up vs KL / fidelity for every selector × ratio (Pareto)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "speed-up vs KL / fidelity for every selector × ratio (Pareto)",
+        harness.DEFAULT_MUSIQUE,
+        20,
+        6,
+        "frontier.json",
+        blend=True,
     )
-    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=20, passages=6, out="frontier.json")
     parser.add_argument("--ratios", default="0.02,0.05,0.1,0.15,0.3", help="recompute ratios, comma-separated")
     parser.add_argument(
         "--selectors",
@@ -72,21 +62,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="selectors to compare at every ratio",
     )
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length (fidelity, F1)")
-    parser.add_argument(
-        "--kv-dtype",
-        default="fp16",
-        choices=["fp32", "fp16", "bf16", "int8"],
-        help="storage dtype the cached modes read (fp16: what the store serves)",
-    )
+    harness.add_kv_dtype_arg(parser)
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of each selector before timing")
-    add_blend_args(parser)
     parser.set_defaults(func=main)
     return parser
 
 
 def _warm_up(engine: Engine, bp: BenchPrompt, specs: list[ModeSpec], kv_dtype: str, rounds: int) -> None:
     """One pass of full, reuse and each selector's largest ratio: first-call costs stay out of the timings."""
-    kvs = ChunkKVSet(engine, bp.chunk_ids, engine.prefill_chunks(bp.chunk_ids))
+    kvs = PreparedPrompt.compute(engine, bp)
     seen: dict[str, ModeSpec] = {}
     for spec in specs:  # the last spec of each selector has the largest ratio
         seen[spec.blend.selector if spec.mode == "blend" and spec.blend else spec.mode] = spec
@@ -127,7 +111,7 @@ def pareto(modes: dict[str, dict[str, Any]]) -> list[str]:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     modes = result["modes"]
-    fig, (ax_kl, ax_fid) = new_figure(2, width_per_panel=5.6, height=4.2)
+    fig, (ax_kl, ax_fid) = harness.new_figure(2, width_per_panel=5.6, height=4.2)
     for selector in result["selectors"]:
         names = [f"{selector}@{float(r)}" for r in result["ratios"]]
         xs = [modes[n]["speedup"] for n in names]
@@ -157,21 +141,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax_fid.set_ylim(0, 1.05)
     ax_kl.legend(fontsize=7)
     ax_fid.legend(fontsize=7, loc="lower left")
-    fig.suptitle(
-        f"{result['model']} · {result['dataset_name']} · {result['examples']} ex × {result['passages']} "
-        f"passages ({result['mean_prompt_tokens']:.0f} tokens) · KV {result['kv_dtype']}",
-        fontsize=9,
-    )
-    save_figure(fig, path)
+    harness.finish_figure(fig, path, result, f"{result['mean_prompt_tokens']:.0f} tokens", f"KV {result['kv_dtype']}")
 
 
 def main(args: argparse.Namespace) -> int:
-    run = RunRecord()
+    run = harness.RunRecord()
     ratios = parse_ratios(args.ratios)
-    engine = build_engine(args)
-    examples = [e for e in select_examples(load_dataset(args.dataset), None, args.seed) if e.answers]
-    examples = [e for e in examples if len(e.passages) >= args.passages][: args.examples]
-    prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples]
+    engine = harness.build_engine(args)
+    prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True)
     specs = mode_specs(engine, ratios, baselines=("full", "reuse"), selectors=args.selectors)
     logger.info("frontier: %d examples × %d passages, %d modes", len(prompts), args.passages, len(specs))
     if args.warmup:
@@ -183,29 +160,22 @@ def main(args: argparse.Namespace) -> int:
     for spec in specs:
         if spec.mode == "blend" and spec.blend is not None:
             modes[spec.name] |= {"selector": spec.blend.selector, "ratio": spec.blend.recompute_ratio}
-    result: dict[str, Any] = {
-        "benchmark": NAME,
-        "model": model_name(engine),
-        "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem,
-        "examples": len(prompts),
-        "passages": args.passages,
-        "seed": args.seed,
-        "ratios": ratios,
-        "selectors": args.selectors,
-        "kv_dtype": args.kv_dtype,
-        "max_tokens": args.max_tokens,
-        "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
-        "blend": blend_settings(engine),
-        "machine": machine_info(engine),
-        "modes": modes,
-        "no_context": evaluated["no_context"],
-        "pareto": pareto(modes),
-        "per_example": evaluated["per_example"],
-    }
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    plot(result, plot_path(args))
+    result = harness.result_header(
+        NAME,
+        args,
+        engine,
+        examples=len(prompts),
+        ratios=ratios,
+        selectors=args.selectors,
+        kv_dtype=args.kv_dtype,
+        max_tokens=args.max_tokens,
+        mean_prompt_tokens=mean(p.layout.num_tokens for p in prompts),
+        modes=modes,
+        no_context=evaluated["no_context"],
+        pareto=pareto(modes),
+        per_example=evaluated["per_example"],
+    )
+    harness.write_result(args, result, run, plot)
     for name, m in modes.items():
         logger.info(
             "%-15s %6.2fx  ttft %.3fs  kl %s  benefit %s  fidelity %s  f1 %.3f",

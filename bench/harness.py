@@ -1,6 +1,7 @@
-"""What every quality/throughput/ingest/kv subcommand shares: the common options, the engine, machine
-facts recorded in each JSON (load average included, since timings on a shared machine drift), and the
-output files (`--out` JSON, `--plot` PNG next to it by default)."""
+"""What every subcommand shares: its subparser with the common options (`subcommand`), the engine, one
+result header (model, dataset, sample, compute dtype and why, blend settings, machine facts with the
+CPU's flags) and one way to write the result (`write_result`: the run record with load averages, since
+timings on a shared machine drift, the `--out` JSON and the `--plot` PNG next to it by default)."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ import logging
 import math
 import os
 import platform
+import resource
+import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.engine import Engine
-    from kvcache.store import TieredKVStore
-    from kvcache.types import ChunkKV, LayerKVSource
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,28 @@ DEFAULT_NQ6 = Path("../shared/data/nq6_dev.json")
 # The server's default data dir keeps the converted built-in model here (`make serve` creates it).
 DEFAULT_MODELS_DIR = Path("data/models")
 DEFAULT_OUT_DIR = Path("bench/out")  # git-ignored
+
+
+def subcommand(
+    subparsers: Any,
+    name: str,
+    doc: str | None,
+    help: str,
+    dataset: Path,
+    examples: int,
+    passages: int,
+    out: str,
+    *,
+    blend: bool = False,
+) -> argparse.ArgumentParser:
+    """The subparser of one benchmark with the common options (and the blend options with `blend`)."""
+    parser = subparsers.add_parser(
+        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_common_args(parser, dataset=dataset, examples=examples, passages=passages, out=out)
+    if blend:
+        add_blend_args(parser)
+    return parser
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples: int, passages: int, out: str) -> None:
@@ -50,7 +74,30 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
         "--dtype",
         default="auto",
         choices=["auto", "float32", "bfloat16", "float16"],
-        help="model compute dtype (auto: float32 on CPU)",
+        help="model compute dtype (auto: the engine's choice for this machine, recorded in the result)",
+    )
+
+
+def server_kv_dtype() -> str:
+    """The storage dtype the server writes chunk KV in by default (kvcache.storage_dtype)."""
+    from kvcache.config import KVCacheSettings
+
+    return str(KVCacheSettings().storage_dtype)
+
+
+def add_kv_dtype_arg(
+    parser: argparse.ArgumentParser,
+    choices: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "int4"),
+    default: str | None = None,
+) -> None:
+    """`--kv-dtype`: what the cached modes read through the store (default: the server's storage dtype)."""
+    default = default or server_kv_dtype()
+    parser.add_argument(
+        "--kv-dtype",
+        default=default,
+        choices=list(choices),
+        help=f"storage dtype of the chunk KV the cached modes read (default {default}: the server's; "
+        "fp32: the engine's own tensors, no store)",
     )
 
 
@@ -87,22 +134,30 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
 
 def blend_settings(engine: Engine) -> dict[str, Any]:
     """The engine's blend settings, recorded in every result file."""
-    s = engine.settings
-    return {
-        "selector": s.selector,
-        "recompute_ratio": s.recompute_ratio,
-        "score_layers": list(s.score_layers),
-        "score_fuse": s.score_fuse,
-        "score_by": s.score_by,
-        "pool_window": s.pool_window,
-        "min_per_chunk": s.min_per_chunk,
-        "check_layers": list(s.check_layers),
-        "deviation_on": s.deviation_on,
-    }
+    return asdict(engine.settings.blend_config())
 
 
 def plot_path(args: argparse.Namespace) -> Path:
     return args.plot if args.plot is not None else Path(args.out).with_suffix(".png")
+
+
+# CPU features that decide how fast a dtype runs (absolute times differ with them; ratios in one run count).
+_CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+
+
+def cpu_facts() -> dict[str, Any]:
+    """The CPU's model name and which of the flags that matter here it has (Linux /proc/cpuinfo)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    model, flags = platform.processor() or platform.machine(), set()
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    return {"cpu_model": model, "cpu_flags": [f for f in _CPU_FLAGS if f in flags]}
 
 
 def machine_info(engine: Engine | None = None) -> dict[str, Any]:
@@ -114,13 +169,55 @@ def machine_info(engine: Engine | None = None) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        **cpu_facts(),
         "python": platform.python_version(),
         "torch": torch.__version__,
     }
     if engine is not None:
         info["device"] = str(engine.device)
-        info["compute_dtype"] = str(engine.dtype).removeprefix("torch.")
+        info |= compute_dtype(engine)
     return info
+
+
+def compute_dtype(engine: Engine) -> dict[str, Any]:
+    """The dtype the engine computes in, and the choice behind it (`engine.dtype: auto`: which and why)."""
+    choice = engine.dtype_choice
+    return {
+        "compute_dtype": str(engine.dtype).removeprefix("torch."),
+        "dtype_choice": {"dtype": str(choice.dtype), "reason": str(choice.reason)},
+    }
+
+
+def result_header(name: str, args: argparse.Namespace, engine: Engine | None = None, **extra: Any) -> dict[str, Any]:
+    """The fields every result file starts with: what ran, on what data, with what settings, where."""
+    header: dict[str, Any] = {"benchmark": name}
+    if engine is not None:
+        header["model"] = model_name(engine)
+    dataset = getattr(args, "dataset", None)
+    if dataset is not None:
+        header |= {"dataset": str(dataset), "dataset_name": Path(dataset).stem}
+    for key in ("examples", "passages", "seed"):
+        if getattr(args, key, None) is not None:
+            header[key] = getattr(args, key)
+    if engine is not None:
+        header |= compute_dtype(engine)
+        header["blend"] = blend_settings(engine)
+    header |= extra
+    header.setdefault("machine", machine_info(engine))  # a server's own engine may have given them
+    return header
+
+
+def write_result(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    run: RunRecord,
+    plot: Callable[[dict[str, Any], Path], None] | None = None,
+) -> None:
+    """Add the run record, write `--out` and, given `plot`, the PNG (`--plot`, default: next to the JSON)."""
+    result["run"] = run.finish()
+    write_json(args.out, result)
+    if plot is not None:
+        plot(result, plot_path(args))
 
 
 def model_name(engine: Engine) -> str:
@@ -192,97 +289,28 @@ def save_figure(fig, path: Path) -> None:
     logger.info("wrote %s", path)
 
 
-# ------------------------------------------------------------------------------------ KV sources
-STORAGE_DTYPES = ("fp16", "bf16", "int8", "int4")
+def finish_figure(fig, path: Path, result: dict[str, Any], *details: str) -> None:
+    """Title the figure with what every result shares (model, compute dtype, data, sample) plus `details`,
+    then save it."""
+    parts = [f"{result.get('model', '?')} {result.get('compute_dtype', '')}".strip()]
+    if "dataset_name" in result:
+        parts.append(str(result["dataset_name"]))
+    if "examples" in result and "passages" in result:
+        parts.append(f"{result['examples']} ex × {result['passages']} passages")
+    fig.suptitle(" · ".join([*parts, *details]), fontsize=9)
+    save_figure(fig, path)
 
 
-def put_chunks(
-    store: TieredKVStore,
-    engine: Engine,
-    chunk_ids: list[list[int]],
-    kvs: list[ChunkKV],
-) -> list[str]:
-    """Store each chunk's KV under the key /ask would look up; returns the keys in prompt order.
+def peak_rss_bytes() -> int:
+    """High-water resident set size of this process's own memory so far.
 
-    Goes through the one KV writer (kvcache/writer.py) with the KV already computed; a chunk the store
-    could not keep stops the benchmark (its figures would be of recomputed KV).
+    Linux's VmHWM, not ru_maxrss: a spawned child's ru_maxrss also counts the forked parent's pages it
+    held for a moment before exec, so a small child of a big benchmark process reports the parent's size.
     """
-    from kvcache.writer import ensure_chunk_kv
-
-    by_ids = {tuple(ids): kv for ids, kv in zip(chunk_ids, kvs, strict=True)}
-    written = ensure_chunk_kv(
-        store,
-        chunk_ids,
-        model_fingerprint=engine.fingerprint,
-        prefix_ids=engine.prompt.prefix_ids,
-        compute=lambda todo: [by_ids[tuple(ids)] for ids in todo],
-    )
-    if written.unwritten:
-        raise RuntimeError(f"the benchmark's KV store refused {len(written.unwritten)} chunk(s)")
-    return written.keys
-
-
-class ChunkKVSet:
-    """One prompt's precomputed chunk KV, served as any storage dtype the store supports.
-
-    `fp32` serves the engine's own tensors (no storage rounding); fp16/bf16/int8/int4 go through an
-    in-memory `TieredKVStore` (the real encode path with the store's default int4 groups) and its
-    layer-wise loader.
-    """
-
-    def __init__(self, engine: Engine, chunk_ids: list[list[int]], kvs: list[ChunkKV]) -> None:
-        self.engine = engine
-        self.chunk_ids = chunk_ids
-        self.kvs = kvs
-        self._stores: dict[str, tuple[TieredKVStore, list[str]]] = {}
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(kv.num_tokens for kv in self.kvs)
-
-    def _store(self, storage_dtype: str) -> tuple[TieredKVStore, list[str]]:
-        from kvcache.config import KVCacheSettings
-        from kvcache.store import TieredKVStore
-
-        if storage_dtype not in self._stores:
-            budget = 2 * sum(kv.nbytes() for kv in self.kvs) + 1024 * 1024
-            store = TieredKVStore(
-                KVCacheSettings(
-                    dir=None,
-                    storage_dtype=storage_dtype,  # type: ignore[arg-type]
-                    memory_bytes=budget,
-                    prefetch=False,
-                )
-            )
-            self._stores[storage_dtype] = (store, put_chunks(store, self.engine, self.chunk_ids, self.kvs))
-        return self._stores[storage_dtype]
-
-    def source(self, storage_dtype: str = "fp32") -> LayerKVSource:
-        from kvcache.types import InMemoryLayerSource
-
-        if storage_dtype == "fp32":
-            return InMemoryLayerSource(self.kvs, device=self.engine.device, dtype=self.engine.dtype)
-        store, keys = self._store(storage_dtype)
-        return store.open_layers(keys, device=self.engine.device, dtype=self.engine.dtype)
-
-    def stored_bytes(self, storage_dtype: str) -> int:
-        """Tensor bytes the memory tier holds for these chunks in `storage_dtype` (int8: with scales)."""
-        store, keys = self._store(storage_dtype)
-        located = store.locate_many(keys)
-        return sum(located[k].num_bytes_by_tier["memory"] for k in keys)
-
-    def serialized_entries(self, storage_dtype: str) -> list[bytes]:
-        """These chunks' entry files (what the disk tier and Redis hold), in prompt order."""
-        from kvcache.format import serialize_entry
-
-        store, keys = self._store(storage_dtype)
-        out = []
-        for key in keys:
-            entry = store.get_entry(key)
-            assert entry is not None
-            out.append(serialize_entry(entry))
-        return out
-
-    def serialized_bytes(self, storage_dtype: str) -> int:
-        """Bytes of these chunks' entry files."""
-        return sum(len(data) for data in self.serialized_entries(storage_dtype))
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024

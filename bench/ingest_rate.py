@@ -20,21 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import harness
 from bench.data import Passage, load_dataset, select_examples
-from bench.harness import (
-    DEFAULT_NQ6,
-    STORAGE_DTYPES,
-    ChunkKVSet,
-    RunRecord,
-    add_common_args,
-    machine_info,
-    model_name,
-    new_figure,
-    plot_path,
-    save_figure,
-    write_json,
-)
 from bench.inprocess import bench_settings, dir_bytes, ingest_passages, start_app
+from bench.prepared import STORAGE_DTYPES, PreparedPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -44,21 +33,19 @@ RECALL_KS = (1, 5, 10)
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="ingest rate per stage, KV bytes per dtype, FAISS size, recall@k",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "ingest rate per stage, KV bytes per dtype, FAISS size, recall@k",
+        harness.DEFAULT_NQ6,
+        0,
+        0,
+        "ingest.json",
     )
-    add_common_args(parser, dataset=DEFAULT_NQ6, examples=0, passages=0, out="ingest.json")
     parser.set_defaults(examples=None, passages=None)
     parser.add_argument("--chunks", type=int, default=1000, help="passages to ingest (each is one chunk)")
-    parser.add_argument(
-        "--kv-dtype",
-        default="fp16",
-        choices=list(STORAGE_DTYPES),
-        help="storage dtype of the ingest (the server's default is int4)",
-    )
+    harness.add_kv_dtype_arg(parser, choices=STORAGE_DTYPES)
     parser.add_argument("--dtype-sample", type=int, default=24, help="chunks used to measure KV bytes per dtype")
     parser.add_argument("--no-recall", action="store_true", help="skip the recall@k part")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the temp data dir goes")
@@ -113,7 +100,7 @@ def _ingest_part(state: Any, passages: list[Passage]) -> dict[str, Any]:
 
 def _dtype_part(engine: Any, chunk_ids: list[list[int]]) -> dict[str, Any]:
     t0 = time.perf_counter()
-    kvs = ChunkKVSet(engine, chunk_ids, engine.prefill_chunks(chunk_ids))
+    kvs = PreparedPrompt(engine, chunk_ids, engine.prefill_chunks(chunk_ids))
     batched_s = time.perf_counter() - t0
     num_tokens = kvs.num_tokens
     dtypes = {}
@@ -168,8 +155,8 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
             "ingest": ingest,
             "kv_bytes": kv["dtypes"],
             "kv_sample": {k: v for k, v in kv.items() if k != "dtypes"},
-            "model": model_name(engine),
-            "machine": machine_info(engine),
+            "model": harness.model_name(engine),
+            "machine": harness.machine_info(engine),
             "embedder": settings.retrieval.embedder,
         }
         if not args.no_recall:
@@ -180,7 +167,7 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    fig, (ax_rate, ax_bytes, ax_recall) = new_figure(3)
+    fig, (ax_rate, ax_bytes, ax_recall) = harness.new_figure(3)
     stages = result["ingest"]["stages"]
     names = [s for s in STAGES if s in stages and stages[s]["chunks_per_s"]]
     ax_rate.bar(names, [stages[s]["chunks_per_s"] for s in names], color="tab:blue")
@@ -194,30 +181,20 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax_recall.bar([f"@{k}" for k in recall], list(recall.values()), color="tab:green")
         ax_recall.set_ylim(0, 1.05)
         ax_recall.set_title(f"recall ({result['retrieval']['questions']} questions)")
-    fig.suptitle(f"{result['model']} + {result['embedder']} embedder · {result['dataset_name']}", fontsize=9)
-    save_figure(fig, path)
+    harness.finish_figure(fig, path, result, f"{result['embedder']} embedder")
 
 
 def main(args: argparse.Namespace) -> int:
-    run = RunRecord()
+    run = harness.RunRecord()
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
     passages = unique_passages(examples, args.passages)[: args.chunks]
     logger.info("ingest: %d passages from %d examples", len(passages), len(examples))
     with tempfile.TemporaryDirectory(prefix="blendrag-bench-ingest-", dir=args.tmp_dir) as tmp:
         measured = asyncio.run(_run(args, passages, Path(tmp) / "data"))
-    result: dict[str, Any] = {
-        "benchmark": NAME,
-        "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem,
-        "examples": len(examples),
-        "passages": args.passages,
-        "seed": args.seed,
-        "chunks_requested": args.chunks,
-        **measured,
-    }
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    plot(result, plot_path(args))
+    result = harness.result_header(
+        NAME, args, examples=len(examples), passages=args.passages, chunks_requested=args.chunks, **measured
+    )
+    harness.write_result(args, result, run, plot)
     ing = result["ingest"]
     logger.info(
         "ingested %d chunks (%d tokens) in %.1fs: %s; KV %.1f MiB, FAISS %.1f KiB",

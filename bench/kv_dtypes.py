@@ -33,26 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from bench.data import build_prompt, load_dataset, select_examples
-from bench.harness import (
-    DEFAULT_MUSIQUE,
-    STORAGE_DTYPES,
-    ChunkKVSet,
-    RunRecord,
-    add_common_args,
-    build_engine,
-    machine_info,
-    model_name,
-    new_figure,
-    plot_path,
-    put_chunks,
-    save_figure,
-    write_json,
-)
+from bench import harness
 from bench.kv_hitrate import ZipfSetup
 from bench.kv_hitrate import evaluate as evaluate_hit_rates
 from bench.metrics import kl_divergence, mean, percentile
 from bench.passes import blend_name, mode_specs, run_pass
+from bench.prepared import STORAGE_DTYPES, PreparedPrompt, bench_prompts, put_chunks
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -76,13 +62,16 @@ _VARIANTS = {
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
+        harness.DEFAULT_MUSIQUE,
+        10,
+        6,
+        "kv.json",
     )
-    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=10, passages=6, out="kv.json")
     parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
     parser.add_argument("--dtypes", default=",".join(STORAGE_DTYPES), help="storage dtypes, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (agreement)")
@@ -193,7 +182,7 @@ def evaluate(
     per_example: list[dict[str, Any]] = []
     for n, bp in enumerate(prompts, 1):
         t0 = time.perf_counter()
-        kvs = ChunkKVSet(engine, bp.chunk_ids, engine.prefill_chunks(bp.chunk_ids))
+        kvs = PreparedPrompt.compute(engine, bp)
         record: dict[str, Any] = {
             "index": bp.example.index,
             "num_context_tokens": kvs.num_tokens,
@@ -347,7 +336,7 @@ def kv_elements_per_token(engine: Engine) -> int:
 def plot(result: dict[str, Any], path: Path) -> None:
     dtypes = list(result["dtypes"])
     names = list(result["dtypes"][dtypes[0]]["modes"])
-    fig, (ax_bytes, ax_kl, ax_ttft) = new_figure(3)
+    fig, (ax_bytes, ax_kl, ax_ttft) = harness.new_figure(3)
     ttft = result.get("ttft")
     ax_bytes.bar(dtypes, [result["dtypes"][d]["bytes_per_token"] / 1024 for d in dtypes], color="tab:purple")
     ax_bytes.set_title("KV KiB per token")
@@ -371,21 +360,16 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax_ttft.bar(list(policies), [100 * p["hit_rate"] for p in policies.values()], color="tab:green")
         ax_ttft.set_title(f"disk hit rate, Zipf({result['hit_rates']['setup']['zipf_s']}), corpus 4x budget")
         ax_ttft.set_ylabel("%")
-    fig.suptitle(
-        f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × {result['passages']} passages",
-        fontsize=9,
-    )
-    save_figure(fig, path)
+    harness.finish_figure(fig, path, result)
 
 
 def main(args: argparse.Namespace) -> int:
-    run = RunRecord()
+    run = harness.RunRecord()
     dtypes = [d for d in args.dtypes.split(",") if d]
     if unknown := [d for d in dtypes if d not in STORAGE_DTYPES]:
         raise SystemExit(f"unknown storage dtype(s) {unknown}; choose from {list(STORAGE_DTYPES)}")
-    engine = build_engine(args)
-    examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
-    prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples]
+    engine = harness.build_engine(args)
+    prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed)
     repeats = 0 if args.skip_ttft else args.repeats
     evaluated = evaluate(
         engine,
@@ -407,27 +391,21 @@ def main(args: argparse.Namespace) -> int:
             seed=args.seed,
         )
         evaluated["hit_rates"] = evaluate_hit_rates(setup, ["frequency", "lru"], args.ttft_dtype, args.tmp_dir)
-    result: dict[str, Any] = {
-        "benchmark": NAME,
-        "model": model_name(engine),
-        "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem,
-        "examples": len(prompts),
-        "passages": args.passages,
-        "seed": args.seed,
-        "ratio": args.ratio,
-        "blend_mode": blend_name(args.ratio),
-        "reference": "fp32",
-        "ttft_dtype": args.ttft_dtype,
-        "ttft_memory_dtype": args.ttft_memory_dtype,
-        "repeats": repeats,
-        "max_tokens": args.max_tokens,
-        "machine": machine_info(engine),
+    result = harness.result_header(
+        NAME,
+        args,
+        engine,
+        examples=len(prompts),
+        ratio=args.ratio,
+        blend_mode=blend_name(args.ratio),
+        reference="fp32",
+        ttft_dtype=args.ttft_dtype,
+        ttft_memory_dtype=args.ttft_memory_dtype,
+        repeats=repeats,
+        max_tokens=args.max_tokens,
         **evaluated,
-    }
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    plot(result, plot_path(args))
+    )
+    harness.write_result(args, result, run, plot)
     for dtype, d in result["dtypes"].items():
         logger.info(
             "%s: %.0f B/token (%.1f%% of fp16; zlib would save %.1f%%, lzma %s), %s",

@@ -19,18 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.harness import (
-    DEFAULT_MUSIQUE,
-    RunRecord,
-    add_common_args,
-    build_engine,
-    machine_info,
-    model_name,
-    new_figure,
-    plot_path,
-    save_figure,
-    write_json,
-)
+from bench import harness
 from bench.metrics import percentile
 
 logger = logging.getLogger(__name__)
@@ -44,13 +33,17 @@ SKIP_MESSAGE = (
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="full-prefill TTFT of llama.cpp on the same GGUF and prompts",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "full-prefill TTFT of llama.cpp on the same GGUF and prompts",
+        harness.DEFAULT_MUSIQUE,
+        5,
+        6,
+        "llamacpp.json",
     )
-    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=5, passages=6, out="llamacpp.json")
+    harness.add_kv_dtype_arg(parser)
     parser.add_argument("--ratio", type=float, default=0.15, help="our blend ratio shown beside the full prefills")
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the built-in model's)")
     parser.add_argument("--n-batch", type=int, default=512, help="llama.cpp prompt batch size")
@@ -113,14 +106,14 @@ def main(args: argparse.Namespace) -> int:
     import llama_cpp
     import torch
 
-    from bench.common import prepare_examples
     from bench.passes import blend_name
+    from bench.prepared import prepare_prompts
     from engine.builtin import builtin_gguf_path
 
-    run = RunRecord()
-    engine = build_engine(args)
+    run = harness.RunRecord()
+    engine = harness.build_engine(args)
     threads = args.threads or torch.get_num_threads()
-    prepared = prepare_examples(engine, args.dataset, args.examples, args.passages, args.seed, "fp16")
+    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed)
     gguf = args.gguf or builtin_gguf_path()
     n_ctx = max(p.layout.num_tokens for p in prepared) + 16
     runner = LlamaCppRunner(gguf, n_ctx, threads, args.n_batch)
@@ -135,10 +128,10 @@ def main(args: argparse.Namespace) -> int:
         ids = ex.layout.all_ids()
         cpp_s, cpp_token = runner.ttft(ids)
         ours_s, ours_token = ours_first_token(engine, ex.layout, None, "full", None)
-        blend_s, _ = ours_first_token(engine, ex.layout, ex.source(engine), "blend", blend)
+        blend_s, _ = ours_first_token(engine, ex.layout, ex.source(args.kv_dtype), "blend", blend)
         rows.append(
             {
-                "index": ex.example.index,
+                "index": ex.prompt.example.index,
                 "num_prompt_tokens": len(ids),
                 "llamacpp_full_s": cpp_s,
                 "ours_full_s": ours_s,
@@ -165,40 +158,38 @@ def main(args: argparse.Namespace) -> int:
             "ttft_s_mean": statistics.fmean(values),
         }
 
-    result: dict[str, Any] = {
-        "benchmark": NAME,
-        "model": model_name(engine),
-        "gguf": str(gguf),
-        "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
-        "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem,
-        "examples": len(rows),
-        "passages": args.passages,
-        "seed": args.seed,
-        "threads": threads,
-        "prompt_tokens_mean": statistics.fmean(r["num_prompt_tokens"] for r in rows),
-        "modes": {
+    result = harness.result_header(
+        NAME,
+        args,
+        engine,
+        gguf=str(gguf),
+        llama_cpp_version=getattr(llama_cpp, "__version__", "?"),
+        examples=len(rows),
+        threads=threads,
+        kv_dtype=args.kv_dtype,
+        prompt_tokens_mean=statistics.fmean(r["num_prompt_tokens"] for r in rows),
+        modes={
             "llamacpp_full": stats("llamacpp_full_s"),
             "ours_full": stats("ours_full_s"),
             f"ours_{blend_key}": stats(f"ours_{blend_key}_s"),
         },
-        "first_token_agreement": statistics.fmean(float(r["same_first_token"]) for r in rows),
-        "weights": {"llamacpp": "GGUF as shipped (Q4_1)", "ours": f"dequantized, {engine.dtype}"},
-        "machine": machine_info(engine),
-        "per_example": rows,
-    }
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    modes = result["modes"]
-    fig, (ax,) = new_figure(1, width_per_panel=5.5)
-    names = list(modes)
-    ax.bar(names, [modes[n]["ttft_s_median"] for n in names], color=["tab:green", "tab:gray", "tab:blue"])
-    ax.set_ylabel("TTFT (s), median")
-    ax.set_title(
-        f"{result['model']} · {result['examples']} ex · {result['prompt_tokens_mean']:.0f} tokens · {threads} threads",
-        fontsize=9,
+        first_token_agreement=statistics.fmean(float(r["same_first_token"]) for r in rows),
+        weights={"llamacpp": "GGUF as shipped (Q4_1)", "ours": f"dequantized, {engine.dtype}"},
+        per_example=rows,
     )
-    save_figure(fig, plot_path(args))
+    harness.write_result(args, result, run, plot)
+    modes = result["modes"]
     for name, m in modes.items():
         logger.info("%-16s median %.3fs p90 %.3fs", name, m["ttft_s_median"], m["ttft_s_p90"])
     return 0
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    modes = result["modes"]
+    fig, (ax,) = harness.new_figure(1, width_per_panel=5.5)
+    names = list(modes)
+    ax.bar(names, [modes[n]["ttft_s_median"] for n in names], color=["tab:green", "tab:gray", "tab:blue"])
+    ax.set_ylabel("TTFT (s), median")
+    harness.finish_figure(
+        fig, path, result, f"{result['prompt_tokens_mean']:.0f} tokens", f"{result['threads']} threads"
+    )

@@ -21,16 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import harness
 from bench.data import Passage
-from bench.harness import (
-    RunRecord,
-    add_common_args,
-    machine_info,
-    new_figure,
-    plot_path,
-    save_figure,
-    write_json,
-)
 from bench.inprocess import bench_settings, ingest_passages, start_app
 from bench.passes import parse_selectors
 
@@ -199,13 +191,16 @@ async def run_lookup(
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="look-up questions answered right per mode, through /ask",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "look-up questions answered right per mode, through /ask",
+        Path("-"),
+        20,
+        6,
+        "lookup.json",
     )
-    add_common_args(parser, dataset=Path("-"), examples=20, passages=6, out="lookup.json")
     parser.add_argument(
         "--selectors",
         default="query,deviation",
@@ -214,33 +209,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
-    parser.add_argument(
-        "--kv-dtype",
-        default=None,
-        choices=["fp16", "bf16", "int8", "int4"],
-        help="storage dtype ingest writes the chunks' KV in (default: the server's)",
-    )
+    harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
     parser.set_defaults(func=main)
     return parser
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
-    fig, (ax,) = new_figure(1, width_per_panel=6.0)
+    fig, (ax,) = harness.new_figure(1, width_per_panel=6.0)
     names = list(result["right"])
     ax.bar(names, [result["right"][n] for n in names], color="tab:blue")
     ax.axhline(result["questions"], color="gray", lw=0.8, ls="--")
     ax.set_ylabel(f"right answers of {result['questions']}")
     ax.set_title(f"look-up questions through /ask · {result['model']} · top_k {result['top_k']}", fontsize=9)
-    save_figure(fig, path)
+    harness.save_figure(fig, path)
 
 
 def main(args: argparse.Namespace) -> int:
-    run = RunRecord()
+    run = harness.RunRecord()
     facts = make_facts(args.examples, args.seed)
     with tempfile.TemporaryDirectory(prefix="blendrag-lookup-") as tmp:
-        kvcache = {"storage_dtype": args.kv_dtype} if args.kv_dtype else {}
         settings = bench_settings(
-            Path(tmp), args.model, args.models_dir, args.threads, retrieval={"top_k": args.passages}, kvcache=kvcache
+            Path(tmp),
+            args.model,
+            args.models_dir,
+            args.threads,
+            retrieval={"top_k": args.passages},
+            kvcache={"storage_dtype": args.kv_dtype},
         )
         ratio = args.ratio if args.ratio is not None else settings.engine.recompute_ratio
         modes = [("full", "full", None), ("reuse", "reuse", None)]
@@ -251,26 +245,24 @@ def main(args: argparse.Namespace) -> int:
             try:
                 job, _ = ingest_passages(state, [Passage(title=f.title, text=f.text) for f in facts])
                 logger.info("ingested %d documents (%s)", len(facts), getattr(job, "status", "?"))
-                return await run_lookup(state, facts, modes, ratio, args.max_tokens)
+                outcome = await run_lookup(state, facts, modes, ratio, args.max_tokens)
+                return harness.result_header(
+                    NAME,
+                    args,
+                    state.components.engine,
+                    questions=len(facts),
+                    top_k=args.passages,
+                    ratio=ratio,
+                    default_selector=settings.engine.selector,
+                    kv_dtype=settings.kvcache.storage_dtype,
+                    max_tokens=args.max_tokens,
+                    **outcome,
+                )
             finally:
                 await state.close()
 
-        outcome = asyncio.run(go())
-        result: dict[str, Any] = {
-            "benchmark": NAME,
-            "model": Path(settings.engine.model).name,
-            "questions": len(facts),
-            "top_k": args.passages,
-            "ratio": ratio,
-            "default_selector": settings.engine.selector,
-            "kv_dtype": settings.kvcache.storage_dtype,
-            "max_tokens": args.max_tokens,
-            "machine": machine_info(),
-            **outcome,
-        }
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    plot(result, plot_path(args))
+        result = asyncio.run(go())
+    harness.write_result(args, result, run, plot)
     for name, right in result["right"].items():
         logger.info("%-16s %d / %d right", name, right, len(facts))
     logger.info("retrieval put the fact's document first for %d / %d", result["retrieved_first"], len(facts))

@@ -1,24 +1,31 @@
 """One prompt pass of one mode, measured the way the quality and kv benchmarks need it.
 
-A single prompt pass (`Engine.prompt_pass`) serves three measurements: the first-token logits, the
-teacher-forced NLL of the gold answer (fed after the prompt in one `extend`), and the greedy answer
-(the cache is rewound to the prompt's end first, so decode overwrites the teacher-forced rows).
+A single prompt pass serves three measurements: the first-token logits and the teacher-forced NLL of
+the gold answer (`Engine.score`, which rewinds the cache to the prompt's end afterwards), and the answer
+(`Engine.answer`: the server's own decode loop, sampler, stops and repeated-line guard, from that pass).
 This halves the benchmark's cost against a separate scoring pass and a separate generation pass.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
 
-from engine.sampling import RepetitionControl
-from engine.types import BlendConfig, Mode, SelectorName
+from engine.types import (
+    BlendConfig,
+    FinishEvent,
+    GenerationRequest,
+    Mode,
+    SamplingParams,
+    SelectorName,
+    TokenEvent,
+)
 
 if TYPE_CHECKING:
     from engine.engine import Engine
-    from engine.types import PromptLayout
+    from engine.types import PromptLayout, PromptResult
     from kvcache.types import LayerKVSource
 
 
@@ -80,14 +87,14 @@ def mode_specs(
 class PassOutcome:
     first_logits: torch.Tensor  # (vocab,) float32, next-token logits after the prompt
     answer_nlls: list[float]  # -log p(gold_i | prompt, gold_<i), nats; empty without a gold answer
-    answer_ids: list[int]  # greedy answer (EOS excluded)
+    answer_ids: list[int]  # the answer's tokens (EOS excluded)
     answer_text: str
-    finish_reason: str  # "stop" (EOS or repetition stop) or "length" (max_tokens reached)
+    finish_reason: str  # the engine's: "stop" (EOS), "repetition" (repeated-line stop) or "length"
     prompt_s: float  # the prompt pass (what TTFT is made of), from the engine's own timer
     num_recomputed_tokens: int
     num_prompt_tokens: int
     selected_positions: list[int]  # context positions recomputed through all layers (blend)
-    # With compare_uncontrolled: (answer text, finish reason) of the same greedy decode without the
+    # With compare_uncontrolled: (answer text, finish reason) of the same decode without the
     # repeated-line stop, for before/after figures from one run.
     uncontrolled: tuple[str, str] | None = None
 
@@ -106,71 +113,34 @@ def run_pass(
     max_tokens: int,
     compare_uncontrolled: bool = False,
 ) -> PassOutcome:
-    """Prompt pass of `spec`, then teacher-forced NLL of target_ids, then up to max_tokens greedy tokens.
+    """Prompt pass of `spec`, then teacher-forced NLL of target_ids, then an answer of up to max_tokens.
 
-    Closes kv_source. With no kv_source the engine runs `full` whatever the spec says. With
-    compare_uncontrolled (only when repetition control changes no logits, i.e. it can only stop early),
-    the decode goes on past the repeated-line stop to give the uncontrolled answer too.
+    The answer is decoded as /ask decodes it (the engine's sampling settings). Closes kv_source. With no
+    kv_source the engine runs `full` whatever the spec says. With compare_uncontrolled the same pass is
+    decoded a second time without the repeated-line stop.
     """
-    from engine.phases import extend
-
-    tf = engine.transformer
     try:
-        result = engine.prompt_pass(
-            layout, kv_source, spec.mode, spec.blend, extra_capacity=max(len(target_ids), max_tokens) + 1
-        )
+        scored = engine.score(layout, kv_source, spec.mode, spec.blend, target_ids, extra_capacity=max_tokens + 1)
     finally:
         if kv_source is not None:
             kv_source.close()
+    result = scored.prompt
     first = result.logits.detach().float().clone()
-    cache = result.cache
-    prompt_len = cache.length
-
-    nlls: list[float] = []
-    if target_ids:
-        logits = first[None]  # (1, vocab): predicts target_ids[0]
-        if len(target_ids) > 1:
-            rest = extend(tf, cache, target_ids[:-1], all_logits=True)  # row i predicts target_ids[i + 1]
-            logits = torch.cat([logits, rest.float()], dim=0)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        targets = torch.tensor(target_ids, dtype=torch.int64, device=logprobs.device)
-        nlls = (-logprobs.gather(1, targets[:, None]).squeeze(1)).tolist()
-        cache.length = prompt_len  # rewind: greedy decode overwrites the teacher-forced rows
-
-    # Greedy, with the engine's repetition control exactly as /ask applies it (engine.sampling).
-    repetition = RepetitionControl(engine.settings.sampling_params(max_tokens=max_tokens))
-    if compare_uncontrolled and repetition.adjusts_logits:
-        raise ValueError("compare_uncontrolled needs repetition control that only stops (no penalty, no n-gram ban)")
-    ids: list[int] = []
-    stop_at: int | None = None  # answer length when the repeated-line stop fired
-    hit_length = False
-    token = int(torch.argmax(first))
-    while token not in engine.eos_token_ids:
-        ids.append(token)
-        if stop_at is None and repetition.should_stop(_decode(engine, ids)):
-            stop_at = len(ids)
-            if not compare_uncontrolled:
-                break
-        if len(ids) >= max_tokens:
-            hit_length = True
-            break
-        logits = extend(tf, cache, [token])
-        token = int(torch.argmax(repetition.adjust(logits.reshape(-1), ids)))
-    answer_ids = ids[:stop_at] if stop_at is not None else ids
-    finish_reason = "stop" if stop_at is not None or not hit_length else "length"
-    text = engine.tokenizer.decode(answer_ids, skip_special_tokens=True).strip()
+    prompt_len = result.cache.length
+    sampling = engine.settings.sampling_params(max_tokens=max_tokens)
+    answer_ids, text, reason = _answer(engine, layout, result, sampling)
     uncontrolled = None
     if compare_uncontrolled:
-        uncontrolled = (
-            engine.tokenizer.decode(ids, skip_special_tokens=True).strip(),
-            "length" if hit_length else "stop",
-        )
+        result.cache.length = prompt_len  # the second decode overwrites the first one's rows
+        free = replace(sampling, stop_on_repeated_line=False)
+        _, free_text, free_reason = _answer(engine, layout, result, free)
+        uncontrolled = (free_text, free_reason)
     return PassOutcome(
         first_logits=first,
-        answer_nlls=nlls,
+        answer_nlls=scored.token_nlls,
         answer_ids=answer_ids,
         answer_text=text,
-        finish_reason=finish_reason,
+        finish_reason=reason,
         uncontrolled=uncontrolled,
         prompt_s=result.timings.total_s,
         num_recomputed_tokens=result.num_recomputed_tokens,
@@ -179,5 +149,17 @@ def run_pass(
     )
 
 
-def _decode(engine: Engine, ids: list[int]) -> str:
-    return engine.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+def _answer(
+    engine: Engine, layout: PromptLayout, result: PromptResult, sampling: SamplingParams
+) -> tuple[list[int], str, str]:
+    """(token ids without EOS, text, finish reason) of the engine's decode from `result`."""
+    request = GenerationRequest("bench", layout, None, result.mode, sampling=sampling)
+    ids: list[int] = []
+    finish: FinishEvent | None = None
+    for event in engine.answer(request, result):
+        if isinstance(event, TokenEvent) and event.token_id not in engine.eos_token_ids:
+            ids.append(event.token_id)
+        elif isinstance(event, FinishEvent):
+            finish = event
+    assert finish is not None
+    return ids, finish.text.strip(), finish.finish_reason

@@ -20,24 +20,10 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from bench.data import build_prompt, load_dataset, select_examples
-from bench.harness import (
-    DEFAULT_MUSIQUE,
-    ChunkKVSet,
-    RunRecord,
-    add_blend_args,
-    add_common_args,
-    blend_settings,
-    build_engine,
-    machine_info,
-    model_name,
-    new_figure,
-    plot_path,
-    save_figure,
-    write_json,
-)
+from bench import harness
 from bench.metrics import benefit_retained, f1_score, kl_divergence, max_f1, mean, mean_token_nll
 from bench.passes import ModeSpec, mode_specs, parse_ratios, run_pass
+from bench.prepared import PreparedPrompt, bench_prompts
 
 if TYPE_CHECKING:
     from bench.data import BenchPrompt
@@ -49,22 +35,20 @@ NAME = "quality"
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="gold F1, fidelity, first-token KL, NLL, benefit retained per mode",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "gold F1, fidelity, first-token KL, NLL, benefit retained per mode",
+        harness.DEFAULT_MUSIQUE,
+        20,
+        6,
+        "quality.json",
+        blend=True,
     )
-    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=20, passages=6, out="quality.json")
     parser.add_argument("--ratios", default="0.15,1.0", help="blend recompute ratios, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
-    parser.add_argument(
-        "--kv-dtype",
-        default="int4",
-        choices=["fp32", "fp16", "bf16", "int8", "int4"],
-        help="storage dtype the cached modes read (fp32: the engine's tensors as is)",
-    )
-    add_blend_args(parser)
+    harness.add_kv_dtype_arg(parser)
     parser.add_argument(
         "--baselines",
         default="prefix,reuse",
@@ -99,7 +83,7 @@ def evaluate(
     for n, bp in enumerate(prompts, 1):
         t0 = time.perf_counter()
         answers = bp.example.answers
-        kvs = ChunkKVSet(engine, bp.chunk_ids, engine.prefill_chunks(bp.chunk_ids))
+        kvs = PreparedPrompt.compute(engine, bp)
         bare = engine.prompt.layout([], bp.example.question)
         nc = run_pass(engine, bare, None, ModeSpec("full", "full"), bp.answer_ids, max_tokens)
         record: dict[str, Any] = {
@@ -186,7 +170,7 @@ def plot(result: dict[str, Any], path) -> None:
     modes = result["modes"]
     names = list(modes)
     cached = [n for n in names if n != "full"]
-    fig, (ax_kl, ax_benefit, ax_fid, ax_f1) = new_figure(4)
+    fig, (ax_kl, ax_benefit, ax_fid, ax_f1) = harness.new_figure(4)
     kls = [max(modes[n]["kl"], 1e-12) for n in cached]
     ax_kl.bar(cached, kls, color="tab:red")
     ax_kl.set_yscale("log")
@@ -202,55 +186,42 @@ def plot(result: dict[str, Any], path) -> None:
     ax_f1.set_title("gold F1")
     for ax in (ax_kl, ax_benefit, ax_fid, ax_f1):
         ax.tick_params(axis="x", rotation=35)
-    fig.suptitle(
-        f"{result['model']} · {result['dataset_name']} · {result['examples']} examples × "
-        f"{result['passages']} passages · KV {result['kv_dtype']}",
-        fontsize=9,
-    )
-    save_figure(fig, path)
+    harness.finish_figure(fig, path, result, f"KV {result['kv_dtype']}")
 
 
 def main(args: argparse.Namespace) -> int:
-    run = RunRecord()
+    run = harness.RunRecord()
     ratios = parse_ratios(args.ratios)
     overrides: dict[str, Any] = {}
     if args.no_repetition_control:
         overrides.update(repetition_penalty=1.0, no_repeat_ngram_size=0, stop_on_repeated_line=False)
-    engine = build_engine(args, **overrides)
-    examples = [e for e in select_examples(load_dataset(args.dataset), None, args.seed) if e.answers]
-    prompts = [build_prompt(engine.prompt, engine.tokenizer, e, args.passages) for e in examples[: args.examples]]
+    engine = harness.build_engine(args, **overrides)
+    prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True)
     baselines = tuple(b for b in args.baselines.split(",") if b and b != "full")
     if unknown := [b for b in baselines if b not in ("prefix", "reuse")]:
         raise SystemExit(f"unknown baseline(s) {unknown}; choose from prefix, reuse")
     specs = mode_specs(engine, ratios, baselines=("full", *baselines))  # type: ignore[arg-type]
     logger.info("quality: %d examples × %d passages, modes %s", len(prompts), args.passages, [s.name for s in specs])
     evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens, args.compare_repetition_control)
-    result: dict[str, Any] = {
-        "benchmark": NAME,
-        "model": model_name(engine),
-        "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem,
-        "examples": len(prompts),
-        "passages": args.passages,
-        "seed": args.seed,
-        "ratios": ratios,
-        "kv_dtype": args.kv_dtype,
-        "max_tokens": args.max_tokens,
-        "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
-        "repetition_control": {
+    result = harness.result_header(
+        NAME,
+        args,
+        engine,
+        examples=len(prompts),
+        ratios=ratios,
+        kv_dtype=args.kv_dtype,
+        max_tokens=args.max_tokens,
+        mean_prompt_tokens=mean(p.layout.num_tokens for p in prompts),
+        repetition_control={
             k: getattr(engine.settings, k)
             for k in ("repetition_penalty", "no_repeat_ngram_size", "stop_on_repeated_line")
         },
-        "blend": blend_settings(engine),
-        "machine": machine_info(engine),
         **evaluated,
-    }
+    )
     for spec in specs:
         if spec.blend is not None and spec.mode == "blend":
             result["modes"][spec.name]["selector"] = spec.blend.selector
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    plot(result, plot_path(args))
+    harness.write_result(args, result, run, plot)
     for name, m in result["modes"].items():
         logger.info(
             "%-11s f1=%.3f nll=%.3f length_share=%.3f%s %s",

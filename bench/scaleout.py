@@ -27,9 +27,9 @@ from typing import Any
 
 import httpx
 
+from bench import harness
 from bench.cluster import Cluster, Process, ingest, wait_job
 from bench.data import load_dataset
-from bench.harness import DEFAULT_MODELS_DIR, DEFAULT_NQ6, DEFAULT_OUT_DIR, RunRecord, load_avg, write_json
 from bench.inprocess import resolve_model
 
 logger = logging.getLogger(__name__)
@@ -44,16 +44,16 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--dataset", type=Path, default=DEFAULT_NQ6, help="nq6-shaped passages JSON")
+    parser.add_argument("--dataset", type=Path, default=harness.DEFAULT_NQ6, help="nq6-shaped passages JSON")
     parser.add_argument("--chunks", type=int, default=96, help="passages ingested per round (one chunk each)")
     parser.add_argument("--jobs", type=int, default=8, help="jobs each round's passages are split into")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to measure")
     parser.add_argument("--probes", type=int, default=10, help="documents timed for ready→searchable")
     parser.add_argument("--model", default="builtin", help="'builtin' (SmolLM2-135M) or an HF checkpoint dir")
-    parser.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
+    parser.add_argument("--models-dir", type=Path, default=harness.DEFAULT_MODELS_DIR)
     parser.add_argument("--threads", type=int, default=None, help="torch threads per process")
     parser.add_argument("--tmp-dir", type=Path, default=None)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT_DIR / "scaleout.json")
+    parser.add_argument("--out", type=Path, default=harness.DEFAULT_OUT_DIR / "scaleout.json")
     parser.set_defaults(func=main)
     return parser
 
@@ -103,7 +103,7 @@ def ingest_round(
         "chunks": num_chunks,
         "seconds": round(elapsed, 2),
         "chunks_per_s": round(num_chunks / elapsed, 3),
-        "load_avg": load_avg(),
+        "load_avg": harness.load_avg(),
     }
 
 
@@ -131,7 +131,7 @@ def probe_latency(a: Process, b: Process, docs: list[dict[str, str]]) -> list[fl
 
 def main(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
-    record = RunRecord()
+    record = harness.RunRecord()
     pool = passages(args.dataset)
     needed = args.chunks * len(args.workers) + args.probes
     if len(pool) < needed:
@@ -156,21 +156,21 @@ def main(args: argparse.Namespace) -> int:
         worker.stop()
     finally:
         cluster.stop()
-    result = {
-        "benchmark": NAME,
-        "model": args.model,
-        "chunks_per_round": args.chunks,
-        "jobs_per_round": args.jobs,
-        "ingest": rounds,
-        "ready_to_searchable_s": {
+    result = harness.result_header(
+        NAME,
+        args,
+        model=args.model,
+        chunks_per_round=args.chunks,
+        jobs_per_round=args.jobs,
+        ingest=rounds,
+        ready_to_searchable_s={
             "probes": len(latencies),
             "median": round(statistics.median(latencies), 3),
             "max": round(max(latencies), 3),
             "all": [round(x, 3) for x in latencies],
         },
-        "run": record.finish(),
-    }
-    write_json(args.out, result)
+    )
+    harness.write_result(args, result, record)
     for r in rounds:
         print(
             f"ingest, {r['workers']} worker(s): {r['chunks']} chunks in {r['seconds']} s = "

@@ -25,20 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import decode_rate
+from bench import decode_rate, harness
 from bench.data import Example, load_dataset, select_examples
-from bench.harness import (
-    DEFAULT_MUSIQUE,
-    RunRecord,
-    add_common_args,
-    load_avg,
-    machine_info,
-    model_name,
-    new_figure,
-    plot_path,
-    save_figure,
-    write_json,
-)
 from bench.ingest_rate import unique_passages
 from bench.inprocess import bench_settings, ingest_passages, start_app
 from bench.metrics import mean, percentile
@@ -51,13 +39,16 @@ CHUNK_TOKENS = 1024
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="requests/min and TTFT p50/p90 of concurrent clients, blend vs full",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "requests/min and TTFT p50/p90 of concurrent clients, blend vs full",
+        harness.DEFAULT_MUSIQUE,
+        8,
+        6,
+        "throughput.json",
     )
-    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=8, passages=6, out="throughput.json")
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients")
     parser.add_argument("--url", default=None, help="a running server (default: the app in this process)")
     parser.add_argument("--api-key", default=None, help="bearer token for --url --ingest")
@@ -303,14 +294,20 @@ async def _measure(args: argparse.Namespace, client: Any, examples: list[Example
     phases = []
     for r in range(args.rounds):
         for mode in modes if r % 2 == 0 else list(reversed(modes)):
-            load = load_avg()
+            load = harness.load_avg()
             timings, wall = await run_phase(
                 client, questions, mode, ratio_of[mode], args.clients, args.passages, args.max_tokens
             )
             per_mode[mode].extend(timings)
             walls[mode] += wall
             phases.append(
-                {"round": r, "mode": mode, "wall_s": wall, "load_avg": load, "requests": [asdict(t) for t in timings]}
+                {
+                    "round": r,
+                    "mode": mode,
+                    "wall_s": wall,
+                    "load_avg": load,
+                    "requests": [asdict(t) for t in timings],
+                }
             )
             logger.info("throughput round %d %s: %d requests in %.1fs", r, mode, len(timings), wall)
     return {"modes": {m: summarize(per_mode[m], walls[m]) for m in modes}, "phases": phases}
@@ -341,10 +338,13 @@ async def _in_process(
             measured["decode"] = await decode_rate.measure(
                 state, examples, decode_clients, args.passages, CHUNK_TOKENS, args.ratio, args.decode_tokens
             )
+        engine = state.components.engine
         return measured | {
             "corpus_passages": len(passages),
-            "machine": machine_info(state.components.engine),
-            "model": model_name(state.components.engine),
+            "machine": harness.machine_info(engine),
+            "model": harness.model_name(engine),
+            "blend": harness.blend_settings(engine),
+            **harness.compute_dtype(engine),
         }
     finally:
         await state.close()
@@ -369,7 +369,7 @@ async def _remote(args: argparse.Namespace, examples: list[Example], modes: list
             rss["after"] = process_rss_bytes(pid)
             logger.info("server RSS (MiB): %s", {k: (v or 0) >> 20 for k, v in rss.items()})
             measured["rss_bytes"] = rss
-        return measured | {"machine": machine_info(), "model": "server's"}
+        return measured | {"machine": harness.machine_info(), "model": "server's"}
     finally:
         await client.close()
 
@@ -377,7 +377,7 @@ async def _remote(args: argparse.Namespace, examples: list[Example], modes: list
 def plot(result: dict[str, Any], path: Path) -> None:
     modes = result["modes"]
     names = list(modes)
-    fig, (ax_rpm, ax_ttft) = new_figure(2)
+    fig, (ax_rpm, ax_ttft) = harness.new_figure(2)
     ax_rpm.bar(names, [modes[m]["requests_per_min"] or 0 for m in names], color="tab:blue")
     ax_rpm.set_title(f"requests / min ({result['clients']} clients)")
     xs = range(len(names))
@@ -387,16 +387,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax_ttft.set_ylabel("s")
     ax_ttft.legend(fontsize=8)
     ax_ttft.set_title("TTFT (client side)")
-    fig.suptitle(
-        f"{result['model']} · {result['dataset_name']} · {result['examples']} questions × "
-        f"{result['passages']} chunks · {result['target']}",
-        fontsize=9,
-    )
-    save_figure(fig, path)
+    harness.finish_figure(fig, path, result, result["target"])
 
 
 def main(args: argparse.Namespace) -> int:
-    run = RunRecord()
+    run = harness.RunRecord()
     modes = [m for m in args.modes.split(",") if m]
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
     if args.url:
@@ -404,23 +399,18 @@ def main(args: argparse.Namespace) -> int:
     else:
         with tempfile.TemporaryDirectory(prefix="blendrag-bench-throughput-", dir=args.tmp_dir) as tmp:
             measured = asyncio.run(_in_process(args, examples, modes, Path(tmp) / "data"))
-    result: dict[str, Any] = {
-        "benchmark": NAME,
-        "target": args.url or "in-process",
-        "dataset": str(args.dataset),
-        "dataset_name": args.dataset.stem,
-        "examples": len(examples),
-        "passages": args.passages,
-        "seed": args.seed,
-        "clients": args.clients,
-        "ratio": args.ratio,
-        "max_tokens": args.max_tokens,
-        "rounds": args.rounds,
+    result = harness.result_header(
+        NAME,
+        args,
+        target=args.url or "in-process",
+        examples=len(examples),
+        clients=args.clients,
+        ratio=args.ratio,
+        max_tokens=args.max_tokens,
+        rounds=args.rounds,
         **measured,
-    }
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    plot(result, plot_path(args))
+    )
+    harness.write_result(args, result, run, plot)
     for mode, m in result["modes"].items():
         logger.info(
             "%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors, %d × 503, %d × 200-then-busy)",
@@ -436,7 +426,10 @@ def main(args: argparse.Namespace) -> int:
     if decode:
         for n, d in decode["per_clients"].items():
             logger.info(
-                "decode, %s client(s): %s tokens/s aggregate (load avg %s)", n, d["decode_tokens_per_s"], d["load_avg"]
+                "decode, %s client(s): %s tokens/s aggregate (load avg %s)",
+                n,
+                d["decode_tokens_per_s"],
+                d["load_avg"],
             )
         logger.info("decode speedup, most clients vs one: %s", decode["speedup"])
     return 0

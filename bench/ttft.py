@@ -17,23 +17,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import PreparedExample, peak_rss_bytes, prepare_examples, time_to_first_token
-from bench.harness import (
-    DEFAULT_MUSIQUE,
-    RunRecord,
-    add_blend_args,
-    add_common_args,
-    blend_settings,
-    build_engine,
-    machine_info,
-    model_name,
-    new_figure,
-    plot_path,
-    save_figure,
-    write_json,
-)
+from bench import harness
 from bench.metrics import percentile
 from bench.passes import mode_specs, parse_ratios, parse_selectors
+from bench.prepared import PreparedPrompt, prepare_prompts, time_to_first_token
 from engine.types import SelectorName
 
 logger = logging.getLogger(__name__)
@@ -43,21 +30,19 @@ GIB = 1024**3
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser = harness.subcommand(
+        subparsers,
         NAME,
-        help="time to first token per mode (full, prefix, reuse, blend@r)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        __doc__,
+        "time to first token per mode (full, prefix, reuse, blend@r)",
+        harness.DEFAULT_MUSIQUE,
+        5,
+        6,
+        "ttft.json",
+        blend=True,
     )
-    add_common_args(parser, dataset=DEFAULT_MUSIQUE, examples=5, passages=6, out="ttft.json")
     parser.add_argument("--ratios", default="0.05,0.15,0.3", help="blend recompute ratios, comma-separated")
-    parser.add_argument(
-        "--kv-dtype",
-        default="fp16",
-        choices=["fp32", "fp16", "bf16"],
-        help="how the chunk KV is held in memory (fp16: what the store serves)",
-    )
-    add_blend_args(parser)
+    harness.add_kv_dtype_arg(parser)
     parser.add_argument(
         "--selectors",
         default=None,
@@ -82,15 +67,15 @@ def _rss_probe(settings_json: str, models_dir: str, kv_file: str, ratio: float, 
     engine = Engine(EngineSettings.model_validate_json(settings_json), Path(models_dir))
     data = torch.load(kv_file, weights_only=False)
     kvs = [ChunkKV(k=k, v=v) for k, v in data["kvs"]]
-    after_load = peak_rss_bytes()
+    after_load = harness.peak_rss_bytes()
     source = InMemoryLayerSource(kvs, device=engine.device, dtype=engine.dtype)
     config = engine.settings.blend_config(recompute_ratio=ratio)
     ttft, _ = time_to_first_token(engine, data["layout"], source, "blend", config)
-    conn.send({"peak_rss_bytes": peak_rss_bytes(), "rss_after_load_bytes": after_load, "ttft_s": ttft})
+    conn.send({"peak_rss_bytes": harness.peak_rss_bytes(), "rss_after_load_bytes": after_load, "ttft_s": ttft})
     conn.close()
 
 
-def measure_peak_rss(settings_json: str, models_dir: Path, prepared: PreparedExample, ratio: float) -> dict:
+def measure_peak_rss(settings_json: str, models_dir: Path, prepared: PreparedPrompt, ratio: float) -> dict:
     import torch
 
     ctx = multiprocessing.get_context("spawn")
@@ -108,7 +93,8 @@ def measure_peak_rss(settings_json: str, models_dir: Path, prepared: PreparedExa
 
 def run_ttft(
     engine,
-    prepared: list[PreparedExample],
+    prepared: list[PreparedPrompt],
+    kv_dtype: str,
     ratios: list[float],
     warmup: int,
     selectors: list[SelectorName] | None = None,
@@ -116,19 +102,19 @@ def run_ttft(
     specs = mode_specs(engine, ratios, selectors=selectors)
     for _ in range(warmup):
         for spec in specs:
-            source = prepared[0].source(engine) if spec.uses_cache else None
+            source = prepared[0].source(kv_dtype) if spec.uses_cache else None
             time_to_first_token(engine, prepared[0].layout, source, spec.mode, spec.blend)
     per_example = []
     for n, ex in enumerate(prepared, 1):
         row: dict[str, Any] = {
-            "index": ex.example.index,
+            "index": ex.prompt.example.index,
             "num_prompt_tokens": ex.layout.num_tokens,
             "num_context_tokens": ex.layout.num_context_tokens,
             "ttft_s": {},
             "num_recomputed_tokens": {},
         }
         for spec in specs:
-            source = ex.source(engine) if spec.uses_cache else None
+            source = ex.source(kv_dtype) if spec.uses_cache else None
             ttft, recomputed = time_to_first_token(engine, ex.layout, source, spec.mode, spec.blend)
             row["ttft_s"][spec.name] = round(ttft, 4)
             row["num_recomputed_tokens"][spec.name] = recomputed
@@ -172,7 +158,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     names = list(modes)
     medians = [modes[n]["ttft_s_median"] for n in names]
     p90 = [modes[n]["ttft_s_p90"] - modes[n]["ttft_s_median"] for n in names]
-    fig, (ax,) = new_figure(1, width_per_panel=6.0)
+    fig, (ax,) = harness.new_figure(1, width_per_panel=6.0)
     colors = ["tab:gray", "tab:orange", "tab:red", *["tab:blue"] * (len(names) - 3)]
     ax.bar(names, medians, yerr=[[0] * len(names), p90], color=colors[: len(names)], capsize=3)
     for i, name in enumerate(names):
@@ -180,36 +166,26 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.annotate(label, (i, medians[i]), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("TTFT (s), median; bar to p90")
     ax.tick_params(axis="x", rotation=30)
-    ax.set_title(
-        f"{result['model']} {result['compute_dtype']} · {result['examples']} ex × {result['passages']}"
-        f" passages · {result['prompt_tokens_mean']:.0f} tokens",
-        fontsize=9,
-    )
-    save_figure(fig, path)
+    harness.finish_figure(fig, path, result, f"{result['prompt_tokens_mean']:.0f} tokens", f"KV {result['kv_dtype']}")
 
 
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    run = RunRecord()
+    run = harness.RunRecord()
     ratios = parse_ratios(args.ratios)
-    engine = build_engine(args)
-    prepared = prepare_examples(engine, args.dataset, args.examples, args.passages, args.seed, args.kv_dtype)
-    result: dict[str, Any] = {
-        "benchmark": NAME,
-        "model": model_name(engine),
-        "dataset": str(args.dataset),
-        "examples": len(prepared),
-        "passages": args.passages,
-        "seed": args.seed,
-        "ratios": ratios,
-        "kv_dtype": args.kv_dtype,
-        "compute_dtype": str(engine.dtype).removeprefix("torch."),
-        "prompt_tokens_mean": statistics.fmean(p.layout.num_tokens for p in prepared),
-        "blend": blend_settings(engine),
-        "machine": machine_info(engine),
-    }
-    result.update(run_ttft(engine, prepared, ratios, args.warmup, args.selectors))
+    engine = harness.build_engine(args)
+    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed)
+    result = harness.result_header(
+        NAME,
+        args,
+        engine,
+        examples=len(prepared),
+        ratios=ratios,
+        kv_dtype=args.kv_dtype,
+        prompt_tokens_mean=statistics.fmean(p.layout.num_tokens for p in prepared),
+    )
+    result.update(run_ttft(engine, prepared, args.kv_dtype, ratios, args.warmup, args.selectors))
     if not args.no_rss:
         settings = engine.settings.model_copy(update={"num_threads": args.threads or torch.get_num_threads()})
         rss = measure_peak_rss(settings.model_dump_json(), args.models_dir, prepared[0], args.rss_ratio)
@@ -221,9 +197,7 @@ def main(args: argparse.Namespace) -> int:
             "peak_rss_gib": round(rss["peak_rss_bytes"] / GIB, 3),
             "rss_after_load_gib": round(rss["rss_after_load_bytes"] / GIB, 3),
         }
-    result["run"] = run.finish()
-    write_json(args.out, result)
-    plot(result, plot_path(args))
+    harness.write_result(args, result, run, plot)
     for name, m in result["modes"].items():
         logger.info(
             "%-10s median %.3fs  p90 %.3fs  speed-up %s",

@@ -3,10 +3,10 @@
 Public API (import from the modules; this package imports nothing eagerly):
 
     engine.config.EngineSettings          pydantic settings (model, device, dtype, mode, ratio, …);
-                                          blend_config(), sampling_params()
+                                          blend_config() (BLEND_FIELDS, 1:1), sampling_params()
     engine.engine.Engine                  Engine(settings, models_dir): prefix_kv, prefill_chunk(s),
-                                          prompt_pass, score, generate; step-wise new_run, prefill(run),
-                                          decode(runs)
+                                          prompt_pass, score, generate, answer (decode from a pass
+                                          already done); step-wise new_run, prefill(run), decode(runs)
     engine.generation.RequestRun          one request's state (RequestStatus, sampler, working cache); no compute
     engine.scheduler.Scheduler            Scheduler(engine).submit(request) -> RequestStream (async iterator
                                           of events); prefill_chunks(chunks, priority=PrefillPriority.…)

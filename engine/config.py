@@ -12,6 +12,23 @@ from engine.types import BlendConfig, Mode, SamplingParams, SelectorName
 # Defaults that keep SmolLM2-135M from looping (see docs/benchmarks.md, `python -m bench quality`).
 REPETITION_PENALTY = 1.0  # the stop alone ends the loops without changing any token before it
 NO_REPEAT_NGRAM_SIZE = 0
+# The settings that are BlendConfig's fields, same names (a test holds the two sides equal).
+BLEND_FIELDS: tuple[str, ...] = (
+    "recompute_ratio",
+    "selector",
+    "score_layers",
+    "score_fuse",
+    "score_by",
+    "pool_window",
+    "min_per_chunk",
+    "attention_share",
+    "ratio_min",
+    "ratio_max",
+    "check_layers",
+    "ratio_schedule",
+    "deviation_on",
+    "seed",
+)
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer the question using the documents. Be concise."
 
 
@@ -61,6 +78,7 @@ class EngineSettings(BaseModel):
     check_layers: list[int] = Field(default_factory=lambda: [1])
     ratio_schedule: list[float] | None = None
     deviation_on: Literal["v", "k"] = "v"
+    seed: int = Field(default=0, ge=0, description="random selector: the seed of its choice")
 
     max_queue: int = Field(
         default=16,
@@ -121,22 +139,13 @@ class EngineSettings(BaseModel):
     def blend_config(self, recompute_ratio: float | None = None, selector: SelectorName | None = None) -> BlendConfig:
         """The blend configuration every caller uses (/ask, /v1, the CLI, bench): these settings, with a
         request's own ratio and selector where it gives them. A request's ratio replaces a ratio schedule."""
-        schedule = tuple(self.ratio_schedule) if self.ratio_schedule is not None else None
-        return BlendConfig(
-            recompute_ratio=self.recompute_ratio if recompute_ratio is None else recompute_ratio,
-            selector=self.selector if selector is None else selector,
-            score_layers=tuple(self.score_layers),
-            score_fuse=self.score_fuse,
-            score_by=self.score_by,
-            pool_window=self.pool_window,
-            min_per_chunk=self.min_per_chunk,
-            attention_share=self.attention_share if recompute_ratio is None else None,
-            ratio_min=self.ratio_min,
-            ratio_max=self.ratio_max,
-            check_layers=tuple(self.check_layers),
-            ratio_schedule=schedule if recompute_ratio is None else None,
-            deviation_on=self.deviation_on,
-        )
+        values = {name: getattr(self, name) for name in BLEND_FIELDS}
+        values = {name: tuple(v) if isinstance(v, list) else v for name, v in values.items()}
+        if recompute_ratio is not None:  # a fixed share: no schedule, no adaptive budget
+            values |= {"recompute_ratio": recompute_ratio, "ratio_schedule": None, "attention_share": None}
+        if selector is not None:
+            values["selector"] = selector
+        return BlendConfig(**values)
 
     def sampling_params(self, **overrides: object) -> SamplingParams:
         """Default sampling from settings; per-request values (max_tokens, temperature…) override."""

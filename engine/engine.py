@@ -191,22 +191,30 @@ class Engine:
         mode: Mode,
         blend: BlendConfig | None,
         target_ids: list[int],
+        extra_capacity: int = 0,
     ) -> ScoreResult:
-        """Teacher-forced NLL of target_ids after the prompt pass of `mode`, plus first-token logits."""
-        if not target_ids:
-            raise ValueError("score needs at least one target token")
-        result = self.prompt_pass(layout, kv_source, mode, blend, extra_capacity=len(target_ids))
-        logits = result.logits[None]  # (1, vocab): predicts target_ids[0]
-        if len(target_ids) > 1:
-            rest = extend(self.transformer, result.cache, target_ids[:-1], all_logits=True)
-            logits = torch.cat([logits, rest], dim=0)  # rest[i] predicts target_ids[i + 1]
-        logprobs = torch.log_softmax(logits, dim=-1)
-        targets = torch.tensor(target_ids, device=logprobs.device)
-        nlls = -logprobs.gather(1, targets[:, None]).squeeze(1)
+        """Teacher-forced NLL of target_ids after the prompt pass of `mode`, plus first-token logits.
+
+        The pass's cache is rewound to the prompt's end afterwards (room for `extra_capacity` more tokens
+        than the targets need), so `answer(request, score.prompt)` decodes from the same pass.
+        """
+        result = self.prompt_pass(layout, kv_source, mode, blend, extra_capacity=max(len(target_ids), extra_capacity))
+        prompt_len = result.cache.length
+        nlls: list[float] = []
+        if target_ids:
+            logits = result.logits.float()[None]  # (1, vocab): predicts target_ids[0]
+            if len(target_ids) > 1:
+                rest = extend(self.transformer, result.cache, target_ids[:-1], all_logits=True)
+                logits = torch.cat([logits, rest.float()], dim=0)  # rest[i] predicts target_ids[i + 1]
+            logprobs = torch.log_softmax(logits, dim=-1)
+            targets = torch.tensor(target_ids, device=logprobs.device)
+            nlls = (-logprobs.gather(1, targets[:, None]).squeeze(1)).tolist()
+            result.cache.length = prompt_len  # decode overwrites the teacher-forced rows
         return ScoreResult(
-            token_nlls=nlls.tolist(),
+            token_nlls=nlls,
             first_token_logits=result.logits,
             num_recomputed_tokens=result.num_recomputed_tokens,
+            prompt=result,
         )
 
     # ------------------------------------------------------------------------------------ generation
@@ -264,11 +272,26 @@ class Engine:
         run = self.new_run(request)
         try:
             yield from self.prefill(run)
-            while not run.finished:
-                (events,) = self.decode([run])
-                yield from events
+            yield from self._decode_to_finish(run)
         finally:
             run.release()
+
+    def answer(self, request: GenerationRequest, result: PromptResult) -> Iterator[GenerationEvent]:
+        """Like `generate`, from a prompt pass already done (`result`, e.g. `score(...).prompt`): the same
+        sampler, stops and repeated-line guard. Decode writes into `result.cache` from its current length;
+        request.kv_source is not read (the pass is done) and may be None."""
+        run = self.new_run(request)
+        try:
+            run.start_prompt()
+            yield from run.accept_prompt(result)
+            yield from self._decode_to_finish(run)
+        finally:
+            run.release()
+
+    def _decode_to_finish(self, run: RequestRun) -> Iterator[GenerationEvent]:
+        while not run.finished:
+            (events,) = self.decode([run])
+            yield from events
 
 
 def _load_tokenizer(path: Path):

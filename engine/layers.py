@@ -118,10 +118,14 @@ class Transformer:
             # Exact causal mask from absolute positions (never "bottom-right aligned").
             mask = None
             if first + 1 < block_kv:
-                allowed = key_pos[:block_kv][None, :] <= q_pos[:, None]  # (rows, block_kv)
-                # Additive float mask, built once per row set: SDPA would convert a bool mask per call.
-                mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-                mask.masked_fill_(~allowed, float("-inf"))
+                # Additive float mask, built once per row set: SDPA would convert a bool mask per call. A few
+                # element-wise passes over (rows × keys): on one thread, like the layers' small ops.
+                small = q_pos.numel() * block_kv <= SERIAL_MAX_ELEMENTS
+                with serial(self.device.type == "cpu" and small):
+                    later = key_pos[:block_kv][None, :] > q_pos[:, None]  # (rows, block_kv): may not see
+                    mask = torch.zeros(later.shape, dtype=self.dtype, device=self.device).masked_fill_(
+                        later, float("-inf")
+                    )
             blocks.append(AttentionBlock(rows=slice(start, start + q_pos.numel()), kv_len=block_kv, mask=mask))
         return blocks
 
@@ -174,11 +178,13 @@ class Transformer:
         it runs for the few suffix rows, so the explicit (n × kv_len) matrix is small.
         """
         cfg = self.cfg
-        k = cache_k[:, :, :kv_len].float()
-        if cfg.num_heads != cfg.num_kv_heads:
-            k = k.repeat_interleave(cfg.num_heads // cfg.num_kv_heads, dim=1)  # (B, heads, kv_len, D)
+        bsz, heads, n, d = q.shape
+        k = cache_k[:, :, :kv_len].float()  # (B, kv_heads, kv_len, D); a view in float32
+        # GQA without repeating K per query head: the query heads sharing a KV head are consecutive (HF's
+        # repeat_interleave order), so they stack into the rows of one GEMM against that head's keys.
+        qg = q.float().reshape(bsz, cfg.num_kv_heads, (heads // cfg.num_kv_heads) * n, d)
         with parallel():
-            scores = torch.matmul(q.float(), k.transpose(-1, -2)) * cfg.head_dim**-0.5  # (B, heads, n, kv_len)
+            scores = torch.matmul(qg, k.transpose(-1, -2)).view(bsz, heads, n, kv_len) * cfg.head_dim**-0.5
         key_pos = torch.arange(kv_len, device=self.device)
         scores.masked_fill_(key_pos[None, :] > rows.positions[:, None], float("-inf"))
         return torch.softmax(scores, dim=-1)

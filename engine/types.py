@@ -303,11 +303,16 @@ class PromptResult:
 
 @dataclass(frozen=True)
 class ScoreResult:
-    """Teacher-forced scoring of `target_ids` after a prompt (quality benchmark)."""
+    """Teacher-forced scoring of `target_ids` after a prompt (quality benchmark).
 
-    token_nlls: list[float]  # -log p(target_i | prompt, target_<i), nats
+    `prompt` is the prompt pass itself, its cache rewound to the prompt's end, so `Engine.answer` can
+    decode from it as if nothing had been scored.
+    """
+
+    token_nlls: list[float]  # -log p(target_i | prompt, target_<i), nats; empty without targets
     first_token_logits: torch.Tensor  # (vocab,) float32, same as PromptResult.logits
     num_recomputed_tokens: int
+    prompt: PromptResult
 
     @property
     def nll_sum(self) -> float:

@@ -3,7 +3,17 @@ from __future__ import annotations
 
 def test_ingest_end_to_end(run_bench, dataset_path, tmp_path) -> None:
     code, result, png = run_bench(
-        "ingest", "--dataset", str(dataset_path), "--chunks", "5", "--dtype-sample", "3", "--tmp-dir", str(tmp_path)
+        "ingest",
+        "--dataset",
+        str(dataset_path),
+        "--chunks",
+        "5",
+        "--dtype-sample",
+        "3",
+        "--tmp-dir",
+        str(tmp_path),
+        "--kv-dtype",
+        "fp16",  # the default is the server's (int4); fp16 entries have the exact size checked below
     )
     assert code == 0 and png.is_file()
     ingest = result["ingest"]

@@ -1,4 +1,5 @@
-"""run_pass measures three things from one prompt pass; each must equal what a separate pass gives."""
+"""run_pass measures three things from one prompt pass (Engine.score, then Engine.answer); each must equal
+what a separate pass gives."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from bench.data import build_prompt, load_dataset
-from bench.harness import ChunkKVSet
 from bench.metrics import kl_divergence
 from bench.passes import ModeSpec, blend_name, mode_specs, parse_ratios, run_pass
+from bench.prepared import PreparedPrompt
 from engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
 
@@ -47,7 +48,7 @@ def test_teacher_forced_nll_matches_a_whole_sequence_pass(tiny_engine, prompt) -
 
 def test_greedy_answer_after_scoring_equals_plain_generation(tiny_engine, prompt) -> None:
     """Rewinding the cache after teacher forcing must leave decode exactly as if nothing was scored."""
-    kvs = ChunkKVSet(tiny_engine, prompt.chunk_ids, tiny_engine.prefill_chunks(prompt.chunk_ids))
+    kvs = PreparedPrompt.compute(tiny_engine, prompt)
     spec = mode_specs(tiny_engine, [0.5], baselines=())[0]
     out = run_pass(tiny_engine, prompt.layout, kvs.source("fp16"), spec, prompt.answer_ids, max_tokens=6)
     request = GenerationRequest(
@@ -63,7 +64,7 @@ def test_greedy_answer_after_scoring_equals_plain_generation(tiny_engine, prompt
 
 
 def test_blend_at_one_is_full_and_storage_dtypes_serve_rounded_kv(tiny_engine, prompt) -> None:
-    kvs = ChunkKVSet(tiny_engine, prompt.chunk_ids, tiny_engine.prefill_chunks(prompt.chunk_ids))
+    kvs = PreparedPrompt.compute(tiny_engine, prompt)
     full = run_pass(tiny_engine, prompt.layout, None, ModeSpec("full", "full"), [], max_tokens=1)
     blend1 = mode_specs(tiny_engine, [1.0], baselines=())[0]
     out = run_pass(tiny_engine, prompt.layout, kvs.source("int8"), blend1, [], max_tokens=1)
@@ -84,18 +85,25 @@ def test_blend_at_one_is_full_and_storage_dtypes_serve_rounded_kv(tiny_engine, p
 def test_the_repeated_line_stop_ends_the_answer_and_compare_keeps_the_uncontrolled_one(
     tiny_engine, prompt, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.sampling import RepetitionControl
+    from engine.sampling import RepeatedLineGuard
 
     spec = ModeSpec("full", "full")
     monkeypatch.setattr(tiny_engine, "eos_token_ids", frozenset())  # the random model never ends by itself
     free = run_pass(tiny_engine, prompt.layout, None, spec, [], max_tokens=8)
     assert (len(free.answer_ids), free.finish_reason, free.uncontrolled) == (8, "length", None)
-    # Pretend the third token completed a repeated line (should_stop is asked once per token).
+    # Pretend the third token completed a repeated line (the engine's guard sees each token's text once).
     calls: list[str] = []
-    monkeypatch.setattr(RepetitionControl, "should_stop", lambda self, text: calls.append(text) or len(calls) == 3)
+
+    def push(self: RepeatedLineGuard, text: str) -> tuple[str, bool]:
+        if not self.enabled:
+            return text, False
+        calls.append(text)
+        return ("", True) if len(calls) == 3 else (text, False)
+
+    monkeypatch.setattr(RepeatedLineGuard, "push", push)
     stopped = run_pass(tiny_engine, prompt.layout, None, spec, [], max_tokens=8)
     calls.clear()
     compared = run_pass(tiny_engine, prompt.layout, None, spec, [], max_tokens=8, compare_uncontrolled=True)
     for out in (stopped, compared):
-        assert (out.finish_reason, out.answer_ids) == ("stop", free.answer_ids[:3])
+        assert (out.finish_reason, out.answer_ids) == ("repetition", free.answer_ids[:3])
     assert compared.uncontrolled == (free.answer_text, "length")

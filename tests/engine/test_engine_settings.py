@@ -63,3 +63,76 @@ def test_sampling_and_layout_validation() -> None:
         PromptLayout([1], [[2]], [])
     layout = PromptLayout([1, 2], [[3, 4], [5]], [6])
     assert layout.all_ids() == [1, 2, 3, 4, 5, 6] and layout.num_context_tokens == 3 and layout.num_tokens == 6
+
+
+# Every EngineSettings field that is not one of BlendConfig's: a new setting lands in exactly one group.
+NOT_BLEND_SETTINGS = {
+    "model",
+    "device",
+    "dtype",
+    "num_threads",
+    "system_prompt",
+    "question_template",
+    "mode",
+    "max_queue",
+    "max_running",
+    "max_new_tokens",
+    "history_max_tokens",
+    "temperature",
+    "top_p",
+    "repetition_penalty",
+    "no_repeat_ngram_size",
+    "stop_on_repeated_line",
+}
+
+
+def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
+    from dataclasses import asdict, fields
+
+    from engine.config import BLEND_FIELDS
+
+    assert tuple(f.name for f in fields(BlendConfig)) == BLEND_FIELDS
+    assert set(EngineSettings.model_fields) - NOT_BLEND_SETTINGS == set(BLEND_FIELDS)
+    assert not NOT_BLEND_SETTINGS & set(BLEND_FIELDS)
+    # Every blend setting reaches the config unchanged (lists as tuples), and the defaults agree.
+    s = EngineSettings(
+        recompute_ratio=0.3,
+        selector="random",
+        score_layers=[2, 5],
+        score_fuse="max",
+        score_by="output",
+        pool_window=3,
+        min_per_chunk=2,
+        attention_share=0.6,
+        ratio_min=0.1,
+        ratio_max=0.4,
+        check_layers=[1, 3],
+        ratio_schedule=[0.5, 0.3],
+        deviation_on="k",
+        seed=7,
+    )
+    assert asdict(s.blend_config()) == {
+        "recompute_ratio": 0.3,
+        "selector": "random",
+        "score_layers": (2, 5),
+        "score_fuse": "max",
+        "score_by": "output",
+        "pool_window": 3,
+        "min_per_chunk": 2,
+        "attention_share": 0.6,
+        "ratio_min": 0.1,
+        "ratio_max": 0.4,
+        "check_layers": (1, 3),
+        "ratio_schedule": (0.5, 0.3),
+        "deviation_on": "k",
+        "seed": 7,
+    }
+    assert EngineSettings().blend_config() == BlendConfig()
+    # A request's ratio replaces the schedule and the adaptive budget; its selector the configured one.
+    fixed = s.blend_config(recompute_ratio=0.1, selector="query")
+    assert (fixed.recompute_ratio, fixed.ratio_schedule, fixed.attention_share, fixed.selector) == (
+        0.1,
+        None,
+        None,
+        "query",
+    )

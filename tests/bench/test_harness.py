@@ -1,0 +1,36 @@
+"""One result header and one subparser set-up for every subcommand."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.__main__ import build_parser
+from bench.harness import cpu_facts, result_header, server_kv_dtype
+
+
+def test_every_subcommand_has_the_common_options() -> None:
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert {"ttft", "quality", "frontier", "profile", "peers", "baseline-llamacpp"} <= set(commands)
+    for name, sub in commands.items():
+        if name == "scaleout":  # a cluster of processes: no dataset sample, no in-process engine
+            continue
+        args = sub.parse_args([])
+        assert {"dataset", "examples", "passages", "seed", "out", "model", "dtype", "threads"} <= set(vars(args)), name
+    for name in ("ttft", "quality", "frontier", "profile", "peers"):
+        assert commands[name].parse_args([]).kv_dtype == server_kv_dtype()
+
+
+def test_result_header_records_model_data_dtype_blend_and_machine(tiny_engine) -> None:
+    args = argparse.Namespace(dataset=Path("../shared/data/musique_dev.json"), examples=3, passages=6, seed=0)
+    header = result_header("x", args, tiny_engine, examples=2, ratios=[0.15])
+    assert header["benchmark"] == "x" and header["dataset_name"] == "musique_dev"
+    assert (header["examples"], header["passages"], header["seed"], header["ratios"]) == (2, 6, 0, [0.15])
+    assert header["compute_dtype"] == header["machine"]["compute_dtype"] == "float32"
+    choice = tiny_engine.dtype_choice
+    assert header["dtype_choice"] == {"dtype": "float32", "reason": choice.reason} and choice.dtype == "float32"
+    assert header["blend"] == asdict(tiny_engine.settings.blend_config())
+    assert header["machine"]["cpu_flags"] == cpu_facts()["cpu_flags"]
+    assert list(header)[-1] == "machine"

@@ -1,0 +1,85 @@
+"""`bench peers` on the tiny model: HF transformers and blendrag always; llama.cpp only where installed."""
+
+from __future__ import annotations
+
+from bench.llamacpp import llama_cpp_available
+
+
+def test_peers_without_llamacpp_on_the_tiny_model(run_bench, dataset_path) -> None:
+    code, result, png = run_bench(
+        "peers", "--dataset", str(dataset_path), "--examples", "1", "--passages", "2", "--no-llamacpp"
+    )
+    assert code == 0 and png.is_file()
+    assert list(result["modes"]) == ["hf_float32", "hf_bfloat16", "blendrag_full", "blendrag_blend"]
+    assert result["llamacpp"] == {"skipped": "--no-llamacpp"}
+    assert result["modes"]["blendrag_blend"]["times_blend"] == 1.0
+    # HF's own float32 forward of the same checkpoint picks the same first token as our full prefill.
+    assert result["modes"]["hf_float32"]["same_first_token_as_blendrag_full"] == 1.0
+    row = result["per_example"][0]
+    assert set(row["ttft_s"]) == set(result["modes"]) and row["num_prompt_tokens"] > 0
+
+
+def test_peers_records_why_llamacpp_is_left_out(run_bench, dataset_path) -> None:
+    code, result, _ = run_bench(
+        "peers", "--dataset", str(dataset_path), "--examples", "1", "--passages", "2", "--hf-dtypes", ""
+    )
+    assert code == 0 and list(result["modes"]) == ["blendrag_full", "blendrag_blend"]
+    reason = result["llamacpp"]["skipped"]
+    if llama_cpp_available():  # the tiny model has no GGUF: its ids mean nothing to the built-in one
+        assert reason.startswith("--model is not the built-in one")
+    else:
+        assert reason.startswith("llama_cpp is not importable")
+
+
+def _quantized_gguf(path, rng) -> dict:
+    """A small GGUF like the shipped one: Q4_1 and Q8_0 matrices, F32 vectors, scalar and array metadata."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
+
+    tensors = {
+        "token_embd.weight": (rng.standard_normal((8, 64)).astype(np.float32), GGMLQuantizationType.Q8_0),
+        "blk.0.attn_q.weight": (rng.standard_normal((4, 64)).astype(np.float32), GGMLQuantizationType.Q4_1),
+        "blk.0.attn_norm.weight": (rng.standard_normal(64).astype(np.float32), GGMLQuantizationType.F32),
+    }
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_file_type(3)  # MOSTLY_Q4_1
+    writer.add_token_list(["<a>", "<b>", "c"])
+    writer.add_rope_freq_base(100000.0)
+    for name, (values, qtype) in tensors.items():
+        data = values if qtype == GGMLQuantizationType.F32 else quantize(values, qtype)
+        writer.add_tensor(name, data, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tensors
+
+
+def test_f16_gguf_holds_the_same_weights_and_metadata(tmp_path) -> None:
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    from bench.gguf_f16 import write_f16_gguf
+
+    _quantized_gguf(tmp_path / "q.gguf", np.random.default_rng(0))
+    source, written = (
+        GGUFReader(tmp_path / "q.gguf"),
+        GGUFReader(write_f16_gguf(tmp_path / "q.gguf", tmp_path / "f16.gguf")),
+    )
+    assert written.fields["general.file_type"].contents() == 1  # MOSTLY_F16
+    for name in ("general.architecture", "llama.block_count", "tokenizer.ggml.tokens", "llama.rope.freq_base"):
+        assert written.fields[name].contents() == source.fields[name].contents()
+    assert [t.name for t in written.tensors] == [t.name for t in source.tensors]
+    types = {t.name: t.tensor_type.name for t in written.tensors}
+    assert types == {"token_embd.weight": "F16", "blk.0.attn_q.weight": "F16", "blk.0.attn_norm.weight": "F32"}
+    for a, b in zip(source.tensors, written.tensors, strict=True):
+        assert list(a.shape) == list(b.shape)
+        x, y = dequantize(a.data, a.tensor_type), dequantize(b.data, b.tensor_type)
+        assert x.shape == y.shape and np.allclose(x, y, rtol=1e-3, atol=1e-4)  # F16 rounding of the same values
+    # An existing file is kept as it is (the F16 GGUF is written once).
+    before = (tmp_path / "f16.gguf").stat().st_mtime_ns
+    write_f16_gguf(tmp_path / "q.gguf", tmp_path / "f16.gguf")
+    assert (tmp_path / "f16.gguf").stat().st_mtime_ns == before
