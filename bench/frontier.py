@@ -64,8 +64,38 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length (fidelity, F1)")
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of each selector before timing")
+    parser.add_argument(
+        "--adaptive",
+        default=None,
+        help="also run the query selector's adaptive budget at these attention shares τ, comma-separated "
+        "(engine.attention_share: the fewest tokens holding τ of the question's attention, within "
+        "--ratio-min..--ratio-max); each is a point adaptive@τ at its realised mean ratio",
+    )
+    parser.add_argument("--ratio-min", type=float, default=None, help="adaptive budget: least share (settings')")
+    parser.add_argument("--ratio-max", type=float, default=None, help="adaptive budget: largest share (settings')")
     parser.set_defaults(func=main)
     return parser
+
+
+def adaptive_specs(
+    engine: Engine, shares: str | None, ratio_min: float | None, ratio_max: float | None
+) -> list[ModeSpec]:
+    """adaptive@τ: the server's blend config with the query selector's adaptive budget at share τ."""
+    from dataclasses import replace
+
+    from bench.passes import ModeSpec
+
+    if not shares:
+        return []
+    base = engine.settings.blend_config(selector="query")
+    bounds = {
+        "ratio_min": base.ratio_min if ratio_min is None else ratio_min,
+        "ratio_max": base.ratio_max if ratio_max is None else ratio_max,
+    }
+    return [
+        ModeSpec(f"adaptive@{float(tau)}", "blend", replace(base, attention_share=float(tau), **bounds))
+        for tau in parse_ratios(shares)
+    ]
 
 
 def _warm_up(engine: Engine, bp: BenchPrompt, specs: list[ModeSpec], kv_dtype: str, rounds: int) -> None:
@@ -127,6 +157,21 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 xytext=(2, 2),
                 textcoords="offset points",
             )
+    adaptive = [n for n in modes if n.startswith("adaptive@")]
+    if adaptive:
+        xs = [modes[n]["speedup"] for n in adaptive]
+        ax_kl.plot(xs, [max(modes[n]["kl"], 1e-12) for n in adaptive], "D", color="tab:purple", label="query, adaptive")
+        ax_fid.plot(xs, [modes[n]["fidelity_f1"] for n in adaptive], "D", color="tab:purple", label="query, adaptive")
+        for n, x in zip(adaptive, xs, strict=True):
+            label = f"τ={n.split('@')[1]} (r̄={modes[n]['ratio']:.2f})"
+            ax_kl.annotate(
+                label,
+                (x, max(modes[n]["kl"], 1e-12)),
+                fontsize=6,
+                color="tab:purple",
+                xytext=(2, -8),
+                textcoords="offset points",
+            )
     reuse = modes["reuse"]
     ax_kl.plot([reuse["speedup"]], [reuse["kl"]], "s", color="black", label="reuse (r=0)")
     ax_fid.plot([reuse["speedup"]], [reuse["fidelity_f1"]], "s", color="black", label="reuse (r=0)")
@@ -150,6 +195,7 @@ def main(args: argparse.Namespace) -> int:
     engine = harness.build_engine(args)
     prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True)
     specs = mode_specs(engine, ratios, baselines=("full", "reuse"), selectors=args.selectors)
+    specs += adaptive_specs(engine, args.adaptive, args.ratio_min, args.ratio_max)
     logger.info("frontier: %d examples × %d passages, %d modes", len(prompts), args.passages, len(specs))
     if args.warmup:
         _warm_up(engine, prompts[0], specs, args.kv_dtype, args.warmup)
@@ -160,6 +206,19 @@ def main(args: argparse.Namespace) -> int:
     for spec in specs:
         if spec.mode == "blend" and spec.blend is not None:
             modes[spec.name] |= {"selector": spec.blend.selector, "ratio": spec.blend.recompute_ratio}
+            if spec.blend.attention_share is not None:  # the ratio it chose, per prompt, on average
+                modes[spec.name] |= {
+                    "attention_share": spec.blend.attention_share,
+                    "ratio_min": spec.blend.ratio_min,
+                    "ratio_max": spec.blend.ratio_max,
+                    "ratio": round(
+                        mean(
+                            r["modes"][spec.name]["num_recomputed_tokens"] / max(r["num_context_tokens"], 1)
+                            for r in evaluated["per_example"]
+                        ),
+                        4,
+                    ),
+                }
     result = harness.result_header(
         NAME,
         args,

@@ -93,3 +93,38 @@ def test_lookup_through_ask_blend_at_one_answers_as_full(run_bench) -> None:
         # Recomputing everything is full prefill, whichever selector: identical greedy answers.
         assert modes["query@1.0"]["answer"] == modes["deviation@1.0"]["answer"] == modes["full"]["answer"]
         assert modes["query@1.0"]["selector"] == "query" and modes["full"]["selector"] is None
+
+
+def test_frontier_adaptive_points(run_bench, dataset_path) -> None:
+    code, result, _ = run_bench(
+        "frontier",
+        "--dataset",
+        str(dataset_path),
+        "--examples",
+        "2",
+        "--passages",
+        "3",
+        "--ratios",
+        "0.3",
+        "--selectors",
+        "query",
+        "--adaptive",
+        "0.5,1.0",
+        "--ratio-min",
+        "0.1",
+        "--ratio-max",
+        "1.0",
+        "--max-tokens",
+        "2",
+    )
+    assert code == 0
+    assert list(result["modes"]) == ["full", "reuse", "query@0.3", "adaptive@0.5", "adaptive@1.0"]
+    half, whole = result["modes"]["adaptive@0.5"], result["modes"]["adaptive@1.0"]
+    assert (half["attention_share"], half["ratio_min"], half["ratio_max"], half["selector"]) == (0.5, 0.1, 1.0, "query")
+    assert 0.1 <= half["ratio"] < 1.0
+    # All of the question's attention, nothing capped: every context token is recomputed, i.e. full prefill.
+    assert whole["ratio"] == 1.0 and abs(whole["kl"]) < 1e-6 and whole["fidelity_f1"] == 1.0
+    rows = result["per_example"]
+    for row in rows:
+        n = row["modes"]["adaptive@0.5"]["num_recomputed_tokens"]
+        assert round(0.1 * row["num_context_tokens"]) <= n <= row["num_context_tokens"]
