@@ -54,7 +54,11 @@ async def _request(
         kv_source=InMemoryLayerSource(kvs),
         mode="blend",
         blend=settings.blend_config(recompute_ratio=ratio),
-        sampling=settings.sampling_params(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+        # A fixed answer length: no EOS and no repeated-line stop (a small model repeats itself within
+        # 128 tokens, and the server's stop would end that request early and close the window).
+        sampling=settings.sampling_params(
+            max_tokens=max_tokens, temperature=0.0, ignore_eos=True, stop_on_repeated_line=False
+        ),
     )
 
 
