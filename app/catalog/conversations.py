@@ -8,16 +8,14 @@ owner's conversation is "not found", like an unknown id.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalog.models import ConversationRow, TurnRow, utcnow
+from app.catalog.sessions import SessionStore
 
 TITLE_CHARS = 512
 
@@ -100,16 +98,8 @@ def _owned(owner: str | None):  # type: ignore[no-untyped-def]
     return ConversationRow.owner.is_(None) if owner is None else ConversationRow.owner == owner
 
 
-class ConversationStore:
+class ConversationStore(SessionStore):
     """Thread-safe (one short session per call), like `Catalog`."""
-
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self._sessions = sessions
-
-    @contextmanager
-    def _session(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
-            yield session
 
     def create(self, owner: str | None, title: str, conversation_id: str | None = None) -> ConversationRecord:
         now = utcnow()

@@ -7,15 +7,13 @@ written anywhere (the admin is shown it once, when it is made).
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalog.models import ApiKeyRow, utcnow
+from app.catalog.sessions import SessionStore
 
 
 @dataclass(frozen=True)
@@ -41,15 +39,7 @@ def _key(row: ApiKeyRow) -> KeyRecord:
     )
 
 
-class KeyStore:
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self._sessions = sessions
-
-    @contextmanager
-    def _session(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
-            yield session
-
+class KeyStore(SessionStore):
     def create(self, name: str, key_hash: str, collections: list[str], can_ingest: bool) -> KeyRecord:
         with self._session() as s:
             row = ApiKeyRow(

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -29,6 +28,7 @@ from app.catalog.models import (
     JobStatus,
     utcnow,
 )
+from app.catalog.sessions import SessionStore
 
 # Taken (transaction-scoped) before writing an index event on PostgreSQL, so event ids are handed out in
 # commit order; SQLite's single writer gives that order by itself.
@@ -183,7 +183,7 @@ def _job(row: JobRow) -> JobRecord:
     )
 
 
-class Catalog:
+class Catalog(SessionStore):
     """Thread-safe access to the catalog database (one short session per call)."""
 
     def __init__(self, url: str, *, migrate: bool = True, index_events: bool | None = None) -> None:
@@ -233,11 +233,6 @@ class Catalog:
 
     def close(self) -> None:
         self._engine.dispose()
-
-    @contextmanager
-    def _session(self) -> Iterator[Session]:
-        with self._sessions.begin() as session:
-            yield session
 
     # ---- documents -------------------------------------------------------------------------------
 
