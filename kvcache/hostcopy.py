@@ -10,12 +10,35 @@ torch.
     host_copy(dst, src)                       # dst[...] = src in dst's dtype; dst may be a strided view
     host_dequantize(dst, q, scale)            # dst[...] = q * scale[..., None] (int8 entries)
     all_finite(t) -> bool                     # no inf / nan (fp16/bf16 checked on their exponent bits)
+    with one_torch_thread(): ...              # torch ops on the calling thread only (entry encoding)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Torch ops inside run on the calling thread alone (OpenMP thread counts are per calling thread).
+
+    Encoding an entry (int4/int8 quantization: a few dozen element-wise passes over ~10^6 values) runs on
+    the ingest or request thread while the engine computes on all cores: with its own OpenMP team it waits
+    at a barrier on every op whenever a peer thread is descheduled (5x slower on a busy 2-core machine).
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
