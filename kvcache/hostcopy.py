@@ -58,8 +58,21 @@ def host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     elif sd == torch.bfloat16 and dd == torch.float32:
         # bf16 is the upper half of a float32: widening is exact as a 16-bit shift
         np.left_shift(_np(src), 16, out=_np(dst).view(np.uint32), dtype=np.uint32)
+    elif sd == torch.float32 and dd == torch.bfloat16:
+        _np(dst)[...] = _float32_to_bf16_bits(_np(src))
     else:
         dst.copy_(src)
+
+
+def _float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns, rounded to nearest even as torch rounds (NaN stays a quiet NaN)."""
+    bits = x.view(np.uint32) if x.flags.c_contiguous else np.ascontiguousarray(x).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16
+    out = rounded.astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        out[nan] = (bits[nan] >> 16).astype(np.uint16) | np.uint16(0x0040)
+    return out
 
 
 def host_dequantize(dst: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
