@@ -29,8 +29,8 @@ class SettingsError(ValueError):
 
 
 class ServerSettings(BaseModel):
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
+    host: str = Field(default="127.0.0.1", description="Address `blendrag serve` listens on (0.0.0.0: every interface)")
+    port: int = Field(default=8000, ge=1, le=65535, description="TCP port `blendrag serve` listens on")
     api_key: str | None = Field(
         default=None, description="When set, ingest, delete and admin routes need `Authorization: Bearer`."
     )

