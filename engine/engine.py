@@ -33,7 +33,7 @@ import torch
 from engine import phases
 from engine.batched_decode import decode_batch
 from engine.builtin import ensure_builtin_llm
-from engine.config import EngineSettings
+from engine.config import BLEND_FIELDS, EngineSettings
 from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
 from engine.generation import RequestRun
 from engine.layers import Transformer
@@ -42,6 +42,7 @@ from engine.phases import PrefixKV, decode, extend, prefill_chunks, prefill_pref
 from engine.prompt import PromptBuilder
 from engine.types import (
     BlendConfig,
+    EngineError,
     GenerationEvent,
     GenerationRequest,
     Mode,
@@ -60,6 +61,7 @@ _PREFIX_CACHE_ENTRIES = 8
 class Engine:
     def __init__(self, settings: EngineSettings, models_dir: Path) -> None:
         self.settings = settings
+        self.blend_origin = "engine settings"  # where the blend settings came from (use_blend_settings)
         path = ensure_builtin_llm(Path(models_dir)) if settings.model == "builtin" else Path(settings.model)
         device = settings.resolve_device()
         self.dtype_choice: DtypeChoice = choose_compute_dtype(settings.dtype, device)
@@ -84,6 +86,16 @@ class Engine:
             time.perf_counter() - t0,
             self.fingerprint[:12],
         )
+
+    def use_blend_settings(self, settings: EngineSettings, origin: str) -> None:
+        """Serve with `settings` from now on: the same as the engine's but for the blend fields (BLEND_FIELDS),
+        which a caller measured or chose for this model; `origin` says where they came from. The default
+        blend of every later request (`settings.blend_config()`) is theirs; a request running keeps its own."""
+        old, new = self.settings.model_dump(exclude=set(BLEND_FIELDS)), settings.model_dump(exclude=set(BLEND_FIELDS))
+        if old != new:
+            changed = sorted(k for k in old if old[k] != new.get(k))
+            raise EngineError(f"use_blend_settings changes more than the blend settings: {changed}")
+        self.settings, self.blend_origin = settings, origin
 
     # ------------------------------------------------------------------------------------ properties
     @property
