@@ -42,7 +42,6 @@ from engine.phases import PrefixKV, decode, extend, prefill_chunks, prefill_pref
 from engine.prompt import PromptBuilder
 from engine.types import (
     BlendConfig,
-    EngineError,
     GenerationEvent,
     GenerationRequest,
     Mode,
@@ -88,14 +87,12 @@ class Engine:
         )
 
     def use_blend_settings(self, settings: EngineSettings, origin: str) -> None:
-        """Serve with `settings` from now on: the same as the engine's but for the blend fields (BLEND_FIELDS),
-        which a caller measured or chose for this model; `origin` says where they came from. The default
-        blend of every later request (`settings.blend_config()`) is theirs; a request running keeps its own."""
-        old, new = self.settings.model_dump(exclude=set(BLEND_FIELDS)), settings.model_dump(exclude=set(BLEND_FIELDS))
-        if old != new:
-            changed = sorted(k for k in old if old[k] != new.get(k))
-            raise EngineError(f"use_blend_settings changes more than the blend settings: {changed}")
-        self.settings, self.blend_origin = settings, origin
+        """Serve with the blend fields (BLEND_FIELDS) of `settings` from now on, which a caller measured or chose
+        for this model; `origin` says where they came from. The engine's other settings stay. The default blend
+        of every later request (`settings.blend_config()`) is theirs; a request already running keeps its own."""
+        update = {name: getattr(settings, name) for name in BLEND_FIELDS}
+        settings.blend_config()  # a valid combination, or nothing changes
+        self.settings, self.blend_origin = self.settings.model_copy(update=update), origin
 
     # ------------------------------------------------------------------------------------ properties
     @property
