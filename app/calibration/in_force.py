@@ -90,4 +90,4 @@ def blend_in_force(engine: Engine, engine_settings: EngineSettings, data_dir: Pa
 
 def apply(engine: Engine, in_force: BlendInForce) -> None:
     """Make `in_force` the engine's default blend (every request without its own ratio or selector)."""
-    engine.use_blend_settings(in_force.settings, in_force.label)
+    engine.use_blend_settings(in_force.settings, in_force.describe()["label"])
