@@ -604,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_keys import add_parsers as add_key_parsers
 
     add_key_parsers(sub, _add_data_dir)  # keys create|list|revoke
+    from app.cli_calibrate import add_parsers as add_calibrate_parsers
+
+    add_calibrate_parsers(sub, _add_data_dir)  # calibrate
     return parser
 
 

@@ -14,6 +14,8 @@ from app.catalog import Catalog
 from app.settings import Settings
 
 if TYPE_CHECKING:
+    from app.calibration.in_force import BlendInForce
+    from app.calibration.runner import CalibrationRunner
     from app.index_sync import Role
     from engine.engine import Engine
     from engine.scheduler import Scheduler
@@ -30,6 +32,16 @@ class Components:
     engine: Engine
     store: TieredKVStore
     retriever: Retriever
+    blend: BlendInForce | None = None  # the blend settings in force and where they came from (app/calibration)
+    calibration: CalibrationRunner | None = None  # the background calibration, when the server runs one
+
+    def adopt_blend(self, in_force: BlendInForce) -> None:
+        """Serve with these blend settings from the next request on (start-up, a finished calibration)."""
+        from app.calibration.in_force import apply
+
+        apply(self.engine, in_force)
+        self.blend = in_force
+        logger.info("blend settings in force: %s", in_force.describe()["label"])
 
     def expected_kv_key(self, token_ids: list[int]) -> str:
         """The KV entry key a chunk has under the current model, system prompt (any storage dtype).
@@ -91,7 +103,11 @@ def build_components(settings: Settings, *, role: Role = "server") -> Components
     logger.info(
         "start-up: components ready in %.1f s (model fingerprint %s)", time.perf_counter() - t0, engine.fingerprint[:12]
     )
-    return Components(settings=settings, catalog=catalog, engine=engine, store=store, retriever=retriever)
+    components = Components(settings=settings, catalog=catalog, engine=engine, store=store, retriever=retriever)
+    from app.calibration.in_force import blend_in_force
+
+    components.adopt_blend(blend_in_force(engine, settings.engine, settings.data_dir))
+    return components
 
 
 def catalog_label(url: str) -> str:

@@ -143,6 +143,16 @@ class WorkerSettings(BaseModel):
     poll_interval_s: float = Field(default=5.0, gt=0, description="Queue poll when no notification arrives")
 
 
+class CalibrationSettings(BaseModel):
+    """The blend settings' calibration per model (app/calibration; `blendrag calibrate` runs it by hand)."""
+
+    auto: bool = Field(
+        default=True,
+        description="Calibrate a model served for the first time in the background (once per model fingerprint; "
+        "the blend runs on shipped or safe settings until it finishes)",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BLENDRAG_", env_nested_delimiter="__", extra="forbid")
 
@@ -154,6 +164,7 @@ class Settings(BaseSettings):
     kvcache: KVCacheSettings = Field(default_factory=KVCacheSettings)
     retrieval: RetrievalSettings = Field(default_factory=RetrievalSettings)
     ingest: IngestSettings = Field(default_factory=IngestSettings)
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
 
     @model_validator(mode="after")
     def _fill_paths(self) -> Settings:

@@ -84,6 +84,11 @@ class AppState:
         self.prefill_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=components.engine.fingerprint)
         self.scheduler = build_scheduler(components)
         self.scheduler.start()
+        if self.settings.calibration.auto:
+            from app.calibration.runner import CalibrationRunner
+
+            components.calibration = CalibrationRunner(self.settings, components, self.scheduler)
+            components.calibration.start()
         if server.memory_trim_idle_s is not None:
             scheduler = self.scheduler
             self.trimmer = IdleTrimmer(
@@ -144,6 +149,8 @@ class AppState:
             self.job_queue.close()
         if self.ingest is not None:
             await asyncio.to_thread(self.ingest.stop)
+        if self.components is not None and self.components.calibration is not None:
+            await asyncio.to_thread(self.components.calibration.stop)
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
         self.prefill_rate.save()

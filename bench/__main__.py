@@ -25,6 +25,7 @@ SUBCOMMANDS = (
     "bench.scaleout",
     "bench.profile",
     "bench.peers",
+    "bench.calibrate",
 )
 
 

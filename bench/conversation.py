@@ -165,7 +165,7 @@ async def _kl(state: Any, request: Any) -> dict[str, float]:
     """First-token KL(full ‖ default) and KL(full ‖ reuse) on the prompt and KV the service builds."""
     plan = await state.ask.plan(request)
     engine = state.components.engine
-    blend = state.settings.engine.blend_config()
+    blend = state.components.engine.settings.blend_config()  # the settings in force (app/calibration)
 
     def passes() -> dict[str, float]:
         full = engine.prompt_pass(plan.layout, None, "full")
@@ -446,8 +446,9 @@ def main(args: argparse.Namespace) -> int:
                     turns=args.turns,
                     top_k=args.passages,
                     mode=settings.engine.mode,
-                    selector=settings.engine.selector,
-                    ratio=settings.engine.recompute_ratio,
+                    selector=state.components.engine.settings.selector,
+                    ratio=state.components.engine.settings.recompute_ratio,
+                    history_ratio=state.components.engine.settings.history_ratio,
                     followup_default=settings.retrieval.followup,
                     history_max_tokens=settings.engine.history_max_tokens,
                     client_system_prompt=CLIENT_SYSTEM_PROMPT,

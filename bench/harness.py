@@ -120,7 +120,8 @@ def _layers(text: str | None) -> list[int] | None:
 
 
 def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
-    """The engine with the server's default settings, changed only by the options the run gives."""
+    """The engine with the server's default settings (the blend's: those in force for the model, see
+    app/calibration), changed only by the options the run gives."""
     from engine.config import EngineSettings
     from engine.engine import Engine
 
@@ -129,7 +130,13 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
         if value is not None:
             overrides.setdefault(name, value if name == "selector" else _layers(value))
     settings = EngineSettings(model=args.model, num_threads=args.threads, dtype=args.dtype, **overrides)
-    return Engine(settings, models_dir=args.models_dir)
+    engine = Engine(settings, models_dir=args.models_dir)
+    # The blend settings a server on this model starts with (shipped for it, else safe; the options above
+    # are the operator's and win), as the result header records.
+    from app.calibration.in_force import apply, blend_in_force
+
+    apply(engine, blend_in_force(engine, settings, None))
+    return engine
 
 
 def blend_settings(engine: Engine) -> dict[str, Any]:
@@ -202,6 +209,7 @@ def result_header(name: str, args: argparse.Namespace, engine: Engine | None = N
     if engine is not None:
         header |= compute_dtype(engine)
         header["blend"] = blend_settings(engine)
+        header["blend_origin"] = engine.blend_origin
     header |= extra
     header.setdefault("machine", machine_info(engine))  # a server's own engine may have given them
     return header

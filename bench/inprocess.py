@@ -35,6 +35,9 @@ def bench_settings(data_dir: Path, model: str, models_dir: Path, threads: int | 
     from app.settings import load_settings
 
     engine = {"model": resolve_model(model, models_dir), "num_threads": threads} | sections.pop("engine", {})
+    # No background calibration in a benchmark's app: it would share the cores with what is measured. The
+    # blend runs on the settings a fresh server starts with (shipped for the model, else safe).
+    sections.setdefault("calibration", {"auto": False})
     return load_settings(data_dir=data_dir, engine={k: v for k, v in engine.items() if v is not None}, **sections)
 
 

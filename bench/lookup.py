@@ -236,13 +236,15 @@ def main(args: argparse.Namespace) -> int:
             retrieval={"top_k": args.passages},
             kvcache={"storage_dtype": args.kv_dtype},
         )
-        ratio = args.ratio if args.ratio is not None else settings.engine.recompute_ratio
-        modes = [("full", "full", None), ("reuse", "reuse", None)]
-        modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
 
         async def go() -> dict[str, Any]:
             state = await start_app(settings)
             try:
+                # The server's ratio is the one in force for its model (app/calibration), not the raw default.
+                engine_settings = state.components.engine.settings
+                ratio = args.ratio if args.ratio is not None else engine_settings.recompute_ratio
+                modes = [("full", "full", None), ("reuse", "reuse", None)]
+                modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
                 job, _ = ingest_passages(state, [Passage(title=f.title, text=f.text) for f in facts])
                 logger.info("ingested %d documents (%s)", len(facts), getattr(job, "status", "?"))
                 outcome = await run_lookup(state, facts, modes, ratio, args.max_tokens)
@@ -253,7 +255,7 @@ def main(args: argparse.Namespace) -> int:
                     questions=len(facts),
                     top_k=args.passages,
                     ratio=ratio,
-                    default_selector=settings.engine.selector,
+                    default_selector=engine_settings.selector,
                     kv_dtype=settings.kvcache.storage_dtype,
                     max_tokens=args.max_tokens,
                     **outcome,

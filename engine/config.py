@@ -21,6 +21,8 @@ BLEND_FIELDS: tuple[str, ...] = (
     "score_by",
     "pool_window",
     "min_per_chunk",
+    "sink_tokens",
+    "history_ratio",
     "attention_share",
     "ratio_min",
     "ratio_max",
@@ -66,6 +68,16 @@ class EngineSettings(BaseModel):
     )
     pool_window: int = Field(default=1, ge=1, description="query: max-pool scores over this many neighbours")
     min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
+    sink_tokens: int = Field(
+        default=0, ge=0, description="up-front selectors: the first tokens of every segment, always recomputed"
+    )
+    history_ratio: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="up-front selectors: share of a conversation's earlier-turn tokens recomputed, on a budget of "
+        "its own (null: they share recompute_ratio with the chunks)",
+    )
     attention_share: float | None = Field(
         default=None,
         gt=0.0,

@@ -33,7 +33,7 @@ import torch
 from engine import phases
 from engine.batched_decode import decode_batch
 from engine.builtin import ensure_builtin_llm
-from engine.config import EngineSettings
+from engine.config import BLEND_FIELDS, EngineSettings
 from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
 from engine.generation import RequestRun
 from engine.layers import Transformer
@@ -60,6 +60,7 @@ _PREFIX_CACHE_ENTRIES = 8
 class Engine:
     def __init__(self, settings: EngineSettings, models_dir: Path) -> None:
         self.settings = settings
+        self.blend_origin = "engine settings"  # where the blend settings came from (use_blend_settings)
         path = ensure_builtin_llm(Path(models_dir)) if settings.model == "builtin" else Path(settings.model)
         device = settings.resolve_device()
         self.dtype_choice: DtypeChoice = choose_compute_dtype(settings.dtype, device)
@@ -84,6 +85,14 @@ class Engine:
             time.perf_counter() - t0,
             self.fingerprint[:12],
         )
+
+    def use_blend_settings(self, settings: EngineSettings, origin: str) -> None:
+        """Serve with the blend fields (BLEND_FIELDS) of `settings` from now on, which a caller measured or chose
+        for this model; `origin` says where they came from. The engine's other settings stay. The default blend
+        of every later request (`settings.blend_config()`) is theirs; a request already running keeps its own."""
+        update = {name: getattr(settings, name) for name in BLEND_FIELDS}
+        settings.blend_config()  # a valid combination, or nothing changes
+        self.settings, self.blend_origin = self.settings.model_copy(update=update), origin
 
     # ------------------------------------------------------------------------------------ properties
     @property

@@ -239,6 +239,66 @@ def _upfront_budget(config: BlendConfig, n_ctx: int, scores: torch.Tensor | None
     )
 
 
+def _rank_in_segment(chunk_index: torch.Tensor) -> torch.Tensor:
+    """(N,) each context token's place in its own segment: 0 for a segment's first token, 1 for the next, …"""
+    n = chunk_index.numel()
+    idx = torch.arange(n, device=chunk_index.device)
+    starts = torch.ones_like(chunk_index, dtype=torch.bool)
+    starts[1:] = chunk_index[1:] != chunk_index[:-1]
+    return idx - torch.cummax(torch.where(starts, idx, 0), 0).values
+
+
+def _select_upfront(
+    selector: TokenSelector,
+    layout: PromptLayout,
+    config: BlendConfig,
+    scores: torch.Tensor | None,
+    device: torch.device,
+) -> torch.Tensor:
+    """Context positions an up-front selector recomputes, ascending.
+
+    The chunks share the budget `_upfront_budget`; with `config.history_ratio` a conversation's earlier turns
+    get a budget of their own (that share of their tokens), so a follow-up's turns never compete with six
+    chunks for a few rows. In each group the first `config.sink_tokens` of every segment come first (a
+    segment's opening was computed behind the prefix alone, the new context changes it most), the selector
+    picks the rest of the group's budget (sinks beyond the budget: each segment's first token first).
+    """
+    p, n = layout.num_prefix_tokens, layout.num_context_tokens
+    candidates = torch.arange(p, p + n, device=device)
+    chunk_index = _chunk_index(layout, device)
+    num_chunk_tokens = n - layout.num_history_tokens
+    is_history = torch.arange(n, device=device) >= num_chunk_tokens
+    if config.history_ratio is not None and layout.num_history_segments:
+        chunk_scores = None if scores is None else scores[:num_chunk_tokens]
+        groups = [
+            (~is_history, _upfront_budget(config, num_chunk_tokens, chunk_scores)),
+            (is_history, num_recompute_tokens(config.history_ratio, n - num_chunk_tokens)),
+        ]
+    else:
+        groups = [(torch.ones_like(is_history), _upfront_budget(config, n, scores))]
+    rank = _rank_in_segment(chunk_index)
+    sinks = rank < config.sink_tokens
+    keep = torch.zeros(n, dtype=torch.bool, device=device)
+    for members, budget in groups:
+        forced = torch.nonzero(members & sinks).squeeze(1)
+        # Over budget: every segment's first token before any segment's second, …
+        forced = forced[torch.argsort(rank[forced] * n + forced)][:budget]
+        keep[forced] = True
+        rest = torch.nonzero(members & ~sinks).squeeze(1)
+        num_rest = budget - forced.numel()
+        if num_rest > 0 and rest.numel():
+            chosen = selector.select(
+                SelectionInput(
+                    positions=candidates[rest],
+                    chunk_index=chunk_index[rest],
+                    num_keep=min(num_rest, rest.numel()),
+                    scores=None if scores is None else scores[rest],
+                )
+            )
+            keep[rest[chosen]] = True
+    return candidates[keep]
+
+
 def _exact_first_segment(layout: PromptLayout) -> int:
     """Tokens of the first segment whose stored KV is exact here: computed behind this very prefix."""
     return len(layout.chunk_ids[0]) if layout.chunk_ids and layout.segments_behind_prefix else 0
@@ -301,16 +361,7 @@ def prompt_pass(
     selected = None
     if selector is not None and selector.upfront:
         scores = score_context(tf, layout, cache, stored, config, boundary) if selector.name == "query" else None  # type: ignore[arg-type]
-        candidates = torch.arange(p, p + n_ctx, device=tf.device)
-        keep = selector.select(
-            SelectionInput(
-                positions=candidates,
-                chunk_index=_chunk_index(layout, tf.device),
-                num_keep=_upfront_budget(config, n_ctx, scores),
-                scores=scores,
-            )
-        )
-        selected = candidates[keep]
+        selected = _select_upfront(selector, layout, config, scores, tf.device)
     select_s = time.perf_counter() - t0
 
     # 2. The layer loop over the fresh rows; every other row's K/V comes from the prefix or the store.

@@ -85,6 +85,12 @@ class PrefillJob:
         return len(self.results) == len(self.chunks)
 
 
+@dataclass(eq=False)
+class _IdleCall:
+    work: Callable[[], object]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
 # What the worker hands a consumer: events, or the error that ended its request.
 Outbox = Callable[["GenerationEvent | BaseException"], None]
 # One result of executing a run: its new events, or the error that failed it.
@@ -97,6 +103,7 @@ class _Iteration:
 
     prefill: PrefillJob | None = None  # a unit of this chunk prefill
     prompt: RequestRun | None = None  # the prompt pass of this request
+    idle: _IdleCall | None = None  # background work, run only when there is nothing else to do
 
 
 class RequestStream:
@@ -177,6 +184,7 @@ class Scheduler:
         self._outboxes: dict[RequestRun, Outbox] = {}  # every submitted run until it is done
         self._prefilling = 0  # requests taken off _waiting whose prompt pass runs now (0 or 1)
         self._prefills: list[PrefillJob] = []  # kept sorted by priority, FIFO within one
+        self._idle_calls: collections.deque[_IdleCall] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -293,6 +301,25 @@ class Scheduler:
                 self._prefill_unit(job)
         return job.future.result()
 
+    def run_when_idle(self, work: Callable[[], object]) -> object:
+        """Run `work()` on the worker when no question, answer or prefill waits; block for its result.
+
+        For background engine work (a calibration) in small pieces: each piece runs between the worker's
+        iterations, only when it is otherwise idle, so it delays a question by at most one piece. Runs in the
+        caller's thread when the scheduler is not started; raises SchedulerStopped when it stops first.
+        """
+        call = _IdleCall(work)
+        with self._cv:
+            inline = self._thread is None or threading.current_thread() is self._thread
+            if not inline:
+                if self._stopping:
+                    raise SchedulerStopped("the engine scheduler is stopping")
+                self._idle_calls.append(call)
+                self._cv.notify_all()
+        if inline:
+            return work()
+        return call.future.result()
+
     # --------------------------------------------------------------------------------------- worker
     def _work(self) -> None:
         while (iteration := self._pick()) is not None:
@@ -307,7 +334,13 @@ class Scheduler:
         """Wait for work and decide this iteration's (questions first); None once the scheduler stops."""
         with self._cv:
             self._running = [r for r in self._running if r.status == RequestStatus.DECODING]
-            while not self._stopping and not self._waiting and not self._running and not self._prefills:
+            while (
+                not self._stopping
+                and not self._waiting
+                and not self._running
+                and not self._prefills
+                and not self._idle_calls
+            ):
                 self._cv.wait()
             if self._stopping:
                 return None
@@ -319,12 +352,19 @@ class Scheduler:
                 return _Iteration(prompt=self._waiting.popleft())
             if head is not None and not self._waiting:
                 return _Iteration(prefill=head)
+            if self._idle_calls and not self._waiting and not self._running:
+                return _Iteration(idle=self._idle_calls.popleft())
             return _Iteration()
 
     def _execute(self, iteration: _Iteration) -> Iterator[Outcome]:
         """Run the iteration's prompt work, then one decode step of the running requests."""
         if iteration.prefill is not None:
             self._prefill_unit(iteration.prefill)
+        elif iteration.idle is not None:
+            try:
+                iteration.idle.future.set_result(iteration.idle.work())
+            except Exception as exc:  # the caller gets it; the worker goes on
+                iteration.idle.future.set_exception(exc)
         elif iteration.prompt is not None:
             yield self._prompt(iteration.prompt)
         if self._running:
@@ -431,6 +471,8 @@ class Scheduler:
         with self._cv:
             waiting, running = list(self._waiting), list(self._running)
             jobs = list(self._prefills)
+            idle_calls = list(self._idle_calls)
+            self._idle_calls.clear()
             self._waiting.clear()
             self._running = []
             self._prefills = []
@@ -444,3 +486,5 @@ class Scheduler:
                 self._deliver(run, [run.cancel()])
         for job in jobs:
             job.future.set_exception(SchedulerStopped("the engine scheduler stopped before this prefill ran"))
+        for call in idle_calls:
+            call.future.set_exception(SchedulerStopped("the engine scheduler stopped before this work ran"))

@@ -124,6 +124,12 @@ class BlendConfig:
     score_by: ScoreBy = "attention"
     pool_window: int = 1
     min_per_chunk: int = 0
+    # up-front selectors: the first `sink_tokens` of every segment are always among the recomputed tokens
+    # (EPIC's attention sinks: a segment's opening tokens were computed behind the prefix alone).
+    sink_tokens: int = 0
+    # up-front selectors, conversations: the share of the earlier turns' tokens recomputed, on a budget of
+    # its own (None: the turns' tokens compete with the chunks' for recompute_ratio · N).
+    history_ratio: float | None = None
     # query selector, adaptive budget: when set, keep the fewest top tokens that hold this share of the
     # question's attention to the context (instead of recompute_ratio · N), clamped to [ratio_min, ratio_max].
     attention_share: float | None = None
@@ -149,6 +155,10 @@ class BlendConfig:
             raise ValueError(f"pool_window must be an odd number >= 1, got {self.pool_window}")
         if self.min_per_chunk < 0:
             raise ValueError(f"min_per_chunk must be >= 0, got {self.min_per_chunk}")
+        if self.sink_tokens < 0:
+            raise ValueError(f"sink_tokens must be >= 0, got {self.sink_tokens}")
+        if self.history_ratio is not None and not 0.0 <= self.history_ratio <= 1.0:
+            raise ValueError(f"history_ratio must be within [0, 1], got {self.history_ratio}")
         if self.attention_share is not None and not 0.0 < self.attention_share <= 1.0:
             raise ValueError(f"attention_share must be within (0, 1], got {self.attention_share}")
         if not 0.0 <= self.ratio_min <= self.ratio_max <= 1.0:

@@ -16,6 +16,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # itself pass the setting explicitly.
 os.environ.setdefault("BLENDRAG_ENGINE__DTYPE", "float32")
 os.environ.setdefault("BLENDRAG_RETRIEVAL__EMBED_DTYPE", "float32")
+# Servers the tests start do not calibrate their (tiny, random) model in the background: it would take the
+# cores the tests need. Tests of the calibration runner turn it on explicitly.
+os.environ.setdefault("BLENDRAG_CALIBRATION__AUTO", "false")
 
 # Converted models survive between local runs (CI starts clean and converts once, ~20 s).
 MODELS_CACHE = Path(

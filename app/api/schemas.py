@@ -541,6 +541,21 @@ class ComputeOut(BaseModel):
     requested: str = Field(description="The setting (engine.dtype / retrieval.embed_dtype), e.g. auto")
 
 
+class BlendSettingsOut(BaseModel):
+    source: str = Field(description="operator, calibrated, shipped or safe (not calibrated yet)")
+    label: str = Field(description="Where they came from, in words: 'calibrated on …', 'shipped for <model> …'")
+    operator_fields: list[str] = Field(description="Blend settings the operator set; these win over any record")
+    values: dict[str, Any] = Field(description="Every blend setting in force (engine.* names)")
+    measured: dict[str, Any] | None = Field(description="What the calibration measured at these settings")
+
+
+class CalibrationStatusOut(BaseModel):
+    state: str = Field(description="pending, running, done, failed or stopped")
+    detail: str = Field(description="Progress or the reason it failed")
+    candidates_done: int
+    record_path: str | None = Field(default=None, description="Where its result was kept (the data dir)")
+
+
 class StatsOut(BaseModel):
     model: str | None
     fingerprint: str | None
@@ -549,6 +564,12 @@ class StatsOut(BaseModel):
     default_mode: str = Field(description="The mode a question without `mode` is answered in")
     default_selector: str = Field(description="The blend token selector a question without `selector` gets")
     default_recompute_ratio: float
+    blend_settings: BlendSettingsOut | None = Field(
+        default=None, description="The blend settings in force and where they came from; null before start-up"
+    )
+    calibration: CalibrationStatusOut | None = Field(
+        default=None, description="The background calibration of the served model; null when none runs or ran"
+    )
     queue_depth: int | None
     prefill_tokens_per_s: float | None
     documents_by_status: dict[str, int]

@@ -107,7 +107,8 @@ class AskService:
         layout = plan.layout
         context = self._c.engine.model.config.max_position_embeddings
         max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - layout.num_tokens)
-        blend = engine_settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
+        # The engine's settings carry the blend settings in force (calibrated, shipped or safe; app/calibration).
+        blend = self._c.engine.settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
         # The settings' sampling (repetition control included, the same in every mode); request values win.
         sampling = engine_settings.sampling_params(
             max_tokens=max_tokens,

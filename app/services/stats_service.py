@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.metrics import Metrics, RecentAsk
 from app.services.estimates import PrefillRate
@@ -82,6 +82,9 @@ class ServingStats:
     default_mode: str
     default_selector: str
     default_recompute_ratio: float
+    # The blend settings in force and where they came from (app/calibration/in_force.py); None before start-up.
+    blend_settings: dict[str, Any] | None
+    calibration: dict[str, Any] | None  # the background calibration's state (app/calibration/runner.py)
     queue_depth: int | None
     prefill_tokens_per_s: float | None
     documents_by_status: dict[str, int]
@@ -160,14 +163,19 @@ class StatsService:
         recent = self._metrics.recent.snapshot()
         rate = self._prefill_rate.tokens_per_s
         model = self._engine.model
+        engine_settings = components.engine.settings if components is not None else self._engine
+        in_force = components.blend if components is not None else None
+        runner = getattr(components, "calibration", None) if components is not None else None
         return ServingStats(
             model=model if model == "builtin" else Path(model).name,
             fingerprint=components.engine.fingerprint[:12] if components is not None else None,
             compute=components.engine.dtype_choice if components is not None else None,
             embedder_compute=components.retriever.embedder.dtype_choice if components is not None else None,
-            default_mode=self._engine.mode,
-            default_selector=self._engine.selector,
-            default_recompute_ratio=self._engine.recompute_ratio,
+            default_mode=engine_settings.mode,
+            default_selector=engine_settings.selector,
+            default_recompute_ratio=engine_settings.recompute_ratio,
+            blend_settings=in_force.describe() if in_force is not None else None,
+            calibration=runner.status() if runner is not None else None,
             queue_depth=queue_depth(scheduler),
             prefill_tokens_per_s=round(rate, 1) if rate is not None else None,
             documents_by_status=documents.count_by_status(collections) if documents is not None else {},

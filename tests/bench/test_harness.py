@@ -32,5 +32,21 @@ def test_result_header_records_model_data_dtype_blend_and_machine(tiny_engine) -
     choice = tiny_engine.dtype_choice
     assert header["dtype_choice"] == {"dtype": "float32", "reason": choice.reason} and choice.dtype == "float32"
     assert header["blend"] == asdict(tiny_engine.settings.blend_config())
+    assert header["blend_origin"] == tiny_engine.blend_origin == "engine settings"
     assert header["machine"]["cpu_flags"] == cpu_facts()["cpu_flags"]
     assert list(header)[-1] == "machine"
+
+
+def test_bench_engines_run_on_the_blend_settings_in_force(tiny_llama_dir, tmp_path) -> None:
+    from bench.harness import build_engine
+
+    args = argparse.Namespace(
+        model=str(tiny_llama_dir), threads=2, dtype="float32", models_dir=tmp_path, selector=None, score_layers="2"
+    )
+    engine = build_engine(args)
+    # No record for the tiny model: the safe settings, except the scoring layer the run's options set.
+    assert engine.blend_origin == "safe settings (this model is not calibrated yet); operator set score_layers"
+    assert (engine.settings.recompute_ratio, engine.settings.history_ratio) == (0.3, 1.0)
+    assert engine.settings.score_layers == [2]
+    header = result_header("x", argparse.Namespace(), engine)
+    assert header["blend_origin"] == engine.blend_origin and header["blend"]["recompute_ratio"] == 0.3

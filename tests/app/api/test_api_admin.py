@@ -89,6 +89,13 @@ def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str
     stats = client.get("/api/stats").json()
     assert stats["model"] == "tiny-llama-smollm2-tok"
     assert len(stats["fingerprint"]) == 12
+    # Blend settings in force and where they came from: the tiny model is not calibrated (and the suite turns
+    # the background calibration off), so the safe ones.
+    blend = stats["blend_settings"]
+    assert (blend["source"], blend["label"]) == ("safe", "safe settings (this model is not calibrated yet)")
+    assert blend["values"]["recompute_ratio"] == 0.3 == stats["default_recompute_ratio"]
+    assert blend["values"]["history_ratio"] == 1.0 and blend["values"]["score_layers"] == [1]
+    assert blend["operator_fields"] == [] and stats["calibration"] is None
     assert stats["compute"] == {"dtype": "float32", "reason": "set by engine.dtype", "requested": "float32"}
     assert stats["embedder_compute"] == {
         "dtype": "float32",

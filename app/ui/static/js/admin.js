@@ -103,6 +103,8 @@ function renderCards(coverage, stats) {
     ["embedder", stats.embedder_compute ? `${stats.embedder_compute.dtype} (${stats.embedder_compute.requested})` : "–"],
     ["default answer", stats.default_mode === "blend"
       ? `blend · ${stats.default_selector} · recompute ${fmtPct(stats.default_recompute_ratio, 0)}` : stats.default_mode],
+    ["blend settings", stats.blend_settings ? stats.blend_settings.label : "–"],
+    ["calibration", stats.calibration ? `${stats.calibration.state}: ${stats.calibration.detail}` : "–"],
     ["engine queue", stats.queue_depth ?? "–"],
     ["prefill rate", stats.prefill_tokens_per_s ? `${Math.round(stats.prefill_tokens_per_s)} tok/s` : "–"],
     ["ingest", stats.ingest_chunks_per_s ? `${stats.ingest_chunks_per_s} chunks/s` : "–"],

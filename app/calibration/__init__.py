@@ -1,0 +1,11 @@
+"""Blend settings measured per model: the calibration that chooses them, where they are kept, which are in force.
+
+record.py    BlendSettingsRecord: the settings a calibration chose for one model and what it measured
+store.py     CalibrationStore: <data dir>/calibration/<fingerprint>.json, written atomically
+shipped.py   shipped_blend_settings(model_name): the records the repo ships for its catalogue models
+in_force.py  BlendInForce / BlendSettingsHolder: operator > calibrated > shipped > safe, and where each came from
+calset.py    the calibration set, generated (look-ups with made-up codes, two-hop questions, follow-ups)
+measure.py   one blend configuration's figures on that set, against full prefill and reuse
+search.py    calibrate(): the cheapest candidate meeting the targets
+runner.py    CalibrationRunner: the background calibration of a model served for the first time
+"""

@@ -1,0 +1,163 @@
+"""The calibration set, generated from word lists here (never a held-out dev set, nothing from a hub).
+
+Three kinds of prompt, each laid out as /ask lays it out (the passage that answers placed nearest the
+question, five others before it):
+
+- look-ups: made-up places, each passage holding one unique fact (an access code, a date, a name);
+- two-hop questions: passage A names a person, passage B says where that person was born;
+- follow-ups: turn 1 "Tell me about project X.", turn 2 "What is the access code of that project?", the
+  turn-1 answer being full prefill's (so every candidate sees the same history).
+
+Passages carry filler sentences so they are ~100–150 tokens, like short document chunks.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+SET_VERSION = "calset-1"
+NUM_PASSAGES = 6
+
+_STEMS = [
+    "Ash",
+    "Bel",
+    "Cor",
+    "Dun",
+    "Eld",
+    "Fal",
+    "Gor",
+    "Hal",
+    "Isk",
+    "Jor",
+    "Kel",
+    "Lor",
+    "Mar",
+    "Nor",
+    "Oss",
+    "Pel",
+]
+_ENDS = ["ford", "mere", "holt", "wick", "stead", "vale", "moor", "by", "ton", "haven", "field", "gate"]
+_KINDS = ["Institute", "Library", "Workshop", "Depot", "Gallery", "Archive", "Clinic", "Mill", "Observatory", "Hall"]
+_FIRST = ["Alma", "Bruno", "Celia", "Dario", "Elin", "Farid", "Greta", "Hugo", "Ilse", "Jonas", "Katya", "Lucas"]
+_LAST = ["Abara", "Berg", "Castell", "Dunmore", "Eklund", "Ferro", "Gallo", "Haas", "Ibsen", "Jovic", "Kaur", "Lund"]
+_CITIES = ["Arendal", "Bruges", "Coimbra", "Debrecen", "Esbjerg", "Florina", "Girona", "Hamar", "Izmir", "Jena"]
+_MONTHS = ["January", "March", "April", "June", "July", "August", "October", "November"]
+_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+_FILLER = [
+    "It is known locally for its {adj} {noun}, which draws visitors from {city}.",
+    "The building was renovated in {year} after a long debate about its {noun}.",
+    "A small team of {num} people looks after the {noun} and the grounds.",
+    "Guided tours start at {hour} o'clock and last about {num} minutes.",
+    "Its annual report for {year} praised the {adj} work on the {noun}.",
+    "The nearest station is a short walk away, past the {adj} {noun}.",
+]
+_ADJ = ["careful", "unusual", "modern", "quiet", "generous", "patient", "bold"]
+_NOUN = ["collection", "gardens", "roof", "archive", "courtyard", "workshop", "garden", "records"]
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    """One prompt of the set. `passages` are best first (retrieval order); `history` is (question, None)
+    for a follow-up, whose answer is full prefill's, filled in when the set is measured."""
+
+    kind: str  # "lookup", "two_hop", "followup"
+    passages: tuple[str, ...]
+    question: str
+    answer: str  # what a right answer contains
+    first_question: str | None = None  # follow-ups: turn 1
+
+
+def _name(rng: random.Random) -> str:
+    return f"{rng.choice(_STEMS)}{rng.choice(_ENDS)} {rng.choice(_KINDS)}"
+
+
+def _filler(rng: random.Random, n: int) -> str:
+    lines = rng.sample(_FILLER, n)
+    return " ".join(
+        s.format(
+            adj=rng.choice(_ADJ),
+            noun=rng.choice(_NOUN),
+            city=rng.choice(_CITIES),
+            year=rng.randint(1950, 2020),
+            num=rng.randint(3, 90),
+            hour=rng.randint(9, 16),
+        )
+        for s in lines
+    )
+
+
+def _fact(rng: random.Random, place: str, i: int) -> tuple[str, str, str]:
+    """(sentence, question, answer) of one unique fact about `place`."""
+    match i % 3:
+        case 0:
+            code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
+            return f"The access code of the {place} is {code}.", f"What is the access code of the {place}?", code
+        case 1:
+            date = f"{rng.randint(1, 28)} {rng.choice(_MONTHS)} {rng.randint(1995, 2024)}"
+            question = f"When did the east wing of the {place} open?"
+            return f"The east wing of the {place} opened on {date}.", question, date
+        case _:
+            person = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}"
+            return f"The head of the {place} is {person}.", f"Who is the head of the {place}?", person
+
+
+def _passage(rng: random.Random, place: str, fact: str) -> str:
+    before, after = _filler(rng, 3), _filler(rng, 2)
+    return f"The {place} opened its doors in {rng.randint(1890, 1990)}. {before} {fact} {after}"
+
+
+def make_cases(
+    num_lookups: int = 8, num_two_hop: int = 4, num_followups: int = 6, seed: int = 0
+) -> list[CalibrationCase]:
+    rng = random.Random(f"{SET_VERSION}-{seed}")
+    cases: list[CalibrationCase] = []
+    places: set[str] = set()
+
+    def new_place() -> str:
+        while (name := _name(rng)) in places:
+            pass
+        places.add(name)
+        return name
+
+    for i in range(num_lookups):
+        docs = []
+        for j in range(NUM_PASSAGES):
+            place = new_place()
+            fact, question, answer = _fact(rng, place, i + j)
+            docs.append((_passage(rng, place, fact), question, answer))
+        target = docs[0]
+        cases.append(CalibrationCase("lookup", tuple(d[0] for d in docs), target[1], target[2]))
+    for _ in range(num_two_hop):
+        place, person, city = new_place(), f"{rng.choice(_FIRST)} {rng.choice(_LAST)}", rng.choice(_CITIES)
+        a = _passage(rng, place, f"The head of the {place} is {person}.")
+        studied = rng.choice(_CITIES)
+        b = f"{person} was born in {city}. {_filler(rng, 3)} {person} studied in {studied}. {_filler(rng, 2)}"
+        others = []
+        for j in range(NUM_PASSAGES - 2):
+            other = new_place()
+            others.append(_passage(rng, other, _fact(rng, other, j)[0]))
+        question = f"In which city was the head of the {place} born?"
+        cases.append(CalibrationCase("two_hop", (b, a, *others), question, city))
+    for _ in range(num_followups):
+        docs = []
+        for _j in range(NUM_PASSAGES):
+            place = new_place()
+            code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
+            docs.append((_passage(rng, place, f"The access code of the {place} is {code}."), place, code))
+        text, place, code = docs[0]
+        cases.append(
+            CalibrationCase(
+                "followup",
+                tuple(d[0] for d in docs),
+                "What is the access code of that place?",
+                code,
+                first_question=f"Tell me about the {place}.",
+            )
+        )
+    return cases
+
+
+def describe(cases: list[CalibrationCase]) -> str:
+    kinds = {k: sum(c.kind == k for c in cases) for k in ("lookup", "two_hop", "followup")}
+    return f"{SET_VERSION}: " + ", ".join(f"{n} {k}" for k, n in kinds.items()) + f", {NUM_PASSAGES} passages each"

@@ -1,0 +1,93 @@
+"""Which blend settings are in force, and where each came from.
+
+Order, per setting: one the operator set explicitly (config file or BLENDRAG_ENGINE__* env; pydantic's
+`model_fields_set` tells it from a default) > this model's calibration record (data dir, this fingerprint) >
+the record shipped for this model > safe settings (a model nobody measured: a larger share recomputed and a
+conversation's turns recomputed whole, until the background calibration replaces them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from app.calibration.record import BlendSettingsRecord
+from engine.config import BLEND_FIELDS, EngineSettings
+from engine.types import BlendConfig, SelectorName
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+
+Source = Literal["operator", "calibrated", "shipped", "safe"]
+
+
+def safe_values(num_layers: int) -> dict[str, Any]:
+    """Blend settings for a model with no measurement yet: 30% of the context recomputed, earlier turns
+    recomputed whole, scored at 40% of the model's depth (a fixed layer index means different depths)."""
+    return {"recompute_ratio": 0.3, "history_ratio": 1.0, "score_layers": [max(1, round(0.4 * num_layers))]}
+
+
+@dataclass(frozen=True)
+class BlendInForce:
+    """The engine settings with the blend fields in force, and their provenance."""
+
+    settings: EngineSettings
+    source: Source  # where the non-operator settings came from
+    label: str  # "calibrated on …", "shipped for <model> …", "safe (not calibrated yet)"
+    operator_fields: tuple[str, ...]  # blend settings the operator set (these win over any record)
+    record: BlendSettingsRecord | None = None
+
+    def blend_config(self, recompute_ratio: float | None = None, selector: SelectorName | None = None) -> BlendConfig:
+        return self.settings.blend_config(recompute_ratio=recompute_ratio, selector=selector)
+
+    def describe(self) -> dict[str, Any]:
+        """For /api/stats, the admin page and bench headers."""
+        values = {name: getattr(self.settings, name) for name in BLEND_FIELDS}
+        return {
+            "source": self.source,
+            "label": self.label + (f"; operator set {', '.join(self.operator_fields)}" if self.operator_fields else ""),
+            "operator_fields": list(self.operator_fields),
+            "values": values,
+            "measured": self.record.measured.get("chosen") if self.record is not None else None,
+        }
+
+
+def resolve(
+    engine_settings: EngineSettings,
+    num_layers: int,
+    *,
+    calibrated: BlendSettingsRecord | None = None,
+    shipped: BlendSettingsRecord | None = None,
+) -> BlendInForce:
+    """The settings in force for a model with these records (either may be None)."""
+    operator = tuple(name for name in BLEND_FIELDS if name in engine_settings.model_fields_set)
+    if calibrated is not None:
+        record, source, values = calibrated, "calibrated", calibrated.values
+        label = calibrated.label()
+    elif shipped is not None:
+        record, source, values = shipped, "shipped", shipped.values
+        label = f"shipped for {shipped.model} ({shipped.label()})"
+    else:
+        record, source, values = None, "safe", safe_values(num_layers)
+        label = "safe settings (this model is not calibrated yet)"
+    update = {name: value for name, value in values.items() if name not in operator}
+    # Validate the combination as a whole (BlendConfig's rules), as a settings file would be.
+    merged = EngineSettings.model_validate(engine_settings.model_dump(exclude_unset=True) | update)
+    return BlendInForce(merged, source, label, operator, record)  # type: ignore[arg-type]
+
+
+def blend_in_force(engine: Engine, engine_settings: EngineSettings, data_dir: Path | None) -> BlendInForce:
+    """The settings in force for the engine's model: its calibration record under `data_dir` (None: none
+    looked up, as in bench), else the record shipped for the model, else the safe settings."""
+    from app.calibration.shipped import model_name, shipped_blend_settings
+    from app.calibration.store import CalibrationStore
+
+    calibrated = CalibrationStore(data_dir).load(engine.fingerprint) if data_dir is not None else None
+    shipped = shipped_blend_settings(model_name(engine_settings.model))
+    return resolve(engine_settings, engine.config.num_layers, calibrated=calibrated, shipped=shipped)
+
+
+def apply(engine: Engine, in_force: BlendInForce) -> None:
+    """Make `in_force` the engine's default blend (every request without its own ratio or selector)."""
+    engine.use_blend_settings(in_force.settings, in_force.describe()["label"])

@@ -1,0 +1,190 @@
+"""`calibrate()`: the blend settings that meet the quality targets on a model at the least prompt time.
+
+Candidates are tried from the cheapest up (recompute ratio ascending; at each ratio every scoring-layer
+choice, at depths relative to the model's, since a fixed layer index is a different depth on each model).
+The first ratio at which a candidate meets every target wins (the best KL among those that meet them there);
+the recompute budget is what a blend's prompt time is made of, so the lowest ratio is the least time. When
+none meets them, the highest ratio's best candidate is chosen and the record says the targets were missed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from app.calibration.calset import describe, make_cases
+from app.calibration.measure import CalibrationSet, CandidateFigures, Execute
+from app.calibration.record import BlendSettingsRecord
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+    from engine.config import EngineSettings
+    from engine.engine import Engine
+    from kvcache.config import KVCacheSettings
+
+logger = logging.getLogger(__name__)
+
+RATIOS = (0.1, 0.15, 0.2, 0.25, 0.3)
+LAYER_DEPTHS = ((0.4,), (0.25, 0.5, 0.75))  # scoring layers as shares of the model's depth
+CASES_PER_KIND = (8, 4, 6)  # look-ups, two-hop questions, follow-ups
+HISTORY_RATIO = 1.0  # a conversation's earlier turns recomputed whole (docs/benchmarks.md, conversations)
+
+
+class CalibrationStopped(RuntimeError):
+    """The calibration was asked to stop (the server is shutting down)."""
+
+
+@dataclass(frozen=True)
+class Targets:
+    kl_x_reuse_max: float = 0.35  # first-token KL ÷ reuse's
+    benefit_min: float = 0.95  # context benefit retained
+    right_within: int = 1  # right answers per kind at most this many fewer than full prefill's
+
+    def misses(self, fig: CandidateFigures) -> list[str]:
+        out = []
+        if fig.kl_x_reuse > self.kl_x_reuse_max:
+            out.append(f"KL {fig.kl_x_reuse:.2f}x reuse > {self.kl_x_reuse_max}")
+        if fig.benefit < self.benefit_min:
+            out.append(f"benefit {fig.benefit:.2f} < {self.benefit_min}")
+        for kind, right in fig.right.items():
+            if right < fig.full_right[kind] - self.right_within:
+                out.append(f"{kind} {right} vs full {fig.full_right[kind]}")
+        return out
+
+
+def score_layers_at(depths: tuple[float, ...], num_layers: int) -> list[int]:
+    """Layer indices at these shares of the depth (distinct, ascending, at least layer 1)."""
+    return sorted({min(num_layers - 1, max(1, round(d * num_layers))) for d in depths})
+
+
+def candidates(num_layers: int, ratios: tuple[float, ...] = RATIOS) -> list[dict[str, Any]]:
+    """The blend settings tried, cheapest first."""
+    return [
+        {
+            "selector": "query",
+            "recompute_ratio": ratio,
+            "score_layers": score_layers_at(depths, num_layers),
+            "history_ratio": HISTORY_RATIO,
+        }
+        for ratio in ratios
+        for depths in LAYER_DEPTHS
+    ]
+
+
+def calibrate(
+    engine: Engine,
+    engine_settings: EngineSettings,
+    kv_settings: KVCacheSettings,
+    model: str,
+    *,
+    ratios: tuple[float, ...] = RATIOS,
+    targets: Targets | None = None,
+    cases_per_kind: tuple[int, int, int] = CASES_PER_KIND,
+    execute: Execute | None = None,
+    stop: threading.Event | None = None,
+    on_candidate: Callable[[dict[str, Any], CandidateFigures, list[str]], None] | None = None,
+) -> BlendSettingsRecord:
+    """Measure the candidates on the generated set and return the record of the chosen settings.
+
+    `engine_settings` gives everything but the candidate's fields (sampling, the non-blend settings).
+    `execute` runs each case's engine work (the server's engine worker); `stop` aborts between cases.
+    """
+    from engine.config import EngineSettings
+
+    targets = targets or Targets()
+    cases = make_cases(*cases_per_kind)
+    calset = CalibrationSet(engine, cases, kv_settings, execute=_stoppable(execute, stop))
+    started = datetime.now(UTC)
+    calset.prepare()
+    tried: list[dict[str, Any]] = []
+    passing: list[tuple[dict[str, Any], CandidateFigures]] = []
+    last_ratio: list[tuple[dict[str, Any], CandidateFigures]] = []
+    current_ratio = None
+    base = engine_settings.model_dump(exclude_unset=True)
+    for values in candidates(engine.config.num_layers, ratios):
+        if current_ratio is not None and values["recompute_ratio"] != current_ratio:
+            if passing:
+                break
+            last_ratio = []
+        current_ratio = values["recompute_ratio"]
+        blend = EngineSettings.model_validate(base | values).blend_config()
+        fig = calset.measure(blend)
+        misses = targets.misses(fig)
+        tried.append({"values": values, "figures": fig.to_dict(), "misses": misses})
+        logger.info("calibration: %s → %s %s", values, fig.to_dict(), misses or "meets the targets")
+        if on_candidate is not None:
+            on_candidate(values, fig, misses)
+        last_ratio.append((values, fig))
+        if not misses:
+            passing.append((values, fig))
+    pool = passing or last_ratio
+    chosen, fig = min(pool, key=lambda vf: vf[1].kl_x_reuse)
+    return BlendSettingsRecord(
+        model=model,
+        fingerprint=engine.fingerprint,
+        compute_dtype=str(engine.dtype).removeprefix("torch."),
+        values=chosen,
+        calibrated_at=started.isoformat(timespec="seconds"),
+        calibration_set=describe(cases),
+        measured={
+            "targets_met": bool(passing),
+            "targets": {
+                "kl_x_reuse_max": targets.kl_x_reuse_max,
+                "benefit_min": targets.benefit_min,
+                "right_within": targets.right_within,
+            },
+            "kv_storage_dtype": kv_settings.storage_dtype,
+            "chosen": fig.to_dict(),
+            "tried": tried,
+        },
+    )
+
+
+def _stoppable(execute: Execute | None, stop: threading.Event | None) -> Execute:
+    run: Execute = execute or (lambda work: work())
+
+    def guarded(work: Callable[[], Any]) -> Any:
+        if stop is not None and stop.is_set():
+            raise CalibrationStopped("calibration stopped")
+        return run(work)
+
+    return guarded
+
+
+def parse_ratios(text: str) -> tuple[float, ...]:
+    ratios = tuple(sorted({float(x) for x in text.split(",") if x.strip()}))
+    if not ratios or any(not 0.0 < r <= 1.0 for r in ratios):
+        raise ValueError(f"ratios must be a comma-separated list within (0, 1], got {text!r}")
+    return ratios
+
+
+def run_calibration(
+    settings: Settings,
+    *,
+    ratios: tuple[float, ...] = RATIOS,
+    cases_per_kind: tuple[int, int, int] = CASES_PER_KIND,
+    save: bool = True,
+) -> tuple[BlendSettingsRecord, Engine]:
+    """`blendrag calibrate` and `python -m bench calibrate`: load the model of `settings`, calibrate it and
+    (with `save`) keep the record under the data dir, where the server finds it at its next start."""
+    from app.calibration.shipped import model_name
+    from app.calibration.store import CalibrationStore
+    from engine.engine import Engine
+
+    engine = Engine(settings.engine, models_dir=settings.models_dir)
+    record = calibrate(
+        engine,
+        settings.engine,
+        settings.kvcache,
+        model_name(settings.engine.model),
+        ratios=ratios,
+        cases_per_kind=cases_per_kind,
+    )
+    if save:
+        path = CalibrationStore(settings.data_dir).save(record)
+        logger.info("calibration record written to %s", path)
+    return record, engine

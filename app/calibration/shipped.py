@@ -1,0 +1,37 @@
+"""The blend settings the repo ships for its catalogue models, measured with `blendrag calibrate`.
+
+A fresh server on a shipped model starts on its measured settings at once; it still calibrates in the
+background when its fingerprint (weights + compute dtype) is not the one the shipped record was measured on.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from app.calibration.record import BlendSettingsRecord
+
+logger = logging.getLogger(__name__)
+
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+BUILTIN_NAME = "smollm2-135m"  # engine.model "builtin"
+
+
+def model_name(model: str) -> str:
+    """The name a model's blend settings are kept under: "builtin" is SmolLM2-135M, a checkpoint directory
+    goes by its directory's name."""
+    return BUILTIN_NAME if model == "builtin" else Path(model).name
+
+
+def shipped_blend_settings(name: str) -> BlendSettingsRecord | None:
+    """The shipped record of the model called `name` (a catalogue name), or None."""
+    if not name or "/" in name or name.startswith("."):
+        return None
+    path = SHIPPED_DIR / f"{name}.json"
+    try:
+        return BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as exc:  # a broken shipped file is a bug, not a reason to stop
+        logger.error("shipped blend settings %s unreadable: %s", path, exc)
+        return None

@@ -1,0 +1,70 @@
+"""`python -m bench calibrate`: the blend settings calibration of one model, as `blendrag calibrate` runs it.
+
+The same code (app/calibration/search.py `run_calibration`) on the generated calibration set (look-ups with
+made-up codes, two-hop questions, follow-ups; never a dev set): every candidate from the cheapest up, its
+first-token KL ÷ reuse's, context benefit retained, right answers per kind against full prefill's and prompt
+time, and the chosen settings. `--ship` also writes the record where the repo ships it for the model
+(app/calibration/shipped/<model name>.json), so a fresh server on that model starts on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+from bench.inprocess import bench_settings
+
+logger = logging.getLogger(__name__)
+
+NAME = "calibrate"
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = harness.subcommand(
+        subparsers,
+        NAME,
+        __doc__,
+        "calibrate a model's blend settings (as blendrag calibrate)",
+        Path("-"),
+        0,
+        6,
+        "calibrate.json",
+    )
+    parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25,0.3", help="recompute ratios to try")
+    parser.add_argument("--cases", default="8,4,6", help="look-ups,two-hop,follow-ups in the set")
+    parser.add_argument("--ship", action="store_true", help="write the record to app/calibration/shipped/")
+    harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
+    parser.set_defaults(func=main)
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    from app.calibration.search import parse_ratios, run_calibration
+    from app.calibration.shipped import SHIPPED_DIR
+
+    run = harness.RunRecord()
+    cases = tuple(int(x) for x in args.cases.split(","))
+    with tempfile.TemporaryDirectory(prefix="blendrag-calibrate-") as tmp:
+        settings = bench_settings(
+            Path(tmp),
+            args.model,
+            args.models_dir,
+            args.threads,
+            engine={"dtype": args.dtype},
+            kvcache={"storage_dtype": args.kv_dtype},
+        )
+        record, engine = run_calibration(settings, ratios=parse_ratios(args.ratios), cases_per_kind=cases, save=False)  # type: ignore[arg-type]
+    result = harness.result_header(NAME, args, engine, kv_dtype=args.kv_dtype, record=record.__dict__)
+    harness.write_result(args, result, run)
+    if args.ship:
+        path = SHIPPED_DIR / f"{record.model}.json"
+        path.write_text(record.to_json(), encoding="utf-8")
+        logger.info("shipped record written to %s", path)
+    logger.info(
+        "chosen %s (targets met: %s): %s", record.values, record.measured["targets_met"], record.measured["chosen"]
+    )
+    return 0

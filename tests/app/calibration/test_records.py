@@ -1,0 +1,123 @@
+"""Calibration records: their file in the data dir (atomic, per fingerprint), the shipped ones, and the
+settings in force: operator > calibrated > shipped > safe, each with where it came from."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.calibration.in_force import resolve, safe_values
+from app.calibration.measure import CandidateFigures
+from app.calibration.record import BlendSettingsRecord
+from app.calibration.search import Targets, candidates, parse_ratios, score_layers_at
+from app.calibration.shipped import SHIPPED_DIR, model_name, shipped_blend_settings
+from app.calibration.store import CalibrationStore
+from engine.config import BLEND_FIELDS, EngineSettings
+
+FP = "ab12" * 16
+
+
+def _record(fingerprint: str = FP, **values) -> BlendSettingsRecord:
+    return BlendSettingsRecord(
+        model="m",
+        fingerprint=fingerprint,
+        compute_dtype="bfloat16",
+        values=values or {"recompute_ratio": 0.2, "score_layers": [8, 16], "history_ratio": 1.0},
+        calibrated_at="2026-12-01T22:00:00+00:00",
+        calibration_set="calset-1: test",
+        measured={"chosen": {"kl_x_reuse": 0.2}},
+    )
+
+
+def test_store_round_trip_and_atomic_write(tmp_path: Path) -> None:
+    store = CalibrationStore(tmp_path)
+    assert store.load(FP) is None
+    path = store.save(_record())
+    assert path == tmp_path / "calibration" / f"{FP}.json"
+    assert store.load(FP) == _record()
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left behind
+
+
+def test_unreadable_or_foreign_record_is_not_calibrated(tmp_path: Path) -> None:
+    store = CalibrationStore(tmp_path)
+    store.path(FP).parent.mkdir(parents=True)
+    store.path(FP).write_text("{half a record")
+    assert store.load(FP) is None
+    other = "cd34" * 16
+    store.path(FP).write_text(_record(fingerprint=other).to_json())
+    assert store.load(FP) is None
+    with pytest.raises(ValueError, match="hex"):
+        store.path("../../etc/passwd")
+
+
+def test_record_names_only_blend_settings() -> None:
+    with pytest.raises(ValueError, match="unknown settings"):
+        _record(max_new_tokens=3)
+    assert json.loads(_record().to_json())["version"] == 1
+
+
+def test_resolution_order_and_labels() -> None:
+    defaults = EngineSettings()
+    safe = resolve(defaults, 24)
+    assert safe.source == "safe" and safe.settings.recompute_ratio == 0.3 and safe.settings.history_ratio == 1.0
+    assert safe.settings.score_layers == [10] == safe_values(24)["score_layers"]
+    shipped = resolve(defaults, 24, shipped=_record(recompute_ratio=0.25))
+    assert shipped.source == "shipped" and shipped.settings.recompute_ratio == 0.25
+    assert shipped.label.startswith("shipped for m (calibrated on m (bfloat16, fingerprint ab12ab12ab12) 2026-12-01")
+    calibrated = resolve(defaults, 24, calibrated=_record(), shipped=_record(recompute_ratio=0.25))
+    assert calibrated.source == "calibrated" and calibrated.settings.score_layers == [8, 16]
+    # An operator's explicit setting wins over every record, and is named.
+    operator = resolve(EngineSettings(recompute_ratio=0.5), 24, calibrated=_record())
+    assert operator.settings.recompute_ratio == 0.5 and operator.settings.score_layers == [8, 16]
+    assert operator.operator_fields == ("recompute_ratio",)
+    described = operator.describe()
+    assert described["label"].endswith("; operator set recompute_ratio")
+    assert set(described["values"]) == set(BLEND_FIELDS) and described["measured"] == {"kl_x_reuse": 0.2}
+    # The default blend of a request is the settings in force; a request's own ratio still wins.
+    assert calibrated.blend_config().recompute_ratio == 0.2
+    assert calibrated.blend_config(recompute_ratio=0.9).recompute_ratio == 0.9
+
+
+def test_shipped_records_are_valid_and_named_by_model() -> None:
+    assert model_name("builtin") == "smollm2-135m"
+    assert model_name("/models/qwen2.5-coder-0.5b") == "qwen2.5-coder-0.5b"
+    assert shipped_blend_settings("no-such-model") is None and shipped_blend_settings("../secrets") is None
+    shipped = sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
+    for name in shipped:
+        record = shipped_blend_settings(name)
+        assert record is not None and record.model == name
+        EngineSettings(**record.values).blend_config()  # every shipped record is a valid configuration
+
+
+def test_candidates_scale_score_layers_with_depth() -> None:
+    assert score_layers_at((0.4,), 24) == [10] and score_layers_at((0.4,), 30) == [12]
+    assert score_layers_at((0.25, 0.5, 0.75), 24) == [6, 12, 18]
+    assert score_layers_at((0.25, 0.5, 0.75), 2) == [1]
+    got = candidates(30, (0.1, 0.2))
+    assert [(c["recompute_ratio"], c["score_layers"]) for c in got] == [
+        (0.1, [12]),
+        (0.1, [8, 15, 22]),
+        (0.2, [12]),
+        (0.2, [8, 15, 22]),
+    ]
+    assert parse_ratios("0.3, 0.1,0.1") == (0.1, 0.3)
+    with pytest.raises(ValueError):
+        parse_ratios("0,0.2")
+
+
+def test_targets_name_every_miss() -> None:
+    fig = CandidateFigures(
+        kl=0.1,
+        kl_reuse=0.25,
+        kl_x_reuse=0.4,
+        benefit=0.9,
+        right={"lookup": 6, "two_hop": 3, "followup": 4},
+        full_right={"lookup": 8, "two_hop": 3, "followup": 5},
+        prompt_s=1.0,
+        full_prompt_s=4.0,
+    )
+    assert Targets().misses(fig) == ["KL 0.40x reuse > 0.35", "benefit 0.90 < 0.95", "lookup 6 vs full 8"]
+    assert Targets(kl_x_reuse_max=0.5, benefit_min=0.9, right_within=2).misses(fig) == []
+    assert fig.speedup == 4.0

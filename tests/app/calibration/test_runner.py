@@ -1,0 +1,90 @@
+"""The calibration end to end on the tiny model: the search, the background runner on the engine worker's
+idle time, the record in the data dir, and the settings it puts in force."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from app.calibration.in_force import resolve
+from app.calibration.runner import CalibrationRunner, needs_calibration
+from app.calibration.search import Targets, calibrate
+from app.calibration.store import CalibrationStore
+from engine.scheduler import Scheduler
+
+
+def test_run_when_idle_runs_on_the_worker(fast_engine) -> None:
+    scheduler = Scheduler(fast_engine)
+    assert scheduler.run_when_idle(lambda: threading.current_thread().name) == threading.current_thread().name
+    scheduler.start()
+    try:
+        assert scheduler.run_when_idle(lambda: threading.current_thread().name) == "blendrag-engine"
+        with pytest.raises(ZeroDivisionError):
+            scheduler.run_when_idle(lambda: 1 / 0)
+        assert scheduler.run_when_idle(lambda: 7) == 7  # the worker goes on after a failure
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.slow
+def test_search_takes_the_cheapest_ratio_meeting_the_targets(fast_engine, fast_settings) -> None:
+    # At r = 1 the blend is full prefill (KL ~0, benefit 1, every answer full's); at r = 0.5 a random model's
+    # first token is off by far more than a 1e-3 share of reuse's KL, so 0.5 misses and 1.0 is chosen.
+    record = calibrate(
+        fast_engine,
+        fast_engine.settings,
+        fast_settings.kvcache,
+        "tiny",
+        ratios=(0.5, 1.0),
+        targets=Targets(kl_x_reuse_max=1e-3),
+        cases_per_kind=(1, 0, 1),
+    )
+    tried = record.measured["tried"]
+    assert [(t["values"]["recompute_ratio"], bool(t["misses"])) for t in tried] == [
+        (0.5, True),
+        (0.5, True),
+        (1.0, False),
+        (1.0, False),
+    ]
+    assert all(t["misses"][0].startswith("KL ") for t in tried[:2])
+    for t in tried[2:]:
+        assert t["figures"]["kl"] == pytest.approx(0.0, abs=1e-6)
+        assert t["figures"]["benefit"] == pytest.approx(1.0, abs=1e-3)
+        assert t["figures"]["right"] == t["figures"]["full_right"]
+    assert record.measured["targets_met"] and record.values["recompute_ratio"] == 1.0
+    assert record.values["score_layers"] in ([t["values"]["score_layers"] for t in tried[2:]])
+    assert record.fingerprint == fast_engine.fingerprint and record.values["history_ratio"] == 1.0
+    assert record.calibration_set == "calset-1: 1 lookup, 0 two_hop, 1 followup, 6 passages each"
+
+
+def test_runner_calibrates_once_and_puts_the_record_in_force(
+    fast_engine, make_fast_settings, make_fast_components
+) -> None:
+    settings = make_fast_settings(calibration={"auto": True})
+    components = make_fast_components(settings)
+    original = fast_engine.settings
+    components.adopt_blend(resolve(settings.engine, fast_engine.config.num_layers))
+    assert components.blend is not None and components.blend.source == "safe"
+    assert needs_calibration(components) is not None
+    scheduler = Scheduler(fast_engine)
+    scheduler.start()
+    try:
+        runner = CalibrationRunner(settings, components, scheduler, ratios=(1.0,), cases_per_kind=(1, 0, 0))
+        runner.start()
+        runner.join(600)
+        status = runner.status()
+        assert status["state"] == "done", status
+        assert status["candidates_done"] == 2  # two scoring-layer choices at the one ratio
+        record = CalibrationStore(settings.data_dir).load(fast_engine.fingerprint)
+        assert record is not None and status["record_path"].endswith(f"{fast_engine.fingerprint}.json")
+        assert components.blend.source == "calibrated" and fast_engine.settings.recompute_ratio == 1.0
+        assert fast_engine.blend_origin == components.blend.label and "calibrated on" in fast_engine.blend_origin
+        # Once per fingerprint: the next start finds the record and does not calibrate again.
+        assert needs_calibration(components) is None
+        again = CalibrationRunner(settings, components, scheduler)
+        again.start()
+        assert again.status()["state"] == "done" and again._thread is None
+    finally:
+        scheduler.stop()
+        fast_engine.use_blend_settings(original, "engine settings")
