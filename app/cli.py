@@ -339,7 +339,10 @@ def _ask_local(settings: Settings, request: Any, conversation_id: str | None) ->
     # request with this server's key would be, so the CLI and HTTP see the same conversations.
     catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
     try:
-        context = ConversationService(catalog).open(conversation_id, owner_of(settings.server.api_key))
+        # In-process, the CLI reads every collection (it owns the data dir), like the admin.
+        context = ConversationService(catalog).open(
+            conversation_id, owner_of(settings.server.api_key), None, request.filters.collections
+        )
     except ConversationNotFound as exc:
         print(f"error: --conversation: {exc}", file=sys.stderr)
         return EXIT_USAGE

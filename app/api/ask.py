@@ -120,15 +120,16 @@ def validated(
     body: AskIn, state: AppState, conversations: ConversationService, owner: str | None, access: Access
 ) -> AskRequest:
     """The service request for a (validated) body: searching the caller's collections (403 for a named one
-    it may not read), in its conversation (a new one without an id; 404 for an id this caller does not
-    have), or 503 when the engine is already full.
+    it may not read), in its conversation (a new one without an id; 404 for an id this caller may not
+    open: another owner's, or one asked over a collection it may not read), or 503 when the engine is
+    already full.
 
     The busy check here is only a shortcut that spares retrieval; the binding check is the scheduler's, in
     `admitted`.
     """
     request = scope_request(body.to_request(body.question), access, body.collections)
     try:
-        context = conversations.open(body.conversation_id, owner)
+        context = conversations.open(body.conversation_id, owner, access.collections, request.filters.collections)
     except ConversationNotFound as exc:
         raise HTTPException(404, str(exc)) from exc
     if engine_is_full(state):

@@ -355,6 +355,34 @@ def test_public_collections_are_what_anonymous_questions_see(public_server: Test
     assert public_server.get("/documents").status_code == 401  # public means asking, not the library
 
 
+def test_anonymous_callers_continue_only_conversations_within_the_public_collections(
+    public_server: TestClient,
+) -> None:
+    """/ask and /v1 continuing a stored conversation: one made before keys existed (every collection
+    searched, owner none) is a 404 for an anonymous caller of `public_collections: [team-a]`, so its
+    history never reaches a team-a prompt; one over team-a is continued by its id, never listed."""
+    catalog = public_server.app.state.blendrag.components.catalog
+    before_keys = catalog.conversations.create(None, "what is in every collection?", None)
+    v1_body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 2}
+    assert _ask(public_server, {}, conversation_id=before_keys.id).status_code == 404
+    refused = public_server.post("/v1/chat/completions", json={**v1_body, "conversation_id": before_keys.id})
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "conversation_not_found"
+    assert public_server.get(f"/conversations/{before_keys.id}").status_code == 404
+    started = _ask(public_server, {}, conversation_id="new")
+    assert started.status_code == 200, started.text
+    conversation_id = started.json()["conversation_id"]
+    assert catalog.conversations.get(conversation_id, None, None).collections == frozenset({"team-a"})
+    assert _ask(public_server, {}, conversation_id=conversation_id).status_code == 200
+    continued = public_server.post("/v1/chat/completions", json={**v1_body, "conversation_id": conversation_id})
+    assert continued.status_code == 200, continued.text
+    assert public_server.get(f"/conversations/{conversation_id}").json()["num_turns"] == 3
+    assert public_server.get("/conversations").json()["total"] == 0
+    listed = public_server.get("/conversations", params={"ids": f"{conversation_id},{before_keys.id}"}).json()
+    assert [c["id"] for c in listed["conversations"]] == [conversation_id]
+    # The admin's key is another owner: it neither sees nor continues the anonymous conversation.
+    assert _ask(public_server, ADMIN, conversation_id=conversation_id).status_code == 404
+
+
 def test_making_a_key_on_an_open_server_is_refused(client: TestClient) -> None:
     refused = client.post("/admin/keys", json={"name": "x", "collections": ["a"]})
     assert refused.status_code == 409

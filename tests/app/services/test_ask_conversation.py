@@ -76,7 +76,7 @@ def test_rewrite_asks_the_model_first(components: Components, ingested: None) ->
 
 def test_turns_are_recorded_and_their_kv_stored_before_done(components: Components, ingested: None) -> None:
     conversations = ConversationService(components.catalog)
-    context = conversations.open(None, owner=None)
+    context = conversations.open(None, owner=None, readable=None, searched=None)
     [first], _ = run(
         components,
         AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=3, conversation=context),
@@ -85,7 +85,7 @@ def test_turns_are_recorded_and_their_kv_stored_before_done(components: Componen
     assert first.conversation_id == context.conversation_id
     key = components.expected_kv_key(components.engine.prompt.turn_ids(Turn("Where is Quintaro?", first.answer)))
     assert components.store.contains(key) == "history_memory"
-    context = conversations.open(first.conversation_id, owner=None)
+    context = conversations.open(first.conversation_id, owner=None, readable=None, searched=None)
     assert context.history == (Turn("Where is Quintaro?", first.answer),)
     [second], _ = run(
         components,

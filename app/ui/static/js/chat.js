@@ -2,9 +2,11 @@
 // `sources` (numbered passages), `token` (text deltas), `done` (timings) or `error`.
 // Turns stack into a conversation: each question after the first carries the `conversation_id` the
 // first answer named, so the server puts the earlier turns in the prompt. "New chat" starts over;
-// "Recent conversations" reopens a stored one (GET /conversations, GET /conversations/{id}).
+// "Recent conversations" reopens a stored one (GET /conversations, GET /conversations/{id}). Without a
+// key the server lists nobody's conversations (every keyless caller would see the others'): the page
+// remembers the ids it started and lists those (GET /conversations?ids=…).
 
-import { api, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, setSessionKey, watchReadiness }
+import { api, apiKey, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, setSessionKey, watchReadiness }
   from "./api.js";
 import { renderInto, StreamRenderer } from "./render.js";
 
@@ -26,6 +28,23 @@ const convLabel = $("conv-label");
 
 let conversationId = null; // the conversation the next question continues (null: a new one)
 let numTurns = 0;
+
+const STARTED_STORAGE = "blendrag.startedConversations";
+const MAX_STARTED = 100;
+
+function startedConversations() {
+  try {
+    const ids = JSON.parse(localStorage.getItem(STARTED_STORAGE) || "[]");
+    return Array.isArray(ids) ? ids.filter((id) => typeof id === "string") : [];
+  } catch {
+    return [];
+  }
+}
+
+function rememberStarted(id) {
+  const ids = [id, ...startedConversations().filter((x) => x !== id)].slice(0, MAX_STARTED);
+  localStorage.setItem(STARTED_STORAGE, JSON.stringify(ids));
+}
 
 function setConversation(id, title) {
   conversationId = id;
@@ -226,6 +245,7 @@ async function ask(text, turn) {
       else if (event === "done") {
         turn.done(data);
         if (data.conversation_id && data.conversation_id !== conversationId) {
+          if (!conversationId) rememberStarted(data.conversation_id);
           setConversation(data.conversation_id, conversationId ? null : text);
         }
       }
@@ -292,8 +312,14 @@ function ago(iso) {
 
 async function loadRecent() {
   let page;
+  const started = startedConversations();
+  if (!apiKey() && !started.length) {
+    recentList.replaceChildren(el("li", { class: "muted" }, "No conversations yet"));
+    return;
+  }
+  const ids = apiKey() ? "" : `&ids=${encodeURIComponent(started.join(","))}`;
   try {
-    page = await api("/conversations?limit=20");
+    page = await api(`/conversations?limit=20${ids}`);
   } catch (err) {
     if (err.status === 401) askForKey();
     recentList.replaceChildren(el("li", { class: "muted" }, err.status === 401 ? "A key is needed"
