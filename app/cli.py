@@ -340,15 +340,19 @@ def _ask_local(settings: Settings, request: Any, conversation_id: str | None) ->
     catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
     try:
         # In-process, the CLI reads every collection (it owns the data dir), like the admin.
-        context = ConversationService(catalog).open(
-            conversation_id, owner_of(settings.server.api_key), None, request.filters.collections
+        context = (
+            None
+            if conversation_id is None
+            else ConversationService(catalog).open(
+                conversation_id, owner_of(settings.server.api_key), None, request.filters.collections
+            )
         )
     except ConversationNotFound as exc:
         print(f"error: --conversation: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         catalog.close()
-    request = dataclasses.replace(request, history=context.history, conversation=context)
+    request = dataclasses.replace(request, history=context.history if context else (), conversation=context)
     components = build_components(settings)
     conversations = ConversationService(components.catalog)
 
@@ -560,7 +564,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument(
-        "--conversation", default=None, metavar="ID", help="continue this conversation (an earlier answer names it)"
+        "--conversation",
+        default=None,
+        metavar="ID",
+        help='store the turn: "new" starts a conversation, an ID continues one (an earlier answer names it); '
+        "without it nothing is stored",
     )
     p.add_argument(
         "--collection",

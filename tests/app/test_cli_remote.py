@@ -136,7 +136,8 @@ def test_cli_sends_its_work_to_the_running_server(
     ).json()
     assert [s["title"] for s in answer["sources"]] == ["Zorblat"]
 
-    assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--data-dir", str(data)]) == 0
+    first = ["ask", "What is the capital of Zorblat?", "--conversation", "new", "--top-k", "1"]
+    assert main([*first, "--data-dir", str(data)]) == 0
     out = capsys.readouterr().out
     assert "Sources:\n  [1] Zorblat (score" in out
     assert "mode blend" in out and "KV hits 1, misses 0" in out

@@ -263,7 +263,7 @@ def test_jobs_coverage_stats_and_collections_are_scoped(server: TestClient, worl
 
 
 def test_conversations_belong_to_the_key(server: TestClient, world: dict[str, Any]) -> None:
-    first = _ask(server, world["a"])
+    first = _ask(server, world["a"], conversation_id="new")
     conversation_id = first.json()["conversation_id"]
     assert server.get(f"/conversations/{conversation_id}", headers=world["a"]).status_code == 200
     assert server.get(f"/conversations/{conversation_id}", headers=world["b"]).status_code == 404

@@ -217,7 +217,7 @@ async function ask(text, turn) {
   const body = { question: text, mode: mode.value, stream: true };
   if (mode.value === "blend") body.recompute_ratio = Number(ratio.value);
   if (topK.value) body.top_k = Number(topK.value);
-  if (conversationId) body.conversation_id = conversationId;
+  body.conversation_id = conversationId || "new"; // the chat page keeps its conversations
   let response;
   try {
     response = await fetch("/ask", {
