@@ -52,6 +52,7 @@ class ConversationContext:
     history: tuple[Turn, ...] = ()
     is_new: bool = False  # the conversation row is made when its first turn is recorded
     searched: Scope = None  # the collections this turn searches (the conversation's widen by them)
+    source_ids: tuple[tuple[int, ...], ...] = ()  # each earlier turn's source chunk ids, as `history`
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,14 @@ class ConversationService:
         record = self._store.get(conversation_id, owner, readable)
         if record is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
-        history = tuple(Turn(t.question, t.answer) for t in self._store.turns(record.id))
-        return ConversationContext(conversation_id=record.id, owner=owner, history=history, searched=searched)
+        turns = self._store.turns(record.id)
+        return ConversationContext(
+            conversation_id=record.id,
+            owner=owner,
+            history=tuple(Turn(t.question, t.answer) for t in turns),
+            searched=searched,
+            source_ids=tuple(tuple(t.source_chunk_ids) for t in turns),
+        )
 
     def record(self, context: ConversationContext, turn: NewTurn) -> bool:
         """Append a finished turn; False (logged) when the conversation was deleted meanwhile."""
