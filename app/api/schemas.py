@@ -100,7 +100,11 @@ class IngestIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] = Field(min_length=1)
-    collection: CollectionName = Field(default="default", description="The collection the documents join")
+    collection: CollectionName | None = Field(
+        default=None,
+        description="The collection the documents join (default: the key's collection when it has exactly one, "
+        "else `default`)",
+    )
 
 
 class IngestAccepted(BaseModel):

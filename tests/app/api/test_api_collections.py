@@ -217,8 +217,9 @@ def test_ingest_is_refused_outside_the_keys_grant_before_anything_is_stored(
     doc = {"documents": [{"title": "x", "text": "Something new about Zorblat."}]}
     into_b = server.post("/ingest", json={**doc, "collection": "team-b"}, headers=world["a"])
     assert (into_b.status_code, into_b.json()["detail"]) == (403, "this key may not write to collection 'team-b'")
-    default = server.post("/ingest", json=doc, headers=world["a"])  # no collection: `default`, not granted
-    assert default.status_code == 403
+    two = make_key(server, "teams A and B", ["team-a", "team-b"], can_ingest=True)
+    default = server.post("/ingest", json=doc, headers=bearer(two))  # two collections, none named: `default`
+    assert (default.status_code, default.json()["detail"]) == (403, "this key may not write to collection 'default'")
     read_only = server.post("/ingest", json={**doc, "collection": "team-a"}, headers=world["reader_a"])
     assert (read_only.status_code, read_only.json()["detail"]) == (403, "this key may not ingest or delete documents")
     upload = server.post(
@@ -231,6 +232,23 @@ def test_ingest_is_refused_outside_the_keys_grant_before_anything_is_stored(
     assert server.get("/documents", headers=ADMIN).json()["total"] == before
     assert len(server.get("/ingest/jobs", params={"limit": 100}, headers=ADMIN).json()["jobs"]) == jobs_before
     assert not any((server.app.state.blendrag.settings.uploads_dir).glob("*/*"))
+
+
+def test_a_key_with_one_collection_ingests_into_it_without_naming_it(server: TestClient, world: dict[str, Any]) -> None:
+    """The trial: a key granted exactly one writable collection got 403 "may not write to collection
+    'default'" for an ingest without `collection`. It goes to the key's collection, JSON and multipart."""
+    doc = {"documents": [{"title": "Moons", "text": "Zorblat has three moons."}]}
+    accepted = server.post("/ingest", json=doc, headers=world["a"])
+    assert accepted.status_code == 202, accepted.text
+    job = wait_for_job(server, accepted.json()["job_id"], headers=world["a"])
+    assert (job["status"], job["collection"]) == ("succeeded", "team-a")
+    files = [("files", ("m.txt", b"Zorblat's moons are grey.", "text/plain"))]
+    upload = server.post("/ingest", files=files, headers=world["a"])
+    assert upload.status_code == 202, upload.text
+    uploaded = wait_for_job(server, upload.json()["job_id"], headers=world["a"])
+    assert (uploaded["status"], uploaded["collection"]) == ("succeeded", "team-a")
+    for doc_id in job["document_ids"] + uploaded["document_ids"]:
+        assert server.delete(f"/documents/{doc_id}", headers=world["a"]).status_code == 204
 
 
 def test_jobs_coverage_stats_and_collections_are_scoped(server: TestClient, world: dict[str, Any]) -> None:
