@@ -130,3 +130,26 @@ def test_chat_asks_for_a_key_and_keeps_it_for_the_session(
         shot(page, f"chat-with-key-{width}")
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_chat_says_a_wrong_key_was_refused(server: LiveServer, browser: Any, shot: Any, width: int) -> None:
+    """The trial: a wrong key cleared the field and showed the key bar again with no word of why."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{server.url}/")
+        page.wait_for_selector("#keybar:not([hidden])", timeout=TIMEOUT_MS)
+        assert page.is_hidden("[data-testid=key-refused]")  # no key entered yet: nothing was refused
+        page.fill("#api-key", "brk_not-a-real-key")
+        page.click("#key-save")
+        page.wait_for_selector("[data-testid=key-refused]:not([hidden])", timeout=TIMEOUT_MS)
+        assert page.inner_text("[data-testid=key-refused]") == (
+            "The server refused this key: check it and enter it again."
+        )
+        assert page.is_visible("#keybar") and page.evaluate("sessionStorage.getItem('blendrag.apiKey')") is None
+        box = page.eval_on_selector("[data-testid=key-refused]", "e => e.getBoundingClientRect().right")
+        assert box <= width
+        shot(page, f"chat-key-refused-{width}")
+    finally:
+        context.close()

@@ -284,7 +284,15 @@ async function loadDefaults() {
 
 // ---- the key, when the server wants one ---------------------------------------------------------------
 
+// A 401 while a key is set means the server refused that key: say so (and forget it), rather than
+// showing the empty key field again as if none had been entered.
 function askForKey() {
+  const refused = $("key-refused");
+  if (apiKey()) {
+    setSessionKey("");
+    refused.textContent = "The server refused this key: check it and enter it again.";
+    refused.hidden = false;
+  }
   $("keybar").hidden = false;
   $("api-key").focus();
 }
@@ -294,6 +302,7 @@ $("key-save").addEventListener("click", () => {
   if (!key) return;
   setSessionKey(key); // this tab only: closing it forgets the key
   $("api-key").value = "";
+  $("key-refused").hidden = true;
   $("keybar").hidden = true;
   loadDefaults();
   loadRecent();
