@@ -169,6 +169,8 @@ class Turn {
     const answer = withCitationMarks(result.answer || this.text, result.citations || []);
     this.renderAnswer(answer).then(() => {
       if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+      // The rendered answer can be taller than the streamed text: keep the timing line above the composer.
+      if (this.root === thread.lastElementChild) revealEnd(this);
     });
     const t = result.timings;
     const items = [el("span", { "data-k": "ttft" }, "TTFT ", el("b", {}, fmtMs(t.ttft_ms)))];
@@ -178,7 +180,7 @@ class Turn {
       const saved = fullTtft - t.ttft_ms;
       const what = result.mode === "blend" ? "blending" : `${result.mode} mode`;
       items.push(saved > 0
-        ? el("span", { class: "saved", "data-k": "saved" }, `${what} saved `, el("b", {}, `≈ ${fmtMs(saved)}`),
+        ? el("span", { class: "saved", "data-k": "saved" }, `${what} saved `, el("b", {}, `~${fmtMs(saved)}`),
           ` vs full prefill (est. ${fmtMs(fullTtft)})`)
         : el("span", { "data-k": "saved" }, `no time saved vs full prefill (est. ${fmtMs(fullTtft)})`));
     }
