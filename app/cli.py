@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import dataclasses
 import logging
+import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +24,10 @@ logger = logging.getLogger(__name__)
 
 EXIT_USAGE = 2
 EXIT_BUSY = 3  # another process owns the data dir and the work cannot be sent to it
+NO_SERVER = (
+    "no blendrag server found: start one with `make serve` (or `blendrag serve`), or name a running one with "
+    "--server URL (or BLENDRAG_URL)"
+)
 
 
 class Refused(RuntimeError):
@@ -41,6 +47,29 @@ def _add_data_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_client(p: argparse.ArgumentParser) -> None:
+    """How the command reaches a server that is not this data dir's owner, and the key it sends."""
+    p.add_argument(
+        "--server",
+        default=os.environ.get("BLENDRAG_URL"),
+        metavar="URL",
+        help="send the work to the blendrag server at URL (default: $BLENDRAG_URL, the data dir's server, "
+        "else a running one)",
+    )
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("BLENDRAG_API_KEY"),
+        metavar="KEY",
+        help="the key sent to the server (a collection key or the admin key; default: $BLENDRAG_API_KEY, "
+        "else server.api_key)",
+    )
+
+
+def _client_key(args: argparse.Namespace, settings: Settings) -> str | None:
+    """The client's own key (`--api-key` / BLENDRAG_API_KEY), else the server's own `server.api_key`."""
+    return getattr(args, "api_key", None) or settings.server.api_key
+
+
 def _busy_message(settings: Settings, owner: LockOwner | None, then: str) -> str:
     who = owner.describe() if owner is not None else "another blendrag process"
     if owner is not None and owner.url is not None:
@@ -51,26 +80,44 @@ def _busy_message(settings: Settings, owner: LockOwner | None, then: str) -> str
 
 
 def _take_data_dir(
-    settings: Settings, command: str, then: str, *, remote: bool
+    settings: Settings,
+    command: str,
+    then: str,
+    *,
+    remote: bool,
+    args: argparse.Namespace | None = None,
+    server_only: bool = False,
 ) -> tuple[RemoteServer | None, DataDirLock | None]:
-    """Own the data dir for this command, or (remote=True) reach the server that owns it.
+    """Own the data dir for this command, or (remote=True) reach a server: the one `--server` names, the
+    one that owns the data dir, or (the data dir holding no catalog) one that announced itself or answers
+    on the configured port. `server_only`: never take (and so create) a data dir without a catalog.
 
     Returns (server client, None) when the work goes to the running server over HTTP, else (None, lock).
     Raises Refused naming the owner and what to do when neither is possible.
     """
+    key = _client_key(args, settings) if args is not None else settings.server.api_key
+    named = getattr(args, "server", None) if remote else None
+    if named:
+        from app.remote import RemoteServer, probe
+
+        url = probe(named)
+        if url is None:
+            raise Refused(f"no blendrag server answers at {named} (check --server / BLENDRAG_URL)")
+        return RemoteServer(url, key), None
     owner = lock_owner(settings.data_dir)
     if owner is None and remote and not _has_catalog(settings):
         # `blendrag ask` in another folder would create ./data and answer from nothing, while the user's
-        # server runs elsewhere: a data dir without a catalog sends the work to a server on the default port.
-        from app.remote import RemoteServer, find_server
+        # server runs elsewhere: a data dir without a catalog sends the work to a running server.
+        from app.remote import RemoteServer, discover
+        from app.server_registry import default_runtime_dir
 
-        url = find_server(settings.server.host, settings.server.port)
-        if url is not None:
-            print(
-                f"{settings.data_dir} holds no catalog; sending the work to the blendrag server at {url}",
-                file=sys.stderr,
-            )
-            return RemoteServer(url, settings.server.api_key), None
+        found = discover(settings.runtime_dir or default_runtime_dir(), settings.server.host, settings.server.port)
+        if found is not None:
+            url, which = found
+            print(f"{settings.data_dir} holds no catalog; sending the work to {which}", file=sys.stderr)
+            return RemoteServer(url, key), None
+        if server_only:
+            raise Refused(f"{NO_SERVER}; {settings.data_dir} holds no catalog to answer from")
     if owner is None:
         lock = DataDirLock(settings.data_dir)
         try:
@@ -82,7 +129,7 @@ def _take_data_dir(
         from app.remote import RemoteServer
 
         print(f"the server at {owner.url} owns {settings.data_dir}: sending the work to it", file=sys.stderr)
-        return RemoteServer(owner.url, settings.server.api_key), None
+        return RemoteServer(owner.url, key), None
     raise Refused(_busy_message(settings, owner, then))
 
 
@@ -134,9 +181,11 @@ def _print_kv_added(progress: dict[str, Any]) -> None:
     print(f"KV cache: +{human_bytes(num_bytes)} for {num_tokens} new chunk tokens{per_token}")
 
 
-def _print_job(job_id: str, status: str, document_ids: list[str], errors: list[dict[str, Any]], num_files: int) -> int:
+def _print_job(
+    job_id: str, status: str, document_ids: list[str], errors: list[dict[str, Any]], num_files: int, seconds: float
+) -> int:
     num_ok = len(document_ids) - len({e.get("source") for e in errors})
-    print(f"job {job_id}: {status}; {max(num_ok, 0)} of {num_files} file(s) ingested")
+    print(f"job {job_id}: {status}; {max(num_ok, 0)} of {num_files} file(s) ingested in {_duration(seconds)}")
     for err in errors:
         print(f"  {err.get('source')}: {err.get('error')}", file=sys.stderr)
     return 0 if status == "succeeded" else 1
@@ -161,11 +210,12 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from app.services.key_service import KeyRequestError, check_collection
 
     try:
-        collection = check_collection(args.collection)
+        collection = None if args.collection is None else check_collection(args.collection)
     except KeyRequestError as exc:
         print(f"error: --collection: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    remote, lock = _take_data_dir(settings, "ingest", "blendrag ingest", remote=True)
+    started = time.monotonic()
+    remote, lock = _take_data_dir(settings, "ingest", "blendrag ingest", remote=True, args=args)
     progress = IngestProgress()
     if remote is not None:
         with remote:
@@ -173,11 +223,13 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             job = remote.wait_job(accepted["job_id"], progress.update)
         progress.finish(job)
         _print_kv_added(job.get("progress") or {})
-        code = _print_job(job["job_id"], job["status"], job["document_ids"], job["errors"], len(found.paths))
+        seconds = time.monotonic() - started
+        code = _print_job(job["job_id"], job["status"], job["document_ids"], job["errors"], len(found.paths), seconds)
         _print_skipped(found.skipped, settings.ingest.allowed_extensions)
         return code
     assert lock is not None
     with lock:
+        from app.catalog.models import DEFAULT_COLLECTION
         from app.components import build_components
         from app.services.ingest import IngestService, IngestSource
 
@@ -188,15 +240,30 @@ def cmd_ingest(args: argparse.Namespace) -> int:
                 IngestSource(kind="file", title=Path(name).name, path=str(f.resolve()), source_path=name, tags=tags)
                 for f, name in zip(found.paths, found.names, strict=True)
             ]
-            submitted = service.submit(sources, enqueue=False, collection=collection)
+            submitted = service.submit(sources, enqueue=False, collection=collection or DEFAULT_COLLECTION)
             local_job = service.run_job(submitted.job_id, on_progress=progress.update)
             progress.finish(local_job)
         finally:
             components.close()
     _print_kv_added(local_job.progress)
-    code = _print_job(local_job.id, local_job.status.value, local_job.document_ids, local_job.errors, len(found.paths))
+    code = _print_job(
+        local_job.id,
+        local_job.status.value,
+        local_job.document_ids,
+        local_job.errors,
+        len(found.paths),
+        time.monotonic() - started,
+    )
     _print_skipped(found.skipped, settings.ingest.allowed_extensions)
     return code
+
+
+def _duration(seconds: float) -> str:
+    """3.24 -> "3.2 s"; 125 -> "2 min 5 s"."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s"
 
 
 def _print_skipped(skipped: list[str], extensions: Any) -> None:
@@ -259,7 +326,10 @@ def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
         }.items()
         if v is not None
     }
+    from app.cli_answer import AnswerPrinter
+
     sources: list[dict[str, Any]] = []
+    printer = AnswerPrinter()
     code = 0
     with remote:
         for event, data in remote.ask(body):
@@ -267,12 +337,13 @@ def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
                 case "sources":
                     sources = data["sources"]
                 case "token":
-                    sys.stdout.write(data["text"])
-                    sys.stdout.flush()
+                    printer.token(data["text"])
                 case "done":
+                    printer.done(data.get("answer"), data.get("citations") or [])
                     _print_sources(sources, data.get("notice"))
                     _print_done(data)
                 case "error":
+                    printer.done(None, [])
                     print(f"\nerror: {data.get('message')}", file=sys.stderr)
                     code = 1
     return code
@@ -308,17 +379,11 @@ def cmd_ask(args: argparse.Namespace) -> int:
             name = str(err["loc"][0]) if err["loc"] else "question"
             print(f"error: {flags.get(name, name)}: {err['msg']}", file=sys.stderr)
         return EXIT_USAGE
-    had_catalog = _has_catalog(settings)
-    remote, lock = _take_data_dir(settings, "ask", "blendrag ask", remote=True)
+    # A question never creates a data dir: without a catalog here, it goes to a running server or nowhere.
+    remote, lock = _take_data_dir(settings, "ask", "blendrag ask", remote=True, args=args, server_only=True)
     if remote is not None:
         return _ask_remote(remote, args)
     assert lock is not None
-    if not had_catalog:
-        print(
-            f"data dir {settings.data_dir} is new and holds no documents: the answer comes from the model alone "
-            "(ingest first, or pass --data-dir)",
-            file=sys.stderr,
-        )
     with lock:
         request = body.to_request(body.question)
         if body.collections is not None:
@@ -330,6 +395,7 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 def _ask_local(settings: Settings, request: Any, conversation_id: str | None) -> int:
     from app.catalog import Catalog
+    from app.cli_answer import AnswerPrinter
     from app.components import build_components, build_scheduler
     from app.services.ask_service import AskService
     from app.services.ask_types import DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
@@ -339,13 +405,20 @@ def _ask_local(settings: Settings, request: Any, conversation_id: str | None) ->
     # request with this server's key would be, so the CLI and HTTP see the same conversations.
     catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
     try:
-        context = ConversationService(catalog).open(conversation_id, owner_of(settings.server.api_key))
+        # In-process, the CLI reads every collection (it owns the data dir), like the admin.
+        context = (
+            None
+            if conversation_id is None
+            else ConversationService(catalog).open(
+                conversation_id, owner_of(settings.server.api_key), None, request.filters.collections
+            )
+        )
     except ConversationNotFound as exc:
         print(f"error: --conversation: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         catalog.close()
-    request = dataclasses.replace(request, history=context.history, conversation=context)
+    request = dataclasses.replace(request, history=context.history if context else (), conversation=context)
     components = build_components(settings)
     conversations = ConversationService(components.catalog)
 
@@ -354,6 +427,7 @@ def _ask_local(settings: Settings, request: Any, conversation_id: str | None) ->
         scheduler.start()
         service = AskService(components, scheduler, conversations=conversations)
         sources: list[Any] = []
+        printer = AnswerPrinter()
         code = 0
         try:
             async for event in service.ask(request):
@@ -361,12 +435,14 @@ def _ask_local(settings: Settings, request: Any, conversation_id: str | None) ->
                     case SourcesEvent():
                         sources = event.sources
                     case TokenDelta():
-                        sys.stdout.write(event.text)
-                        sys.stdout.flush()
+                        printer.token(event.text)
                     case DoneEvent():
+                        done = dataclasses.asdict(event)
+                        printer.done(done.get("answer"), done.get("citations") or [])
                         _print_sources([dataclasses.asdict(s) for s in sources], event.notice)
-                        _print_done(dataclasses.asdict(event))
+                        _print_done(done)
                     case ErrorEvent():
+                        printer.done(None, [])
                         print(f"\nerror: {event.message}", file=sys.stderr)
                         code = 1
         finally:
@@ -417,7 +493,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
     settings = _settings(args)
     command = f"blendrag cache {args.cache_command}"
     remote, lock = _take_data_dir(
-        settings, f"cache {args.cache_command}", command, remote=args.cache_command == "stats"
+        settings, f"cache {args.cache_command}", command, remote=args.cache_command == "stats", args=args
     )
     if remote is not None:
         with remote:
@@ -508,7 +584,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 def cmd_purge_failed(args: argparse.Namespace) -> int:
     settings = _settings(args)
-    remote, lock = _take_data_dir(settings, "purge-failed", "blendrag purge-failed", remote=True)
+    remote, lock = _take_data_dir(settings, "purge-failed", "blendrag purge-failed", remote=True, args=args)
     if remote is not None:
         with remote:
             num_deleted = remote.purge_failed()
@@ -542,9 +618,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paths", nargs="+")
     p.add_argument("--tags", default=None, help="comma-separated tags for every ingested document")
     p.add_argument(
-        "--collection", default="default", metavar="NAME", help="the collection they join (default: default)"
+        "--collection",
+        default=None,
+        metavar="NAME",
+        help="the collection they join (default: a key's own collection when it has exactly one, else default)",
     )
     _add_data_dir(p)
+    _add_client(p)
     p.set_defaults(func=cmd_ingest)
 
     p = sub.add_parser("ask", help="ask a question; prints the answer as it streams")
@@ -557,7 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument(
-        "--conversation", default=None, metavar="ID", help="continue this conversation (an earlier answer names it)"
+        "--conversation",
+        default=None,
+        metavar="ID",
+        help='store the turn: "new" starts a conversation, an ID continues one (an earlier answer names it); '
+        "without it nothing is stored",
     )
     p.add_argument(
         "--collection",
@@ -568,6 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="only search this collection (repeat for several; default: every collection)",
     )
     _add_data_dir(p)
+    _add_client(p)
     p.set_defaults(func=cmd_ask)
 
     p = sub.add_parser("cache", help="inspect and maintain the KV store")
@@ -578,6 +663,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         cp = csub.add_parser(name, help=help_text)
         _add_data_dir(cp)
+        if name == "stats":
+            _add_client(cp)
     cp = csub.add_parser("prune", help="evict disk entries (the eviction policy's victims first) down to a size")
     cp.add_argument("--max-bytes", type=int, required=True)
     _add_data_dir(cp)
@@ -591,6 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("purge-failed", help="delete every failed document (what failed ingests left behind)")
     _add_data_dir(p)
+    _add_client(p)
     p.set_defaults(func=cmd_purge_failed)
 
     p = sub.add_parser("doctor", help="check that catalog, index and KV store agree (with the server stopped)")

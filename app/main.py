@@ -28,6 +28,7 @@ from app.api.cross_site import CrossSiteGuardMiddleware
 from app.api.errors import install_error_handlers
 from app.datadir_lock import DataDirBusy, DataDirLock, server_url
 from app.metrics import RequestMetricsMiddleware
+from app.server_registry import announce, default_runtime_dir, withdraw
 from app.settings import Settings
 from app.state import AppState
 from app.ui import docs_assets_dir, mount_docs, mount_ui
@@ -61,11 +62,15 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         # One process owns the data dir; the lock records this server's address for the CLI.
         lock = DataDirLock(settings.data_dir)
+        url = server_url(settings.server.host, settings.server.port)
         try:
-            lock.acquire("serve", url=server_url(settings.server.host, settings.server.port))
+            lock.acquire("serve", url=url)
         except DataDirBusy as exc:
             logger.error("%s: stop it first or use another data dir", exc)
             raise
+        # Listed for `blendrag ask` in another folder, on another port or data dir (app/server_registry.py).
+        runtime_dir = settings.runtime_dir or default_runtime_dir()
+        announced = announce(runtime_dir, url, settings.data_dir)
         task = asyncio.create_task(state.load())
         if not load_in_background:
             await task
@@ -77,6 +82,7 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
                     await task
                 await state.close()
             finally:
+                withdraw(runtime_dir, announced)
                 lock.release()  # even when closing failed: the next start must not find the dir taken
 
     docs_assets = docs_assets_dir()

@@ -1,8 +1,9 @@
-"""The CLI's client for a running server that owns the data dir (its URL comes from the data-dir lock).
+"""The CLI's client for a running server: the one that owns the data dir (its URL is in the data-dir lock),
+the one named by `--server` / `BLENDRAG_URL`, or one that announced itself (app/server_registry.py).
 
 `blendrag ingest` uploads the files to `POST /ingest` and follows the job; `blendrag ask` streams
-`POST /ask`; `blendrag cache stats` reads `GET /api/stats`. With `server.api_key` set, the key from the
-same settings is sent as a bearer token.
+`POST /ask`; `blendrag cache stats` reads `GET /api/stats`. The key sent as a bearer token is the
+client's (`--api-key` / `BLENDRAG_API_KEY`), else `server.api_key` of the same settings.
 """
 
 from __future__ import annotations
@@ -121,7 +122,26 @@ class RemoteServer:
 def find_server(host: str, port: int) -> str | None:
     """The URL of a blendrag server answering on (host, port), or None (nothing there, or not blendrag)."""
     probe_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    url = f"http://{probe_host}:{port}"
+    return probe(f"http://{probe_host}:{port}")
+
+
+def discover(runtime_dir: Path, host: str, port: int) -> tuple[str, str] | None:
+    """A running server for a CLI command that has none named: (url, how it was found), or None.
+
+    The servers that announced themselves, the most recently started first, then the configured port."""
+    from app.server_registry import announced
+
+    for server in announced(runtime_dir):
+        url = probe(server.url)
+        if url is not None:
+            return url, f"the blendrag server at {url} (data dir {server.data_dir})"
+    url = find_server(host, port)
+    return None if url is None else (url, f"the blendrag server at {url}")
+
+
+def probe(url: str) -> str | None:
+    """`url` (without a trailing slash) when a blendrag server answers there, else None."""
+    url = url.rstrip("/")
     try:
         response = httpx.get(f"{url}/health", timeout=1.0)
         ready = httpx.get(f"{url}/ready", timeout=1.0)

@@ -157,6 +157,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BLENDRAG_", env_nested_delimiter="__", extra="forbid")
 
     data_dir: Path = Path("./data")
+    runtime_dir: Path | None = Field(
+        default=None,
+        description="Where running servers announce themselves for the CLI (default $XDG_RUNTIME_DIR/blendrag, "
+        "else ~/.cache/blendrag)",
+    )
     server: ServerSettings = Field(default_factory=ServerSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)

@@ -18,6 +18,7 @@ SUBCOMMANDS = (
     "bench.frontier",
     "bench.lookup",
     "bench.conversation",
+    "bench.followup",
     "bench.throughput",
     "bench.ingest_rate",
     "bench.kv_dtypes",

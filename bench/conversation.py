@@ -256,9 +256,9 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
         second = "What is the access code of that project?"
         row: dict[str, Any] = {"project": project.name, "code": project.code}
         # /ask: a stored conversation, continued by id.
-        context = conversations.open(None, None)
+        context = conversations.open(None, None, None, None)
         done1, _, _ = await _ask(state, _request(first, [], max_tokens, conversation=context))
-        context = conversations.open(done1.conversation_id, None)
+        context = conversations.open(done1.conversation_id, None, None, None)
         for path in ("ask", "v1"):
             if path == "ask":
                 request = _request(second, list(context.history), max_tokens, conversation=context)

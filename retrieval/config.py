@@ -75,3 +75,9 @@ class RetrievalSettings(BaseModel):
     followup: FollowupMode = "concat"
     followup_turns: int = Field(2, ge=0, le=16, description="Earlier user questions the follow-up query reads")
     followup_decay: float = Field(0.5, gt=0.0, le=1.0, description="concat: weight of each step back in time")
+    followup_sources: int = Field(
+        3, ge=0, le=64, description="concat: the previous turn's top sources whose mean vector joins the question"
+    )
+    followup_source_weight: float = Field(
+        0.7, ge=0.0, le=4.0, description="concat: weight of those sources' mean vector (the new question counts 1)"
+    )

@@ -454,6 +454,14 @@ class Retriever:
             allowed = in_collections if allowed is None else allowed & in_collections
         return allowed
 
+    def vectors_of(self, chunk_ids: Sequence[int]) -> np.ndarray:
+        """The stored (unit) vectors of those of `chunk_ids` still indexed, in order. # (n, dim) float32"""
+        with self._lock:
+            live = [i for i in chunk_ids if i in self._chunks]
+            if self._index is None or not live:
+                return np.zeros((0, 0 if self._index is None else self._index.dim), dtype=np.float32)
+            return np.asarray(self._index.vectors(live), dtype=np.float32)
+
     def _fill_cosine(self, cosine: dict[int, float], chunk_ids: list[int], query_vector: np.ndarray) -> None:
         """Exact cosine for keyword-only hits, so thresholds and `vector_score` cover every result."""
         missing = [chunk_id for chunk_id in chunk_ids if chunk_id not in cosine]

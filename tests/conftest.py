@@ -4,6 +4,7 @@ SmolLM2's tokenizer, so app-level tests run the real code path in seconds."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,8 @@ os.environ.setdefault("BLENDRAG_RETRIEVAL__EMBED_DTYPE", "float32")
 # Servers the tests start do not calibrate their (tiny, random) model in the background: it would take the
 # cores the tests need. Tests of the calibration runner turn it on explicitly.
 os.environ.setdefault("BLENDRAG_CALIBRATION__AUTO", "false")
+# Servers the tests start announce themselves here, never in the user's own runtime dir.
+os.environ.setdefault("BLENDRAG_RUNTIME_DIR", tempfile.mkdtemp(prefix="blendrag-test-runtime-"))
 
 # Converted models survive between local runs (CI starts clean and converts once, ~20 s).
 MODELS_CACHE = Path(

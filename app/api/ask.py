@@ -120,20 +120,24 @@ def validated(
     body: AskIn, state: AppState, conversations: ConversationService, owner: str | None, access: Access
 ) -> AskRequest:
     """The service request for a (validated) body: searching the caller's collections (403 for a named one
-    it may not read), in its conversation (a new one without an id; 404 for an id this caller does not
-    have), or 503 when the engine is already full.
+    it may not read), in its conversation ("new" starts one, none stores nothing; 404 for an id it may not
+    open: another owner's, or one asked over a collection it may not read), or 503 when the engine is
+    already full.
 
     The busy check here is only a shortcut that spares retrieval; the binding check is the scheduler's, in
     `admitted`.
     """
     request = scope_request(body.to_request(body.question), access, body.collections)
-    try:
-        context = conversations.open(body.conversation_id, owner)
-    except ConversationNotFound as exc:
-        raise HTTPException(404, str(exc)) from exc
+    if body.conversation_id is None:  # a one-off question: nothing is stored
+        context = None
+    else:
+        try:
+            context = conversations.open(body.conversation_id, owner, access.collections, request.filters.collections)
+        except ConversationNotFound as exc:
+            raise HTTPException(404, str(exc)) from exc
     if engine_is_full(state):
         raise busy_error()
-    return dataclasses.replace(request, history=context.history, conversation=context)
+    return dataclasses.replace(request, history=context.history if context else (), conversation=context)
 
 
 async def admitted(service: AskService, request: AskRequest) -> AdmittedAnswer:
@@ -198,7 +202,8 @@ async def ask(
     access: Access = Depends(guard_questions),
 ) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate. With a
-    `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query. Only
+    `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query, and the
+    turn is stored in it (`"new"` starts one); without one, nothing is stored. Only
     the collections the caller's key may read are searched (`collections` narrows them)."""
     asked = validated(body, state, conversations, conversation_owner(request), access)
     answer = await admitted(service, cap_for_client(asked, request))

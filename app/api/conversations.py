@@ -1,8 +1,10 @@
 """GET /conversations, GET and DELETE /conversations/{id}: the caller's stored conversations.
 
-A conversation belongs to the API key that created it (none: to every caller without a key); another
-owner's conversation, an unknown id and a deleted one are all 404. The same key rule as /ask applies
-(`server.protect_ask`), and the same rate limit.
+A conversation belongs to the API key that created it and to the collections its turns searched;
+another owner's conversation, one over a collection the caller may not (or no longer) read, an unknown
+id and a deleted one are all 404. A conversation started without a key is listed to nobody: its id
+reaches it (`?ids=` lists those of the given ids the caller may open, how the chat page shows the ones
+it started). The same key rule as /ask applies (`server.protect_ask`), and the same rate limit.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 
-from app.api.deps import conversation_owner, get_conversations, guard_questions
+from app.api.deps import Access, conversation_owner, get_conversations, guard_questions
 from app.api.schemas import (
     ConversationDetailOut,
     ConversationOut,
@@ -21,7 +23,7 @@ from app.api.schemas import (
     TurnSourceOut,
     ValidationErrorOut,
 )
-from app.catalog.conversations import ConversationRecord
+from app.catalog.conversations import ConversationPage, ConversationRecord
 from app.services.conversation_service import ConversationNotFound, ConversationService
 
 router = APIRouter(
@@ -37,6 +39,7 @@ router = APIRouter(
 )
 
 MAX_OFFSET = 2**62  # SQLite integers are 64-bit signed: a larger offset would be a 500
+MAX_IDS = 100
 
 
 def conversation_out(record: ConversationRecord) -> ConversationOut:
@@ -58,10 +61,25 @@ def list_conversations(
     request: Request,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    ids: Annotated[
+        str | None,
+        Query(
+            max_length=MAX_IDS * 40,
+            description="Comma-separated conversation ids: list those of them you may open (without a key, "
+            "your conversations are listed only this way)",
+        ),
+    ] = None,
     service: ConversationService = Depends(get_conversations),
+    access: Access = Depends(guard_questions),
 ) -> ConversationPageOut:
-    """Your conversations, the most recently continued first."""
-    page = service.page(conversation_owner(request), offset=offset, limit=limit)
+    """Your conversations, the most recently continued first (none without a key, unless named in `ids`)."""
+    owner = conversation_owner(request)
+    if ids is not None:
+        wanted = [i for i in dict.fromkeys(part.strip() for part in ids.split(",")) if i][:MAX_IDS]
+        found = service.of_ids(wanted, owner, access.collections)
+        page = ConversationPage(total=len(found), conversations=found[offset : offset + limit])
+    else:
+        page = service.page(owner, access.collections, offset=offset, limit=limit)
     return ConversationPageOut(
         total=page.total,
         offset=offset,
@@ -72,11 +90,14 @@ def list_conversations(
 
 @router.get("/{conversation_id}", response_model=ConversationDetailOut, responses={404: {"model": ErrorOut}})
 def get_conversation(
-    conversation_id: str, request: Request, service: ConversationService = Depends(get_conversations)
+    conversation_id: str,
+    request: Request,
+    service: ConversationService = Depends(get_conversations),
+    access: Access = Depends(guard_questions),
 ) -> ConversationDetailOut:
     """One conversation: its turns in order, each with its answer, sources and timings."""
     try:
-        detail = service.detail(conversation_id, conversation_owner(request))
+        detail = service.detail(conversation_id, conversation_owner(request), access.collections)
     except ConversationNotFound as exc:
         raise not_found(exc) from exc
     head = conversation_out(detail.conversation)
@@ -107,11 +128,14 @@ def get_conversation(
 
 @router.delete("/{conversation_id}", status_code=204, response_class=Response, responses={404: {"model": ErrorOut}})
 def delete_conversation(
-    conversation_id: str, request: Request, service: ConversationService = Depends(get_conversations)
+    conversation_id: str,
+    request: Request,
+    service: ConversationService = Depends(get_conversations),
+    access: Access = Depends(guard_questions),
 ) -> Response:
     """Delete a conversation and its turns (its stored turn KV stays until evicted: shared by content)."""
     try:
-        service.delete(conversation_id, conversation_owner(request))
+        service.delete(conversation_id, conversation_owner(request), access.collections)
     except ConversationNotFound as exc:
         raise not_found(exc) from exc
     return Response(status_code=204)

@@ -18,6 +18,7 @@ from typing import Literal, TypeVar
 from fastapi import HTTPException, Request
 
 from app.api.rate_limit import client_id
+from app.catalog.models import DEFAULT_COLLECTION
 from app.services.ask_service import AskService
 from app.services.ask_types import AskRequest
 from app.services.conversation_service import ConversationService, owner_of
@@ -87,6 +88,14 @@ class Access:
             if refused:
                 raise HTTPException(403, f"this key may not read collection {refused[0]!r}")
         return wanted
+
+    @property
+    def default_collection(self) -> str:
+        """Where documents go without a `collection`: a key's own collection when it has exactly one (it can
+        write nowhere else), else `default`."""
+        if self.role == "key" and self.collections is not None and len(self.collections) == 1:
+            return next(iter(self.collections))
+        return DEFAULT_COLLECTION
 
     def check_ingest(self, collection: str) -> None:
         """403 unless this caller may add documents to (or delete them from) `collection`."""

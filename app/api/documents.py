@@ -42,7 +42,6 @@ from app.api.schemas import (
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
 from app.api.uploads import UploadNameError, check_upload_name, save_upload, upload_source_path
 from app.catalog import DocumentStatus
-from app.catalog.models import DEFAULT_COLLECTION
 from app.catalog.repository import DocumentRecord, JobRecord
 from app.services.document_service import DocumentBusy, DocumentService
 from app.services.ingest import IngestError, IngestService, IngestSource, IngestTooLarge
@@ -108,8 +107,8 @@ _FILENAME_PATTERN = r'filename="[^"]*\.(' + "|".join(sorted(KNOWN_EXTENSIONS)) +
 _COLLECTION_SCHEMA = {
     "type": "string",
     "pattern": COLLECTION_PATTERN,
-    "default": DEFAULT_COLLECTION,
-    "description": "The collection the documents join (default `default`); the key must be allowed to ingest there",
+    "description": "The collection the documents join (default: the key's collection when it has exactly one, "
+    "else `default`); the key must be allowed to ingest there",
 }
 _INGEST_BODY = {
     "requestBody": {
@@ -210,8 +209,9 @@ async def ingest(
         sources, batch_dir, collection = await _multipart_sources(request, state, access)
     elif content_type.startswith("application/json") or not content_type:
         body = _ingest_body(await request.body())
-        access.check_ingest(body.collection)
-        sources, collection = [_text_source(d) for d in body.documents], body.collection
+        collection = body.collection or access.default_collection
+        access.check_ingest(collection)
+        sources = [_text_source(d) for d in body.documents]
     else:
         raise HTTPException(415, f"send application/json or multipart/form-data, not {content_type!r}")
     try:
@@ -261,7 +261,7 @@ async def _multipart_sources(
         if len(tag_parts) > 1 or any(not isinstance(t, str) or t.startswith(("[", "{")) for t in tag_parts):
             raise HTTPException(422, "'tags' is one text field of comma-separated tags (not JSON)")
         tags = [t.strip() for t in str(tag_parts[0] if tag_parts else "").split(",") if t.strip()]
-        collection = _form_collection(form.getlist("collection"))
+        collection = _form_collection(form.getlist("collection"), access.default_collection)
         access.check_ingest(collection)
         sources: list[IngestSource] = []
         for part in form.getlist("documents"):
@@ -303,9 +303,9 @@ async def _multipart_sources(
     return sources, batch_dir, collection
 
 
-def _form_collection(parts: list[Any]) -> str:
+def _form_collection(parts: list[Any], default: str) -> str:
     if not parts:
-        return DEFAULT_COLLECTION
+        return default
     if len(parts) > 1 or not isinstance(parts[0], str) or not re.match(COLLECTION_PATTERN, parts[0]):
         raise HTTPException(
             422,

@@ -221,15 +221,19 @@ def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
     )
 
 
-def _ask_request(body: ChatCompletionIn, conversations: ConversationService, owner: str | None) -> AskRequest:
+def _ask_request(
+    body: ChatCompletionIn, conversations: ConversationService, owner: str | None, access: Access
+) -> AskRequest:
     """The service request: question, history and system prompt from `messages`; the conversation to
-    record the turn in when the body names one (ConversationNotFound for an id this caller lacks)."""
+    record the turn in when the body names one (ConversationNotFound for an id this caller may not open:
+    another owner's, or one over a collection it may not read)."""
     chat = read_messages(body.messages)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     context = None
     history = chat.history
     if body.conversation_id is not None:
-        context = conversations.open(body.conversation_id, owner)
+        searched = access.narrowed(body.collections)
+        context = conversations.open(body.conversation_id, owner, access.collections, searched)
         history = chat.history or context.history
     return dataclasses.replace(
         body.to_request(chat.question, max_tokens=body.max_completion_tokens, stop=stop),
@@ -341,7 +345,9 @@ async def chat_completions(
     """Chat completion grounded in the library; the whole `messages` history counts (see the module doc).
     Only the collections the caller's key may read are searched (`collections` narrows them)."""
     try:
-        asked = scope_request(_ask_request(body, conversations, conversation_owner(request)), access, body.collections)
+        asked = scope_request(
+            _ask_request(body, conversations, conversation_owner(request), access), access, body.collections
+        )
         ask_request = cap_for_client(asked, request)
     except ConversationNotFound as exc:
         return openai_error(404, str(exc), code="conversation_not_found")

@@ -100,7 +100,11 @@ class IngestIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     documents: list[DocumentIn] = Field(min_length=1)
-    collection: CollectionName = Field(default="default", description="The collection the documents join")
+    collection: CollectionName | None = Field(
+        default=None,
+        description="The collection the documents join (default: the key's collection when it has exactly one, "
+        "else `default`)",
+    )
 
 
 class IngestAccepted(BaseModel):
@@ -281,8 +285,9 @@ class AskIn(AskParams):
 
     conversation_id: ConversationId | None = Field(
         default=None,
-        description="Continue this conversation: its earlier turns are in the prompt and retrieval reads "
-        "their questions. Without one a new conversation starts; the answer names it.",
+        description='Store this turn in a conversation: "new" starts one (the answer names it), an id '
+        "continues one (its earlier turns are in the prompt and retrieval reads their questions). Without "
+        "one the question is a one-off and nothing is stored.",
     )
 
     # min_length and pattern document the rule; the validator below checks it with a readable message.

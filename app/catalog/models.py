@@ -133,7 +133,9 @@ class IndexEventRow(Base):
 
 class ConversationRow(Base):
     """A conversation of /ask (or /v1 with a `conversation_id`): its turns are answered with the earlier
-    ones in the prompt. `owner` is the hash of the API key that created it (None: no key), never the key."""
+    ones in the prompt. `owner` is the hash of the API key that created it (None: no key), never the key.
+    `collections`: the collections its turns searched (None: every collection, and every conversation made
+    before conversations recorded them); only a caller that may read all of them sees it."""
 
     __tablename__ = "conversations"
 
@@ -141,6 +143,7 @@ class ConversationRow(Base):
     owner: Mapped[str | None] = mapped_column(String(80), index=True, nullable=True)
     title: Mapped[str] = mapped_column(String(512))
     num_turns: Mapped[int] = mapped_column(Integer, default=0)
+    collections: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
 

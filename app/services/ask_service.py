@@ -148,7 +148,11 @@ class AskService:
         context, EngineBusy when a `rewrite` follow-up finds the engine full."""
         engine = self._c.engine
         started = time.perf_counter()
-        query = await self._followup.query(request.question, request.history, request.followup)
+        conversation = request.conversation
+        # A stored conversation's turns carry their sources (a /v1 client's own messages replace them).
+        same_history = conversation is not None and conversation.history == request.history
+        source_ids = conversation.source_ids if conversation is not None and same_history else ()
+        query = await self._followup.query(request.question, request.history, request.followup, source_ids)
         chunks, sources = await asyncio.to_thread(self._retrieve, request, query)
         retrieval_ms = (time.perf_counter() - started) * 1000
         context = engine.model.config.max_position_embeddings

@@ -3,7 +3,10 @@
 A question asked in a conversation gets the conversation's earlier turns as its history (the prompt
 holds them, retrieval reads their questions); when its answer is done, the turn is appended. Every
 conversation has an owner — the hash of the API key that created it, None for requests without a
-key — and is invisible to any other owner (404, like an unknown id).
+key — and the collections its turns searched. It is invisible (404, like an unknown id) to any other
+owner and to a caller that may not read all of those collections, so a narrowed or revoked grant
+narrows what a key sees. Conversations without an owner are never listed: their random id is what
+reaches them (the chat page remembers the ones it started).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from app.catalog.conversations import (
     ConversationPage,
     ConversationRecord,
     NewTurn,
+    Scope,
     TurnRecord,
 )
 from app.catalog.repository import Catalog
@@ -47,6 +51,8 @@ class ConversationContext:
     owner: str | None
     history: tuple[Turn, ...] = ()
     is_new: bool = False  # the conversation row is made when its first turn is recorded
+    searched: Scope = None  # the collections this turn searches (the conversation's widen by them)
+    source_ids: tuple[tuple[int, ...], ...] = ()  # each earlier turn's source chunk ids, as `history`
 
 
 @dataclass(frozen=True)
@@ -77,33 +83,45 @@ class ConversationService:
         self._catalog = catalog
         self._store = catalog.conversations
 
-    def open(self, conversation_id: str | None, owner: str | None) -> ConversationContext:
-        """The context of a question: None or "new" starts a conversation, an id continues one (its turns
-        become the history). Raises ConversationNotFound for an id this owner does not have."""
+    def open(
+        self, conversation_id: str | None, owner: str | None, readable: Scope, searched: Scope
+    ) -> ConversationContext:
+        """The context of a question searching `searched`, asked by a caller who may read `readable`: None
+        or "new" starts a conversation, an id continues one (its turns become the history). Raises
+        ConversationNotFound for an id this caller may not open."""
         if conversation_id is None or conversation_id == NEW_CONVERSATION:
-            return ConversationContext(conversation_id=str(uuid.uuid4()), owner=owner, is_new=True)
-        record = self._store.get(conversation_id, owner)
+            return ConversationContext(conversation_id=str(uuid.uuid4()), owner=owner, is_new=True, searched=searched)
+        record = self._store.get(conversation_id, owner, readable)
         if record is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
-        history = tuple(Turn(t.question, t.answer) for t in self._store.turns(record.id))
-        return ConversationContext(conversation_id=record.id, owner=owner, history=history)
+        turns = self._store.turns(record.id)
+        return ConversationContext(
+            conversation_id=record.id,
+            owner=owner,
+            history=tuple(Turn(t.question, t.answer) for t in turns),
+            searched=searched,
+            source_ids=tuple(tuple(t.source_chunk_ids) for t in turns),
+        )
 
     def record(self, context: ConversationContext, turn: NewTurn) -> bool:
         """Append a finished turn; False (logged) when the conversation was deleted meanwhile."""
         if context.conversation_id is None:
             return False
-        if context.is_new and self._store.get(context.conversation_id, context.owner) is None:
-            self._store.create(context.owner, turn.question, conversation_id=context.conversation_id)
-        if self._store.add_turn(context.conversation_id, turn) is None:
+        if context.is_new and self._store.get(context.conversation_id, context.owner, None) is None:
+            self._store.create(context.owner, turn.question, context.searched, conversation_id=context.conversation_id)
+        if self._store.add_turn(context.conversation_id, turn, context.searched) is None:
             logger.info("conversation %s was deleted before its turn finished", context.conversation_id)
             return False
         return True
 
-    def page(self, owner: str | None, offset: int, limit: int) -> ConversationPage:
-        return self._store.page(owner, offset=offset, limit=limit)
+    def page(self, owner: str | None, readable: Scope, offset: int, limit: int) -> ConversationPage:
+        return self._store.page(owner, readable, offset=offset, limit=limit)
 
-    def detail(self, conversation_id: str, owner: str | None) -> ConversationDetail:
-        record = self._store.get(conversation_id, owner)
+    def of_ids(self, conversation_ids: list[str], owner: str | None, readable: Scope) -> list[ConversationRecord]:
+        return self._store.of_ids(conversation_ids, owner, readable)
+
+    def detail(self, conversation_id: str, owner: str | None, readable: Scope) -> ConversationDetail:
+        record = self._store.get(conversation_id, owner, readable)
         if record is None:
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
         turns = self._store.turns(record.id)
@@ -119,8 +137,8 @@ class ConversationService:
             views.append(TurnView(turn=t, sources=sources))
         return ConversationDetail(conversation=record, turns=views)
 
-    def delete(self, conversation_id: str, owner: str | None) -> None:
-        if not self._store.delete(conversation_id, owner):
+    def delete(self, conversation_id: str, owner: str | None, readable: Scope) -> None:
+        if not self._store.delete(conversation_id, owner, readable):
             raise ConversationNotFound(f"no conversation {conversation_id!r}")
 
     def counts(self) -> ConversationCounts:

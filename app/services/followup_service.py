@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING
 
 from retrieval.followup import (
     REWRITE_SYSTEM_PROMPT,
+    EarlierTurn,
     FollowupQuery,
     clean_rewrite,
-    concat_query,
+    followup_query,
     rewrite_request_text,
 )
 
@@ -38,8 +39,16 @@ class FollowupService:
         self._scheduler = scheduler
         self._rewrite_builder: PromptBuilder | None = None
 
-    async def query(self, question: str, history: Sequence[Turn], mode: FollowupMode | None = None) -> FollowupQuery:
-        """What retrieval searches with for `question` after `history` (oldest first)."""
+    async def query(
+        self,
+        question: str,
+        history: Sequence[Turn],
+        mode: FollowupMode | None = None,
+        source_ids: Sequence[Sequence[int]] = (),
+    ) -> FollowupQuery:
+        """What retrieval searches with for `question` after `history` (oldest first). `source_ids`: each
+        earlier turn's sources, aligned with `history` (a stored conversation has them; a /v1 messages
+        array does not, and its query reads the questions only)."""
         settings = self._c.settings.retrieval
         mode = mode or settings.followup
         if not history or mode == "off" or settings.followup_turns == 0:
@@ -47,14 +56,9 @@ class FollowupService:
         if mode == "rewrite":
             text = await self.rewrite(question, history)
             return FollowupQuery(text=text, num_turns_used=min(len(history), settings.followup_turns))
-        return await asyncio.to_thread(
-            concat_query,
-            question,
-            [t.question for t in history],
-            self._c.retriever.embedder,
-            settings.followup_turns,
-            settings.followup_decay,
-        )
+        sources = list(source_ids) if len(source_ids) == len(history) else [() for _ in history]
+        earlier = [EarlierTurn(t.question, tuple(s)) for t, s in zip(history, sources, strict=True)]
+        return await asyncio.to_thread(followup_query, question, earlier, self._c.retriever, settings)
 
     async def rewrite(self, question: str, history: Sequence[Turn]) -> str:
         """The model's standalone version of `question` (the question itself if it says nothing).

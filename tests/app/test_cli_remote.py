@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def test_cli_sends_its_work_to_the_running_server(
     (docs / "CNAME").write_text("docs.example.org\n")
     assert main(["ingest", str(docs), "--data-dir", str(data)]) == 0
     out, err = capsys.readouterr()
-    assert "succeeded; 2 of 2 file(s) ingested" in out
+    assert re.search(r"succeeded; 2 of 2 file\(s\) ingested in \d+\.\d s\n", out), out
     assert f"the server at {server.url} owns {data}: sending the work to it" in err
     # Without a terminal: one plain line per stage, each at its total, then the files left out.
     stage_lines = [line.strip() for line in err.splitlines() if line.strip().split(":")[0] in STAGES]
@@ -136,7 +137,8 @@ def test_cli_sends_its_work_to_the_running_server(
     ).json()
     assert [s["title"] for s in answer["sources"]] == ["Zorblat"]
 
-    assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--data-dir", str(data)]) == 0
+    first = ["ask", "What is the capital of Zorblat?", "--conversation", "new", "--top-k", "1"]
+    assert main([*first, "--data-dir", str(data)]) == 0
     out = capsys.readouterr().out
     assert "Sources:\n  [1] Zorblat (score" in out
     assert "mode blend" in out and "KV hits 1, misses 0" in out
@@ -247,3 +249,41 @@ def test_a_data_dir_busy_with_another_cli_command_is_refused(
                 f"error: data dir {data} is in use by `blendrag ingest` (pid {os.getpid()}): "
                 f"wait for it to finish, then run `{then}` again\n"
             )
+
+
+def test_cli_in_another_folder_finds_the_announced_server_and_sends_its_own_key(
+    cli_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial: `make serve PORT=18400 DATA=../somewhere`, then `blendrag ask` in the checkout. The server
+    announces itself; the CLI finds it on its random port and data dir, and sends `--api-key` /
+    `BLENDRAG_API_KEY` (the client's key), not `server.api_key` (which this shell does not set)."""
+    elsewhere = tmp_path / "somewhere"
+    server = Server(elsewhere, cli_env, tmp_path)
+    try:
+        checkout = tmp_path / "checkout"
+        checkout.mkdir()
+        monkeypatch.chdir(checkout)
+        monkeypatch.delenv("BLENDRAG_SERVER__API_KEY")
+        doc = checkout / "zorblat.md"
+        doc.write_text("# Zorblat\n\nQuintaro is the capital of Zorblat.\n")
+        assert main(["ingest", str(doc)]) == 1
+        assert "server answered 401" in capsys.readouterr().err
+        assert main(["ingest", str(doc), "--api-key", API_KEY]) == 0
+        out, err = capsys.readouterr()
+        assert f"sending the work to the blendrag server at {server.url} (data dir {elsewhere})" in err
+        assert re.search(r"succeeded; 1 of 1 file\(s\) ingested in \d+\.\d s\n", out), out
+        monkeypatch.setenv("BLENDRAG_API_KEY", API_KEY)
+        assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1"]) == 0
+        out, err = capsys.readouterr()
+        assert "Sources:\n  [1] Zorblat (score" in out and f"at {server.url}" in err
+        assert not (checkout / "data").exists()  # a question never creates a data dir
+        # Named explicitly (no announcement to find): --server, then BLENDRAG_URL.
+        monkeypatch.setenv("BLENDRAG_RUNTIME_DIR", str(tmp_path / "empty-runtime"))
+        assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1", "--server", server.url]) == 0
+        assert "Sources:\n  [1] Zorblat (score" in capsys.readouterr().out
+        monkeypatch.setenv("BLENDRAG_URL", server.url)
+        assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1"]) == 0
+        assert "Sources:\n  [1] Zorblat (score" in capsys.readouterr().out
+        assert not (checkout / "data").exists()
+    finally:
+        server.stop()

@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 from hash_embedder import HashEmbedder
 
-from retrieval.followup import clean_rewrite, concat_query, recent_questions, rewrite_request_text
+from retrieval.config import RetrievalSettings
+from retrieval.followup import (
+    EarlierTurn,
+    clean_rewrite,
+    concat_query,
+    followup_query,
+    recent_questions,
+    rewrite_request_text,
+)
+from retrieval.retriever import Retriever
+from retrieval.types import IndexedChunk
 
 
 def test_recent_questions_newest_first() -> None:
@@ -41,3 +51,42 @@ def test_rewrite_prompt_and_cleanup() -> None:
         "What is the code of Zorblat?"
     )
     assert clean_rewrite("  \n", " q ") == "q"
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v)
+
+
+def _retriever(settings: RetrievalSettings) -> Retriever:
+    retriever = Retriever(settings, embedder=HashEmbedder())
+    texts = ["middleware wraps the app", "write your own middleware class", "sponsor the project", "routing paths"]
+    chunks = [
+        IndexedChunk(chunk_id=10 + i, document_id=f"d{i}", text=t, collection="team" if i < 3 else "other")
+        for i, t in enumerate(texts)
+    ]
+    retriever.add(chunks, retriever.embed_chunks(chunks))
+    return retriever
+
+
+def test_followup_query_joins_the_previous_turns_sources() -> None:
+    settings = RetrievalSettings(followup_turns=2, followup_decay=0.5, followup_sources=2, followup_source_weight=0.7)
+    retriever = _retriever(settings)
+    emb = retriever.embedder
+    earlier = [EarlierTurn("how do I add middleware?", (13,)), EarlierTurn("and my own?", (11, 10, 12))]
+    query = followup_query("show it with a class", earlier, retriever, settings)
+    assert query.text == "show it with a class and my own? how do I add middleware?"
+    e = emb.embed_queries(["show it with a class", "and my own?", "how do I add middleware?"])
+    questions = _unit(e[0] + 0.5 * e[1] + 0.25 * e[2])
+    sources = _unit(retriever.vectors_of([11, 10]).mean(axis=0))  # the previous turn's top 2 only
+    np.testing.assert_allclose(query.vector, _unit(e[0] + 0.7 * sources), rtol=1e-5, atol=1e-6)
+    # The new question weighs most: it is nearer the query than the earlier topic is.
+    assert float(e[0] @ query.vector) > float(sources @ query.vector)
+    assert (query.num_turns_used, query.num_sources_used) == (2, 2)
+    # No sources (a /v1 messages array), or the weight at 0: the questions alone.
+    plain = followup_query("show it with a class", [EarlierTurn(t.question) for t in earlier], retriever, settings)
+    np.testing.assert_allclose(plain.vector, questions, rtol=1e-5, atol=1e-6)
+    assert plain.num_sources_used == 0
+    # A deleted source chunk is left out of the mean.
+    retriever.remove([11])
+    gone = followup_query("show it with a class", earlier, retriever, settings)
+    np.testing.assert_allclose(gone.vector, _unit(e[0] + 0.7 * retriever.vectors_of([10])[0]), rtol=1e-5)

@@ -83,7 +83,15 @@ def test_coverage_sees_a_lost_entry_as_missing(client: TestClient) -> None:
 def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str, str]) -> None:
     for mode in ("blend", "full"):
         response = client.post(
-            "/ask", json={"question": "Where is Quintaro?", "mode": mode, "top_k": 2, "max_tokens": 2, "stream": False}
+            "/ask",
+            json={
+                "question": "Where is Quintaro?",
+                "mode": mode,
+                "top_k": 2,
+                "max_tokens": 2,
+                "stream": False,
+                "conversation_id": "new",
+            },
         )
         assert response.status_code == 200
     stats = client.get("/api/stats").json()

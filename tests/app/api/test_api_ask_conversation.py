@@ -65,7 +65,7 @@ def test_three_turn_ask_and_v1_prompts_are_the_chat_template(
     conversation_id = None
     dones = []
     for question in QUESTIONS:
-        done = _ask(client, question, **({"conversation_id": conversation_id} if conversation_id else {}))
+        done = _ask(client, question, conversation_id=conversation_id or "new")
         conversation_id = conversation_id or done["conversation_id"]
         assert done["conversation_id"] == conversation_id
         layout = submitted[-1].layout
@@ -138,7 +138,7 @@ def test_client_system_prompt_is_its_own_prefix(
 def test_missing_or_corrupt_turn_entry_is_recomputed(client: TestClient, corpus: dict[str, str]) -> None:
     state = client.app.state.blendrag
     store, components = state.components.store, state.components
-    first = _ask(client, QUESTIONS[0])
+    first = _ask(client, QUESTIONS[0], conversation_id="new")
     turn = Turn(QUESTIONS[0], first["answer"])
     key = components.expected_kv_key(components.engine.prompt.turn_ids(turn))
     assert store.contains(key) == "history_memory"
@@ -203,7 +203,7 @@ def test_unknown_conversation_is_a_404(client: TestClient) -> None:
     )
     assert response.status_code == 404 and response.json()["error"]["code"] == "conversation_not_found"
     assert client.post("/ask", json={"question": "q", "conversation_id": "bad id!"}).status_code == 422
-    done = _ask(client, QUESTIONS[0])
+    done = _ask(client, QUESTIONS[0], conversation_id="new")
     assert client.delete(f"/conversations/{done['conversation_id']}").status_code == 204
     gone = client.post("/ask", json={"question": "q", "conversation_id": done["conversation_id"]})
     assert gone.status_code == 404

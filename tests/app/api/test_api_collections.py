@@ -217,8 +217,9 @@ def test_ingest_is_refused_outside_the_keys_grant_before_anything_is_stored(
     doc = {"documents": [{"title": "x", "text": "Something new about Zorblat."}]}
     into_b = server.post("/ingest", json={**doc, "collection": "team-b"}, headers=world["a"])
     assert (into_b.status_code, into_b.json()["detail"]) == (403, "this key may not write to collection 'team-b'")
-    default = server.post("/ingest", json=doc, headers=world["a"])  # no collection: `default`, not granted
-    assert default.status_code == 403
+    two = make_key(server, "teams A and B", ["team-a", "team-b"], can_ingest=True)
+    default = server.post("/ingest", json=doc, headers=bearer(two))  # two collections, none named: `default`
+    assert (default.status_code, default.json()["detail"]) == (403, "this key may not write to collection 'default'")
     read_only = server.post("/ingest", json={**doc, "collection": "team-a"}, headers=world["reader_a"])
     assert (read_only.status_code, read_only.json()["detail"]) == (403, "this key may not ingest or delete documents")
     upload = server.post(
@@ -231,6 +232,23 @@ def test_ingest_is_refused_outside_the_keys_grant_before_anything_is_stored(
     assert server.get("/documents", headers=ADMIN).json()["total"] == before
     assert len(server.get("/ingest/jobs", params={"limit": 100}, headers=ADMIN).json()["jobs"]) == jobs_before
     assert not any((server.app.state.blendrag.settings.uploads_dir).glob("*/*"))
+
+
+def test_a_key_with_one_collection_ingests_into_it_without_naming_it(server: TestClient, world: dict[str, Any]) -> None:
+    """The trial: a key granted exactly one writable collection got 403 "may not write to collection
+    'default'" for an ingest without `collection`. It goes to the key's collection, JSON and multipart."""
+    doc = {"documents": [{"title": "Moons", "text": "Zorblat has three moons."}]}
+    accepted = server.post("/ingest", json=doc, headers=world["a"])
+    assert accepted.status_code == 202, accepted.text
+    job = wait_for_job(server, accepted.json()["job_id"], headers=world["a"])
+    assert (job["status"], job["collection"]) == ("succeeded", "team-a")
+    files = [("files", ("m.txt", b"Zorblat's moons are grey.", "text/plain"))]
+    upload = server.post("/ingest", files=files, headers=world["a"])
+    assert upload.status_code == 202, upload.text
+    uploaded = wait_for_job(server, upload.json()["job_id"], headers=world["a"])
+    assert (uploaded["status"], uploaded["collection"]) == ("succeeded", "team-a")
+    for doc_id in job["document_ids"] + uploaded["document_ids"]:
+        assert server.delete(f"/documents/{doc_id}", headers=world["a"]).status_code == 204
 
 
 def test_jobs_coverage_stats_and_collections_are_scoped(server: TestClient, world: dict[str, Any]) -> None:
@@ -263,7 +281,7 @@ def test_jobs_coverage_stats_and_collections_are_scoped(server: TestClient, worl
 
 
 def test_conversations_belong_to_the_key(server: TestClient, world: dict[str, Any]) -> None:
-    first = _ask(server, world["a"])
+    first = _ask(server, world["a"], conversation_id="new")
     conversation_id = first.json()["conversation_id"]
     assert server.get(f"/conversations/{conversation_id}", headers=world["a"]).status_code == 200
     assert server.get(f"/conversations/{conversation_id}", headers=world["b"]).status_code == 404
@@ -353,6 +371,34 @@ def test_public_collections_are_what_anonymous_questions_see(public_server: Test
     assert _ask(public_server, {}, collections=["team-b"]).status_code == 403
     assert public_server.get("/v1/models").status_code == 200
     assert public_server.get("/documents").status_code == 401  # public means asking, not the library
+
+
+def test_anonymous_callers_continue_only_conversations_within_the_public_collections(
+    public_server: TestClient,
+) -> None:
+    """/ask and /v1 continuing a stored conversation: one made before keys existed (every collection
+    searched, owner none) is a 404 for an anonymous caller of `public_collections: [team-a]`, so its
+    history never reaches a team-a prompt; one over team-a is continued by its id, never listed."""
+    catalog = public_server.app.state.blendrag.components.catalog
+    before_keys = catalog.conversations.create(None, "what is in every collection?", None)
+    v1_body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 2}
+    assert _ask(public_server, {}, conversation_id=before_keys.id).status_code == 404
+    refused = public_server.post("/v1/chat/completions", json={**v1_body, "conversation_id": before_keys.id})
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "conversation_not_found"
+    assert public_server.get(f"/conversations/{before_keys.id}").status_code == 404
+    started = _ask(public_server, {}, conversation_id="new")
+    assert started.status_code == 200, started.text
+    conversation_id = started.json()["conversation_id"]
+    assert catalog.conversations.get(conversation_id, None, None).collections == frozenset({"team-a"})
+    assert _ask(public_server, {}, conversation_id=conversation_id).status_code == 200
+    continued = public_server.post("/v1/chat/completions", json={**v1_body, "conversation_id": conversation_id})
+    assert continued.status_code == 200, continued.text
+    assert public_server.get(f"/conversations/{conversation_id}").json()["num_turns"] == 3
+    assert public_server.get("/conversations").json()["total"] == 0
+    listed = public_server.get("/conversations", params={"ids": f"{conversation_id},{before_keys.id}"}).json()
+    assert [c["id"] for c in listed["conversations"]] == [conversation_id]
+    # The admin's key is another owner: it neither sees nor continues the anonymous conversation.
+    assert _ask(public_server, ADMIN, conversation_id=conversation_id).status_code == 404
 
 
 def test_making_a_key_on_an_open_server_is_refused(client: TestClient) -> None:

@@ -258,3 +258,41 @@ def test_a_0004_catalog_migrates_into_the_default_collection(url: str) -> None:
     assert [d.id for d in catalog.find_by_source("a.txt", collection="team-b")] == [other.id]
     assert catalog.find_by_hash("h", [DocumentStatus.PENDING], collection="default") is None
     catalog.close()
+
+
+def test_a_0005_catalogs_conversations_migrate_as_over_every_collection(url: str) -> None:
+    """Conversations made before they recorded their collections keep their turns and count as asked over
+    every collection: only a caller that may read everything opens them, no collection key or public scope."""
+    from sqlalchemy import text
+
+    engine = create_engine(url)
+    migrations.upgrade(engine, "0005")
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO conversations (id, owner, title, num_turns, created_at, updated_at) "
+                "VALUES ('c1', NULL, 'Old question', 1, :t, :t)"
+            ),
+            {"t": "2026-01-01 00:00:00"},
+        )
+        conn.execute(
+            text(
+                'INSERT INTO conversation_turns (conversation_id, "index", question, answer, source_chunk_ids, '
+                "mode, selector, recompute_ratio, timings, usage, created_at) VALUES ('c1', 0, 'Old question', "
+                "'Old answer', '[7]', 'blend', NULL, 0.15, '{}', '{}', :t)"
+            ),
+            {"t": "2026-01-01 00:00:00"},
+        )
+    assert migrations.upgrade(engine) == ("0005", migrations.head_revision())
+    engine.dispose()
+    catalog = Catalog(url)
+    store = catalog.conversations
+    assert store.get("c1", None, frozenset({"default"})) is None
+    record = store.get("c1", None, None)
+    assert (record.title, record.collections) == ("Old question", None)
+    assert [(t.question, t.answer, t.source_chunk_ids) for t in store.turns("c1")] == [
+        ("Old question", "Old answer", [7])
+    ]
+    made = store.create("key:x", "New question", frozenset({"beta", "alpha"}))
+    assert store.get(made.id, "key:x", frozenset({"alpha", "beta", "gamma"})).collections == {"alpha", "beta"}
+    catalog.close()

@@ -76,7 +76,7 @@ def test_rewrite_asks_the_model_first(components: Components, ingested: None) ->
 
 def test_turns_are_recorded_and_their_kv_stored_before_done(components: Components, ingested: None) -> None:
     conversations = ConversationService(components.catalog)
-    context = conversations.open(None, owner=None)
+    context = conversations.open(None, owner=None, readable=None, searched=None)
     [first], _ = run(
         components,
         AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=3, conversation=context),
@@ -85,7 +85,7 @@ def test_turns_are_recorded_and_their_kv_stored_before_done(components: Componen
     assert first.conversation_id == context.conversation_id
     key = components.expected_kv_key(components.engine.prompt.turn_ids(Turn("Where is Quintaro?", first.answer)))
     assert components.store.contains(key) == "history_memory"
-    context = conversations.open(first.conversation_id, owner=None)
+    context = conversations.open(first.conversation_id, owner=None, readable=None, searched=None)
     assert context.history == (Turn("Where is Quintaro?", first.answer),)
     [second], _ = run(
         components,
@@ -101,3 +101,26 @@ def test_turns_are_recorded_and_their_kv_stored_before_done(components: Componen
     [stateless], _ = run(components, AskRequest(question="Bread?", top_k=1, max_tokens=2))
     assert stateless.conversation_id is None
     assert components.catalog.conversations.counts().num_conversations == 1
+
+
+def test_a_stored_conversations_sources_join_the_follow_up_query(components: Components, ingested: None) -> None:
+    """The previous turn's sources (stored with the turn) anchor the follow-up's query vector; a /v1
+    client's own messages have none, so its query reads the questions only."""
+    import dataclasses
+
+    conversations = ConversationService(components.catalog)
+    context = conversations.open("new", None, None, None)
+    [first], _ = run(
+        components,
+        AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=2, conversation=context),
+        conversations=conversations,
+    )
+    context = conversations.open(first.conversation_id, None, None, None)
+    [stored] = components.catalog.conversations.turns(first.conversation_id)
+    assert context.source_ids == (tuple(stored.source_chunk_ids),) and len(stored.source_chunk_ids) == 1
+    service = AskService(components, build_scheduler(components), conversations=conversations)
+    request = AskRequest(question="And its rivers?", history=context.history, top_k=1, conversation=context)
+    plan = asyncio.run(service.plan(request))
+    assert (plan.query.num_turns_used, plan.query.num_sources_used) == (1, 1)
+    stateless = asyncio.run(service.plan(dataclasses.replace(request, conversation=None)))
+    assert (stateless.query.num_turns_used, stateless.query.num_sources_used) == (1, 0)

@@ -130,3 +130,83 @@ def test_chat_asks_for_a_key_and_keeps_it_for_the_session(
         shot(page, f"chat-with-key-{width}")
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_chat_says_a_wrong_key_was_refused(server: LiveServer, browser: Any, shot: Any, width: int) -> None:
+    """The trial: a wrong key cleared the field and showed the key bar again with no word of why."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(f"{server.url}/")
+        page.wait_for_selector("#keybar:not([hidden])", timeout=TIMEOUT_MS)
+        assert page.is_hidden("[data-testid=key-refused]")  # no key entered yet: nothing was refused
+        page.fill("#api-key", "brk_not-a-real-key")
+        page.click("#key-save")
+        page.wait_for_selector("[data-testid=key-refused]:not([hidden])", timeout=TIMEOUT_MS)
+        assert page.inner_text("[data-testid=key-refused]") == (
+            "The server refused this key: check it and enter it again."
+        )
+        assert page.is_visible("#keybar") and page.evaluate("sessionStorage.getItem('blendrag.apiKey')") is None
+        box = page.eval_on_selector("[data-testid=key-refused]", "e => e.getBoundingClientRect().right")
+        assert box <= width
+        shot(page, f"chat-key-refused-{width}")
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_admin_tables_and_cards_fit_their_panels(server: LiveServer, browser: Any, shot: Any, width: int) -> None:
+    """The trial: "history_memory1.9 MiB" ran together, the collections table's Delete buttons were clipped
+    at the panel's edge, and at 390 px Delete / Revoke / "Last used" were off-screen to the right."""
+    with httpx.Client(base_url=server.url, headers=ADMIN) as http:
+        http.post("/admin/keys", json={"name": f"layout {width}", "collections": ["team-a"]}).raise_for_status()
+        # A conversation turn: its KV goes to the `history_memory` tier, the longest tier name.
+        asked = {"question": "What is the capital of Zorblat?", "conversation_id": "new", "stream": False}
+        http.post("/ask", json=asked, timeout=60).raise_for_status()
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    context.add_init_script(f"localStorage.setItem('blendrag.apiKey', '{ADMIN_KEY}')")
+    page = context.new_page()
+    try:
+        page.goto(f"{server.url}/admin")
+        page.wait_for_selector("#keys-body tr[data-key-id]", timeout=TIMEOUT_MS)
+        page.wait_for_selector("tr[data-collection='team-a']", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#docs-body tr[data-doc-id]", timeout=TIMEOUT_MS)
+        page.wait_for_selector("#card-tiers tr[data-tier=history_memory]", timeout=TIMEOUT_MS)
+        # Every name and value of the KV tier and footprint cards has white space between them.
+        gaps = page.evaluate("""() => [...document.querySelectorAll('#card-tiers tr, #card-footprint tr')].map((tr) => {
+            const text = (td) => { const r = document.createRange(); r.selectNodeContents(td);
+                                   return r.getBoundingClientRect(); };
+            const [a, b] = tr.cells; return text(b).left - text(a).right; })""")
+        assert gaps and min(gaps) >= 6, gaps
+        # Each row's buttons and its "Last used" cell lie inside the panel (and the screen), fully visible.
+        boxes = page.evaluate("""() => [...document.querySelectorAll(
+                '#collections-body [data-action], #keys-body [data-action], #docs-body [data-action], '
+                + '#keys-body td[data-label="Last used"]')].map((e) => {
+            // inside the box that would clip it: its table's scroller (or its panel)
+            const box = e.closest('.table-scroll') || e.closest('.panel');
+            const r = e.getBoundingClientRect(), p = box.getBoundingClientRect();
+            return [e.textContent.trim(), r.left >= p.left - 0.5 && r.right <= p.right + 0.5 && r.width > 0,
+                    r.right <= window.innerWidth]; })""")
+        assert len(boxes) >= 4 and all(inside and on_screen for _, inside, on_screen in boxes), boxes
+        assert page.evaluate("document.documentElement.scrollWidth") <= width
+        shot(page, f"admin-tables-{width}")
+    finally:
+        context.close()
+
+
+def test_the_pages_use_no_glyph_a_font_may_lack() -> None:
+    """The trial saw boxes where the font lacked a glyph: the pages keep to Latin text and common
+    punctuation (dashes, quotes, ellipsis, middle dot, times); arrows and icons are drawn with CSS."""
+    from pathlib import Path
+
+    allowed = set("–—‘’“”…·×")
+    static = Path(__file__).resolve().parents[3] / "app" / "ui" / "static"
+    found = {
+        (path.name, ch)
+        for path in static.rglob("*")
+        if path.suffix in (".html", ".js", ".css")
+        for ch in path.read_text(encoding="utf-8")
+        if ord(ch) > 0x2000 and ch not in allowed
+    }
+    assert found == set()

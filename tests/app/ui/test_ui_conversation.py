@@ -56,7 +56,7 @@ def _conversation_turns(page: Any) -> list[str]:
 
 
 def test_follow_ups_continue_the_conversation_and_reopen(
-    ui_server: LiveServer, library: None, page: Any, shot: Any
+    ui_server: LiveServer, library: None, page: Any, browser: Any, shot: Any
 ) -> None:
     page.goto(ui_server.url + "/")
     page.wait_for_selector("#server-status .dot.ok")
@@ -106,7 +106,15 @@ def test_follow_ups_continue_the_conversation_and_reopen(
     _ask(page, "Is it on the Silver Sea shore?", 3)
     with httpx.Client(base_url=ui_server.url) as http:
         assert http.get(f"/conversations/{conversation}").json()["num_turns"] == 3
+        assert http.get("/conversations").json()["total"] == 0  # keyless: listed to nobody
     shot(page, "chat-reopened")
+    # Another keyless visitor (another browser) is not shown this browser's conversations.
+    stranger = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    stranger.goto(ui_server.url + "/")
+    stranger.click("[data-testid=recent-toggle]")
+    stranger.wait_for_selector("#recent-list li.muted")
+    assert stranger.inner_text("#recent-list") == "No conversations yet"
+    stranger.context.close()
 
 
 def test_conversation_on_a_phone(ui_server: LiveServer, library: None, phone: Any, shot: Any) -> None:

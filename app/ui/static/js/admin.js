@@ -204,9 +204,10 @@ function renderDocuments(page, coverage) {
       el("td", { class: "num" }, doc.num_tokens),
       covCell,
       el("td", { class: "muted" }, new Date(doc.created_at).toLocaleString()),
-      el("td", {}, doc.status === "pending" ? null : deleteButton(doc))));
+      el("td", { class: "actions" }, doc.status === "pending" ? null : deleteButton(doc))));
     if (doc.status === "pending" && doc.job_id && !watchedJobs.has(doc.job_id)) watchJob(doc.job_id, doc.title);
   }
+  labelCells(body);
   const filter = $("status-filter").value;
   $("docs-sub").textContent = filter ? `${page.total} ${filter}` : `${page.total} total`;
   const last = Math.min(offset + page.documents.length, page.total);
@@ -356,6 +357,17 @@ function fmtDate(iso) {
   return iso ? new Date(iso).toLocaleString() : "never";
 }
 
+// On a phone the tables stack each row into label: value lines (app.css): every cell gets its column's
+// header as `data-label`, so Delete, Revoke and "Last used" stay on screen instead of off to the right.
+function labelCells(body) {
+  const headers = [...body.closest("table").querySelectorAll("thead th")].map((th) => th.textContent.trim());
+  for (const row of body.rows) {
+    [...row.cells].forEach((cell, i) => {
+      if (!cell.colSpan || cell.colSpan === 1) cell.dataset.label = headers[i] || "";
+    });
+  }
+}
+
 function renderCollections(collections, isAdmin) {
   const body = $("collections-body");
   body.replaceChildren();
@@ -372,8 +384,9 @@ function renderCollections(collections, isAdmin) {
       el("td", { class: "num" }, c.num_documents, notReady ? el("div", { class: "sub" }, `${notReady} not ready`) : null),
       el("td", { class: "num" }, c.num_chunks),
       el("td", { class: "cov" }, el("div", { class: "covtext" }, `${fmtPct(c.coverage, c.coverage < 1 ? 1 : 0)} · ${c.chunks_fresh} fresh`)),
-      el("td", {}, del)));
+      el("td", { class: "actions" }, del)));
   }
+  labelCells(body);
 }
 
 function renderKeys(keys) {
@@ -392,8 +405,9 @@ function renderKeys(keys) {
       el("td", {}, k.collections.join(", "), k.can_ingest ? el("div", { class: "sub" }, "may ingest") : null),
       el("td", {}, fmtDate(k.created_at)),
       el("td", {}, fmtDate(k.last_used_at)),
-      el("td", {}, revoke)));
+      el("td", { class: "actions" }, revoke)));
   }
+  labelCells(body);
 }
 
 $("key-form").addEventListener("submit", async (event) => {

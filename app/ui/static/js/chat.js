@@ -2,9 +2,11 @@
 // `sources` (numbered passages), `token` (text deltas), `done` (timings) or `error`.
 // Turns stack into a conversation: each question after the first carries the `conversation_id` the
 // first answer named, so the server puts the earlier turns in the prompt. "New chat" starts over;
-// "Recent conversations" reopens a stored one (GET /conversations, GET /conversations/{id}).
+// "Recent conversations" reopens a stored one (GET /conversations, GET /conversations/{id}). Without a
+// key the server lists nobody's conversations (every keyless caller would see the others'): the page
+// remembers the ids it started and lists those (GET /conversations?ids=…).
 
-import { api, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, setSessionKey, watchReadiness }
+import { api, apiKey, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, setSessionKey, watchReadiness }
   from "./api.js";
 import { renderInto, StreamRenderer } from "./render.js";
 
@@ -26,6 +28,23 @@ const convLabel = $("conv-label");
 
 let conversationId = null; // the conversation the next question continues (null: a new one)
 let numTurns = 0;
+
+const STARTED_STORAGE = "blendrag.startedConversations";
+const MAX_STARTED = 100;
+
+function startedConversations() {
+  try {
+    const ids = JSON.parse(localStorage.getItem(STARTED_STORAGE) || "[]");
+    return Array.isArray(ids) ? ids.filter((id) => typeof id === "string") : [];
+  } catch {
+    return [];
+  }
+}
+
+function rememberStarted(id) {
+  const ids = [id, ...startedConversations().filter((x) => x !== id)].slice(0, MAX_STARTED);
+  localStorage.setItem(STARTED_STORAGE, JSON.stringify(ids));
+}
 
 function setConversation(id, title) {
   conversationId = id;
@@ -150,6 +169,8 @@ class Turn {
     const answer = withCitationMarks(result.answer || this.text, result.citations || []);
     this.renderAnswer(answer).then(() => {
       if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+      // The rendered answer can be taller than the streamed text: keep the timing line above the composer.
+      if (this.root === thread.lastElementChild) revealEnd(this);
     });
     const t = result.timings;
     const items = [el("span", { "data-k": "ttft" }, "TTFT ", el("b", {}, fmtMs(t.ttft_ms)))];
@@ -159,7 +180,7 @@ class Turn {
       const saved = fullTtft - t.ttft_ms;
       const what = result.mode === "blend" ? "blending" : `${result.mode} mode`;
       items.push(saved > 0
-        ? el("span", { class: "saved", "data-k": "saved" }, `${what} saved `, el("b", {}, `≈ ${fmtMs(saved)}`),
+        ? el("span", { class: "saved", "data-k": "saved" }, `${what} saved `, el("b", {}, `~${fmtMs(saved)}`),
           ` vs full prefill (est. ${fmtMs(fullTtft)})`)
         : el("span", { "data-k": "saved" }, `no time saved vs full prefill (est. ${fmtMs(fullTtft)})`));
     }
@@ -198,7 +219,7 @@ async function ask(text, turn) {
   const body = { question: text, mode: mode.value, stream: true };
   if (mode.value === "blend") body.recompute_ratio = Number(ratio.value);
   if (topK.value) body.top_k = Number(topK.value);
-  if (conversationId) body.conversation_id = conversationId;
+  body.conversation_id = conversationId || "new"; // the chat page keeps its conversations
   let response;
   try {
     response = await fetch("/ask", {
@@ -226,6 +247,7 @@ async function ask(text, turn) {
       else if (event === "done") {
         turn.done(data);
         if (data.conversation_id && data.conversation_id !== conversationId) {
+          if (!conversationId) rememberStarted(data.conversation_id);
           setConversation(data.conversation_id, conversationId ? null : text);
         }
       }
@@ -264,7 +286,15 @@ async function loadDefaults() {
 
 // ---- the key, when the server wants one ---------------------------------------------------------------
 
+// A 401 while a key is set means the server refused that key: say so (and forget it), rather than
+// showing the empty key field again as if none had been entered.
 function askForKey() {
+  const refused = $("key-refused");
+  if (apiKey()) {
+    setSessionKey("");
+    refused.textContent = "The server refused this key: check it and enter it again.";
+    refused.hidden = false;
+  }
   $("keybar").hidden = false;
   $("api-key").focus();
 }
@@ -274,6 +304,7 @@ $("key-save").addEventListener("click", () => {
   if (!key) return;
   setSessionKey(key); // this tab only: closing it forgets the key
   $("api-key").value = "";
+  $("key-refused").hidden = true;
   $("keybar").hidden = true;
   loadDefaults();
   loadRecent();
@@ -292,8 +323,14 @@ function ago(iso) {
 
 async function loadRecent() {
   let page;
+  const started = startedConversations();
+  if (!apiKey() && !started.length) {
+    recentList.replaceChildren(el("li", { class: "muted" }, "No conversations yet"));
+    return;
+  }
+  const ids = apiKey() ? "" : `&ids=${encodeURIComponent(started.join(","))}`;
   try {
-    page = await api("/conversations?limit=20");
+    page = await api(`/conversations?limit=20${ids}`);
   } catch (err) {
     if (err.status === 401) askForKey();
     recentList.replaceChildren(el("li", { class: "muted" }, err.status === 401 ? "A key is needed"

@@ -1,0 +1,110 @@
+"""Running servers announce themselves in a per-user file, so `blendrag ask` finds one on any port or data dir.
+
+`<runtime dir>/servers.json` (`runtime_dir`, default `$XDG_RUNTIME_DIR/blendrag`, else
+`~/.cache/blendrag`) lists each running server's URL, data dir and pid. A server adds itself once it holds
+its data dir and removes itself when it stops; a server that died without removing itself is skipped by
+readers (its pid is gone) and dropped at the next write. Writes go through a lock file and an atomic
+rename, so two servers starting together both end up listed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SERVERS_FILE = "servers.json"
+
+
+def default_runtime_dir() -> Path:
+    """Where servers announce themselves when `runtime_dir` is not set."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "blendrag"
+    return Path.home() / ".cache" / "blendrag"
+
+
+@dataclass(frozen=True)
+class Announced:
+    url: str
+    data_dir: str  # absolute
+    pid: int
+    started_at: float
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def _read(path: Path) -> list[Announced]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "[]")
+    except (OSError, ValueError):
+        return []
+    servers = []
+    for item in data if isinstance(data, list) else []:
+        try:
+            servers.append(
+                Announced(str(item["url"]), str(item["data_dir"]), int(item["pid"]), float(item["started_at"]))
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return servers
+
+
+@contextlib.contextmanager
+def _locked(directory: Path) -> Iterator[Path]:
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(directory / (SERVERS_FILE + ".lock"), "a+", encoding="utf-8") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        try:
+            yield directory / SERVERS_FILE
+        finally:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _write(path: Path, servers: list[Announced]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps([asdict(s) for s in servers], indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def announce(directory: Path, url: str, data_dir: Path) -> Announced:
+    """List this process's server at `url` (serving `data_dir`); returns its entry."""
+    entry = Announced(url=url, data_dir=str(Path(data_dir).resolve()), pid=os.getpid(), started_at=time.time())
+    try:
+        with _locked(directory) as path:
+            kept = [s for s in _read(path) if _alive(s.pid) and s.pid != entry.pid and s.url != entry.url]
+            _write(path, [*kept, entry])
+    except OSError as exc:  # announcing helps the CLI find us; a server runs without it
+        logger.warning("could not announce the server in %s: %s", directory, exc)
+    return entry
+
+
+def withdraw(directory: Path, entry: Announced) -> None:
+    """Remove `entry` (and any server that died without removing itself)."""
+    try:
+        with _locked(directory) as path:
+            _write(path, [s for s in _read(path) if s != entry and _alive(s.pid)])
+    except OSError as exc:
+        logger.warning("could not remove the server from %s: %s", directory, exc)
+
+
+def announced(directory: Path) -> list[Announced]:
+    """The servers listed whose process is alive, the most recently started first."""
+    servers = [s for s in _read(directory / SERVERS_FILE) if _alive(s.pid)]
+    return sorted(servers, key=lambda s: -s.started_at)

@@ -1,0 +1,49 @@
+"""`blendrag ask` prints the [n] citation marks the chat page shows, streamed on a terminal or once into a pipe."""
+
+from __future__ import annotations
+
+import io
+
+from app.cli_answer import AnswerPrinter, with_citation_marks
+
+ANSWER = "Quintaro is the capital. Its rivers are purple! Kites fly in May"
+CITATIONS = [
+    {"start": 25, "end": 47, "rank": 2, "score": 0.5},  # "Its rivers are purple!"
+    {"start": 0, "end": 24, "rank": 1, "score": 0.9},  # "Quintaro is the capital."
+    {"start": 48, "end": 64, "rank": 1, "score": 0.4},  # no closing punctuation
+]
+
+
+def test_marks_go_before_each_cited_sentences_closing_punctuation() -> None:
+    assert with_citation_marks(ANSWER, CITATIONS) == (
+        "Quintaro is the capital [1]. Its rivers are purple [2]! Kites fly in May [1]"
+    )
+    assert with_citation_marks("It is Quintaro [1].", [{"start": 0, "end": 19, "rank": 1}]) == "It is Quintaro [1]."
+    assert with_citation_marks(ANSWER, []) == ANSWER
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_pipe_gets_the_marked_answer_once_and_a_terminal_sees_it_stream() -> None:
+    pipe = io.StringIO()
+    printer = AnswerPrinter(pipe)
+    for piece in ("Quintaro is the capital.", " Its rivers are purple!", " Kites fly in May"):
+        printer.token(piece)
+    assert pipe.getvalue() == ""  # nothing until the answer is complete
+    printer.done(ANSWER, CITATIONS)
+    assert pipe.getvalue() == "Quintaro is the capital [1]. Its rivers are purple [2]! Kites fly in May [1]"
+
+    terminal = Terminal()
+    printer = AnswerPrinter(terminal)
+    printer.token("Quintaro is the capital.")
+    assert terminal.getvalue() == "Quintaro is the capital."
+    printer.done("Quintaro is the capital.", [CITATIONS[1]])
+    assert terminal.getvalue() == "Quintaro is the capital.\n\nwith citations:\nQuintaro is the capital [1]."
+    uncited = Terminal()
+    printer = AnswerPrinter(uncited)
+    printer.token("Hello.")
+    printer.done("Hello.", [])
+    assert uncited.getvalue() == "Hello."  # nothing to mark: not repeated
