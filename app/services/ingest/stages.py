@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,7 @@ from app.services.ingest.submission import find_duplicate, new_document
 from app.services.ingest.types import ACTIVE_DOCUMENT_STATUSES, FILE_HASH_KEY, IngestSource, WorkItem
 
 if TYPE_CHECKING:
+    from app.catalog.repository import DocumentRecord
     from app.services.ingest.context import JobContext
     from ingest.types import LoadedDocument
 
@@ -252,7 +254,12 @@ def _fail_unstored(ctx: JobContext, live: list[WorkItem], unstored: set[str]) ->
 
 def commit(ctx: JobContext) -> int:
     """Write the chunks and index entries, save the index, then mark the documents ready; a re-ingest's
-    earlier version is deleted once the new one is live. Returns the number of chunks committed."""
+    earlier version is deleted once the new one is live. Returns the number of chunks committed.
+
+    Versions of one source are ordered by when they were submitted, and the newest always wins: a commit
+    deletes only older versions (a newer one still pending replaces this one when it commits), and a
+    version older than one already committed (another worker ran the newer job first) is not committed.
+    A document deleted while its job ran fails; nothing is asserted about what others may change."""
     from retrieval.types import IndexedChunk
 
     live = ctx.live()
@@ -261,9 +268,19 @@ def commit(ctx: JobContext) -> int:
     tracker.check_cancel(force=True)
     catalog, retriever = ctx.env.catalog, ctx.env.components.retriever
     num_chunks = 0
+    committed: list[tuple[WorkItem, DocumentRecord]] = []
     for n, item in enumerate(live, 1):
         doc = catalog.get_document(item.document_id)
-        assert doc is not None and item.vectors is not None
+        newer = _newer_ready_version(ctx, doc, item.source.source_path)
+        if doc is None or newer is not None:
+            if newer is not None:
+                message = f"superseded: a newer version of {newer.source_path} (document {newer.id})"
+                ctx.reject(item, f"{message} was committed first", "superseded")
+            else:
+                ctx.reject(item, "the document was deleted while it was being ingested", "deleted")
+            tracker.advance(n)
+            continue
+        assert item.vectors is not None  # embed gave every live item its vectors
         chunk_ids = catalog.replace_chunks(
             item.document_id,
             [
@@ -296,20 +313,41 @@ def commit(ctx: JobContext) -> int:
             item.vectors,
         )
         num_chunks += len(chunk_ids)
+        committed.append((item, doc))
         tracker.advance(n)
     retriever.save()
-    for item in live:
+    for item, doc in committed:
         catalog.set_document_status(item.document_id, DocumentStatus.READY)
-        # Re-ingest of a changed file: the new version is live, now drop the old one. Only versions from
-        # earlier jobs: two sources of one request never replace each other (that lost an upload).
-        if item.source.source_path:
-            # Only within the job's collection: another collection's file of the same name is its own.
-            olds = catalog.find_by_source(
-                item.source.source_path, exclude_id=item.document_id, collection=ctx.collection
-            )
-            for old in olds:
-                if old.job_id == ctx.job_id:
-                    continue
-                logger.info("replacing document %s (%s)", old.id, item.source.source_path)
+        # Re-ingest of a changed file: the new version is live, now drop the older ones.
+        for old in _other_versions(ctx, doc.source_path, doc.id):
+            if _version_order(old) < _version_order(doc):
+                logger.info("replacing document %s (%s)", old.id, doc.source_path)
                 ctx.env.documents.delete_document(old.id)
     return num_chunks
+
+
+def _version_order(doc: DocumentRecord) -> tuple[datetime, str]:
+    """Versions of a source in the order they were submitted (the id only breaks an exact tie)."""
+    return (doc.created_at, doc.id)
+
+
+def _other_versions(ctx: JobContext, source_path: str | None, doc_id: str) -> list[DocumentRecord]:
+    """Other documents of `source_path` in the job's collection (another collection's file of the same
+    name is its own), from earlier or later jobs: two sources of one request never replace each other
+    (that lost an upload)."""
+    if not source_path:
+        return []
+    olds = ctx.env.catalog.find_by_source(source_path, exclude_id=doc_id, collection=ctx.collection)
+    return [old for old in olds if old.job_id != ctx.job_id]
+
+
+def _newer_ready_version(ctx: JobContext, doc: DocumentRecord | None, source_path: str | None) -> DocumentRecord | None:
+    """A version of the source submitted after `doc` and committed already, if any. When `doc` is gone, a
+    committed version of another job is what deleted it (a commit deletes the older versions)."""
+    versions = _other_versions(ctx, doc.source_path if doc is not None else source_path, doc.id if doc else "")
+    newer = [
+        old
+        for old in versions
+        if old.status == DocumentStatus.READY and (doc is None or _version_order(old) > _version_order(doc))
+    ]
+    return max(newer, key=_version_order, default=None)

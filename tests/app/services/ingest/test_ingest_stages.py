@@ -189,3 +189,53 @@ def test_records_of_a_file_become_documents_and_repeat_records_are_duplicates(
     job = components.catalog.get_job(ctx.job_id)
     assert job.document_ids == [i.document_id for i in ctx.items]
     assert components.catalog.get_document(ctx.items[1].document_id).title == "R3"
+
+
+ALL_STAGES = (stages.parse, stages.chunk, stages.embed, stages.precompute_kv, stages.commit)
+
+
+def test_an_older_version_committed_after_a_newer_one_is_superseded_not_restored(
+    components: Components, make_ctx: MakeCtx
+) -> None:
+    # Two workers: the job of version 2 (submitted second) commits before the job of version 1.
+    old = make_ctx([text("v1", TEXT_A, source="h.md")])
+    new = make_ctx([text("v2", TEXT_B, source="h.md")])
+    for stage in ALL_STAGES:
+        stage(new)
+    for stage in ALL_STAGES:
+        stage(old)
+    old_id, new_id = old.items[0].document_id, new.items[0].document_id
+    message = f"superseded: a newer version of h.md (document {new_id}) was committed first"
+    assert old.errors == [JobError(source="h.md", error=message, code="superseded")]
+    assert components.catalog.get_document(old_id) is None  # the newer commit deleted the older version
+    assert components.catalog.get_document(new_id).status == DocumentStatus.READY
+    assert {components.retriever.get(c).document_id for c in components.retriever.chunk_ids()} == {new_id}
+
+
+def test_a_newer_version_still_pending_is_not_deleted_by_the_older_commit(
+    components: Components, make_ctx: MakeCtx
+) -> None:
+    old = make_ctx([text("v1", TEXT_A, source="h.md")])
+    new = make_ctx([text("v2", TEXT_B, source="h.md")])
+    for stage in ALL_STAGES:
+        stage(old)
+    assert components.catalog.get_document(new.items[0].document_id).status == DocumentStatus.PENDING
+    for stage in ALL_STAGES:
+        stage(new)
+    assert new.errors == []
+    assert components.catalog.get_document(old.items[0].document_id) is None  # replaced by the newer version
+    assert components.catalog.get_document(new.items[0].document_id).status == DocumentStatus.READY
+
+
+def test_a_document_deleted_while_its_job_runs_fails_without_an_assert(
+    components: Components, make_ctx: MakeCtx
+) -> None:
+    ctx = make_ctx([text("A", TEXT_A), text("B", TEXT_B)])
+    for stage in ALL_STAGES[:-1]:
+        stage(ctx)
+    a_id, b_id = (i.document_id for i in ctx.items)
+    components.catalog.delete_document(a_id)
+    assert stages.commit(ctx) == len(ctx.items[1].chunks)
+    message = "the document was deleted while it was being ingested"
+    assert ctx.errors == [JobError(source="A", error=message, code="deleted")]
+    assert components.catalog.get_document(b_id).status == DocumentStatus.READY
