@@ -22,6 +22,7 @@ from app.services.ingest.types import ACTIVE_DOCUMENT_STATUSES, FILE_HASH_KEY, I
 if TYPE_CHECKING:
     from app.catalog.repository import DocumentRecord
     from app.services.ingest.context import JobContext
+    from ingest.config import IngestSettings
     from ingest.types import LoadedDocument
 
 logger = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def parse(ctx: JobContext) -> None:
                     load_text(src.text or "", src.title, source_path=src.source_path, metadata=src.metadata)
                 )
             else:
-                for loaded in iter_documents(Path(src.path or ""), settings):
+                for loaded in iter_documents(Path(src.path or ""), settings, check=tracker.check_cancel):
                     loaded_docs.append(loaded)
                     if len(loaded_docs) > 1:
                         tracker.grow(1)  # one more document to parse
@@ -126,7 +127,7 @@ def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) 
 
 def chunk(ctx: JobContext) -> None:
     """Split each document into chunks; a document over a token cap (its own or the job's) fails."""
-    from ingest.chunker import Chunker
+    from ingest.chunker import Chunker, OverTokenCap
 
     live = ctx.live()
     tracker = ctx.progress
@@ -137,29 +138,44 @@ def chunk(ctx: JobContext) -> None:
     for n, item in enumerate(live, 1):
         tracker.check_cancel()
         assert item.loaded is not None
-        item.chunks = chunker.chunk_document(item.loaded)
-        num_tokens = sum(len(c.token_ids) for c in item.chunks)
-        problem: tuple[str, str] | None = None
-        if not item.chunks:
-            problem = ("document has no text to index", "empty_document")
-        elif num_tokens > limits.max_document_tokens:
-            problem = (
-                f"document has {num_tokens} tokens in {len(item.chunks)} chunks; the limit is "
-                f"{limits.max_document_tokens} (ingest.max_document_tokens)",
-                "too_large",
+        problem: tuple[str, str] | None
+        try:
+            # Tokenizing stops once the document's cap is passed; a cancel is looked for between paragraphs.
+            item.chunks = chunker.chunk_document(
+                item.loaded, max_tokens=limits.max_document_tokens, check=tracker.check_cancel
             )
-        elif job_tokens + num_tokens > limits.max_job_tokens:
-            problem = (
-                f"the job reached {limits.max_job_tokens} tokens (ingest.max_job_tokens) before "
-                f"this document's {num_tokens}",
-                "job_too_large",
-            )
+            num_tokens = sum(len(c.token_ids) for c in item.chunks)
+            problem = _size_problem(len(item.chunks), num_tokens, job_tokens, limits)
+        except OverTokenCap:
+            cap = limits.max_document_tokens
+            message = f"document has more than {cap} tokens; the limit is {cap} (ingest.max_document_tokens)"
+            num_tokens, problem = 0, (message, "too_large")
         if problem is not None:
             item.chunks = []
             ctx.reject(item, *problem)
         else:
             job_tokens += num_tokens
         tracker.advance(n)
+
+
+def _size_problem(num_chunks: int, num_tokens: int, job_tokens: int, limits: IngestSettings) -> tuple[str, str] | None:
+    """Why a document of `num_chunks` chunks and `num_tokens` tokens cannot be added to a job holding
+    `job_tokens` (message, code), or None."""
+    if not num_chunks:
+        return ("document has no text to index", "empty_document")
+    if num_tokens > limits.max_document_tokens:
+        return (
+            f"document has {num_tokens} tokens in {num_chunks} chunks; the limit is "
+            f"{limits.max_document_tokens} (ingest.max_document_tokens)",
+            "too_large",
+        )
+    if job_tokens + num_tokens > limits.max_job_tokens:
+        return (
+            f"the job reached {limits.max_job_tokens} tokens (ingest.max_job_tokens) before "
+            f"this document's {num_tokens}",
+            "job_too_large",
+        )
+    return None
 
 
 def embed(ctx: JobContext) -> None:

@@ -239,3 +239,57 @@ def test_a_document_deleted_while_its_job_runs_fails_without_an_assert(
     message = "the document was deleted while it was being ingested"
     assert ctx.errors == [JobError(source="A", error=message, code="deleted")]
     assert components.catalog.get_document(b_id).status == DocumentStatus.READY
+
+
+def cancel_at_check(monkeypatch: pytest.MonkeyPatch, ctx: JobContext, components: Components, number: int) -> list[int]:
+    """Request the job's cancel at the `number`-th cancel check from now (counted in the returned list)."""
+    monkeypatch.setattr(progress_module, "CANCEL_POLL_S", 0.0)
+    real = ctx.progress.check_cancel
+    calls: list[int] = []
+
+    def check_cancel(force: bool = False) -> None:
+        calls.append(1)
+        if len(calls) == number:
+            components.catalog.update_job(ctx.job_id, cancel_requested=True)
+        real(force)
+
+    monkeypatch.setattr(ctx.progress, "check_cancel", check_cancel)
+    return calls
+
+
+def test_a_cancel_stops_the_parse_of_a_long_docx_between_its_paragraphs(
+    components: Components, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from docx_bomb import write_docx_bomb
+
+    path = write_docx_bomb(tmp_path / "long.docx", 1024 * 1024)  # ~22k paragraphs
+    ctx = make_ctx([IngestSource(kind="file", title="long.docx", path=str(path), source_path="long.docx")])
+    calls = cancel_at_check(monkeypatch, ctx, components, 3)  # 1: the stage's own check, 2…: the loader's
+    with pytest.raises(JobCancelled):
+        stages.parse(ctx)
+    assert len(calls) == 3
+    assert counts(ctx, "parse") == {"done": 0, "total": 1}
+
+
+def test_a_cancel_stops_the_chunking_of_a_long_document_between_its_paragraphs(
+    components: Components, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_ctx([text("Long", "\n\n".join(f"Paragraph {i} says something." for i in range(500)))])
+    stages.parse(ctx)
+    calls = cancel_at_check(monkeypatch, ctx, components, 3)  # 1: the stage's own check, 2…: the chunker's
+    with pytest.raises(JobCancelled):
+        stages.chunk(ctx)
+    assert len(calls) == 3
+    assert ctx.items[0].chunks == []
+
+
+def test_a_document_far_over_its_token_cap_fails_in_chunk_without_being_tokenized_to_the_end(
+    components: Components, make_ctx: MakeCtx
+) -> None:
+    ctx = make_ctx([text("Long", "\n\n".join(f"Paragraph {i} says something." for i in range(500)))])
+    stages.parse(ctx)
+    components.settings.ingest.max_document_tokens = 100
+    stages.chunk(ctx)
+    message = "document has more than 100 tokens; the limit is 100 (ingest.max_document_tokens)"
+    assert ctx.errors == [JobError(source="Long", error=message, code="too_large")]
+    assert ctx.live() == []
