@@ -70,10 +70,11 @@ class ServerSettings(BaseModel):
     )
     wrong_key_burst: int = Field(default=10, ge=1, description="Wrong-key requests an IP address may send at once")
     forwarded_allow_ips: str = Field(
-        default="127.0.0.1",
-        description="Peers whose X-Forwarded-For names the client (comma-separated IPs or CIDRs, '*' for any); "
-        "others are the client themselves. Behind docker/compose.yaml's Caddy the api replicas trust '*' "
-        "(only the compose network reaches them)",
+        default="",
+        description="Reverse proxies whose X-Forwarded-For names the client (comma-separated IPs or CIDRs, '*' for "
+        "any). Empty (the default): no forwarded header is trusted, every client is its TCP peer, a local one "
+        "included. Behind docker/compose.yaml's Caddy the api replicas trust '*' (only the compose network reaches "
+        "them)",
     )
     cors_origins: list[str] = Field(
         default_factory=list,
