@@ -125,7 +125,12 @@ class AppState:
 
         self.keys = KeyService(components.catalog.keys, cache_s=server.key_cache_s)
         self.ask = AskService(
-            components, self.scheduler, self.metrics, self.prefill_rate, conversations=self.conversations
+            components,
+            self.scheduler,
+            self.metrics,
+            self.prefill_rate,
+            conversations=self.conversations,
+            on_storage_fault=self.storage.record,
         )
         await asyncio.to_thread(self.storage.ensure_reserve)
         if self.job_queue is None:

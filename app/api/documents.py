@@ -336,9 +336,11 @@ async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
     """Copy an upload to a temp file next to its final place; 413 past `max_bytes`."""
     directory.mkdir(parents=True, exist_ok=True)
     num_bytes = 0
-    with tempfile.NamedTemporaryFile(dir=directory, prefix=".upload-", delete=False) as tmp:
-        path = Path(tmp.name)
-        try:
+    tmp = tempfile.NamedTemporaryFile(dir=directory, prefix=".upload-", delete=False)  # noqa: SIM115 - closed below
+    path = Path(tmp.name)
+    try:
+        # The close is inside: on a full disk the buffered tail fails there (that left a 0-byte temp file).
+        with tmp:
             while block := await upload.read(UPLOAD_BLOCK):
                 num_bytes += len(block)
                 if num_bytes > max_bytes:
@@ -346,9 +348,9 @@ async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
                         413, f"{upload.filename}: larger than the {max_bytes}-byte limit (ingest.max_file_bytes)"
                     )
                 tmp.write(block)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
     return path
 
 

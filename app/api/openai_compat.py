@@ -280,6 +280,7 @@ def _extras(done: DoneEvent) -> dict[str, Any]:
         "history_dropped_turns": done.history_dropped_turns,
         "retrieval_query": done.retrieval_query,
         "conversation_id": done.conversation_id,
+        "notice": done.notice,  # e.g. why conversation_id is null: the turn could not be stored
     }
 
 

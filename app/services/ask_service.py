@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,7 @@ from app.services.conversation_prompt import TurnKV, build_prompt
 from app.services.estimates import PrefillRate
 from app.services.followup_service import FollowupService
 from app.services.prompt_kv import OpenedKV, open_plan_kv
+from app.services.storage_faults import is_storage_full
 from engine.prompt import Turn
 from retrieval.followup import FollowupQuery
 
@@ -58,8 +59,10 @@ class AskService:
         metrics: Metrics | None = None,
         prefill_rate: PrefillRate | None = None,
         conversations: ConversationService | None = None,
+        on_storage_fault: Callable[[str], None] | None = None,
     ) -> None:
         self._c = components
+        self._on_storage_fault = on_storage_fault
         self._scheduler = scheduler
         self._metrics = metrics
         self._recorder = AnswerRecorder(metrics, prefill_rate or PrefillRate())
@@ -262,9 +265,17 @@ class AskService:
         )
         try:
             kept = await asyncio.to_thread(self._conversations.record, context, recorded)
-        except Exception:  # the answer stands; `done` then names no conversation
+        except Exception as exc:  # the answer stands; `done` names no conversation and says why
             logger.exception("could not record a conversation turn")
-            return done
+            full = is_storage_full(exc)
+            if full and self._on_storage_fault is not None:
+                self._on_storage_fault(f"conversation turn not stored: {type(exc).__name__}: {exc}")
+            why = "the server's storage is full" if full else f"{type(exc).__name__}"
+            notice = (
+                f"this turn was not stored ({why}): conversation_id is null; ask again later, or send the "
+                "earlier turns yourself"
+            )
+            return dataclasses.replace(done, notice=f"{done.notice} {notice}" if done.notice else notice)
         return dataclasses.replace(done, conversation_id=context.conversation_id) if kept else done
 
 

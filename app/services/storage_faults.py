@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 RESERVE_FILE = "storage-reserve"
+PROBE_FILE = ".storage-probe"  # written and removed by status() after a fault, to see writes succeed again
+PROBE_BYTES = 64 * 1024
 RESERVE_BYTES = 8 * 1024 * 1024  # room for the WAL of a deletion and a small index snapshot
 _SQLITE_FULL = "database or disk is full"
 
@@ -109,6 +111,8 @@ class StorageMonitor:
             self._last = None
 
     def status(self, recent_s: float = 600.0) -> StorageStatus:
+        """`ok` once writes succeed again: a fault of the last `recent_s` counts only while a small probe write
+        to the data dir still fails (the fault stays reported in `last_fault` either way)."""
         try:
             free: int | None = shutil.disk_usage(self._data_dir).free
         except OSError:
@@ -116,7 +120,22 @@ class StorageMonitor:
         with self._lock:
             last = self._last
         recent = last is not None and time.time() - last[1] < recent_s
-        ok = not recent and (free is None or free >= self._min_free_bytes)
+        ok = (free is None or free >= self._min_free_bytes) and (not recent or self._probe_write())
         return StorageStatus(
             ok=ok, free_bytes=free, last_fault=last[0] if last else None, last_fault_at=last[1] if last else None
         )
+
+    def _probe_write(self) -> bool:
+        """Whether PROBE_BYTES can be written (and synced) to the data dir now."""
+        path = self._data_dir / PROBE_FILE
+        try:
+            with open(path, "wb") as f:
+                f.write(b"\0" * PROBE_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+            return True
+        except OSError:
+            return False
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
