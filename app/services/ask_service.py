@@ -60,9 +60,12 @@ class AskService:
         prefill_rate: PrefillRate | None = None,
         conversations: ConversationService | None = None,
         on_storage_fault: Callable[[str], None] | None = None,
+        on_storage_ok: Callable[[], None] | None = None,
     ) -> None:
+        """`on_storage_fault` / `on_storage_ok` hear whether a conversation turn could be stored."""
         self._c = components
         self._on_storage_fault = on_storage_fault
+        self._on_storage_ok = on_storage_ok
         self._scheduler = scheduler
         self._metrics = metrics
         self._recorder = AnswerRecorder(metrics, prefill_rate or PrefillRate())
@@ -276,6 +279,8 @@ class AskService:
                 "earlier turns yourself"
             )
             return dataclasses.replace(done, notice=f"{done.notice} {notice}" if done.notice else notice)
+        if self._on_storage_ok is not None:
+            self._on_storage_ok()
         return dataclasses.replace(done, conversation_id=context.conversation_id) if kept else done
 
 

@@ -28,8 +28,6 @@ logger = logging.getLogger(__name__)
 
 _FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 RESERVE_FILE = "storage-reserve"
-PROBE_FILE = ".storage-probe"  # written and removed by status() after a fault, to see writes succeed again
-PROBE_BYTES = 64 * 1024
 RESERVE_BYTES = 8 * 1024 * 1024  # room for the WAL of a deletion and a small index snapshot
 _SQLITE_FULL = "database or disk is full"
 
@@ -64,6 +62,7 @@ class StorageMonitor:
         self._reserve_bytes = reserve_bytes
         self._lock = threading.Lock()
         self._last: tuple[str, float] | None = None
+        self._fault_open = False  # the last fault has not been followed by a successful write yet
 
     @property
     def reserve_path(self) -> Path:
@@ -105,37 +104,29 @@ class StorageMonitor:
     def record(self, message: str) -> None:
         with self._lock:
             self._last = (message, time.time())
+            self._fault_open = True
 
     def clear(self) -> None:
         with self._lock:
             self._last = None
+            self._fault_open = False
+
+    def recovered(self) -> None:
+        """A write that needs room (an ingest commit, a stored conversation turn) succeeded: the last fault no
+        longer makes the status bad (it stays reported in `last_fault`)."""
+        with self._lock:
+            self._fault_open = False
 
     def status(self, recent_s: float = 600.0) -> StorageStatus:
-        """`ok` once writes succeed again: a fault of the last `recent_s` counts only while a small probe write
-        to the data dir still fails (the fault stays reported in `last_fault` either way)."""
+        """`ok`: room left, and no fault in the last `recent_s` that a successful write has not ended since."""
         try:
             free: int | None = shutil.disk_usage(self._data_dir).free
         except OSError:
             free = None
         with self._lock:
-            last = self._last
-        recent = last is not None and time.time() - last[1] < recent_s
-        ok = (free is None or free >= self._min_free_bytes) and (not recent or self._probe_write())
+            last, fault_open = self._last, self._fault_open
+        recent = last is not None and fault_open and time.time() - last[1] < recent_s
+        ok = not recent and (free is None or free >= self._min_free_bytes)
         return StorageStatus(
             ok=ok, free_bytes=free, last_fault=last[0] if last else None, last_fault_at=last[1] if last else None
         )
-
-    def _probe_write(self) -> bool:
-        """Whether PROBE_BYTES can be written (and synced) to the data dir now."""
-        path = self._data_dir / PROBE_FILE
-        try:
-            with open(path, "wb") as f:
-                f.write(b"\0" * PROBE_BYTES)
-                f.flush()
-                os.fsync(f.fileno())
-            return True
-        except OSError:
-            return False
-        finally:
-            with contextlib.suppress(OSError):
-                path.unlink()
