@@ -40,7 +40,7 @@ from app.api.schemas import (
     ValidationErrorOut,
 )
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
-from app.api.uploads import UploadNameError, check_upload_name, save_upload, upload_source_path
+from app.api.uploads import UploadNameError, check_upload_name, drop_unqueued, save_upload, upload_source_path
 from app.catalog import DocumentStatus
 from app.catalog.models import DEFAULT_COLLECTION
 from app.catalog.repository import DocumentRecord, JobRecord
@@ -224,6 +224,10 @@ async def ingest(
         if isinstance(exc, IngestError):
             raise HTTPException(422, str(exc)) from exc
         raise
+    if batch_dir is not None:
+        job = service.get_job(result.job_id)
+        queued = {str(src["path"]) for src in (job.spec.get("sources", []) if job else []) if src.get("path")}
+        await asyncio.to_thread(drop_unqueued, batch_dir, queued)
     return IngestAccepted(job_id=result.job_id, document_ids=result.document_ids)
 
 

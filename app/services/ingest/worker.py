@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from app.catalog import DocumentStatus, JobStatus
 from app.catalog.repository import JobRecord
@@ -193,9 +194,12 @@ class IngestWorker:
             ctx = job_context(self._env, job, on_progress, self._stopping)
             self._catalog.update_job(job.id, status=JobStatus.RUNNING, errors=error_rows(ctx.errors))
             try:
-                return self._run(ctx, time.perf_counter())
+                finished = self._run(ctx, time.perf_counter())
             finally:
                 self._env.documents.kv_in_use.clear()
+            if finished.status.finished:
+                remove_uploads(self._env.settings.uploads_dir, finished)
+            return finished
 
     def _run(self, ctx: JobContext, started: float) -> JobRecord:
         try:
@@ -265,6 +269,7 @@ class IngestWorker:
         if dropped:
             self._env.components.retriever.remove(dropped)
         self._catalog.update_job(job_id, status=JobStatus.CANCELLED, errors=error_rows(errors))
+        remove_uploads(self._env.settings.uploads_dir, job)
 
 
 def job_context(
@@ -288,6 +293,27 @@ def job_context(
         errors=errors,
         duplicates=[e.document_id for e in errors if e.document_id is not None],
     )
+
+
+def remove_uploads(uploads_dir: Path, job: JobRecord) -> None:
+    """Delete the uploaded files of a finished job (and their emptied batch directories): a job reads its
+    files only while it runs (an interrupted one again at the next start), and nothing reads them after.
+    Only files under `uploads_dir`: a CLI ingest names the user's own files, which are never touched."""
+    root = uploads_dir.resolve()
+    for source in job.spec.get("sources", []):
+        if source.get("kind") != "file" or not source.get("path"):
+            continue
+        path = Path(source["path"]).resolve()
+        if root not in path.parents:
+            continue
+        try:
+            path.unlink(missing_ok=True)
+            for directory in path.parents:  # uploads/<batch>/<n>/: the emptied ones, deepest first
+                if directory == root:
+                    break
+                directory.rmdir()
+        except OSError:  # a directory still holding another file of the batch, or a full-disk oddity
+            continue
 
 
 def drop_unused_kv(ctx: JobContext, *, failed_only: bool) -> None:
