@@ -57,6 +57,13 @@ class ServerSettings(BaseModel):
         description="Question requests per minute per API key (or IP without one); null: no limit",
     )
     ask_burst: int = Field(default=30, ge=1, description="Question requests a client may send at once")
+    max_question_tokens: int = Field(
+        default=1024,
+        gt=0,
+        description="LLM tokens a question may have (the last user message(s) of /v1 together), counted before "
+        "any retrieval or prompt pass: 2,000 one-letter user messages stayed under the character cap and cost a "
+        "minute of prompt pass; over it: 422 (/ask) or 400 (/v1)",
+    )
     anonymous_max_tokens: int | None = Field(
         default=512,
         ge=1,

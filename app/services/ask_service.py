@@ -152,6 +152,13 @@ class AskService:
         Raises AskValidationError when even without earlier turns the prompt is longer than the model's
         context, EngineBusy when a `rewrite` follow-up finds the engine full."""
         engine = self._c.engine
+        # Bounded before any work: retrieval, a follow-up rewrite and the prompt pass all grow with it.
+        cap = self._c.settings.server.max_question_tokens
+        num_question_tokens = len(engine.tokenizer.encode(request.question, add_special_tokens=False))
+        if num_question_tokens > cap:
+            raise AskValidationError(
+                f"the question is {num_question_tokens} tokens; the limit is {cap} (server.max_question_tokens)"
+            )
         started = time.perf_counter()
         query = await self._followup.query(request.question, request.history, request.followup)
         chunks, sources = await asyncio.to_thread(self._retrieve, request, query)
@@ -230,14 +237,18 @@ class AskService:
 
         from engine.scheduler import PrefillPriority
 
-        try:
-            await asyncio.to_thread(
-                self._turn_kv.store_turn,
-                Turn(request.question, done.answer),
-                lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
-            )
-        except Exception:  # the answer stands; the next turn computes the entry
-            logger.exception("could not store the KV of a finished turn")
+        # Turn KV is written for turns likely to come back as history: those of a stored conversation, and
+        # those of a stateless client that already resends its history (its next request carries this turn
+        # too). A lone stateless question writes none: nothing it names brings the turn back.
+        if request.conversation is not None or request.history:
+            try:
+                await asyncio.to_thread(
+                    self._turn_kv.store_turn,
+                    Turn(request.question, done.answer),
+                    lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+                )
+            except Exception:  # the answer stands; the next turn computes the entry
+                logger.exception("could not store the KV of a finished turn")
         usage = dataclasses.replace(
             done.usage, history_tokens=plan.layout.num_history_tokens, history_reused_tokens=history_reused
         )
