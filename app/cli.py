@@ -568,6 +568,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print(f"  index entries without a committed chunk: {len(report.orphan_index_ids)} {verb}")
     print(f"  committed chunks missing from the index: {len(report.unindexed_chunk_ids)} {verb}")
     print(f"  committed chunks without fresh KV: {len(report.kv_missing_chunk_ids)} {verb}")
+    print(f"  corrupt KV entries among {report.num_kv_checked} read whole: {len(report.kv_corrupt_keys)} {verb}")
     if report.kv_unwritten_chunk_ids:
         print(f"  of those, KV the store could not keep: {len(report.kv_unwritten_chunk_ids)} (disk full?)")
     leftover = "removed" if args.repair else "found (--repair removes them)"

@@ -72,6 +72,7 @@ def build_components(settings: Settings, *, role: Role = "server") -> Components
     `role` matters with a PostgreSQL catalog only: a server builds its index from the catalog, a worker
     (or `blendrag ingest`) only embeds, for the catalog (see app/index_sync.py).
     """
+    from app.compute_dtype import data_dir_dtype
     from app.index_sync import open_retriever
     from engine.engine import Engine
     from kvcache.store import TieredKVStore
@@ -89,7 +90,9 @@ def build_components(settings: Settings, *, role: Role = "server") -> Components
         if model == "builtin"
         else "",
     )
-    engine = Engine(settings.engine, models_dir=settings.models_dir)
+    # The dtype the data dir's KV was built in, unless the operator sets another (app/compute_dtype.py).
+    dtype = data_dir_dtype(settings.data_dir, settings.engine.dtype, settings.engine.resolve_device())
+    engine = Engine(settings.engine, models_dir=settings.models_dir, dtype_choice=dtype)
     logger.info("start-up: model loaded and its prompt prefix warmed in %.1f s", time.perf_counter() - step)
     store = TieredKVStore(settings.kvcache)
     logger.info("start-up: KV store open (%s)", ", ".join(t.name for t in store.stats().tiers))

@@ -26,6 +26,7 @@ from app.api import (
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.cross_site import CrossSiteGuardMiddleware
 from app.api.errors import install_error_handlers
+from app.api.security_headers import SecurityHeadersMiddleware
 from app.datadir_lock import DataDirBusy, DataDirLock, server_url
 from app.metrics import RequestMetricsMiddleware
 from app.server_registry import announce, default_runtime_dir, withdraw
@@ -126,8 +127,12 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         max_upload_bytes=settings.server.max_upload_bytes,
     )
     app.add_middleware(RequestMetricsMiddleware, metrics=state.metrics)
+    app.add_middleware(SecurityHeadersMiddleware)  # on every answer, a refusal by the layers inside included
     # Outermost: every layer (metrics, cross-site guard, rate limits) sees the client's own address. A
     # peer listed in server.forwarded_allow_ips (a reverse proxy) names the client in X-Forwarded-For;
     # anyone else's X-Forwarded-For is ignored. `blendrag serve` turns uvicorn's own copy of this off.
-    app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.server.forwarded_allow_ips)
+    # Without a proxy configured no forwarded header is trusted: a default that trusted 127.0.0.1 made every
+    # local client "the proxy", free to name any address and so beat the per-address limits.
+    if settings.server.forwarded_allow_ips.strip():
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=settings.server.forwarded_allow_ips)
     return app

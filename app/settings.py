@@ -57,6 +57,13 @@ class ServerSettings(BaseModel):
         description="Question requests per minute per API key (or IP without one); null: no limit",
     )
     ask_burst: int = Field(default=30, ge=1, description="Question requests a client may send at once")
+    max_question_tokens: int = Field(
+        default=1024,
+        gt=0,
+        description="LLM tokens a question may have (the last user message(s) of /v1 together), counted before "
+        "any retrieval or prompt pass: 2,000 one-letter user messages stayed under the character cap and cost a "
+        "minute of prompt pass; over it: 422 (/ask) or 400 (/v1)",
+    )
     anonymous_max_tokens: int | None = Field(
         default=512,
         ge=1,
@@ -70,10 +77,11 @@ class ServerSettings(BaseModel):
     )
     wrong_key_burst: int = Field(default=10, ge=1, description="Wrong-key requests an IP address may send at once")
     forwarded_allow_ips: str = Field(
-        default="127.0.0.1",
-        description="Peers whose X-Forwarded-For names the client (comma-separated IPs or CIDRs, '*' for any); "
-        "others are the client themselves. Behind docker/compose.yaml's Caddy the api replicas trust '*' "
-        "(only the compose network reaches them)",
+        default="",
+        description="Reverse proxies whose X-Forwarded-For names the client (comma-separated IPs or CIDRs, '*' for "
+        "any). Empty (the default): no forwarded header is trusted, every client is its TCP peer, a local one "
+        "included. Behind docker/compose.yaml's Caddy the api replicas trust '*' (only the compose network reaches "
+        "them)",
     )
     cors_origins: list[str] = Field(
         default_factory=list,

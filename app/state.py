@@ -102,6 +102,7 @@ class AppState:
             self.metrics.ingest_chunks.inc(num_chunks)
             self.metrics.ingest_seconds.inc(seconds)
             self.storage.ensure_reserve()  # a reserve spent on a full disk comes back once there is room
+            self.storage.recovered()  # the commit wrote chunks, index and KV: writes succeed again
 
         self.coverage = CoverageService(components)
         # One DocumentService for the routes and the ingest jobs: a deletion keeps the KV a running job holds.
@@ -130,7 +131,13 @@ class AppState:
 
         self.keys = KeyService(components.catalog.keys, cache_s=server.key_cache_s)
         self.ask = AskService(
-            components, self.scheduler, self.metrics, self.prefill_rate, conversations=self.conversations
+            components,
+            self.scheduler,
+            self.metrics,
+            self.prefill_rate,
+            conversations=self.conversations,
+            on_storage_fault=self.storage.record,
+            on_storage_ok=self.storage.recovered,
         )
         await asyncio.to_thread(self.storage.ensure_reserve)
         if self.job_queue is None:

@@ -5,10 +5,11 @@ or AVX512-BF16): there a GEMM of SmolLM2's shape runs ~6.5x faster than in float
 (AVX2, AVX-512 without BF16, ARM without the extension) torch converts bfloat16 to float32 around every
 kernel and bfloat16 is *slower* than float32, so float32 stays.
 
-The check is what torch itself reports about the CPU (the same flags its kernels dispatch on), plus oneDNN's
-own bf16 check, plus a short GEMM probe that must show bfloat16 at least `PROBE_MIN_SPEEDUP` faster: a CPU
-that reports the flags but whose torch build does not use them (or a hypervisor that traps the tile
-instructions) keeps float32. The probe runs only when the flags say yes, and takes ~0.1 s.
+The decision is made from what torch reports about the CPU (the same flags its kernels dispatch on) plus
+oneDNN's own bf16 check, never from a timing: a timing probe on a loaded machine measured 1.4x to 5.5x across
+starts of one server, so the dtype (which is part of every KV entry's key) flipped and the whole KV store went
+stale. The capabilities are the same at every start. `probe_bf16_speedup` stays for diagnostics and benches.
+The app also keeps, per data dir, the dtype the store was built with (app/compute_dtype.py).
 
 Numerics that stay float32 whatever the compute dtype (engine/layers.py, engine/rope.py, engine/selectors.py):
 RMSNorm statistics, softmax, RoPE tables, logits and the query selector's scores.
@@ -23,7 +24,6 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-PROBE_MIN_SPEEDUP = 1.5
 # (rows, hidden) x (hidden, intermediate): one MLP up-projection of a 512-token block of SmolLM2.
 _PROBE_SHAPE = (512, 576, 1536)
 
@@ -112,12 +112,12 @@ def choose_compute_dtype(
     *,
     setting: str = "engine.dtype",
     detect: Callable[[], CpuBf16Support] | None = None,
-    probe: Callable[[], float] | None = None,
 ) -> DtypeChoice:
-    """Resolve `engine.dtype` for `device` ("cpu" or "cuda[:n]").
+    """Resolve `engine.dtype` for `device` ("cpu" or "cuda[:n]"), from the device's capabilities only (the
+    same answer at every start on one machine).
 
-    `detect` and `probe` default to this module's `detect_cpu_bf16` and `probe_bf16_speedup`, looked up at call
-    time (tests replace them to play a CPU with or without bf16 units)."""
+    `detect` defaults to this module's `detect_cpu_bf16`, looked up at call time (tests replace it to play a
+    CPU with or without bf16 units)."""
     if requested != "auto":
         return DtypeChoice(requested, f"set by {setting}", requested)
     if device.startswith("cuda"):
@@ -125,14 +125,7 @@ def choose_compute_dtype(
     support = (detect or detect_cpu_bf16)()
     if not support.native:
         return DtypeChoice("float32", f"CPU: {support.describe()}", requested)
-    speedup = (probe or probe_bf16_speedup)()
-    if speedup < PROBE_MIN_SPEEDUP:
-        return DtypeChoice(
-            "float32",
-            f"CPU: {support.describe()}, but a bf16 GEMM probe ran only {speedup:.1f}x faster than float32",
-            requested,
-        )
-    return DtypeChoice("bfloat16", f"CPU: {support.describe()}; bf16 GEMM probe {speedup:.1f}x float32", requested)
+    return DtypeChoice("bfloat16", f"CPU: {support.describe()}", requested)
 
 
 def log_choice(choice: DtypeChoice, what: str = "engine") -> None:

@@ -58,12 +58,14 @@ _PREFIX_CACHE_ENTRIES = 8
 
 
 class Engine:
-    def __init__(self, settings: EngineSettings, models_dir: Path) -> None:
+    def __init__(self, settings: EngineSettings, models_dir: Path, dtype_choice: DtypeChoice | None = None) -> None:
+        """`dtype_choice`: the compute dtype decided by the caller (the app keeps the one a data dir was built
+        with); by default `settings.dtype` resolved for the device (engine/dtype_choice.py)."""
         self.settings = settings
         self.blend_origin = "engine settings"  # where the blend settings came from (use_blend_settings)
         path = ensure_builtin_llm(Path(models_dir)) if settings.model == "builtin" else Path(settings.model)
         device = settings.resolve_device()
-        self.dtype_choice: DtypeChoice = choose_compute_dtype(settings.dtype, device)
+        self.dtype_choice: DtypeChoice = dtype_choice or choose_compute_dtype(settings.dtype, device)
         dtype = self.dtype_choice.dtype
         if settings.num_threads is not None and device == "cpu":
             torch.set_num_threads(settings.num_threads)  # process-wide; the engine is the main CPU user

@@ -26,7 +26,8 @@ from engine.types import SamplingParams
 # A sentence ends at . ! or ? followed by white space; a line at a newline.
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
 _SPACES = re.compile(r"\s+")
-MIN_REPEATED_LINE_CHARS = 8  # shorter repeats ("Yes.", list markers) are not treated as a loop
+MIN_REPEATED_LINE_CHARS = 8  # shorter repeats ("Yes.", list markers) are not treated as a loop …
+SHORT_LINE_RUN = 4  # … unless one of them comes this many times in a row ("Ç¨\n\n" × 363 ran to the token cap)
 
 
 def _normalize(sentence: str) -> str:
@@ -40,9 +41,17 @@ def ends_with_repeated_line(text: str, min_chars: int = MIN_REPEATED_LINE_CHARS)
         return False  # the last sentence is still being written
     parts = [_normalize(p) for p in _SENTENCE_BREAK.split(stripped)]
     parts = [p for p in parts if p]
-    if len(parts) < 2 or len(parts[-1]) < min_chars:
+    if len(parts) >= 2 and len(parts[-1]) < min_chars:
+        return _ends_with_short_run(parts)
+    if len(parts) < 2:
         return False
     return parts[-1] in parts[:-1]
+
+
+def _ends_with_short_run(parts: list[str], run: int = SHORT_LINE_RUN) -> bool:
+    """True when the last `run` completed sentences or lines are one and the same short one: a loop, however
+    short its line (a short line repeated once or twice, "Yes." or a list marker, is not)."""
+    return len(parts) >= run and len(set(parts[-run:])) == 1
 
 
 class RepetitionControl:

@@ -79,6 +79,14 @@ _ABBREVIATIONS = frozenset(
 )
 
 
+class OverTokenCap(Exception):  # noqa: N818 - a document's verdict, not a fault
+    """A document's text holds more than the `max_tokens` a caller allowed; chunking stopped there."""
+
+    def __init__(self, max_tokens: int) -> None:
+        super().__init__(f"more than {max_tokens} tokens")
+        self.max_tokens = max_tokens
+
+
 class TokenizerLike(Protocol):
     """The part of a Hugging Face tokenizer the chunker needs."""
 
@@ -210,11 +218,18 @@ class Chunker:
     def from_settings(cls, tokenizer: TokenizerLike, settings: IngestSettings) -> Chunker:
         return cls(tokenizer, settings.chunk_tokens, settings.chunk_overlap)
 
-    def chunk_document(self, document: LoadedDocument) -> list[Chunk]:
-        """Chunks of every section, numbered from 0; offsets index `document.text`."""
+    def chunk_document(
+        self, document: LoadedDocument, *, max_tokens: int | None = None, check: Callable[[], None] | None = None
+    ) -> list[Chunk]:
+        """Chunks of every section, numbered from 0; offsets index `document.text`.
+
+        With `max_tokens`, a document whose text tokenizes to more stops with OverTokenCap as soon as the
+        count passes it (a huge text is not tokenized to the end to be refused); `check` is called between
+        paragraphs (it may raise to stop: a cancel)."""
         chunks: list[Chunk] = []
+        budget = _TokenBudget(max_tokens, check)
         for section, offset in zip(document.sections, document.section_offsets(), strict=True):
-            for start, end, token_ids in self._chunk_spans(section.text):
+            for start, end, token_ids in self._chunk_spans(section.text, budget):
                 chunks.append(
                     Chunk(
                         index=len(chunks),
@@ -239,11 +254,14 @@ class Chunker:
     def _count(self, text: str) -> int:
         return len(encode_text(self._tokenizer, text))
 
-    def _atoms(self, text: str) -> list[_Atom]:
+    def _atoms(self, text: str, budget: _TokenBudget | None = None) -> list[_Atom]:
         atoms: list[_Atom] = []
         for paragraph_start, paragraph_end in _split_paragraphs(text, 0, len(text)):
+            num_before = len(atoms)
             for number, (start, end) in enumerate(_sentence_spans(text, paragraph_start, paragraph_end)):
                 self._add_atoms(text, start, end, PARAGRAPH if number == 0 else SENTENCE, 0, atoms)
+            if budget is not None:
+                budget.spend(sum(atom.num_tokens for atom in atoms[num_before:]))
         return atoms
 
     def _add_atoms(self, text: str, start: int, end: int, level: int, depth: int, out: list[_Atom]) -> None:
@@ -329,8 +347,8 @@ class Chunker:
 
     # -- packing -----------------------------------------------------------------------------------
 
-    def _chunk_spans(self, text: str) -> list[tuple[int, int, list[int]]]:
-        atoms = self._atoms(text)
+    def _chunk_spans(self, text: str, budget: _TokenBudget | None = None) -> list[tuple[int, int, list[int]]]:
+        atoms = self._atoms(text, budget)
         num_atoms = len(atoms)
         # Estimated tokens of atoms[i:e] = prefix[e] - prefix[i] - boundary_cost(atoms[i]); a line or
         # paragraph break inside a chunk usually costs one newline token of its own.
@@ -405,6 +423,24 @@ class Chunker:
             if level_at(start) >= best_level:
                 best, best_level = start, level_at(start)
         return best
+
+
+class _TokenBudget:
+    """Tokens of a document's atoms counted as they are made, against an optional cap, with a caller's
+    check between paragraphs. Atoms are what every chunk is made of, so their count is (within a token
+    per join) the document's text tokens; the chunks' total adds separators and overlap on top."""
+
+    def __init__(self, max_tokens: int | None, check: Callable[[], None] | None) -> None:
+        self._max_tokens = max_tokens
+        self._check = check
+        self.num_tokens = 0
+
+    def spend(self, num_tokens: int) -> None:
+        self.num_tokens += num_tokens
+        if self._max_tokens is not None and self.num_tokens > self._max_tokens:
+            raise OverTokenCap(self._max_tokens)
+        if self._check is not None:
+            self._check()
 
 
 def chunk_document(

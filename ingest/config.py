@@ -20,6 +20,10 @@ KNOWN_EXTENSIONS: dict[str, str] = {
     "ndjson": "jsonl",
 }
 
+# No tokenizer of the supported models averages more characters per token over real text (≈4 is usual), so
+# text over max_document_tokens × this is over the token cap whatever it says.
+MAX_CHARS_PER_TOKEN = 16
+
 
 class IngestSettings(BaseModel):
     """How documents are parsed and cut into chunks."""
@@ -34,6 +38,9 @@ class IngestSettings(BaseModel):
     json_text_field: str = Field("text", min_length=1)
     json_title_field: str = Field("title", min_length=1)
     max_file_bytes: int = Field(50 * 1024 * 1024, gt=0)
+    # A DOCX is a zip: all its parts together may unpack to this many bytes (a zip bomb of 1.4 MB inflating to
+    # 1 GiB is refused before anything is inflated; the zip reader never inflates past a part's declared size).
+    max_unpacked_bytes: int = Field(100 * 1024 * 1024, gt=0)
     # JSON / JSONL: a file with more records (documents) than this is refused as a whole.
     max_records_per_file: int = Field(10_000, ge=1)
     # Bounded work per request: LLM tokens (≈ KV bytes and prompt-pass time) one document / one job may add.
@@ -61,3 +68,9 @@ class IngestSettings(BaseModel):
                 f"chunk_overlap ({self.chunk_overlap}) must be smaller than chunk_tokens ({self.chunk_tokens})"
             )
         return self
+
+    @property
+    def max_document_chars(self) -> int:
+        """Characters of text one parsed document may hold: the token cap at MAX_CHARS_PER_TOKEN, checked
+        while a loader reads (before anything is tokenized), so text far over the token cap stops early."""
+        return self.max_document_tokens * MAX_CHARS_PER_TOKEN

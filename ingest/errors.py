@@ -42,12 +42,26 @@ class UnreadableDocument(LoaderError):
 
 
 class DocumentTooLarge(LoaderError):
-    """The file is bigger than `IngestSettings.max_file_bytes`."""
+    """The file is bigger than `IngestSettings.max_file_bytes`, unpacks to more than `max_unpacked_bytes`,
+    or holds more text than its token cap allows (`IngestSettings.max_document_chars`)."""
 
     code = "document_too_large"
+
+    @classmethod
+    def text_over_cap(cls, max_chars: int, path: str | None) -> DocumentTooLarge:
+        return cls(
+            f"document has more than {max_chars} characters of text, more than its token cap allows "
+            "(ingest.max_document_tokens)",
+            path,
+        )
 
 
 class TooManyRecords(LoaderError):
     """A JSON / JSONL file holds more records than `IngestSettings.max_records_per_file`."""
 
     code = "too_many_records"
+
+
+class Interrupted(Exception):  # noqa: N818 - a stop asked for, not an error of the document
+    """Raised by a caller's `check` callback (a cancelled job, a stopping server) to stop a loader or the
+    chunker between two steps; loaders pass it through untouched instead of reporting an unreadable file."""

@@ -84,6 +84,29 @@ def stats(store: TieredKVStore) -> StoreStats:
     return store.stats()
 
 
+def check_disk_entries(store: TieredKVStore, keys: Sequence[str], *, remove: bool) -> list[VerifyProblem]:
+    """Read `keys`' disk entries whole with their checksums (what `verify` does for every entry) and return
+    the bad ones; `remove` deletes them from every tier (the chunks' KV is then recomputed)."""
+    problems: list[VerifyProblem] = []
+    disk = store.disk
+    if disk is None:
+        return problems
+    for key in keys:
+        try:
+            with FileEntryReader(disk.path_for(key), key) as reader:
+                reader.read_all(verify=True)
+        except FileNotFoundError:
+            continue
+        except KVEntryCorrupt as exc:
+            problems.append(VerifyProblem("disk", key, exc.kind, exc.reason))
+        except OSError as exc:
+            problems.append(VerifyProblem("disk", key, "io", str(exc)))
+    if remove:
+        for problem in problems:
+            store.delete(problem.key)
+    return problems
+
+
 def verify(store: TieredKVStore, *, tiers: Sequence[str] = ("disk", "redis")) -> VerifyReport:
     checked: Counter[str] = Counter()
     problems: list[VerifyProblem] = []

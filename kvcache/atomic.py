@@ -26,6 +26,25 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(".") and name.endswith(TMP_SUFFIX)
 
 
+def writer_is_gone(name: str) -> bool:
+    """Whether the process that wrote temp file `name` (its pid is in the name) no longer runs on this host:
+    its temp file will never be renamed (a killed `cache convert` left 8 MiB nothing removed). A pid that
+    runs again (reused) keeps the file until it is old enough to go anyway."""
+    parts = name[: -len(TMP_SUFFIX)].rsplit(".", 3)
+    if len(parts) != 4 or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists (another user's): not ours to judge
+        return False
+    return False
+
+
 def write_file_atomic(path: Path, data: bytes | bytearray | memoryview, *, fsync: bool = True) -> None:
     directory = path.parent
     directory.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,8 @@
 
 Layout: `<root>/<key[:2]>/<key>.safetensors` (256 shards keep directories small). Files are written
 atomically (`kvcache.atomic`). The index (key -> size) is rebuilt by scanning `root` at start, which
-also deletes temp files older than `stale_tmp_age_s` left by crashed writers.
+also deletes temp files left by crashed writers: at once when the pid in the name no longer runs, else once
+older than `stale_tmp_age_s`.
 
 Budget: a write first evicts until the new entry fits, then writes, so the bytes the tier accounts
 never pass `budget_bytes`. `budget_bytes=None` takes what the tier holds at start plus `free_share` of
@@ -40,7 +41,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvcache.atomic import is_temp_name, write_file_atomic
+from kvcache.atomic import is_temp_name, write_file_atomic, writer_is_gone
 from kvcache.errors import KVEntryCorrupt
 from kvcache.eviction import EvictionPolicy, LRUPolicy
 from kvcache.format import StoredEntry
@@ -122,7 +123,7 @@ class DiskTier:
                         except FileNotFoundError:
                             continue
                         if is_temp_name(f.name):
-                            if now - st.st_mtime > self.stale_tmp_age_s:
+                            if now - st.st_mtime > self.stale_tmp_age_s or writer_is_gone(f.name):
                                 with contextlib.suppress(FileNotFoundError):
                                     os.unlink(f.path)
                                 logger.info("disk tier: removed stale temp file %s", f.path)

@@ -32,6 +32,9 @@ CORPUS = [
     },
 ]
 MAX_FILE_BYTES = 64 * 1024
+# Browser contexts of the UI tests: Playwright's wait_for_function evaluates its expression with eval, which
+# the pages' CSP (script-src 'self') refuses; those tests bypass it, and test_ui_csp.py checks the pages under it.
+BYPASS_CSP = {"bypass_csp": True}
 
 
 def server_settings(data_dir: Path, tiny_llama_dir: Path, **overrides: Any) -> Settings:

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Response
 from app.api.deps import Access, get_coverage, get_state, require_admin, require_reader
 from app.api.schemas import CoverageOut, ErrorOut, StatsOut
 from app.services.coverage_service import CoverageService
+from app.services.stats_service import server_wide_left_out
 from app.state import AppState
 
 router = APIRouter(
@@ -50,9 +51,12 @@ def coverage(service: CoverageService = Depends(get_coverage), access: Access = 
 @router.get("/api/stats", response_model=StatsOut)
 def stats(state: AppState = Depends(get_state), access: Access = Depends(require_reader)) -> StatsOut:
     """Everything the admin page shows besides coverage: KV hit rates per tier, recent TTFT by mode,
-    ingest throughput, queue depth. A collection key gets the document counts of its collections and no
-    conversation counts (those are every owner's)."""
+    ingest throughput, queue depth. A collection key gets the document counts of its collections; the
+    figures of every collection together (recent answers and their timings, KV tiers, lookups, ingest
+    counts, conversation counts) are left to admins (empty or null)."""
     snapshot = state.stats.snapshot(state.components, state.documents, state.scheduler, access.collections)
+    if not access.is_admin:
+        snapshot = server_wide_left_out(snapshot)
     counts = state.conversations.counts() if state.conversations is not None and access.is_admin else None
     return StatsOut.model_validate(
         {

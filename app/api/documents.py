@@ -40,7 +40,7 @@ from app.api.schemas import (
     ValidationErrorOut,
 )
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
-from app.api.uploads import UploadNameError, check_upload_name, save_upload, upload_source_path
+from app.api.uploads import UploadNameError, check_upload_name, drop_unqueued, save_upload, upload_source_path
 from app.catalog import DocumentStatus
 from app.catalog.repository import DocumentRecord, JobRecord
 from app.services.document_service import DocumentBusy, DocumentService
@@ -224,6 +224,10 @@ async def ingest(
         if isinstance(exc, IngestError):
             raise HTTPException(422, str(exc)) from exc
         raise
+    if batch_dir is not None:
+        job = service.get_job(result.job_id)
+        queued = {str(src["path"]) for src in (job.spec.get("sources", []) if job else []) if src.get("path")}
+        await asyncio.to_thread(drop_unqueued, batch_dir, queued)
     return IngestAccepted(job_id=result.job_id, document_ids=result.document_ids)
 
 
@@ -336,9 +340,11 @@ async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
     """Copy an upload to a temp file next to its final place; 413 past `max_bytes`."""
     directory.mkdir(parents=True, exist_ok=True)
     num_bytes = 0
-    with tempfile.NamedTemporaryFile(dir=directory, prefix=".upload-", delete=False) as tmp:
-        path = Path(tmp.name)
-        try:
+    tmp = tempfile.NamedTemporaryFile(dir=directory, prefix=".upload-", delete=False)  # noqa: SIM115 - closed below
+    path = Path(tmp.name)
+    try:
+        # The close is inside: on a full disk the buffered tail fails there (that left a 0-byte temp file).
+        with tmp:
             while block := await upload.read(UPLOAD_BLOCK):
                 num_bytes += len(block)
                 if num_bytes > max_bytes:
@@ -346,9 +352,9 @@ async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
                         413, f"{upload.filename}: larger than the {max_bytes}-byte limit (ingest.max_file_bytes)"
                     )
                 tmp.write(block)
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -63,6 +63,7 @@ from app.services.ask_types import (
     TokenDelta,
 )
 from app.services.conversation_service import ConversationNotFound, ConversationService
+from app.services.text_checks import INVALID_UNICODE, is_valid_utf8
 from app.state import AppState
 from engine.prompt import Turn
 
@@ -192,6 +193,13 @@ class ChatMessages:
 
 def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
     """Split `messages` into question, history and system prompt (see the module docstring)."""
+    for i, m in enumerate(messages):
+        # Every message reaches the tokenizer (the system prompt and earlier answers too), which cannot encode
+        # a lone surrogate: refused here, not a TypeError deep in the ask plan.
+        if not is_valid_utf8(m.text()):
+            raise HTTPException(
+                400, f"messages[{i}] ({m.role}): text must be valid Unicode (a lone surrogate such as \\ud800 is not)"
+            )
     last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=None)
     if last_user is None:
         raise HTTPException(400, "messages must contain a user message with text (the question)")
@@ -229,6 +237,8 @@ def _ask_request(
     another owner's, or one over a collection it may not read)."""
     chat = read_messages(body.messages)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if not all(is_valid_utf8(s) for s in stop):
+        raise HTTPException(400, f"stop: {INVALID_UNICODE}")
     context = None
     history = chat.history
     if body.conversation_id is not None:
@@ -274,6 +284,7 @@ def _extras(done: DoneEvent) -> dict[str, Any]:
         "history_dropped_turns": done.history_dropped_turns,
         "retrieval_query": done.retrieval_query,
         "conversation_id": done.conversation_id,
+        "notice": done.notice,  # e.g. why conversation_id is null: the turn could not be stored
     }
 
 

@@ -78,7 +78,7 @@ MAX_METADATA_DEPTH = 16
 class DocumentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    title: str = Field(min_length=1, max_length=512)
+    title: str = Field(min_length=1, max_length=512, json_schema_extra={"pattern": NOT_BLANK})
     # The pattern documents the rule; the service checks it with a message naming the document.
     text: str = Field(min_length=1, json_schema_extra={"pattern": NOT_BLANK})
     metadata: dict[str, Any] = Field(
@@ -91,6 +91,8 @@ class DocumentIn(BaseModel):
     def _storable(self) -> DocumentIn:
         if invalid_strings([self.title, self.text, self.tags, self.source, self.metadata]):
             raise ValueError("text must be valid Unicode (a lone surrogate such as \\ud800 is not)")
+        if is_blank(self.title):
+            raise ValueError(f"document title {self.title!r} is blank (only white space or invisible characters)")
         if nesting_depth(self.metadata, MAX_METADATA_DEPTH) > MAX_METADATA_DEPTH:
             raise ValueError(f"metadata is nested deeper than {MAX_METADATA_DEPTH} levels")
         return self
@@ -536,8 +538,8 @@ class KVFootprintOut(BaseModel):
     bytes_per_million_tokens: float | None
     eviction: str = Field(description="Disk tier eviction policy: frequency or lru")
     disk_budget_bytes: int | None = Field(description="Disk tier budget; null without a disk tier")
-    disk_bytes: int = Field(description="What the disk tier holds")
-    disk_entries: int
+    disk_bytes: int | None = Field(description="What the disk tier holds (null for a collection key)")
+    disk_entries: int | None
 
 
 class ComputeOut(BaseModel):
@@ -581,12 +583,12 @@ class StatsOut(BaseModel):
     kv_tiers: list[TierStatsOut]
     kv_hit_rate: float | None = Field(description="Store reads found in some tier / all store reads")
     kv_footprint: KVFootprintOut = Field(description="What the KV store costs and holds")
-    ask_kv_hits: int = Field(description="Chunk KV found at ask time (since start)")
-    ask_kv_misses: int = Field(description="Chunk KV recomputed at ask time (since start)")
+    ask_kv_hits: int | None = Field(description="Chunk KV found at ask time (since start; null for a collection key)")
+    ask_kv_misses: int | None = Field(description="Chunk KV recomputed at ask time (since start)")
     conversations: int | None = Field(default=None, description="Stored conversations (all owners)")
     conversation_turns: int | None = Field(default=None, description="Their turns")
-    ingest_chunks: int
-    ingest_seconds: float
+    ingest_chunks: int | None = Field(description="Chunks ingested since start (every collection: null for a key)")
+    ingest_seconds: float | None
     ingest_chunks_per_s: float | None
     ttft_by_mode: dict[str, ModeStatsOut] = Field(
         description="Over the recent asks below that had context (answers without documents are left out: "
@@ -622,7 +624,9 @@ class KeyIn(BaseModel):
 
     name: str = Field(min_length=1, max_length=128, pattern=r"\S", description="Who the key is for")
     collections: list[CollectionName] = Field(min_length=1, max_length=100, description="Collections it may read")
-    can_ingest: bool = Field(default=False, description="It may also ingest into and delete from them")
+    can_ingest: bool = Field(
+        default=False, strict=True, description="It may also ingest into and delete from them (true or false only)"
+    )
 
 
 class KeyCreatedOut(BaseModel):

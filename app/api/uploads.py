@@ -9,6 +9,7 @@ checked by `check_upload_name`.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path, PurePosixPath
 
@@ -58,3 +59,18 @@ def save_upload(uploads_dir: Path, job_hint: str, index: int, filename: str, dat
         data_path.unlink(missing_ok=True)
         raise
     return target
+
+
+def drop_unqueued(batch_dir: Path, queued_paths: set[str]) -> None:
+    """Delete the files of an upload batch that its job does not read (duplicates of stored content were
+    answered at submit), then the batch directories left empty; the rest goes when the job ends."""
+    if not batch_dir.is_dir():
+        return
+    for path in sorted(batch_dir.rglob("*"), key=lambda p: -len(p.parts)):
+        with contextlib.suppress(OSError):
+            if path.is_file() and str(path) not in queued_paths:
+                path.unlink()
+            elif path.is_dir():
+                path.rmdir()  # only once empty
+    with contextlib.suppress(OSError):
+        batch_dir.rmdir()

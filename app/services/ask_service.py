@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,7 @@ from app.services.conversation_prompt import TurnKV, build_prompt
 from app.services.estimates import PrefillRate
 from app.services.followup_service import FollowupService
 from app.services.prompt_kv import OpenedKV, open_plan_kv
+from app.services.storage_faults import is_storage_full
 from engine.prompt import Turn
 from retrieval.followup import FollowupQuery
 
@@ -58,8 +59,13 @@ class AskService:
         metrics: Metrics | None = None,
         prefill_rate: PrefillRate | None = None,
         conversations: ConversationService | None = None,
+        on_storage_fault: Callable[[str], None] | None = None,
+        on_storage_ok: Callable[[], None] | None = None,
     ) -> None:
+        """`on_storage_fault` / `on_storage_ok` hear whether a conversation turn could be stored."""
         self._c = components
+        self._on_storage_fault = on_storage_fault
+        self._on_storage_ok = on_storage_ok
         self._scheduler = scheduler
         self._metrics = metrics
         self._recorder = AnswerRecorder(metrics, prefill_rate or PrefillRate())
@@ -147,6 +153,13 @@ class AskService:
         Raises AskValidationError when even without earlier turns the prompt is longer than the model's
         context, EngineBusy when a `rewrite` follow-up finds the engine full."""
         engine = self._c.engine
+        # Bounded before any work: retrieval, a follow-up rewrite and the prompt pass all grow with it.
+        cap = self._c.settings.server.max_question_tokens
+        num_question_tokens = len(engine.tokenizer.encode(request.question, add_special_tokens=False))
+        if num_question_tokens > cap:
+            raise AskValidationError(
+                f"the question is {num_question_tokens} tokens; the limit is {cap} (server.max_question_tokens)"
+            )
         started = time.perf_counter()
         conversation = request.conversation
         # A stored conversation's turns carry their sources (a /v1 client's own messages replace them).
@@ -229,14 +242,18 @@ class AskService:
 
         from engine.scheduler import PrefillPriority
 
-        try:
-            await asyncio.to_thread(
-                self._turn_kv.store_turn,
-                Turn(request.question, done.answer),
-                lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
-            )
-        except Exception:  # the answer stands; the next turn computes the entry
-            logger.exception("could not store the KV of a finished turn")
+        # Turn KV is written for turns likely to come back as history: those of a stored conversation, and
+        # those of a stateless client that already resends its history (its next request carries this turn
+        # too). A lone stateless question writes none: nothing it names brings the turn back.
+        if request.conversation is not None or request.history:
+            try:
+                await asyncio.to_thread(
+                    self._turn_kv.store_turn,
+                    Turn(request.question, done.answer),
+                    lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+                )
+            except Exception:  # the answer stands; the next turn computes the entry
+                logger.exception("could not store the KV of a finished turn")
         usage = dataclasses.replace(
             done.usage, history_tokens=plan.layout.num_history_tokens, history_reused_tokens=history_reused
         )
@@ -267,9 +284,19 @@ class AskService:
         )
         try:
             kept = await asyncio.to_thread(self._conversations.record, context, recorded)
-        except Exception:  # the answer stands; `done` then names no conversation
+        except Exception as exc:  # the answer stands; `done` names no conversation and says why
             logger.exception("could not record a conversation turn")
-            return done
+            full = is_storage_full(exc)
+            if full and self._on_storage_fault is not None:
+                self._on_storage_fault(f"conversation turn not stored: {type(exc).__name__}: {exc}")
+            why = "the server's storage is full" if full else f"{type(exc).__name__}"
+            notice = (
+                f"this turn was not stored ({why}): conversation_id is null; ask again later, or send the "
+                "earlier turns yourself"
+            )
+            return dataclasses.replace(done, notice=f"{done.notice} {notice}" if done.notice else notice)
+        if self._on_storage_ok is not None:
+            self._on_storage_ok()
         return dataclasses.replace(done, conversation_id=context.conversation_id) if kept else done
 
 

@@ -6,6 +6,11 @@ raw text they read as noise. Rendering happens here, with maintained libraries a
 as text, never parsed — and then nh3 (the Ammonia sanitizer) over the result as a second, independent
 allow-list, so nothing a document or the model writes can execute in the page.
 
+Images load only from this server: a document (or an answer the model is talked into writing) with
+`![x](https://tracker.example/p.gif)` would otherwise make every reader's browser ping that host when the
+passage is opened. A remote image keeps its alt text and loses its `src`; the pages' Content-Security-Policy
+(`img-src 'self' data:`, app/api/security_headers.py) refuses one anyway.
+
 CommonMark closes an unclosed code fence at the end of the text, so a half-streamed answer that has opened
 a ```python block renders its code as code already.
 """
@@ -31,6 +36,15 @@ _ATTRIBUTES = {
 _URL_SCHEMES = {"http", "https", "mailto"}
 
 
+def _same_origin_only(tag: str, attribute: str, value: str) -> str | None:
+    """nh3's attribute filter: an image `src` naming a host (`https://…`, `//host/…`) is dropped."""
+    if tag == "img" and attribute == "src":
+        url = value.strip().replace("\\", "/")  # browsers read a backslash in a URL as a slash
+        if url.startswith("//") or ":" in url.split("/", 1)[0]:
+            return None
+    return value
+
+
 @functools.cache
 def _parser():  # noqa: ANN202 (markdown_it.MarkdownIt, imported lazily)
     from markdown_it import MarkdownIt
@@ -51,5 +65,6 @@ def render_markdown(text: str) -> str:
         attributes=_ATTRIBUTES,
         url_schemes=_URL_SCHEMES,
         link_rel="noopener noreferrer nofollow",
+        attribute_filter=_same_origin_only,
         filter_style_properties={"text-align"},
     )

@@ -3,6 +3,7 @@ catalog and the scheduler (before start-up finishes, only what needs no models).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +41,8 @@ class KVFootprint:
     bytes_per_million_tokens: float | None
     eviction: str
     disk_budget_bytes: int | None  # None: no disk tier
-    disk_bytes: int
-    disk_entries: int
+    disk_bytes: int | None  # None: left out for a collection key
+    disk_entries: int | None
 
 
 def kv_footprint(components: Components | None, settings: KVCacheSettings) -> KVFootprint:
@@ -91,13 +92,32 @@ class ServingStats:
     kv_tiers: list[TierStats]  # the store's own, in lookup order
     kv_hit_rate: float | None
     kv_footprint: KVFootprint
-    ask_kv_hits: int
-    ask_kv_misses: int
-    ingest_chunks: int
-    ingest_seconds: float
+    ask_kv_hits: int | None  # None: left out for a collection key (server_wide_left_out), as below
+    ask_kv_misses: int | None
+    ingest_chunks: int | None
+    ingest_seconds: float | None
     ingest_chunks_per_s: float | None
     ttft_by_mode: dict[str, ModeStats]
     recent: list[RecentAsk]
+
+
+def server_wide_left_out(stats: ServingStats) -> ServingStats:
+    """`stats` as a collection key sees them: what sums up every collection (the times of other collections'
+    questions, their KV entries, lookups and ingested chunks) is emptied; its own documents' counts stay."""
+    footprint = dataclasses.replace(stats.kv_footprint, disk_budget_bytes=None, disk_bytes=None, disk_entries=None)
+    return dataclasses.replace(
+        stats,
+        kv_tiers=[],
+        kv_hit_rate=None,
+        kv_footprint=footprint,
+        ask_kv_hits=None,
+        ask_kv_misses=None,
+        ingest_chunks=None,
+        ingest_seconds=None,
+        ingest_chunks_per_s=None,
+        ttft_by_mode={},
+        recent=[],
+    )
 
 
 def queue_depth(scheduler: Scheduler | None) -> int | None:

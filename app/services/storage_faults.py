@@ -62,6 +62,7 @@ class StorageMonitor:
         self._reserve_bytes = reserve_bytes
         self._lock = threading.Lock()
         self._last: tuple[str, float] | None = None
+        self._fault_open = False  # the last fault has not been followed by a successful write yet
 
     @property
     def reserve_path(self) -> Path:
@@ -103,19 +104,28 @@ class StorageMonitor:
     def record(self, message: str) -> None:
         with self._lock:
             self._last = (message, time.time())
+            self._fault_open = True
 
     def clear(self) -> None:
         with self._lock:
             self._last = None
+            self._fault_open = False
+
+    def recovered(self) -> None:
+        """A write that needs room (an ingest commit, a stored conversation turn) succeeded: the last fault no
+        longer makes the status bad (it stays reported in `last_fault`)."""
+        with self._lock:
+            self._fault_open = False
 
     def status(self, recent_s: float = 600.0) -> StorageStatus:
+        """`ok`: room left, and no fault in the last `recent_s` that a successful write has not ended since."""
         try:
             free: int | None = shutil.disk_usage(self._data_dir).free
         except OSError:
             free = None
         with self._lock:
-            last = self._last
-        recent = last is not None and time.time() - last[1] < recent_s
+            last, fault_open = self._last, self._fault_open
+        recent = last is not None and fault_open and time.time() - last[1] < recent_s
         ok = not recent and (free is None or free >= self._min_free_bytes)
         return StorageStatus(
             ok=ok, free_bytes=free, last_fault=last[0] if last else None, last_fault_at=last[1] if last else None

@@ -19,6 +19,9 @@ def is_blank(text: str) -> bool:
     return _NOT_BLANK.search(text) is None
 
 
+INVALID_UNICODE = "text must be valid Unicode (a lone surrogate such as \\ud800 is not)"
+
+
 def is_valid_utf8(text: str) -> bool:
     """False for strings JSON can carry but UTF-8 cannot (lone surrogates such as "\\ud800")."""
     try:

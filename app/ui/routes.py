@@ -20,12 +20,13 @@ _NO_CACHE = {"Cache-Control": "no-cache"}
 router = APIRouter(include_in_schema=False)
 
 
-@router.get("/")
+# HEAD too: uptime checks and link previews ask with HEAD (GET-only routes answer it 405).
+@router.api_route("/", methods=["GET", "HEAD"])
 def chat_page() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", headers=_NO_CACHE)
 
 
-@router.get("/admin")
+@router.api_route("/admin", methods=["GET", "HEAD"])
 def admin_page() -> FileResponse:
     return FileResponse(STATIC_DIR / "admin.html", headers=_NO_CACHE)
 

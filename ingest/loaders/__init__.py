@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path, PurePath
 
@@ -16,6 +16,7 @@ from ingest.config import KNOWN_EXTENSIONS, IngestSettings
 from ingest.errors import (
     DocumentTooLarge,
     EmptyDocument,
+    Interrupted,
     LoaderError,
     UnreadableDocument,
     UnsupportedFormat,
@@ -57,6 +58,8 @@ _HINTS = {
     "odt": "save it as .docx",
 }
 _MAX_DERIVED_TITLE_CHARS = 80
+
+Check = Callable[[], None]  # called between steps of a parse; raises (e.g. Interrupted) to stop it
 
 
 @dataclass(frozen=True)
@@ -124,10 +127,13 @@ def _single(
     sections: list[Section],
     source: str | None,
     metadata: dict[str, MetadataValue],
+    max_chars: int,
 ) -> list[LoadedDocument]:
     sections = [section for section in sections if section.text]
     if not sections:
         raise EmptyDocument("document contains no text", source)
+    if sum(len(section.text) for section in sections) > max_chars:
+        raise DocumentTooLarge.text_over_cap(max_chars, source)
     return [
         LoadedDocument(
             title=title or fallback_title,
@@ -140,25 +146,30 @@ def _single(
     ]
 
 
-def _parse(data: bytes, fmt: str, filename: str, source: str | None, settings: IngestSettings) -> list[LoadedDocument]:
+def _parse(
+    data: bytes, fmt: str, filename: str, source: str | None, settings: IngestSettings, check: Check | None
+) -> list[LoadedDocument]:
     # A file without a title of its own (no H1, no <title>, no front matter) is titled by its file name,
     # extension included: "nav.html" says what it is, "nav" looks like a heading it does not have.
     name = PurePath(filename).name
     stem = PurePath(filename).stem or name
+    max_chars = settings.max_document_chars
     if fmt == "txt":
-        return _single(fmt, None, name, [Section(parse_text(data, source))], source, {})
+        return _single(fmt, None, name, [Section(parse_text(data, source))], source, {}, max_chars)
     if fmt == "md":
         title, text, metadata = parse_markdown(data, source, settings.md_strip_front_matter)
-        return _single(fmt, title, name, [Section(text)], source, metadata)
+        return _single(fmt, title, name, [Section(text)], source, metadata, max_chars)
     if fmt == "html":
         title, text, metadata = parse_html(data)
-        return _single(fmt, title, name, [Section(text)], source, metadata)
+        return _single(fmt, title, name, [Section(text)], source, metadata, max_chars)
     if fmt == "pdf":
         title, sections, metadata = parse_pdf(data, source)
-        return _single(fmt, title, name, sections, source, metadata)
+        return _single(fmt, title, name, sections, source, metadata, max_chars)
     if fmt == "docx":
-        title, text, metadata = parse_docx(data, source)
-        return _single(fmt, title, name, [Section(text)], source, metadata)
+        title, text, metadata = parse_docx(
+            data, source, max_unpacked_bytes=settings.max_unpacked_bytes, max_chars=max_chars, check=check
+        )
+        return _single(fmt, title, name, [Section(text)], source, metadata, max_chars)
     if fmt in ("json", "jsonl"):
         return list(_iter_record_documents(data, fmt, stem, source, settings))
     raise UnsupportedFormat(f"no loader for format {fmt!r}", source)
@@ -176,6 +187,8 @@ def _iter_record_documents(
         max_records=settings.max_records_per_file,
     )
     for record in records:
+        if len(record.text) > settings.max_document_chars:
+            raise DocumentTooLarge.text_over_cap(settings.max_document_chars, source)
         yield _record_document(record, fmt, stem, source)
 
 
@@ -191,12 +204,18 @@ def _record_document(record: Record, fmt: str, stem: str, source: str | None) ->
 
 
 def load_bytes(
-    data: bytes, filename: str, settings: IngestSettings | None = None, *, source_path: str | None = None
+    data: bytes,
+    filename: str,
+    settings: IngestSettings | None = None,
+    *,
+    source_path: str | None = None,
+    check: Check | None = None,
 ) -> list[LoadedDocument]:
     """Parse an uploaded file's bytes; the format comes from `filename`'s extension.
 
     Returns one document, or one per record for JSON/JSONL. Raises a `LoaderError` subclass; any
     unexpected parser crash is reported as `UnreadableDocument` (and logged with its traceback).
+    `check` is called between steps of parsers that have many (DOCX blocks); what it raises passes through.
     """
     settings = settings or IngestSettings()
     source = source_path if source_path is not None else filename
@@ -206,8 +225,8 @@ def load_bytes(
     if not data.strip():
         raise EmptyDocument("file is empty", source)
     try:
-        return _parse(data, fmt, filename, source, settings)
-    except LoaderError:
+        return _parse(data, fmt, filename, source, settings, check)
+    except (LoaderError, Interrupted):
         raise
     except (MemoryError, KeyboardInterrupt):
         raise
@@ -218,12 +237,14 @@ def load_bytes(
         raise UnreadableDocument(f"parser failed: {type(exc).__name__}: {exc}", source) from exc
 
 
-def load_path(path: str | Path, settings: IngestSettings | None = None) -> list[LoadedDocument]:
+def load_path(
+    path: str | Path, settings: IngestSettings | None = None, check: Check | None = None
+) -> list[LoadedDocument]:
     """Parse one file. Raises a `LoaderError` subclass with `path` set."""
     settings = settings or IngestSettings()
     path = Path(path)
     detect_format(path.name, settings)  # refuse unsupported types before touching the disk
-    return load_bytes(_read_file(path, settings), path.name, settings, source_path=str(path))
+    return load_bytes(_read_file(path, settings), path.name, settings, source_path=str(path), check=check)
 
 
 def _read_file(path: Path, settings: IngestSettings) -> bytes:
@@ -243,7 +264,9 @@ def _read_file(path: Path, settings: IngestSettings) -> bytes:
         raise UnreadableDocument(f"cannot read file: {exc.strerror or exc}", source) from exc
 
 
-def iter_documents(path: str | Path, settings: IngestSettings | None = None) -> Iterator[LoadedDocument]:
+def iter_documents(
+    path: str | Path, settings: IngestSettings | None = None, check: Check | None = None
+) -> Iterator[LoadedDocument]:
     """Like `load_path`, but a JSON / JSONL file's records come one at a time as they are parsed (a
     caller can report progress per record and stop early). Raises `LoaderError` subclasses, possibly
     after some documents were yielded (a bad record, or more than `max_records_per_file`)."""
@@ -251,7 +274,7 @@ def iter_documents(path: str | Path, settings: IngestSettings | None = None) -> 
     path = Path(path)
     fmt = detect_format(path.name, settings)
     if fmt not in ("json", "jsonl"):
-        yield from load_path(path, settings)
+        yield from load_path(path, settings, check)
         return
     source = str(path)
     data = _read_file(path, settings)
@@ -260,7 +283,7 @@ def iter_documents(path: str | Path, settings: IngestSettings | None = None) -> 
     stem = PurePath(path.name).stem or path.name
     try:
         yield from _iter_record_documents(data, fmt, stem, source, settings)
-    except LoaderError:
+    except (LoaderError, Interrupted):
         raise
     except (MemoryError, KeyboardInterrupt, GeneratorExit):
         raise

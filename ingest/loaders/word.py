@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 import zipfile
+from collections.abc import Callable
 
 import docx
 from docx.opc.exceptions import PackageNotFoundError
 from docx.table import Table
 from docx.text.paragraph import Paragraph
 
-from ingest.errors import EncryptedDocument, UnreadableDocument
+from ingest.errors import DocumentTooLarge, EncryptedDocument, UnreadableDocument
 from ingest.normalize import normalize_text
 from ingest.types import MetadataValue
 
@@ -36,12 +37,37 @@ def _table_text(table: Table) -> str:
     return "\n".join(rows)
 
 
-def parse_docx(data: bytes, path: str | None) -> tuple[str | None, str, dict[str, MetadataValue]]:
-    """(title or None, normalized text with one paragraph per block, metadata)."""
+def _check_unpacked_size(data: bytes, path: str | None, max_unpacked_bytes: int) -> None:
+    """Refuse a package whose parts together unpack to more than `max_unpacked_bytes`, before any is
+    inflated. The sizes are the zip's own declarations, and they hold: Python's zip reader stops at a
+    part's declared size (more data fails its CRC), so a lie cannot inflate past the cap either."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as package:
+            num_bytes = sum(info.file_size for info in package.infolist())
+    except zipfile.BadZipFile as exc:
+        raise UnreadableDocument(f"not a readable DOCX package: {exc}", path) from exc
+    if num_bytes > max_unpacked_bytes:
+        raise DocumentTooLarge(
+            f"DOCX unpacks to {num_bytes} bytes; the limit is {max_unpacked_bytes} (ingest.max_unpacked_bytes)", path
+        )
+
+
+def parse_docx(
+    data: bytes,
+    path: str | None,
+    *,
+    max_unpacked_bytes: int,
+    max_chars: int,
+    check: Callable[[], None] | None = None,
+) -> tuple[str | None, str, dict[str, MetadataValue]]:
+    """(title or None, normalized text with one paragraph per block, metadata). The package may unpack to
+    `max_unpacked_bytes` and hold `max_chars` of text (counted block by block as it is read:
+    DocumentTooLarge past either); `check` is called between blocks (it may raise to stop)."""
     if data.startswith(_OLE_MAGIC):
         if _ENCRYPTED_STREAM in data:
             raise EncryptedDocument("DOCX is password protected", path)
         raise UnreadableDocument("this is a legacy Word (.doc) file, not DOCX; save it as .docx", path)
+    _check_unpacked_size(data, path, max_unpacked_bytes)
     try:
         document = docx.Document(io.BytesIO(data))
     except (PackageNotFoundError, zipfile.BadZipFile, KeyError, ValueError) as exc:
@@ -49,7 +75,10 @@ def parse_docx(data: bytes, path: str | None) -> tuple[str | None, str, dict[str
 
     blocks: list[str] = []
     title: str | None = None
+    num_chars = 0
     for block in document.iter_inner_content():
+        if check is not None:
+            check()
         if isinstance(block, Paragraph):
             text = block.text.strip()
             if not text:
@@ -60,8 +89,14 @@ def parse_docx(data: bytes, path: str | None) -> tuple[str | None, str, dict[str
             blocks.append(text)
         elif isinstance(block, Table):
             table_text = _table_text(block)
-            if table_text:
-                blocks.append(table_text)
+            if not table_text:
+                continue
+            blocks.append(table_text)
+        else:
+            continue
+        num_chars += len(blocks[-1])
+        if num_chars > max_chars:
+            raise DocumentTooLarge.text_over_cap(max_chars, path)
 
     metadata: dict[str, MetadataValue] = {}
     properties = document.core_properties

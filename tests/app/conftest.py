@@ -89,3 +89,29 @@ def fast_settings(make_fast_settings) -> Settings:
 @pytest.fixture
 def fast_components(make_fast_components, fast_settings: Settings) -> Components:
     return make_fast_components(fast_settings)
+
+
+SMALL_FS_BYTES = 48 * 1024 * 1024
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A real 48 MiB tmpfs (root only: skipped otherwise), unmounted at the end; fill it with disk_tools."""
+    import os
+    import subprocess
+
+    mount_point = tmp_path / "fs"
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (make test runs as root in CI)")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={SMALL_FS_BYTES}", "tmpfs", str(mount_point)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", "-l", str(mount_point)], check=False)

@@ -42,6 +42,11 @@ def _ngrams(ids: list[int], n: int) -> list[tuple[int, ...]]:
         ("The launch is on 3 March. The launch is on 3 Mar", False),  # the repeat is not complete yet
         ("The launch is on 3 March. It is soon.", False),
         ("Yes. Yes.", False),  # too short to call a loop
+        ("Yes. Yes. Yes.", False),  # a short line three times in a row is not a loop yet
+        ("Yes. Yes. Yes. Yes.", True),  # four times in a row is
+        ("Ç¨\n\n" * 4, True),  # the loop ran 363 times to the token cap
+        ("Ç¨\n\nÇ¨\n\nÇ¨\n\n", False),
+        ("- a\n- b\n- a\n- a\n- a\n", False),  # short list items: not one line four times in a row
         ("It costs 3.5 euros. It costs 3.", False),
         ("", False),
     ],

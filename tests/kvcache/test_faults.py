@@ -411,3 +411,43 @@ def test_corrupt_redis_value_and_fallback(tmp_path: Path, redis_server: RedisSer
     assert raw.get("blendrag:kv:" + key_of(1)) is None
     assert _faults(store, "disk") == {"checksum": 1}
     assert _faults(store, "redis") == {"checksum": 1}
+
+
+# A writer killed in the middle of an atomic write (as a killed `blendrag cache convert` is): the real
+# write_file_atomic, its os.write held after the first bytes until the process is killed.
+_KILLED_WRITER = """
+import importlib.util, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("kv_atomic", sys.argv[1])
+atomic = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(atomic)
+real_write = atomic._os_write
+def write_then_hang(fd, data):
+    written = real_write(fd, bytes(data[:4096]))
+    print("writing", flush=True)
+    sys.stdin.readline()  # never answered: the parent kills this process here
+    return written
+atomic._os_write = write_then_hang
+atomic.write_file_atomic(Path(sys.argv[2]), b"x" * (1 << 20), fsync=False)
+"""
+
+
+def test_a_killed_writers_temp_file_is_removed_at_the_next_scan(tmp_path: Path) -> None:
+    tier = DiskTier(tmp_path / "kv", 1 << 30)
+    target = tier.path_for(key_of(0))
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(Path(kvcache.atomic.__file__)), str(target)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
+        [temp] = [p for p in target.parent.iterdir() if kvcache.atomic.is_temp_name(p.name)]
+        assert tier.rescan() == 0 and temp.exists()  # its writer still runs: the file is left alone
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+    assert tier.rescan() == 0
+    assert not temp.exists()  # the writer is gone: removed at once, not an hour later
+    assert DiskTier(tmp_path / "kv", 1 << 30).keys() == []

@@ -88,7 +88,6 @@ def test_bf16_embedder_keeps_unit_float32_vectors_and_the_ranking(
     # Play a CPU with AMX: `auto` must then load the model in bfloat16.
     amx = CpuBf16Support(amx_tile=True, avx512_bf16=True, onednn_bf16=True, capability="AVX512")
     monkeypatch.setattr(dtype_choice, "detect_cpu_bf16", lambda: amx)
-    monkeypatch.setattr(dtype_choice, "probe_bf16_speedup", lambda repeats=3: 6.0)
     bf16 = Embedder("builtin", dtype="auto")
     model = bf16.load()
     assert bf16.dtype_choice is not None and bf16.dtype_choice.dtype == "bfloat16"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from app.services.ingest.types import STAGES, JobCancelled
+from app.services.ingest.types import STAGES, JobCancelled, JobInterrupted
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
@@ -21,10 +22,18 @@ ProgressCallback = Callable[["JobRecord"], None]
 class Progress:
     """Writes stage progress to the job row (throttled) and tells an optional listener."""
 
-    def __init__(self, catalog: Catalog, job_id: str, listener: ProgressCallback | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        job_id: str,
+        listener: ProgressCallback | None = None,
+        stopping: threading.Event | None = None,
+    ) -> None:
+        """`stopping`: set when the process shuts down; the job then stops at its next check (JobInterrupted)."""
         self._catalog = catalog
         self.job_id = job_id
         self._listener = listener
+        self._stopping = stopping
         self._progress: dict[str, dict[str, int]] = {s: {"done": 0, "total": 0} for s in STAGES}
         self._stage = STAGES[0]
         self._last_write = 0.0
@@ -55,7 +64,10 @@ class Progress:
 
     def check_cancel(self, force: bool = False) -> None:
         """Raise JobCancelled once a cancel was requested. Looked up at most every CANCEL_POLL_S inside a
-        stage; `force` looks now (before the commit, the last point where a cancel can still take effect)."""
+        stage; `force` looks now (before the commit, the last point where a cancel can still take effect).
+        A shutdown (`stopping`) raises JobInterrupted at once: the job is resumed at the next start."""
+        if self._stopping is not None and self._stopping.is_set():
+            raise JobInterrupted()
         now = time.monotonic()
         if not force and now - self._last_cancel_check < CANCEL_POLL_S:
             return

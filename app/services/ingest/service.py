@@ -98,6 +98,10 @@ class IngestService:
     def start(self) -> None:
         self._worker.start()
 
+    def request_stop(self) -> None:
+        """The running job stops at its next check, inside parse and chunk too (shutdown never waits for it)."""
+        self._worker.request_stop()
+
     def stop(self) -> None:
         self._worker.stop()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,9 @@ from app.services.ingest.submission import find_duplicate, new_document
 from app.services.ingest.types import ACTIVE_DOCUMENT_STATUSES, FILE_HASH_KEY, IngestSource, WorkItem
 
 if TYPE_CHECKING:
+    from app.catalog.repository import DocumentRecord
     from app.services.ingest.context import JobContext
+    from ingest.config import IngestSettings
     from ingest.types import LoadedDocument
 
 logger = logging.getLogger(__name__)
@@ -48,7 +51,7 @@ def parse(ctx: JobContext) -> None:
                     load_text(src.text or "", src.title, source_path=src.source_path, metadata=src.metadata)
                 )
             else:
-                for loaded in iter_documents(Path(src.path or ""), settings):
+                for loaded in iter_documents(Path(src.path or ""), settings, check=tracker.check_cancel):
                     loaded_docs.append(loaded)
                     if len(loaded_docs) > 1:
                         tracker.grow(1)  # one more document to parse
@@ -124,7 +127,7 @@ def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) 
 
 def chunk(ctx: JobContext) -> None:
     """Split each document into chunks; a document over a token cap (its own or the job's) fails."""
-    from ingest.chunker import Chunker
+    from ingest.chunker import Chunker, OverTokenCap
 
     live = ctx.live()
     tracker = ctx.progress
@@ -135,29 +138,44 @@ def chunk(ctx: JobContext) -> None:
     for n, item in enumerate(live, 1):
         tracker.check_cancel()
         assert item.loaded is not None
-        item.chunks = chunker.chunk_document(item.loaded)
-        num_tokens = sum(len(c.token_ids) for c in item.chunks)
-        problem: tuple[str, str] | None = None
-        if not item.chunks:
-            problem = ("document has no text to index", "empty_document")
-        elif num_tokens > limits.max_document_tokens:
-            problem = (
-                f"document has {num_tokens} tokens in {len(item.chunks)} chunks; the limit is "
-                f"{limits.max_document_tokens} (ingest.max_document_tokens)",
-                "too_large",
+        problem: tuple[str, str] | None
+        try:
+            # Tokenizing stops once the document's cap is passed; a cancel is looked for between paragraphs.
+            item.chunks = chunker.chunk_document(
+                item.loaded, max_tokens=limits.max_document_tokens, check=tracker.check_cancel
             )
-        elif job_tokens + num_tokens > limits.max_job_tokens:
-            problem = (
-                f"the job reached {limits.max_job_tokens} tokens (ingest.max_job_tokens) before "
-                f"this document's {num_tokens}",
-                "job_too_large",
-            )
+            num_tokens = sum(len(c.token_ids) for c in item.chunks)
+            problem = _size_problem(len(item.chunks), num_tokens, job_tokens, limits)
+        except OverTokenCap:
+            cap = limits.max_document_tokens
+            message = f"document has more than {cap} tokens; the limit is {cap} (ingest.max_document_tokens)"
+            num_tokens, problem = 0, (message, "too_large")
         if problem is not None:
             item.chunks = []
             ctx.reject(item, *problem)
         else:
             job_tokens += num_tokens
         tracker.advance(n)
+
+
+def _size_problem(num_chunks: int, num_tokens: int, job_tokens: int, limits: IngestSettings) -> tuple[str, str] | None:
+    """Why a document of `num_chunks` chunks and `num_tokens` tokens cannot be added to a job holding
+    `job_tokens` (message, code), or None."""
+    if not num_chunks:
+        return ("document has no text to index", "empty_document")
+    if num_tokens > limits.max_document_tokens:
+        return (
+            f"document has {num_tokens} tokens in {num_chunks} chunks; the limit is "
+            f"{limits.max_document_tokens} (ingest.max_document_tokens)",
+            "too_large",
+        )
+    if job_tokens + num_tokens > limits.max_job_tokens:
+        return (
+            f"the job reached {limits.max_job_tokens} tokens (ingest.max_job_tokens) before "
+            f"this document's {num_tokens}",
+            "job_too_large",
+        )
+    return None
 
 
 def embed(ctx: JobContext) -> None:
@@ -252,7 +270,12 @@ def _fail_unstored(ctx: JobContext, live: list[WorkItem], unstored: set[str]) ->
 
 def commit(ctx: JobContext) -> int:
     """Write the chunks and index entries, save the index, then mark the documents ready; a re-ingest's
-    earlier version is deleted once the new one is live. Returns the number of chunks committed."""
+    earlier version is deleted once the new one is live. Returns the number of chunks committed.
+
+    Versions of one source are ordered by when they were submitted, and the newest always wins: a commit
+    deletes only older versions (a newer one still pending replaces this one when it commits), and a
+    version older than one already committed (another worker ran the newer job first) is not committed.
+    A document deleted while its job ran fails; nothing is asserted about what others may change."""
     from retrieval.types import IndexedChunk
 
     live = ctx.live()
@@ -261,9 +284,19 @@ def commit(ctx: JobContext) -> int:
     tracker.check_cancel(force=True)
     catalog, retriever = ctx.env.catalog, ctx.env.components.retriever
     num_chunks = 0
+    committed: list[tuple[WorkItem, DocumentRecord]] = []
     for n, item in enumerate(live, 1):
         doc = catalog.get_document(item.document_id)
-        assert doc is not None and item.vectors is not None
+        newer = _newer_ready_version(ctx, doc, item.source.source_path)
+        if doc is None or newer is not None:
+            if newer is not None:
+                message = f"superseded: a newer version of {newer.source_path} (document {newer.id})"
+                ctx.reject(item, f"{message} was committed first", "superseded")
+            else:
+                ctx.reject(item, "the document was deleted while it was being ingested", "deleted")
+            tracker.advance(n)
+            continue
+        assert item.vectors is not None  # embed gave every live item its vectors
         chunk_ids = catalog.replace_chunks(
             item.document_id,
             [
@@ -296,20 +329,41 @@ def commit(ctx: JobContext) -> int:
             item.vectors,
         )
         num_chunks += len(chunk_ids)
+        committed.append((item, doc))
         tracker.advance(n)
     retriever.save()
-    for item in live:
+    for item, doc in committed:
         catalog.set_document_status(item.document_id, DocumentStatus.READY)
-        # Re-ingest of a changed file: the new version is live, now drop the old one. Only versions from
-        # earlier jobs: two sources of one request never replace each other (that lost an upload).
-        if item.source.source_path:
-            # Only within the job's collection: another collection's file of the same name is its own.
-            olds = catalog.find_by_source(
-                item.source.source_path, exclude_id=item.document_id, collection=ctx.collection
-            )
-            for old in olds:
-                if old.job_id == ctx.job_id:
-                    continue
-                logger.info("replacing document %s (%s)", old.id, item.source.source_path)
+        # Re-ingest of a changed file: the new version is live, now drop the older ones.
+        for old in _other_versions(ctx, doc.source_path, doc.id):
+            if _version_order(old) < _version_order(doc):
+                logger.info("replacing document %s (%s)", old.id, doc.source_path)
                 ctx.env.documents.delete_document(old.id)
     return num_chunks
+
+
+def _version_order(doc: DocumentRecord) -> tuple[datetime, str]:
+    """Versions of a source in the order they were submitted (the id only breaks an exact tie)."""
+    return (doc.created_at, doc.id)
+
+
+def _other_versions(ctx: JobContext, source_path: str | None, doc_id: str) -> list[DocumentRecord]:
+    """Other documents of `source_path` in the job's collection (another collection's file of the same
+    name is its own), from earlier or later jobs: two sources of one request never replace each other
+    (that lost an upload)."""
+    if not source_path:
+        return []
+    olds = ctx.env.catalog.find_by_source(source_path, exclude_id=doc_id, collection=ctx.collection)
+    return [old for old in olds if old.job_id != ctx.job_id]
+
+
+def _newer_ready_version(ctx: JobContext, doc: DocumentRecord | None, source_path: str | None) -> DocumentRecord | None:
+    """A version of the source submitted after `doc` and committed already, if any. When `doc` is gone, a
+    committed version of another job is what deleted it (a commit deletes the older versions)."""
+    versions = _other_versions(ctx, doc.source_path if doc is not None else source_path, doc.id if doc else "")
+    newer = [
+        old
+        for old in versions
+        if old.status == DocumentStatus.READY and (doc is None or _version_order(old) > _version_order(doc))
+    ]
+    return max(newer, key=_version_order, default=None)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from app.catalog import DocumentStatus
+from ingest.errors import Interrupted
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,8 +27,14 @@ class IngestTooLarge(IngestError):
     """A request over an ingest cap (documents per job, tokens per document or job): HTTP 413."""
 
 
-class JobCancelled(Exception):
-    """Raised at a stage boundary (or a check inside a stage) once a cancel was requested."""
+class JobCancelled(Interrupted):
+    """Raised at a stage boundary (or a check inside a stage, a loader's or the chunker's included) once a
+    cancel was requested."""
+
+
+class JobInterrupted(Interrupted):
+    """Raised at the same checks when the process shuts down: the job stays `running` in the catalog, and the
+    next start's recovery (`IngestWorker.recover`) undoes what it half-wrote and runs it again."""
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,22 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from app.catalog import DocumentStatus, JobStatus
 from app.catalog.repository import JobRecord
 from app.services.ingest import stages
 from app.services.ingest.context import IngestEnv, JobContext
 from app.services.ingest.progress import Progress, ProgressCallback
-from app.services.ingest.types import IngestError, IngestSource, JobCancelled, JobError, WorkItem, error_rows
+from app.services.ingest.types import (
+    IngestError,
+    IngestSource,
+    JobCancelled,
+    JobError,
+    JobInterrupted,
+    WorkItem,
+    error_rows,
+)
 from app.services.storage_faults import is_storage_full
 
 logger = logging.getLogger(__name__)
@@ -46,6 +55,9 @@ class IngestWorker:
         self._queue: queue.Queue[str | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one job mutates the index at a time
+        # Set by stop(): the running job stops at its next check (inside parse and chunk too) and is resumed
+        # by the next start, so shutting down never waits for a long job to finish.
+        self._stopping = threading.Event()
 
     # ---- the thread ------------------------------------------------------------------------------
 
@@ -54,11 +66,17 @@ class IngestWorker:
 
     def start(self) -> None:
         if self._thread is None:
+            self._stopping.clear()
             self._thread = threading.Thread(target=self._work, name="ingest-worker", daemon=True)
             self._thread.start()
 
+    def request_stop(self) -> None:
+        """Tell the running job to stop at its next check (it resumes at the next start); `stop` waits."""
+        self._stopping.set()
+
     def stop(self) -> None:
         if self._thread is not None:
+            self.request_stop()
             self._queue.put(None)
             self._thread.join(timeout=60)
             self._thread = None
@@ -173,12 +191,15 @@ class IngestWorker:
         if job.status.finished:
             return job
         with self._lock:
-            ctx = job_context(self._env, job, on_progress)
+            ctx = job_context(self._env, job, on_progress, self._stopping)
             self._catalog.update_job(job.id, status=JobStatus.RUNNING, errors=error_rows(ctx.errors))
             try:
-                return self._run(ctx, time.perf_counter())
+                finished = self._run(ctx, time.perf_counter())
             finally:
                 self._env.documents.kv_in_use.clear()
+            if finished.status.finished:
+                remove_uploads(self._env.settings.uploads_dir, finished)
+            return finished
 
     def _run(self, ctx: JobContext, started: float) -> JobRecord:
         try:
@@ -189,6 +210,9 @@ class IngestWorker:
             num_chunks = stages.commit(ctx)
         except JobCancelled:
             self.finish_cancelled(ctx.job_id, ctx.errors)
+            return self._catalog.get_job(ctx.job_id)  # type: ignore[return-value]
+        except JobInterrupted:
+            logger.warning("ingest job %s interrupted by shutdown; it resumes at the next start", ctx.job_id)
             return self._catalog.get_job(ctx.job_id)  # type: ignore[return-value]
         except Exception as exc:
             logger.exception("ingest job %s failed", ctx.job_id)
@@ -245,9 +269,15 @@ class IngestWorker:
         if dropped:
             self._env.components.retriever.remove(dropped)
         self._catalog.update_job(job_id, status=JobStatus.CANCELLED, errors=error_rows(errors))
+        remove_uploads(self._env.settings.uploads_dir, job)
 
 
-def job_context(env: IngestEnv, job: JobRecord, on_progress: ProgressCallback | None = None) -> JobContext:
+def job_context(
+    env: IngestEnv,
+    job: JobRecord,
+    on_progress: ProgressCallback | None = None,
+    stopping: threading.Event | None = None,
+) -> JobContext:
     """A job's context before its first stage: an item per source, the duplicates submit answered."""
     sources = [IngestSource.from_spec(s) for s in job.spec.get("sources", [])]
     # document_ids may be longer than sources: records of a json/jsonl file fan out at parse time.
@@ -258,11 +288,32 @@ def job_context(env: IngestEnv, job: JobRecord, on_progress: ProgressCallback | 
         env=env,
         job_id=job.id,
         items=items,
-        progress=Progress(env.catalog, job.id, on_progress),
+        progress=Progress(env.catalog, job.id, on_progress, stopping),
         collection=job.collection,
         errors=errors,
         duplicates=[e.document_id for e in errors if e.document_id is not None],
     )
+
+
+def remove_uploads(uploads_dir: Path, job: JobRecord) -> None:
+    """Delete the uploaded files of a finished job (and their emptied batch directories): a job reads its
+    files only while it runs (an interrupted one again at the next start), and nothing reads them after.
+    Only files under `uploads_dir`: a CLI ingest names the user's own files, which are never touched."""
+    root = uploads_dir.resolve()
+    for source in job.spec.get("sources", []):
+        if source.get("kind") != "file" or not source.get("path"):
+            continue
+        path = Path(source["path"]).resolve()
+        if root not in path.parents:
+            continue
+        try:
+            path.unlink(missing_ok=True)
+            for directory in path.parents:  # uploads/<batch>/<n>/: the emptied ones, deepest first
+                if directory == root:
+                    break
+                directory.rmdir()
+        except OSError:  # a directory still holding another file of the batch, or a full-disk oddity
+            continue
 
 
 def drop_unused_kv(ctx: JobContext, *, failed_only: bool) -> None:

@@ -89,6 +89,47 @@ def test_lone_surrogate_in_chat_is_400(client: TestClient, stream: bool) -> None
     )
 
 
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("messages", "where"),
+    [
+        ([{"role": "system", "content": "a\udfffb"}, {"role": "user", "content": "where?"}], "messages[0] (system)"),
+        (
+            [
+                {"role": "developer", "content": [{"type": "text", "text": "a\udfffb"}]},
+                {"role": "user", "content": "w?"},
+            ],
+            "messages[0] (developer)",
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "a\udfffb"},
+                {"role": "user", "content": "where?"},
+            ],
+            "messages[1] (assistant)",
+        ),
+    ],
+)
+def test_lone_surrogate_in_any_chat_message_is_400_in_openai_form(
+    client: TestClient, stream: bool, messages: list[dict[str, Any]], where: str
+) -> None:
+    raw = json.dumps({"messages": messages, "stream": stream, "max_tokens": 2})
+    response = client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"] == (
+        f"{where}: text must be valid Unicode (a lone surrogate such as \\ud800 is not)"
+    )
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_lone_surrogate_in_a_stop_sequence_is_400(client: TestClient) -> None:
+    raw = json.dumps({"messages": [{"role": "user", "content": "where?"}], "stop": ["a\ud800"], "max_tokens": 2})
+    response = client.post("/v1/chat/completions", content=raw, headers={"content-type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith("stop")
+
+
 def test_boolean_numbers_in_chat_are_400(client: TestClient) -> None:
     response = client.post(
         "/v1/chat/completions", json={"messages": [{"role": "user", "content": "where?"}], "temperature": False}

@@ -46,6 +46,17 @@ def test_blank_document_text_is_422_at_once(client: TestClient, text: str) -> No
     assert len(client.get("/ingest/jobs", headers=headers).json()["jobs"]) == num_jobs  # no job was made
 
 
+@pytest.mark.parametrize("title", ["   ", ZERO_WIDTH, "\t\u3000"])
+def test_a_blank_document_title_is_422_at_once(client: TestClient, title: str) -> None:
+    headers = {"X-API-Key": KEY}
+    response = client.post("/ingest", json={"documents": [{"title": title, "text": "Some text."}]}, headers=headers)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == (
+        f"invalid ingest body: documents.0: Value error, document title {title!r} is blank (only white space or "
+        "invisible characters)"
+    )
+
+
 @pytest.mark.parametrize("question", [ZERO_WIDTH, " ", "\u200b\u2028"])
 def test_blank_question_is_422_on_ask_and_v1(client: TestClient, question: str) -> None:
     response = _ask(client, {"question": question})

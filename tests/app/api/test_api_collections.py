@@ -265,6 +265,20 @@ def test_jobs_coverage_stats_and_collections_are_scoped(server: TestClient, worl
     stats = server.get("/api/stats", headers=world["a"]).json()
     assert stats["documents_by_status"] == {"pending": 0, "ready": 1, "failed": 0}
     assert stats["conversations"] is None
+    # What sums up every collection is the admin's: other collections' question times, KV entries, counts.
+    server.post("/ask", json={"question": QUESTION, "stream": False, "max_tokens": 1}, headers=world["b"])
+    assert (stats := server.get("/api/stats", headers=world["a"]).json())["recent"] == []
+    assert (stats["ttft_by_mode"], stats["kv_tiers"], stats["kv_hit_rate"]) == ({}, [], None)
+    assert (stats["ask_kv_hits"], stats["ask_kv_misses"], stats["ingest_chunks"], stats["ingest_seconds"]) == (
+        None,
+        None,
+        None,
+        None,
+    )
+    footprint = stats["kv_footprint"]
+    assert (footprint["disk_budget_bytes"], footprint["disk_bytes"], footprint["disk_entries"]) == (None, None, None)
+    admin_stats = server.get("/api/stats", headers=ADMIN).json()
+    assert len(admin_stats["recent"]) >= 1 and admin_stats["ingest_chunks"] >= 2
     collections = server.get("/collections", headers=world["b"]).json()["collections"]
     assert collections == [
         {
@@ -406,3 +420,11 @@ def test_making_a_key_on_an_open_server_is_refused(client: TestClient) -> None:
     assert refused.status_code == 409
     assert refused.json()["detail"] == "set server.api_key (the admin key) before making collection keys"
     assert client.get("/admin/keys").json() == {"keys": []}
+
+
+@pytest.mark.parametrize("value", [0, 1, "yes", "false", "true", None])
+def test_can_ingest_is_a_json_boolean(server: TestClient, value: object) -> None:
+    body = {"name": "strict", "collections": ["team-a"], "can_ingest": value}
+    response = server.post("/admin/keys", json=body, headers=ADMIN)
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith("can_ingest: Input should be a valid boolean")

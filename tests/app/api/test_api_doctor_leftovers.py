@@ -29,7 +29,13 @@ def test_doctor_finds_and_repair_removes_unreferenced_uploads_and_kv(tmp_path: P
         # the row goes without its KV entry (what a crash between the two used to leave)
         components.catalog.delete_document(gone["document_ids"][0])
         num_kv_before = len(components.store.keys())
-    assert len([p for p in settings.uploads_dir.rglob("*") if p.is_file()]) == 3
+    # A finished job's uploads are removed when it ends (duplicates' files at once): nothing is left over.
+    assert [p for p in settings.uploads_dir.rglob("*")] == []
+    # What a crash between storing an upload and queueing its job could leave: doctor finds it.
+    stray = settings.uploads_dir / "batch" / "0" / "note.txt"
+    stray.parent.mkdir(parents=True)
+    for n in range(3):
+        stray.with_name(f"note{n}.txt").write_bytes(note)
 
     def doctor(repair: bool):
         components = build_components(settings)
@@ -50,3 +56,17 @@ def test_doctor_finds_and_repair_removes_unreferenced_uploads_and_kv(tmp_path: P
     assert [p for p in settings.uploads_dir.rglob("*")] == []
     clean, _ = doctor(repair=False)
     assert (clean.unreferenced_upload_paths, clean.num_unreferenced_kv_entries, clean.problems) == ([], 0, 0)
+
+
+def test_uploads_are_removed_when_their_job_ends(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    settings = server_settings(tmp_path / "data", tiny_llama_dir)
+    with TestClient(create_app(settings, load_in_background=False)) as client:
+        files = [("files", ("a.txt", b"Kites of Zorblat fly in May.")), ("files", ("bad.txt", b"\x00\x01\x02"))]
+        succeeded = client.post("/ingest", files=files).json()
+        assert wait_for_job(client, succeeded["job_id"])["status"] == "succeeded"
+        assert [p for p in settings.uploads_dir.rglob("*")] == []  # the failed file's upload went too
+        again = client.post("/ingest", files=[("files", ("a.txt", b"Kites of Zorblat fly in May."))]).json()
+        assert again["document_ids"] == succeeded["document_ids"][:1]  # a duplicate: answered at submit
+        assert [p for p in settings.uploads_dir.rglob("*")] == []
+        components = client.app.state.blendrag.components  # type: ignore[attr-defined]
+        assert run_doctor(components, repair=False).unreferenced_upload_paths == []

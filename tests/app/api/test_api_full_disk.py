@@ -4,54 +4,16 @@ when the index cannot be saved."""
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from apitools import server_settings, wait_for_job
+from disk_tools import fill_disk
 from fastapi.testclient import TestClient
 
 from app.datadir_lock import DataDirLock
 from app.main import create_app
 from app.services.storage_faults import RESERVE_FILE
-
-FS_BYTES = 48 * 1024 * 1024
-
-
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mount_point = tmp_path / "fs"
-    mount_point.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root (make test runs as root in CI)")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(mount_point)], capture_output=True, text=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def _fill(directory: Path) -> Path:
-    """Write a file until the file system is full; returns it (delete it to free the space)."""
-    filler = directory / "filler"
-    with open(filler, "wb", buffering=0) as f:  # unbuffered: nothing left to fail at close
-        for block in (1 << 20, 1 << 12, 1):
-            try:
-                while True:
-                    f.write(b"\0" * block)
-            except OSError as exc:
-                assert exc.errno == errno.ENOSPC
-    with contextlib.suppress(OSError):
-        Path(directory / "probe").write_bytes(b"x" * 4096)
-    return filler
 
 
 def test_full_disk_deletes_and_keeps_outcomes(small_fs: Path, tiny_llama_dir: Path) -> None:
@@ -63,7 +25,7 @@ def test_full_disk_deletes_and_keeps_outcomes(small_fs: Path, tiny_llama_dir: Pa
         accepted = client.post("/ingest", json={"documents": docs}).json()
         assert wait_for_job(client, accepted["job_id"])["status"] == "succeeded"
         first, deleted, _ = accepted["document_ids"]
-        filler = _fill(small_fs)
+        filler = fill_disk(small_fs)
         late = client.post("/ingest", json={"documents": [{"title": "late", "text": "Text that finds no room."}]})
         if late.status_code == 202:  # the catalog found room in its log: the job fails on the KV or index write
             failed_job = wait_for_job(client, late.json()["job_id"])
@@ -88,7 +50,7 @@ def test_full_disk_deletes_and_keeps_outcomes(small_fs: Path, tiny_llama_dir: Pa
         assert wait_for_job(client, again.json()["job_id"])["status"] == "succeeded"
 
         # shutdown on a full disk with an unsaved index: the lock is released all the same
-        filler = _fill(small_fs)
+        filler = fill_disk(small_fs)
         assert client.delete(f"/documents/{first}").status_code == 204
     lock = DataDirLock(data_dir)
     assert lock.acquire("test").pid == os.getpid()

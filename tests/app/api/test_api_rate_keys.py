@@ -44,3 +44,23 @@ def test_wrong_keys_are_401_then_429_and_valid_key_has_its_own_bucket(tmp_path: 
         ]
         assert anonymous == [200, 200, 200, 429]
         assert client.post("/ask", json=ASK, headers={"X-Forwarded-For": "198.51.100.8"}).status_code == 200
+
+
+def test_a_local_client_cannot_name_other_addresses_without_a_proxy_configured(
+    tmp_path: Path, tiny_llama_dir: Path
+) -> None:
+    """A real server on 127.0.0.1 (the peer every local client has): with the default settings a varying
+    X-Forwarded-For buys no fresh wrong-key bucket; configured as a proxy, 127.0.0.1 may name clients."""
+    import httpx
+    from apitools import LiveServer
+
+    def wrong_key_statuses(**server: object) -> list[int]:
+        settings = server_settings(tmp_path / f"data{len(server)}", tiny_llama_dir, server={**LIMITS, **server})
+        with LiveServer(create_app(settings, load_in_background=False)) as live, httpx.Client(base_url=live.url) as c:
+            return [
+                c.get("/documents", headers={"X-API-Key": "wrong", "X-Forwarded-For": f"203.0.113.{n}"}).status_code
+                for n in range(6)
+            ]
+
+    assert wrong_key_statuses(api_key="right-key") == [401, 401, 401, 401, 429, 429]
+    assert wrong_key_statuses(api_key="right-key", forwarded_allow_ips="127.0.0.1") == [401] * 6

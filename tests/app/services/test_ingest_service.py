@@ -385,3 +385,30 @@ def test_a_job_failing_in_commit_leaves_no_index_entries(components: Components,
     assert job.status == JobStatus.FAILED
     assert components.retriever.count == 0
     assert [components.catalog.get_document(d).status for d in submitted.document_ids] == [DocumentStatus.FAILED] * 2
+
+
+def test_a_shutdown_stops_a_running_job_inside_chunk_and_the_next_start_resumes_it(
+    components: Components, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ingest.chunker import Chunker
+
+    service = IngestService(components)
+    real_count = Chunker._count
+    counted: list[str] = []
+
+    def count_then_shut_down(self: Chunker, text: str) -> int:
+        counted.append(text)
+        if len(counted) == 1:
+            service.request_stop()  # what stop() does first, from inside the job's chunk stage
+        return real_count(self, text)
+
+    monkeypatch.setattr(Chunker, "_count", count_then_shut_down)
+    long_text = "\n\n".join(f"Paragraph {i} says something." for i in range(500))
+    submitted = service.submit([text("Long", long_text)], enqueue=False)
+    job = service.run_job(submitted.job_id)
+    assert (job.status, job.stage) == (JobStatus.RUNNING, "chunk")  # stopped, not failed, not finished
+    assert len(counted) == 1  # the first paragraph: the check after it saw the shutdown
+    monkeypatch.setattr(Chunker, "_count", real_count)
+    restarted = IngestService(components)
+    assert restarted.recover() == [submitted.job_id]
+    assert restarted.run_job(submitted.job_id).status == JobStatus.SUCCEEDED

@@ -58,3 +58,27 @@ def test_links_get_safe_rel_and_size_is_capped() -> None:
     )
     with pytest.raises(ValueError, match="longer than"):
         render_markdown("x" * (MAX_RENDER_CHARS + 1))
+
+
+@pytest.mark.parametrize(
+    "src",
+    [
+        "https://tracker.example/p.gif",
+        "http://tracker.example/p.gif",
+        "HTTPS://tracker.example/p.gif",
+        "//tracker.example/p.gif",
+    ],
+)
+def test_remote_images_lose_their_src_and_keep_their_alt(src: str) -> None:
+    assert render_markdown(f"![pixel]({src})").strip() == '<p><img alt="pixel"></p>'
+
+
+def test_images_of_this_server_stay() -> None:
+    assert (
+        render_markdown("![logo](/static/favicon.svg)").strip() == '<p><img src="/static/favicon.svg" alt="logo"></p>'
+    )
+    # A backslash is percent-encoded by the Markdown parser: a path on this server, never `//host`.
+    assert (
+        render_markdown("![x](/\\tracker.example/p.gif)").strip()
+        == '<p><img src="/%5Ctracker.example/p.gif" alt="x"></p>'
+    )

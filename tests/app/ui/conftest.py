@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apitools import LiveServer, server_settings
+from apitools import BYPASS_CSP, LiveServer, server_settings
 
 from app.main import create_app
 
@@ -69,7 +69,7 @@ def console() -> Console:
 
 @pytest.fixture
 def page(browser: Any, console: Console) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, **BYPASS_CSP)
     page = context.new_page()
     page.on("pageerror", lambda exc: console.errors.append(str(exc)))
     page.on("console", lambda msg: console.errors.append(msg.text) if msg.type == "error" else None)

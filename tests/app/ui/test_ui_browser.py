@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from apitools import LiveServer, server_settings, wait_for_job
+from apitools import BYPASS_CSP, LiveServer, server_settings, wait_for_job
 
 from app.main import create_app
 
@@ -226,7 +226,7 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
         )
     )
     for width in (1280, 390):
-        context = browser.new_context(viewport={"width": width, "height": 900})
+        context = browser.new_context(viewport={"width": width, "height": 900}, **BYPASS_CSP)
         page = context.new_page()
         page.on("pageerror", lambda exc: console.errors.append(str(exc)))
         page.route("**/ask", lambda route: route.fulfill(status=200, content_type="text/event-stream", body=body))

@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from apitools import LiveServer, server_settings, wait_for_job
+from apitools import BYPASS_CSP, LiveServer, server_settings, wait_for_job
 
 from app.main import create_app
 
@@ -43,7 +43,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_llama_dir: Path) -> It
 
 @pytest.mark.parametrize("width", [1280, 390])
 def test_admin_page_manages_collections_and_keys(server: LiveServer, browser: Any, shot: Any, width: int) -> None:
-    context = browser.new_context(viewport={"width": width, "height": 900})
+    context = browser.new_context(viewport={"width": width, "height": 900}, **BYPASS_CSP)
     context.add_init_script(f"localStorage.setItem('blendrag.apiKey', '{ADMIN_KEY}')")
     page = context.new_page()
     errors: list[str] = []
@@ -109,7 +109,7 @@ def test_chat_asks_for_a_key_and_keeps_it_for_the_session(
 ) -> None:
     with httpx.Client(base_url=server.url, headers=ADMIN) as http:
         made = http.post("/admin/keys", json={"name": f"chat {width}", "collections": ["team-a"]}).json()
-    context = browser.new_context(viewport={"width": width, "height": 900})
+    context = browser.new_context(viewport={"width": width, "height": 900}, **BYPASS_CSP)
     page = context.new_page()
     try:
         page.goto(f"{server.url}/")

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from apitools import LiveServer, wait_for_job
+from apitools import BYPASS_CSP, LiveServer, wait_for_job
 
 pytestmark = pytest.mark.browser
 
@@ -42,7 +42,7 @@ def api_job(ui_server: LiveServer) -> dict[str, Any]:
 
 @pytest.fixture
 def phone(browser: Any, console: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport=PHONE, device_scale_factor=1)
+    context = browser.new_context(viewport=PHONE, device_scale_factor=1, **BYPASS_CSP)
     page = context.new_page()
     page.on("pageerror", lambda exc: console.errors.append(str(exc)))
     page.on("console", lambda msg: console.errors.append(msg.text) if msg.type == "error" else None)

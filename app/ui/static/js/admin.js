@@ -108,7 +108,7 @@ function renderCards(coverage, stats) {
     ["engine queue", stats.queue_depth ?? "–"],
     ["prefill rate", stats.prefill_tokens_per_s ? `${Math.round(stats.prefill_tokens_per_s)} tok/s` : "–"],
     ["ingest", stats.ingest_chunks_per_s ? `${stats.ingest_chunks_per_s} chunks/s` : "–"],
-    ["ask KV hits / misses", `${stats.ask_kv_hits} / ${stats.ask_kv_misses}`],
+    ["ask KV hits / misses", stats.ask_kv_hits == null ? "–" : `${stats.ask_kv_hits} / ${stats.ask_kv_misses}`],
     ["conversations", stats.conversations === null || stats.conversations === undefined ? "–"
       : `${stats.conversations} · ${stats.conversation_turns} turns`],
     ["storage", stats.storage.ok ? `ok · ${fmtBytes(stats.storage.free_bytes ?? 0)} free`

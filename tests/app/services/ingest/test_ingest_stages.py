@@ -189,3 +189,107 @@ def test_records_of_a_file_become_documents_and_repeat_records_are_duplicates(
     job = components.catalog.get_job(ctx.job_id)
     assert job.document_ids == [i.document_id for i in ctx.items]
     assert components.catalog.get_document(ctx.items[1].document_id).title == "R3"
+
+
+ALL_STAGES = (stages.parse, stages.chunk, stages.embed, stages.precompute_kv, stages.commit)
+
+
+def test_an_older_version_committed_after_a_newer_one_is_superseded_not_restored(
+    components: Components, make_ctx: MakeCtx
+) -> None:
+    # Two workers: the job of version 2 (submitted second) commits before the job of version 1.
+    old = make_ctx([text("v1", TEXT_A, source="h.md")])
+    new = make_ctx([text("v2", TEXT_B, source="h.md")])
+    for stage in ALL_STAGES:
+        stage(new)
+    for stage in ALL_STAGES:
+        stage(old)
+    old_id, new_id = old.items[0].document_id, new.items[0].document_id
+    message = f"superseded: a newer version of h.md (document {new_id}) was committed first"
+    assert old.errors == [JobError(source="h.md", error=message, code="superseded")]
+    assert components.catalog.get_document(old_id) is None  # the newer commit deleted the older version
+    assert components.catalog.get_document(new_id).status == DocumentStatus.READY
+    assert {components.retriever.get(c).document_id for c in components.retriever.chunk_ids()} == {new_id}
+
+
+def test_a_newer_version_still_pending_is_not_deleted_by_the_older_commit(
+    components: Components, make_ctx: MakeCtx
+) -> None:
+    old = make_ctx([text("v1", TEXT_A, source="h.md")])
+    new = make_ctx([text("v2", TEXT_B, source="h.md")])
+    for stage in ALL_STAGES:
+        stage(old)
+    assert components.catalog.get_document(new.items[0].document_id).status == DocumentStatus.PENDING
+    for stage in ALL_STAGES:
+        stage(new)
+    assert new.errors == []
+    assert components.catalog.get_document(old.items[0].document_id) is None  # replaced by the newer version
+    assert components.catalog.get_document(new.items[0].document_id).status == DocumentStatus.READY
+
+
+def test_a_document_deleted_while_its_job_runs_fails_without_an_assert(
+    components: Components, make_ctx: MakeCtx
+) -> None:
+    ctx = make_ctx([text("A", TEXT_A), text("B", TEXT_B)])
+    for stage in ALL_STAGES[:-1]:
+        stage(ctx)
+    a_id, b_id = (i.document_id for i in ctx.items)
+    components.catalog.delete_document(a_id)
+    assert stages.commit(ctx) == len(ctx.items[1].chunks)
+    message = "the document was deleted while it was being ingested"
+    assert ctx.errors == [JobError(source="A", error=message, code="deleted")]
+    assert components.catalog.get_document(b_id).status == DocumentStatus.READY
+
+
+def cancel_at_check(monkeypatch: pytest.MonkeyPatch, ctx: JobContext, components: Components, number: int) -> list[int]:
+    """Request the job's cancel at the `number`-th cancel check from now (counted in the returned list)."""
+    monkeypatch.setattr(progress_module, "CANCEL_POLL_S", 0.0)
+    real = ctx.progress.check_cancel
+    calls: list[int] = []
+
+    def check_cancel(force: bool = False) -> None:
+        calls.append(1)
+        if len(calls) == number:
+            components.catalog.update_job(ctx.job_id, cancel_requested=True)
+        real(force)
+
+    monkeypatch.setattr(ctx.progress, "check_cancel", check_cancel)
+    return calls
+
+
+def test_a_cancel_stops_the_parse_of_a_long_docx_between_its_paragraphs(
+    components: Components, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from docx_bomb import write_docx_bomb
+
+    path = write_docx_bomb(tmp_path / "long.docx", 1024 * 1024)  # ~22k paragraphs
+    ctx = make_ctx([IngestSource(kind="file", title="long.docx", path=str(path), source_path="long.docx")])
+    calls = cancel_at_check(monkeypatch, ctx, components, 3)  # 1: the stage's own check, 2…: the loader's
+    with pytest.raises(JobCancelled):
+        stages.parse(ctx)
+    assert len(calls) == 3
+    assert counts(ctx, "parse") == {"done": 0, "total": 1}
+
+
+def test_a_cancel_stops_the_chunking_of_a_long_document_between_its_paragraphs(
+    components: Components, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ctx = make_ctx([text("Long", "\n\n".join(f"Paragraph {i} says something." for i in range(500)))])
+    stages.parse(ctx)
+    calls = cancel_at_check(monkeypatch, ctx, components, 3)  # 1: the stage's own check, 2…: the chunker's
+    with pytest.raises(JobCancelled):
+        stages.chunk(ctx)
+    assert len(calls) == 3
+    assert ctx.items[0].chunks == []
+
+
+def test_a_document_far_over_its_token_cap_fails_in_chunk_without_being_tokenized_to_the_end(
+    components: Components, make_ctx: MakeCtx
+) -> None:
+    ctx = make_ctx([text("Long", "\n\n".join(f"Paragraph {i} says something." for i in range(500)))])
+    stages.parse(ctx)
+    components.settings.ingest.max_document_tokens = 100
+    stages.chunk(ctx)
+    message = "document has more than 100 tokens; the limit is 100 (ingest.max_document_tokens)"
+    assert ctx.errors == [JobError(source="Long", error=message, code="too_large")]
+    assert ctx.live() == []
