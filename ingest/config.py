@@ -30,27 +30,49 @@ class IngestSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # Chunk budget in LLM tokens, *including* the "\n\n" separator appended to every chunk's token ids.
-    chunk_tokens: int = Field(512, ge=16, le=32768)
-    # Tokens of the previous chunk's tail repeated at the start of the next one (sentence granular).
-    chunk_overlap: int = Field(64, ge=0)
-    # JSON / JSONL records: where the text and the title live (dotted paths like "body.text" work).
-    json_text_field: str = Field("text", min_length=1)
-    json_title_field: str = Field("title", min_length=1)
-    max_file_bytes: int = Field(50 * 1024 * 1024, gt=0)
-    # A DOCX is a zip: all its parts together may unpack to this many bytes (a zip bomb of 1.4 MB inflating to
-    # 1 GiB is refused before anything is inflated; the zip reader never inflates past a part's declared size).
-    max_unpacked_bytes: int = Field(100 * 1024 * 1024, gt=0)
-    # JSON / JSONL: a file with more records (documents) than this is refused as a whole.
-    max_records_per_file: int = Field(10_000, ge=1)
-    # Bounded work per request: LLM tokens (≈ KV bytes and prompt-pass time) one document / one job may add.
-    # Over the document cap the document fails ("too_large"); past the job cap the rest of the job fails.
-    max_document_tokens: int = Field(128 * 1024, gt=0)
-    max_job_tokens: int = Field(1024 * 1024, gt=0)
-    max_job_documents: int = Field(1000, gt=0, description="sources (files + inline documents) per request")
-    allowed_extensions: list[str] = Field(default_factory=lambda: sorted(KNOWN_EXTENSIONS))
-    # Drop a leading YAML front matter block (--- … ---) from markdown; its scalar keys go to metadata.
-    md_strip_front_matter: bool = True
+    chunk_tokens: int = Field(
+        512,
+        ge=16,
+        le=32768,
+        description="Chunk budget in LLM tokens, including the blank-line separator appended to every chunk",
+    )
+    chunk_overlap: int = Field(
+        64, ge=0, description="Tokens of the previous chunk's tail repeated at the start of the next (whole sentences)"
+    )
+    json_text_field: str = Field(
+        "text", min_length=1, description="JSON / JSONL records: the field holding the text (dotted: body.text)"
+    )
+    json_title_field: str = Field(
+        "title", min_length=1, description="JSON / JSONL records: the field holding the title"
+    )
+    max_file_bytes: int = Field(50 * 1024 * 1024, gt=0, description="Largest file one ingest accepts")
+    max_unpacked_bytes: int = Field(
+        100 * 1024 * 1024,
+        gt=0,
+        description="A DOCX is a zip: all its parts together may unpack to this many bytes (a zip bomb is refused "
+        "before anything is inflated; the zip reader never inflates past a part's declared size)",
+    )
+    max_records_per_file: int = Field(
+        10_000, ge=1, description="JSON / JSONL: a file with more records (documents) is refused as a whole"
+    )
+    max_document_tokens: int = Field(
+        128 * 1024,
+        gt=0,
+        description="LLM tokens (≈ KV bytes and prompt-pass time) one document may add; over it the document "
+        "fails (too_large), counted while it is parsed and chunked",
+    )
+    max_job_tokens: int = Field(
+        1024 * 1024, gt=0, description="LLM tokens one ingest job may add; past it the rest of the job fails"
+    )
+    max_job_documents: int = Field(1000, gt=0, description="Sources (files + inline documents) per request")
+    allowed_extensions: list[str] = Field(
+        default_factory=lambda: sorted(KNOWN_EXTENSIONS),
+        description="File extensions ingest accepts (each has a loader)",
+    )
+    md_strip_front_matter: bool = Field(
+        True,
+        description="Drop a leading YAML front matter block (--- … ---) from Markdown; its scalar keys go to metadata",
+    )
 
     @field_validator("allowed_extensions")
     @classmethod
