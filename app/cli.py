@@ -1,4 +1,4 @@
-"""`blendrag` command line: serve, ingest, ask, cache, doctor, db, worker."""
+"""`blendrag` command line: serve, ingest, ask, cache, doctor, db, worker, keys, models."""
 
 from __future__ import annotations
 
@@ -604,6 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_keys import add_parsers as add_key_parsers
 
     add_key_parsers(sub, _add_data_dir)  # keys create|list|revoke
+    from app.cli_models import add_parsers as add_model_parsers
+
+    add_model_parsers(sub, _add_data_dir)  # models [list|install NAME]
     return parser
 
 
