@@ -37,7 +37,7 @@ from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
 from engine.generation import RequestRun
 from engine.layers import Transformer
 from engine.model import LoadedModel, ModelConfig, load_model
-from engine.models.resolve import ModelIdentity, ServedModel, resolve_model
+from engine.models.resolve import ModelIdentity, ServedModel, parameters_label, resolve_model
 from engine.phases import PrefixKV, decode, extend, prefill_chunks, prefill_prefix
 from engine.prompt import PromptBuilder
 from engine.types import (
@@ -100,12 +100,14 @@ class Engine:
         for layer in weights.layers:
             tensors += [t for t in vars(layer).values() if t is not None]
         dtype = str(self.model.dtype).removeprefix("torch.")
+        num_parameters = sum(t.numel() for t in tensors)
         return ServedModel(
             name=self.identity.name,
             display_name=self.identity.display_name,
             source=self.identity.source,
             architecture=self.identity.architecture or self.config.model_type,
-            num_parameters=sum(t.numel() for t in tensors),
+            num_parameters=num_parameters,
+            parameters_label=parameters_label(num_parameters),
             num_layers=self.config.num_layers,
             origin_quantisation=self.identity.origin_quantisation,
             compute_dtype=dtype,

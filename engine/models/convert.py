@@ -114,6 +114,7 @@ def convert_gguf(gguf: Path, target: Path, source: dict[str, object]) -> Path:
             "conversion_s": round(seconds, 1),
         }
         (staging / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+        staging.chmod(0o755)  # mkdtemp makes it owner-only; the model is no secret
         if target.exists():
             shutil.rmtree(target)
         os.replace(staging, target)

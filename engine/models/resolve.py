@@ -44,15 +44,10 @@ class ServedModel:
     source: ModelSource
     architecture: str
     num_parameters: int  # weights loaded (tied embeddings once)
+    parameters_label: str  # the count as a person reads it: 135M, 630M, 1.8B
     num_layers: int
     origin_quantisation: str | None
     compute_dtype: str  # "bfloat16" / "float32" / "float16"
-
-    @property
-    def parameters_label(self) -> str:
-        """135M, 630M, 1.8B: the count as a person reads it."""
-        n = self.num_parameters
-        return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
 
     def describe(self) -> str:
         """One line for the log and the bench headers: "Qwen2.5-Coder-0.5B-Instruct (qwen2.5-coder-0.5b, 630M
@@ -68,6 +63,11 @@ class ServedModel:
 class ResolvedModel:
     path: Path  # a Hugging Face checkpoint directory
     identity: ModelIdentity
+
+
+def parameters_label(num_parameters: int) -> str:
+    n = num_parameters
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
 
 
 def describe_model_setting(value: str) -> str | None:
@@ -123,10 +123,23 @@ def catalog_identity(entry: CatalogEntry) -> ModelIdentity:
 
 
 def checkpoint_identity(path: Path) -> ModelIdentity:
+    """A checkpoint dir's identity; one blendrag converted (its marker says from what) keeps that name."""
+    marker = read_marker(path)
+    entry = catalog_entry(str(marker.get("model", "")))
+    if entry is not None and marker.get("sha256") == entry.sha256:
+        return catalog_identity(entry)
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         config = {}
+    if marker.get("gguf_name"):
+        return ModelIdentity(
+            name=path.name,
+            display_name=str(marker["gguf_name"]),
+            source="gguf",
+            architecture=str(config.get("model_type", "")),
+            origin_quantisation=str(marker.get("origin_quantisation") or "") or None,
+        )
     return ModelIdentity(
         name=path.name,
         display_name=path.name,
