@@ -89,7 +89,9 @@ class EngineSettings(BaseModel):
         description="requests waiting for their prompt pass before EngineBusy (running ones: max_running)",
     )
     max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
-    max_new_tokens: int = Field(default=128, ge=1, description="answer length cap when a request sets none")
+    max_new_tokens: int = Field(
+        default=512, ge=1, description="answer length cap when a request sets none (fits an answer with a code example)"
+    )
     history_max_tokens: int = Field(
         default=1024,
         ge=0,

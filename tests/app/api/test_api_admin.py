@@ -88,6 +88,18 @@ def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str
         assert response.status_code == 200
     stats = client.get("/api/stats").json()
     assert stats["model"] == "tiny-llama-smollm2-tok"
+    # 49,152 × 64 tied embeddings + 2 layers of 36,992 + the final norm's 64.
+    assert stats["served_model"] == {
+        "name": "tiny-llama-smollm2-tok",
+        "display_name": "tiny-llama-smollm2-tok",
+        "source": "checkpoint",
+        "architecture": "llama",
+        "num_parameters": 3_219_776,
+        "parameters_label": "3M",
+        "num_layers": 2,
+        "origin_quantisation": None,
+        "compute_dtype": "float32",
+    }
     assert len(stats["fingerprint"]) == 12
     assert stats["compute"] == {"dtype": "float32", "reason": "set by engine.dtype", "requested": "float32"}
     assert stats["embedder_compute"] == {
