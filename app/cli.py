@@ -221,7 +221,18 @@ def _print_sources(sources: list[dict[str, Any]], notice: str | None = None) -> 
         print(f"  [{s['rank']}] {s['title']}{page} (score {s['score']:.3f})")
 
 
+def cut_off_note(done: dict[str, Any]) -> str | None:
+    """The line that says an answer hit its length cap (finish_reason "length"), else None."""
+    if done.get("finish_reason") != "length":
+        return None
+    tokens = (done.get("usage") or {}).get("completion_tokens")
+    return f"answer cut off at {tokens} tokens (raise it with --max-tokens)"
+
+
 def _print_done(done: dict[str, Any]) -> None:
+    note = cut_off_note(done)
+    if note is not None:
+        print(f"\n[{note}]")
     t = done["timings"]
     how = f"{done['mode']} ({done['selector']})" if done.get("selector") else done["mode"]
     print(

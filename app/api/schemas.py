@@ -368,8 +368,9 @@ class AskDoneOut(BaseModel):
     selector: str | None = Field(description="blend's token selector; null for modes that need none")
     recompute_ratio: float
     finish_reason: str = Field(
-        description='"stop" (end of answer or a stop string), "length" (max_tokens), "repetition" (the model '
-        'began to repeat a sentence: the answer ends before it; /v1 reports it as "stop") or "cancelled"'
+        description='"stop" (end of answer or a stop string), "length" (max_tokens: the answer was cut off), '
+        '"repetition" (the model began to repeat a sentence or looped inside a line: the answer ends before '
+        'it; /v1 reports it as "stop") or "cancelled"'
     )
     usage: UsageOut
     timings: TimingsOut

@@ -32,6 +32,7 @@ def test_ingest_ask_cache_doctor(tiny_env: Path, tmp_path: Path, capsys: pytest.
     out = capsys.readouterr().out
     assert "Sources:\n  [1] Zorblat" in out
     assert "mode blend" in out and "KV hits 1, misses 0" in out
+    assert "\n[answer cut off at 4 tokens (raise it with --max-tokens)]\n" in out  # the random model never stops
     conversation = next(line for line in out.splitlines() if line.startswith("conversation ")).split()[1]
 
     # A follow-up in the same conversation: the first turn is in the prompt, from stored KV.

@@ -150,6 +150,10 @@ class Turn {
     const answer = withCitationMarks(result.answer || this.text, result.citations || []);
     this.renderAnswer(answer).then(() => {
       if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+      if (result.finish_reason === "length") {
+        this.answer.append(el("div", { class: "muted", "data-testid": "cut-off" },
+          `answer cut off at ${result.usage.completion_tokens} tokens`));
+      }
     });
     const t = result.timings;
     const items = [el("span", { "data-k": "ttft" }, "TTFT ", el("b", {}, fmtMs(t.ttft_ms)))];
