@@ -130,7 +130,8 @@ class AppState:
             components, self.scheduler, self.metrics, self.prefill_rate, conversations=self.conversations
         )
         await asyncio.to_thread(self.storage.ensure_reserve)
-        if not self.settings.catalog.is_postgres:  # scale-out: workers own the KV of the shared library
+        # Scale-out: the workers own the KV of the shared library.
+        if server.refresh_stale_kv and not self.settings.catalog.is_postgres:
             await asyncio.to_thread(self._start_kv_refresh, components)
         if self.job_queue is None:
             self.ingest.recover()
