@@ -68,11 +68,13 @@ async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: l
                 }
             )
             ttfts.append(ttft)
+            logger.info("%s look-up %r: %s", mode, fact.answer, "ok" if lookups[-1]["right"] else f"x {answer!r}")
         for q in questions:
             answer, ttft, titles = await _ask(state, q.question, mode, max_tokens)
             right = any(_norm(a) in _norm(answer) for a in q.answers)
             docs.append({"question": q.question, "answer": answer, "right": right, "retrieved": q.page in titles})
             ttfts.append(ttft)
+            logger.info("%s docs %r: %s", mode, q.answers[0], "ok" if right else f"x {answer!r}")
         out[mode] = {
             "lookups_right": sum(r["right"] for r in lookups),
             "docs_right": sum(r["right"] for r in docs),
