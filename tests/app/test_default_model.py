@@ -27,7 +27,7 @@ DOCS = [
     },
     {
         "title": "Kestrel runbook",
-        "text": "Project Kestrel restarts its workers at midnight. Its deployment code is KT-9032-LM.",
+        "text": "Project Kestrel restarts its workers at midnight and writes its logs to the central server.",
     },
 ]
 
