@@ -43,6 +43,12 @@ def test_the_default_model_answers_a_look_up_from_the_documents(tmp_path: Path, 
         stats = client.get("/api/stats").json()
         assert stats["served_model"]["name"] == DEFAULT_MODEL
         assert (stats["served_model"]["source"], stats["served_model"]["origin_quantisation"]) == ("catalog", "Q4_K_M")
+        # The prompt is laid out by the model's own chat template (ChatML, carried over from its GGUF).
+        engine = client.app.state.blendrag.components.engine  # type: ignore[attr-defined]
+        assert engine.tokenizer.decode(engine.prompt.prefix_ids) == (
+            "<|im_start|>system\nYou are a helpful assistant. Answer the question using the documents. "
+            "Be concise.<|im_end|>\n<|im_start|>user\n"
+        )
         accepted = client.post("/ingest", json={"documents": DOCS}).json()
         deadline = time.monotonic() + 600
         while (job := client.get(f"/ingest/jobs/{accepted['job_id']}").json())["status"] not in ("succeeded", "failed"):
