@@ -95,6 +95,7 @@ class IdleTrimmer:
         self._on_rss = on_rss
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._trimmed = threading.Condition()
         self.num_trims = 0
 
     def start(self) -> None:
@@ -102,6 +103,11 @@ class IdleTrimmer:
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, name="memory-trim", daemon=True)
             self._thread.start()
+
+    def wait_for_trims(self, num_trims: int, timeout_s: float) -> bool:
+        """Block until at least `num_trims` trims have run (True), or `timeout_s` passed (False)."""
+        with self._trimmed:
+            return self._trimmed.wait_for(lambda: self.num_trims >= num_trims, timeout=timeout_s)
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -120,7 +126,9 @@ class IdleTrimmer:
                 before = rss_bytes()
                 num_collected = gc.collect()  # cycles holding finished requests' tensors
                 trim()
-                self.num_trims += 1
+                with self._trimmed:
+                    self.num_trims += 1
+                    self._trimmed.notify_all()
                 worked_since_trim = False
                 after = rss_bytes()
                 if before is not None and after is not None:

@@ -181,11 +181,13 @@ class DiskTier:
                 self._policy.forget(key)
         return size is not None
 
-    def _record(self, key: str, size: int) -> None:
-        """Insert `key` or refresh it (most recent for LRU)."""
+    def _record(self, key: str, size: int, *, reserved: int = 0) -> None:
+        """Insert `key` or refresh it (most recent for LRU). `reserved` bytes set aside for its write are
+        released under the same lock: released apart, a concurrent writer would see the file's bytes counted
+        nowhere and admit past the budget."""
         with self._lock:
             old = self._index.pop(key, None)
-            self._num_bytes += size - (old or 0)
+            self._num_bytes += size - (old or 0) - reserved
             self._index[key] = size
             self._policy.admit(key)
 
@@ -308,9 +310,7 @@ class DiskTier:
             self.counters.fault(kind)
             logger.warning("disk tier: could not write %s (%s): %s", key[:12], kind, exc)
             return False
-        with self._lock:
-            self._num_bytes -= size  # the reservation becomes the indexed size
-        self._record(key, size)
+        self._record(key, size, reserved=size)  # the reservation becomes the indexed size, in one step
         # files another process wrote, adopted meanwhile, may have pushed it over
         self.evict_to(self.budget_bytes, keep=key)
         return True

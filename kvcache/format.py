@@ -40,7 +40,7 @@ from safetensors.torch import save as safetensors_save
 
 from kvcache.config import StorageDType
 from kvcache.errors import KVEntryCorrupt
-from kvcache.hostcopy import all_finite, host_copy, host_dequantize
+from kvcache.hostcopy import all_finite, host_copy, host_dequantize, one_torch_thread
 from kvcache.keys import check_key
 from kvcache.quant import dequantize_int8, quantize_int8
 from kvcache.quant_int4 import (
@@ -428,15 +428,17 @@ def encode_entry(
         for what, x in (("k", kv.k), ("v", kv.v)):
             if not torch.is_floating_point(x):
                 raise ValueError(f"{what} must be a floating tensor, got {x.dtype}")
-        k4 = quantize_int4(kv.k, kind="k", k_group_target=params.k_group)  # raises on non-finite values
-        v4 = quantize_int4(kv.v, kind="v", v_group=params.v_group)
+        with one_torch_thread():
+            k4 = quantize_int4(kv.k, kind="k", k_group_target=params.k_group)  # raises on non-finite values
+            v4 = quantize_int4(kv.v, kind="v", v_group=params.v_group)
         k, v, k_scale, k_zero, v_scale, v_zero = k4.packed, v4.packed, k4.scale, k4.zero, v4.scale, v4.zero
         groups = {"int4_k_group": k4.group, "int4_v_group": v4.group}
     elif storage_dtype == "int8":
         for what, x in (("k", kv.k), ("v", kv.v)):
             if not torch.is_floating_point(x) or not all_finite(x):
                 raise ValueError(f"{what} must be a finite floating tensor")
-        kq, vq = quantize_int8(kv.k.detach().cpu()), quantize_int8(kv.v.detach().cpu())
+        with one_torch_thread():
+            kq, vq = quantize_int8(kv.k.detach().cpu()), quantize_int8(kv.v.detach().cpu())
         k, v, k_scale, v_scale = kq.q, vq.q, kq.scale, vq.scale
     else:
         k, v = _to_storage(kv.k, storage_dtype, "k"), _to_storage(kv.v, storage_dtype, "v")

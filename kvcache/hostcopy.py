@@ -10,12 +10,35 @@ torch.
     host_copy(dst, src)                       # dst[...] = src in dst's dtype; dst may be a strided view
     host_dequantize(dst, q, scale)            # dst[...] = q * scale[..., None] (int8 entries)
     all_finite(t) -> bool                     # no inf / nan (fp16/bf16 checked on their exponent bits)
+    with one_torch_thread(): ...              # torch ops on the calling thread only (entry encoding)
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import numpy as np
 import torch
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Torch ops inside run on the calling thread alone (OpenMP thread counts are per calling thread).
+
+    Encoding an entry (int4/int8 quantization: a few dozen element-wise passes over ~10^6 values) runs on
+    the ingest or request thread while the engine computes on all cores: with its own OpenMP team it waits
+    at a barrier on every op whenever a peer thread is descheduled (5x slower on a busy 2-core machine).
+    """
+    threads = torch.get_num_threads()
+    if threads == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -35,8 +58,21 @@ def host_copy(dst: torch.Tensor, src: torch.Tensor) -> None:
     elif sd == torch.bfloat16 and dd == torch.float32:
         # bf16 is the upper half of a float32: widening is exact as a 16-bit shift
         np.left_shift(_np(src), 16, out=_np(dst).view(np.uint32), dtype=np.uint32)
+    elif sd == torch.float32 and dd == torch.bfloat16:
+        _np(dst)[...] = _float32_to_bf16_bits(_np(src))
     else:
         dst.copy_(src)
+
+
+def _float32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bit patterns, rounded to nearest even as torch rounds (NaN stays a quiet NaN)."""
+    bits = x.view(np.uint32) if x.flags.c_contiguous else np.ascontiguousarray(x).view(np.uint32)
+    rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1)))) >> 16
+    out = rounded.astype(np.uint16)
+    nan = np.isnan(x)
+    if nan.any():
+        out[nan] = (bits[nan] >> 16).astype(np.uint16) | np.uint16(0x0040)
+    return out
 
 
 def host_dequantize(dst: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:

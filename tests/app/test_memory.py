@@ -78,10 +78,8 @@ def test_idle_trimmer_frees_tensors_held_only_by_reference_cycles() -> None:
         busy.set()
         time.sleep(0.1)
         busy.clear()
-        deadline = time.monotonic() + 5
-        while trimmer.num_trims == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        # The bound only fails a trimmer that never trims; a slow machine just takes longer to get there.
+        assert trimmer.wait_for_trims(1, timeout_s=120)
         assert alive() is None
     finally:
         trimmer.stop()
@@ -100,11 +98,8 @@ def test_idle_trimmer_trims_once_after_work_then_waits_for_more() -> None:
         time.sleep(0.1)
         assert trimmer.num_trims == 0  # never while working
         busy.clear()
-        deadline = time.monotonic() + 5
-        while trimmer.num_trims == 0:
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
-        time.sleep(0.4)
+        assert trimmer.wait_for_trims(1, timeout_s=120)
+        time.sleep(0.4)  # two idle spans more: a second trim would be a defect, its absence is the claim
         assert trimmer.num_trims == 1  # once per idle spell
     finally:
         trimmer.stop()

@@ -40,6 +40,16 @@ def dataset_path(tmp_path: Path) -> Path:
     return path
 
 
+def _takes_dtype(command: str) -> bool:
+    """Whether `python -m bench COMMAND` has a --dtype option (scaleout runs servers with their own settings)."""
+    import argparse
+
+    from bench.__main__ import build_parser
+
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return any("--dtype" in action.option_strings for action in subparsers.choices[command]._actions)
+
+
 @pytest.fixture
 def run_bench(tmp_path: Path, tiny_llama_dir: Path):
     """Run a subcommand through the real dispatcher on the tiny model; returns (exit code, JSON, png path)."""
@@ -47,7 +57,11 @@ def run_bench(tmp_path: Path, tiny_llama_dir: Path):
 
     def run(command: str, *args: str) -> tuple[int, dict, Path]:
         out = tmp_path / f"{command}.json"
-        code = main([command, "--model", str(tiny_llama_dir), "--threads", "2", "--out", str(out), *args])
+        base = [command, "--model", str(tiny_llama_dir), "--threads", "2", "--out", str(out)]
+        if _takes_dtype(command):
+            # float32 like the rest of the suite (`auto` is bfloat16 on an AMX CPU); a test may pass its own.
+            base += ["--dtype", "float32"]
+        code = main([*base, *args])
         return code, json.loads(out.read_text(encoding="utf-8")), out.with_suffix(".png")
 
     return run

@@ -130,7 +130,10 @@ def test_the_budget_is_never_exceeded_while_writers_fill_it(tmp_path: Path) -> N
     st = tier.stats()
     assert st.num_bytes == on_disk() <= budget
     assert peak[0] <= budget
-    assert st.num_evictions == 48 - st.num_entries and st.num_entries >= 4
+    assert st.num_evictions == 48 - st.num_entries
+    # Nothing evicted beyond need, whatever the writers' interleaving: every eviction stopped as soon as the
+    # entry being written fitted, so the tier ends less than one largest entry short of its budget.
+    assert st.num_bytes > budget - max(len(blob) for blob in blobs.values())
 
 
 def test_default_budget_is_a_share_of_the_free_space(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

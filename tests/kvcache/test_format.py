@@ -204,3 +204,33 @@ def test_file_shrinking_under_an_open_reader_is_an_error_not_a_crash(tmp_path: P
         with pytest.raises(KVEntryCorrupt) as info:
             reader.read_layer(3)
     assert info.value.kind == "truncated"
+
+
+@pytest.mark.parametrize("storage_dtype", ["int4", "int8"])
+def test_quantizing_runs_on_the_calling_thread_and_gives_the_threads_back(
+    storage_dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import kvcache.format as format_module
+
+    seen: list[int] = []
+    name = "quantize_int4" if storage_dtype == "int4" else "quantize_int8"
+    real = getattr(format_module, name)
+
+    def spy(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(format_module, name, spy)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        encode_entry(make_kv(1), key=key_of(1), model_fingerprint=FINGERPRINT, storage_dtype=storage_dtype)
+        assert seen == [1, 1]  # K and V, each with no OpenMP team of its own
+        assert torch.get_num_threads() == 2
+        bad = make_kv(2)
+        bad.k[0, 0, 0, 0] = float("inf")
+        with pytest.raises(ValueError):
+            encode_entry(bad, key=key_of(2), model_fingerprint=FINGERPRINT, storage_dtype=storage_dtype)
+        assert torch.get_num_threads() == 2  # restored when quantizing raises, too
+    finally:
+        torch.set_num_threads(before)

@@ -23,6 +23,20 @@ def test_host_copy_matches_torch_conversion(src_dtype: torch.dtype, dst_dtype: t
     assert torch.equal(torch.signbit(dst[0, 30, :2]), torch.tensor([False, True]))
 
 
+def test_float32_to_bfloat16_rounds_as_torch_does_on_every_edge() -> None:
+    """The loader's float32 -> bf16 step (int4 entries served to a bf16 engine) runs in numpy, not torch."""
+    g = torch.Generator().manual_seed(3)
+    edges = [0.0, -0.0, 1e-40, -1e-40, 3.4e38, -3.4e38, float("inf"), float("-inf"), float("nan")]
+    ties = [1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-8 + 2**-20]  # halfway to even, halfway to odd, just above
+    src = torch.cat([torch.randn(4096, generator=g) * 50, torch.tensor(edges + ties)])
+    dst = torch.zeros(2, src.numel(), dtype=torch.bfloat16)
+    host_copy(dst[1], src)
+    ref = src.to(torch.bfloat16)
+    nan = torch.isnan(ref.float())
+    assert torch.equal(dst[1][~nan].view(torch.int16), ref[~nan].view(torch.int16))  # bit for bit
+    assert torch.isnan(dst[1][nan].float()).all() and not dst[0].any()
+
+
 @pytest.mark.parametrize("dst_dtype", DTYPES)
 def test_host_dequantize_matches_torch(dst_dtype: torch.dtype) -> None:
     x = torch.randn(2, 24, 8, generator=torch.Generator().manual_seed(1))

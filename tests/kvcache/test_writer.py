@@ -94,6 +94,59 @@ def test_open_layers_serves_computed_entries_the_store_did_not_keep(tmp_path: Pa
     torch.testing.assert_close(v, torch.cat([e.v[1] for e in expected], dim=1).float())
 
 
+def test_a_batch_is_stored_while_the_next_one_is_computed(tmp_path: Path) -> None:
+    """Encoding and writing batch 1 overlaps computing batch 2: here the put of batch 1 waits until batch 2's
+    compute has begun, which a writer that stores before it computes again would never let happen."""
+    import threading
+
+    store = TieredKVStore(settings(tmp_path))
+    second_compute_started = threading.Event()
+    overlapped: list[bool] = []
+    compute = Compute()
+
+    def compute_and_signal(chunks: list[list[int]]) -> list[ChunkKV]:
+        if compute.calls:
+            second_compute_started.set()
+        return compute(chunks)
+
+    real_put = store.put_entry
+
+    def put_entry(entry, **kwargs):
+        if not overlapped:
+            overlapped.append(second_compute_started.wait(30))
+            overlapped.append(threading.current_thread() is not threading.main_thread())
+        return real_put(entry, **kwargs)
+
+    store.put_entry = put_entry  # type: ignore[method-assign]
+    progress: list[int] = []
+    written = ensure_chunk_kv(
+        store,
+        CHUNKS[:4],
+        model_fingerprint=FINGERPRINT,
+        prefix_ids=PREFIX_IDS,
+        compute=compute_and_signal,
+        batch_chunks=2,
+        on_batch=progress.append,
+    )
+    assert overlapped == [True, True]
+    assert compute.calls == [CHUNKS[:2], CHUNKS[2:4]] and progress == [2, 4]
+    assert written.num_computed == 4 and written.unwritten == frozenset()
+    assert [store.contains(key) for key in written.keys] == ["memory"] * 4
+
+
+def test_a_cancel_from_on_batch_stops_the_writer(tmp_path: Path) -> None:
+    store = TieredKVStore(settings(tmp_path))
+    compute = Compute()
+
+    def cancel_after_first(num_done: int) -> None:
+        raise RuntimeError(f"cancelled at {num_done}")
+
+    with pytest.raises(RuntimeError, match="cancelled at 2"):
+        _ensure(store, CHUNKS, compute, batch_chunks=2, on_batch=cancel_after_first)
+    # The batch after the first was already being computed when its cancel surfaced; nothing later was.
+    assert compute.calls == [CHUNKS[:2], CHUNKS[2:4]]
+
+
 def test_the_writer_imports_no_engine_and_no_app() -> None:
     import ast
 
@@ -102,4 +155,5 @@ def test_the_writer_imports_no_engine_and_no_app() -> None:
     tree = ast.parse(Path(kvcache.writer.__file__).read_text())
     modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert {m.split(".")[0] for m in modules} <= {"__future__", "logging", "collections", "dataclasses", "kvcache"}
+    stdlib = {"__future__", "logging", "collections", "concurrent", "dataclasses"}
+    assert {m.split(".")[0] for m in modules} <= stdlib | {"kvcache"}

@@ -144,6 +144,9 @@ def test_unknown_argument_is_refused(tmp_path: Path) -> None:
     assert (out.returncode, out.stderr) == (2, "system-deps.sh: unknown argument --force (use --dry-run)\n")
 
 
+_OUTER_MAKE = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")
+
+
 def _make_dry(target: str) -> str:
     out = subprocess.run(
         ["make", "-n", "--no-print-directory", target],
@@ -151,7 +154,8 @@ def _make_dry(target: str) -> str:
         capture_output=True,
         text=True,
         timeout=30,
-        env={**os.environ, "PYTEST_ARGS": ""},
+        # A `make test PYTEST_ARGS=…` that runs this test passes its variables down in MAKEFLAGS: drop them.
+        env={**{k: v for k, v in os.environ.items() if k not in _OUTER_MAKE}, "PYTEST_ARGS": ""},
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
