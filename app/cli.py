@@ -1,4 +1,4 @@
-"""`blendrag` command line: serve, ingest, ask, cache, doctor, db, worker."""
+"""`blendrag` command line: serve, ingest, ask, cache, doctor, db, worker, keys, models."""
 
 from __future__ import annotations
 
@@ -288,7 +288,18 @@ def _print_sources(sources: list[dict[str, Any]], notice: str | None = None) -> 
         print(f"  [{s['rank']}] {s['title']}{page} (score {s['score']:.3f})")
 
 
+def cut_off_note(done: dict[str, Any]) -> str | None:
+    """The line that says an answer hit its length cap (finish_reason "length"), else None."""
+    if done.get("finish_reason") != "length":
+        return None
+    tokens = (done.get("usage") or {}).get("completion_tokens")
+    return f"answer cut off at {tokens} tokens (raise it with --max-tokens)"
+
+
 def _print_done(done: dict[str, Any]) -> None:
+    note = cut_off_note(done)
+    if note is not None:
+        print(f"\n[{note}]")
     t = done["timings"]
     how = f"{done['mode']} ({done['selector']})" if done.get("selector") else done["mode"]
     print(
@@ -693,6 +704,9 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_keys import add_parsers as add_key_parsers
 
     add_key_parsers(sub, _add_data_dir)  # keys create|list|revoke
+    from app.cli_models import add_parsers as add_model_parsers
+
+    add_model_parsers(sub, _add_data_dir)  # models [list|install NAME]
     from app.cli_calibrate import add_parsers as add_calibrate_parsers
 
     add_calibrate_parsers(sub, _add_data_dir)  # calibrate

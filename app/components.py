@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.catalog import Catalog
@@ -86,14 +87,18 @@ def build_components(settings: Settings, *, role: Role = "server") -> Components
     logger.info(
         "start-up: loading the model %s%s …",
         model,
-        " (converted to safetensors under the data dir on first start, ~20 s, then reused)"
-        if model == "builtin"
+        " (a catalogue model or GGUF file is converted to safetensors under the data dir on first start, then reused)"
+        if not Path(model).is_dir()
         else "",
     )
     # The dtype the data dir's KV was built in, unless the operator sets another (app/compute_dtype.py).
     dtype = data_dir_dtype(settings.data_dir, settings.engine.dtype, settings.engine.resolve_device())
     engine = Engine(settings.engine, models_dir=settings.models_dir, dtype_choice=dtype)
-    logger.info("start-up: model loaded and its prompt prefix warmed in %.1f s", time.perf_counter() - step)
+    logger.info(
+        "start-up: model loaded and its prompt prefix warmed in %.1f s: %s",
+        time.perf_counter() - step,
+        engine.served_model.describe(),
+    )
     store = TieredKVStore(settings.kvcache)
     logger.info("start-up: KV store open (%s)", ", ".join(t.name for t in store.stats().tiers))
     step = time.perf_counter()

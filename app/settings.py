@@ -95,6 +95,11 @@ class ServerSettings(BaseModel):
         default=256 * 1024 * 1024, gt=0, description="Largest multipart request (all files together); larger is a 413"
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    refresh_stale_kv: bool = Field(
+        default=True,
+        description="After a model or system prompt switch, recompute every stale chunk's KV in the background "
+        "(the old entries evicted first); off: each chunk is recomputed when a question first needs it",
+    )
     memory_trim_idle_s: float | None = Field(
         default=2.0,
         gt=0,

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from app.services.document_service import DocumentService
     from app.services.ingest import IngestService
     from app.services.key_service import KeyService
+    from app.services.kv_refresh import KVRefresh
     from engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class AppState:
     metrics: Metrics = field(default_factory=Metrics)
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)
     components: Components | None = None
+    kv_refresh: KVRefresh | None = None
     scheduler: Scheduler | None = None
     ingest: IngestService | None = None
     ask: AskService | None = None
@@ -140,13 +142,28 @@ class AppState:
             on_storage_ok=self.storage.recovered,
         )
         await asyncio.to_thread(self.storage.ensure_reserve)
+        # Scale-out: the workers own the KV of the shared library.
+        if server.refresh_stale_kv and not self.settings.catalog.is_postgres:
+            await asyncio.to_thread(self._start_kv_refresh, components)
         if self.job_queue is None:
             self.ingest.recover()
             self.ingest.start()
         logger.info("ready at %s", server_url(self.settings.server.host, self.settings.server.port))
         self.ready.set()
 
+    def _start_kv_refresh(self, components: Components) -> None:
+        """After a model or system prompt switch: chunks re-tokenized now, their KV recomputed in the background."""
+        from app.services.kv_refresh import KVRefresh, plan_refresh
+
+        assert self.scheduler is not None
+        plan = plan_refresh(components)
+        if plan.stale or plan.old_keys:
+            self.kv_refresh = KVRefresh(components, self.scheduler, plan)
+            self.kv_refresh.start()
+
     async def close(self) -> None:
+        if self.kv_refresh is not None:
+            await asyncio.to_thread(self.kv_refresh.stop)
         if self.trimmer is not None:
             await asyncio.to_thread(self.trimmer.stop)
         sync = getattr(self.components.retriever, "sync", None) if self.components is not None else None

@@ -17,6 +17,7 @@ SUBCOMMANDS = (
     "bench.quality",
     "bench.frontier",
     "bench.lookup",
+    "bench.answers",
     "bench.conversation",
     "bench.followup",
     "bench.throughput",

@@ -1,6 +1,6 @@
 """`python -m bench followup`: does a follow-up question still retrieve the page the conversation is about?
 
-The corpus is a small documentation site (bench/docs_corpus.py: a made-up web framework's pages, an intro,
+The corpus is a small documentation site (bench/framework_docs.py: a made-up web framework's pages, an intro,
 a sponsors page and release notes among them, one chunk per section), embedded by the server's embedder
 (all-MiniLM-L6-v2) into an in-memory Retriever with the server's retrieval settings. Each of the ten
 sessions has three turns: the first names its subject ("How do I add middleware?"), the second and
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.docs_corpus import PAGES, SESSIONS, SWITCHES
+from bench.framework_docs import PAGES, SESSIONS, SWITCHES
 from retrieval.config import RetrievalSettings
 from retrieval.followup import EarlierTurn, FollowupQuery, concat_query, followup_query
 from retrieval.retriever import Retriever

@@ -6,6 +6,7 @@ timings on a shared machine drift, the `--out` JSON and the `--plot` PNG next to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -62,7 +63,11 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
         "--out", type=Path, default=DEFAULT_OUT_DIR / out, help=f"JSON result file (default: {DEFAULT_OUT_DIR / out})"
     )
     parser.add_argument("--plot", type=Path, default=None, help="PNG plot (default: --out with .png)")
-    parser.add_argument("--model", default="builtin", help="'builtin' (SmolLM2-135M) or an HF checkpoint dir")
+    parser.add_argument(
+        "--model",
+        default="builtin",
+        help="a catalogue name (builtin = smollm2-135m, qwen2.5-coder-0.5b, …), a GGUF file or an HF checkpoint dir",
+    )
     parser.add_argument(
         "--models-dir",
         type=Path,
@@ -200,6 +205,7 @@ def result_header(name: str, args: argparse.Namespace, engine: Engine | None = N
     header: dict[str, Any] = {"benchmark": name}
     if engine is not None:
         header["model"] = model_name(engine)
+        header["served_model"] = dataclasses.asdict(engine.served_model)
     dataset = getattr(args, "dataset", None)
     if dataset is not None:
         header |= {"dataset": str(dataset), "dataset_name": Path(dataset).stem}
@@ -229,10 +235,7 @@ def write_result(
 
 
 def model_name(engine: Engine) -> str:
-    from engine.builtin import BUILTIN_LLM_NAME
-
-    name = Path(engine.settings.model).name
-    return "SmolLM2-135M-Instruct" if name in ("builtin", BUILTIN_LLM_NAME) else name
+    return engine.served_model.display_name
 
 
 def load_avg() -> list[float]:

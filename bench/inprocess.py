@@ -21,13 +21,11 @@ logger = logging.getLogger(__name__)
 
 
 def resolve_model(model: str, models_dir: Path) -> str:
-    """A checkpoint dir for the settings: the built-in model is converted once under models_dir (not
-    again under every temp data dir)."""
-    if model != "builtin":
-        return model
-    from engine.builtin import ensure_builtin_llm
+    """A checkpoint dir for the settings: a catalogue model or GGUF file is converted once under models_dir
+    (not again under every temp data dir)."""
+    from engine.models.resolve import resolve_model as resolve
 
-    return str(ensure_builtin_llm(Path(models_dir)))
+    return str(resolve(model, Path(models_dir)).path)
 
 
 def bench_settings(data_dir: Path, model: str, models_dir: Path, threads: int | None, **sections: dict[str, Any]):

@@ -49,7 +49,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=8, help="jobs each round's passages are split into")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="worker counts to measure")
     parser.add_argument("--probes", type=int, default=10, help="documents timed for ready→searchable")
-    parser.add_argument("--model", default="builtin", help="'builtin' (SmolLM2-135M) or an HF checkpoint dir")
+    parser.add_argument(
+        "--model", default="builtin", help="a catalogue name (builtin = smollm2-135m), a GGUF file or an HF dir"
+    )
     parser.add_argument("--models-dir", type=Path, default=harness.DEFAULT_MODELS_DIR)
     parser.add_argument("--threads", type=int, default=None, help="torch threads per process")
     parser.add_argument("--tmp-dir", type=Path, default=None)

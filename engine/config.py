@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.models.catalog import DEFAULT_MODEL, catalog_entry
+from engine.models.resolve import describe_model_setting
 from engine.types import BlendConfig, Mode, SamplingParams, SelectorName
 
 # Defaults that keep SmolLM2-135M from looping (see docs/benchmarks.md, `python -m bench quality`).
@@ -38,8 +40,9 @@ class EngineSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(
-        default="builtin",
-        description="'builtin' (SmolLM2-135M-Instruct) or a local Hugging Face Llama-family checkpoint dir",
+        default=DEFAULT_MODEL,
+        description="a catalogue name (`blendrag models`: qwen2.5-coder-0.5b, smollm2-135m alias builtin, "
+        "qwen2.5-coder-1.5b), a local GGUF file (llama, qwen2, mistral) or a local Hugging Face checkpoint dir",
     )
     device: Literal["cpu", "cuda", "auto"] = "auto"
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
@@ -98,7 +101,9 @@ class EngineSettings(BaseModel):
         description="requests waiting for their prompt pass before EngineBusy (running ones: max_running)",
     )
     max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
-    max_new_tokens: int = Field(default=128, ge=1, description="answer length cap when a request sets none")
+    max_new_tokens: int = Field(
+        default=512, ge=1, description="answer length cap when a request sets none (fits an answer with a code example)"
+    )
     history_max_tokens: int = Field(
         default=1024,
         ge=0,
@@ -123,17 +128,12 @@ class EngineSettings(BaseModel):
     @field_validator("model")
     @classmethod
     def _model_exists(cls, value: str) -> str:
-        if value == "builtin":
+        if catalog_entry(value) is not None:
             return value
-        path = Path(value).expanduser()
-        if not path.is_dir():
-            raise ValueError(
-                f"engine.model {value!r} is not a directory; use 'builtin' or the path of a local "
-                "Hugging Face checkpoint directory (config.json + *.safetensors)"
-            )
-        if not (path / "config.json").is_file():
-            raise ValueError(f"engine.model {value!r} has no config.json; is it a Hugging Face checkpoint dir?")
-        return str(path)
+        problem = describe_model_setting(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return str(Path(value).expanduser())
 
     @field_validator("recompute_ratio")
     @classmethod

@@ -32,12 +32,12 @@ import torch
 
 from engine import phases
 from engine.batched_decode import decode_batch
-from engine.builtin import ensure_builtin_llm
 from engine.config import BLEND_FIELDS, EngineSettings
 from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
 from engine.generation import RequestRun
 from engine.layers import Transformer
 from engine.model import LoadedModel, ModelConfig, load_model
+from engine.models.resolve import ModelIdentity, ServedModel, parameters_label, resolve_model
 from engine.phases import PrefixKV, decode, extend, prefill_chunks, prefill_prefix
 from engine.prompt import PromptBuilder
 from engine.types import (
@@ -63,7 +63,9 @@ class Engine:
         with); by default `settings.dtype` resolved for the device (engine/dtype_choice.py)."""
         self.settings = settings
         self.blend_origin = "engine settings"  # where the blend settings came from (use_blend_settings)
-        path = ensure_builtin_llm(Path(models_dir)) if settings.model == "builtin" else Path(settings.model)
+        resolved = resolve_model(settings.model, Path(models_dir))
+        path = resolved.path
+        self.identity: ModelIdentity = resolved.identity
         device = settings.resolve_device()
         self.dtype_choice: DtypeChoice = dtype_choice or choose_compute_dtype(settings.dtype, device)
         dtype = self.dtype_choice.dtype
@@ -80,9 +82,8 @@ class Engine:
         self.prefix_kv(self.prompt.prefix_ids)
         log_choice(self.dtype_choice)
         logger.info(
-            "engine ready: %s %s on %s in %.1fs (fingerprint %s…)",
-            path.name,
-            dtype,
+            "engine ready: %s on %s in %.1fs (fingerprint %s…)",
+            self.served_model.describe(),
             device,
             time.perf_counter() - t0,
             self.fingerprint[:12],
@@ -100,6 +101,28 @@ class Engine:
     @property
     def config(self) -> ModelConfig:
         return self.model.config
+
+    @property
+    def served_model(self) -> ServedModel:
+        weights = self.model.weights
+        tensors = [weights.embed, weights.final_norm]
+        if weights.lm_head.data_ptr() != weights.embed.data_ptr():  # tied: one matrix, counted once
+            tensors.append(weights.lm_head)
+        for layer in weights.layers:
+            tensors += [t for t in vars(layer).values() if t is not None]
+        dtype = str(self.model.dtype).removeprefix("torch.")
+        num_parameters = sum(t.numel() for t in tensors)
+        return ServedModel(
+            name=self.identity.name,
+            display_name=self.identity.display_name,
+            source=self.identity.source,
+            architecture=self.identity.architecture or self.config.model_type,
+            num_parameters=num_parameters,
+            parameters_label=parameters_label(num_parameters),
+            num_layers=self.config.num_layers,
+            origin_quantisation=self.identity.origin_quantisation,
+            compute_dtype=dtype,
+        )
 
     @property
     def fingerprint(self) -> str:

@@ -70,6 +70,7 @@ class PromptBuilder:
         question_template: str = "Question: {question}",
         *,
         untrusted_system: bool = False,
+        restate_system: bool | None = None,
     ):
         if "{question}" not in question_template:
             raise ValueError("question_template must contain '{question}'")
@@ -77,6 +78,11 @@ class PromptBuilder:
         self.system_prompt = system_prompt
         self.question_template = question_template
         self._untrusted_system = untrusted_system
+        # A client's instruction ("Answer in one sentence.") is restated after the question: at the top of
+        # a prompt of several retrieved chunks a small model does not follow it (the answer's form comes
+        # from what is nearest the answer). The suffix is computed fresh in every mode, so the stored
+        # chunks' KV is unchanged.
+        self._restate_system = untrusted_system if restate_system is None else restate_system
         opening, self._closing_text = self._split_template()
         self.prefix_ids: list[int] = self._prefix_ids(opening)
         self._turn = self._split_turn_template()
@@ -141,7 +147,7 @@ class PromptBuilder:
         return _TurnTemplate(between=self._closing_text + " ", after="\n\n")
 
     def suffix_ids(self, question: str) -> list[int]:
-        """Question text + end of the user turn + opening of the assistant turn.
+        """Question text (+ a client's system prompt, restated) + end of the user turn + assistant opening.
 
         The user's question (with the template text before it) is encoded with special-token strings kept
         as plain text (like document chunks), so a question containing "<|im_end|>" cannot close the turn
@@ -150,7 +156,8 @@ class PromptBuilder:
         before, after = self.question_template.split("{question}", 1)
         # `before` and the question are encoded together, as the template renders them ("Question: who"
         # is not "Question: " + "who" to a BPE tokenizer).
-        return self._encode_untrusted(before + question.strip()) + self._encode(after + self._closing_text)
+        restated = self._encode_untrusted("\n\n" + self.system_prompt.strip()) if self._restate_system else []
+        return self._encode_untrusted(before + question.strip()) + restated + self._encode(after + self._closing_text)
 
     def turn_ids(self, turn: Turn) -> list[int]:
         """One earlier turn as a segment: question (as `suffix_ids` writes it, minus the closing) + end of

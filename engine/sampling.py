@@ -28,6 +28,16 @@ _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
 _SPACES = re.compile(r"\s+")
 MIN_REPEATED_LINE_CHARS = 8  # shorter repeats ("Yes.", list markers) are not treated as a loop …
 SHORT_LINE_RUN = 4  # … unless one of them comes this many times in a row ("Ç¨\n\n" × 363 ran to the token cap)
+# A loop inside one line ("`test_client.get` and `test_client.get` and …"): the line ends with one unit
+# repeated back to back. Its smallest period must be this long and hold a letter or digit, so table rules
+# ("| --- | --- |"), rows of zeros ("| 0 | 0 | 0 |") and "....." are never loops; and it must come this many
+# times, so a value written out three times in a list ("[1, 2, 3, 1, 2, 3, 1, 2, 3]") is not one either.
+MIN_LOOP_UNIT_CHARS = 8
+MIN_LOOP_COPIES = 4
+# Held from this many characters of a possible second copy: at most three characters of a loop's repeats are
+# sent; ordinary text is delayed only while its last characters echo the line so far.
+_HOLD_REPEATED_CHARS = 4
+_LOOP_WINDOW_CHARS = 2048  # of the current line searched (a loop is found long before it grows past this)
 
 
 def _normalize(sentence: str) -> str:
@@ -52,6 +62,37 @@ def _ends_with_short_run(parts: list[str], run: int = SHORT_LINE_RUN) -> bool:
     """True when the last `run` completed sentences or lines are one and the same short one: a loop, however
     short its line (a short line repeated once or twice, "Yes." or a list marker, is not)."""
     return len(parts) >= run and len(set(parts[-run:])) == 1
+
+
+@dataclass(frozen=True)
+class InlineLoop:
+    start: int  # index in the text where the first copy of the unit begins
+    period: int  # the unit's length in characters
+    num_copies: float  # how many times it occurs back to back (the last copy may be partial)
+
+
+def find_inline_loop(text: str, min_copies: float = MIN_LOOP_COPIES, min_repeated_chars: int = 0) -> InlineLoop | None:
+    """The loop the current line of `text` ends in: its smallest period p repeated at least `min_copies`
+    times with at least `min_repeated_chars` after the first copy (p ≥ MIN_LOOP_UNIT_CHARS, the unit
+    holding a letter or digit), else None."""
+    line_start = max(text.rfind("\n") + 1, len(text) - _LOOP_WINDOW_CHARS)
+    line = text[line_start:]
+    n = len(line)
+    for p in range(MIN_LOOP_UNIT_CHARS, min(int(n // min_copies), n - min_repeated_chars) + 1):
+        i = n - 1
+        while i >= p and line[i] == line[i - p]:
+            i -= 1
+        total = n - 1 - i + p  # the periodic tail: one unit plus every character equal to the one p before it
+        if total / p < min_copies or total - p < min_repeated_chars:
+            continue
+        unit = line[n - p :]
+        # Found at the smallest p ≥ MIN_LOOP_UNIT_CHARS; a unit that is itself a shorter repeat ("0 | 0 | ")
+        # or holds no letter or digit ("--------") is a rule or a row of values, not a loop.
+        shortest = next(q for q in range(1, p + 1) if p % q == 0 and unit == unit[:q] * (p // q))
+        if shortest < MIN_LOOP_UNIT_CHARS or not any(c.isalnum() for c in unit):
+            return None
+        return InlineLoop(start=line_start + n - total, period=p, num_copies=total / p)
+    return None
 
 
 class RepetitionControl:
@@ -83,7 +124,7 @@ class RepetitionControl:
         return out
 
     def should_stop(self, text: str) -> bool:
-        return self.stop_on_repeated_line and ends_with_repeated_line(text)
+        return self.stop_on_repeated_line and (ends_with_repeated_line(text) or find_inline_loop(text) is not None)
 
 
 _BOUNDARY = re.compile(r"[.!?](?=\s|$)|\n")
@@ -101,7 +142,8 @@ def _could_become_a_repeat(text: str) -> bool:
 
 
 class RepeatedLineGuard:
-    """Holds back the sentence or line being written until it is known not to repeat an earlier one.
+    """Holds back the sentence or line being written until it is known not to repeat an earlier one, and
+    a line's repeated tail until it is known not to be a loop inside the line.
 
     With `stop_on_repeated_line`, a loop must end *before* its first repeated line reaches the client. A
     sentence in progress can only become a repeat while it is the start of an earlier sentence, so only
@@ -109,6 +151,9 @@ class RepeatedLineGuard:
     a loop lags by at most the sentence being checked.
     `push` returns the text that may be sent and whether the sentence just completed repeats an earlier one
     (the caller then finishes with reason "repetition" and never sends it). Disabled, it passes text through.
+    Inside one line, once its tail repeats what came a unit earlier (a second copy may have begun) that
+    copy is held; at MIN_LOOP_COPIES copies the answer ends after the first copy, so of a loop's repeats
+    at most their first character is ever sent.
     """
 
     def __init__(self, enabled: bool) -> None:
@@ -130,8 +175,18 @@ class RepeatedLineGuard:
                 return out, True
             if end < len(self._held) or self._held[end - 1] == "\n":
                 release = end  # a confirmed boundary (followed by white space, or a line break)
-        if not _could_become_a_repeat(self._sent + self._held):
+        text = self._sent + self._held
+        loop = find_inline_loop(text)
+        if loop is not None:  # the line loops: keep its first copy, drop the rest
+            out = self._held[: max(0, loop.start + loop.period - len(self._sent))]
+            self._sent += out
+            self._held = ""
+            return out, True
+        if not _could_become_a_repeat(text):
             release = len(self._held)  # new words stream at once; only a possible repeat waits
+        maybe = find_inline_loop(text, min_copies=1, min_repeated_chars=_HOLD_REPEATED_CHARS)
+        if maybe is not None:  # a second copy may have begun: hold it until it departs or the loop is found
+            release = min(release, max(0, maybe.start + maybe.period - len(self._sent)))
         out, self._held = self._held[:release], self._held[release:]
         self._sent += out
         return out, False

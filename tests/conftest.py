@@ -17,6 +17,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # itself pass the setting explicitly.
 os.environ.setdefault("BLENDRAG_ENGINE__DTYPE", "float32")
 os.environ.setdefault("BLENDRAG_RETRIEVAL__EMBED_DTYPE", "float32")
+# The served default is qwen2.5-coder-0.5b (minutes to convert, GBs of RAM); anything in the suite that falls
+# back on the default gets the test model instead. The one test of the default model names it itself.
+os.environ.setdefault("BLENDRAG_ENGINE__MODEL", "smollm2-135m")
 # Servers the tests start do not calibrate their (tiny, random) model in the background: it would take the
 # cores the tests need. Tests of the calibration runner turn it on explicitly.
 os.environ.setdefault("BLENDRAG_CALIBRATION__AUTO", "false")
@@ -35,6 +38,17 @@ def smollm2_dir() -> Path:
     from engine.builtin import ensure_builtin_llm
 
     return ensure_builtin_llm(MODELS_CACHE)
+
+
+@pytest.fixture(scope="session")
+def default_model_dir() -> Path:
+    """HF safetensors dir of the served default model (qwen2.5-coder-0.5b), joined and converted once."""
+    from engine.models.catalog import DEFAULT_MODEL, catalog_entry
+    from engine.models.resolve import ensure_catalog_model
+
+    entry = catalog_entry(DEFAULT_MODEL)
+    assert entry is not None
+    return ensure_catalog_model(entry, MODELS_CACHE)
 
 
 @pytest.fixture(scope="session")

@@ -48,7 +48,15 @@ from app.api.deps import (
 )
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
-from app.api.schemas import NOT_BLANK, AskParams, ConversationId, MaxTokens, NotBool, OpenAIErrorOut
+from app.api.schemas import (
+    NOT_BLANK,
+    AskParams,
+    ConversationId,
+    MaxTokens,
+    NotBool,
+    OpenAIErrorOut,
+    ServedModelOut,
+)
 from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.admitted_answer import AdmittedAnswer
 from app.services.ask_service import AskService
@@ -169,6 +177,9 @@ class ModelOut(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
+    blendrag: ServedModelOut | None = Field(
+        default=None, description="blendrag extension: the model behind the name (null while it loads)"
+    )
 
 
 class ModelList(BaseModel):
@@ -177,9 +188,12 @@ class ModelList(BaseModel):
 
 
 @router.get("/models", response_model=ModelList)
-def list_models() -> ModelList:
-    """The one model this server answers with (OpenAI format)."""
-    return ModelList(data=[ModelOut(id=SERVED_MODEL, created=_STARTED, owned_by="blendrag")])
+def list_models(state: AppState = Depends(get_state)) -> ModelList:
+    """The one model this server answers with (OpenAI format). Its id stays `blendrag` whatever model
+    serves (clients send it back); the `blendrag` field says which model that is."""
+    served = state.components.engine.served_model if state.components is not None else None
+    facts = ServedModelOut.model_validate(dataclasses.asdict(served)) if served is not None else None
+    return ModelList(data=[ModelOut(id=SERVED_MODEL, created=_STARTED, owned_by="blendrag", blendrag=facts)])
 
 
 @dataclasses.dataclass(frozen=True)

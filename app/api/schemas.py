@@ -375,8 +375,9 @@ class AskDoneOut(BaseModel):
     selector: str | None = Field(description="blend's token selector; null for modes that need none")
     recompute_ratio: float
     finish_reason: str = Field(
-        description='"stop" (end of answer or a stop string), "length" (max_tokens), "repetition" (the model '
-        'began to repeat a sentence: the answer ends before it; /v1 reports it as "stop") or "cancelled"'
+        description='"stop" (end of answer or a stop string), "length" (max_tokens: the answer was cut off), '
+        '"repetition" (the model began to repeat a sentence or looped inside a line: the answer ends before '
+        'it; /v1 reports it as "stop") or "cancelled"'
     )
     usage: UsageOut
     timings: TimingsOut
@@ -548,6 +549,18 @@ class ComputeOut(BaseModel):
     requested: str = Field(description="The setting (engine.dtype / retrieval.embed_dtype), e.g. auto")
 
 
+class ServedModelOut(BaseModel):
+    name: str = Field(description="What engine.model names: a catalogue name, a GGUF file or a checkpoint dir")
+    display_name: str
+    source: Literal["catalog", "gguf", "checkpoint"]
+    architecture: str
+    num_parameters: int = Field(description="Weights loaded (tied embeddings once)")
+    parameters_label: str = Field(description="The count as a person reads it: 135M, 630M, 1.8B")
+    num_layers: int
+    origin_quantisation: str | None = Field(description="Of the GGUF it was converted from, e.g. Q4_K_M")
+    compute_dtype: str = Field(description="What the engine computes in: bfloat16, float32 or float16")
+
+
 class BlendSettingsOut(BaseModel):
     source: str = Field(description="operator, calibrated, shipped or safe (not calibrated yet)")
     label: str = Field(description="Where they came from, in words: 'calibrated on …', 'shipped for <model> …'")
@@ -564,7 +577,8 @@ class CalibrationStatusOut(BaseModel):
 
 
 class StatsOut(BaseModel):
-    model: str | None
+    model: str | None = Field(description="The served model's name (null before start-up)")
+    served_model: ServedModelOut | None = Field(description="What the served model is; null before start-up")
     fingerprint: str | None
     compute: ComputeOut | None = Field(description="The engine's compute dtype and why; null before start-up")
     embedder_compute: ComputeOut | None = Field(description="The embedder's compute dtype and why")

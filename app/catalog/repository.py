@@ -459,6 +459,17 @@ class Catalog(SessionStore):
             for chunk_id, key in keys_by_chunk_id.items():
                 s.execute(update(ChunkRow).where(ChunkRow.id == chunk_id).values(kv_key=key))
 
+    def set_chunk_token_ids(self, token_ids_by_chunk_id: dict[int, list[int]]) -> None:
+        """New prompt ids for chunks whose text another tokenizer encoded (a model switch); the text, the
+        embedding and the index entry stay. Their KV key is cleared: it was the other model's."""
+        with self._session() as s:
+            for chunk_id, ids in token_ids_by_chunk_id.items():
+                s.execute(
+                    update(ChunkRow)
+                    .where(ChunkRow.id == chunk_id)
+                    .values(token_ids_blob=encode_token_ids(ids), num_tokens=len(ids), kv_key=None)
+                )
+
     def set_content_hash(self, document_id: str, content_hash: str, metadata: dict[str, Any]) -> None:
         with self._session() as s:
             row = s.get(DocumentRow, document_id)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.metrics import Metrics, RecentAsk
@@ -19,6 +18,7 @@ if TYPE_CHECKING:
     from app.services.document_service import DocumentService
     from engine.config import EngineSettings
     from engine.dtype_choice import DtypeChoice
+    from engine.models.resolve import ServedModel
     from engine.scheduler import Scheduler
     from kvcache.config import KVCacheSettings
     from kvcache.stats import TierStats
@@ -77,6 +77,7 @@ def kv_footprint(components: Components | None, settings: KVCacheSettings) -> KV
 @dataclass(frozen=True)
 class ServingStats:
     model: str | None
+    served_model: ServedModel | None
     fingerprint: str | None
     compute: DtypeChoice | None  # the engine's dtype and why (None before start-up)
     embedder_compute: DtypeChoice | None
@@ -182,12 +183,13 @@ class StatsService:
         seconds = float(sample("blendrag_ingest_seconds_total") or 0.0)
         recent = self._metrics.recent.snapshot()
         rate = self._prefill_rate.tokens_per_s
-        model = self._engine.model
+        served = components.engine.served_model if components is not None else None
         engine_settings = components.engine.settings if components is not None else self._engine
         in_force = components.blend if components is not None else None
         runner = getattr(components, "calibration", None) if components is not None else None
         return ServingStats(
-            model=model if model == "builtin" else Path(model).name,
+            model=served.name if served is not None else None,
+            served_model=served,
             fingerprint=components.engine.fingerprint[:12] if components is not None else None,
             compute=components.engine.dtype_choice if components is not None else None,
             embedder_compute=components.retriever.embedder.dtype_choice if components is not None else None,

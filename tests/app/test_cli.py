@@ -33,6 +33,7 @@ def test_ingest_ask_cache_doctor(tiny_env: Path, tmp_path: Path, capsys: pytest.
     out = capsys.readouterr().out
     assert "Sources:\n  [1] Zorblat" in out
     assert "mode blend" in out and "KV hits 1, misses 0" in out
+    assert "\n[answer cut off at 4 tokens (raise it with --max-tokens)]\n" in out  # the random model never stops
     assert "conversation " not in out  # a one-off question is not stored
 
     first = ["ask", "What is the capital of Zorblat?", "--conversation", "new", "--top-k", "1"]

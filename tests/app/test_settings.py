@@ -25,7 +25,7 @@ def test_defaults_put_everything_under_data_dir() -> None:
     assert s.catalog.url == "sqlite:///data/catalog.db"
     assert s.engine.mode == "blend"
     assert s.engine.recompute_ratio == 0.15
-    assert s.engine.model == "builtin"
+    assert s.engine.model == "qwen2.5-coder-0.5b"
 
 
 def test_yaml_file_then_env_then_arguments(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,7 +70,7 @@ def test_unreadable_model_path_is_rejected(tmp_path: Path) -> None:
     with pytest.raises(SettingsError) as err:
         load_settings(engine={"model": str(tmp_path / "nope")})
     assert "engine.model" in str(err.value)
-    assert "not a directory" in str(err.value)
+    assert "neither a catalogue model" in str(err.value)
     (tmp_path / "empty").mkdir()
     with pytest.raises(SettingsError, match="no config.json"):
         load_settings(engine={"model": str(tmp_path / "empty")})

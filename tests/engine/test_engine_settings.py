@@ -13,7 +13,7 @@ from engine.types import BlendConfig, PromptLayout, SamplingParams
 
 def test_defaults() -> None:
     s = EngineSettings()
-    assert s.model == "builtin" and s.mode == "blend" and s.recompute_ratio == 0.15 and s.check_layers == [1]
+    assert s.model == "qwen2.5-coder-0.5b" and s.mode == "blend" and s.recompute_ratio == 0.15 and s.check_layers == [1]
     cfg = s.blend_config()
     assert cfg.ratios() == (0.15,) and cfg.selector == "query" and cfg.score_layers == (12,) and cfg.deviation_on == "v"
     assert s.sampling_params(max_tokens=5).max_tokens == 5
@@ -34,10 +34,20 @@ def test_unknown_mode_and_selector() -> None:
 
 
 def test_model_path_must_exist(tmp_path: Path) -> None:
-    with pytest.raises(ValidationError, match="is not a directory"):
+    with pytest.raises(ValidationError, match=r"neither a catalogue model \(smollm2-135m, qwen2.5-coder-0.5b, "):
         EngineSettings(model=str(tmp_path / "nope"))
     with pytest.raises(ValidationError, match="no config.json"):
         EngineSettings(model=str(tmp_path))
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ValidationError, match="is a file but not a .gguf file"):
+        EngineSettings(model=str(tmp_path / "weights.bin"))
+
+
+def test_model_takes_catalogue_names_the_builtin_alias_and_gguf_files(tmp_path: Path) -> None:
+    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "builtin"):
+        assert EngineSettings(model=name).model == name
+    (tmp_path / "model.Q4_K_M.gguf").write_bytes(b"GGUF")  # read at start-up, not at settings time
+    assert EngineSettings(model=str(tmp_path / "model.Q4_K_M.gguf")).model == str(tmp_path / "model.Q4_K_M.gguf")
     (tmp_path / "config.json").write_text("{}")
     assert EngineSettings(model=str(tmp_path)).model == str(tmp_path)
 

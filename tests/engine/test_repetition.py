@@ -10,11 +10,13 @@ from enginetest_tiny import random_chunks
 from engine.config import EngineSettings
 from engine.sampling import (
     IncrementalDetokenizer,
+    InlineLoop,
     RepeatedLineGuard,
     RepetitionControl,
     Sampler,
     banned_ngram_tokens,
     ends_with_repeated_line,
+    find_inline_loop,
 )
 from engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
 
@@ -117,13 +119,65 @@ def test_a_repetition_stop_inside_a_code_block_closes_the_fence(tiny_engine, lay
     assert fin.text == "Run:\n```python\nvalue = compute(1)\n```"
 
 
+LOOP_SCRIPT = ["Use", " `", "test", "_client", ".get", "`", " and"] * 6  # a 135M model's answer, as tokens
+
+
+def test_a_loop_inside_one_line_ends_after_its_first_copy(tiny_engine, layout, monkeypatch) -> None:
+    script = iter(LOOP_SCRIPT)
+    monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
+    sampling = SamplingParams(max_tokens=len(LOOP_SCRIPT), ignore_eos=True, stop_on_repeated_line=True)
+    events = list(tiny_engine.generate(GenerationRequest("t", layout, None, "full", sampling=sampling)))
+    fin = events[-1]
+    # The fourth copy completes at token 28; of the repeats only "Use", which starts them, was ever sent.
+    assert (fin.finish_reason, fin.num_completion_tokens) == ("repetition", 28)
+    assert fin.text == "Use `test_client.get` andUse"
+    assert "".join(e.text for e in events[:-1]) == fin.text
+
+
+# Legitimate repetition inside a line: rules, rows of values, a value list written out three times, code.
+NOT_LOOPS = [
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    "| 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 | 0 |",
+    "x = [1, 2, 3, 1, 2, 3, 1, 2, 3]",
+    "=" * 80,
+    "client.get('/a'); client.get('/b'); client.get('/c'); client.get('/d')",
+    "Use `test_client.get` and `test_client.post` and `test_client.put` and `test_client.delete`.",
+]
+
+
+@pytest.mark.parametrize("line", NOT_LOOPS)
+def test_legitimate_repetition_in_a_line_streams_whole_and_is_no_loop(line: str) -> None:
+    guard = RepeatedLineGuard(enabled=True)
+    sent = [guard.push(ch) for ch in "Here:\n" + line + "\n"]
+    assert not any(stopped for _, stopped in sent)
+    assert "".join(text for text, _ in sent) + guard.flush() == "Here:\n" + line + "\n"
+    assert find_inline_loop(line) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "loop"),
+    [
+        # The run reaches back over the space before it: 89 periodic characters, 4 + 1/22 copies.
+        ("Call " + "`test_client.get` and " * 4, InlineLoop(start=4, period=22, num_copies=89 / 22)),
+        ("Call " + "`test_client.get` and " * 3, None),  # three copies: not yet
+        ("Note: " + "the same words again " * 5, InlineLoop(start=5, period=21, num_copies=106 / 21)),
+        ("abcdefg " * 4, InlineLoop(start=0, period=8, num_copies=4.0)),
+        ("abc " * 8, None),  # its period is 4 characters: a repeat too short to call a loop
+        ("first line " * 4 + "\nthen other text", None),  # a loop is searched in the current line only
+    ],
+)
+def test_find_inline_loop(text: str, loop: InlineLoop | None) -> None:
+    assert find_inline_loop(text) == loop
+
+
 def test_held_text_is_released_at_the_end_of_a_run() -> None:
     guard = RepeatedLineGuard(enabled=True)
     assert guard.push("First sentence here. Second one. First sent") == ("First sentence here. Second one.", False)
     assert guard.push("ence") == ("", False)  # still the start of the first sentence: held
     assert guard.push(" is new") == (" First sentence is new", False)  # departed from it: released
-    assert guard.push(". First sentence") == (".", False)
-    assert guard.flush() == " First sentence"
+    # ". First sentence" also echoes the line a unit back (the ". First sentence" 23 characters earlier): held.
+    assert guard.push(". First sentence") == ("", False)
+    assert guard.flush() == ". First sentence"
     assert RepeatedLineGuard(enabled=False).push("A b c d. A b c d.") == ("A b c d. A b c d.", False)
 
 
@@ -134,9 +188,9 @@ def test_without_the_stop_the_same_script_runs_to_length(tiny_engine, layout, mo
     assert (fin.finish_reason, len(ids)) == ("length", 6)
 
 
-def test_settings_turn_repetition_control_on_with_a_shorter_default_length() -> None:
+def test_settings_turn_repetition_control_on_with_a_length_that_fits_a_code_example() -> None:
     params = EngineSettings().sampling_params()
-    assert params.max_tokens == 128
+    assert params.max_tokens == 512
     assert (params.repetition_penalty, params.no_repeat_ngram_size, params.stop_on_repeated_line) == (1.0, 0, True)
     request_values = EngineSettings(repetition_penalty=1.2).sampling_params(max_tokens=7, temperature=0.5)
     assert (request_values.max_tokens, request_values.temperature, request_values.repetition_penalty) == (7, 0.5, 1.2)

@@ -96,6 +96,18 @@ def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str
         assert response.status_code == 200
     stats = client.get("/api/stats").json()
     assert stats["model"] == "tiny-llama-smollm2-tok"
+    # 49,152 × 64 tied embeddings + 2 layers of 36,992 + the final norm's 64.
+    assert stats["served_model"] == {
+        "name": "tiny-llama-smollm2-tok",
+        "display_name": "tiny-llama-smollm2-tok",
+        "source": "checkpoint",
+        "architecture": "llama",
+        "num_parameters": 3_219_776,
+        "parameters_label": "3M",
+        "num_layers": 2,
+        "origin_quantisation": None,
+        "compute_dtype": "float32",
+    }
     assert len(stats["fingerprint"]) == 12
     # Blend settings in force and where they came from: the tiny model is not calibrated (and the suite turns
     # the background calibration off), so the safe ones.
@@ -196,7 +208,9 @@ def test_a_new_system_prompt_makes_stored_kv_stale(tmp_path: Path, tiny_llama_di
         ).json()
         assert wait_for_job(old, accepted["job_id"])["status"] == "succeeded"
     doc_id = accepted["document_ids"][0]
-    settings = server_settings(data_dir, tiny_llama_dir, engine={"system_prompt": "Answer in one word."})
+    settings = server_settings(
+        data_dir, tiny_llama_dir, engine={"system_prompt": "Answer in one word."}, server={"refresh_stale_kv": False}
+    )
     with TestClient(create_app(settings, load_in_background=False)) as new:
         assert [c["kv_state"] for c in new.get(f"/documents/{doc_id}").json()["chunks"]] == ["stale"]
         coverage = new.get("/api/coverage").json()
@@ -210,6 +224,25 @@ def test_a_new_system_prompt_makes_stored_kv_stale(tmp_path: Path, tiny_llama_di
         answer = new.post("/ask", json={"question": "What was stored?", "max_tokens": 1, "stream": False}).json()
         assert (answer["kv_hits"], answer["kv_misses"]) == (0, 1)  # recomputed at ask time, then stored
         assert [c["kv_state"] for c in new.get(f"/documents/{doc_id}").json()["chunks"]] == ["fresh"]
+
+
+def test_after_a_switch_the_stale_kv_is_recomputed_in_the_background(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    data_dir = tmp_path / "data"
+    with TestClient(create_app(server_settings(data_dir, tiny_llama_dir), load_in_background=False)) as old:
+        accepted = old.post("/ingest", json={"documents": [{"title": "Old", "text": "Stored before."}]}).json()
+        assert wait_for_job(old, accepted["job_id"])["status"] == "succeeded"
+        old_key = old.app.state.blendrag.components.catalog.iter_chunks()[0].kv_key  # type: ignore[attr-defined]
+    settings = server_settings(data_dir, tiny_llama_dir, engine={"system_prompt": "Answer in one word."})
+    with TestClient(create_app(settings, load_in_background=False)) as new:
+        state = new.app.state.blendrag  # type: ignore[attr-defined]
+        assert state.kv_refresh is not None and state.kv_refresh.join(timeout=600)
+        assert [c["kv_state"] for c in new.get(f"/documents/{accepted['document_ids'][0]}").json()["chunks"]] == [
+            "fresh"
+        ]
+        assert new.get("/api/coverage").json()["coverage"] == 1.0
+        assert not state.components.store.contains(old_key)  # the old prompt's entry was evicted
+        answer = new.post("/ask", json={"question": "What was stored?", "max_tokens": 1, "stream": False}).json()
+        assert (answer["kv_hits"], answer["kv_misses"]) == (1, 0)
 
 
 def test_answers_without_documents_are_left_out_of_the_mode_percentiles() -> None:

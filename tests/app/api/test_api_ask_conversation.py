@@ -40,9 +40,12 @@ def _ask(client: TestClient, question: str, **body: Any) -> dict[str, Any]:
 
 
 def _expected_ids(client: TestClient, system: str | None, layout: Any, turns: list[Turn], question: str) -> list[int]:
-    """prefix + the prompt's chunk ids + the chat template's rendering of everything after them."""
+    """prefix + the prompt's chunk ids + the chat template's rendering of everything after them (a client's
+    system prompt restated after the question)."""
     engine = client.app.state.blendrag.components.engine
     tok = engine.tokenizer
+    if system is not None:
+        question = f"{question}\n\n{system}"
     system = system or engine.settings.system_prompt
     messages = [{"role": "system", "content": system}]
     for turn in turns:
@@ -130,8 +133,11 @@ def test_client_system_prompt_is_its_own_prefix(
     assert layout.all_ids() == _expected_ids(client, system, layout, [Turn(QUESTIONS[0], "Quintaro.")], QUESTIONS[1])
     assert submitted[-1].mode == "blend" and submitted[-1].kv_source is not None  # blended, not refused
     plain = client.post("/v1/chat/completions", json={"messages": messages[1:], "top_k": 2, **SAMPLING}).json()
-    # The client's prompt replaced the server's: the prompt differs by the two prefixes' lengths only.
-    difference = len(engine.prompt.for_system_prompt(system).prefix_ids) - len(engine.prompt.prefix_ids)
+    # The client's prompt replaced the server's, and is restated after the question: the prompt differs by
+    # the two prefixes' lengths and the restatement only.
+    client_builder = engine.prompt.for_system_prompt(system)
+    restated = len(client_builder.suffix_ids(QUESTIONS[1])) - len(engine.prompt.suffix_ids(QUESTIONS[1]))
+    difference = len(client_builder.prefix_ids) - len(engine.prompt.prefix_ids) + restated
     assert response.json()["usage"]["prompt_tokens"] - plain["usage"]["prompt_tokens"] == difference
 
 

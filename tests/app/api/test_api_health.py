@@ -60,7 +60,7 @@ def test_start_up_logs_each_step_loads_the_embedder_and_ends_with_ready_at(
     assert [re.sub(r"[\d.]+ s\b", "N s", m.split(" (")[0].split(" …")[0]) for m in steps] == [
         "start-up: catalog open",
         f"start-up: loading the model {tiny_llama_dir}",
-        "start-up: model loaded and its prompt prefix warmed in N s",
+        f"start-up: model loaded and its prompt prefix warmed in N s: {tiny_llama_dir.name}",
         "start-up: KV store open",
         "start-up: loading the embedder builtin",
         "start-up: embedder loaded and index of 0 chunks open in N s",

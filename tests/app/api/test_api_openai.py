@@ -28,6 +28,8 @@ def test_models_lists_the_served_model(oai: openai.OpenAI) -> None:
     assert [m.id for m in models.data] == ["blendrag"]
     assert models.data[0].object == "model"
     assert models.data[0].owned_by == "blendrag"
+    facts = models.data[0].model_extra["blendrag"]  # which model answers under the id clients send back
+    assert (facts["name"], facts["num_layers"], facts["compute_dtype"]) == ("tiny-llama-smollm2-tok", 2, "float32")
 
 
 def test_non_streaming_completion_with_sources(oai: openai.OpenAI, live_corpus: dict[str, str]) -> None:

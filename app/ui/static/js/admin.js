@@ -98,7 +98,11 @@ function renderCards(coverage, stats) {
     ...footprint.map(([k, v]) => el("tr", { "data-footprint": k }, el("td", {}, k), el("td", {}, v))));
 
   const rows = [
-    ["model", stats.model ?? "–"],
+    ["model", stats.served_model
+      ? `${stats.served_model.display_name} (${stats.served_model.name}) · ${stats.served_model.parameters_label} parameters`
+        + (stats.served_model.origin_quantisation ? ` · from ${stats.served_model.origin_quantisation}` : "")
+        + ` · ${stats.served_model.compute_dtype}`
+      : "–"],
     ["compute", stats.compute ? `${stats.compute.dtype} (${stats.compute.requested}: ${stats.compute.reason})` : "–"],
     ["embedder", stats.embedder_compute ? `${stats.embedder_compute.dtype} (${stats.embedder_compute.requested})` : "–"],
     ["default answer", stats.default_mode === "blend"

@@ -169,6 +169,10 @@ class Turn {
     const answer = withCitationMarks(result.answer || this.text, result.citations || []);
     this.renderAnswer(answer).then(() => {
       if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+      if (result.finish_reason === "length") {
+        this.answer.append(el("div", { class: "muted", "data-testid": "cut-off" },
+          `answer cut off at ${result.usage.completion_tokens} tokens`));
+      }
       // The rendered answer can be taller than the streamed text: keep the timing line above the composer.
       if (this.root === thread.lastElementChild) revealEnd(this);
     });

@@ -1,0 +1,187 @@
+"""`python -m bench answers`: does the model answer? Per model, in full prefill and the default blend.
+
+For each --models entry a throw-away data dir gets two corpora, ingested as the server ingests them:
+the look-up documents of `bench lookup` (one made-up fact each: a code, a date, a name) and a real docs
+corpus (the standard library's own reference pages, made by bench/docs_corpus.py, or --docs-dir: Markdown
+pages + answer_key.json). Each look-up and each docs question is asked through the AskService that POST
+/ask calls, in `full` and in the server's default blend; an answer is right when it contains the fact (or
+one of the answer key's names), normalised. TTFT is the AskService's own (retrieval + KV load + prompt
+pass). One table and one plot compare the models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+from bench.data import Passage
+from bench.docs_corpus import read_corpus, write_corpus
+from bench.inprocess import bench_settings, ingest_passages, start_app
+from bench.lookup import is_right, make_facts
+
+logger = logging.getLogger(__name__)
+
+NAME = "answers"
+DEFAULT_MODELS = "smollm2-135m,qwen2.5-coder-0.5b"
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"[^0-9a-z]", "", text.lower())
+
+
+async def _ask(state: Any, question: str, mode: str, max_tokens: int) -> tuple[str, float, list[str]]:
+    """(answer, TTFT ms, source titles best first) of one question through AskService."""
+    from app.services.ask_types import AskRequest, DoneEvent, ErrorEvent, SourcesEvent
+
+    request = AskRequest(question=question, mode=mode, max_tokens=max_tokens, temperature=0.0)  # type: ignore[arg-type]
+    titles: list[str] = []
+    async for event in state.ask.ask(request):
+        match event:
+            case SourcesEvent():
+                titles = [s.title for s in event.sources]
+            case DoneEvent():
+                return event.answer, event.timings.ttft_ms, titles
+            case ErrorEvent():
+                raise RuntimeError(f"/ask failed: {event.message}")
+    raise RuntimeError("/ask ended without a done event")
+
+
+async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: list[str], max_tokens: int) -> dict:
+    out: dict[str, Any] = {}
+    for mode in modes:
+        lookups, docs, ttfts = [], [], []
+        for fact in facts:
+            answer, ttft, titles = await _ask(state, fact.question, mode, max_tokens)
+            lookups.append(
+                {
+                    "question": fact.question,
+                    "answer": answer,
+                    "right": is_right(answer, fact),
+                    "retrieved": fact.title in titles,
+                }
+            )
+            ttfts.append(ttft)
+            logger.info("%s look-up %r: %s", mode, fact.answer, "ok" if lookups[-1]["right"] else f"x {answer!r}")
+        for q in questions:
+            answer, ttft, titles = await _ask(state, q.question, mode, max_tokens)
+            right = any(_norm(a) in _norm(answer) for a in q.answers)
+            docs.append({"question": q.question, "answer": answer, "right": right, "retrieved": q.page in titles})
+            ttfts.append(ttft)
+            logger.info("%s docs %r: %s", mode, q.answers[0], "ok" if right else f"x {answer!r}")
+        out[mode] = {
+            "lookups_right": sum(r["right"] for r in lookups),
+            "docs_right": sum(r["right"] for r in docs),
+            "lookups_retrieved": sum(r["retrieved"] for r in lookups),
+            "docs_retrieved": sum(r["retrieved"] for r in docs),
+            "ttft_median_ms": round(statistics.median(ttfts), 1),
+            "lookups": lookups,
+            "docs": docs,
+        }
+        logger.info(
+            "%s: look-ups %d/%d, docs %d/%d, TTFT median %.0f ms",
+            mode,
+            out[mode]["lookups_right"],
+            len(facts),
+            out[mode]["docs_right"],
+            len(questions),
+            out[mode]["ttft_median_ms"],
+        )
+    return out
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = harness.subcommand(
+        subparsers,
+        NAME,
+        __doc__,
+        "look-ups and real docs questions answered right, per model",
+        Path("-"),
+        12,
+        6,
+        "answers.json",
+    )
+    parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated engine.model values")
+    parser.add_argument("--docs-dir", type=Path, default=None, help="Markdown pages + answer_key.json")
+    parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
+    parser.set_defaults(func=main)
+    return parser
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    fig, (ax, bx) = harness.new_figure(2, width_per_panel=5.5)
+    labels, lookups, docs, ttft = [], [], [], []
+    for model, per_mode in result["models"].items():
+        for mode, row in per_mode["modes"].items():
+            labels.append(f"{model}\n{mode}")
+            lookups.append(row["lookups_right"])
+            docs.append(row["docs_right"])
+            ttft.append(row["ttft_median_ms"])
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], lookups, 0.4, label=f"look-ups of {result['examples']}")
+    ax.bar([x + 0.2 for x in xs], docs, 0.4, label=f"docs questions of {result['docs_questions']}")
+    ax.set_xticks(list(xs), labels, fontsize=7)
+    ax.set_ylabel("right answers")
+    ax.legend(fontsize=7)
+    bx.bar(list(xs), ttft, color="tab:gray")
+    bx.set_xticks(list(xs), labels, fontsize=7)
+    bx.set_ylabel("median TTFT (ms)")
+    fig.suptitle(f"answers through /ask · top_k {result['top_k']}", fontsize=9)
+    harness.save_figure(fig, path)
+
+
+def main(args: argparse.Namespace) -> int:
+    run = harness.RunRecord()
+    facts = make_facts(args.examples, args.seed)
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="blendrag-answers-") as tmp:
+        docs_dir = args.docs_dir or write_corpus(Path(tmp) / "docs")
+        pages, questions = read_corpus(docs_dir)
+        passages = [Passage(title=f.title, text=f.text) for f in facts] + [Passage(title=t, text=x) for t, x in pages]
+        models: dict[str, Any] = {}
+        for i, model in enumerate(m.strip() for m in args.models.split(",") if m.strip()):
+            settings = bench_settings(
+                Path(tmp) / f"data-{i}", model, args.models_dir, args.threads, retrieval={"top_k": args.passages}
+            )
+
+            async def go(settings: Any = settings) -> dict[str, Any]:
+                state = await start_app(settings)
+                try:
+                    ingest_passages(state, passages)
+                    engine = state.components.engine
+                    modes = await run_model(state, facts, questions, ["full", settings.engine.mode], args.max_tokens)
+                    return {"served_model": harness.result_header(NAME, args, engine), "modes": modes}
+                finally:
+                    await state.close()
+
+            logger.info("model %s", model)
+            models[model] = asyncio.run(go())
+        first = next(iter(models.values()))["served_model"]
+        result = {
+            **first,
+            "models": models,
+            "docs_questions": len(questions),
+            "docs_corpus": "--docs-dir" if args.docs_dir else "bench/docs_corpus.py (standard library docstrings)",
+            "top_k": args.passages,
+            "max_tokens": args.max_tokens,
+        }
+    harness.write_result(args, result, run, plot)
+    for model, per_model in result["models"].items():
+        for mode, row in per_model["modes"].items():
+            logger.info(
+                "%-20s %-6s look-ups %2d/%d  docs %2d/%d  TTFT %6.0f ms",
+                model,
+                mode,
+                row["lookups_right"],
+                len(facts),
+                row["docs_right"],
+                len(questions),
+                row["ttft_median_ms"],
+            )
+    return 0

@@ -1,0 +1,191 @@
+"""`engine.model` → a checkpoint directory the engine loads, and what model it is.
+
+Three kinds of value: a catalogue name (or the alias `builtin`): its packages' GGUF file joined, checked
+and converted once under the data dir's models/; a local GGUF file (what Ollama, LM Studio and llama.cpp
+keep on disk): converted once the same way; a local Hugging Face checkpoint directory: loaded as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from engine.models.catalog import CATALOG, CatalogEntry, catalog_entry
+from engine.models.convert import convert_gguf, is_converted, read_marker
+from engine.models.install import joined_gguf
+
+logger = logging.getLogger(__name__)
+
+ModelSource = Literal["catalog", "gguf", "checkpoint"]
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """What the served model is, as /api/stats, /v1/models, the admin page, the log and bench name it."""
+
+    name: str  # the catalogue name, or the GGUF file / checkpoint directory name
+    display_name: str
+    source: ModelSource
+    architecture: str
+    origin_quantisation: str | None  # of the GGUF it was converted from; None for a checkpoint dir
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """The loaded model as every surface names it: identity + what the engine counted and computes in."""
+
+    name: str
+    display_name: str
+    source: ModelSource
+    architecture: str
+    num_parameters: int  # weights loaded (tied embeddings once)
+    parameters_label: str  # the count as a person reads it: 135M, 630M, 1.8B
+    num_layers: int
+    origin_quantisation: str | None
+    compute_dtype: str  # "bfloat16" / "float32" / "float16"
+
+    def describe(self) -> str:
+        """One line for the log and the bench headers: "Qwen2.5-Coder-0.5B-Instruct (qwen2.5-coder-0.5b, 630M
+        parameters, from Q4_K_M, computing in bfloat16)"."""
+        origin = f", from {self.origin_quantisation}" if self.origin_quantisation else ""
+        return (
+            f"{self.display_name} ({self.name}, {self.parameters_label} parameters{origin}, "
+            f"computing in {self.compute_dtype})"
+        )
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    path: Path  # a Hugging Face checkpoint directory
+    identity: ModelIdentity
+
+
+def parameters_label(num_parameters: int) -> str:
+    n = num_parameters
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n >= 1e6 else f"{n / 1e3:.0f}K"
+
+
+def describe_model_setting(value: str) -> str | None:
+    """Why `value` cannot be an engine.model, or None when it can (checked at settings time, loads nothing)."""
+    if catalog_entry(value) is not None:
+        return None
+    path = Path(value).expanduser()
+    names = ", ".join(CATALOG)
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            return f"engine.model {value!r} is a file but not a .gguf file"
+        return None
+    if not path.is_dir():
+        return (
+            f"engine.model {value!r} is neither a catalogue model ({names}), a local .gguf file nor a "
+            "directory; `blendrag models` lists the catalogue"
+        )
+    if not (path / "config.json").is_file():
+        return f"engine.model {value!r} has no config.json; is it a Hugging Face checkpoint dir?"
+    return None
+
+
+def resolve_model(value: str, models_dir: Path) -> ResolvedModel:
+    """Make `value`'s checkpoint directory ready (join + check + convert on first use) and name the model."""
+    entry = catalog_entry(value)
+    if entry is not None:
+        return ResolvedModel(ensure_catalog_model(entry, models_dir), catalog_identity(entry))
+    path = Path(value).expanduser()
+    if path.is_file():
+        target = ensure_gguf_model(path, models_dir)
+        marker = read_marker(target)
+        return ResolvedModel(
+            target,
+            ModelIdentity(
+                name=path.name,
+                display_name=str(marker.get("gguf_name") or path.stem),
+                source="gguf",
+                architecture=str(marker.get("architecture", "")),
+                origin_quantisation=str(marker.get("origin_quantisation") or "") or None,
+            ),
+        )
+    return ResolvedModel(path, checkpoint_identity(path))
+
+
+def catalog_identity(entry: CatalogEntry) -> ModelIdentity:
+    return ModelIdentity(
+        name=entry.name,
+        display_name=entry.display_name,
+        source="catalog",
+        architecture=entry.architecture,
+        origin_quantisation=entry.origin_quantisation,
+    )
+
+
+def checkpoint_identity(path: Path) -> ModelIdentity:
+    """A checkpoint dir's identity; one blendrag converted (its marker says from what) keeps that name."""
+    marker = read_marker(path)
+    entry = catalog_entry(str(marker.get("model", "")))
+    if entry is not None and marker.get("sha256") == entry.sha256:
+        return catalog_identity(entry)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if marker.get("gguf_name"):
+        return ModelIdentity(
+            name=path.name,
+            display_name=str(marker["gguf_name"]),
+            source="gguf",
+            architecture=str(config.get("model_type", "")),
+            origin_quantisation=str(marker.get("origin_quantisation") or "") or None,
+        )
+    return ModelIdentity(
+        name=path.name,
+        display_name=path.name,
+        source="checkpoint",
+        architecture=str(config.get("model_type", "")),
+        origin_quantisation=None,
+    )
+
+
+def converted_path(entry: CatalogEntry, models_dir: Path) -> Path:
+    return Path(models_dir) / entry.converted_dir
+
+
+def is_catalog_model_converted(entry: CatalogEntry, models_dir: Path) -> bool:
+    target = converted_path(entry, models_dir)
+    return is_converted(target) and read_marker(target).get("sha256") == entry.sha256
+
+
+def ensure_catalog_model(entry: CatalogEntry, models_dir: Path) -> Path:
+    """The entry's converted directory: joined, hash-checked and converted on first use, then reused.
+
+    The joined GGUF is deleted once converted: the safetensors are what every later start loads, and the
+    parts stay installed in site-packages, so a re-conversion can join them again.
+    """
+    target = converted_path(entry, models_dir)
+    if is_catalog_model_converted(entry, models_dir):
+        return target
+    gguf, joined = joined_gguf(entry, Path(models_dir))
+    convert_gguf(gguf, target, {"model": entry.name, "sha256": entry.sha256, "num_bytes": entry.num_bytes})
+    if joined:
+        gguf.unlink(missing_ok=True)
+    return target
+
+
+def _gguf_key(path: Path) -> str:
+    """Names a user's GGUF file's conversion without hashing gigabytes at every start: the resolved path,
+    size and modification time (a changed file converts again)."""
+    stat = path.stat()
+    return hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+
+
+def ensure_gguf_model(path: Path, models_dir: Path) -> Path:
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-.") or "model"
+    target = Path(models_dir) / f"gguf-{stem}-{_gguf_key(path)}"
+    if is_converted(target):
+        return target
+    stat = path.stat()
+    source = {"gguf_path": str(path.resolve()), "num_bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return convert_gguf(path, target, source)

@@ -1,0 +1,33 @@
+"""`python -m bench answers` end to end on the tiny model: both corpora ingested, every question asked in
+full and the default blend, one row per model and mode."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.__main__ import main
+from bench.docs_corpus import ANSWER_KEY, MODULES, read_corpus, write_corpus
+
+
+def test_the_docs_corpus_holds_every_answer(tmp_path: Path) -> None:
+    pages, key = read_corpus(write_corpus(tmp_path / "docs"))
+    assert [title for title, _ in pages] == sorted(MODULES)
+    assert key == ANSWER_KEY and len(key) == 12
+    text = dict(pages)
+    assert all(q.answers[0] in text[q.page] for q in key)
+
+
+def test_answers_runs_per_model_and_mode(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    out = tmp_path / "answers.json"
+    args = ["answers", "--models", str(tiny_llama_dir), "--examples", "3", "--max-tokens", "2", "--threads", "2"]
+    assert main([*args, "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert (result["benchmark"], result["examples"], result["docs_questions"]) == ("answers", 3, 12)
+    [(name, row)] = result["models"].items()
+    assert name == str(tiny_llama_dir) and row["served_model"]["served_model"]["name"] == tiny_llama_dir.name
+    assert list(row["modes"]) == ["full", "blend"]
+    for mode in row["modes"].values():
+        assert (len(mode["lookups"]), len(mode["docs"])) == (3, 12)
+        assert mode["ttft_median_ms"] > 0
+    assert out.with_suffix(".png").is_file()
