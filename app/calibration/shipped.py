@@ -10,17 +10,18 @@ import logging
 from pathlib import Path
 
 from app.calibration.record import BlendSettingsRecord
+from engine.models.catalog import ALIASES
 
 logger = logging.getLogger(__name__)
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
-BUILTIN_NAME = "smollm2-135m"  # engine.model "builtin"
 
 
 def model_name(model: str) -> str:
-    """The name a model's blend settings are kept under: "builtin" is SmolLM2-135M, a checkpoint directory
-    goes by its directory's name."""
-    return BUILTIN_NAME if model == "builtin" else Path(model).name
+    """The name a model's blend settings are kept under: a catalogue name (an alias such as "builtin" is its
+    model's name), a checkpoint directory or GGUF file by its own name (a converted catalogue model's directory
+    is named after it)."""
+    return Path(ALIASES.get(model, model)).name
 
 
 def shipped_blend_settings(name: str) -> BlendSettingsRecord | None:
