@@ -94,7 +94,7 @@ class ServerSettings(BaseModel):
     max_upload_bytes: int = Field(
         default=256 * 1024 * 1024, gt=0, description="Largest multipart request (all files together); larger is a 413"
     )
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Server log level")
     refresh_stale_kv: bool = Field(
         default=True,
         description="After a model or system prompt switch, recompute every stale chunk's KV in the background "
@@ -169,7 +169,10 @@ class CalibrationSettings(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BLENDRAG_", env_nested_delimiter="__", extra="forbid")
 
-    data_dir: Path = Path("./data")
+    data_dir: Path = Field(
+        default=Path("./data"),
+        description="Where the server keeps everything it persists: catalog, index, KV store, models, uploads",
+    )
     runtime_dir: Path | None = Field(
         default=None,
         description="Where running servers announce themselves for the CLI (default $XDG_RUNTIME_DIR/blendrag, "

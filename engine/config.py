@@ -44,28 +44,41 @@ class EngineSettings(BaseModel):
         description="a catalogue name (`blendrag models`: qwen2.5-coder-0.5b, smollm2-135m alias builtin, "
         "qwen2.5-coder-1.5b), a local GGUF file (llama, qwen2, mistral) or a local Hugging Face checkpoint dir",
     )
-    device: Literal["cpu", "cuda", "auto"] = "auto"
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        default="auto", description="auto: cuda when torch sees a GPU, else cpu"
+    )
     dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
         default="auto",
         description="auto: bfloat16 on CUDA and on a CPU with native bf16 matrix units (AMX, AVX512-BF16), "
         "float32 on other CPUs (engine/dtype_choice.py)",
     )
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU)")
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    system_prompt: str = Field(
+        default=DEFAULT_SYSTEM_PROMPT,
+        description="The server's system prompt, part of every prompt's prefix (a change makes stored chunk KV stale)",
+    )
     question_template: str = Field(
         default="Question: {question}",
         description="suffix text before the template closes the user turn; must contain {question}",
     )
 
-    mode: Mode = "blend"
-    recompute_ratio: float = 0.15
+    mode: Mode = Field(
+        default="blend",
+        description="How a question reuses stored KV when a request names no mode: blend (recompute a share), "
+        "full (plain prefill), prefix (the exact prefix and first chunk only), reuse (stored KV as is)",
+    )
+    recompute_ratio: float = Field(
+        default=0.15,
+        description="blend: the share of context tokens recomputed; unless set here, the model's calibrated or "
+        "shipped value is in force (app/calibration)",
+    )
     selector: SelectorName = Field(
         default="query",
         description="which context tokens blend recomputes: query (question attention, chosen before the pass), "
         "deviation (CacheBlend, at the check layers), first_k, random",
     )
     score_layers: list[int] = Field(default_factory=lambda: [12], description="query: layers whose attention scores")
-    score_fuse: Literal["mean", "max"] = "mean"
+    score_fuse: Literal["mean", "max"] = Field(default="mean", description="query: how several score layers combine")
     score_by: Literal["attention", "output"] = Field(
         default="attention", description="query: attention weight alone, or weight × ‖value‖ (what the key adds)"
     )
@@ -90,9 +103,16 @@ class EngineSettings(BaseModel):
     )
     ratio_min: float = Field(default=0.05, ge=0.0, le=1.0, description="adaptive budget: least share recomputed")
     ratio_max: float = Field(default=0.30, ge=0.0, le=1.0, description="adaptive budget: largest share recomputed")
-    check_layers: list[int] = Field(default_factory=lambda: [1])
-    ratio_schedule: list[float] | None = None
-    deviation_on: Literal["v", "k"] = "v"
+    check_layers: list[int] = Field(
+        default_factory=lambda: [1], description="deviation: the layers where KV deviation is measured and rows dropped"
+    )
+    ratio_schedule: list[float] | None = Field(
+        default=None,
+        description="deviation: the share kept at each check layer (gradual filtering); null: recompute_ratio at all",
+    )
+    deviation_on: Literal["v", "k"] = Field(
+        default="v", description="deviation: compare fresh and stored V (CacheBlend) or pre-RoPE K"
+    )
     seed: int = Field(default=0, ge=0, description="random selector: the seed of its choice")
 
     max_queue: int = Field(
@@ -109,8 +129,10 @@ class EngineSettings(BaseModel):
         ge=0,
         description="a conversation's earlier turns in the prompt: at most this many tokens, oldest dropped first",
     )
-    temperature: float = Field(default=0.0, ge=0.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    temperature: float = Field(
+        default=0.0, ge=0.0, description="Sampling temperature when a request sets none; 0: greedy"
+    )
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass when a request sets none")
     # Repetition control, applied identically in every mode (it only looks at the generated tokens).
     repetition_penalty: float = Field(
         default=REPETITION_PENALTY,

@@ -70,9 +70,12 @@ class RetrievalSettings(BaseModel):
     device: str = Field(
         "cpu", description="cpu, cuda, cuda:1 or auto; FAISS uses the GPU only if faiss-gpu is installed"
     )
-    # Follow-up questions of a conversation (retrieval/followup.py): concat (default) weighs the new question
-    # and the previous ones, the latest most; rewrite has the model restate the question; off: the question alone.
-    followup: FollowupMode = "concat"
+    followup: FollowupMode = Field(
+        "concat",
+        description="Follow-up retrieval (retrieval/followup.py): concat blends the new question with the previous "
+        "turn's sources (without them, the previous questions, latest weighted most); rewrite has the model restate "
+        "the question; off: the question alone",
+    )
     followup_turns: int = Field(2, ge=0, le=16, description="Earlier user questions the follow-up query reads")
     followup_decay: float = Field(0.5, gt=0.0, le=1.0, description="concat: weight of each step back in time")
     followup_sources: int = Field(
