@@ -42,7 +42,7 @@ class Components:
 
         apply(self.engine, in_force)
         self.blend = in_force
-        logger.info("blend settings in force: %s", in_force.describe()["label"])
+        logger.info("start-up: blend settings in force: %s", in_force.describe()["label"])
 
     def expected_kv_key(self, token_ids: list[int]) -> str:
         """The KV entry key a chunk has under the current model, system prompt (any storage dtype).

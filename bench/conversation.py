@@ -193,6 +193,8 @@ async def run_sessions(
     rows = []
     for n, session in enumerate(sessions, 1):
         history: list[Turn] = []
+        # A stored conversation, as the chat page keeps one: each finished turn's KV is written for the next.
+        context = state.conversations.open(None, None, None, None)
         for t, turn in enumerate(session.turns, 1):
             row: dict[str, Any] = {
                 "session": n,
@@ -200,7 +202,10 @@ async def run_sessions(
                 "question": turn.question,
                 "referenced": turn.referenced_title,
             }
-            done, titles, _ = await _ask(state, _request(turn.question, history, max_tokens))
+            done, titles, _ = await _ask(
+                state, _request(turn.question, list(context.history), max_tokens, conversation=context)
+            )
+            context = state.conversations.open(done.conversation_id, None, None, None)
             row["answer"] = done.answer
             row["history_tokens"] = done.usage.history_tokens
             row["history_reused_tokens"] = done.usage.history_reused_tokens

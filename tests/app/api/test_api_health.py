@@ -65,6 +65,7 @@ def test_start_up_logs_each_step_loads_the_embedder_and_ends_with_ready_at(
         "start-up: loading the embedder builtin",
         "start-up: embedder loaded and index of 0 chunks open in N s",
         "start-up: components ready in N s",
+        "start-up: blend settings in force: safe settings",  # the tiny model has no calibration record
         "ready at http://127.0.0.1:8123",
     ]
 

@@ -37,7 +37,12 @@ def test_a_lone_stateless_question_writes_no_turn_kv(client: TestClient, corpus:
     before = num_entries(client)
     chat([{"role": "user", "content": "Which festival is in May?"}])
     assert num_entries(client) == before  # stateless, no history: nothing brings this turn back
-    # /ask records every turn in a conversation (a new one without an id): its turn's KV is written.
-    asked = client.post("/ask", json={"question": "Tell me about kites.", "stream": False, "max_tokens": 2})
+    # A one-off /ask stores no conversation, so nothing brings its turn back either.
+    once = client.post("/ask", json={"question": "Tell me about kites.", "stream": False, "max_tokens": 2})
+    assert once.status_code == 200 and once.json()["conversation_id"] is None
+    assert num_entries(client) == before
+    # A stored conversation ("new") will be continued: its turn's KV is written.
+    body = {"question": "Tell me about kites.", "conversation_id": "new", "stream": False, "max_tokens": 2}
+    asked = client.post("/ask", json=body)
     assert asked.status_code == 200 and asked.json()["conversation_id"] is not None
     assert num_entries(client) == before + 1

@@ -170,7 +170,8 @@ class Turn {
     this.renderAnswer(answer).then(() => {
       if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
       if (result.finish_reason === "length") {
-        this.answer.append(el("div", { class: "muted", "data-testid": "cut-off" },
+        // Beside the answer, not in it: the answer element holds the model's text alone.
+        this.answer.after(el("div", { class: "muted", "data-testid": "cut-off" },
           `answer cut off at ${result.usage.completion_tokens} tokens`));
       }
       // The rendered answer can be taller than the streamed text: keep the timing line above the composer.
