@@ -23,7 +23,7 @@ from typing import Any
 from bench import harness
 from bench.data import Passage
 from bench.docs_corpus import read_corpus, write_corpus
-from bench.inprocess import bench_settings, ingest_passages, start_app
+from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
 from bench.lookup import is_right, make_facts
 
 logger = logging.getLogger(__name__)
@@ -38,19 +38,11 @@ def _norm(text: str) -> str:
 
 async def _ask(state: Any, question: str, mode: str, max_tokens: int) -> tuple[str, float, list[str]]:
     """(answer, TTFT ms, source titles best first) of one question through AskService."""
-    from app.services.ask_types import AskRequest, DoneEvent, ErrorEvent, SourcesEvent
+    from app.services.ask_types import AskRequest
 
     request = AskRequest(question=question, mode=mode, max_tokens=max_tokens, temperature=0.0)  # type: ignore[arg-type]
-    titles: list[str] = []
-    async for event in state.ask.ask(request):
-        match event:
-            case SourcesEvent():
-                titles = [s.title for s in event.sources]
-            case DoneEvent():
-                return event.answer, event.timings.ttft_ms, titles
-            case ErrorEvent():
-                raise RuntimeError(f"/ask failed: {event.message}")
-    raise RuntimeError("/ask ended without a done event")
+    done, titles, _ = await ask_service(state, request)
+    return done.answer, done.timings.ttft_ms, titles
 
 
 async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: list[str], max_tokens: int) -> dict:

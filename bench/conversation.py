@@ -33,14 +33,13 @@ import logging
 import random
 import re
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
-from bench.inprocess import bench_settings, ingest_passages, start_app
+from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
 from bench.metrics import kl_divergence, mean
 
 logger = logging.getLogger(__name__)
@@ -133,23 +132,6 @@ def _norm(text: str) -> str:
 # ---- one ask ------------------------------------------------------------------------------------------
 
 
-async def _ask(state: Any, request: Any) -> tuple[Any, list[str], float]:
-    """(done event, source titles best first, wall seconds) of one request through AskService."""
-    from app.services.ask_types import DoneEvent, ErrorEvent, SourcesEvent
-
-    titles: list[str] = []
-    started = time.perf_counter()
-    async for event in state.ask.ask(request):
-        match event:
-            case SourcesEvent():
-                titles = [s.title for s in event.sources]
-            case DoneEvent():
-                return event, titles, time.perf_counter() - started
-            case ErrorEvent():
-                raise RuntimeError(f"ask failed: {event.message}")
-    raise RuntimeError("ask ended without a done event")
-
-
 def _request(question: str, history: list[Any], max_tokens: int, **extra: Any) -> Any:
     from app.services.ask_types import AskRequest
 
@@ -202,7 +184,7 @@ async def run_sessions(
                 "question": turn.question,
                 "referenced": turn.referenced_title,
             }
-            done, titles, _ = await _ask(
+            done, titles, _ = await ask_service(
                 state, _request(turn.question, list(context.history), max_tokens, conversation=context)
             )
             context = state.conversations.open(done.conversation_id, None, None, None)
@@ -225,13 +207,13 @@ async def run_sessions(
             )
             if timings:
                 ttft = {}
-                full, _, _ = await _ask(state, _request(turn.question, history, max_tokens, mode="full"))
+                full, _, _ = await ask_service(state, _request(turn.question, history, max_tokens, mode="full"))
                 ttft["full"] = full.timings.ttft_ms
-                reused, _, _ = await _ask(state, _request(turn.question, history, max_tokens))
+                reused, _, _ = await ask_service(state, _request(turn.question, history, max_tokens))
                 ttft["default_history_reused"] = reused.timings.ttft_ms
                 plan = await state.ask.plan(_request(turn.question, history, max_tokens))
                 _delete_history_entries(state, plan.layout)
-                recomputed, _, _ = await _ask(state, _request(turn.question, history, max_tokens))
+                recomputed, _, _ = await ask_service(state, _request(turn.question, history, max_tokens))
                 ttft["default_history_recomputed"] = recomputed.timings.ttft_ms
                 row["ttft_ms"] = ttft
                 row["prompt_tokens"] = reused.usage.prompt_tokens
@@ -262,7 +244,7 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
         row: dict[str, Any] = {"project": project.name, "code": project.code}
         # /ask: a stored conversation, continued by id.
         context = conversations.open(None, None, None, None)
-        done1, _, _ = await _ask(state, _request(first, [], max_tokens, conversation=context))
+        done1, _, _ = await ask_service(state, _request(first, [], max_tokens, conversation=context))
         context = conversations.open(done1.conversation_id, None, None, None)
         for path in ("ask", "v1"):
             if path == "ask":
@@ -279,8 +261,10 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
                 )
                 chat = read_messages(body.messages)
                 request = _request(chat.question, list(chat.history), max_tokens, system_prompt=chat.system_prompt)
-            done, titles, _ = await _ask(state, request)
-            full, _, _ = await _ask(state, _request(second, [Turn(first, done1.answer)], max_tokens, mode="full"))
+            done, titles, _ = await ask_service(state, request)
+            full, _, _ = await ask_service(
+                state, _request(second, [Turn(first, done1.answer)], max_tokens, mode="full")
+            )
             row[path] = {
                 "in_top3": project.title in titles[:TOP],
                 "answer": done.answer,

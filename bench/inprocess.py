@@ -90,6 +90,24 @@ def ingest_passages(state: AppState, passages: list[Passage]) -> tuple[Any, Stag
     return job, clock
 
 
+async def ask_service(state: AppState, request: Any) -> tuple[Any, list[str], float]:
+    """(done event, source titles best first, wall seconds) of one AskRequest through the AskService that
+    POST /ask calls; an error event raises."""
+    from app.services.ask_types import DoneEvent, ErrorEvent, SourcesEvent
+
+    titles: list[str] = []
+    started = time.perf_counter()
+    async for event in state.ask.ask(request):
+        match event:
+            case SourcesEvent():
+                titles = [s.title for s in event.sources]
+            case DoneEvent():
+                return event, titles, time.perf_counter() - started
+            case ErrorEvent():
+                raise RuntimeError(f"/ask failed: {event.message}")
+    raise RuntimeError("/ask ended without a done event")
+
+
 def dir_bytes(path: Path, pattern: str = "*") -> int:
     """Total size of the files under path matching pattern (0 when path does not exist)."""
     path = Path(path)

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Passage
-from bench.inprocess import bench_settings, ingest_passages, start_app
+from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
 from bench.passes import parse_selectors
 
 logger = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ async def _ask(
     state: Any, question: str, mode: str, selector: str | None, ratio: float | None, max_tokens: int
 ) -> tuple[str, list[str], str | None]:
     """(answer, source titles best first, selector that answered) of one question through AskService."""
-    from app.services.ask_types import AskRequest, DoneEvent, ErrorEvent, SourcesEvent
+    from app.services.ask_types import AskRequest
 
     request = AskRequest(
         question=question,
@@ -152,16 +152,8 @@ async def _ask(
         max_tokens=max_tokens,
         temperature=0.0,
     )
-    titles: list[str] = []
-    async for event in state.ask.ask(request):
-        match event:
-            case SourcesEvent():
-                titles = [s.title for s in event.sources]
-            case DoneEvent():
-                return event.answer, titles, event.selector
-            case ErrorEvent():
-                raise RuntimeError(f"/ask failed: {event.message}")
-    raise RuntimeError("/ask ended without a done event")
+    done, titles, _ = await ask_service(state, request)
+    return done.answer, titles, done.selector
 
 
 async def run_lookup(
