@@ -10,6 +10,7 @@ time, and the chosen settings. `--ship` also writes the record where the repo sh
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import tempfile
 from pathlib import Path
@@ -37,6 +38,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25,0.3", help="recompute ratios to try")
     parser.add_argument("--cases", default="8,4,6", help="look-ups,two-hop,follow-ups in the set")
     parser.add_argument("--ship", action="store_true", help="write the record to app/calibration/shipped/")
+    parser.add_argument(
+        "--candidates",
+        type=Path,
+        help="a JSON list of blend settings to measure instead of the search's (a study: every one is measured)",
+    )
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
     parser.set_defaults(func=main)
     return parser
@@ -48,6 +54,9 @@ def main(args: argparse.Namespace) -> int:
 
     run = harness.RunRecord()
     cases = tuple(int(x) for x in args.cases.split(","))
+    tried_values = read_candidates(args.candidates) if args.candidates is not None else None
+    if args.ship and tried_values is not None:
+        raise SystemExit("--ship takes the search's choice, not a study's (--candidates)")
     with tempfile.TemporaryDirectory(prefix="blendrag-calibrate-") as tmp:
         settings = bench_settings(
             Path(tmp),
@@ -57,7 +66,13 @@ def main(args: argparse.Namespace) -> int:
             engine={"dtype": args.dtype},
             kvcache={"storage_dtype": args.kv_dtype},
         )
-        record, engine = run_calibration(settings, ratios=parse_ratios(args.ratios), cases_per_kind=cases, save=False)  # type: ignore[arg-type]
+        record, engine = run_calibration(
+            settings,  # type: ignore[arg-type]
+            ratios=parse_ratios(args.ratios),
+            cases_per_kind=cases,  # type: ignore[arg-type]
+            save=False,
+            tried_values=tried_values,
+        )
     result = harness.result_header(NAME, args, engine, kv_dtype=args.kv_dtype, record=record.__dict__)
     harness.write_result(args, result, run)
     if args.ship:
@@ -68,3 +83,20 @@ def main(args: argparse.Namespace) -> int:
         "chosen %s (targets met: %s): %s", record.values, record.measured["targets_met"], record.measured["chosen"]
     )
     return 0
+
+
+def read_candidates(path: Path) -> list[dict[str, Any]]:
+    """The study's blend settings: a JSON list of objects whose keys are blend settings (engine.BLEND_FIELDS)."""
+    from engine.config import BLEND_FIELDS
+
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--candidates {path}: {exc}") from exc
+    if not isinstance(values, list) or not values or not all(isinstance(v, dict) for v in values):
+        raise SystemExit(f"--candidates {path}: expected a non-empty JSON list of objects")
+    for v in values:
+        unknown = sorted(set(v) - set(BLEND_FIELDS))
+        if unknown:
+            raise SystemExit(f"--candidates {path}: not blend settings: {', '.join(unknown)}")
+    return values

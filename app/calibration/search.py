@@ -87,11 +87,15 @@ def calibrate(
     execute: Execute | None = None,
     stop: threading.Event | None = None,
     on_candidate: Callable[[dict[str, Any], CandidateFigures, list[str]], None] | None = None,
+    tried_values: list[dict[str, Any]] | None = None,
 ) -> BlendSettingsRecord:
     """Measure the candidates on the generated set and return the record of the chosen settings.
 
     `engine_settings` gives everything but the candidate's fields (sampling, the non-blend settings).
     `execute` runs each case's engine work (the server's engine worker); `stop` aborts between cases.
+    `tried_values` replaces the search's candidates (a study of other selectors or options: each one is
+    measured, in the order given, none skipped; the choice is the best KL among those meeting the targets, or
+    among all when none does).
     """
     from engine.config import EngineSettings
 
@@ -105,12 +109,13 @@ def calibrate(
     last_ratio: list[tuple[dict[str, Any], CandidateFigures]] = []
     current_ratio = None
     base = engine_settings.model_dump(exclude_unset=True)
-    for values in candidates(engine.config.num_layers, ratios):
-        if current_ratio is not None and values["recompute_ratio"] != current_ratio:
+    study = tried_values is not None
+    for values in tried_values if study else candidates(engine.config.num_layers, ratios):
+        if not study and current_ratio is not None and values["recompute_ratio"] != current_ratio:
             if passing:
                 break
             last_ratio = []
-        current_ratio = values["recompute_ratio"]
+        current_ratio = values.get("recompute_ratio")
         blend = EngineSettings.model_validate(base | values).blend_config()
         fig = calset.measure(blend)
         misses = targets.misses(fig)
@@ -168,6 +173,7 @@ def run_calibration(
     ratios: tuple[float, ...] = RATIOS,
     cases_per_kind: tuple[int, int, int] = CASES_PER_KIND,
     save: bool = True,
+    tried_values: list[dict[str, Any]] | None = None,
 ) -> tuple[BlendSettingsRecord, Engine]:
     """`blendrag calibrate` and `python -m bench calibrate`: load the model of `settings`, calibrate it and
     (with `save`) keep the record under the data dir, where the server finds it at its next start."""
@@ -183,6 +189,7 @@ def run_calibration(
         model_name(settings.engine.model),
         ratios=ratios,
         cases_per_kind=cases_per_kind,
+        tried_values=tried_values,
     )
     if save:
         path = CalibrationStore(settings.data_dir).save(record)

@@ -88,3 +88,26 @@ def test_runner_calibrates_once_and_puts_the_record_in_force(
     finally:
         scheduler.stop()
         fast_engine.use_blend_settings(original, "engine settings")
+
+
+@pytest.mark.slow
+def test_a_study_measures_every_candidate_given_and_keeps_the_best(fast_engine, fast_settings) -> None:
+    # A study (`bench calibrate --candidates`) does not stop at the first ratio that passes: both candidates
+    # are measured in the order given, and the one meeting the targets (r = 1: full prefill) is chosen.
+    study = [
+        {"selector": "query", "recompute_ratio": 1.0, "score_layers": [1]},
+        {"selector": "random", "recompute_ratio": 0.5},
+    ]
+    record = calibrate(
+        fast_engine,
+        fast_engine.settings,
+        fast_settings.kvcache,
+        "tiny",
+        targets=Targets(kl_x_reuse_max=1e-3),
+        cases_per_kind=(1, 0, 1),
+        tried_values=study,
+    )
+    tried = record.measured["tried"]
+    assert [t["values"] for t in tried] == study
+    assert [bool(t["misses"]) for t in tried] == [False, True]
+    assert record.values == study[0] and record.measured["targets_met"]
