@@ -229,13 +229,14 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         return code
     assert lock is not None
     with lock:
+        from app.build import build_services
         from app.catalog.models import DEFAULT_COLLECTION
-        from app.components import build_components
-        from app.services.ingest import IngestService, IngestSource
+        from app.services.ingest import IngestSource
 
-        components = build_components(settings, role="worker")  # PostgreSQL: only embeds; replicas index
+        services = build_services(settings, {"ingest"}, role="worker")  # PostgreSQL: only embeds; replicas index
         try:
-            service = IngestService(components)
+            service = services.ingest
+            assert service is not None
             sources = [
                 IngestSource(kind="file", title=Path(name).name, path=str(f.resolve()), source_path=name, tags=tags)
                 for f, name in zip(found.paths, found.names, strict=True)
@@ -244,7 +245,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
             local_job = service.run_job(submitted.job_id, on_progress=progress.update)
             progress.finish(local_job)
         finally:
-            components.close()
+            services.close()
     _print_kv_added(local_job.progress)
     code = _print_job(
         local_job.id,
@@ -405,38 +406,33 @@ def cmd_ask(args: argparse.Namespace) -> int:
 
 
 def _ask_local(settings: Settings, request: Any, conversation_id: str | None) -> int:
-    from app.catalog import Catalog
+    from app.build import build_services
     from app.cli_answer import AnswerPrinter
-    from app.components import build_components, build_scheduler
-    from app.services.ask_service import AskService
     from app.services.ask_types import DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
-    from app.services.conversation_service import ConversationNotFound, ConversationService, owner_of
+    from app.services.conversation_service import ConversationNotFound, owner_of
 
     # Before the model loads: an unknown conversation is a quick usage error. The owner is the one a
     # request with this server's key would be, so the CLI and HTTP see the same conversations.
-    catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
-    try:
-        # In-process, the CLI reads every collection (it owns the data dir), like the admin.
-        context = (
-            None
-            if conversation_id is None
-            else ConversationService(catalog).open(
+    if conversation_id is not None:
+        first = build_services(settings, {"conversations"})
+        try:
+            assert first.conversations is not None
+            # In-process, the CLI reads every collection (it owns the data dir), like the admin.
+            context = first.conversations.open(
                 conversation_id, owner_of(settings.server.api_key), None, request.filters.collections
             )
-        )
-    except ConversationNotFound as exc:
-        print(f"error: --conversation: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    finally:
-        catalog.close()
-    request = dataclasses.replace(request, history=context.history if context else (), conversation=context)
-    components = build_components(settings)
-    conversations = ConversationService(components.catalog)
+        except ConversationNotFound as exc:
+            print(f"error: --conversation: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        finally:
+            first.close()
+        request = dataclasses.replace(request, history=context.history, conversation=context)
+    services = build_services(settings, {"ask"})
 
     async def run() -> int:
-        scheduler = build_scheduler(components)
+        service, scheduler = services.ask, services.scheduler
+        assert service is not None and scheduler is not None
         scheduler.start()
-        service = AskService(components, scheduler, conversations=conversations)
         sources: list[Any] = []
         printer = AnswerPrinter()
         code = 0
@@ -463,7 +459,7 @@ def _ask_local(settings: Settings, request: Any, conversation_id: str | None) ->
     try:
         return asyncio.run(run())
     finally:
-        components.close()
+        services.close()
 
 
 def human_bytes(n: int | None) -> str:
@@ -499,7 +495,6 @@ def _print_tiers(tiers: list[dict[str, Any]], where: str) -> None:
 
 def cmd_cache(args: argparse.Namespace) -> int:
     from kvcache import admin
-    from kvcache.store import TieredKVStore
 
     settings = _settings(args)
     command = f"blendrag cache {args.cache_command}"
@@ -513,7 +508,11 @@ def cmd_cache(args: argparse.Namespace) -> int:
         return 0
     assert lock is not None
     with lock:
-        store = TieredKVStore(settings.kvcache)
+        from app.build import build_services
+
+        services = build_services(settings, {"kv_store"})
+        store = services.store
+        assert store is not None
         try:
             match args.cache_command:
                 case "stats":
@@ -551,7 +550,7 @@ def cmd_cache(args: argparse.Namespace) -> int:
                         )
                     return 0
         finally:
-            store.close()
+            services.close()
     return EXIT_USAGE
 
 
@@ -563,14 +562,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     _, lock = _take_data_dir(settings, "doctor", then, remote=False)
     assert lock is not None
     with lock:
-        from app.components import build_components
+        from app.build import build_services
         from app.services.doctor import run_doctor
 
-        components = build_components(settings)
+        services = build_services(settings, {"doctor"})
         try:
-            report = run_doctor(components, repair=args.repair)
+            report = run_doctor(services.doctor_parts(), repair=args.repair)
         finally:
-            components.close()
+            services.close()
     verb = "repaired" if args.repair else "found"
     print(f"{report.num_documents} documents, {report.num_chunks} committed chunks")
     if report.index_repair_note:
@@ -603,14 +602,14 @@ def cmd_purge_failed(args: argparse.Namespace) -> int:
     else:
         assert lock is not None
         with lock:
-            from app.components import build_components
-            from app.services.ingest import IngestService
+            from app.build import build_services
 
-            components = build_components(settings)
+            services = build_services(settings, {"documents"})  # the catalog, index and KV store: no model
             try:
-                num_deleted = IngestService(components).purge_failed()
+                assert services.documents is not None
+                num_deleted = services.documents.purge_failed()
             finally:
-                components.close()
+                services.close()
     print(f"deleted {num_deleted} failed document(s)")
     return 0
 

@@ -16,8 +16,8 @@ EXIT_USAGE = 2
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from app.catalog import Catalog
-    from app.services.key_service import KeyRequestError, KeyService
+    from app.build import build_services
+    from app.services.key_service import KeyRequestError
 
     settings = load_settings(data_dir=getattr(args, "data_dir", None))
     if args.keys_command == "create" and not settings.server.api_key:
@@ -27,9 +27,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
+    services = build_services(settings, {"keys"})  # the catalog only
     try:
-        service = KeyService(catalog.keys, cache_s=0)
+        service = services.keys
+        assert service is not None
         match args.keys_command:
             case "create":
                 try:
@@ -58,7 +59,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
                     return 1
                 print(f"key {args.key_id} revoked")
     finally:
-        catalog.close()
+        services.close()
     return 0
 
 

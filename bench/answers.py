@@ -146,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
                 state = await start_app(settings)
                 try:
                     ingest_passages(state, passages)
-                    engine = state.components.engine
+                    engine = state.services.engine
                     modes = await run_model(state, facts, questions, ["full", settings.engine.mode], args.max_tokens)
                     return {"served_model": harness.result_header(NAME, args, engine), "modes": modes}
                 finally:

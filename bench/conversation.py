@@ -139,15 +139,15 @@ def _request(question: str, history: list[Any], max_tokens: int, **extra: Any) -
 
 
 def _delete_history_entries(state: Any, layout: Any) -> int:
-    store, components = state.components.store, state.components
-    return sum(store.delete(components.expected_kv_key(ids)) for ids in layout.history_ids)
+    store, services = state.services.store, state.services
+    return sum(store.delete(services.kv_key(ids)) for ids in layout.history_ids)
 
 
 async def _kl(state: Any, request: Any) -> dict[str, float]:
     """First-token KL(full ‖ default) and KL(full ‖ reuse) on the prompt and KV the service builds."""
     plan = await state.ask.plan(request)
-    engine = state.components.engine
-    blend = state.components.engine.settings.blend_config()  # the settings in force (app/calibration)
+    engine = state.services.engine
+    blend = state.services.engine.settings.blend_config()  # the settings in force (app/calibration)
 
     def passes() -> dict[str, float]:
         full = engine.prompt_pass(plan.layout, None, "full")
@@ -430,14 +430,14 @@ def main(args: argparse.Namespace) -> int:
                 return harness.result_header(
                     NAME,
                     args,
-                    state.components.engine,
+                    state.services.engine,
                     sessions=len(sessions),
                     turns=args.turns,
                     top_k=args.passages,
                     mode=settings.engine.mode,
-                    selector=state.components.engine.settings.selector,
-                    ratio=state.components.engine.settings.recompute_ratio,
-                    history_ratio=state.components.engine.settings.history_ratio,
+                    selector=state.services.engine.settings.selector,
+                    ratio=state.services.engine.settings.recompute_ratio,
+                    history_ratio=state.services.engine.settings.history_ratio,
                     followup_default=settings.retrieval.followup,
                     history_max_tokens=settings.engine.history_max_tokens,
                     client_system_prompt=CLIENT_SYSTEM_PROMPT,

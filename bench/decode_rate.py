@@ -38,7 +38,7 @@ async def _request(
     from engine.types import GenerationRequest
     from kvcache.types import InMemoryLayerSource
 
-    engine, scheduler = state.components.engine, state.scheduler
+    engine, scheduler = state.services.engine, state.scheduler
     chunks = [
         engine.tokenizer.encode(p.text, add_special_tokens=False)[:chunk_tokens]
         for p in example.passages[:num_passages]

@@ -338,7 +338,7 @@ async def _in_process(
             measured["decode"] = await decode_rate.measure(
                 state, examples, decode_clients, args.passages, CHUNK_TOKENS, args.ratio, args.decode_tokens
             )
-        engine = state.components.engine
+        engine = state.services.engine
         return measured | {
             "corpus_passages": len(passages),
             "machine": harness.machine_info(engine),

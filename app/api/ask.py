@@ -181,8 +181,8 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
 def ask_defaults(state: AppState = Depends(get_state)) -> AskDefaultsOut:
     """The server's defaults for the /ask fields a request leaves out (open, like /ask); the blend's are those
     in force (calibrated, shipped or safe, see /api/stats), once the model is loaded."""
-    components = state.components
-    engine = components.engine.settings if components is not None else state.settings.engine
+    served = state.services.engine if state.services is not None else None
+    engine = served.settings if served is not None else state.settings.engine
     return AskDefaultsOut(
         top_k=state.settings.retrieval.top_k,
         mode=engine.mode,

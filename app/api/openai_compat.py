@@ -191,7 +191,7 @@ class ModelList(BaseModel):
 def list_models(state: AppState = Depends(get_state)) -> ModelList:
     """The one model this server answers with (OpenAI format). Its id stays `blendrag` whatever model
     serves (clients send it back); the `blendrag` field says which model that is."""
-    served = state.components.engine.served_model if state.components is not None else None
+    served = state.services.engine.served_model if state.services is not None else None
     facts = ServedModelOut.model_validate(dataclasses.asdict(served)) if served is not None else None
     return ModelList(data=[ModelOut(id=SERVED_MODEL, created=_STARTED, owned_by="blendrag", blendrag=facts)])
 
@@ -303,7 +303,7 @@ def _extras(done: DoneEvent) -> dict[str, Any]:
 
 
 def _fingerprint(state: AppState) -> str | None:
-    return f"fp_{state.components.engine.fingerprint[:12]}" if state.components is not None else None
+    return f"fp_{state.services.engine.fingerprint[:12]}" if state.services is not None else None
 
 
 _CHUNK_SCHEMA: dict[str, Any] = {

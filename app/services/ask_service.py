@@ -40,11 +40,16 @@ from engine.prompt import Turn
 from retrieval.followup import FollowupQuery
 
 if TYPE_CHECKING:
-    from app.components import Components
+    from app.build import KVKey
+    from app.catalog import Catalog
     from app.metrics import Metrics
     from app.services.conversation_service import ConversationService
+    from app.settings import Settings
+    from engine.engine import Engine
     from engine.scheduler import Scheduler
     from engine.types import Mode
+    from kvcache.store import TieredKVStore
+    from retrieval.retriever import Retriever
 
 logger = logging.getLogger(__name__)
 
@@ -54,24 +59,34 @@ SNIPPET_CHARS = 240
 class AskService:
     def __init__(
         self,
-        components: Components,
+        settings: Settings,
+        *,
+        catalog: Catalog,
+        retriever: Retriever,
+        engine: Engine,
+        store: TieredKVStore,
+        kv_key: KVKey,
         scheduler: Scheduler,
+        conversations: ConversationService | None,
         metrics: Metrics | None = None,
         prefill_rate: PrefillRate | None = None,
-        conversations: ConversationService | None = None,
         on_storage_fault: Callable[[str], None] | None = None,
         on_storage_ok: Callable[[], None] | None = None,
     ) -> None:
-        """`on_storage_fault` / `on_storage_ok` hear whether a conversation turn could be stored."""
-        self._c = components
+        """`conversations` records finished turns (None: nothing is recorded). `metrics` and `prefill_rate`
+        hear of every answer (a server's); `on_storage_fault` / `on_storage_ok` whether a conversation
+        turn could be stored."""
+        self._settings = settings
+        self._catalog, self._retriever, self._engine, self._store = catalog, retriever, engine, store
+        self._kv_key = kv_key
         self._on_storage_fault = on_storage_fault
         self._on_storage_ok = on_storage_ok
         self._scheduler = scheduler
         self._metrics = metrics
         self._recorder = AnswerRecorder(metrics, prefill_rate or PrefillRate())
         self._conversations = conversations
-        self._followup = FollowupService(components, scheduler)
-        self._turn_kv = TurnKV(components)
+        self._followup = FollowupService(settings.retrieval, retriever, engine, scheduler)
+        self._turn_kv = TurnKV(engine, store, kv_key)
 
     @property
     def prefill_rate(self) -> PrefillRate:
@@ -102,19 +117,19 @@ class AskService:
         """
         from engine.types import EngineBusy, GenerationRequest
 
-        engine_settings = self._c.settings.engine
+        engine_settings = self._settings.engine
         mode: Mode = request.mode or engine_settings.mode
         try:
             plan = await self.plan(request)
         except EngineBusy as exc:  # the rewrite of a follow-up found the engine full
             self._recorder.count(mode, "busy")
             raise AskBusy(f"the engine is busy, retry shortly ({exc})") from exc
-        notice = None if plan.sources else (NOTHING_INGESTED if self._c.retriever.count == 0 else NO_MATCH)
+        notice = None if plan.sources else (NOTHING_INGESTED if self._retriever.count == 0 else NO_MATCH)
         layout = plan.layout
-        context = self._c.engine.model.config.max_position_embeddings
+        context = self._engine.model.config.max_position_embeddings
         max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - layout.num_tokens)
         # The engine's settings carry the blend settings in force (calibrated, shipped or safe; app/calibration).
-        blend = self._c.engine.settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
+        blend = self._engine.settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
         # The settings' sampling (repetition control included, the same in every mode); request values win.
         sampling = engine_settings.sampling_params(
             max_tokens=max_tokens,
@@ -127,7 +142,7 @@ class AskService:
         answer = AdmittedAnswer(
             sources=SourcesEvent(sources=plan.sources, retrieval_ms=round(plan.retrieval_ms, 2), notice=notice),
             mode=mode,
-            open_kv=(lambda: open_plan_kv(self._c, self._scheduler, plan)) if use_kv else None,
+            open_kv=(lambda: self.open_plan_kv(plan)) if use_kv else None,
             build=lambda kv_source, effective: GenerationRequest(
                 request_id=str(uuid.uuid4()),
                 layout=layout,
@@ -152,9 +167,9 @@ class AskService:
 
         Raises AskValidationError when even without earlier turns the prompt is longer than the model's
         context, EngineBusy when a `rewrite` follow-up finds the engine full."""
-        engine = self._c.engine
+        engine = self._engine
         # Bounded before any work: retrieval, a follow-up rewrite and the prompt pass all grow with it.
-        cap = self._c.settings.server.max_question_tokens
+        cap = self._settings.server.max_question_tokens
         num_question_tokens = len(engine.tokenizer.encode(request.question, add_special_tokens=False))
         if num_question_tokens > cap:
             raise AskValidationError(
@@ -174,7 +189,7 @@ class AskService:
             [c.token_ids for c in chunks],
             request.question.strip(),
             request.history,
-            self._c.settings.engine.history_max_tokens,
+            self._settings.engine.history_max_tokens,
             context,
         )
         layout = prompt.layout
@@ -197,13 +212,13 @@ class AskService:
     def open_plan_kv(self, plan: AskPlan) -> OpenedKV:
         """Open the plan's stored KV (chunks, then earlier turns), computing and storing what is missing.
         Blocks on the engine for missing entries: call it from a worker thread; close `source` after."""
-        return open_plan_kv(self._c, self._scheduler, plan)
+        return open_plan_kv(self._engine, self._store, self._kv_key, self._scheduler, plan)
 
     # ---- steps -----------------------------------------------------------------------------------
 
     def _retrieve(self, request: AskRequest, query: FollowupQuery) -> tuple[list[ChunkRecord], list[Source]]:
-        settings = self._c.settings.retrieval
-        hits = self._c.retriever.search(
+        settings = self._settings.retrieval
+        hits = self._retriever.search(
             query.text,
             top_k=request.top_k or settings.top_k,
             score_threshold=settings.score_threshold,
@@ -212,8 +227,8 @@ class AskService:
         )
         # Only committed documents answer: a pending document's chunks may already be in the index. The
         # catalog (the truth) checks the collections again behind the index's own filter.
-        ready = self._c.catalog.ready_chunk_ids([h.chunk_id for h in hits], request.filters.collections)
-        records = self._c.catalog.chunks_by_ids(list(ready))
+        ready = self._catalog.ready_chunk_ids([h.chunk_id for h in hits], request.filters.collections)
+        records = self._catalog.chunks_by_ids(list(ready))
         chunks: list[ChunkRecord] = []
         sources: list[Source] = []
         for hit in hits:

@@ -10,9 +10,11 @@ from typing import TYPE_CHECKING
 from app.services.conversation_prompt import TurnKV
 
 if TYPE_CHECKING:
-    from app.components import Components
+    from app.build import KVKey
     from app.services.ask_types import AskPlan
+    from engine.engine import Engine
     from engine.scheduler import Scheduler
+    from kvcache.store import TieredKVStore
     from kvcache.types import LayerKVSource
 
 logger = logging.getLogger(__name__)
@@ -31,7 +33,7 @@ class OpenedKV:
     num_history_reused_tokens: int = 0  # earlier turns' tokens found in the store
 
 
-def open_plan_kv(components: Components, scheduler: Scheduler, plan: AskPlan) -> OpenedKV:
+def open_plan_kv(engine: Engine, store: TieredKVStore, kv_key: KVKey, scheduler: Scheduler, plan: AskPlan) -> OpenedKV:
     """Open the prompt's stored KV layer-wise (chunks, then earlier turns); KV the store lacks is computed
     once and served as computed.
 
@@ -44,9 +46,8 @@ def open_plan_kv(components: Components, scheduler: Scheduler, plan: AskPlan) ->
     from kvcache.format import StoredEntry
     from kvcache.writer import ensure_chunk_kv
 
-    engine, store = components.engine, components.store
     chunk_ids = [c.token_ids for c in plan.ordered]
-    chunk_keys = [components.expected_kv_key(ids) for ids in chunk_ids]
+    chunk_keys = [kv_key(ids) for ids in chunk_ids]
     history = set(plan.history_keys)
     token_ids = chunk_ids + plan.layout.history_ids
     keys = chunk_keys + plan.history_keys
