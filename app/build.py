@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from app.index_sync import Role
     from app.jobs.pg_queue import PgJobQueue
     from app.metrics import Metrics
-    from app.services.ask_service import AskService
+    from app.services.ask import AskService
     from app.services.conversation_service import ConversationService
     from app.services.coverage_service import CoverageService
     from app.services.doctor import DoctorParts
@@ -299,7 +299,7 @@ def _wire(s: Services, needs: frozenset[Need], hooks: Hooks) -> None:
 
 def new_ask(s: Services, hooks: Hooks | None = None, *, scheduler: Scheduler | None = None) -> AskService:
     """An AskService over `s`'s parts, on `scheduler` (default: `s.scheduler`)."""
-    from app.services.ask_service import AskService
+    from app.services.ask import AskService
 
     hooks = hooks or Hooks()
     storage = hooks.storage

@@ -408,25 +408,24 @@ def cmd_ask(args: argparse.Namespace) -> int:
 def _ask_local(settings: Settings, request: Any, conversation_id: str | None) -> int:
     from app.build import build_services
     from app.cli_answer import AnswerPrinter
-    from app.services.ask_types import DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
+    from app.services.ask import ConversationRef, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
     from app.services.conversation_service import ConversationNotFound, owner_of
 
-    # Before the model loads: an unknown conversation is a quick usage error. The owner is the one a
-    # request with this server's key would be, so the CLI and HTTP see the same conversations.
     if conversation_id is not None:
+        # The owner is the one a request with this server's key would be, so the CLI and HTTP see the same
+        # conversations; in-process, the CLI reads every collection (it owns the data dir), like the admin.
+        ref = ConversationRef(conversation_id, owner=owner_of(settings.server.api_key), readable=None)
+        request = dataclasses.replace(request, conversation=ref)
+        # Before the model loads: an unknown conversation is a quick usage error.
         first = build_services(settings, {"conversations"})
         try:
             assert first.conversations is not None
-            # In-process, the CLI reads every collection (it owns the data dir), like the admin.
-            context = first.conversations.open(
-                conversation_id, owner_of(settings.server.api_key), None, request.filters.collections
-            )
+            first.conversations.open(conversation_id, ref.owner, None, request.filters.collections)
         except ConversationNotFound as exc:
             print(f"error: --conversation: {exc}", file=sys.stderr)
             return EXIT_USAGE
         finally:
             first.close()
-        request = dataclasses.replace(request, history=context.history, conversation=context)
     services = build_services(settings, {"ask"})
 
     async def run() -> int:

@@ -19,7 +19,7 @@ from app.settings import Settings
 if TYPE_CHECKING:
     from app.build import Services
     from app.jobs.pg_queue import PgJobQueue
-    from app.services.ask_service import AskService
+    from app.services.ask import AskService
     from app.services.conversation_service import ConversationService
     from app.services.coverage_service import CoverageService
     from app.services.document_service import DocumentService

@@ -38,7 +38,7 @@ def _norm(text: str) -> str:
 
 async def _ask(state: Any, question: str, mode: str, max_tokens: int) -> tuple[str, float, list[str]]:
     """(answer, TTFT ms, source titles best first) of one question through AskService."""
-    from app.services.ask_types import AskRequest
+    from app.services.ask.types import AskRequest
 
     request = AskRequest(question=question, mode=mode, max_tokens=max_tokens, temperature=0.0)  # type: ignore[arg-type]
     done, titles, _ = await ask_service(state, request)

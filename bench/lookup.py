@@ -142,7 +142,7 @@ async def _ask(
     state: Any, question: str, mode: str, selector: str | None, ratio: float | None, max_tokens: int
 ) -> tuple[str, list[str], str | None]:
     """(answer, source titles best first, selector that answered) of one question through AskService."""
-    from app.services.ask_types import AskRequest
+    from app.services.ask.types import AskRequest
 
     request = AskRequest(
         question=question,

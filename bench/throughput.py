@@ -130,7 +130,7 @@ class InProcessClient:
         self.state = state
 
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
-        from app.services.ask_types import AskRequest, DoneEvent, ErrorEvent, TokenDelta
+        from app.services.ask.types import AskRequest, DoneEvent, ErrorEvent, TokenDelta
 
         request = AskRequest(
             question=question,

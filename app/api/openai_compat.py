@@ -34,18 +34,8 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.ask import BUSY_DETAIL, client_gone, record_answer
-from app.api.deps import (
-    Access,
-    cap_for_client,
-    conversation_owner,
-    engine_is_full,
-    get_ask,
-    get_conversations,
-    get_state,
-    guard_questions,
-    scope_request,
-)
+from app.api.ask import BUSY_DETAIL, client_gone, question_request, record_answer
+from app.api.deps import Access, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
 from app.api.schemas import (
@@ -58,19 +48,19 @@ from app.api.schemas import (
     ServedModelOut,
 )
 from app.api.sse import inline_schema, sse_event, sse_response
-from app.services.admitted_answer import AdmittedAnswer
-from app.services.ask_service import AskService
-from app.services.ask_types import (
-    MAX_QUESTION_CHARS,
+from app.services.ask import (
+    Answer,
     AskBusy,
     AskRequest,
+    AskService,
     AskValidationError,
     DoneEvent,
     ErrorEvent,
     SourcesEvent,
     TokenDelta,
 )
-from app.services.conversation_service import ConversationNotFound, ConversationService
+from app.services.ask.types import MAX_QUESTION_CHARS
+from app.services.conversation_service import ConversationNotFound
 from app.services.text_checks import INVALID_UNICODE, is_valid_utf8
 from app.state import AppState
 from engine.prompt import Turn
@@ -243,27 +233,16 @@ def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
     )
 
 
-def _ask_request(
-    body: ChatCompletionIn, conversations: ConversationService, owner: str | None, access: Access
-) -> AskRequest:
-    """The service request: question, history and system prompt from `messages`; the conversation to
-    record the turn in when the body names one (ConversationNotFound for an id this caller may not open:
-    another owner's, or one over a collection it may not read)."""
+def _ask_request(body: ChatCompletionIn) -> AskRequest:
+    """The question, its history and system prompt from `messages` (400 for what cannot be asked)."""
     chat = read_messages(body.messages)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if not all(is_valid_utf8(s) for s in stop):
         raise HTTPException(400, f"stop: {INVALID_UNICODE}")
-    context = None
-    history = chat.history
-    if body.conversation_id is not None:
-        searched = access.narrowed(body.collections)
-        context = conversations.open(body.conversation_id, owner, access.collections, searched)
-        history = chat.history or context.history
     return dataclasses.replace(
         body.to_request(chat.question, max_tokens=body.max_completion_tokens, stop=stop),
-        history=history,
+        history=chat.history,
         system_prompt=chat.system_prompt,
-        conversation=context,
     )
 
 
@@ -272,34 +251,27 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
+# DoneEvent fields the OpenAI body carries in its own fields (`choices`, `usage`), or not at all.
+_OPENAI_OWN = ("answer", "finish_reason", "usage", "citations")
+_OPENAI_USAGE = ("prompt_tokens", "completion_tokens")
+
+
 def _usage(done: DoneEvent) -> dict[str, int]:
+    """OpenAI's usage (prompt, completion, total) with blendrag's history counts."""
+    usage = dataclasses.asdict(done.usage)
     return {
-        "prompt_tokens": done.usage.prompt_tokens,
-        "completion_tokens": done.usage.completion_tokens,
+        **{k: usage[k] for k in _OPENAI_USAGE},
         "total_tokens": done.usage.total_tokens,
-        "history_tokens": done.usage.history_tokens,
-        "history_reused_tokens": done.usage.history_reused_tokens,
+        **{k: v for k, v in usage.items() if k.startswith("history_")},
     }
 
 
 def _extras(done: DoneEvent) -> dict[str, Any]:
-    return {
-        "mode": done.mode,
-        "selector": done.selector,
-        "recompute_ratio": done.recompute_ratio,
-        "kv_hits": done.kv_hits,
-        "kv_misses": done.kv_misses,
-        "timings": dataclasses.asdict(done.timings),
-        "context_tokens": done.usage.context_tokens,
-        "recomputed_tokens": done.usage.recomputed_tokens,
-        "history_tokens": done.usage.history_tokens,
-        "history_reused_tokens": done.usage.history_reused_tokens,
-        "history_turns": done.history_turns,
-        "history_dropped_turns": done.history_dropped_turns,
-        "retrieval_query": done.retrieval_query,
-        "conversation_id": done.conversation_id,
-        "notice": done.notice,  # e.g. why conversation_id is null: the turn could not be stored
-    }
+    """The `blendrag` extension: every DoneEvent field the OpenAI fields do not carry, the usage counts
+    flattened (notice says, e.g., why conversation_id is null: the turn could not be stored)."""
+    body = {k: v for k, v in dataclasses.asdict(done).items() if k not in _OPENAI_OWN}
+    usage = {k: v for k, v in dataclasses.asdict(done.usage).items() if k not in _OPENAI_USAGE}
+    return {**body, **usage}
 
 
 def _fingerprint(state: AppState) -> str | None:
@@ -364,22 +336,15 @@ async def chat_completions(
     request: Request,
     service: AskService = Depends(get_ask),
     state: AppState = Depends(get_state),
-    conversations: ConversationService = Depends(get_conversations),
     access: Access = Depends(guard_questions),
 ) -> Any:
     """Chat completion grounded in the library; the whole `messages` history counts (see the module doc).
     Only the collections the caller's key may read are searched (`collections` narrows them)."""
-    try:
-        asked = scope_request(
-            _ask_request(body, conversations, conversation_owner(request), access), access, body.collections
-        )
-        ask_request = cap_for_client(asked, request)
+    asked = question_request(_ask_request(body), request, access, body.collections, body.conversation_id)
+    try:  # the admission /ask has; only the error shapes are OpenAI's
+        answer = await service.admit(asked)
     except ConversationNotFound as exc:
         return openai_error(404, str(exc), code="conversation_not_found")
-    if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
-        return _busy(BUSY_DETAIL)
-    try:
-        answer = await service.admit(ask_request)
     except AskValidationError as exc:
         return openai_error(400, str(exc))
     except AskBusy:
@@ -424,7 +389,7 @@ async def chat_completions(
 
 
 async def _stream(
-    answer: AdmittedAnswer, request: Request, state: AppState, head: dict[str, Any], include_usage: bool
+    answer: Answer, request: Request, state: AppState, head: dict[str, Any], include_usage: bool
 ) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
         body: dict[str, Any] = {

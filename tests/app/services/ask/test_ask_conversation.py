@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from app.build import Services, new_ask, new_ingest, new_scheduler
-from app.services.ask_types import AskRequest, DoneEvent
+from app.services.ask import AskRequest, ConversationRef, DoneEvent
 from app.services.ingest import IngestSource
 from engine.prompt import Turn
 
@@ -74,17 +74,16 @@ def test_rewrite_asks_the_model_first(services: Services, ingested: None) -> Non
 def test_turns_are_recorded_and_their_kv_stored_before_done(services: Services, ingested: None) -> None:
     conversations = services.conversations
     assert conversations is not None
-    context = conversations.open(None, owner=None, readable=None, searched=None)
-    [first], _ = run(services, AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=3, conversation=context))
-    assert first.conversation_id == context.conversation_id
+    new = ConversationRef("new")
+    [first], _ = run(services, AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=3, conversation=new))
+    assert first.conversation_id is not None
     key = services.kv_key(services.engine.prompt.turn_ids(Turn("Where is Quintaro?", first.answer)))
     assert services.store.contains(key) == "history_memory"
     context = conversations.open(first.conversation_id, owner=None, readable=None, searched=None)
     assert context.history == (Turn("Where is Quintaro?", first.answer),)
-    [second], _ = run(
-        services,
-        AskRequest(question="And its rivers?", history=context.history, top_k=1, max_tokens=3, conversation=context),
-    )
+    # Continued by id: the service opens it, its stored turn is the history.
+    continued = ConversationRef(first.conversation_id)
+    [second], _ = run(services, AskRequest(question="And its rivers?", top_k=1, max_tokens=3, conversation=continued))
     assert second.usage.history_reused_tokens == second.usage.history_tokens > 0
     turns = services.catalog.conversations.turns(first.conversation_id)
     assert [t.question for t in turns] == ["Where is Quintaro?", "And its rivers?"]
@@ -103,14 +102,15 @@ def test_a_stored_conversations_sources_join_the_follow_up_query(services: Servi
 
     conversations = services.conversations
     assert conversations is not None
-    context = conversations.open("new", None, None, None)
-    [first], _ = run(services, AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=2, conversation=context))
+    new = ConversationRef("new")
+    [first], _ = run(services, AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=2, conversation=new))
     context = conversations.open(first.conversation_id, None, None, None)
     [stored] = services.catalog.conversations.turns(first.conversation_id)
     assert context.source_ids == (tuple(stored.source_chunk_ids),) and len(stored.source_chunk_ids) == 1
     service = new_ask(services, scheduler=new_scheduler(services.settings, services.engine))
-    request = AskRequest(question="And its rivers?", history=context.history, top_k=1, conversation=context)
+    request = AskRequest(question="And its rivers?", top_k=1, conversation=ConversationRef(first.conversation_id))
     plan = asyncio.run(service.plan(request))
+    assert plan.history == context.history and plan.conversation == context
     assert (plan.query.num_turns_used, plan.query.num_sources_used) == (1, 1)
-    stateless = asyncio.run(service.plan(dataclasses.replace(request, conversation=None)))
+    stateless = asyncio.run(service.plan(dataclasses.replace(request, history=context.history, conversation=None)))
     assert (stateless.query.num_turns_used, stateless.query.num_sources_used) == (1, 0)

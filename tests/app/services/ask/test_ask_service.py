@@ -9,7 +9,7 @@ import time
 import pytest
 
 from app.build import Services, new_ask, new_ingest, new_scheduler
-from app.services.ask_types import AskRequest, DoneEvent, SourcesEvent, TokenDelta
+from app.services.ask.types import AskRequest, DoneEvent, SourcesEvent, TokenDelta
 from app.services.ingest import IngestSource
 from retrieval.types import SearchFilters
 
@@ -255,7 +255,7 @@ def test_a_question_the_stopping_scheduler_never_ran_ends_with_code_cancelled(
 ) -> None:
     import threading
 
-    from app.services.ask_types import ErrorEvent
+    from app.services.ask.types import ErrorEvent
 
     inside, release = threading.Event(), threading.Event()
     open_layers = services.store.open_layers
