@@ -1,4 +1,4 @@
-"""`blendrag keys create|list|revoke`: collection keys, straight in the catalog (registered by app/cli.py).
+"""`blendrag keys create|list|revoke`: collection keys, straight in the catalog (registered by app/cli/__init__.py).
 
 They work whether or not a server runs on the data dir: the catalog is shared, and every server refuses a
 revoked key within `server.key_cache_s`.
@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
+from app.cli.common import EXIT_USAGE, add_data_dir
 from app.settings import load_settings
-
-EXIT_USAGE = 2
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
@@ -63,7 +61,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_data_dir: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("keys", help="collection keys: create, list, revoke (needs server.api_key)")
     ksub = p.add_subparsers(dest="keys_command", required=True)
     kp = ksub.add_parser("create", help="make a key for some collections; prints its secret once")
