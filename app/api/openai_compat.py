@@ -38,8 +38,8 @@ from app.api.ask import BUSY_DETAIL, client_gone, question_request, record_answe
 from app.api.deps import Access, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
+from app.api.openai_messages import ChatMessage, read_messages
 from app.api.schemas import (
-    NOT_BLANK,
     AskParams,
     ConversationId,
     MaxTokens,
@@ -59,11 +59,9 @@ from app.services.ask import (
     SourcesEvent,
     TokenDelta,
 )
-from app.services.ask.types import MAX_QUESTION_CHARS
 from app.services.conversation_service import ConversationNotFound
 from app.services.text_checks import INVALID_UNICODE, is_valid_utf8
 from app.state import AppState
-from engine.prompt import Turn
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
 router = APIRouter(
@@ -75,59 +73,6 @@ router = APIRouter(
 
 SERVED_MODEL = "blendrag"
 _STARTED = int(time.time())
-
-
-USER_PART_CHARS = 1000  # a list-form question has at most MAX_QUESTION_CHARS // USER_PART_CHARS parts
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-    text: str | None = None
-
-
-class UserTextPart(BaseModel):
-    """A part of the question: only text is read (images and audio are not supported)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["text"]
-    text: str = Field(min_length=1, max_length=USER_PART_CHARS, pattern=NOT_BLANK)
-
-
-class UserMessage(BaseModel):
-    """The last one is the question: text, at most MAX_QUESTION_CHARS characters."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["user"]
-    content: (
-        Annotated[str, Field(min_length=1, max_length=MAX_QUESTION_CHARS, pattern=NOT_BLANK)]
-        | Annotated[list[UserTextPart], Field(min_length=1, max_length=MAX_QUESTION_CHARS // USER_PART_CHARS)]
-    )
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content
-
-
-class OtherMessage(BaseModel):
-    """system / developer (the system prompt), assistant (an earlier answer); tool / function are not read."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "assistant", "tool", "function"]
-    content: str | list[TextPart] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content if p.type == "text")
-        return self.content or ""
-
-
-ChatMessage = Annotated[UserMessage | OtherMessage, Field(discriminator="role")]
 
 
 class StreamOptions(BaseModel):
@@ -184,53 +129,6 @@ def list_models(state: AppState = Depends(get_state)) -> ModelList:
     served = state.services.engine.served_model if state.services is not None else None
     facts = ServedModelOut.model_validate(dataclasses.asdict(served)) if served is not None else None
     return ModelList(data=[ModelOut(id=SERVED_MODEL, created=_STARTED, owned_by="blendrag", blendrag=facts)])
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatMessages:
-    """What a `messages` array asks: the question, the earlier turns, the client's system prompt."""
-
-    question: str
-    history: tuple[Turn, ...]
-    system_prompt: str | None  # None: the server's
-
-
-def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
-    """Split `messages` into question, history and system prompt (see the module docstring)."""
-    for i, m in enumerate(messages):
-        # Every message reaches the tokenizer (the system prompt and earlier answers too), which cannot encode
-        # a lone surrogate: refused here, not a TypeError deep in the ask plan.
-        if not is_valid_utf8(m.text()):
-            raise HTTPException(
-                400, f"messages[{i}] ({m.role}): text must be valid Unicode (a lone surrogate such as \\ud800 is not)"
-            )
-    last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=None)
-    if last_user is None:
-        raise HTTPException(400, "messages must contain a user message with text (the question)")
-    systems = [m.text().strip() for m in messages if m.role in ("system", "developer")]
-    systems = [t for t in systems if t]
-    history: list[Turn] = []
-    asked: list[str] = []  # user messages not answered yet
-    for message in messages[: last_user + 1]:
-        if isinstance(message, UserMessage):
-            asked.append(message.text().strip())
-        elif message.role == "assistant":
-            if message.content is None:
-                continue  # a tool call without text
-            answer = message.text().strip()  # may be empty: an empty answer is still a turn, as /ask stores it
-            if asked:
-                history.append(Turn(question="\n".join(asked), answer=answer))
-                asked = []
-            elif history:  # two assistant messages in a row: one answer
-                history[-1] = Turn(history[-1].question, f"{history[-1].answer}\n{answer}")
-    question = "\n".join(asked)
-    if len(question) > MAX_QUESTION_CHARS:
-        raise HTTPException(
-            400, f"the question (the last user messages) is longer than {MAX_QUESTION_CHARS} characters"
-        )
-    return ChatMessages(
-        question=question, history=tuple(history), system_prompt="\n\n".join(systems) if systems else None
-    )
 
 
 def _ask_request(body: ChatCompletionIn) -> AskRequest:
