@@ -108,9 +108,11 @@ class DocumentService:
         if doc is None or (collections is not None and doc.collection not in collections):
             return None
         chunks = self._catalog.chunks_of(document_id)
-        if chunks and self._coverage is None:
-            raise RuntimeError("DocumentService built without coverage (no model loaded): no KV states")
-        states = self._coverage.chunk_states(document_id) if chunks and self._coverage is not None else {}
+        states: dict[int, str] = {}
+        if chunks:
+            if self._coverage is None:
+                raise RuntimeError("DocumentService built without coverage (no model loaded): no KV states")
+            states = self._coverage.chunk_states(document_id)
         return DocumentView(doc, [ChunkView(c, states.get(c.id, "missing")) for c in chunks])
 
     def delete(self, document_id: str, collections: Collection[str] | None = None) -> None:
