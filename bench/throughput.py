@@ -63,7 +63,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="1,8",
         help="in-process: aggregate decode tokens/s at these client counts ('' skips)",
     )
-    parser.add_argument("--decode-tokens", type=int, default=64, help="answer length of the decode measurement")
+    parser.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=64,
+        help="decode measurement: tokens each request decodes in the window where all decode at once",
+    )
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the temp data dir goes")
     parser.add_argument(
         "--rss-pid",
