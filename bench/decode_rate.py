@@ -9,9 +9,10 @@ chunk prefills fall outside the window, so the figure is the decode steps alone,
 scheduler across requests.
 
 The window opens whatever the prompt length: the earlier requests decode while the later ones' prompt
-passes run (one step at most per layer boundary, engine/scheduler.py), so each request may emit up to
-(N - 1) · (num_layers + 1) tokens before the window opens; its answer cap leaves that much room on top of
-the window's tokens.
+passes run (one step at most per layer boundary, engine/scheduler.py: the query selector's scoring layers
+and then every layer, at most 2 · num_layers boundaries, plus one step after the pass), so each request
+may emit up to (N - 1) · (2 · num_layers + 1) tokens before the window opens; its answer cap leaves that
+much room on top of the window's tokens.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ async def _request(
 
 def answer_cap(window_tokens: int, num_clients: int, num_layers: int) -> int:
     """Tokens a request may decode: the window's, plus what it can decode while the others' prompts run."""
-    return window_tokens + 1 + (num_clients - 1) * (num_layers + 1)
+    return window_tokens + 1 + (num_clients - 1) * (2 * num_layers + 1)
 
 
 async def _one_round(state: AppState, requests: list, window_tokens: int) -> dict[str, Any]:
