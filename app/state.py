@@ -17,9 +17,9 @@ from app.services.storage_faults import StorageMonitor
 from app.settings import Settings
 
 if TYPE_CHECKING:
-    from app.components import Components
+    from app.build import Services
     from app.jobs.pg_queue import PgJobQueue
-    from app.services.ask_service import AskService
+    from app.services.ask import AskService
     from app.services.conversation_service import ConversationService
     from app.services.coverage_service import CoverageService
     from app.services.document_service import DocumentService
@@ -38,7 +38,7 @@ class AppState:
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)
-    components: Components | None = None
+    services: Services | None = None  # what start-up built (app/build.py); None until then
     kv_refresh: KVRefresh | None = None
     scheduler: Scheduler | None = None
     ingest: IngestService | None = None
@@ -66,99 +66,71 @@ class AppState:
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""
-        from app.components import build_components, build_scheduler
-        from app.services.ask_service import AskService
-        from app.services.conversation_service import ConversationService
-        from app.services.coverage_service import CoverageService
-        from app.services.document_service import DocumentService
-        from app.services.ingest import IngestService
+        from app.build import SERVER_NEEDS, Hooks, build_services
 
         server = self.settings.server
         if server.malloc_mmap_threshold_bytes is not None:
             set_mmap_threshold(server.malloc_mmap_threshold_bytes)  # before the models allocate
+        hooks = Hooks(
+            metrics=self.metrics,
+            prefill_rate=self.prefill_rate,
+            storage=self.storage,
+            on_chunks_committed=self._on_commit,
+        )
         try:
-            components = await asyncio.to_thread(build_components, self.settings)
+            services = await asyncio.to_thread(build_services, self.settings, SERVER_NEEDS, hooks=hooks)
         except Exception as exc:
             logger.exception("start-up failed")
             self.load_error = f"{type(exc).__name__}: {exc}"
             return
-        self.components = components
-        self.prefill_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=components.engine.fingerprint)
-        self.scheduler = build_scheduler(components)
-        self.scheduler.start()
+        assert services.engine is not None and services.scheduler is not None and services.ingest is not None
+        self.services = services
+        self.prefill_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=services.engine.fingerprint)
+        self.scheduler = scheduler = services.scheduler
+        scheduler.start()
         if self.settings.calibration.auto:
             from app.calibration.runner import CalibrationRunner
 
-            components.calibration = CalibrationRunner(self.settings, components, self.scheduler)
-            components.calibration.start()
+            services.calibration = CalibrationRunner(self.settings, services, scheduler)
+            services.calibration.start()
         if server.memory_trim_idle_s is not None:
-            scheduler = self.scheduler
             self.trimmer = IdleTrimmer(
                 lambda: scheduler.queue_depth > 0 or scheduler.num_prefill_jobs > 0,
                 server.memory_trim_idle_s,
                 on_rss=self.metrics.process_rss.set,
             )
             self.trimmer.start()
-
-        def on_commit(num_chunks: int, seconds: float) -> None:
-            self.metrics.ingest_chunks.inc(num_chunks)
-            self.metrics.ingest_seconds.inc(seconds)
-            self.storage.ensure_reserve()  # a reserve spent on a full disk comes back once there is room
-            self.storage.recovered()  # the commit wrote chunks, index and KV: writes succeed again
-
-        self.coverage = CoverageService(components)
-        # One DocumentService for the routes and the ingest jobs: a deletion keeps the KV a running job holds.
-        self.documents = DocumentService(components, self.coverage, self.storage)
-        ingest_options = {
-            "on_chunks_committed": on_commit,
-            "prefill_rate": self.prefill_rate,
-            "scheduler": self.scheduler,
-            "on_storage_fault": self.storage.record,
-            "free_space": self.storage.release_reserve,
-            "documents": self.documents,
-        }
-        if self.settings.catalog.is_postgres:
-            # Scale-out: jobs go to the PostgreSQL queue (`blendrag worker`), the index follows the catalog.
-            from app.jobs.pg_queue import PgJobQueue
-
-            self.job_queue = PgJobQueue(self.settings.catalog.url or "")
-            self.ingest = IngestService(components, dispatch=self.job_queue.enqueue, **ingest_options)
-            sync = getattr(components.retriever, "sync", None)
-            if sync is not None:
-                sync.start()
-        else:
-            self.ingest = IngestService(components, **ingest_options)
-        self.conversations = ConversationService(components.catalog)
-        from app.services.key_service import KeyService
-
-        self.keys = KeyService(components.catalog.keys, cache_s=server.key_cache_s)
-        self.ask = AskService(
-            components,
-            self.scheduler,
-            self.metrics,
-            self.prefill_rate,
-            conversations=self.conversations,
-            on_storage_fault=self.storage.record,
-            on_storage_ok=self.storage.recovered,
-        )
+        self.coverage, self.documents, self.ingest = services.coverage, services.documents, services.ingest
+        self.conversations, self.keys, self.job_queue = services.conversations, services.keys, services.job_queue
+        sync = getattr(services.retriever, "sync", None)
+        if sync is not None:  # scale-out: the index follows the catalog's change log
+            sync.start()
+        self.ask = services.ask
         await asyncio.to_thread(self.storage.ensure_reserve)
         # Scale-out: the workers own the KV of the shared library.
         if server.refresh_stale_kv and not self.settings.catalog.is_postgres:
-            await asyncio.to_thread(self._start_kv_refresh, components)
+            await asyncio.to_thread(self._start_kv_refresh, services)
         if self.job_queue is None:
             self.ingest.recover()
             self.ingest.start()
         logger.info("ready at %s", server_url(self.settings.server.host, self.settings.server.port))
         self.ready.set()
 
-    def _start_kv_refresh(self, components: Components) -> None:
+    def _on_commit(self, num_chunks: int, seconds: float) -> None:
+        self.metrics.ingest_chunks.inc(num_chunks)
+        self.metrics.ingest_seconds.inc(seconds)
+        self.storage.ensure_reserve()  # a reserve spent on a full disk comes back once there is room
+        self.storage.recovered()  # the commit wrote chunks, index and KV: writes succeed again
+
+    def _start_kv_refresh(self, services: Services) -> None:
         """After a model or system prompt switch: chunks re-tokenized now, their KV recomputed in the background."""
         from app.services.kv_refresh import KVRefresh, plan_refresh
 
-        assert self.scheduler is not None
-        plan = plan_refresh(components)
+        engine, store, kv_key, scheduler = services.engine, services.store, services.kv_key, services.scheduler
+        assert engine is not None and store is not None and kv_key is not None and scheduler is not None
+        plan = plan_refresh(services.catalog, engine.tokenizer, kv_key)
         if plan.stale or plan.old_keys:
-            self.kv_refresh = KVRefresh(components, self.scheduler, plan)
+            self.kv_refresh = KVRefresh(services.catalog, engine, store, kv_key, scheduler, plan)
             self.kv_refresh.start()
 
     async def close(self) -> None:
@@ -166,17 +138,17 @@ class AppState:
             await asyncio.to_thread(self.kv_refresh.stop)
         if self.trimmer is not None:
             await asyncio.to_thread(self.trimmer.stop)
-        sync = getattr(self.components.retriever, "sync", None) if self.components is not None else None
+        sync = getattr(self.services.retriever, "sync", None) if self.services is not None else None
         if sync is not None:
             await asyncio.to_thread(sync.stop)
         if self.job_queue is not None:
             self.job_queue.close()
         if self.ingest is not None:
             await asyncio.to_thread(self.ingest.stop)
-        if self.components is not None and self.components.calibration is not None:
-            await asyncio.to_thread(self.components.calibration.stop)
+        if self.services is not None and self.services.calibration is not None:
+            await asyncio.to_thread(self.services.calibration.stop)
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
         self.prefill_rate.save()
-        if self.components is not None:
-            self.components.close()
+        if self.services is not None:
+            self.services.close()

@@ -38,7 +38,7 @@ def _norm(text: str) -> str:
 
 async def _ask(state: Any, question: str, mode: str, max_tokens: int) -> tuple[str, float, list[str]]:
     """(answer, TTFT ms, source titles best first) of one question through AskService."""
-    from app.services.ask_types import AskRequest
+    from app.services.ask.types import AskRequest
 
     request = AskRequest(question=question, mode=mode, max_tokens=max_tokens, temperature=0.0)  # type: ignore[arg-type]
     done, titles, _ = await ask_service(state, request)
@@ -146,7 +146,7 @@ def main(args: argparse.Namespace) -> int:
                 state = await start_app(settings)
                 try:
                     ingest_passages(state, passages)
-                    engine = state.components.engine
+                    engine = state.services.engine
                     modes = await run_model(state, facts, questions, ["full", settings.engine.mode], args.max_tokens)
                     return {"served_model": harness.result_header(NAME, args, engine), "modes": modes}
                 finally:

@@ -133,21 +133,28 @@ def _norm(text: str) -> str:
 
 
 def _request(question: str, history: list[Any], max_tokens: int, **extra: Any) -> Any:
-    from app.services.ask_types import AskRequest
+    from app.services.ask.types import AskRequest
 
     return AskRequest(question=question, history=tuple(history), max_tokens=max_tokens, temperature=0.0, **extra)
 
 
+def _ref(context: Any) -> Any:
+    """The request's name for a conversation opened here: "new" until its first turn is recorded."""
+    from app.services.ask import ConversationRef
+
+    return ConversationRef("new" if context.is_new else context.conversation_id)
+
+
 def _delete_history_entries(state: Any, layout: Any) -> int:
-    store, components = state.components.store, state.components
-    return sum(store.delete(components.expected_kv_key(ids)) for ids in layout.history_ids)
+    store, services = state.services.store, state.services
+    return sum(store.delete(services.kv_key(ids)) for ids in layout.history_ids)
 
 
 async def _kl(state: Any, request: Any) -> dict[str, float]:
     """First-token KL(full ‖ default) and KL(full ‖ reuse) on the prompt and KV the service builds."""
     plan = await state.ask.plan(request)
-    engine = state.components.engine
-    blend = state.components.engine.settings.blend_config()  # the settings in force (app/calibration)
+    engine = state.services.engine
+    blend = state.services.engine.settings.blend_config()  # the settings in force (app/calibration)
 
     def passes() -> dict[str, float]:
         full = engine.prompt_pass(plan.layout, None, "full")
@@ -185,7 +192,7 @@ async def run_sessions(
                 "referenced": turn.referenced_title,
             }
             done, titles, _ = await ask_service(
-                state, _request(turn.question, list(context.history), max_tokens, conversation=context)
+                state, _request(turn.question, list(context.history), max_tokens, conversation=_ref(context))
             )
             context = state.conversations.open(done.conversation_id, None, None, None)
             row["answer"] = done.answer
@@ -244,11 +251,11 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
         row: dict[str, Any] = {"project": project.name, "code": project.code}
         # /ask: a stored conversation, continued by id.
         context = conversations.open(None, None, None, None)
-        done1, _, _ = await ask_service(state, _request(first, [], max_tokens, conversation=context))
+        done1, _, _ = await ask_service(state, _request(first, [], max_tokens, conversation=_ref(context)))
         context = conversations.open(done1.conversation_id, None, None, None)
         for path in ("ask", "v1"):
             if path == "ask":
-                request = _request(second, list(context.history), max_tokens, conversation=context)
+                request = _request(second, list(context.history), max_tokens, conversation=_ref(context))
             else:
                 body = ChatCompletionIn.model_validate(
                     {
@@ -430,14 +437,14 @@ def main(args: argparse.Namespace) -> int:
                 return harness.result_header(
                     NAME,
                     args,
-                    state.components.engine,
+                    state.services.engine,
                     sessions=len(sessions),
                     turns=args.turns,
                     top_k=args.passages,
                     mode=settings.engine.mode,
-                    selector=state.components.engine.settings.selector,
-                    ratio=state.components.engine.settings.recompute_ratio,
-                    history_ratio=state.components.engine.settings.history_ratio,
+                    selector=state.services.engine.settings.selector,
+                    ratio=state.services.engine.settings.recompute_ratio,
+                    history_ratio=state.services.engine.settings.history_ratio,
                     followup_default=settings.retrieval.followup,
                     history_max_tokens=settings.engine.history_max_tokens,
                     client_system_prompt=CLIENT_SYSTEM_PROMPT,

@@ -11,7 +11,7 @@ earlier searches returned), once per method:
 - `off`: the question alone;
 - `questions`: `concat` over the questions only (the server's query before sources counted);
 - `concat`: the server's default: the questions plus the mean vector of the previous turn's top sources,
-  retrieval/followup.py `followup_query` (what app/services/followup_service.py runs).
+  retrieval/followup.py `followup_query` (what app/services/ask/followup.py runs).
 
 Reported per method and turn: sessions whose referenced page is among the top 3 sources (target at
 turns 2 and 3: at least 9 of 10), and among the top k; and for five sessions whose second question

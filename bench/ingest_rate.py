@@ -66,17 +66,17 @@ def unique_passages(examples: list, num_passages: int | None) -> list[Passage]:
 
 
 def _ingest_part(state: Any, passages: list[Passage]) -> dict[str, Any]:
-    components = state.components
+    services = state.services
     job, clock = ingest_passages(state, passages)
     status = getattr(job.status, "value", job.status)
     if status != "succeeded":
         raise RuntimeError(f"the benchmark's ingest job ended {status}: {job.errors[:3]}")
-    chunks = components.catalog.iter_chunks()
+    chunks = services.catalog.iter_chunks()
     num_tokens = sum(len(c.token_ids) for c in chunks)
     total_s = clock.finished - clock.started  # type: ignore[operator]
     stage_s = clock.durations()
-    settings = components.settings
-    components.retriever.save()
+    settings = services.settings
+    services.retriever.save()
     return {
         "documents": len(passages),
         "chunks": len(chunks),
@@ -123,8 +123,8 @@ def _dtype_part(engine: Any, chunk_ids: list[list[int]]) -> dict[str, Any]:
 def _recall_part(dataset: Path, state: Any) -> dict[str, Any]:
     from retrieval.eval import evaluate_recall
 
-    retriever = state.components.retriever
-    report = evaluate_recall(dataset, state.components.settings.retrieval, ks=RECALL_KS, embedder=retriever.embedder)
+    retriever = state.services.retriever
+    report = evaluate_recall(dataset, state.services.settings.retrieval, ks=RECALL_KS, embedder=retriever.embedder)
     return {
         "recall": {str(k): v for k, v in report.recall.items()},
         "questions": report.num_questions,
@@ -145,9 +145,9 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
     )
     state = await start_app(settings)
     try:
-        engine = state.components.engine
+        engine = state.services.engine
         # The embedder loads lazily; its one-time load is not part of any ingest rate.
-        await asyncio.to_thread(state.components.retriever.embedder.load)
+        await asyncio.to_thread(state.services.retriever.embedder.load)
         ingest = await asyncio.to_thread(_ingest_part, state, passages)
         chunk_ids = ingest.pop("_chunk_token_ids")[: args.dtype_sample]
         kv = await asyncio.to_thread(_dtype_part, engine, chunk_ids)

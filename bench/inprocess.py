@@ -93,7 +93,7 @@ def ingest_passages(state: AppState, passages: list[Passage]) -> tuple[Any, Stag
 async def ask_service(state: AppState, request: Any) -> tuple[Any, list[str], float]:
     """(done event, source titles best first, wall seconds) of one AskRequest through the AskService that
     POST /ask calls; an error event raises."""
-    from app.services.ask_types import DoneEvent, ErrorEvent, SourcesEvent
+    from app.services.ask.types import DoneEvent, ErrorEvent, SourcesEvent
 
     titles: list[str] = []
     started = time.perf_counter()

@@ -142,7 +142,7 @@ async def _ask(
     state: Any, question: str, mode: str, selector: str | None, ratio: float | None, max_tokens: int
 ) -> tuple[str, list[str], str | None]:
     """(answer, source titles best first, selector that answered) of one question through AskService."""
-    from app.services.ask_types import AskRequest
+    from app.services.ask.types import AskRequest
 
     request = AskRequest(
         question=question,
@@ -233,7 +233,7 @@ def main(args: argparse.Namespace) -> int:
             state = await start_app(settings)
             try:
                 # The server's ratio is the one in force for its model (app/calibration), not the raw default.
-                engine_settings = state.components.engine.settings
+                engine_settings = state.services.engine.settings
                 ratio = args.ratio if args.ratio is not None else engine_settings.recompute_ratio
                 modes = [("full", "full", None), ("reuse", "reuse", None)]
                 modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
@@ -243,7 +243,7 @@ def main(args: argparse.Namespace) -> int:
                 return harness.result_header(
                     NAME,
                     args,
-                    state.components.engine,
+                    state.services.engine,
                     questions=len(facts),
                     top_k=args.passages,
                     ratio=ratio,

@@ -63,7 +63,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="1,8",
         help="in-process: aggregate decode tokens/s at these client counts ('' skips)",
     )
-    parser.add_argument("--decode-tokens", type=int, default=64, help="answer length of the decode measurement")
+    parser.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=64,
+        help="decode measurement: tokens each request decodes in the window where all decode at once",
+    )
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the temp data dir goes")
     parser.add_argument(
         "--rss-pid",
@@ -130,7 +135,7 @@ class InProcessClient:
         self.state = state
 
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
-        from app.services.ask_types import AskRequest, DoneEvent, ErrorEvent, TokenDelta
+        from app.services.ask.types import AskRequest, DoneEvent, ErrorEvent, TokenDelta
 
         request = AskRequest(
             question=question,
@@ -338,7 +343,7 @@ async def _in_process(
             measured["decode"] = await decode_rate.measure(
                 state, examples, decode_clients, args.passages, CHUNK_TOKENS, args.ratio, args.decode_tokens
             )
-        engine = state.components.engine
+        engine = state.services.engine
         return measured | {
             "corpus_passages": len(passages),
             "machine": harness.machine_info(engine),

@@ -9,6 +9,7 @@ a recomputed token never sees a later token, whichever subset of rows is being c
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -73,6 +74,9 @@ class Transformer:
         self.rope = RopeTable(
             inv_freq, scaling, model.dtype, model.device, initial_positions=min(self.cfg.max_position_embeddings, 8192)
         )
+        # One thread beside the compute that reads and rotates the next layer's stored context KV while a
+        # layer computes (engine/stored_context.py); shared by the requests, it starts on first use.
+        self.background = ThreadPoolExecutor(1, thread_name_prefix="kv-rotate")
 
     # ----------------------------------------------------------------------------------------- rows
     def rows(self, positions: torch.Tensor | range, kv_len: int) -> Rows:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.layers import Rows, Transformer
-from engine.rope import apply_rope
 from engine.selectors import (
     SelectionInput,
     TokenSelector,
@@ -36,7 +35,8 @@ from engine.selectors import (
     make_selector,
     num_recompute_tokens,
 )
-from engine.threads import SERIAL_MAX_ELEMENTS, serial
+from engine.stored_context import StoredContext as _StoredContext
+from engine.threads import serial
 from engine.types import (
     BlendConfig,
     EngineError,
@@ -143,43 +143,6 @@ def prefill_chunks(
 
 
 # -------------------------------------------------------------------------------------- prompt pass
-class _StoredContext:
-    """The context's stored KV: read from the source once per layer, in layer order, and written into the
-    working cache rotated to the context's real positions (rows the pass computes fresh overwrite theirs)."""
-
-    def __init__(self, tf: Transformer, source: LayerKVSource, cache: WorkingCache, start: int, stop: int) -> None:
-        self.tf, self.source, self.cache = tf, source, cache
-        self.span = slice(start, stop)  # the reused rows: all context rows, or the first chunk (mode prefix)
-        self.cos, self.sin = tf.rope.at(self.span)  # one cos/sin lookup serves every layer
-        self.num_layers_written = 0  # layers 0…num_layers_written-1 hold the rotated stored KV
-        self.wait_s = 0.0  # time inside source.layer(): storage not hidden behind compute
-        cfg = tf.cfg
-        # Small copies run on one thread (see engine/threads.py); big ones use all.
-        numel = cfg.num_kv_heads * source.num_tokens * cfg.head_dim
-        self._small = tf.device.type == "cpu" and numel <= SERIAL_MAX_ELEMENTS
-
-    def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Stored K (pre-RoPE) and V of every context token at `layer`, each (kv_heads, N, D)."""
-        t = time.perf_counter()
-        with serial(self._small):
-            k, v = self.source.layer(layer)
-            k, v = k.to(self.tf.device, self.tf.dtype), v.to(self.tf.device, self.tf.dtype)
-        self.wait_s += time.perf_counter() - t
-        return k, v
-
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        n = self.span.stop - self.span.start
-        with serial(self._small):
-            apply_rope(k[:, :n], self.cos, self.sin, out=self.cache.k[layer, 0, :, self.span])
-            self.cache.v[layer, 0, :, self.span] = v[:, :n]
-        self.num_layers_written = layer + 1
-
-    def fill(self, layer: int) -> None:
-        """Make the cache hold the stored KV at `layer` (a no-op for layers the scoring pass filled)."""
-        if layer >= self.num_layers_written:
-            self.write(layer, *self.read(layer))
-
-
 def _chunk_index(layout: PromptLayout, device: torch.device) -> torch.Tensor:
     """(N,) chunk number of every context token."""
     sizes = torch.tensor([len(c) for c in layout.chunk_ids], dtype=torch.int64)
@@ -357,26 +320,30 @@ def prompt_pass(
         first_chunk = _exact_first_segment(layout)
         stored = _StoredContext(tf, kv_source, cache, p, p + (first_chunk if mode == "prefix" else n_ctx))  # type: ignore[arg-type]
 
-    # 1. Select (up-front selectors): the context rows that are fresh in every layer.
-    selected = None
-    if selector is not None and selector.upfront:
-        scores = score_context(tf, layout, cache, stored, config, boundary) if selector.name == "query" else None  # type: ignore[arg-type]
-        selected = _select_upfront(selector, layout, config, scores, tf.device)
-    select_s = time.perf_counter() - t0
-
-    # 2. The layer loop over the fresh rows; every other row's K/V comes from the prefix or the store.
-    rows = tf.rows(_fresh_positions(mode, layout, selected), kv_len=total)
-    h = tf.embed(_ids(tf, layout.all_ids())[rows.positions])[None]  # (1, rows, hidden)
-    first_layer = 0
-    if selector is not None and not selector.upfront:
-        h, rows = _check_layers(tf, layout, h, rows, cache, stored, config, selector, boundary)  # type: ignore[arg-type]
-        first_layer = config.check_layers[-1] + 1
+    try:
+        # 1. Select (up-front selectors): the context rows that are fresh in every layer.
+        selected = None
+        if selector is not None and selector.upfront:
+            scores = score_context(tf, layout, cache, stored, config, boundary) if selector.name == "query" else None  # type: ignore[arg-type]
+            selected = _select_upfront(selector, layout, config, scores, tf.device)
         select_s = time.perf_counter() - t0
-    for layer in range(first_layer, cfg.num_layers):
-        boundary()
-        if stored is not None:
-            stored.fill(layer)
-        h, _, _ = tf.layer(layer, h, rows, cache)
+
+        # 2. The layer loop over the fresh rows; every other row's K/V comes from the prefix or the store.
+        rows = tf.rows(_fresh_positions(mode, layout, selected), kv_len=total)
+        h = tf.embed(_ids(tf, layout.all_ids())[rows.positions])[None]  # (1, rows, hidden)
+        first_layer = 0
+        if selector is not None and not selector.upfront:
+            h, rows = _check_layers(tf, layout, h, rows, cache, stored, config, selector, boundary)  # type: ignore[arg-type]
+            first_layer = config.check_layers[-1] + 1
+            select_s = time.perf_counter() - t0
+        for layer in range(first_layer, cfg.num_layers):
+            boundary()
+            if stored is not None:
+                stored.fill(layer)
+            h, _, _ = tf.layer(layer, h, rows, cache)
+    finally:
+        if stored is not None:  # no background read outlives the pass (a cancelled one included)
+            stored.wait_for_background()
 
     logits = tf.logits(h[0, -1])  # the last row is always the last suffix token
     is_ctx = (rows.positions >= p) & (rows.positions < p + n_ctx)

@@ -252,12 +252,7 @@ def dequantize_layer_into(k_dst: torch.Tensor, v_dst: torch.Tensor, data: LayerD
     if meta.storage_dtype == "int4":
         for dst, kind in ((k_dst, "k"), (v_dst, "v")):
             q4 = _int4_part(data, meta, kind)
-            if dst.dtype == torch.float32:
-                host_dequantize_int4(dst, q4.packed, q4.scale, q4.zero, kind, q4.group)  # type: ignore[arg-type]
-            else:
-                tmp = torch.empty(dst.shape, dtype=torch.float32)
-                host_dequantize_int4(tmp, q4.packed, q4.scale, q4.zero, kind, q4.group)  # type: ignore[arg-type]
-                host_copy(dst, tmp)
+            host_dequantize_int4(dst, q4.packed, q4.scale, q4.zero, kind, q4.group)  # type: ignore[arg-type]
     elif data.k_scale is not None and data.v_scale is not None:
         host_dequantize(k_dst, data.k, data.k_scale)
         host_dequantize(v_dst, data.v, data.v_scale)

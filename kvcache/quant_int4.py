@@ -27,8 +27,9 @@ Public API:
 - `k_group_tokens(num_tokens, target)`, `v_group_channels(kv_heads, head_dim, target)`,
   `quantize_int4(x, *, kind, k_group_target, v_group) -> Int4Quantized`
 - `pack_nibbles(q)`, `unpack_nibbles(packed)` (lossless inverses)
-- `dequantize_int4(q4, kind, dtype)` (torch, any device) and `host_dequantize_int4(dst, ...)` (numpy,
-  single-threaded, for the layer loader's worker; see `kvcache.hostcopy` for why).
+- `dequantize_int4(q4, kind, dtype)` (torch, any device) and `host_dequantize_int4(dst, ...)` (CPU, torch
+  on the calling thread only, straight into the compute dtype, for the layer loader's worker; see
+  `kvcache.hostcopy` for why one thread).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
+
+from kvcache.hostcopy import one_torch_thread
 
 INT4_LEVELS = 15  # codes 0..15
 SCALE_DTYPE = torch.float16
@@ -176,40 +178,45 @@ def dequantize_int4(q4: Int4Quantized, kind: Kind, dtype: torch.dtype) -> torch.
     return (codes * scale + zero).to(dtype)
 
 
-def _np_apply(out: np.ndarray, scale: np.ndarray, zero: np.ndarray, kind: Kind, group: int) -> None:
-    """out (H, T, D) codes as float32 -> out * scale + zero, broadcasting the group parameters (no
-    (H, T, D)-sized temporaries: this runs on the loader's thread for every layer of every prompt)."""
+def _apply(out: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, kind: Kind, group: int) -> None:
+    """out (H, T, D) float32 codes -> out * scale + zero in place, broadcasting the float32 group parameters
+    (views only, no (H, T, D)-sized temporaries; a multiply then an add, as `dequantize_int4` rounds)."""
     heads, tokens, dim = out.shape
     if kind == "k":  # (H, n, D): one slice of `group` tokens per K group
         for i in range(scale.shape[1]):
             part = out[:, i * group : (i + 1) * group]
-            part *= scale[:, i : i + 1]
-            part += zero[:, i : i + 1]
+            part.mul_(scale[:, i : i + 1]).add_(zero[:, i : i + 1])
         return
     if dim % group == 0:  # V groups within a head: (T, H * D / g) -> (H, T, D / g, 1)
         shape = (tokens, heads, dim // group)
-        s = scale.reshape(shape).transpose(1, 0, 2)[..., None]
-        z = zero.reshape(shape).transpose(1, 0, 2)[..., None]
-        grouped = out.reshape(heads, tokens, dim // group, group)  # a view: only the last axis is split
-        grouped *= s
-        grouped += z
+        s = scale.reshape(shape).transpose(0, 1)[..., None]
+        z = zero.reshape(shape).transpose(0, 1)[..., None]
+        out.view(heads, tokens, dim // group, group).mul_(s).add_(z)  # a view: only the last axis is split
     elif group % dim == 0:  # V groups spanning whole heads: head h is in group h // (g / D)
-        which = np.arange(heads) // (group // dim)
-        out *= scale.T[which][:, :, None]
-        out += zero.T[which][:, :, None]
+        which = torch.arange(heads) // (group // dim)
+        out.mul_(scale.T[which][:, :, None]).add_(zero.T[which][:, :, None])
     else:  # a group boundary inside a head: spell the parameters out per value
-        s_full = np.repeat(scale, group, axis=1).reshape(tokens, heads, dim).transpose(1, 0, 2)
-        z_full = np.repeat(zero, group, axis=1).reshape(tokens, heads, dim).transpose(1, 0, 2)
-        out *= s_full
-        out += z_full
+        out.mul_(_expand(scale, kind, heads, tokens, dim, group)).add_(_expand(zero, kind, heads, tokens, dim, group))
 
 
 def host_dequantize_int4(
     dst: torch.Tensor, packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, kind: Kind, group: int
 ) -> None:
-    """dst (H, T, D) float32 CPU tensor or view = dequantized values, with numpy (no torch threads)."""
-    out = dst.numpy()
-    p = packed.numpy()
-    out[..., 0::2] = p & 0x0F
-    out[..., 1::2] = p >> 4
-    _np_apply(out, scale.numpy().astype(np.float32), zero.numpy().astype(np.float32), kind, group)
+    """dst (H, T, D) CPU tensor or view, float32 or the compute dtype (bf16, fp16) = dequantized values,
+    bit for bit `dequantize_int4`'s.
+
+    Torch's vectorised kernels on the calling thread alone (the layer loader's worker: no OpenMP team to
+    compete with the engine's, see `kvcache.hostcopy`): in bf16 this is several times faster than the
+    numpy passes it replaces, which dequantized into a float32 temporary and rounded it to bf16 bits in
+    numpy, on the critical path of every cached prompt pass.
+    """
+    heads, tokens, half = packed.shape
+    with one_torch_thread():
+        codes = torch.empty(heads, tokens, half, 2, dtype=torch.uint8)  # (H, T, D / 2, 2): channels 2j, 2j + 1
+        torch.bitwise_and(packed, 0x0F, out=codes[..., 0])
+        torch.bitwise_right_shift(packed, 4, out=codes[..., 1])
+        out = dst if dst.dtype == torch.float32 else torch.empty(dst.shape, dtype=torch.float32)
+        out.copy_(codes.view(heads, tokens, 2 * half))
+        _apply(out, scale.to(torch.float32), zero.to(torch.float32), kind, group)
+        if out is not dst:
+            dst.copy_(out)  # round to nearest even, as `.to(dtype)` does

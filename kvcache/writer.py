@@ -7,7 +7,7 @@
     written.computed     # key -> StoredEntry computed now (with keep_entries=True): what the store would serve
     written.unwritten    # computed keys the store could not keep (see `entry_written`)
 
-Questions (app/services/prompt_kv.py, the chunks and a conversation's turns), ingest, `blendrag doctor
+Questions (app/services/ask/kv.py, the chunks and a conversation's turns), ingest, `blendrag doctor
 --repair` and bench all write KV through here, so a failed put means the same everywhere: the entry is not
 in a tier that outlives this process (disk or Redis), or, for a store with memory only, not stored at all.
 It is logged here once per call; each caller then does what its contract asks: a question still serves the

@@ -36,7 +36,7 @@ router = APIRouter(
 def metrics(state: AppState = Depends(get_state)) -> Response:
     """Prometheus metrics: requests by route template and status, TTFT per mode, recompute ratio, KV
     hits/misses/bytes per tier (read from the store at scrape time), ingest throughput, queue depth."""
-    state.stats.refresh_metrics(state.components, state.scheduler)
+    state.stats.refresh_metrics(state.services, state.scheduler)
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
 
@@ -54,7 +54,7 @@ def stats(state: AppState = Depends(get_state), access: Access = Depends(require
     ingest throughput, queue depth. A collection key gets the document counts of its collections; the
     figures of every collection together (recent answers and their timings, KV tiers, lookups, ingest
     counts, conversation counts) are left to admins (empty or null)."""
-    snapshot = state.stats.snapshot(state.components, state.documents, state.scheduler, access.collections)
+    snapshot = state.stats.snapshot(state.services, state.documents, state.scheduler, access.collections)
     if not access.is_admin:
         snapshot = server_wide_left_out(snapshot)
     counts = state.conversations.counts() if state.conversations is not None and access.is_admin else None

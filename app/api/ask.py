@@ -15,9 +15,7 @@ from app.api.deps import (
     Access,
     cap_for_client,
     conversation_owner,
-    engine_is_full,
     get_ask,
-    get_conversations,
     get_state,
     guard_questions,
     scope_request,
@@ -36,19 +34,20 @@ from app.api.schemas import (
 )
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
-from app.services.admitted_answer import AdmittedAnswer
-from app.services.ask_service import AskService
-from app.services.ask_types import (
+from app.services.ask import (
+    Answer,
     AskBusy,
     AskEvent,
     AskRequest,
+    AskService,
     AskValidationError,
+    ConversationRef,
     DoneEvent,
     ErrorEvent,
     SourcesEvent,
     TokenDelta,
 )
-from app.services.conversation_service import ConversationNotFound, ConversationService
+from app.services.conversation_service import ConversationNotFound
 from app.state import AppState
 
 router = APIRouter(
@@ -116,34 +115,34 @@ def busy_error() -> HTTPException:
     return HTTPException(503, BUSY_DETAIL, headers={"Retry-After": "1"})
 
 
-def validated(
-    body: AskIn, state: AppState, conversations: ConversationService, owner: str | None, access: Access
+def question_request(
+    ask: AskRequest,
+    request: Request,
+    access: Access,
+    collections: list[str] | None,
+    conversation_id: str | None,
 ) -> AskRequest:
-    """The service request for a (validated) body: searching the caller's collections (403 for a named one
-    it may not read), in its conversation ("new" starts one, none stores nothing; 404 for an id it may not
-    open: another owner's, or one asked over a collection it may not read), or 503 when the engine is
-    already full.
+    """The service request for a validated body, made alike for /ask and /v1: searching the caller's
+    collections (narrowed to `collections`; 403 for one it may not read), in the conversation it names
+    ("new" starts one; opened by the service after its busy check: 404 for an id this caller may not
+    open), `max_tokens` capped for an anonymous caller. Nothing here reads the database.
 
-    The busy check here is only a shortcut that spares retrieval; the binding check is the scheduler's, in
-    `admitted`.
+    The routes then call `AskService.admit` (the busy check, the plan, the engine's binding admission) and
+    differ only in how they write its refusals: ConversationNotFound, AskValidationError, AskBusy.
     """
-    request = scope_request(body.to_request(body.question), access, body.collections)
-    if body.conversation_id is None:  # a one-off question: nothing is stored
-        context = None
-    else:
-        try:
-            context = conversations.open(body.conversation_id, owner, access.collections, request.filters.collections)
-        except ConversationNotFound as exc:
-            raise HTTPException(404, str(exc)) from exc
-    if engine_is_full(state):
-        raise busy_error()
-    return dataclasses.replace(request, history=context.history if context else (), conversation=context)
+    scoped = scope_request(ask, access, collections)
+    if conversation_id is not None:
+        ref = ConversationRef(conversation_id, owner=conversation_owner(request), readable=access.collections)
+        scoped = dataclasses.replace(scoped, conversation=ref)
+    return cap_for_client(scoped, request)
 
 
-async def admitted(service: AskService, request: AskRequest) -> AdmittedAnswer:
-    """Queue the question in the engine before any response starts: 422 (prompt too long), 503 busy."""
+async def admitted(service: AskService, ask: AskRequest) -> Answer:
+    """`/ask`'s refusals, before any response starts: 404 (conversation), 422 (prompt too long), 503 busy."""
     try:
-        return await service.admit(request)
+        return await service.admit(ask)
+    except ConversationNotFound as exc:
+        raise HTTPException(404, str(exc)) from exc
     except AskValidationError as exc:
         raise HTTPException(422, str(exc)) from exc
     except AskBusy as exc:
@@ -181,8 +180,8 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
 def ask_defaults(state: AppState = Depends(get_state)) -> AskDefaultsOut:
     """The server's defaults for the /ask fields a request leaves out (open, like /ask); the blend's are those
     in force (calibrated, shipped or safe, see /api/stats), once the model is loaded."""
-    components = state.components
-    engine = components.engine.settings if components is not None else state.settings.engine
+    served = state.services.engine if state.services is not None else None
+    engine = served.settings if served is not None else state.settings.engine
     return AskDefaultsOut(
         top_k=state.settings.retrieval.top_k,
         mode=engine.mode,
@@ -198,15 +197,14 @@ async def ask(
     request: Request,
     service: AskService = Depends(get_ask),
     state: AppState = Depends(get_state),
-    conversations: ConversationService = Depends(get_conversations),
     access: Access = Depends(guard_questions),
 ) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate. With a
     `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query, and the
     turn is stored in it (`"new"` starts one); without one, nothing is stored. Only
     the collections the caller's key may read are searched (`collections` narrows them)."""
-    asked = validated(body, state, conversations, conversation_owner(request), access)
-    answer = await admitted(service, cap_for_client(asked, request))
+    asked = question_request(body.to_request(body.question), request, access, body.collections, body.conversation_id)
+    answer = await admitted(service, asked)
     if not body.stream:
         return await _answer_json(answer, request, state.metrics)
 
@@ -222,7 +220,7 @@ async def ask(
     return sse_response(stream())
 
 
-async def _answer_json(answer: AdmittedAnswer, request: Request, metrics: Metrics) -> JSONResponse:
+async def _answer_json(answer: Answer, request: Request, metrics: Metrics) -> JSONResponse:
     result: dict[str, Any] = {}
     watch = ConnectionWatch(request)
     async with aclosing(answer.events()) as events:
@@ -246,7 +244,7 @@ __all__ = [
     "client_gone",
     "done_payload",
     "event_payload",
+    "question_request",
     "record_answer",
     "router",
-    "validated",
 ]

@@ -27,9 +27,9 @@ router = APIRouter(
 def get_collections(state: AppState = Depends(get_state)) -> CollectionService:
     from app.api.deps import _not_ready
 
-    if state.documents is None or state.coverage is None or state.components is None:
+    if state.documents is None or state.coverage is None or state.services is None:
         raise _not_ready(state)
-    return CollectionService(state.components.catalog, state.coverage, state.documents)
+    return CollectionService(state.services.catalog, state.coverage, state.documents)
 
 
 @router.get("", response_model=CollectionListOut)

@@ -19,8 +19,7 @@ from fastapi import HTTPException, Request
 
 from app.api.rate_limit import client_id
 from app.catalog.models import DEFAULT_COLLECTION
-from app.services.ask_service import AskService
-from app.services.ask_types import AskRequest
+from app.services.ask import AskRequest, AskService
 from app.services.conversation_service import ConversationService, owner_of
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
@@ -107,14 +106,6 @@ class Access:
 
 ADMIN = Access(role="admin", collections=None, can_ingest=True)
 KEY_REQUIRED = "missing or wrong API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'"
-
-
-def engine_is_full(state: AppState) -> bool:
-    """True when the scheduler would refuse a new request now: a cheap early check that spares retrieval.
-    Not binding (requests race between it and the scheduler): routes admit to the scheduler before they
-    answer (`AskService.admit`), so a full engine is always a 503, never a 200 stream ending in `busy`."""
-    scheduler = state.scheduler
-    return scheduler is not None and scheduler.num_waiting >= scheduler.max_queue
 
 
 def presented_key(request: Request) -> str | None:

@@ -13,9 +13,9 @@ from pydantic import BaseModel, Field
 
 from app.api.deps import _loaded, require_admin
 from app.api.schemas import ErrorOut
-from app.components import Components
+from app.build import Services
 
-get_components = _loaded(lambda s: s.components)  # 503 until start-up has built them
+get_services = _loaded(lambda s: s.services)  # 503 until start-up has built them
 
 router = APIRouter(
     tags=["admin"],
@@ -37,10 +37,12 @@ class IndexStatusOut(BaseModel):
 
 
 @router.get("/api/index", response_model=IndexStatusOut)
-def index_status(components: Components = Depends(get_components)) -> IndexStatusOut:
-    sync = getattr(components.retriever, "sync", None)
+def index_status(services: Services = Depends(get_services)) -> IndexStatusOut:
+    retriever = services.retriever
+    assert retriever is not None  # the server builds every part
+    sync = getattr(retriever, "sync", None)
     return IndexStatusOut(
-        chunks=components.retriever.count,
+        chunks=retriever.count,
         source="catalog" if sync is not None else "snapshot",
         change_log_position=sync.cursor if sync is not None else None,
     )

@@ -34,22 +34,12 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.ask import BUSY_DETAIL, client_gone, record_answer
-from app.api.deps import (
-    Access,
-    cap_for_client,
-    conversation_owner,
-    engine_is_full,
-    get_ask,
-    get_conversations,
-    get_state,
-    guard_questions,
-    scope_request,
-)
+from app.api.ask import BUSY_DETAIL, client_gone, question_request, record_answer
+from app.api.deps import Access, get_ask, get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
+from app.api.openai_messages import ChatMessage, read_messages
 from app.api.schemas import (
-    NOT_BLANK,
     AskParams,
     ConversationId,
     MaxTokens,
@@ -58,22 +48,20 @@ from app.api.schemas import (
     ServedModelOut,
 )
 from app.api.sse import inline_schema, sse_event, sse_response
-from app.services.admitted_answer import AdmittedAnswer
-from app.services.ask_service import AskService
-from app.services.ask_types import (
-    MAX_QUESTION_CHARS,
+from app.services.ask import (
+    Answer,
     AskBusy,
     AskRequest,
+    AskService,
     AskValidationError,
     DoneEvent,
     ErrorEvent,
     SourcesEvent,
     TokenDelta,
 )
-from app.services.conversation_service import ConversationNotFound, ConversationService
+from app.services.conversation_service import ConversationNotFound
 from app.services.text_checks import INVALID_UNICODE, is_valid_utf8
 from app.state import AppState
-from engine.prompt import Turn
 
 # "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
 router = APIRouter(
@@ -85,59 +73,6 @@ router = APIRouter(
 
 SERVED_MODEL = "blendrag"
 _STARTED = int(time.time())
-
-
-USER_PART_CHARS = 1000  # a list-form question has at most MAX_QUESTION_CHARS // USER_PART_CHARS parts
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    type: str
-    text: str | None = None
-
-
-class UserTextPart(BaseModel):
-    """A part of the question: only text is read (images and audio are not supported)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["text"]
-    text: str = Field(min_length=1, max_length=USER_PART_CHARS, pattern=NOT_BLANK)
-
-
-class UserMessage(BaseModel):
-    """The last one is the question: text, at most MAX_QUESTION_CHARS characters."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["user"]
-    content: (
-        Annotated[str, Field(min_length=1, max_length=MAX_QUESTION_CHARS, pattern=NOT_BLANK)]
-        | Annotated[list[UserTextPart], Field(min_length=1, max_length=MAX_QUESTION_CHARS // USER_PART_CHARS)]
-    )
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
-        return self.content
-
-
-class OtherMessage(BaseModel):
-    """system / developer (the system prompt), assistant (an earlier answer); tool / function are not read."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "assistant", "tool", "function"]
-    content: str | list[TextPart] | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, list):
-            return "".join(p.text or "" for p in self.content if p.type == "text")
-        return self.content or ""
-
-
-ChatMessage = Annotated[UserMessage | OtherMessage, Field(discriminator="role")]
 
 
 class StreamOptions(BaseModel):
@@ -191,79 +126,21 @@ class ModelList(BaseModel):
 def list_models(state: AppState = Depends(get_state)) -> ModelList:
     """The one model this server answers with (OpenAI format). Its id stays `blendrag` whatever model
     serves (clients send it back); the `blendrag` field says which model that is."""
-    served = state.components.engine.served_model if state.components is not None else None
+    served = state.services.engine.served_model if state.services is not None else None
     facts = ServedModelOut.model_validate(dataclasses.asdict(served)) if served is not None else None
     return ModelList(data=[ModelOut(id=SERVED_MODEL, created=_STARTED, owned_by="blendrag", blendrag=facts)])
 
 
-@dataclasses.dataclass(frozen=True)
-class ChatMessages:
-    """What a `messages` array asks: the question, the earlier turns, the client's system prompt."""
-
-    question: str
-    history: tuple[Turn, ...]
-    system_prompt: str | None  # None: the server's
-
-
-def read_messages(messages: list[UserMessage | OtherMessage]) -> ChatMessages:
-    """Split `messages` into question, history and system prompt (see the module docstring)."""
-    for i, m in enumerate(messages):
-        # Every message reaches the tokenizer (the system prompt and earlier answers too), which cannot encode
-        # a lone surrogate: refused here, not a TypeError deep in the ask plan.
-        if not is_valid_utf8(m.text()):
-            raise HTTPException(
-                400, f"messages[{i}] ({m.role}): text must be valid Unicode (a lone surrogate such as \\ud800 is not)"
-            )
-    last_user = max((i for i, m in enumerate(messages) if isinstance(m, UserMessage)), default=None)
-    if last_user is None:
-        raise HTTPException(400, "messages must contain a user message with text (the question)")
-    systems = [m.text().strip() for m in messages if m.role in ("system", "developer")]
-    systems = [t for t in systems if t]
-    history: list[Turn] = []
-    asked: list[str] = []  # user messages not answered yet
-    for message in messages[: last_user + 1]:
-        if isinstance(message, UserMessage):
-            asked.append(message.text().strip())
-        elif message.role == "assistant":
-            if message.content is None:
-                continue  # a tool call without text
-            answer = message.text().strip()  # may be empty: an empty answer is still a turn, as /ask stores it
-            if asked:
-                history.append(Turn(question="\n".join(asked), answer=answer))
-                asked = []
-            elif history:  # two assistant messages in a row: one answer
-                history[-1] = Turn(history[-1].question, f"{history[-1].answer}\n{answer}")
-    question = "\n".join(asked)
-    if len(question) > MAX_QUESTION_CHARS:
-        raise HTTPException(
-            400, f"the question (the last user messages) is longer than {MAX_QUESTION_CHARS} characters"
-        )
-    return ChatMessages(
-        question=question, history=tuple(history), system_prompt="\n\n".join(systems) if systems else None
-    )
-
-
-def _ask_request(
-    body: ChatCompletionIn, conversations: ConversationService, owner: str | None, access: Access
-) -> AskRequest:
-    """The service request: question, history and system prompt from `messages`; the conversation to
-    record the turn in when the body names one (ConversationNotFound for an id this caller may not open:
-    another owner's, or one over a collection it may not read)."""
+def _ask_request(body: ChatCompletionIn) -> AskRequest:
+    """The question, its history and system prompt from `messages` (400 for what cannot be asked)."""
     chat = read_messages(body.messages)
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if not all(is_valid_utf8(s) for s in stop):
         raise HTTPException(400, f"stop: {INVALID_UNICODE}")
-    context = None
-    history = chat.history
-    if body.conversation_id is not None:
-        searched = access.narrowed(body.collections)
-        context = conversations.open(body.conversation_id, owner, access.collections, searched)
-        history = chat.history or context.history
     return dataclasses.replace(
         body.to_request(chat.question, max_tokens=body.max_completion_tokens, stop=stop),
-        history=history,
+        history=chat.history,
         system_prompt=chat.system_prompt,
-        conversation=context,
     )
 
 
@@ -272,38 +149,31 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
+# DoneEvent fields the OpenAI body carries in its own fields (`choices`, `usage`), or not at all.
+_OPENAI_OWN = ("answer", "finish_reason", "usage", "citations")
+_OPENAI_USAGE = ("prompt_tokens", "completion_tokens")
+
+
 def _usage(done: DoneEvent) -> dict[str, int]:
+    """OpenAI's usage (prompt, completion, total) with blendrag's history counts."""
+    usage = dataclasses.asdict(done.usage)
     return {
-        "prompt_tokens": done.usage.prompt_tokens,
-        "completion_tokens": done.usage.completion_tokens,
+        **{k: usage[k] for k in _OPENAI_USAGE},
         "total_tokens": done.usage.total_tokens,
-        "history_tokens": done.usage.history_tokens,
-        "history_reused_tokens": done.usage.history_reused_tokens,
+        **{k: v for k, v in usage.items() if k.startswith("history_")},
     }
 
 
 def _extras(done: DoneEvent) -> dict[str, Any]:
-    return {
-        "mode": done.mode,
-        "selector": done.selector,
-        "recompute_ratio": done.recompute_ratio,
-        "kv_hits": done.kv_hits,
-        "kv_misses": done.kv_misses,
-        "timings": dataclasses.asdict(done.timings),
-        "context_tokens": done.usage.context_tokens,
-        "recomputed_tokens": done.usage.recomputed_tokens,
-        "history_tokens": done.usage.history_tokens,
-        "history_reused_tokens": done.usage.history_reused_tokens,
-        "history_turns": done.history_turns,
-        "history_dropped_turns": done.history_dropped_turns,
-        "retrieval_query": done.retrieval_query,
-        "conversation_id": done.conversation_id,
-        "notice": done.notice,  # e.g. why conversation_id is null: the turn could not be stored
-    }
+    """The `blendrag` extension: every DoneEvent field the OpenAI fields do not carry, the usage counts
+    flattened (notice says, e.g., why conversation_id is null: the turn could not be stored)."""
+    body = {k: v for k, v in dataclasses.asdict(done).items() if k not in _OPENAI_OWN}
+    usage = {k: v for k, v in dataclasses.asdict(done.usage).items() if k not in _OPENAI_USAGE}
+    return {**body, **usage}
 
 
 def _fingerprint(state: AppState) -> str | None:
-    return f"fp_{state.components.engine.fingerprint[:12]}" if state.components is not None else None
+    return f"fp_{state.services.engine.fingerprint[:12]}" if state.services is not None else None
 
 
 _CHUNK_SCHEMA: dict[str, Any] = {
@@ -364,22 +234,15 @@ async def chat_completions(
     request: Request,
     service: AskService = Depends(get_ask),
     state: AppState = Depends(get_state),
-    conversations: ConversationService = Depends(get_conversations),
     access: Access = Depends(guard_questions),
 ) -> Any:
     """Chat completion grounded in the library; the whole `messages` history counts (see the module doc).
     Only the collections the caller's key may read are searched (`collections` narrows them)."""
-    try:
-        asked = scope_request(
-            _ask_request(body, conversations, conversation_owner(request), access), access, body.collections
-        )
-        ask_request = cap_for_client(asked, request)
+    asked = question_request(_ask_request(body), request, access, body.collections, body.conversation_id)
+    try:  # the admission /ask has; only the error shapes are OpenAI's
+        answer = await service.admit(asked)
     except ConversationNotFound as exc:
         return openai_error(404, str(exc), code="conversation_not_found")
-    if engine_is_full(state):  # a shortcut that spares retrieval; the scheduler's check below is binding
-        return _busy(BUSY_DETAIL)
-    try:
-        answer = await service.admit(ask_request)
     except AskValidationError as exc:
         return openai_error(400, str(exc))
     except AskBusy:
@@ -424,7 +287,7 @@ async def chat_completions(
 
 
 async def _stream(
-    answer: AdmittedAnswer, request: Request, state: AppState, head: dict[str, Any], include_usage: bool
+    answer: Answer, request: Request, state: AppState, head: dict[str, Any], include_usage: bool
 ) -> AsyncIterator[str]:
     def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
         body: dict[str, Any] = {

@@ -20,7 +20,7 @@ from app.calibration.shipped import model_name, shipped_blend_settings
 from app.calibration.store import CalibrationStore
 
 if TYPE_CHECKING:
-    from app.components import Components
+    from app.build import Services
     from app.settings import Settings
     from engine.scheduler import Scheduler
 
@@ -37,7 +37,7 @@ class _Status:
     record_path: str | None = None
 
 
-def needs_calibration(components: Components) -> str | None:
+def needs_calibration(components: Services) -> str | None:
     """Why the served model needs calibrating (None: it does not)."""
     engine = components.engine
     if CalibrationStore(components.settings.data_dir).load(engine.fingerprint) is not None:
@@ -52,7 +52,7 @@ class CalibrationRunner:
     def __init__(
         self,
         settings: Settings,
-        components: Components,
+        components: Services,
         scheduler: Scheduler,
         *,
         ratios: tuple[float, ...] = RATIOS,

@@ -62,21 +62,21 @@ def run_worker(settings: Settings) -> int:
     except ImportError:
         logger.error(INSTALL_HINT)
         return 1
-    from app.components import build_components
-    from app.services.ingest import IngestService
+    from app.build import build_services
 
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
-    components = build_components(settings, role="worker")
+    services = build_services(settings, {"ingest"}, role="worker")
     try:
+        assert services.ingest is not None
         queue = PgJobQueue(settings.catalog.url or "")
-        requeued = queue.requeue_unfinished(components.catalog)
+        requeued = queue.requeue_unfinished(services.catalog)
         queue.close()
         if requeued:
             logger.info("%d unfinished job(s) of the catalog were not queued: queued them", len(requeued))
-        runner = JobRunner(components.catalog, IngestService(components))
+        runner = JobRunner(services.catalog, services.ingest)
         asyncio.run(consume(settings, runner))
     finally:
-        components.close()
+        services.close()
     return 0
 
 

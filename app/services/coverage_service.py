@@ -10,7 +10,8 @@ from app.catalog import DocumentStatus
 if TYPE_CHECKING:
     from collections.abc import Collection, Sequence
 
-    from app.components import Components
+    from app.build import KVKey
+    from app.catalog import Catalog
     from kvcache.store import EntryLocation, TieredKVStore
 
 
@@ -54,11 +55,12 @@ class SharedTierView:
 
 
 class CoverageService:
-    def __init__(self, components: Components) -> None:
-        self._c = components
-        # Scale-out (PostgreSQL catalog + Redis): report the shared state, identical from every replica.
-        shared = components.settings.catalog.is_postgres and components.store.redis is not None
-        self._store: TieredKVStore | SharedTierView = SharedTierView(components.store) if shared else components.store
+    def __init__(self, catalog: Catalog, store: TieredKVStore, kv_key: KVKey, *, shared_tier_only: bool) -> None:
+        """`kv_key`: the entry key a chunk's token ids have under the served model. `shared_tier_only`
+        (scale-out: PostgreSQL catalog + Redis): report the shared tier, identical from every replica."""
+        self._catalog = catalog
+        self._kv_key = kv_key
+        self._store: TieredKVStore | SharedTierView = SharedTierView(store) if shared_tier_only else store
 
     def chunk_states(self, document_id: str) -> dict[int, str]:
         """fresh / stale / missing for each chunk of one document."""
@@ -68,10 +70,10 @@ class CoverageService:
             ChunkRef(
                 chunk_id=c.id,
                 document_id=c.document_id,
-                expected_key=self._c.expected_kv_key(c.token_ids),
+                expected_key=self._kv_key(c.token_ids),
                 recorded_key=c.kv_key,
             )
-            for c in self._c.catalog.chunks_of(document_id)
+            for c in self._catalog.chunks_of(document_id)
         ]
         report = compute_coverage(self._store, refs)  # type: ignore[arg-type]
         return {int(c.ref.chunk_id): c.state.value for c in report.chunks}
@@ -81,13 +83,13 @@ class CoverageService:
         only its own chunks."""
         from kvcache.coverage import ChunkRef, compute_coverage
 
-        docs = [d for d in self._c.catalog.all_documents(collections) if d.status == DocumentStatus.READY]
-        chunks = self._c.catalog.iter_chunks([DocumentStatus.READY], collections)
+        docs = [d for d in self._catalog.all_documents(collections) if d.status == DocumentStatus.READY]
+        chunks = self._catalog.iter_chunks([DocumentStatus.READY], collections)
         refs = [
             ChunkRef(
                 chunk_id=c.id,
                 document_id=c.document_id,
-                expected_key=self._c.expected_kv_key(c.token_ids),
+                expected_key=self._kv_key(c.token_ids),
                 recorded_key=c.kv_key,
             )
             for c in chunks

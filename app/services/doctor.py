@@ -15,8 +15,11 @@ from typing import TYPE_CHECKING
 from app.catalog import DocumentStatus, JobStatus
 
 if TYPE_CHECKING:
+    from app.build import KVKey
     from app.catalog import Catalog
-    from app.components import Components
+    from engine.engine import Engine
+    from kvcache.store import TieredKVStore
+    from retrieval.retriever import Retriever
 
 logger = logging.getLogger(__name__)
 
@@ -60,10 +63,23 @@ class DoctorReport:
         )
 
 
-def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
+@dataclass(frozen=True)
+class DoctorParts:
+    """What doctor checks against the catalog: the index, the KV store (keys under the served model), and
+    the engine that recomputes missing KV on --repair; the uploads dir for leftover files."""
+
+    catalog: Catalog
+    retriever: Retriever
+    store: TieredKVStore
+    engine: Engine
+    kv_key: KVKey
+    uploads_dir: Path
+
+
+def run_doctor(parts: DoctorParts, *, repair: bool) -> DoctorReport:
     from kvcache.admin import check_disk_entries
 
-    catalog, retriever, store = components.catalog, components.retriever, components.store
+    catalog, retriever, store = parts.catalog, parts.retriever, parts.store
     report = DoctorReport(repaired=repair, index_repair_note=getattr(retriever, "repair_note", None))
     live_jobs = {j.id for j in catalog.jobs_with_status([JobStatus.QUEUED, JobStatus.RUNNING])}
 
@@ -86,7 +102,7 @@ def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
     missing_from_index = [c for c in ready_chunks if c.id not in indexed]
     report.unindexed_chunk_ids = [c.id for c in missing_from_index]
 
-    expected = {c.id: components.expected_kv_key(c.token_ids) for c in ready_chunks}
+    expected = {c.id: parts.kv_key(c.token_ids) for c in ready_chunks}
     present = store.locate_many(list(set(expected.values())))
     # Reading entries whole is what finds corrupt ones (`cache verify` reads them all); doctor reads a bounded
     # sample of the disk entries chunks use, so a large store is checked in seconds and a bad run is seen.
@@ -102,15 +118,15 @@ def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
     referenced = set(expected.values()) | {c.kv_key for c in catalog.iter_chunks() if c.kv_key}
     unreferenced_keys = [k for k in store.keys() if k not in referenced]  # noqa: SIM118 (a store, not a dict)
     report.num_unreferenced_kv_entries = len(unreferenced_keys)
-    uploads = _unreferenced_uploads(components.settings.uploads_dir, catalog)
+    uploads = _unreferenced_uploads(parts.uploads_dir, catalog)
     report.unreferenced_upload_paths = [str(p) for p in uploads]
     report.num_unreferenced_upload_bytes = sum(p.stat().st_size for p in uploads)
 
     if repair:
-        _repair_index(components, report, missing_from_index)
+        _repair_index(retriever, catalog, report, missing_from_index)
         from kvcache.writer import ensure_chunk_kv
 
-        engine = components.engine
+        engine = parts.engine
         written = ensure_chunk_kv(
             store,
             [c.token_ids for c in kv_missing],
@@ -123,7 +139,7 @@ def run_doctor(components: Components, *, repair: bool) -> DoctorReport:
         catalog.set_kv_keys({c.id: expected[c.id] for c in kv_missing})
         for key in unreferenced_keys:
             store.delete(key)
-        _remove_uploads(components.settings.uploads_dir, uploads)
+        _remove_uploads(parts.uploads_dir, uploads)
     return report
 
 
@@ -149,10 +165,9 @@ def _remove_uploads(uploads_dir: Path, paths: list[Path]) -> None:
             directory.rmdir()
 
 
-def _repair_index(components: Components, report: DoctorReport, missing: list) -> None:
+def _repair_index(retriever: Retriever, catalog: Catalog, report: DoctorReport, missing: list) -> None:
     from retrieval.types import IndexedChunk
 
-    retriever, catalog = components.retriever, components.catalog
     if report.orphan_index_ids:
         retriever.remove(report.orphan_index_ids)
     if missing:

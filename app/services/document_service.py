@@ -20,7 +20,9 @@ from app.services.coverage_service import CoverageService
 from app.services.storage_faults import StorageMonitor, is_storage_full
 
 if TYPE_CHECKING:
-    from app.components import Components
+    from app.catalog import Catalog
+    from kvcache.store import TieredKVStore
+    from retrieval.retriever import Retriever
 
 
 logger = logging.getLogger(__name__)
@@ -70,15 +72,22 @@ class KeysInUse:
 class DocumentService:
     def __init__(
         self,
-        components: Components,
-        coverage: CoverageService | None = None,
+        catalog: Catalog,
+        retriever: Retriever,
+        store: TieredKVStore,
+        *,
+        coverage: CoverageService | None,
         storage: StorageMonitor | None = None,
         on_storage_fault: Callable[[str], None] | None = None,
     ) -> None:
-        """`on_storage_fault` hears of an index snapshot a full disk kept from being saved (by default the
+        """`coverage` gives a document's chunks their KV states (`get`); None where no model is loaded (a
+        command that only deletes). `storage` frees and restores the storage reserve around a deletion;
+        `on_storage_fault` hears of an index snapshot a full disk kept from being saved (by default the
         storage monitor's `record`)."""
-        self._c = components
-        self._coverage = coverage if coverage is not None else CoverageService(components)
+        self._catalog = catalog
+        self._retriever = retriever
+        self._store = store
+        self._coverage = coverage
         self._storage = storage
         self._on_storage_fault = on_storage_fault or (storage.record if storage is not None else None)
         self.kv_in_use = KeysInUse()
@@ -91,21 +100,25 @@ class DocumentService:
         collections: Collection[str] | None = None,
     ) -> tuple[list[DocumentRecord], int]:
         """Documents (of `collections`; None: all) newest first, and how many match over all pages."""
-        return self._c.catalog.list_documents(offset=offset, limit=limit, status=status, collections=collections)
+        return self._catalog.list_documents(offset=offset, limit=limit, status=status, collections=collections)
 
     def get(self, document_id: str, collections: Collection[str] | None = None) -> DocumentView | None:
         """One document with its chunks' KV states; None when unknown or outside `collections`."""
-        doc = self._c.catalog.get_document(document_id)
+        doc = self._catalog.get_document(document_id)
         if doc is None or (collections is not None and doc.collection not in collections):
             return None
-        chunks = self._c.catalog.chunks_of(document_id)
-        states = self._coverage.chunk_states(document_id) if chunks else {}
+        chunks = self._catalog.chunks_of(document_id)
+        states: dict[int, str] = {}
+        if chunks:
+            if self._coverage is None:
+                raise RuntimeError("DocumentService built without coverage (no model loaded): no KV states")
+            states = self._coverage.chunk_states(document_id)
         return DocumentView(doc, [ChunkView(c, states.get(c.id, "missing")) for c in chunks])
 
     def delete(self, document_id: str, collections: Collection[str] | None = None) -> None:
         """Delete a document with its chunks, index entries and unshared KV; nothing if it is unknown or
         outside `collections` (None: any collection)."""
-        doc = self._c.catalog.get_document(document_id)
+        doc = self._catalog.get_document(document_id)
         if doc is not None and collections is not None and doc.collection not in collections:
             return  # another collection's document: answered like an unknown id, and left alone
         if doc is not None and doc.status == DocumentStatus.PENDING:
@@ -122,14 +135,14 @@ class DocumentService:
     def delete_document(self, document_id: str) -> bool:
         """Delete a document with its chunks, index entries and (unshared) KV entries, whatever its
         status; False if it is unknown."""
-        deleted = self._c.catalog.delete_document(document_id)
+        deleted = self._catalog.delete_document(document_id)
         if deleted is None:
             return False
         self._drop_chunks(deleted)
         return True
 
     def _purge_failed(self, collections: Collection[str] | None) -> int:
-        num_deleted, chunks = self._c.catalog.delete_documents_with_status(DocumentStatus.FAILED, collections)
+        num_deleted, chunks = self._catalog.delete_documents_with_status(DocumentStatus.FAILED, collections)
         self._drop_chunks(chunks)
         logger.info("purged %d failed documents", num_deleted)
         return num_deleted
@@ -138,13 +151,13 @@ class DocumentService:
         """Index entries and unshared KV entries of chunks just deleted from the catalog."""
         if not deleted:
             return
-        self._c.retriever.remove([c.id for c in deleted])
+        self._retriever.remove([c.id for c in deleted])
         keys = {c.kv_key for c in deleted if c.kv_key}
-        still_used = self._c.catalog.referenced_kv_keys(keys) | self.kv_in_use.among(keys)
+        still_used = self._catalog.referenced_kv_keys(keys) | self.kv_in_use.among(keys)
         for key in keys - still_used:  # first: it frees the space the snapshot below needs
-            self._c.store.delete(key)
+            self._store.delete(key)
         try:
-            self._c.retriever.save()
+            self._retriever.save()
         except OSError as exc:
             if not is_storage_full(exc):
                 raise
@@ -160,9 +173,9 @@ class DocumentService:
         if not keys:
             return
         try:
-            still_used = self._c.catalog.referenced_kv_keys(keys) | keep
+            still_used = self._catalog.referenced_kv_keys(keys) | keep
             for key in keys - still_used:
-                self._c.store.delete(key)
+                self._store.delete(key)
         except Exception as exc:
             logger.warning("could not remove the KV entries of failed documents: %s", exc)
 
@@ -182,6 +195,6 @@ class DocumentService:
 
     def count_by_status(self, collections: Collection[str] | None = None) -> dict[str, int]:
         return {
-            status.value: self._c.catalog.list_documents(offset=0, limit=1, status=status, collections=collections)[1]
+            status.value: self._catalog.list_documents(offset=0, limit=1, status=status, collections=collections)[1]
             for status in DocumentStatus
         }

@@ -24,9 +24,13 @@ from typing import TYPE_CHECKING
 from app.catalog import DocumentStatus
 
 if TYPE_CHECKING:
+    from app.build import KVKey
+    from app.catalog import Catalog
     from app.catalog.repository import ChunkRecord
-    from app.components import Components
+    from engine.engine import Engine
     from engine.scheduler import Scheduler
+    from ingest.chunker import TokenizerLike
+    from kvcache.store import TieredKVStore
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +44,13 @@ class RefreshPlan:
     old_keys: list[str]  # recorded keys no ready chunk expects under the served model: evicted first
 
 
-def plan_refresh(components: Components) -> RefreshPlan:
-    """Find the stale chunks (re-tokenizing those of another tokenizer) and the entries to evict."""
+def plan_refresh(catalog: Catalog, tokenizer: TokenizerLike, kv_key: KVKey) -> RefreshPlan:
+    """Find the stale chunks (re-tokenizing those of another tokenizer) and the entries to evict. `kv_key`:
+    the entry key under the served model."""
     from ingest.chunker import encode_chunk_text
 
-    catalog, tokenizer = components.catalog, components.engine.tokenizer
     ready = catalog.iter_chunks([DocumentStatus.READY])
-    stale = [c for c in ready if c.kv_key != components.expected_kv_key(c.token_ids)]
+    stale = [c for c in ready if c.kv_key != kv_key(c.token_ids)]
     recorded = {c.kv_key for c in ready if c.kv_key}
     retokenized: dict[int, list[int]] = {}
     for chunk in stale:
@@ -59,7 +63,7 @@ def plan_refresh(components: Components) -> RefreshPlan:
         stale_ids = {c.id for c in stale}
         ready = catalog.iter_chunks([DocumentStatus.READY])
         stale = [c for c in ready if c.id in stale_ids]
-    expected = {components.expected_kv_key(c.token_ids) for c in ready}
+    expected = {kv_key(c.token_ids) for c in ready}
     # Keys of documents still being ingested (or failed ones' leftovers) are not this plan's to evict.
     ready_documents = {c.document_id for c in ready}
     others = {c.kv_key for c in catalog.iter_chunks() if c.kv_key and c.document_id not in ready_documents}
@@ -69,8 +73,16 @@ def plan_refresh(components: Components) -> RefreshPlan:
 class KVRefresh:
     """The background recompute of one plan; `stop()` ends it between batches (what is done stays done)."""
 
-    def __init__(self, components: Components, scheduler: Scheduler, plan: RefreshPlan) -> None:
-        self._c = components
+    def __init__(
+        self,
+        catalog: Catalog,
+        engine: Engine,
+        store: TieredKVStore,
+        kv_key: KVKey,
+        scheduler: Scheduler,
+        plan: RefreshPlan,
+    ) -> None:
+        self._catalog, self._engine, self._store, self._kv_key = catalog, engine, store, kv_key
         self._scheduler = scheduler
         self.plan = plan
         self.num_done = 0
@@ -104,7 +116,7 @@ class KVRefresh:
         from engine.scheduler import PrefillPriority, SchedulerStopped
         from kvcache.writer import ensure_chunk_kv
 
-        store, engine, catalog = self._c.store, self._c.engine, self._c.catalog
+        store, engine, catalog = self._store, self._engine, self._catalog
         for key in self.plan.old_keys:
             store.delete(key)
         logger.info(
@@ -129,7 +141,7 @@ class KVRefresh:
                 )
             except SchedulerStopped:
                 return
-            keys = {c.id: self._c.expected_kv_key(c.token_ids) for c in batch}
+            keys = {c.id: self._kv_key(c.token_ids) for c in batch}
             catalog.set_kv_keys({i: k for i, k in keys.items() if k not in written.unwritten})
             self.num_done += len(batch)
         logger.info("KV refresh for %s done: %d chunk(s) computed", engine.served_model.name, self.num_done)

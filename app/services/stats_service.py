@@ -14,7 +14,7 @@ from app.services.estimates import PrefillRate
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from app.components import Components
+    from app.build import Services
     from app.services.document_service import DocumentService
     from engine.config import EngineSettings
     from engine.dtype_choice import DtypeChoice
@@ -45,13 +45,13 @@ class KVFootprint:
     disk_entries: int | None
 
 
-def kv_footprint(components: Components | None, settings: KVCacheSettings) -> KVFootprint:
+def kv_footprint(services: Services | None, settings: KVCacheSettings) -> KVFootprint:
     from kvcache.format import Int4Params, format_bytes_per_token
 
     per_token = None
     disk_budget, disk_bytes, disk_entries = None, 0, 0
-    if components is not None:
-        cfg = components.engine.config
+    if services is not None:
+        cfg = services.engine.config
         per_token = format_bytes_per_token(
             settings.storage_dtype,
             num_layers=cfg.num_layers,
@@ -59,7 +59,7 @@ def kv_footprint(components: Components | None, settings: KVCacheSettings) -> KV
             head_dim=cfg.head_dim,
             int4=Int4Params(k_group=settings.int4_k_group, v_group=settings.int4_v_group),
         )
-        disk = components.store.disk
+        disk = services.store.disk
         if disk is not None:
             st = disk.stats()
             disk_budget, disk_bytes, disk_entries = st.budget_bytes, st.num_bytes, st.num_entries
@@ -166,7 +166,7 @@ class StatsService:
 
     def snapshot(
         self,
-        components: Components | None,
+        services: Services | None,
         documents: DocumentService | None,
         scheduler: Scheduler | None,
         collections: Collection[str] | None = None,
@@ -175,24 +175,24 @@ class StatsService:
         sample = self._metrics.registry.get_sample_value
         tiers: list[TierStats] = []
         kv_hit_rate = None
-        if components is not None:
-            store_stats = components.store.stats()
+        if services is not None:
+            store_stats = services.store.stats()
             kv_hit_rate = hit_rate(store_stats.num_hits, store_stats.num_misses)
             tiers = list(store_stats.tiers)
         chunks = int(sample("blendrag_ingest_chunks_total") or 0)
         seconds = float(sample("blendrag_ingest_seconds_total") or 0.0)
         recent = self._metrics.recent.snapshot()
         rate = self._prefill_rate.tokens_per_s
-        served = components.engine.served_model if components is not None else None
-        engine_settings = components.engine.settings if components is not None else self._engine
-        in_force = components.blend if components is not None else None
-        runner = getattr(components, "calibration", None) if components is not None else None
+        served = services.engine.served_model if services is not None else None
+        engine_settings = services.engine.settings if services is not None else self._engine
+        in_force = services.blend if services is not None else None
+        runner = getattr(services, "calibration", None) if services is not None else None
         return ServingStats(
             model=served.name if served is not None else None,
             served_model=served,
-            fingerprint=components.engine.fingerprint[:12] if components is not None else None,
-            compute=components.engine.dtype_choice if components is not None else None,
-            embedder_compute=components.retriever.embedder.dtype_choice if components is not None else None,
+            fingerprint=services.engine.fingerprint[:12] if services is not None else None,
+            compute=services.engine.dtype_choice if services is not None else None,
+            embedder_compute=services.retriever.embedder.dtype_choice if services is not None else None,
             default_mode=engine_settings.mode,
             default_selector=engine_settings.selector,
             default_recompute_ratio=engine_settings.recompute_ratio,
@@ -203,7 +203,7 @@ class StatsService:
             documents_by_status=documents.count_by_status(collections) if documents is not None else {},
             kv_tiers=tiers,
             kv_hit_rate=kv_hit_rate,
-            kv_footprint=kv_footprint(components, self._kv_settings),
+            kv_footprint=kv_footprint(services, self._kv_settings),
             ask_kv_hits=int(sample("blendrag_ask_kv_lookups_total", {"result": "hit"}) or 0),
             ask_kv_misses=int(sample("blendrag_ask_kv_lookups_total", {"result": "miss"}) or 0),
             ingest_chunks=chunks,
@@ -213,6 +213,6 @@ class StatsService:
             recent=recent,
         )
 
-    def refresh_metrics(self, components: Components | None, scheduler: Scheduler | None) -> None:
+    def refresh_metrics(self, services: Services | None, scheduler: Scheduler | None) -> None:
         """Read the gauges that are sampled at scrape time (store bytes per tier, queue depth)."""
-        self._metrics.refresh(components.store.stats() if components is not None else None, queue_depth(scheduler))
+        self._metrics.refresh(services.store.stats() if services is not None else None, queue_depth(scheduler))

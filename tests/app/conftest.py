@@ -16,7 +16,7 @@ import pytest
 from enginetest_tiny import build_model
 from hash_embedder import HashEmbedder
 
-from app.components import Components
+from app.build import Services
 from app.settings import Settings
 
 
@@ -54,31 +54,27 @@ def make_fast_settings(tmp_path: Path, fast_model_dir: Path) -> Callable[..., Se
     return make
 
 
+# What the service tests use: every service of a command-line process (the server's minus its job queue).
+FAST_NEEDS = ("keys", "conversations", "documents", "coverage", "ingest", "ask", "doctor")
+
+
 @pytest.fixture
-def make_fast_components(fast_engine) -> Iterator[Callable[[Settings], Components]]:
-    """Components on the given settings around the session's engine and a hash embedder; closed at the end."""
-    from app.catalog import Catalog
-    from kvcache.store import TieredKVStore
-    from retrieval.retriever import Retriever
+def make_fast_services(fast_engine) -> Iterator[Callable[[Settings], Services]]:
+    """`build_services` on the given settings around the session's engine and a hash embedder; closed at the
+    end. Its scheduler is not started (chunk KV is computed in the caller's thread)."""
+    from app.build import build_services
 
-    built: list[Components] = []
+    built: list[Services] = []
 
-    def make(settings: Settings) -> Components:
+    def make(settings: Settings) -> Services:
         assert settings.engine.model == fast_engine.settings.model
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        components = Components(
-            settings=settings,
-            catalog=Catalog(settings.catalog.url or ""),
-            engine=fast_engine,
-            store=TieredKVStore(settings.kvcache),
-            retriever=Retriever.open(settings.index_dir, settings.retrieval, embedder=HashEmbedder()),  # type: ignore[arg-type]
-        )
-        built.append(components)
-        return components
+        services = build_services(settings, FAST_NEEDS, engine=fast_engine, embedder=HashEmbedder())  # type: ignore[arg-type]
+        built.append(services)
+        return services
 
     yield make
-    for components in built:
-        components.close()
+    for services in built:
+        services.close()
 
 
 @pytest.fixture
@@ -87,8 +83,8 @@ def fast_settings(make_fast_settings) -> Settings:
 
 
 @pytest.fixture
-def fast_components(make_fast_components, fast_settings: Settings) -> Components:
-    return make_fast_components(fast_settings)
+def fast_services(make_fast_services, fast_settings: Settings) -> Services:
+    return make_fast_services(fast_settings)
 
 
 SMALL_FS_BYTES = 48 * 1024 * 1024

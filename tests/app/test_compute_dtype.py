@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.build import build_services
 from app.compute_dtype import RECORD_FILE, data_dir_dtype
 from engine import dtype_choice
 from engine.dtype_choice import CpuBf16Support, DtypeChoice
@@ -79,7 +80,6 @@ def test_a_restart_whose_capability_check_differs_keeps_every_kv_key(
 ) -> None:
     """Two starts of a whole component stack on one data dir: the engine fingerprint (part of every KV key)
     is the same, so no stored entry goes stale by chance."""
-    from app.components import build_components
     from app.settings import load_settings
 
     settings = load_settings(
@@ -90,10 +90,10 @@ def test_a_restart_whose_capability_check_differs_keeps_every_kv_key(
     fingerprints = []
     for support in (AVX2, AMX):
         play_cpu(monkeypatch, support)
-        components = build_components(settings)
+        services = build_services(settings, {"doctor", "ingest"})
         try:
-            assert components.engine.dtype_choice.dtype == "float32"
-            fingerprints.append(components.engine.fingerprint)
+            assert services.engine.dtype_choice.dtype == "float32"
+            fingerprints.append(services.engine.fingerprint)
         finally:
-            components.close()
+            services.close()
     assert fingerprints[0] == fingerprints[1]

@@ -44,7 +44,7 @@ def test_the_default_model_answers_a_look_up_from_the_documents(tmp_path: Path, 
         assert stats["served_model"]["name"] == DEFAULT_MODEL
         assert (stats["served_model"]["source"], stats["served_model"]["origin_quantisation"]) == ("catalog", "Q4_K_M")
         # The prompt is laid out by the model's own chat template (ChatML, carried over from its GGUF).
-        engine = client.app.state.blendrag.components.engine  # type: ignore[attr-defined]
+        engine = client.app.state.blendrag.services.engine  # type: ignore[attr-defined]
         assert engine.tokenizer.decode(engine.prompt.prefix_ids) == (
             "<|im_start|>system\nYou are a helpful assistant. Answer the question using the documents. "
             "Be concise.<|im_end|>\n<|im_start|>user\n"

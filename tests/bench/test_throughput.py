@@ -35,12 +35,15 @@ def test_throughput_in_process_end_to_end(run_bench, dataset_path, tmp_path) -> 
     assert all(r["mode"] == p["mode"] for p in result["phases"] for r in p["requests"])
 
     decode = result["decode"]
-    assert list(decode["per_clients"]) == ["1", "3"] and decode["max_tokens"] == 6
+    assert list(decode["per_clients"]) == ["1", "3"] and decode["window_tokens_per_request"] == 6
     one, three = decode["per_clients"]["1"], decode["per_clients"]["3"]
     assert one["clients"] == 1 and three["clients"] == 3
-    assert one["tokens_per_request"] == three["tokens_per_request"] == 6
-    assert one["window_tokens"] == 5  # one request: every token after the first lies in its window
-    assert 0 < three["window_tokens"] <= 3 * 5
+    assert one["window_tokens"] == 6 and one["tokens_before_window"] == [1]  # the first token opens it
+    # The window opens at the third request's first token, however many the first two decoded before it,
+    # and closes when the first of them has its 6 tokens in it.
+    assert len(three["tokens_before_window"]) == 3 and three["tokens_before_window"][-1] == 1
+    assert min(three["tokens_before_window"]) >= 1
+    assert 6 <= three["window_tokens"] <= 3 * 6
     assert one["decode_tokens_per_s"] == one["window_tokens"] / one["window_s"]
     assert decode["speedup"] == three["decode_tokens_per_s"] / one["decode_tokens_per_s"]
 

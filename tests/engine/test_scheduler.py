@@ -365,6 +365,8 @@ async def test_cancel_during_the_prompt_pass_stops_at_a_layer_and_the_worker_clo
         release.set()
         events = await asyncio.wait_for(_collect(stream), 30)
     assert [e.finish_reason for e in events] == ["cancelled"]
-    assert layers_read == [0, 1]  # stopped at the boundary before layer 2
+    # Stopped at the first boundary the worker reached after the cancel (before layer 1, or before layer 2 when
+    # it passed that one first): the source is read at most one layer ahead (engine/stored_context.py).
+    assert layers_read in ([0, 1], [0, 1, 2])
     assert closed_by == ["blendrag-engine"]
     assert "failed" not in caplog.text

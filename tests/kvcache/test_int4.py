@@ -106,6 +106,19 @@ def test_host_dequantize_matches_torch_bit_for_bit(group: int) -> None:
         assert torch.equal(wide[:, 5:42], out) and not wide[:, :5].any() and not wide[:, 42:].any()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [8, 16, 24, 48])
+def test_host_dequantize_into_the_compute_dtype_rounds_like_torch(group: int, dtype: torch.dtype) -> None:
+    # Straight into a bf16/fp16 view of a wider tensor (a chunk's rows of the prompt's layer), no float32 copy.
+    x = _layer(2, tokens=37)
+    for kind in ("k", "v"):
+        q4 = quantize_int4(x, kind=kind, k_group_target=group, v_group=group)  # type: ignore[arg-type]
+        wide = torch.zeros(3, 50, 16, dtype=dtype)
+        host_dequantize_int4(wide[:, 5:42], q4.packed, q4.scale, q4.zero, kind, q4.group)  # type: ignore[arg-type]
+        assert torch.equal(wide[:, 5:42], dequantize_int4(q4, kind, dtype))  # type: ignore[arg-type]
+        assert not wide[:, :5].any() and not wide[:, 42:].any()
+
+
 def test_non_finite_and_odd_head_dim_are_refused() -> None:
     kv = make_kv(0, dtype=torch.float32)
     kv.v[0, 0, 0, 0] = float("inf")

@@ -12,32 +12,34 @@ from app.services.ingest.progress import Progress
 from app.services.ingest.types import IngestSource, JobError, WorkItem
 
 if TYPE_CHECKING:
+    from app.build import KVKey
     from app.catalog import Catalog
-    from app.components import Components
     from app.services.document_service import DocumentService
     from app.services.estimates import PrefillRate
     from app.settings import Settings
+    from engine.engine import Engine
     from engine.scheduler import Scheduler
+    from kvcache.store import TieredKVStore
+    from retrieval.retriever import Retriever
 
 
 @dataclass(frozen=True)
 class IngestEnv:
-    """The components a job's stages use. `scheduler` computes the chunks' KV (questions go first);
-    `documents` deletes what a re-ingest replaces and knows which KV entries a running job holds."""
+    """What a job's stages use: the engine's tokenizer (chunk) and identity (KV keys), the retriever
+    (embed, index), the KV store, `scheduler` to compute the chunks' KV (questions go first; unstarted, it
+    computes in the ingest thread) and `documents`, which deletes what a re-ingest replaces and knows which
+    KV entries a running job holds."""
 
-    components: Components
+    settings: Settings
+    catalog: Catalog
+    engine: Engine
+    retriever: Retriever
+    store: TieredKVStore
+    kv_key: KVKey
     scheduler: Scheduler
     documents: DocumentService
     prefill_rate: PrefillRate | None = None
     on_storage_fault: Callable[[str], None] | None = None
-
-    @property
-    def catalog(self) -> Catalog:
-        return self.components.catalog
-
-    @property
-    def settings(self) -> Settings:
-        return self.components.settings
 
     def storage_fault(self, message: str) -> None:
         if self.on_storage_fault is not None:

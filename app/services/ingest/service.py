@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 from app.catalog import JobStatus
 from app.catalog.models import DEFAULT_COLLECTION
-from app.services.document_service import DocumentService
 from app.services.ingest import submission
 from app.services.ingest.context import IngestEnv
 from app.services.ingest.progress import ProgressCallback
@@ -22,78 +21,61 @@ from app.services.ingest.worker import IngestWorker
 
 if TYPE_CHECKING:
     from app.catalog.repository import JobRecord
-    from app.components import Components
-    from app.services.estimates import PrefillRate
-    from engine.scheduler import Scheduler
 
 
 class IngestService:
     def __init__(
         self,
-        components: Components,
-        on_chunks_committed: Callable[[int, float], None] | None = None,
-        prefill_rate: PrefillRate | None = None,
-        scheduler: Scheduler | None = None,
-        on_storage_fault: Callable[[str], None] | None = None,
+        env: IngestEnv,
+        *,
         dispatch: Callable[[str], object] | None = None,
+        on_chunks_committed: Callable[[int, float], None] | None = None,
         free_space: Callable[[], bool] | None = None,
-        documents: DocumentService | None = None,
     ) -> None:
-        """`scheduler` computes the chunks' KV (questions go first); without one, an unstarted scheduler
-        of its own computes them in the ingest thread (CLI ingest, tests). `dispatch(job_id)` hands
-        submitted jobs elsewhere (the PostgreSQL queue of `blendrag worker`); by default they run on this
-        service's own worker thread. `documents` deletes what a re-ingest replaces; the server passes the
-        one its routes delete through, so a deletion never removes KV entries a running job holds."""
-        from app.components import build_scheduler
-
-        self._c = components
+        """`env`: what the stages use (catalog, engine, retriever, KV store, scheduler, documents …).
+        `dispatch(job_id)` hands submitted jobs elsewhere (the PostgreSQL queue of `blendrag worker`); without
+        it they run on this service's own worker thread. `on_chunks_committed(num_chunks, seconds)` hears of
+        each commit; `free_space()` releases the storage reserve so a failure can be written down."""
+        self._env = env
+        self._catalog = env.catalog
         self._dispatch = dispatch
-        self._env = IngestEnv(
-            components=components,
-            scheduler=scheduler if scheduler is not None else build_scheduler(components),
-            documents=documents
-            if documents is not None
-            else DocumentService(components, on_storage_fault=on_storage_fault),
-            prefill_rate=prefill_rate,
-            on_storage_fault=on_storage_fault,
-        )
-        self._worker = IngestWorker(self._env, on_chunks_committed=on_chunks_committed, free_space=free_space)
+        self._worker = IngestWorker(env, on_chunks_committed=on_chunks_committed, free_space=free_space)
 
     def submit(
         self, sources: list[IngestSource], *, enqueue: bool = True, collection: str = DEFAULT_COLLECTION
     ) -> SubmitResult:
         """Create the job adding `sources` to `collection` (refused with IngestError / IngestTooLarge over a
         cap) and queue it unless told not to."""
-        submission.check_caps(sources, self._c.settings.ingest, self._count_tokens)
-        result = submission.create_job(self._c.catalog, self._env.documents, sources, collection)
+        submission.check_caps(sources, self._env.settings.ingest, self._count_tokens)
+        result = submission.create_job(self._catalog, self._env.documents, sources, collection)
         if enqueue:
             (self._dispatch or self._worker.enqueue)(result.job_id)
         return result
 
     def _count_tokens(self, text: str) -> int:
-        return len(self._c.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return len(self._env.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def recent_jobs(self, limit: int, collections: Collection[str] | None = None) -> list[JobRecord]:
         """The newest jobs (of `collections`; None: all)."""
         # Each as get_job reports it: a job whose failure is not yet written reads failed in both.
-        jobs = self._c.catalog.list_jobs(limit=limit, collections=collections)
+        jobs = self._catalog.list_jobs(limit=limit, collections=collections)
         return [self._worker.settled_view(job) for job in jobs]
 
     def get_job(self, job_id: str) -> JobRecord | None:
-        job = self._c.catalog.get_job(job_id)
+        job = self._catalog.get_job(job_id)
         return self._worker.settled_view(job) if job is not None else None
 
     def cancel(self, job_id: str) -> JobRecord:
         """Ask a job to stop (KeyError if unknown): a queued one is cancelled now, a running one at its
         next cancel check (before the commit at the latest)."""
-        job = self._c.catalog.get_job(job_id)
+        job = self._catalog.get_job(job_id)
         if job is None:
             raise KeyError(job_id)
         if not job.status.finished:
-            self._c.catalog.update_job(job_id, cancel_requested=True)
+            self._catalog.update_job(job_id, cancel_requested=True)
             if job.status == JobStatus.QUEUED:
                 self._worker.finish_cancelled(job_id, [])
-        return self._c.catalog.get_job(job_id)  # type: ignore[return-value]
+        return self._catalog.get_job(job_id)  # type: ignore[return-value]
 
     def start(self) -> None:
         self._worker.start()

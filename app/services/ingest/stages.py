@@ -133,7 +133,7 @@ def chunk(ctx: JobContext) -> None:
     tracker = ctx.progress
     tracker.stage("chunk", len(live))
     limits = ctx.env.settings.ingest
-    chunker = Chunker.from_settings(ctx.env.components.engine.tokenizer, limits)
+    chunker = Chunker.from_settings(ctx.env.engine.tokenizer, limits)
     job_tokens = 0
     for n, item in enumerate(live, 1):
         tracker.check_cancel()
@@ -195,7 +195,7 @@ def embed(ctx: JobContext) -> None:
         for item in live
         for c in item.chunks
     ]
-    retriever = ctx.env.components.retriever
+    retriever = ctx.env.retriever
     batch = max(1, ctx.env.settings.retrieval.embed_batch_size)
     parts = []
     for start in range(0, len(flat), batch):
@@ -225,13 +225,12 @@ def precompute_kv(ctx: JobContext) -> None:
     from kvcache.writer import ensure_chunk_kv
 
     env, tracker = ctx.env, ctx.progress
-    components = env.components
-    engine = components.engine
+    engine = env.engine
     live = ctx.live()
     token_ids = [c.token_ids for item in live for c in item.chunks]
     tracker.stage("kv", len(token_ids))
     for item in live:
-        item.kv_keys = [components.expected_kv_key(c.token_ids) for c in item.chunks]
+        item.kv_keys = [env.kv_key(c.token_ids) for c in item.chunks]
         env.documents.kv_in_use.add(item.kv_keys)
 
     def on_batch(num_done: int) -> None:
@@ -241,7 +240,7 @@ def precompute_kv(ctx: JobContext) -> None:
     tracker.check_cancel()
     rate = env.prefill_rate
     written = ensure_chunk_kv(
-        components.store,
+        env.store,
         token_ids,
         model_fingerprint=engine.fingerprint,
         prefix_ids=engine.prompt.prefix_ids,
@@ -282,7 +281,7 @@ def commit(ctx: JobContext) -> int:
     tracker = ctx.progress
     tracker.stage("commit", len(live))
     tracker.check_cancel(force=True)
-    catalog, retriever = ctx.env.catalog, ctx.env.components.retriever
+    catalog, retriever = ctx.env.catalog, ctx.env.retriever
     num_chunks = 0
     committed: list[tuple[WorkItem, DocumentRecord]] = []
     for n, item in enumerate(live, 1):

@@ -162,12 +162,12 @@ class IngestWorker:
             self._queue.put(job.id)
             resumed.append(job.id)
         if resumed:
-            self._env.components.retriever.save()
+            self._env.retriever.save()
         return resumed
 
     def reset_interrupted(self, job: JobRecord) -> None:
         """Remove what an interrupted run of `job` half-wrote and mark it queued, ready to run again."""
-        catalog, retriever = self._catalog, self._env.components.retriever
+        catalog, retriever = self._catalog, self._env.retriever
         num_sources = len(job.spec.get("sources", []))
         for doc_id in job.document_ids[num_sources:]:
             # Documents fanned out of a json/jsonl file: parse creates them again.
@@ -252,7 +252,7 @@ class IngestWorker:
         # Every document of the job is failed now: none may keep index entries a commit already added
         # (the index must hold exactly the catalog's ready chunks).
         for item in ctx.items:
-            self._env.components.retriever.remove_document(item.document_id)
+            self._env.retriever.remove_document(item.document_id)
         try:
             self._with_reserve(mark_failed)
         except Exception as handler_exc:  # e.g. the catalog is full too: never leave the job `running`
@@ -267,7 +267,7 @@ class IngestWorker:
             return
         dropped = self._catalog.fail_pending(job.document_ids, "ingest cancelled")
         if dropped:
-            self._env.components.retriever.remove(dropped)
+            self._env.retriever.remove(dropped)
         self._catalog.update_job(job_id, status=JobStatus.CANCELLED, errors=error_rows(errors))
         remove_uploads(self._env.settings.uploads_dir, job)
 

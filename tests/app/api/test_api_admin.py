@@ -68,9 +68,9 @@ def test_coverage_sees_a_lost_entry_as_missing(client: TestClient) -> None:
     wait_for_job(client, accepted["job_id"])
     doc_id = accepted["document_ids"][0]
     before = client.get("/api/coverage").json()
-    components = client.app.state.blendrag.components  # type: ignore[attr-defined]
-    [chunk] = components.catalog.chunks_of(doc_id)
-    components.store.delete(chunk.kv_key)
+    services = client.app.state.blendrag.services  # type: ignore[attr-defined]
+    [chunk] = services.catalog.chunks_of(doc_id)
+    services.store.delete(chunk.kv_key)
     after = client.get("/api/coverage").json()
     assert after["chunks_total"] == before["chunks_total"]
     assert after["chunks_fresh"] == before["chunks_fresh"] - 1
@@ -186,7 +186,7 @@ def test_metrics_use_route_templates_and_cover_every_family(client: TestClient, 
     assert sample(text, "blendrag_ttft_seconds_count", mode="reuse") >= 1
     assert sample(text, "blendrag_recompute_ratio_count") >= 1
     assert sample(text, "blendrag_asks_total", mode="reuse", outcome=outcome) >= 1
-    stats = client.app.state.blendrag.components.store.stats()  # type: ignore[attr-defined]
+    stats = client.app.state.blendrag.services.store.stats()  # type: ignore[attr-defined]
     for tier in stats.tiers:
         assert sample(text, "blendrag_kv_bytes", tier=tier.name) == tier.num_bytes
         assert sample(text, "blendrag_kv_entries", tier=tier.name) == tier.num_entries
@@ -231,7 +231,7 @@ def test_after_a_switch_the_stale_kv_is_recomputed_in_the_background(tmp_path: P
     with TestClient(create_app(server_settings(data_dir, tiny_llama_dir), load_in_background=False)) as old:
         accepted = old.post("/ingest", json={"documents": [{"title": "Old", "text": "Stored before."}]}).json()
         assert wait_for_job(old, accepted["job_id"])["status"] == "succeeded"
-        old_key = old.app.state.blendrag.components.catalog.iter_chunks()[0].kv_key  # type: ignore[attr-defined]
+        old_key = old.app.state.blendrag.services.catalog.iter_chunks()[0].kv_key  # type: ignore[attr-defined]
     settings = server_settings(data_dir, tiny_llama_dir, engine={"system_prompt": "Answer in one word."})
     with TestClient(create_app(settings, load_in_background=False)) as new:
         state = new.app.state.blendrag  # type: ignore[attr-defined]
@@ -240,7 +240,7 @@ def test_after_a_switch_the_stale_kv_is_recomputed_in_the_background(tmp_path: P
             "fresh"
         ]
         assert new.get("/api/coverage").json()["coverage"] == 1.0
-        assert not state.components.store.contains(old_key)  # the old prompt's entry was evicted
+        assert not state.services.store.contains(old_key)  # the old prompt's entry was evicted
         answer = new.post("/ask", json={"question": "What was stored?", "max_tokens": 1, "stream": False}).json()
         assert (answer["kv_hits"], answer["kv_misses"]) == (1, 0)
 

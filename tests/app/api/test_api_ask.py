@@ -193,7 +193,7 @@ def test_bench_builds_the_prompt_ask_serves(client: TestClient, corpus: dict[str
     events = ask_stream(client, top_k=3, max_tokens=1)
     [request] = submitted
     ranked = [Passage(title=s["title"], text=s["text"]) for s in events[0][1]["sources"]]
-    engine = state.components.engine
+    engine = state.services.engine
     bench = build_prompt(engine.prompt, engine.tokenizer, Example(0, QUESTION, ["x"], ranked), num_passages=3)
     assert request.layout.all_ids() == bench.layout.all_ids()
     assert request.layout.chunk_ids == bench.chunk_ids and len(bench.chunk_ids) == 3

@@ -42,7 +42,7 @@ def _ask(client: TestClient, question: str, **body: Any) -> dict[str, Any]:
 def _expected_ids(client: TestClient, system: str | None, layout: Any, turns: list[Turn], question: str) -> list[int]:
     """prefix + the prompt's chunk ids + the chat template's rendering of everything after them (a client's
     system prompt restated after the question)."""
-    engine = client.app.state.blendrag.components.engine
+    engine = client.app.state.blendrag.services.engine
     tok = engine.tokenizer
     if system is not None:
         question = f"{question}\n\n{system}"
@@ -78,7 +78,7 @@ def test_three_turn_ask_and_v1_prompts_are_the_chat_template(
         # Each earlier turn's KV was stored when it finished: all of it reused.
         assert done["usage"]["history_reused_tokens"] == done["usage"]["history_tokens"]
         # The sources come first in the prompt, in the same chunks as the catalog's.
-        chunks = state.components.catalog.chunks_by_ids([s["chunk_id"] for s in done["sources"]])
+        chunks = state.services.catalog.chunks_by_ids([s["chunk_id"] for s in done["sources"]])
         assert layout.retrieved_chunk_ids == [chunks[s["chunk_id"]].token_ids for s in reversed(done["sources"])]
         dones.append(done)
         turns.append(Turn(question, done["answer"]))
@@ -100,7 +100,7 @@ def test_three_turn_ask_and_v1_prompts_are_the_chat_template(
     body = response.json()
     v1_layout = submitted[-1].layout
     assert v1_layout.all_ids() == _expected_ids(client, None, v1_layout, turns[:2], QUESTIONS[2])
-    assert v1_layout.history_ids == [state.components.engine.prompt.turn_ids(t) for t in turns[:2]]
+    assert v1_layout.history_ids == [state.services.engine.prompt.turn_ids(t) for t in turns[:2]]
     assert body["usage"]["history_tokens"] == v1_layout.num_history_tokens > 0
     assert body["usage"]["history_reused_tokens"] == body["usage"]["history_tokens"]
     assert body["blendrag"]["conversation_id"] is None  # nothing stored
@@ -128,7 +128,7 @@ def test_client_system_prompt_is_its_own_prefix(
     response = client.post("/v1/chat/completions", json={"messages": messages, "top_k": 2, **SAMPLING})
     assert response.status_code == 200, response.text
     layout = submitted[-1].layout
-    engine = client.app.state.blendrag.components.engine
+    engine = client.app.state.blendrag.services.engine
     assert layout.prefix_ids == engine.prompt.for_system_prompt(system).prefix_ids != engine.prompt.prefix_ids
     assert layout.all_ids() == _expected_ids(client, system, layout, [Turn(QUESTIONS[0], "Quintaro.")], QUESTIONS[1])
     assert submitted[-1].mode == "blend" and submitted[-1].kv_source is not None  # blended, not refused
@@ -143,10 +143,10 @@ def test_client_system_prompt_is_its_own_prefix(
 
 def test_missing_or_corrupt_turn_entry_is_recomputed(client: TestClient, corpus: dict[str, str]) -> None:
     state = client.app.state.blendrag
-    store, components = state.components.store, state.components
+    store, services = state.services.store, state.services
     first = _ask(client, QUESTIONS[0], conversation_id="new")
     turn = Turn(QUESTIONS[0], first["answer"])
-    key = components.expected_kv_key(components.engine.prompt.turn_ids(turn))
+    key = services.kv_key(services.engine.prompt.turn_ids(turn))
     assert store.contains(key) == "history_memory"
 
     store.delete(key)  # missing everywhere
@@ -163,11 +163,11 @@ def test_missing_or_corrupt_turn_entry_is_recomputed(client: TestClient, corpus:
     third = _ask(client, QUESTIONS[1], conversation_id=first["conversation_id"])
     assert third["finish_reason"] in ("stop", "length")
     # The corrupt first turn was computed again; the second turn's entry was reused.
-    num_first = len(components.engine.prompt.turn_ids(turn))
+    num_first = len(services.engine.prompt.turn_ids(turn))
     assert third["history_turns"] == 2
     assert third["usage"]["history_reused_tokens"] == third["usage"]["history_tokens"] - num_first > 0
     got = store.get(key)
-    assert got is not None and got.num_tokens == len(components.engine.prompt.turn_ids(turn))
+    assert got is not None and got.num_tokens == len(services.engine.prompt.turn_ids(turn))
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +188,7 @@ def test_history_budget_drops_the_oldest_turns(tight: TestClient) -> None:
     from apitools import ingest_corpus
 
     ingest_corpus(tight)
-    engine = tight.app.state.blendrag.components.engine
+    engine = tight.app.state.blendrag.services.engine
     turns = [Turn("Where is Quintaro?", "On Zorblat."), Turn("Rivers?", "Purple."), Turn("Kites?", "In May.")]
     sizes = [len(engine.prompt.turn_ids(t)) for t in turns]
     assert sizes[2] <= 30 < sizes[1] + sizes[2]  # the budget holds the newest turn only

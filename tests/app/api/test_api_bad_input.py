@@ -147,7 +147,7 @@ def test_chat_question_over_the_ask_cap_is_400(client: TestClient) -> None:
 
 
 def test_prompt_longer_than_the_context_is_422(client: TestClient, corpus: dict[str, str]) -> None:
-    model = client.app.state.blendrag.components.engine.model  # type: ignore[attr-defined]
+    model = client.app.state.blendrag.services.engine.model  # type: ignore[attr-defined]
     saved = model.config
     # The tiny model's 8,192 positions cannot be reached under the question cap: pretend it has 40.
     model.config = dataclasses.replace(saved, max_position_embeddings=40)

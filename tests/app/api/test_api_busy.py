@@ -76,6 +76,14 @@ def test_full_engine_answers_503_then_recovers(busy_server: LiveServer) -> None:
             "code": "engine_busy",
         }
         assert "blendrag_engine_queue_depth 2.0" in http.get("/metrics").text
+        # The busy check comes before the conversation is opened: an id nobody has is not even looked up.
+        unknown = http.post("/ask", json={**short, "conversation_id": "nope"})
+        assert (unknown.status_code, unknown.json()) == (503, {"detail": "the engine is busy, retry shortly"})
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "q"}], "conversation_id": "nope"},
+        )
+        assert (chat.status_code, chat.json()["error"]["code"]) == (503, "engine_busy")
 
         # Closing the first stream cancels its request; the queued one runs to the end.
         running.close()

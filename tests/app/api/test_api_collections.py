@@ -198,7 +198,7 @@ def test_documents_are_scoped_and_another_collections_look_unknown(server: TestC
     assert read_only.status_code == 403
     assert server.delete("/documents", params={"status": "failed"}, headers=world["b"]).status_code == 403
     # A failed document of team-a: B's purge leaves it, and B's own job list and cancel never see A's job.
-    catalog = server.app.state.blendrag.components.catalog
+    catalog = server.app.state.blendrag.services.catalog
     failed = catalog.add_document(
         title="broken", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None, collection="team-a"
     )
@@ -348,15 +348,15 @@ def test_deleting_a_collection_keeps_kv_entries_another_collection_uses(
         assert job["status"] == "succeeded", job  # the same text in another collection is no duplicate
         ids[collection] = job["document_ids"][0]
     state = server.app.state.blendrag
-    key = state.components.catalog.chunks_of(ids["stays"])[0].kv_key
-    assert key == state.components.catalog.chunks_of(ids["gone"])[0].kv_key  # one entry, shared by content
+    key = state.services.catalog.chunks_of(ids["stays"])[0].kv_key
+    assert key == state.services.catalog.chunks_of(ids["gone"])[0].kv_key  # one entry, shared by content
     deleted = server.delete("/collections/gone", headers=ADMIN)
     assert deleted.json() == {"name": "gone", "deleted": 1}
     assert server.get(f"/documents/{ids['gone']}", headers=ADMIN).status_code == 404
-    assert state.components.store.contains(key)
+    assert state.services.store.contains(key)
     assert server.delete("/collections/gone", headers=ADMIN).status_code == 404
     assert server.delete("/collections/stays", headers=ADMIN).json()["deleted"] == 1
-    assert not state.components.store.contains(key)
+    assert not state.services.store.contains(key)
 
 
 @pytest.fixture(scope="module")
@@ -393,7 +393,7 @@ def test_anonymous_callers_continue_only_conversations_within_the_public_collect
     """/ask and /v1 continuing a stored conversation: one made before keys existed (every collection
     searched, owner none) is a 404 for an anonymous caller of `public_collections: [team-a]`, so its
     history never reaches a team-a prompt; one over team-a is continued by its id, never listed."""
-    catalog = public_server.app.state.blendrag.components.catalog
+    catalog = public_server.app.state.blendrag.services.catalog
     before_keys = catalog.conversations.create(None, "what is in every collection?", None)
     v1_body = {"messages": [{"role": "user", "content": QUESTION}], "max_tokens": 2}
     assert _ask(public_server, {}, conversation_id=before_keys.id).status_code == 404

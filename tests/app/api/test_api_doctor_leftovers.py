@@ -8,7 +8,7 @@ from pathlib import Path
 from apitools import server_settings, wait_for_job
 from fastapi.testclient import TestClient
 
-from app.components import build_components
+from app.build import build_services
 from app.main import create_app
 from app.services.doctor import run_doctor
 
@@ -25,10 +25,10 @@ def test_doctor_finds_and_repair_removes_unreferenced_uploads_and_kv(tmp_path: P
         assert len(document_ids) == 1
         gone = client.post("/ingest", json={"documents": [{"title": "Gone", "text": "Soon an orphan entry."}]}).json()
         assert wait_for_job(client, gone["job_id"])["status"] == "succeeded"
-        components = client.app.state.blendrag.components  # type: ignore[attr-defined]
+        services = client.app.state.blendrag.services  # type: ignore[attr-defined]
         # the row goes without its KV entry (what a crash between the two used to leave)
-        components.catalog.delete_document(gone["document_ids"][0])
-        num_kv_before = len(components.store.keys())
+        services.catalog.delete_document(gone["document_ids"][0])
+        num_kv_before = len(services.store.keys())
     # A finished job's uploads are removed when it ends (duplicates' files at once): nothing is left over.
     assert [p for p in settings.uploads_dir.rglob("*")] == []
     # What a crash between storing an upload and queueing its job could leave: doctor finds it.
@@ -38,11 +38,11 @@ def test_doctor_finds_and_repair_removes_unreferenced_uploads_and_kv(tmp_path: P
         stray.with_name(f"note{n}.txt").write_bytes(note)
 
     def doctor(repair: bool):
-        components = build_components(settings)
+        services = build_services(settings, {"doctor", "ingest"})
         try:
-            return run_doctor(components, repair=repair), len(components.store.keys())
+            return run_doctor(services.doctor_parts(), repair=repair), len(services.store.keys())
         finally:
-            components.close()
+            services.close()
 
     report, _ = doctor(repair=False)
     assert len(report.unreferenced_upload_paths) == 3
@@ -68,5 +68,5 @@ def test_uploads_are_removed_when_their_job_ends(tmp_path: Path, tiny_llama_dir:
         again = client.post("/ingest", files=[("files", ("a.txt", b"Kites of Zorblat fly in May."))]).json()
         assert again["document_ids"] == succeeded["document_ids"][:1]  # a duplicate: answered at submit
         assert [p for p in settings.uploads_dir.rglob("*")] == []
-        components = client.app.state.blendrag.components  # type: ignore[attr-defined]
-        assert run_doctor(components, repair=False).unreferenced_upload_paths == []
+        services = client.app.state.blendrag.services  # type: ignore[attr-defined]
+        assert run_doctor(services.doctor_parts(), repair=False).unreferenced_upload_paths == []

@@ -50,9 +50,9 @@ def test_json_ingest_is_accepted_and_its_job_succeeds(client: TestClient, corpus
     kv = job["progress"]["kv"]
     assert (kv["done"], kv["total"]) == (1, 1)
     # what the job added to the KV store: its one entry's file, and that chunk's tokens
-    components = client.app.state.blendrag.components  # type: ignore[attr-defined]
-    [chunk] = components.catalog.chunks_of(body["document_ids"][0])
-    located = components.store.locate_many([chunk.kv_key])[chunk.kv_key]
+    services = client.app.state.blendrag.services  # type: ignore[attr-defined]
+    [chunk] = services.catalog.chunks_of(body["document_ids"][0])
+    located = services.store.locate_many([chunk.kv_key])[chunk.kv_key]
     assert (kv["bytes"], kv["tokens"]) == (located.num_bytes_by_tier["disk"], len(chunk.token_ids))
     assert job["progress"]["commit"] == {"done": 1, "total": 1}
 
@@ -355,9 +355,9 @@ def test_a_chunk_whose_kv_entry_is_gone_shows_missing(client: TestClient) -> Non
     ).json()
     wait_for_job(client, accepted["job_id"])
     doc_id = accepted["document_ids"][0]
-    components = state_of(client).components
-    [chunk] = components.catalog.chunks_of(doc_id)
-    assert components.store.delete(chunk.kv_key)
+    services = state_of(client).services
+    [chunk] = services.catalog.chunks_of(doc_id)
+    assert services.store.delete(chunk.kv_key)
     body = client.get(f"/documents/{doc_id}").json()
     assert [c["kv_state"] for c in body["chunks"]] == ["missing"]
     assert body["kv"] == {"fresh": 0, "stale": 0, "missing": 1}
@@ -376,15 +376,15 @@ def test_delete_is_idempotent(client: TestClient) -> None:
     ).json()
     wait_for_job(client, accepted["job_id"])
     doc_id = accepted["document_ids"][0]
-    components = state_of(client).components
-    [chunk] = components.catalog.chunks_of(doc_id)
+    services = state_of(client).services
+    [chunk] = services.catalog.chunks_of(doc_id)
 
     first = client.delete(f"/documents/{doc_id}")
     assert first.status_code == 204
     assert first.content == b""
     assert client.get(f"/documents/{doc_id}").status_code == 404
-    assert components.store.contains(chunk.kv_key) is None  # its unshared KV entry went too
-    assert chunk.id not in {h.chunk_id for h in components.retriever.search("deleted right away", top_k=10)}
+    assert services.store.contains(chunk.kv_key) is None  # its unshared KV entry went too
+    assert chunk.id not in {h.chunk_id for h in services.retriever.search("deleted right away", top_k=10)}
     assert client.delete(f"/documents/{doc_id}").status_code == 204
     assert client.delete("/documents/never-existed").status_code == 204
 

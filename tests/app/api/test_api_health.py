@@ -55,8 +55,8 @@ def test_start_up_logs_each_step_loads_the_embedder_and_ends_with_ready_at(
     caplog.set_level(logging.INFO)
     with TestClient(create_app(settings, load_in_background=False)) as client:
         state = client.app.state.blendrag
-        assert state.components.retriever.embedder._model is not None  # loaded before the first question
-    steps = [r.getMessage() for r in caplog.records if r.name in ("app.components", "app.state")]
+        assert state.services.retriever.embedder._model is not None  # loaded before the first question
+    steps = [r.getMessage() for r in caplog.records if r.name in ("app.build", "app.state")]
     assert [re.sub(r"[\d.]+ s\b", "N s", m.split(" (")[0].split(" …")[0]) for m in steps] == [
         "start-up: catalog open",
         f"start-up: loading the model {tiny_llama_dir}",

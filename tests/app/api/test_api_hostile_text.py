@@ -11,6 +11,7 @@ import httpx
 from apitools import LiveServer, server_settings, wait_for_job
 from fastapi.testclient import TestClient
 
+from app.build import build_services
 from app.main import create_app
 from app.remote import RemoteServer
 from app.settings import Settings
@@ -66,7 +67,6 @@ def test_separator_in_title_tags_text_survives_restarts(tmp_path: Path, tiny_lla
 
 
 def test_unreadable_snapshot_is_rebuilt_and_moved_index_refilled(tmp_path: Path, tiny_llama_dir: Path) -> None:
-    from app.components import build_components
     from app.services.doctor import run_doctor
 
     settings = server_settings(tmp_path / "data", tiny_llama_dir)
@@ -88,11 +88,11 @@ def test_unreadable_snapshot_is_rebuilt_and_moved_index_refilled(tmp_path: Path,
         assert "Q3\u2028report" in _ask_titles(client)
     # doctor on a broken snapshot reports what it fixed instead of crashing
     (settings.index_dir / "MANIFEST.json").write_text("{not json")
-    components = build_components(settings)
+    services = build_services(settings, {"doctor", "ingest"})
     try:
-        report = run_doctor(components, repair=False)
+        report = run_doctor(services.doctor_parts(), repair=False)
     finally:
-        components.close()
+        services.close()
     assert report.index_repair_note is not None and "rebuilt from the catalog" in report.index_repair_note
     assert (report.num_chunks, report.problems) == (num_chunks, 0)
 

@@ -8,7 +8,7 @@ from fastapi.testclient import TestClient
 
 
 def num_entries(client: TestClient) -> int:
-    return len(client.app.state.blendrag.components.store.keys())  # type: ignore[attr-defined]
+    return len(client.app.state.blendrag.services.store.keys())  # type: ignore[attr-defined]
 
 
 def test_two_thousand_one_letter_messages_are_refused_before_any_work(

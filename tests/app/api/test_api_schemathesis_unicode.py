@@ -22,6 +22,7 @@ import pytest
 from apitools import server_settings
 from fastapi.testclient import TestClient
 
+from app.build import build_services
 from app.main import create_app
 
 schemathesis = pytest.importorskip("schemathesis", reason="pip install -e '.[dev]' (schemathesis)")
@@ -143,7 +144,6 @@ def _hunt(operation: Any, findings: _Findings) -> None:
 def test_hostile_unicode_then_restart_and_doctor(tmp_path: Path, tiny_llama_dir: Path) -> None:
     from schemathesis.python import asgi
 
-    from app.components import build_components
     from app.services.doctor import run_doctor
 
     logging.getLogger("app").setLevel(logging.CRITICAL)
@@ -167,12 +167,12 @@ def test_hostile_unicode_then_restart_and_doctor(tmp_path: Path, tiny_llama_dir:
         num_ready = client.get("/documents", params={"status": "ready"}).json()["total"]
         assert num_ready >= 1  # generated documents carrying the hostile characters were stored
         num_indexed = client.get("/api/index").json()["chunks"]
-        components = client.app.state.blendrag.components  # type: ignore[attr-defined]
-        assert num_indexed == len(components.catalog.all_ready_chunk_ids())
-        assert getattr(components.retriever, "repair_note", None) is None  # the snapshot read back whole
-    components = build_components(config)
+        services = client.app.state.blendrag.services  # type: ignore[attr-defined]
+        assert num_indexed == len(services.catalog.all_ready_chunk_ids())
+        assert getattr(services.retriever, "repair_note", None) is None  # the snapshot read back whole
+    services = build_services(config, {"doctor", "ingest"})
     try:
-        report = run_doctor(components, repair=False)
+        report = run_doctor(services.doctor_parts(), repair=False)
     finally:
-        components.close()
+        services.close()
     assert (report.problems, report.index_repair_note, report.num_documents >= num_ready) == (0, None, True)

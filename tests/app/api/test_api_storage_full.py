@@ -39,12 +39,12 @@ def http(tmp_path: Path, tiny_llama_dir: Path) -> Iterator[TestClient]:
         yield c
 
 
-def _components(http: TestClient) -> Any:
-    return http.app.state.blendrag.components  # type: ignore[attr-defined]
+def _services(http: TestClient) -> Any:
+    return http.app.state.blendrag.services  # type: ignore[attr-defined]
 
 
 def test_full_database_is_507_and_shows_in_ready(http: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    catalog = _components(http).catalog
+    catalog = _services(http).catalog
 
     def full(*args: Any, **kwargs: Any) -> Any:
         raise _sqlite_full()
@@ -88,8 +88,8 @@ def test_job_whose_failure_cannot_be_written_is_never_left_running(
 ) -> None:
     import app.services.ingest.worker as ingest_worker
 
-    components = _components(http)
-    catalog, retriever = components.catalog, components.retriever
+    services = _services(http)
+    catalog, retriever = services.catalog, services.retriever
     real_update = catalog.update_job
 
     def embed_full(*args: Any, **kwargs: Any) -> Any:
@@ -123,8 +123,8 @@ def test_failure_is_written_with_the_reserve_so_a_restart_cannot_rerun_the_job(
     http: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The client is told `failed`; the catalog must say so too, or a restart would run the job again."""
-    components = _components(http)
-    catalog, retriever = components.catalog, components.retriever
+    services = _services(http)
+    catalog, retriever = services.catalog, services.retriever
     storage = http.app.state.blendrag.storage  # type: ignore[attr-defined]
     assert storage.reserve_path.is_file()
     real_update = catalog.update_job

@@ -59,18 +59,18 @@ def test_search_takes_the_cheapest_ratio_meeting_the_targets(fast_engine, fast_s
 
 
 def test_runner_calibrates_once_and_puts_the_record_in_force(
-    fast_engine, make_fast_settings, make_fast_components
+    fast_engine, make_fast_settings, make_fast_services
 ) -> None:
     settings = make_fast_settings(calibration={"auto": True})
-    components = make_fast_components(settings)
+    services = make_fast_services(settings)
     original = fast_engine.settings
-    components.adopt_blend(resolve(settings.engine, fast_engine.config.num_layers))
-    assert components.blend is not None and components.blend.source == "safe"
-    assert needs_calibration(components) is not None
+    services.adopt_blend(resolve(settings.engine, fast_engine.config.num_layers))
+    assert services.blend is not None and services.blend.source == "safe"
+    assert needs_calibration(services) is not None
     scheduler = Scheduler(fast_engine)
     scheduler.start()
     try:
-        runner = CalibrationRunner(settings, components, scheduler, ratios=(1.0,), cases_per_kind=(1, 0, 0))
+        runner = CalibrationRunner(settings, services, scheduler, ratios=(1.0,), cases_per_kind=(1, 0, 0))
         runner.start()
         runner.join(600)
         status = runner.status()
@@ -78,11 +78,11 @@ def test_runner_calibrates_once_and_puts_the_record_in_force(
         assert status["candidates_done"] == 2  # two scoring-layer choices at the one ratio
         record = CalibrationStore(settings.data_dir).load(fast_engine.fingerprint)
         assert record is not None and status["record_path"].endswith(f"{fast_engine.fingerprint}.json")
-        assert components.blend.source == "calibrated" and fast_engine.settings.recompute_ratio == 1.0
-        assert fast_engine.blend_origin == components.blend.label and "calibrated on" in fast_engine.blend_origin
+        assert services.blend.source == "calibrated" and fast_engine.settings.recompute_ratio == 1.0
+        assert fast_engine.blend_origin == services.blend.label and "calibrated on" in fast_engine.blend_origin
         # Once per fingerprint: the next start finds the record and does not calibrate again.
-        assert needs_calibration(components) is None
-        again = CalibrationRunner(settings, components, scheduler)
+        assert needs_calibration(services) is None
+        again = CalibrationRunner(settings, services, scheduler)
         again.start()
         assert again.status()["state"] == "done" and again._thread is None
     finally:

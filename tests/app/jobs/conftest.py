@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from pgserver import pg_server, pg_url, redis_url  # noqa: F401  (real servers, see tests/pgserver.py)
 
-from app.components import Components, build_components
+from app.build import Services, build_services
 from app.settings import Settings, load_settings
 
 
@@ -23,7 +23,7 @@ def pg_settings(tmp_path: Path, tiny_llama_dir: Path, pg_url: str, redis_url: st
 
 
 @pytest.fixture
-def server_components(pg_settings: Settings) -> Iterator[Components]:
-    c = build_components(pg_settings)
+def server_services(pg_settings: Settings) -> Iterator[Services]:
+    c = build_services(pg_settings, {"doctor", "ingest"})
     yield c
     c.close()

@@ -7,20 +7,19 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from app.components import Components, build_components
+from app.build import Services, build_services, new_ingest
 from app.settings import Settings
 
 
 @contextmanager
-def worker_in_thread(settings: Settings) -> Iterator[Components]:
+def worker_in_thread(settings: Settings) -> Iterator[Services]:
     """`blendrag worker` in this process (own data dir, same catalog), stopped on exit."""
     from app.jobs.worker import JobRunner, consume
-    from app.services.ingest import IngestService
 
     worker_settings = settings.model_copy(update={"data_dir": settings.data_dir.parent / "worker"})
     worker_settings.kvcache = settings.kvcache.model_copy(update={"dir": worker_settings.data_dir / "kv"})
-    components = build_components(worker_settings, role="worker")
-    runner = JobRunner(components.catalog, IngestService(components))
+    services = build_services(worker_settings, {"ingest"}, role="worker")
+    runner = JobRunner(services.catalog, new_ingest(services))
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     thread = threading.Thread(
@@ -28,9 +27,9 @@ def worker_in_thread(settings: Settings) -> Iterator[Components]:
     )
     thread.start()
     try:
-        yield components
+        yield services
     finally:
         loop.call_soon_threadsafe(stop.set)
         thread.join(60)
         loop.close()
-        components.close()
+        services.close()

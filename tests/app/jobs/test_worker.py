@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from jobtools import worker_in_thread
 
+from app.build import Services, build_services, new_ingest
 from app.catalog import DocumentStatus, JobStatus
-from app.components import Components, build_components
 from app.jobs.pg_queue import PgJobQueue
 from app.services.doctor import run_doctor
-from app.services.ingest import IngestService, IngestSource
+from app.services.ingest import IngestSource
 from app.settings import Settings
 
 REPO = Path(__file__).resolve().parents[3]
@@ -41,85 +41,83 @@ def wait_for(predicate, timeout: float, what: str):  # noqa: ANN001, ANN201
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def finished(components: Components, job_id: str):  # noqa: ANN201
-    job = components.catalog.get_job(job_id)
+def finished(services: Services, job_id: str):  # noqa: ANN201
+    job = services.catalog.get_job(job_id)
     return job if job is not None and job.status.finished else None
 
 
-def test_api_only_enqueues_and_a_worker_runs_the_job(pg_settings: Settings, server_components: Components) -> None:
+def test_api_only_enqueues_and_a_worker_runs_the_job(pg_settings: Settings, server_services: Services) -> None:
     queue = PgJobQueue(pg_settings.catalog.url or "")
-    service = IngestService(server_components, dispatch=queue.enqueue)
+    service = new_ingest(server_services, dispatch=queue.enqueue)
     submitted = service.submit([text("A", TEXT_A), text("B", TEXT_B)])
     time.sleep(1.0)
     # nothing runs the job in the API process
-    assert server_components.catalog.get_job(submitted.job_id).status == JobStatus.QUEUED
+    assert server_services.catalog.get_job(submitted.job_id).status == JobStatus.QUEUED
     cancelled = service.submit([text("C", "Cancelled before any worker saw it.")])
     assert service.cancel(cancelled.job_id).status == JobStatus.CANCELLED
 
     with worker_in_thread(pg_settings) as worker:
-        job = wait_for(lambda: finished(server_components, submitted.job_id), 120, "the job to finish")
+        job = wait_for(lambda: finished(server_services, submitted.job_id), 120, "the job to finish")
         assert job.status == JobStatus.SUCCEEDED and job.errors == []
         assert job.progress["commit"] == {"done": 2, "total": 2}
         # the worker indexes nothing itself: the catalog (with embeddings) is what replicas read
         assert worker.retriever.count == 0
-    assert server_components.catalog.get_job(cancelled.job_id).status == JobStatus.CANCELLED
+    assert server_services.catalog.get_job(cancelled.job_id).status == JobStatus.CANCELLED
 
-    chunks = server_components.catalog.iter_chunks([DocumentStatus.READY])
+    chunks = server_services.catalog.iter_chunks([DocumentStatus.READY])
     assert {c.document_id for c in chunks} == set(submitted.document_ids)
-    entries = server_components.catalog.index_entries()
+    entries = server_services.catalog.index_entries()
     assert all(e.embedding is not None and e.embedding.shape == (384,) for e in entries)
     # the server's index follows the catalog
-    server_components.retriever.sync.poll()
-    assert server_components.retriever.chunk_ids() == sorted(c.id for c in chunks)
-    hits = server_components.retriever.search("capital of Zorblat", top_k=1)
+    server_services.retriever.sync.poll()
+    assert server_services.retriever.chunk_ids() == sorted(c.id for c in chunks)
+    hits = server_services.retriever.search("capital of Zorblat", top_k=1)
     assert hits[0].document_id == submitted.document_ids[0]
     # KV stored by the worker is in the shared Redis tier
     for c in chunks:
-        assert server_components.store.redis.contains(c.kv_key)
-    assert run_doctor(server_components, repair=False).problems == 0
+        assert server_services.store.redis.contains(c.kv_key)
+    assert run_doctor(server_services.doctor_parts(), repair=False).problems == 0
     queue.close()
 
 
-def test_jobs_whose_enqueue_was_lost_are_queued_once_again(
-    pg_settings: Settings, server_components: Components
-) -> None:
+def test_jobs_whose_enqueue_was_lost_are_queued_once_again(pg_settings: Settings, server_services: Services) -> None:
     """A job recorded in the catalog but never queued (the API died in between) is queued by a worker at
     start; queuing twice is harmless (the job id is the queue's dedupe key)."""
     import psycopg
 
     from app.jobs.pg_queue import libpq_url
 
-    service = IngestService(server_components)
+    service = new_ingest(server_services)
     submitted = service.submit([text("A", TEXT_A)], enqueue=False)
     queue = PgJobQueue(pg_settings.catalog.url or "")
-    assert queue.requeue_unfinished(server_components.catalog) == [submitted.job_id]
-    assert queue.requeue_unfinished(server_components.catalog) == []  # already queued
+    assert queue.requeue_unfinished(server_services.catalog) == [submitted.job_id]
+    assert queue.requeue_unfinished(server_services.catalog) == []  # already queued
     with psycopg.connect(libpq_url(pg_settings.catalog.url or "")) as conn:
         queued = conn.execute("SELECT convert_from(payload, 'UTF8') FROM pgqueuer").fetchall()
     assert queued == [(submitted.job_id,)]
     with worker_in_thread(pg_settings):
-        job = wait_for(lambda: finished(server_components, submitted.job_id), 120, "the job to finish")
+        job = wait_for(lambda: finished(server_services, submitted.job_id), 120, "the job to finish")
     assert job.status == JobStatus.SUCCEEDED
     queue.close()
 
 
-def test_cancel_reaches_the_worker_running_the_job(pg_settings: Settings, server_components: Components) -> None:
+def test_cancel_reaches_the_worker_running_the_job(pg_settings: Settings, server_services: Services) -> None:
     queue = PgJobQueue(pg_settings.catalog.url or "")
-    service = IngestService(server_components, dispatch=queue.enqueue)
+    service = new_ingest(server_services, dispatch=queue.enqueue)
     paragraphs = [f"Entry {i}: the tide at Vellmar rose {i} cm on day {i * 2}." for i in range(60)]
     submitted = service.submit([text(f"Tides {d}", "\n\n".join(paragraphs[d:] + paragraphs[:d])) for d in range(10)])
     with worker_in_thread(pg_settings):
         wait_for(
-            lambda: server_components.catalog.get_job(submitted.job_id).status == JobStatus.RUNNING,
+            lambda: server_services.catalog.get_job(submitted.job_id).status == JobStatus.RUNNING,
             120,
             "the worker to start the job",
         )
         assert service.cancel(submitted.job_id).cancel_requested
-        job = wait_for(lambda: finished(server_components, submitted.job_id), 120, "the job to stop")
+        job = wait_for(lambda: finished(server_services, submitted.job_id), 120, "the job to stop")
     assert job.status == JobStatus.CANCELLED
-    docs = [server_components.catalog.get_document(d) for d in submitted.document_ids]
+    docs = [server_services.catalog.get_document(d) for d in submitted.document_ids]
     assert {(d.status, d.error, d.num_chunks) for d in docs} == {(DocumentStatus.FAILED, "ingest cancelled", 0)}
-    assert server_components.catalog.iter_chunks() == []
+    assert server_services.catalog.iter_chunks() == []
     queue.close()
 
 
@@ -157,16 +155,16 @@ def test_sigkilled_worker_loses_nothing(pg_settings: Settings, tmp_path: Path) -
         text(f"Doc {d}", "\n\n".join(paragraphs[(d * 3) % 40 :] + paragraphs[: (d * 3) % 40]) + f" #{d}")
         for d in range(12)
     ]
-    components = build_components(pg_settings)
+    services = build_services(pg_settings, {"doctor", "ingest"})
     queue = PgJobQueue(pg_settings.catalog.url or "")
     try:
-        service = IngestService(components, dispatch=queue.enqueue)
+        service = new_ingest(services, dispatch=queue.enqueue)
         first = _worker_process(pg_settings, "worker-a", tmp_path / "worker-a.log")
         submitted = service.submit(sources)
         job_id = submitted.job_id
 
         def mid_job():  # noqa: ANN202
-            job = components.catalog.get_job(job_id)
+            job = services.catalog.get_job(job_id)
             return job.stage in ("embed", "kv") and job.progress.get("embed", {}).get("done", 0) > 0
 
         try:
@@ -174,11 +172,11 @@ def test_sigkilled_worker_loses_nothing(pg_settings: Settings, tmp_path: Path) -
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait(30)
-        killed_at = components.catalog.get_job(job_id)
+        killed_at = services.catalog.get_job(job_id)
         assert killed_at.status == JobStatus.RUNNING  # nobody finished it
         second = _worker_process(pg_settings, "worker-b", tmp_path / "worker-b.log")
         try:
-            job = wait_for(lambda: finished(components, job_id), 300, "worker B to finish the job")
+            job = wait_for(lambda: finished(services, job_id), 300, "worker B to finish the job")
         finally:
             second.send_signal(signal.SIGTERM)
             second.wait(60)
@@ -186,16 +184,16 @@ def test_sigkilled_worker_loses_nothing(pg_settings: Settings, tmp_path: Path) -
         assert job.status == JobStatus.SUCCEEDED, log_b
         assert f"ingest job {job_id} was interrupted (its worker stopped); running it again" in log_b
         assert second.returncode == 0, log_b
-        docs = [components.catalog.get_document(d) for d in submitted.document_ids]
+        docs = [services.catalog.get_document(d) for d in submitted.document_ids]
         assert [d.status for d in docs] == [DocumentStatus.READY] * len(sources)
-        chunks = components.catalog.iter_chunks()
+        chunks = services.catalog.iter_chunks()
         assert sum(d.num_chunks for d in docs) == len(chunks) > len(sources)
         # no chunk written twice by the two runs
         assert len({(c.document_id, c.index) for c in chunks}) == len(chunks)
-        components.retriever.sync.poll()
-        assert components.retriever.chunk_ids() == sorted(c.id for c in chunks)
-        report = run_doctor(components, repair=False)
+        services.retriever.sync.poll()
+        assert services.retriever.chunk_ids() == sorted(c.id for c in chunks)
+        report = run_doctor(services.doctor_parts(), repair=False)
         assert (report.problems, report.num_chunks) == (0, len(chunks))
     finally:
         queue.close()
-        components.close()
+        services.close()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.components import Components
+from app.build import Services
 
 
 @pytest.fixture
-def components(fast_components: Components) -> Components:
-    return fast_components
+def services(fast_services: Services) -> Services:
+    return fast_services

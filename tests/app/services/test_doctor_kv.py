@@ -3,30 +3,30 @@
 
 from __future__ import annotations
 
-from app.components import Components
+from app.build import Services, new_ingest
 from app.services.doctor import run_doctor
-from app.services.ingest import IngestService, IngestSource
+from app.services.ingest import IngestSource
 
 
-def test_doctor_finds_a_corrupt_kv_entry_and_repair_recomputes_it(components: Components) -> None:
-    service = IngestService(components)
+def test_doctor_finds_a_corrupt_kv_entry_and_repair_recomputes_it(services: Services) -> None:
+    service = new_ingest(services)
     texts = ["Quintaro is the capital of Zorblat.", "Sourdough needs flour, water and salt.", "The Moon orbits."]
     submitted = service.submit([IngestSource(kind="text", title=f"T{i}", text=t) for i, t in enumerate(texts)])
     assert service.run_job(submitted.job_id).status.value == "succeeded"
-    chunks = sorted(components.catalog.iter_chunks(), key=lambda c: c.id)
+    chunks = sorted(services.catalog.iter_chunks(), key=lambda c: c.id)
     victim = chunks[1]
-    path = components.store.disk.path_for(victim.kv_key)  # type: ignore[union-attr]
+    path = services.store.disk.path_for(victim.kv_key)  # type: ignore[union-attr]
     data = bytearray(path.read_bytes())
     data[-10] ^= 0xFF  # one byte of a tensor: the checksum no longer matches
     path.write_bytes(bytes(data))
-    components.store.memory.delete(victim.kv_key)  # type: ignore[union-attr]  # only the disk copy remains
+    services.store.memory.delete(victim.kv_key)  # type: ignore[union-attr]  # only the disk copy remains
 
-    report = run_doctor(components, repair=False)
+    report = run_doctor(services.doctor_parts(), repair=False)
     assert (report.kv_corrupt_keys, report.num_kv_checked) == ([victim.kv_key], 3)
     assert report.kv_missing_chunk_ids == [victim.id] and report.problems == 1
     assert path.exists()  # reported, not removed, without --repair
 
-    repaired = run_doctor(components, repair=True)
+    repaired = run_doctor(services.doctor_parts(), repair=True)
     assert repaired.kv_corrupt_keys == [victim.kv_key]
-    clean = run_doctor(components, repair=False)
+    clean = run_doctor(services.doctor_parts(), repair=False)
     assert (clean.kv_corrupt_keys, clean.kv_missing_chunk_ids, clean.problems) == ([], [], 0)

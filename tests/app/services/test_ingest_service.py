@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from app.build import Services, build_services, new_ingest, new_scheduler
 from app.catalog import DocumentStatus, JobStatus
-from app.components import Components
 from app.services.doctor import run_doctor
 from app.services.ingest import IngestError, IngestService, IngestSource
 
@@ -25,8 +25,8 @@ def run(service: IngestService, sources: list[IngestSource]):
     return submitted, service.run_job(submitted.job_id)
 
 
-def test_text_documents_become_ready_with_index_and_kv(components: Components) -> None:
-    service = IngestService(components)
+def test_text_documents_become_ready_with_index_and_kv(services: Services) -> None:
+    service = new_ingest(services)
     submitted, job = run(service, [text("A", TEXT_A), text("B", TEXT_B)])
     assert job.status == JobStatus.SUCCEEDED
     assert job.errors == []
@@ -38,19 +38,19 @@ def test_text_documents_become_ready_with_index_and_kv(components: Components) -
         "commit": True,
     }
     for doc_id in submitted.document_ids:
-        doc = components.catalog.get_document(doc_id)
+        doc = services.catalog.get_document(doc_id)
         assert doc.status == DocumentStatus.READY
-        chunks = components.catalog.chunks_of(doc_id)
+        chunks = services.catalog.chunks_of(doc_id)
         assert len(chunks) == doc.num_chunks >= 1
         for c in chunks:
-            assert c.kv_key == components.expected_kv_key(c.token_ids)
-            assert components.store.contains(c.kv_key) is not None
-    assert set(components.retriever.chunk_ids()) == {c.id for c in components.catalog.iter_chunks()}
-    report = run_doctor(components, repair=False)
+            assert c.kv_key == services.kv_key(c.token_ids)
+            assert services.store.contains(c.kv_key) is not None
+    assert set(services.retriever.chunk_ids()) == {c.id for c in services.catalog.iter_chunks()}
+    report = run_doctor(services.doctor_parts(), repair=False)
     assert report.problems == 0
     # the kv stage reports what it added to the store: every entry's bytes as stored, and their tokens
-    chunks = list(components.catalog.iter_chunks())
-    store = components.store
+    chunks = list(services.catalog.iter_chunks())
+    store = services.store
     located = store.locate_many([c.kv_key for c in chunks if c.kv_key])
     assert job.progress["kv"]["bytes"] == sum(loc.num_bytes_by_tier["disk"] for loc in located.values())
     assert job.progress["kv"]["tokens"] == sum(len(c.token_ids) for c in chunks)
@@ -58,8 +58,8 @@ def test_text_documents_become_ready_with_index_and_kv(components: Components) -
     assert again.progress["kv"]["bytes"] > 0  # only the new chunks count; stored ones cost nothing
 
 
-def test_duplicate_content_is_reported_and_not_stored_twice(components: Components) -> None:
-    service = IngestService(components)
+def test_duplicate_content_is_reported_and_not_stored_twice(services: Services) -> None:
+    service = new_ingest(services)
     first, _ = run(service, [text("A", TEXT_A)])
     second, job = run(service, [text("A again", TEXT_A), text("B", TEXT_B)])
     assert job.status == JobStatus.SUCCEEDED
@@ -68,13 +68,13 @@ def test_duplicate_content_is_reported_and_not_stored_twice(components: Componen
     assert job.duplicate_ids == [first.document_ids[0]]
     assert [e["code"] for e in job.errors] == ["duplicate"]
     assert job.errors[0]["document_id"] == first.document_ids[0]
-    assert components.catalog.get_document(second.document_ids[0]).status == DocumentStatus.READY
-    _, total = components.catalog.list_documents()
+    assert services.catalog.get_document(second.document_ids[0]).status == DocumentStatus.READY
+    _, total = services.catalog.list_documents()
     assert total == 2
 
 
-def test_a_duplicate_file_answers_with_the_stored_documents_id(components: Components, tmp_path: Path) -> None:
-    service = IngestService(components)
+def test_a_duplicate_file_answers_with_the_stored_documents_id(services: Services, tmp_path: Path) -> None:
+    service = new_ingest(services)
     for name in ("notes.md", "copy-of-notes.md", "other.md"):
         (tmp_path / name).write_text("# Notes\n\n" + (TEXT_B if name == "other.md" else TEXT_A))
 
@@ -83,137 +83,140 @@ def test_a_duplicate_file_answers_with_the_stored_documents_id(components: Compo
 
     first, job = run(service, [file("notes.md")])
     assert job.status == JobStatus.SUCCEEDED
-    stored = components.catalog.get_document(first.document_ids[0])
+    stored = services.catalog.get_document(first.document_ids[0])
     assert stored.metadata["file_sha256"] == hashlib.sha256((tmp_path / "notes.md").read_bytes()).hexdigest()
     # Same bytes again (under another name), twice in one request, next to a new file.
     second, job = run(service, [file("copy-of-notes.md"), file("other.md"), file("copy-of-notes.md")])
     assert second.document_ids[0] == second.document_ids[2] == first.document_ids[0]
     assert job.status == JobStatus.SUCCEEDED and job.duplicate_ids == [first.document_ids[0]] * 2
-    assert components.catalog.get_document(second.document_ids[1]).status == DocumentStatus.READY
-    _, total = components.catalog.list_documents()
+    assert services.catalog.get_document(second.document_ids[1]).status == DocumentStatus.READY
+    _, total = services.catalog.list_documents()
     assert total == 2
     # Only duplicates: nothing to do, nothing failed.
     third, job = run(service, [file("notes.md")])
     assert (third.document_ids, job.status, job.document_ids) == (first.document_ids, JobStatus.SUCCEEDED, [])
 
 
-def test_reingest_of_changed_source_replaces_chunks_index_and_kv(components: Components) -> None:
-    service = IngestService(components)
+def test_reingest_of_changed_source_replaces_chunks_index_and_kv(services: Services) -> None:
+    service = new_ingest(services)
     old, _ = run(service, [text("notes", TEXT_A, source="/docs/notes.md")])
-    old_chunks = components.catalog.chunks_of(old.document_ids[0])
+    old_chunks = services.catalog.chunks_of(old.document_ids[0])
     new, job = run(service, [text("notes", TEXT_B, source="/docs/notes.md")])
     assert job.status == JobStatus.SUCCEEDED
-    assert components.catalog.get_document(old.document_ids[0]) is None
-    assert components.catalog.get_document(new.document_ids[0]).status == DocumentStatus.READY
-    indexed = set(components.retriever.chunk_ids())
+    assert services.catalog.get_document(old.document_ids[0]) is None
+    assert services.catalog.get_document(new.document_ids[0]).status == DocumentStatus.READY
+    indexed = set(services.retriever.chunk_ids())
     assert indexed.isdisjoint({c.id for c in old_chunks})
     for c in old_chunks:
-        assert components.store.contains(c.kv_key) is None
+        assert services.store.contains(c.kv_key) is None
 
 
-def test_delete_is_complete_idempotent_and_keeps_shared_kv(components: Components) -> None:
-    service = IngestService(components)
+def test_delete_is_complete_idempotent_and_keeps_shared_kv(services: Services) -> None:
+    service = new_ingest(services)
     a, _ = run(service, [text("A", TEXT_A)])
     b, _ = run(service, [text("B", TEXT_B + "\n\n" + TEXT_A)])  # shares no whole chunk with A
-    a_chunks = components.catalog.chunks_of(a.document_ids[0])
+    a_chunks = services.catalog.chunks_of(a.document_ids[0])
     assert service.delete_document(a.document_ids[0]) is True
     assert service.delete_document(a.document_ids[0]) is False
-    assert set(components.retriever.chunk_ids()).isdisjoint({c.id for c in a_chunks})
-    b_keys = {c.kv_key for c in components.catalog.chunks_of(b.document_ids[0])}
+    assert set(services.retriever.chunk_ids()).isdisjoint({c.id for c in a_chunks})
+    b_keys = {c.kv_key for c in services.catalog.chunks_of(b.document_ids[0])}
     for c in a_chunks:
-        assert (components.store.contains(c.kv_key) is not None) == (c.kv_key in b_keys)
-    assert run_doctor(components, repair=False).problems == 0
+        assert (services.store.contains(c.kv_key) is not None) == (c.kv_key in b_keys)
+    assert run_doctor(services.doctor_parts(), repair=False).problems == 0
 
 
-def test_bad_file_is_a_per_file_error_and_the_rest_goes_on(components: Components, tmp_path: Path) -> None:
+def test_bad_file_is_a_per_file_error_and_the_rest_goes_on(services: Services, tmp_path: Path) -> None:
     good = tmp_path / "good.md"
     good.write_text("# Title\n\n" + TEXT_A)
     empty = tmp_path / "empty.txt"
     empty.write_text("   \n")
     weird = tmp_path / "data.xyz"
     weird.write_bytes(b"\x00\x01")
-    service = IngestService(components)
+    service = new_ingest(services)
     sources = [IngestSource(kind="file", title=p.name, path=str(p), source_path=str(p)) for p in (good, empty, weird)]
     submitted, job = run(service, sources)
     assert job.status == JobStatus.SUCCEEDED
     assert sorted(e["code"] for e in job.errors) == ["empty_document", "unsupported_format"]
-    statuses = [components.catalog.get_document(d).status for d in submitted.document_ids]
+    statuses = [services.catalog.get_document(d).status for d in submitted.document_ids]
     assert statuses == [DocumentStatus.READY, DocumentStatus.FAILED, DocumentStatus.FAILED]
     # a failed document can be deleted like any other
     assert service.delete_document(submitted.document_ids[1]) is True
 
 
-def test_nothing_to_ingest_is_rejected(components: Components) -> None:
-    service = IngestService(components)
+def test_nothing_to_ingest_is_rejected(services: Services) -> None:
+    service = new_ingest(services)
     with pytest.raises(IngestError):
         service.submit([])
     with pytest.raises(IngestError):
         service.submit([text("blank", "   ")])
 
 
-def test_cancel_before_start_fails_its_documents(components: Components) -> None:
-    service = IngestService(components)
+def test_cancel_before_start_fails_its_documents(services: Services) -> None:
+    service = new_ingest(services)
     submitted = service.submit([text("A", TEXT_A)], enqueue=False)
     job = service.cancel(submitted.job_id)
     assert job.status == JobStatus.CANCELLED
     assert service.run_job(submitted.job_id).status == JobStatus.CANCELLED
-    doc = components.catalog.get_document(submitted.document_ids[0])
+    doc = services.catalog.get_document(submitted.document_ids[0])
     assert (doc.status, doc.error) == (DocumentStatus.FAILED, "ingest cancelled")
 
 
-def test_cancel_mid_job_leaves_nothing_half_visible(components: Components) -> None:
-    service = IngestService(components)
+def test_cancel_mid_job_leaves_nothing_half_visible(services: Services) -> None:
+    service = new_ingest(services)
     submitted = service.submit([text("A", TEXT_A), text("B", TEXT_B)], enqueue=False)
 
     def cancel_during_kv(job) -> None:
         if job.stage == "kv":
-            components.catalog.update_job(job.id, cancel_requested=True)
+            services.catalog.update_job(job.id, cancel_requested=True)
 
     job = service.run_job(submitted.job_id, on_progress=cancel_during_kv)
     assert job.status == JobStatus.CANCELLED
-    assert set(components.retriever.chunk_ids()) == set()
-    assert all(components.catalog.get_document(d).status == DocumentStatus.FAILED for d in submitted.document_ids)
-    assert run_doctor(components, repair=False).problems == 0
+    assert set(services.retriever.chunk_ids()) == set()
+    assert all(services.catalog.get_document(d).status == DocumentStatus.FAILED for d in submitted.document_ids)
+    assert run_doctor(services.doctor_parts(), repair=False).problems == 0
 
 
-def test_crash_mid_commit_is_recovered_on_restart(components: Components, make_fast_components) -> None:
+def test_crash_mid_commit_is_recovered_on_restart(services: Services, make_fast_services) -> None:
     """Simulate a process that died after writing chunks + index entries but before flipping to ready."""
     from app.catalog.repository import NewChunk
 
-    service = IngestService(components)
+    service = new_ingest(services)
     submitted = service.submit([text("A", TEXT_A)], enqueue=False)
     doc_id = submitted.document_ids[0]
-    components.catalog.update_job(submitted.job_id, status=JobStatus.RUNNING, stage="commit")
-    ids = components.catalog.replace_chunks(doc_id, [NewChunk(0, "half", [1, 2, 3], None, 0, 4, None)])
+    services.catalog.update_job(submitted.job_id, status=JobStatus.RUNNING, stage="commit")
+    ids = services.catalog.replace_chunks(doc_id, [NewChunk(0, "half", [1, 2, 3], None, 0, 4, None)])
     from retrieval.types import IndexedChunk
 
-    components.retriever.add([IndexedChunk(chunk_id=ids[0], document_id=doc_id, text="half")])
-    components.retriever.save()
-    # (the "crashed" process is simply abandoned; a second set of components opens the same data dir)
+    services.retriever.add([IndexedChunk(chunk_id=ids[0], document_id=doc_id, text="half")])
+    services.retriever.save()
+    # (the "crashed" process is simply abandoned; a second set of services opens the same data dir)
 
-    restarted = make_fast_components(components.settings)
+    restarted = make_fast_services(services.settings)
     try:
-        before = run_doctor(restarted, repair=False)
-        assert before.orphan_index_ids == ids  # index entry of an uncommitted chunk
-        fresh = IngestService(restarted)
+        # Opening the index checks it against the catalog (app/index_sync.py): the entry of the uncommitted
+        # chunk is gone before anything reads it, and doctor says what the start-up fixed.
+        before = run_doctor(restarted.doctor_parts(), repair=False)
+        assert before.orphan_index_ids == []
+        assert before.index_repair_note == "the index disagreed with the catalog: 0 chunks added, 1 removed"
+        fresh = new_ingest(restarted)
         assert fresh.recover() == [submitted.job_id]
         assert ids[0] not in set(restarted.retriever.chunk_ids())
         job = fresh.run_job(submitted.job_id)
         assert job.status == JobStatus.SUCCEEDED
         assert restarted.catalog.get_document(doc_id).status == DocumentStatus.READY
-        assert run_doctor(restarted, repair=False).problems == 0
+        assert run_doctor(restarted.doctor_parts(), repair=False).problems == 0
     finally:
         restarted.close()
 
 
-def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_settings, make_fast_components) -> None:
+def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_settings, make_fast_services) -> None:
     settings = make_fast_settings(ingest={"chunk_tokens": 32, "chunk_overlap": 0})  # one chunk per paragraph
-    components = make_fast_components(settings)
+    services = make_fast_services(settings)
     try:
-        service = IngestService(components)
+        service = new_ingest(services)
         shared = "Quintaro is the capital of Zorblat."
         old, _ = run(service, [text("old", shared + "\n\nThe kite festival is in May.")])
-        old_keys = {c.kv_key for c in components.catalog.chunks_of(old.document_ids[0])}
+        old_keys = {c.kv_key for c in services.catalog.chunks_of(old.document_ids[0])}
         new = service.submit([text("new", shared + "\n\nSourdough needs a starter.")], enqueue=False)
 
         def delete_old_during_kv(job) -> None:
@@ -221,20 +224,20 @@ def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_
             if (
                 job.stage == "kv"
                 and job.progress["kv"]["done"] >= 1
-                and components.catalog.get_document(old.document_ids[0]) is not None
+                and services.catalog.get_document(old.document_ids[0]) is not None
             ):
                 assert service.delete_document(old.document_ids[0])
 
         job = service.run_job(new.job_id, on_progress=delete_old_during_kv)
         assert job.status == JobStatus.SUCCEEDED
-        new_keys = {c.kv_key for c in components.catalog.chunks_of(new.document_ids[0])}
+        new_keys = {c.kv_key for c in services.catalog.chunks_of(new.document_ids[0])}
         assert len(old_keys & new_keys) == 1  # the shared paragraph is one content-addressed entry
         for key in new_keys:
-            assert components.store.contains(key) is not None
+            assert services.store.contains(key) is not None
         for key in old_keys - new_keys:
-            assert components.store.contains(key) is None
+            assert services.store.contains(key) is None
     finally:
-        components.close()
+        services.close()
 
 
 def _records_file(path: Path, n: int, start: int = 0) -> Path:
@@ -247,25 +250,25 @@ def _records_file(path: Path, n: int, start: int = 0) -> Path:
 
 
 def test_a_records_file_is_parsed_per_record_and_written_in_batches(
-    components: Components, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import app.services.ingest.stages as ingest_module
 
     monkeypatch.setattr(ingest_module, "CATALOG_BATCH", 100)
     calls = {"add_document": 0, "add_documents": []}
-    add_document, add_documents = components.catalog.add_document, components.catalog.add_documents
+    add_document, add_documents = services.catalog.add_document, services.catalog.add_documents
     monkeypatch.setattr(
-        components.catalog,
+        services.catalog,
         "add_document",
         lambda **kw: calls.__setitem__("add_document", calls["add_document"] + 1) or add_document(**kw),
     )
     monkeypatch.setattr(
-        components.catalog,
+        services.catalog,
         "add_documents",
         lambda rows: calls["add_documents"].append(len(rows)) or add_documents(rows),
     )
     path = _records_file(tmp_path / "records.json", 250)
-    service = IngestService(components)
+    service = new_ingest(services)
     submitted, job = run(
         service, [IngestSource(kind="file", title="records.json", path=str(path), source_path="upload:records.json")]
     )
@@ -273,20 +276,17 @@ def test_a_records_file_is_parsed_per_record_and_written_in_batches(
     assert job.progress["parse"] == {"done": 250, "total": 250}  # one step per record, not per file
     assert calls == {"add_document": 1, "add_documents": [100, 100, 49]}  # the file's own + 3 batches
     assert len(job.document_ids) == 250
-    assert components.catalog.list_documents(status=DocumentStatus.READY)[1] == 250
-    assert components.catalog.get_document(job.document_ids[-1]).source_path == "upload:records.json#249"
+    assert services.catalog.list_documents(status=DocumentStatus.READY)[1] == 250
+    assert services.catalog.get_document(job.document_ids[-1]).source_path == "upload:records.json#249"
 
 
 def test_a_file_over_the_record_cap_fails_with_a_clear_error_and_nothing_else(tiny_settings, tmp_path: Path) -> None:
-    from app.components import build_components
 
     tiny_settings.ingest.max_records_per_file = 10
-    components = build_components(tiny_settings)
+    services = build_services(tiny_settings, {"doctor", "ingest"})
     try:
         path = _records_file(tmp_path / "eleven.json", 11)
-        submitted, job = run(
-            IngestService(components), [IngestSource(kind="file", title="eleven.json", path=str(path))]
-        )
+        submitted, job = run(new_ingest(services), [IngestSource(kind="file", title="eleven.json", path=str(path))])
         assert job.status == JobStatus.FAILED
         assert [(e["code"], e["error"]) for e in job.errors] == [
             (
@@ -295,9 +295,9 @@ def test_a_file_over_the_record_cap_fails_with_a_clear_error_and_nothing_else(ti
             )
         ]
         assert job.progress["parse"] == {"done": 1, "total": 1}
-        assert components.catalog.list_documents()[1] == 1  # only the file's own (failed) document
+        assert services.catalog.list_documents()[1] == 1  # only the file's own (failed) document
     finally:
-        components.close()
+        services.close()
 
 
 def test_cancel_takes_effect_within_two_seconds_while_a_big_records_file_is_parsed(
@@ -306,46 +306,42 @@ def test_cancel_takes_effect_within_two_seconds_while_a_big_records_file_is_pars
     import threading
     import time
 
-    from app.components import build_components
-
     tiny_settings.ingest.max_records_per_file = 100_000
-    components = build_components(tiny_settings)
+    services = build_services(tiny_settings, {"doctor", "ingest"})
     try:
         path = _records_file(tmp_path / "big.json", 30_000)
-        service = IngestService(components)
+        service = new_ingest(services)
         submitted = service.submit([IngestSource(kind="file", title="big.json", path=str(path))], enqueue=False)
         thread = threading.Thread(target=service.run_job, args=(submitted.job_id,))
         thread.start()
         deadline = time.monotonic() + 60
         while (
-            components.catalog.get_job(submitted.job_id).progress.get("parse", {}).get("done", 0) < 2
+            services.catalog.get_job(submitted.job_id).progress.get("parse", {}).get("done", 0) < 2
             and time.monotonic() < deadline
         ):
             time.sleep(0.02)
-        job = components.catalog.get_job(submitted.job_id)
+        job = services.catalog.get_job(submitted.job_id)
         assert job.stage == "parse" and job.progress["parse"]["done"] < 30_000  # mid-parse, per record
         asked = time.monotonic()
         service.cancel(submitted.job_id)
         thread.join(timeout=30)
         took = time.monotonic() - asked
-        job = components.catalog.get_job(submitted.job_id)
+        job = services.catalog.get_job(submitted.job_id)
         assert job.status == JobStatus.CANCELLED and took < 2.0, took
-        docs, total = components.catalog.list_documents(limit=500)
+        docs, total = services.catalog.list_documents(limit=500)
         assert {d.status for d in docs} == {DocumentStatus.FAILED}
         # …and what the cancel left behind goes in one call.
         assert service.purge_failed() == total
-        assert components.catalog.list_documents()[1] == 0
+        assert services.catalog.list_documents()[1] == 0
     finally:
-        components.close()
+        services.close()
 
 
-def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(components: Components, monkeypatch) -> None:
+def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(services: Services, monkeypatch) -> None:
     """In the server, ingest shares the model with questions through the scheduler (questions first)."""
     import threading
 
-    from app.components import build_scheduler
-
-    engine = components.engine
+    engine = services.engine
     real = engine.prefill_chunks
     threads: list[str] = []
 
@@ -354,45 +350,45 @@ def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(compo
         return real(chunks, prefix_ids, max_batch_tokens)
 
     monkeypatch.setattr(engine, "prefill_chunks", recording)
-    scheduler = build_scheduler(components)
+    scheduler = new_scheduler(services.settings, services.engine)
     scheduler.start()
     try:
-        _, job = run(IngestService(components, scheduler=scheduler), [text("A", TEXT_A)])
+        _, job = run(new_ingest(services, scheduler=scheduler), [text("A", TEXT_A)])
     finally:
         scheduler.stop()
     assert job.status == JobStatus.SUCCEEDED
     assert threads and set(threads) == {"blendrag-engine"}
     # Without a running scheduler (CLI ingest) the ingest thread computes them itself.
     threads.clear()
-    _, job = run(IngestService(components), [text("B", TEXT_B)])
+    _, job = run(new_ingest(services), [text("B", TEXT_B)])
     assert job.status == JobStatus.SUCCEEDED
     assert threads and set(threads) == {threading.current_thread().name}
 
 
-def test_a_job_failing_in_commit_leaves_no_index_entries(components: Components, monkeypatch) -> None:
+def test_a_job_failing_in_commit_leaves_no_index_entries(services: Services, monkeypatch) -> None:
     """Its documents are failed, so the index (which must hold exactly the ready chunks) drops what the
     commit had already added."""
-    service = IngestService(components)
-    real = components.catalog.set_document_status
+    service = new_ingest(services)
+    real = services.catalog.set_document_status
 
     def refuse_ready(document_id: str, status: DocumentStatus, error: str | None = None) -> None:
         if status == DocumentStatus.READY:
             raise RuntimeError("the document went away mid-commit")
         real(document_id, status, error=error)
 
-    monkeypatch.setattr(components.catalog, "set_document_status", refuse_ready)
+    monkeypatch.setattr(services.catalog, "set_document_status", refuse_ready)
     submitted, job = run(service, [text("a", "Alpha text about kites."), text("b", "Beta text about rivers.")])
     assert job.status == JobStatus.FAILED
-    assert components.retriever.count == 0
-    assert [components.catalog.get_document(d).status for d in submitted.document_ids] == [DocumentStatus.FAILED] * 2
+    assert services.retriever.count == 0
+    assert [services.catalog.get_document(d).status for d in submitted.document_ids] == [DocumentStatus.FAILED] * 2
 
 
 def test_a_shutdown_stops_a_running_job_inside_chunk_and_the_next_start_resumes_it(
-    components: Components, monkeypatch: pytest.MonkeyPatch
+    services: Services, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from ingest.chunker import Chunker
 
-    service = IngestService(components)
+    service = new_ingest(services)
     real_count = Chunker._count
     counted: list[str] = []
 
@@ -409,6 +405,6 @@ def test_a_shutdown_stops_a_running_job_inside_chunk_and_the_next_start_resumes_
     assert (job.status, job.stage) == (JobStatus.RUNNING, "chunk")  # stopped, not failed, not finished
     assert len(counted) == 1  # the first paragraph: the check after it saw the shutdown
     monkeypatch.setattr(Chunker, "_count", real_count)
-    restarted = IngestService(components)
+    restarted = new_ingest(services)
     assert restarted.recover() == [submitted.job_id]
     assert restarted.run_job(submitted.job_id).status == JobStatus.SUCCEEDED

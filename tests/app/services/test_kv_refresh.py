@@ -10,10 +10,9 @@ import pytest
 from enginetest_tiny import build_model
 from hash_embedder import HashEmbedder
 
-from app.components import Components
-from app.services.coverage_service import CoverageService
-from app.services.ingest import IngestService, IngestSource
-from app.services.kv_refresh import KVRefresh, plan_refresh
+from app.build import Services, build_services, new_ingest
+from app.services.ingest import IngestSource
+from app.services.kv_refresh import KVRefresh, RefreshPlan, plan_refresh
 from engine.scheduler import Scheduler
 from ingest.chunker import encode_chunk_text
 
@@ -23,8 +22,8 @@ DOCS = {
 }
 
 
-def _ingest(components: Components) -> None:
-    service = IngestService(components)
+def _ingest(services: Services) -> None:
+    service = new_ingest(services)
     sources = [IngestSource(kind="text", title=t, text=x) for t, x in DOCS.items()]
     service.run_job(service.submit(sources, enqueue=False).job_id)
 
@@ -39,61 +38,64 @@ def other_engine(tmp_path_factory: pytest.TempPathFactory):
     return Engine(EngineSettings(model=str(path), device="cpu", dtype="float32"), tmp_path_factory.mktemp("m"))
 
 
-def _components_on(settings, engine) -> Components:  # noqa: ANN001 - test helper
-    from app.catalog import Catalog
-    from kvcache.store import TieredKVStore
-    from retrieval.retriever import Retriever
+def _services_on(settings, engine) -> Services:  # noqa: ANN001 - test helper
+    return build_services(settings, {"coverage", "documents"}, engine=engine, embedder=HashEmbedder())  # type: ignore[arg-type]
 
-    return Components(
-        settings=settings,
-        catalog=Catalog(settings.catalog.url or ""),
-        engine=engine,
-        store=TieredKVStore(settings.kvcache),
-        retriever=Retriever.open(settings.index_dir, settings.retrieval, embedder=HashEmbedder()),  # type: ignore[arg-type]
-    )
+
+def _plan(services: Services) -> RefreshPlan:
+    assert services.catalog is not None and services.engine is not None and services.kv_key is not None
+    return plan_refresh(services.catalog, services.engine.tokenizer, services.kv_key)
+
+
+def _refresh(services: Services, plan: RefreshPlan) -> KVRefresh:
+    """The refresh on an unstarted scheduler: it computes inline."""
+    assert services.catalog is not None and services.engine is not None and services.store is not None
+    assert services.kv_key is not None
+    scheduler = Scheduler(services.engine)
+    return KVRefresh(services.catalog, services.engine, services.store, services.kv_key, scheduler, plan)
 
 
 def test_a_model_switch_evicts_the_old_entries_then_recomputes_every_chunk(
-    make_fast_settings, make_fast_components, other_engine, tmp_path: Path
+    make_fast_settings, make_fast_services, other_engine, tmp_path: Path
 ) -> None:
     settings = make_fast_settings()
-    before = make_fast_components(settings)
+    before = make_fast_services(settings)
     _ingest(before)
     old_keys = sorted({c.kv_key for c in before.catalog.iter_chunks()})
     assert all(before.store.contains(k) for k in old_keys)
     before.store.close()
 
-    switched = _components_on(settings.model_copy(update={"engine": other_engine.settings}), other_engine)
+    switched = _services_on(settings.model_copy(update={"engine": other_engine.settings}), other_engine)
     try:
-        coverage = CoverageService(switched).compute()
+        coverage = switched.coverage.compute()
         assert (coverage.chunks_fresh, coverage.chunks_stale) == (0, len(old_keys))  # another model's KV
-        plan = plan_refresh(switched)
+        plan = _plan(switched)
         assert (len(plan.stale), plan.num_retokenized, plan.old_keys) == (len(old_keys), 0, old_keys)
-        refresh = KVRefresh(switched, Scheduler(other_engine), plan)  # not started: it computes inline
+        refresh = _refresh(switched, plan)
         refresh.run()
         assert refresh.num_done == len(old_keys)
         assert not any(switched.store.contains(k) for k in old_keys)  # evicted
         chunks = switched.catalog.iter_chunks()
-        assert all(c.kv_key == switched.expected_kv_key(c.token_ids) for c in chunks)
+        assert all(c.kv_key == switched.kv_key(c.token_ids) for c in chunks)
         assert all(switched.store.contains(c.kv_key) for c in chunks)
-        coverage = CoverageService(switched).compute()
+        coverage = switched.coverage.compute()
         assert (coverage.chunks_fresh, coverage.chunks_stale, coverage.coverage) == (len(chunks), 0, 1.0)
-        assert plan_refresh(switched).stale == []  # nothing left: the next start does no work
+        assert _plan(switched).stale == []  # nothing left: the next start does no work
     finally:
         switched.close()
 
 
-def test_chunks_of_another_tokenizer_are_re_encoded_from_their_text(make_fast_settings, make_fast_components) -> None:
-    components = make_fast_components(make_fast_settings())
-    _ingest(components)
-    chunk = components.catalog.iter_chunks()[0]
+def test_chunks_of_another_tokenizer_are_re_encoded_from_their_text(make_fast_settings, make_fast_services) -> None:
+    services = make_fast_services(make_fast_settings())
+    _ingest(services)
+    chunk = services.catalog.iter_chunks()[0]
     # What another model's tokenizer left: ids that mean something else to this one.
-    components.catalog.set_chunk_token_ids({chunk.id: [5, 6, 7]})
-    plan = plan_refresh(components)
+    services.catalog.set_chunk_token_ids({chunk.id: [5, 6, 7]})
+    plan = _plan(services)
     assert (plan.num_retokenized, [c.id for c in plan.stale]) == (1, [chunk.id])
-    again = next(c for c in components.catalog.iter_chunks() if c.id == chunk.id)
-    assert again.token_ids == encode_chunk_text(components.engine.tokenizer, chunk.text) == chunk.token_ids
+    again = next(c for c in services.catalog.iter_chunks() if c.id == chunk.id)
+    assert again.token_ids == encode_chunk_text(services.engine.tokenizer, chunk.text) == chunk.token_ids
     assert plan.old_keys == []  # its entry is still this model's: kept, and found by the writer
-    KVRefresh(components, Scheduler(components.engine), plan).run()
-    again = next(c for c in components.catalog.iter_chunks() if c.id == chunk.id)
+    _refresh(services, plan).run()
+    again = next(c for c in services.catalog.iter_chunks() if c.id == chunk.id)
     assert again.kv_key == chunk.kv_key

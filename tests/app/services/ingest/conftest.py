@@ -6,8 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from app.components import Components, build_scheduler
-from app.services.document_service import DocumentService
+from app.build import Services, new_scheduler
 from app.services.ingest import IngestSource
 from app.services.ingest.context import IngestEnv, JobContext
 from app.services.ingest.submission import create_job
@@ -15,9 +14,18 @@ from app.services.ingest.worker import job_context
 
 
 @pytest.fixture
-def env(components: Components) -> IngestEnv:
+def env(services: Services) -> IngestEnv:
+    assert services.catalog is not None and services.engine is not None and services.retriever is not None
+    assert services.store is not None and services.kv_key is not None and services.documents is not None
     return IngestEnv(
-        components=components, scheduler=build_scheduler(components), documents=DocumentService(components)
+        settings=services.settings,
+        catalog=services.catalog,
+        engine=services.engine,
+        retriever=services.retriever,
+        store=services.store,
+        kv_key=services.kv_key,
+        scheduler=new_scheduler(services.settings, services.engine),
+        documents=services.documents,
     )
 
 

@@ -4,25 +4,25 @@ from __future__ import annotations
 
 import pytest
 
+from app.build import Services
 from app.catalog.repository import JobRecord
-from app.components import Components
 from app.services.ingest.progress import Progress
 from app.services.ingest.types import JobCancelled
 
 
-def test_a_stage_start_and_end_are_written_and_heard(components: Components) -> None:
-    job = components.catalog.create_job({})
+def test_a_stage_start_and_end_are_written_and_heard(services: Services) -> None:
+    job = services.catalog.create_job({})
     heard: list[JobRecord] = []
-    progress = Progress(components.catalog, job.id, heard.append)
+    progress = Progress(services.catalog, job.id, heard.append)
     progress.stage("parse", 2)
-    assert components.catalog.get_job(job.id).progress["parse"] == {"done": 0, "total": 2}
+    assert services.catalog.get_job(job.id).progress["parse"] == {"done": 0, "total": 2}
     progress.grow(1)  # a records file: one more document than announced
     progress.advance(3)  # done == total: written now, however soon after the last write
     progress.stage("kv", 4)
     progress.add_kv(1000, 12)
     progress.add_kv(24, 3)
     progress.advance(4)
-    row = components.catalog.get_job(job.id)
+    row = services.catalog.get_job(job.id)
     assert row.stage == "kv"
     assert row.progress == {
         "parse": {"done": 3, "total": 3},
@@ -34,10 +34,10 @@ def test_a_stage_start_and_end_are_written_and_heard(components: Components) -> 
     assert [(j.stage, j.progress[j.stage]["done"]) for j in heard] == [("parse", 0), ("parse", 3), ("kv", 0), ("kv", 4)]
 
 
-def test_check_cancel_raises_once_a_cancel_is_requested(components: Components) -> None:
-    job = components.catalog.create_job({})
-    progress = Progress(components.catalog, job.id)
+def test_check_cancel_raises_once_a_cancel_is_requested(services: Services) -> None:
+    job = services.catalog.create_job({})
+    progress = Progress(services.catalog, job.id)
     progress.check_cancel()
-    components.catalog.update_job(job.id, cancel_requested=True)
+    services.catalog.update_job(job.id, cancel_requested=True)
     with pytest.raises(JobCancelled):
         progress.check_cancel(force=True)

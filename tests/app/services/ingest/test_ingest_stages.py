@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from app.build import Services
 from app.catalog import DocumentStatus
-from app.components import Components
 from app.services.ingest import IngestSource, JobError, stages
 from app.services.ingest import progress as progress_module
 from app.services.ingest.context import JobContext
@@ -29,9 +29,7 @@ def counts(ctx: JobContext, stage: str) -> dict[str, int]:
     return ctx.progress.counts()[stage]
 
 
-def test_the_stages_in_order_commit_exact_chunk_ids_with_their_progress(
-    components: Components, make_ctx: MakeCtx
-) -> None:
+def test_the_stages_in_order_commit_exact_chunk_ids_with_their_progress(services: Services, make_ctx: MakeCtx) -> None:
     ctx = make_ctx([text("A", TEXT_A), text("B", TEXT_B)])
     doc_a, doc_b = (i.document_id for i in ctx.items)
     stages.parse(ctx)
@@ -48,24 +46,22 @@ def test_the_stages_in_order_commit_exact_chunk_ids_with_their_progress(
     kv = counts(ctx, "kv")
     tokens = sum(len(c.token_ids) for i in ctx.items for c in i.chunks)
     assert (kv["done"], kv["total"], kv["tokens"]) == (2, 2, tokens)
-    assert [i.kv_keys for i in ctx.items] == [
-        [components.expected_kv_key(c.token_ids) for c in i.chunks] for i in ctx.items
-    ]
+    assert [i.kv_keys for i in ctx.items] == [[services.kv_key(c.token_ids) for c in i.chunks] for i in ctx.items]
     # Not yet committed: the documents are pending, nothing is searchable, but the KV is stored.
-    assert components.catalog.get_document(doc_a).status == DocumentStatus.PENDING
-    assert components.retriever.chunk_ids() == []
-    assert all(components.store.contains(k) is not None for i in ctx.items for k in i.kv_keys)
+    assert services.catalog.get_document(doc_a).status == DocumentStatus.PENDING
+    assert services.retriever.chunk_ids() == []
+    assert all(services.store.contains(k) is not None for i in ctx.items for k in i.kv_keys)
     assert stages.commit(ctx) == 2
     assert counts(ctx, "commit") == {"done": 2, "total": 2}
-    assert [c.id for c in components.catalog.chunks_of(doc_a)] == [1]
-    assert [c.id for c in components.catalog.chunks_of(doc_b)] == [2]
-    assert sorted(components.retriever.chunk_ids()) == [1, 2]
-    assert [components.catalog.get_document(d).status for d in (doc_a, doc_b)] == [DocumentStatus.READY] * 2
+    assert [c.id for c in services.catalog.chunks_of(doc_a)] == [1]
+    assert [c.id for c in services.catalog.chunks_of(doc_b)] == [2]
+    assert sorted(services.retriever.chunk_ids()) == [1, 2]
+    assert [services.catalog.get_document(d).status for d in (doc_a, doc_b)] == [DocumentStatus.READY] * 2
     assert ctx.errors == []
 
 
 def test_per_document_failures_are_job_errors_and_the_rest_goes_on(
-    components: Components, make_ctx: MakeCtx, tmp_path: Path
+    services: Services, make_ctx: MakeCtx, tmp_path: Path
 ) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("   \n")
@@ -86,7 +82,7 @@ def test_per_document_failures_are_job_errors_and_the_rest_goes_on(
         JobError(source="data.xyz", error=unsupported, code="unsupported_format"),
     ]
     assert [i.failed for i in ctx.items] == [None, "file is empty", unsupported]
-    assert [components.catalog.get_document(i.document_id).status for i in ctx.items] == [
+    assert [services.catalog.get_document(i.document_id).status for i in ctx.items] == [
         DocumentStatus.PENDING,
         DocumentStatus.FAILED,
         DocumentStatus.FAILED,
@@ -97,12 +93,12 @@ def test_per_document_failures_are_job_errors_and_the_rest_goes_on(
     assert len(ctx.errors) == 2
 
 
-def test_a_document_over_the_job_token_cap_fails_in_the_chunk_stage(components: Components, make_ctx: MakeCtx) -> None:
+def test_a_document_over_the_job_token_cap_fails_in_the_chunk_stage(services: Services, make_ctx: MakeCtx) -> None:
     ctx = make_ctx([text("A", TEXT_A), text("B", TEXT_B)])
     stages.parse(ctx)
-    chunker = Chunker.from_settings(components.engine.tokenizer, components.settings.ingest)
+    chunker = Chunker.from_settings(services.engine.tokenizer, services.settings.ingest)
     num_a, num_b = (sum(len(c.token_ids) for c in chunker.chunk_document(i.loaded)) for i in ctx.items)
-    components.settings.ingest.max_job_tokens = num_a + num_b - 1
+    services.settings.ingest.max_job_tokens = num_a + num_b - 1
     stages.chunk(ctx)
     message = f"the job reached {num_a + num_b - 1} tokens (ingest.max_job_tokens) before this document's {num_b}"
     assert ctx.errors == [JobError(source="B", error=message, code="job_too_large")]
@@ -111,34 +107,32 @@ def test_a_document_over_the_job_token_cap_fails_in_the_chunk_stage(components: 
 
 
 def test_a_cancel_stops_the_job_at_the_next_check_and_nothing_is_committed(
-    components: Components, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch
+    services: Services, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(progress_module, "CANCEL_POLL_S", 0.0)  # every check looks (the default: 5 a second)
     ctx = make_ctx([text("A", TEXT_A), text("B", TEXT_B)])
     stages.parse(ctx)
-    components.catalog.update_job(ctx.job_id, cancel_requested=True)
+    services.catalog.update_job(ctx.job_id, cancel_requested=True)
     with pytest.raises(JobCancelled):
         stages.chunk(ctx)
     assert counts(ctx, "chunk") == {"done": 0, "total": 2}
     assert [i.chunks for i in ctx.items] == [[], []]
 
 
-def test_the_commit_always_looks_for_a_cancel_first(components: Components, make_ctx: MakeCtx) -> None:
+def test_the_commit_always_looks_for_a_cancel_first(services: Services, make_ctx: MakeCtx) -> None:
     ctx = make_ctx([text("A", TEXT_A)])
     for stage in (stages.parse, stages.chunk, stages.embed, stages.precompute_kv):
         stage(ctx)
-    components.catalog.update_job(ctx.job_id, cancel_requested=True)
+    services.catalog.update_job(ctx.job_id, cancel_requested=True)
     with pytest.raises(JobCancelled):
         stages.commit(ctx)  # however soon after the last check
     assert counts(ctx, "commit") == {"done": 0, "total": 1}
-    assert components.catalog.chunks_of(ctx.items[0].document_id) == []
-    assert components.catalog.get_document(ctx.items[0].document_id).status == DocumentStatus.PENDING
-    assert components.retriever.chunk_ids() == []
+    assert services.catalog.chunks_of(ctx.items[0].document_id) == []
+    assert services.catalog.get_document(ctx.items[0].document_id).status == DocumentStatus.PENDING
+    assert services.retriever.chunk_ids() == []
 
 
-def test_content_already_stored_is_a_duplicate_at_parse(
-    components: Components, make_ctx: MakeCtx, tmp_path: Path
-) -> None:
+def test_content_already_stored_is_a_duplicate_at_parse(services: Services, make_ctx: MakeCtx, tmp_path: Path) -> None:
     first = make_ctx([text("A", TEXT_A)])
     for stage in (stages.parse, stages.chunk, stages.embed, stages.precompute_kv, stages.commit):
         stage(first)
@@ -159,11 +153,11 @@ def test_content_already_stored_is_a_duplicate_at_parse(
     assert ctx.errors == [JobError.duplicate("a.txt", stored_id), JobError.duplicate("b-copy.md", b_id)]
     assert ctx.duplicates == [a_id, b_copy_id]  # the dropped documents' own ids
     assert [i.document_id for i in ctx.live()] == [b_id]
-    assert components.catalog.get_document(a_id) is None and components.catalog.get_document(b_copy_id) is None
+    assert services.catalog.get_document(a_id) is None and services.catalog.get_document(b_copy_id) is None
 
 
 def test_records_of_a_file_become_documents_and_repeat_records_are_duplicates(
-    components: Components, make_ctx: MakeCtx, tmp_path: Path
+    services: Services, make_ctx: MakeCtx, tmp_path: Path
 ) -> None:
     import json
 
@@ -186,16 +180,16 @@ def test_records_of_a_file_become_documents_and_repeat_records_are_duplicates(
         ("up/records.json", "Record one."),
         ("up/records.json#3", "Record three."),
     ]
-    job = components.catalog.get_job(ctx.job_id)
+    job = services.catalog.get_job(ctx.job_id)
     assert job.document_ids == [i.document_id for i in ctx.items]
-    assert components.catalog.get_document(ctx.items[1].document_id).title == "R3"
+    assert services.catalog.get_document(ctx.items[1].document_id).title == "R3"
 
 
 ALL_STAGES = (stages.parse, stages.chunk, stages.embed, stages.precompute_kv, stages.commit)
 
 
 def test_an_older_version_committed_after_a_newer_one_is_superseded_not_restored(
-    components: Components, make_ctx: MakeCtx
+    services: Services, make_ctx: MakeCtx
 ) -> None:
     # Two workers: the job of version 2 (submitted second) commits before the job of version 1.
     old = make_ctx([text("v1", TEXT_A, source="h.md")])
@@ -207,41 +201,39 @@ def test_an_older_version_committed_after_a_newer_one_is_superseded_not_restored
     old_id, new_id = old.items[0].document_id, new.items[0].document_id
     message = f"superseded: a newer version of h.md (document {new_id}) was committed first"
     assert old.errors == [JobError(source="h.md", error=message, code="superseded")]
-    assert components.catalog.get_document(old_id) is None  # the newer commit deleted the older version
-    assert components.catalog.get_document(new_id).status == DocumentStatus.READY
-    assert {components.retriever.get(c).document_id for c in components.retriever.chunk_ids()} == {new_id}
+    assert services.catalog.get_document(old_id) is None  # the newer commit deleted the older version
+    assert services.catalog.get_document(new_id).status == DocumentStatus.READY
+    assert {services.retriever.get(c).document_id for c in services.retriever.chunk_ids()} == {new_id}
 
 
 def test_a_newer_version_still_pending_is_not_deleted_by_the_older_commit(
-    components: Components, make_ctx: MakeCtx
+    services: Services, make_ctx: MakeCtx
 ) -> None:
     old = make_ctx([text("v1", TEXT_A, source="h.md")])
     new = make_ctx([text("v2", TEXT_B, source="h.md")])
     for stage in ALL_STAGES:
         stage(old)
-    assert components.catalog.get_document(new.items[0].document_id).status == DocumentStatus.PENDING
+    assert services.catalog.get_document(new.items[0].document_id).status == DocumentStatus.PENDING
     for stage in ALL_STAGES:
         stage(new)
     assert new.errors == []
-    assert components.catalog.get_document(old.items[0].document_id) is None  # replaced by the newer version
-    assert components.catalog.get_document(new.items[0].document_id).status == DocumentStatus.READY
+    assert services.catalog.get_document(old.items[0].document_id) is None  # replaced by the newer version
+    assert services.catalog.get_document(new.items[0].document_id).status == DocumentStatus.READY
 
 
-def test_a_document_deleted_while_its_job_runs_fails_without_an_assert(
-    components: Components, make_ctx: MakeCtx
-) -> None:
+def test_a_document_deleted_while_its_job_runs_fails_without_an_assert(services: Services, make_ctx: MakeCtx) -> None:
     ctx = make_ctx([text("A", TEXT_A), text("B", TEXT_B)])
     for stage in ALL_STAGES[:-1]:
         stage(ctx)
     a_id, b_id = (i.document_id for i in ctx.items)
-    components.catalog.delete_document(a_id)
+    services.catalog.delete_document(a_id)
     assert stages.commit(ctx) == len(ctx.items[1].chunks)
     message = "the document was deleted while it was being ingested"
     assert ctx.errors == [JobError(source="A", error=message, code="deleted")]
-    assert components.catalog.get_document(b_id).status == DocumentStatus.READY
+    assert services.catalog.get_document(b_id).status == DocumentStatus.READY
 
 
-def cancel_at_check(monkeypatch: pytest.MonkeyPatch, ctx: JobContext, components: Components, number: int) -> list[int]:
+def cancel_at_check(monkeypatch: pytest.MonkeyPatch, ctx: JobContext, services: Services, number: int) -> list[int]:
     """Request the job's cancel at the `number`-th cancel check from now (counted in the returned list)."""
     monkeypatch.setattr(progress_module, "CANCEL_POLL_S", 0.0)
     real = ctx.progress.check_cancel
@@ -250,7 +242,7 @@ def cancel_at_check(monkeypatch: pytest.MonkeyPatch, ctx: JobContext, components
     def check_cancel(force: bool = False) -> None:
         calls.append(1)
         if len(calls) == number:
-            components.catalog.update_job(ctx.job_id, cancel_requested=True)
+            services.catalog.update_job(ctx.job_id, cancel_requested=True)
         real(force)
 
     monkeypatch.setattr(ctx.progress, "check_cancel", check_cancel)
@@ -258,13 +250,13 @@ def cancel_at_check(monkeypatch: pytest.MonkeyPatch, ctx: JobContext, components
 
 
 def test_a_cancel_stops_the_parse_of_a_long_docx_between_its_paragraphs(
-    components: Components, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    services: Services, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from docx_bomb import write_docx_bomb
 
     path = write_docx_bomb(tmp_path / "long.docx", 1024 * 1024)  # ~22k paragraphs
     ctx = make_ctx([IngestSource(kind="file", title="long.docx", path=str(path), source_path="long.docx")])
-    calls = cancel_at_check(monkeypatch, ctx, components, 3)  # 1: the stage's own check, 2…: the loader's
+    calls = cancel_at_check(monkeypatch, ctx, services, 3)  # 1: the stage's own check, 2…: the loader's
     with pytest.raises(JobCancelled):
         stages.parse(ctx)
     assert len(calls) == 3
@@ -272,11 +264,11 @@ def test_a_cancel_stops_the_parse_of_a_long_docx_between_its_paragraphs(
 
 
 def test_a_cancel_stops_the_chunking_of_a_long_document_between_its_paragraphs(
-    components: Components, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch
+    services: Services, make_ctx: MakeCtx, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ctx = make_ctx([text("Long", "\n\n".join(f"Paragraph {i} says something." for i in range(500)))])
     stages.parse(ctx)
-    calls = cancel_at_check(monkeypatch, ctx, components, 3)  # 1: the stage's own check, 2…: the chunker's
+    calls = cancel_at_check(monkeypatch, ctx, services, 3)  # 1: the stage's own check, 2…: the chunker's
     with pytest.raises(JobCancelled):
         stages.chunk(ctx)
     assert len(calls) == 3
@@ -284,11 +276,11 @@ def test_a_cancel_stops_the_chunking_of_a_long_document_between_its_paragraphs(
 
 
 def test_a_document_far_over_its_token_cap_fails_in_chunk_without_being_tokenized_to_the_end(
-    components: Components, make_ctx: MakeCtx
+    services: Services, make_ctx: MakeCtx
 ) -> None:
     ctx = make_ctx([text("Long", "\n\n".join(f"Paragraph {i} says something." for i in range(500)))])
     stages.parse(ctx)
-    components.settings.ingest.max_document_tokens = 100
+    services.settings.ingest.max_document_tokens = 100
     stages.chunk(ctx)
     message = "document has more than 100 tokens; the limit is 100 (ingest.max_document_tokens)"
     assert ctx.errors == [JobError(source="Long", error=message, code="too_large")]

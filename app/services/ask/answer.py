@@ -1,76 +1,84 @@
-"""AdmittedAnswer: a question the engine has accepted, streamed as sources, token deltas, then done or error."""
+"""Answer: a question the engine has accepted, streamed as sources, token deltas, then done or error.
+
+It holds the stages after planning: open the prompt's KV (`PromptKV`), submit the engine request, stream
+the engine's events, and hand the finish to the `TurnFinisher`, which builds the one `DoneEvent`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
-from app.services.ask_types import AskEvent, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
+from app.services.ask.recorder import AnswerRecorder, KVCounts
+from app.services.ask.types import AskEvent, AskPlan, AskRequest, ErrorEvent, SourcesEvent, TokenDelta
 
 if TYPE_CHECKING:
-    from app.services.answer_recorder import AnswerRecorder
-    from app.services.prompt_kv import OpenedKV
+    from app.services.ask.kv import PromptKV
+    from app.services.ask.turn import TurnFinisher
     from engine.scheduler import RequestStream, Scheduler
-    from engine.types import GenerationRequest, Mode
-    from kvcache.types import LayerKVSource
+    from engine.types import GenerationRequest
 
 logger = logging.getLogger(__name__)
 
 
-class AdmittedAnswer:
+class Answer:
     """A question the engine has accepted: `events()` streams sources, token deltas, then done or error.
 
-    Its collaborators come in: `open_kv` (None: no stored KV, mode full), `build` (the engine request for a
-    KV source), the scheduler, the recorder and `finish` (the finished turn: its KV stored, its conversation
-    recorded, the `done` that says so; given the history tokens served from the store). Once a request is
+    `generation` is the engine request as planned (its mode the requested one); each submission is a copy
+    with a fresh id and the KV source just opened (`kv` None: no stored KV, mode full). Once a request is
     submitted its KV source belongs to the engine's worker, which closes it; this object only closes a
-    source whose submit failed.
+    source whose submit failed. An answer that is never iterated is cancelled when it is dropped.
     """
 
     def __init__(
         self,
-        *,
+        request: AskRequest,
+        plan: AskPlan,
         sources: SourcesEvent,
-        mode: Mode,
-        open_kv: Callable[[], OpenedKV] | None,
-        build: Callable[[LayerKVSource | None, Mode], GenerationRequest],
+        generation: GenerationRequest,
+        *,
+        kv: PromptKV | None,
         scheduler: Scheduler,
         recorder: AnswerRecorder,
-        finish: Callable[[DoneEvent, int], Awaitable[DoneEvent]] | None = None,
+        finisher: TurnFinisher,
     ) -> None:
+        self.request = request
+        self.plan = plan
         self.sources = sources
-        self._mode = mode
-        self._open_kv = open_kv
-        self._build = build
+        self._generation = generation
+        self._kv = kv
         self._scheduler = scheduler
         self._recorder = recorder
-        self._finish = finish
+        self._finisher = finisher
         self._stream: RequestStream | None = None
-        self._kv_load_ms = 0.0
-        self._kv_hits = 0
-        self._kv_misses = 0
-        self._history_reused = 0
+        self._kv_counts = KVCounts()
 
     async def open_and_submit(self, readmit: bool) -> None:
-        """Open the chunks' KV (computing missing entries) and queue the request; EngineBusy if full."""
+        """Open the prompt's KV (computing missing entries) and queue the request; EngineBusy if full."""
         started = time.perf_counter()
         kv_source = None
-        if self._open_kv is not None:
-            opened = await asyncio.to_thread(self._open_kv)
+        counts = self._kv_counts
+        if self._kv is not None:
+            opened = await asyncio.to_thread(self._kv.open, self.plan)
             kv_source = opened.source
-            if readmit:
-                self._kv_misses += opened.num_misses
-            else:
-                self._kv_hits, self._kv_misses = opened.num_hits, opened.num_misses
-            # After a corrupt entry, the second open says which turns were computed after all.
-            self._history_reused = opened.num_history_reused_tokens
-        self._kv_load_ms += (time.perf_counter() - started) * 1000
-        gen = self._build(kv_source, self._mode if kv_source is not None else "full")
+            counts = dataclasses.replace(
+                counts,
+                # A re-open after a corrupt entry adds what it computed to the first open's counts.
+                num_hits=counts.num_hits if readmit else opened.num_hits,
+                num_misses=counts.num_misses + opened.num_misses if readmit else opened.num_misses,
+                # After a corrupt entry, the second open says which turns were computed after all.
+                num_history_reused_tokens=opened.num_history_reused_tokens,
+            )
+        self._kv_counts = dataclasses.replace(counts, load_ms=counts.load_ms + (time.perf_counter() - started) * 1000)
+        mode = self._generation.mode if kv_source is not None else "full"
+        request = dataclasses.replace(self._generation, request_id=str(uuid.uuid4()), kv_source=kv_source, mode=mode)
         try:
-            self._stream = self._scheduler.submit(gen, readmit=readmit)
+            self._stream = self._scheduler.submit(request, readmit=readmit)
         except BaseException:
             if kv_source is not None:  # never handed over: still ours to close
                 kv_source.close()
@@ -85,10 +93,9 @@ class AdmittedAnswer:
         from engine.types import EngineError, FinishEvent
         from kvcache.errors import KVEntryCorrupt
 
-        recorder, mode = self._recorder, self._mode
+        recorder, mode = self._recorder, self._generation.mode
         pieces: list[str] = []
         yield self.sources
-        retrieval_ms = self.sources.retrieval_ms
         try:
             # A stored entry found corrupt while its layers stream in has already been dropped by the store:
             # opening again recomputes it. Only before the first token, so the client never sees a restart.
@@ -100,18 +107,9 @@ class AdmittedAnswer:
                 try:
                     async for event in stream:
                         if isinstance(event, FinishEvent):
-                            done = recorder.done(
-                                event,
-                                pieces,
-                                retrieval_ms,
-                                self._kv_load_ms,
-                                self._kv_hits,
-                                self._kv_misses,
-                                self.sources,
+                            yield await self._finisher.finish(
+                                self.request, self.plan, self.sources, event, "".join(pieces), self._kv_counts
                             )
-                            if self._finish is not None:
-                                done = await self._finish(done, self._history_reused)
-                            yield done
                             return
                         if event.text:
                             pieces.append(event.text)

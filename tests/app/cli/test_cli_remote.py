@@ -16,12 +16,12 @@ import httpx
 import pytest
 
 from app.cli import EXIT_BUSY, main
-from app.cli_progress import STAGE_ORDER as STAGES
+from app.cli.progress import STAGE_ORDER as STAGES
 from app.datadir_lock import DataDirLock, lock_owner
 
 pytestmark = pytest.mark.slow  # the real MiniLM embedder in a second process
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 API_KEY = "k3y"
 
 

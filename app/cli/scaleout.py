@@ -1,15 +1,13 @@
-"""`blendrag db …` and `blendrag worker`: the scale-out commands (registered by app/cli.py)."""
+"""`blendrag db …` and `blendrag worker`: the scale-out commands (registered by app/cli/__init__.py)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
+from app.cli.common import EXIT_USAGE, add_data_dir
 from app.settings import load_settings
-
-EXIT_USAGE = 2
 
 
 def _settings(args: argparse.Namespace):  # -> Settings
@@ -64,7 +62,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return run_worker(settings)
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_data_dir: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("db", help="catalog schema migrations (SQLite or PostgreSQL)")
     dsub = p.add_subparsers(dest="db_command", required=True)
     for name, help_text in (("upgrade", "apply pending migrations"), ("current", "show the schema revision")):

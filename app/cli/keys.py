@@ -1,4 +1,4 @@
-"""`blendrag keys create|list|revoke`: collection keys, straight in the catalog (registered by app/cli.py).
+"""`blendrag keys create|list|revoke`: collection keys, straight in the catalog (registered by app/cli/__init__.py).
 
 They work whether or not a server runs on the data dir: the catalog is shared, and every server refuses a
 revoked key within `server.key_cache_s`.
@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
+from app.cli.common import EXIT_USAGE, add_data_dir
 from app.settings import load_settings
-
-EXIT_USAGE = 2
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
-    from app.catalog import Catalog
-    from app.services.key_service import KeyRequestError, KeyService
+    from app.build import build_services
+    from app.services.key_service import KeyRequestError
 
     settings = load_settings(data_dir=getattr(args, "data_dir", None))
     if args.keys_command == "create" and not settings.server.api_key:
@@ -27,9 +25,10 @@ def cmd_keys(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    catalog = Catalog(settings.catalog.url or "", migrate=settings.catalog.auto_upgrade)
+    services = build_services(settings, {"keys"})  # the catalog only
     try:
-        service = KeyService(catalog.keys, cache_s=0)
+        service = services.keys
+        assert service is not None
         match args.keys_command:
             case "create":
                 try:
@@ -58,11 +57,11 @@ def cmd_keys(args: argparse.Namespace) -> int:
                     return 1
                 print(f"key {args.key_id} revoked")
     finally:
-        catalog.close()
+        services.close()
     return 0
 
 
-def add_parsers(sub: argparse._SubParsersAction, add_data_dir: Callable[[argparse.ArgumentParser], None]) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("keys", help="collection keys: create, list, revoke (needs server.api_key)")
     ksub = p.add_subparsers(dest="keys_command", required=True)
     kp = ksub.add_parser("create", help="make a key for some collections; prints its secret once")

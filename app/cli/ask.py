@@ -1,0 +1,265 @@
+"""`blendrag ask`: one question, its answer printed as it streams, in this process or through the server."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import sys
+from typing import TYPE_CHECKING, Any
+
+from app.cli.common import EXIT_USAGE, add_client, add_data_dir, settings_of, take_data_dir
+from app.settings import Settings
+from engine.types import MODES, SELECTORS
+
+if TYPE_CHECKING:
+    from app.remote import RemoteServer
+
+
+def _print_sources(sources: list[dict[str, Any]], notice: str | None = None) -> None:
+    print("\n")
+    if not sources:
+        print(f"Sources: none ({notice or 'no documents match'}: the answer comes from the model alone)")
+        return
+    print("Sources:")
+    for s in sources:
+        page = f", p. {s['page']}" if s.get("page") else ""
+        print(f"  [{s['rank']}] {s['title']}{page} (score {s['score']:.3f})")
+
+
+def cut_off_note(done: dict[str, Any]) -> str | None:
+    """The line that says an answer hit its length cap (finish_reason "length"), else None."""
+    if done.get("finish_reason") != "length":
+        return None
+    tokens = (done.get("usage") or {}).get("completion_tokens")
+    return f"answer cut off at {tokens} tokens (raise it with --max-tokens)"
+
+
+def _print_done(done: dict[str, Any]) -> None:
+    note = cut_off_note(done)
+    if note is not None:
+        print(f"\n[{note}]")
+    t = done["timings"]
+    how = f"{done['mode']} ({done['selector']})" if done.get("selector") else done["mode"]
+    print(
+        f"\nmode {how}, recompute ratio {done['recompute_ratio']:.2f}; "
+        f"retrieval {t['retrieval_ms']:.0f} ms, KV load {t['kv_load_ms']:.0f} ms, "
+        f"TTFT {t['ttft_ms']:.0f} ms, total {t['total_ms']:.0f} ms; "
+        f"KV hits {done['kv_hits']}, misses {done['kv_misses']}"
+    )
+    usage = done.get("usage") or {}
+    if usage.get("history_tokens"):
+        print(
+            f"history: {done.get('history_turns', 0)} earlier turn(s), {usage['history_tokens']} tokens, "
+            f"{usage.get('history_reused_tokens', 0)} from stored KV"
+            + (f"; {done['history_dropped_turns']} oldest left out" if done.get("history_dropped_turns") else "")
+        )
+    if done.get("conversation_id"):
+        print(
+            f"conversation {done['conversation_id']} "
+            f"(continue it: blendrag ask --conversation {done['conversation_id']} …)"
+        )
+
+
+def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
+    body = {
+        k: v
+        for k, v in {
+            "question": args.question,
+            "top_k": args.top_k,
+            "mode": args.mode,
+            "recompute_ratio": args.ratio,
+            "selector": args.selector,
+            "max_tokens": args.max_tokens,
+            "conversation_id": args.conversation,
+            "collections": args.collections,
+        }.items()
+        if v is not None
+    }
+    from app.cli.answer import AnswerPrinter
+
+    sources: list[dict[str, Any]] = []
+    printer = AnswerPrinter()
+    code = 0
+    with remote:
+        for event, data in remote.ask(body):
+            match event:
+                case "sources":
+                    sources = data["sources"]
+                case "token":
+                    printer.token(data["text"])
+                case "done":
+                    printer.done(data.get("answer"), data.get("citations") or [])
+                    _print_sources(sources, data.get("notice"))
+                    _print_done(data)
+                case "error":
+                    printer.done(None, [])
+                    print(f"\nerror: {data.get('message')}", file=sys.stderr)
+                    code = 1
+    return code
+
+
+def _ask_args() -> type:
+    """`blendrag ask`'s arguments as one pydantic model with the limits of POST /ask (app/services/ask/limits.py)."""
+    from pydantic import BaseModel, ConfigDict, field_validator
+
+    from app.services.ask.limits import CollectionName, ConversationId, MaxTokens, QuestionText, RecomputeRatio, TopK
+    from app.services.text_checks import is_blank
+    from engine.types import Mode, SelectorName
+
+    class AskArgs(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+        question: QuestionText
+        top_k: TopK | None = None
+        mode: Mode | None = None
+        recompute_ratio: RecomputeRatio | None = None
+        selector: SelectorName | None = None
+        max_tokens: MaxTokens | None = None
+        conversation_id: ConversationId | None = None
+        collections: list[CollectionName] | None = None
+
+        @field_validator("question")
+        @classmethod
+        def _not_blank(cls, value: str) -> str:
+            if is_blank(value):
+                raise ValueError("question must not be empty")
+            return value
+
+    return AskArgs
+
+
+def cmd_ask(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from app.services.ask import AskRequest
+    from retrieval.types import SearchFilters
+
+    settings = settings_of(args)
+    try:  # the limits of POST /ask, before any model is loaded
+        body = _ask_args()(
+            question=args.question,
+            top_k=args.top_k,
+            mode=args.mode,
+            recompute_ratio=args.ratio,
+            selector=args.selector,
+            max_tokens=args.max_tokens,
+            conversation_id=args.conversation,
+            collections=args.collections,
+        )
+    except ValidationError as exc:
+        flags = {
+            "recompute_ratio": "--ratio",
+            "top_k": "--top-k",
+            "max_tokens": "--max-tokens",
+            "mode": "--mode",
+            "conversation_id": "--conversation",
+            "collections": "--collection",
+        }
+        for err in exc.errors():
+            name = str(err["loc"][0]) if err["loc"] else "question"
+            print(f"error: {flags.get(name, name)}: {err['msg']}", file=sys.stderr)
+        return EXIT_USAGE
+    # A question never creates a data dir: without a catalog here, it goes to a running server or nowhere.
+    remote, lock = take_data_dir(settings, "ask", "blendrag ask", remote=True, args=args, server_only=True)
+    if remote is not None:
+        return _ask_remote(remote, args)
+    assert lock is not None
+    with lock:
+        collections = frozenset(body.collections) if body.collections is not None else None
+        request = AskRequest(
+            question=body.question,
+            top_k=body.top_k,
+            filters=SearchFilters(collections=collections),
+            mode=body.mode,
+            recompute_ratio=body.recompute_ratio,
+            selector=body.selector,
+            max_tokens=body.max_tokens,
+        )
+        return _ask_local(settings, request, body.conversation_id)
+
+
+def _ask_local(settings: Settings, request: Any, conversation_id: str | None) -> int:
+    from app.build import build_services
+    from app.cli.answer import AnswerPrinter
+    from app.services.ask import ConversationRef, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
+    from app.services.conversation_service import ConversationNotFound, owner_of
+
+    if conversation_id is not None:
+        # The owner is the one a request with this server's key would be, so the CLI and HTTP see the same
+        # conversations; in-process, the CLI reads every collection (it owns the data dir), like the admin.
+        ref = ConversationRef(conversation_id, owner=owner_of(settings.server.api_key), readable=None)
+        request = dataclasses.replace(request, conversation=ref)
+        # Before the model loads: an unknown conversation is a quick usage error.
+        first = build_services(settings, {"conversations"})
+        try:
+            assert first.conversations is not None
+            first.conversations.open(conversation_id, ref.owner, None, request.filters.collections)
+        except ConversationNotFound as exc:
+            print(f"error: --conversation: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        finally:
+            first.close()
+    services = build_services(settings, {"ask"})
+
+    async def run() -> int:
+        service, scheduler = services.ask, services.scheduler
+        assert service is not None and scheduler is not None
+        scheduler.start()
+        sources: list[Any] = []
+        printer = AnswerPrinter()
+        code = 0
+        try:
+            async for event in service.ask(request):
+                match event:
+                    case SourcesEvent():
+                        sources = event.sources
+                    case TokenDelta():
+                        printer.token(event.text)
+                    case DoneEvent():
+                        done = dataclasses.asdict(event)
+                        printer.done(done.get("answer"), done.get("citations") or [])
+                        _print_sources([dataclasses.asdict(s) for s in sources], event.notice)
+                        _print_done(done)
+                    case ErrorEvent():
+                        printer.done(None, [])
+                        print(f"\nerror: {event.message}", file=sys.stderr)
+                        code = 1
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+        return code
+
+    try:
+        return asyncio.run(run())
+    finally:
+        services.close()
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ask", help="ask a question; prints the answer as it streams")
+    p.add_argument("question")
+    p.add_argument("--mode", choices=MODES, default=None)
+    p.add_argument("--ratio", type=float, default=None, help="recompute ratio in [0, 1]")
+    p.add_argument(
+        "--selector", choices=SELECTORS, default=None, help="which context tokens blend recomputes (default: settings)"
+    )
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument(
+        "--conversation",
+        default=None,
+        metavar="ID",
+        help='store the turn: "new" starts a conversation, an ID continues one (an earlier answer names it); '
+        "without it nothing is stored",
+    )
+    p.add_argument(
+        "--collection",
+        action="append",
+        default=None,
+        dest="collections",
+        metavar="NAME",
+        help="only search this collection (repeat for several; default: every collection)",
+    )
+    add_data_dir(p)
+    add_client(p)
+    p.set_defaults(func=cmd_ask)

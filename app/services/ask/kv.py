@@ -1,0 +1,91 @@
+"""Opening a planned prompt's KV: chunks, then earlier turns, layer-wise from the store; what the store
+lacks is computed once (questions first in the engine's queue) and served as computed."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from app.services.ask.prompt import TurnKV
+
+if TYPE_CHECKING:
+    from app.build import KVKey
+    from app.services.ask.types import AskPlan
+    from engine.engine import Engine
+    from engine.scheduler import Scheduler
+    from kvcache.store import TieredKVStore
+    from kvcache.types import LayerKVSource
+
+logger = logging.getLogger(__name__)
+
+OPEN_ATTEMPTS = 3  # a present entry may be evicted between two opens: it is then computed too
+
+
+@dataclass(frozen=True)
+class OpenedKV:
+    """The prompt's KV (chunks, then earlier turns), ready to stream into a prompt pass, and how much of it
+    the store had."""
+
+    source: LayerKVSource
+    num_hits: int  # retrieved chunks found in the store
+    num_misses: int  # retrieved chunks computed now
+    num_history_reused_tokens: int = 0  # earlier turns' tokens found in the store
+
+
+class PromptKV:
+    """Opens a planned prompt's KV: the stored entries of its chunks, then of its earlier turns."""
+
+    def __init__(self, engine: Engine, store: TieredKVStore, kv_key: KVKey, scheduler: Scheduler) -> None:
+        self._engine, self._store, self._kv_key, self._scheduler = engine, store, kv_key, scheduler
+
+    def open(self, plan: AskPlan) -> OpenedKV:
+        """Open the prompt's stored KV layer-wise (chunks, then earlier turns); KV the store lacks is
+        computed once and served as computed.
+
+        Runs in a worker thread (it blocks on the engine for missing segments). The computed KV is stored
+        too (kvcache.writer), but served from what was computed, so a store that cannot keep it still
+        answers. A missing or corrupt turn entry is computed like a missing chunk, never an error. Close
+        `source` after.
+        """
+        from engine.scheduler import PrefillPriority
+        from kvcache.errors import KVEntryMissing
+        from kvcache.format import StoredEntry
+        from kvcache.writer import ensure_chunk_kv
+
+        engine, store, scheduler = self._engine, self._store, self._scheduler
+        chunk_ids = [c.token_ids for c in plan.ordered]
+        chunk_keys = [self._kv_key(ids) for ids in chunk_ids]
+        history = set(plan.history_keys)
+        token_ids = chunk_ids + plan.layout.history_ids
+        keys = chunk_keys + plan.history_keys
+        computed: dict[str, StoredEntry] = {}
+        missed: set[str] = set()
+        for _attempt in range(OPEN_ATTEMPTS):
+            try:
+                source = store.open_layers(
+                    keys, device=engine.device, dtype=engine.dtype, computed=computed, history_keys=history
+                )
+                num_misses = len(missed - history)
+                return OpenedKV(
+                    source=source,
+                    num_hits=len(set(chunk_keys)) - num_misses,
+                    num_misses=num_misses,
+                    num_history_reused_tokens=TurnKV.reused_tokens(plan.layout, plan.history_keys, missed),
+                )
+            except KVEntryMissing as exc:
+                missed.update(exc.keys)
+                logger.info("computing the KV of %d segment(s) missing from the store", len(exc.keys))
+                written = ensure_chunk_kv(
+                    store,
+                    token_ids,
+                    model_fingerprint=engine.fingerprint,
+                    prefix_ids=engine.prompt.prefix_ids,
+                    # The engine's worker computes them before any other prompt work: a question waits.
+                    compute=lambda todo: scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+                    missing_keys=exc.keys,
+                    keep_entries=True,
+                    history_keys=history,
+                )
+                computed.update(written.computed)
+        raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")

@@ -1,0 +1,70 @@
+"""/v1's `usage` and `blendrag` fields from a DoneEvent: every field the OpenAI body does not carry itself,
+derived from the dataclass (a field added to DoneEvent reaches /v1 without a hand-kept list)."""
+
+from __future__ import annotations
+
+from app.api.openai_compat import _extras, _usage
+from app.services.ask import DoneEvent
+from app.services.ask.types import Timings, Usage
+from app.services.attribution import Citation
+
+DONE = DoneEvent(
+    answer="Quintaro.",
+    mode="blend",
+    selector="query",
+    recompute_ratio=0.15,
+    finish_reason="stop",
+    usage=Usage(
+        prompt_tokens=120,
+        completion_tokens=3,
+        context_tokens=90,
+        recomputed_tokens=14,
+        history_tokens=20,
+        history_reused_tokens=18,
+    ),
+    timings=Timings(retrieval_ms=1.5, kv_load_ms=2.0, ttft_ms=30.0, total_ms=41.0, full_prefill_estimate_ms=None),
+    kv_hits=2,
+    kv_misses=1,
+    notice=None,
+    citations=[Citation(0, 9, 1, 0.5)],
+    conversation_id="c-1",
+    history_turns=1,
+    history_dropped_turns=0,
+    retrieval_query="And its capital? Zorblat",
+)
+
+
+def test_usage_is_openais_with_the_history_counts() -> None:
+    assert _usage(DONE) == {
+        "prompt_tokens": 120,
+        "completion_tokens": 3,
+        "total_tokens": 123,
+        "history_tokens": 20,
+        "history_reused_tokens": 18,
+    }
+
+
+def test_the_blendrag_field_carries_every_other_done_field() -> None:
+    assert _extras(DONE) == {
+        "mode": "blend",
+        "selector": "query",
+        "recompute_ratio": 0.15,
+        "kv_hits": 2,
+        "kv_misses": 1,
+        "timings": {
+            "retrieval_ms": 1.5,
+            "kv_load_ms": 2.0,
+            "ttft_ms": 30.0,
+            "total_ms": 41.0,
+            "full_prefill_estimate_ms": None,
+        },
+        "context_tokens": 90,
+        "recomputed_tokens": 14,
+        "history_tokens": 20,
+        "history_reused_tokens": 18,
+        "history_turns": 1,
+        "history_dropped_turns": 0,
+        "retrieval_query": "And its capital? Zorblat",
+        "conversation_id": "c-1",
+        "notice": None,
+    }
