@@ -7,10 +7,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from app.api.rate_limit import RateLimiter
 from app.datadir_lock import server_url
 from app.memory import IdleTrimmer, set_mmap_threshold
 from app.metrics import Metrics
+from app.rate_limit import RateLimiter
 from app.services.estimates import PrefillRate
 from app.services.stats_service import StatsService
 from app.services.storage_faults import StorageMonitor

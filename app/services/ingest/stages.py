@@ -9,18 +9,17 @@ written while the document is still pending, the index is saved, and only then i
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.catalog import DocumentStatus
-from app.catalog.repository import NewChunk
+from app.catalog.records import JobUpdate, NewChunk, NewDocument
 from app.services.ingest.submission import find_duplicate, new_document
 from app.services.ingest.types import ACTIVE_DOCUMENT_STATUSES, FILE_HASH_KEY, IngestSource, WorkItem
 
 if TYPE_CHECKING:
-    from app.catalog.repository import DocumentRecord
+    from app.catalog.records import DocumentRecord
     from app.services.ingest.context import JobContext
     from ingest.config import IngestSettings
     from ingest.types import LoadedDocument
@@ -98,7 +97,7 @@ def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) 
     src, job_id, catalog = item.source, ctx.job_id, ctx.env.catalog
     stored = catalog.find_by_hashes({d.content_hash for d in docs}, ACTIVE_DOCUMENT_STATUSES, ctx.collection)
     new_items: list[WorkItem] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[NewDocument] = []
     for i, loaded in enumerate(docs, 1):
         record = IngestSource(
             kind="file",
@@ -112,16 +111,17 @@ def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) 
             ctx.duplicates.append(duplicate_of)
             ctx.add_duplicate(record, duplicate_of)
             continue
-        doc_id = str(uuid.uuid4())
+        new = new_document(record, job_id, loaded, collection=ctx.collection)
+        doc_id = new.id
         ctx.seen_hashes[loaded.content_hash] = doc_id
-        rows.append({"id": doc_id, **new_document(record, job_id, loaded, collection=ctx.collection)})
+        rows.append(new)
         new_items.append(WorkItem(doc_id, record, loaded=loaded))
     for start in range(0, len(rows), CATALOG_BATCH):
         ctx.progress.check_cancel()
         catalog.add_documents(rows[start : start + CATALOG_BATCH])
         # Recorded at once, so a restart (recover) or a cancel finds every document of the job.
         written = len(ctx.items) + min(start + CATALOG_BATCH, len(rows))
-        catalog.update_job(job_id, document_ids=[i.document_id for i in (ctx.items + new_items)[:written]])
+        catalog.update_job(job_id, JobUpdate(document_ids=[i.document_id for i in (ctx.items + new_items)[:written]]))
     return new_items
 
 

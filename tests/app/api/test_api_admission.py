@@ -23,8 +23,8 @@ import httpx
 import pytest
 from apitools import LiveServer, server_settings
 
-from app.api.sse import parse_sse
 from app.main import create_app
+from app.sse_reader import parse_sse
 from app.state import AppState
 from engine.generation import RequestStatus
 

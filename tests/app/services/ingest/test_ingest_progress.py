@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.catalog.repository import JobRecord
+from app.catalog.records import JobRecord, JobUpdate
 from app.components import Components
 from app.services.ingest.progress import Progress
 from app.services.ingest.types import JobCancelled
@@ -38,6 +38,6 @@ def test_check_cancel_raises_once_a_cancel_is_requested(components: Components) 
     job = components.catalog.create_job({})
     progress = Progress(components.catalog, job.id)
     progress.check_cancel()
-    components.catalog.update_job(job.id, cancel_requested=True)
+    components.catalog.update_job(job.id, JobUpdate(cancel_requested=True))
     with pytest.raises(JobCancelled):
         progress.check_cancel(force=True)

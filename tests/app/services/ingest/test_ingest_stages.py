@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.catalog import DocumentStatus
+from app.catalog.records import JobUpdate
 from app.components import Components
 from app.services.ingest import IngestSource, JobError, stages
 from app.services.ingest import progress as progress_module
@@ -116,7 +117,7 @@ def test_a_cancel_stops_the_job_at_the_next_check_and_nothing_is_committed(
     monkeypatch.setattr(progress_module, "CANCEL_POLL_S", 0.0)  # every check looks (the default: 5 a second)
     ctx = make_ctx([text("A", TEXT_A), text("B", TEXT_B)])
     stages.parse(ctx)
-    components.catalog.update_job(ctx.job_id, cancel_requested=True)
+    components.catalog.update_job(ctx.job_id, JobUpdate(cancel_requested=True))
     with pytest.raises(JobCancelled):
         stages.chunk(ctx)
     assert counts(ctx, "chunk") == {"done": 0, "total": 2}
@@ -127,7 +128,7 @@ def test_the_commit_always_looks_for_a_cancel_first(components: Components, make
     ctx = make_ctx([text("A", TEXT_A)])
     for stage in (stages.parse, stages.chunk, stages.embed, stages.precompute_kv):
         stage(ctx)
-    components.catalog.update_job(ctx.job_id, cancel_requested=True)
+    components.catalog.update_job(ctx.job_id, JobUpdate(cancel_requested=True))
     with pytest.raises(JobCancelled):
         stages.commit(ctx)  # however soon after the last check
     assert counts(ctx, "commit") == {"done": 0, "total": 1}
@@ -250,7 +251,7 @@ def cancel_at_check(monkeypatch: pytest.MonkeyPatch, ctx: JobContext, components
     def check_cancel(force: bool = False) -> None:
         calls.append(1)
         if len(calls) == number:
-            components.catalog.update_job(ctx.job_id, cancel_requested=True)
+            components.catalog.update_job(ctx.job_id, JobUpdate(cancel_requested=True))
         real(force)
 
     monkeypatch.setattr(ctx.progress, "check_cancel", check_cancel)

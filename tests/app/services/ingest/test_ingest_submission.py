@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.catalog import DocumentStatus
-from app.catalog.repository import DocumentRecord
+from app.catalog.records import DocumentRecord, NewDocument
 from app.components import Components
 from app.services.document_service import DocumentService
 from app.services.ingest import IngestSource, IngestTooLarge, JobError
@@ -19,9 +19,7 @@ TEXT_A = "Quintaro is the capital of Zorblat. It has purple rivers."
 
 
 def stored(components: Components, job_id: str | None, title: str = "stored") -> DocumentRecord:
-    return components.catalog.add_document(
-        title=title, source_path=None, content_hash=None, tags=[], metadata={}, job_id=job_id
-    )
+    return components.catalog.add_document(NewDocument(title=title, job_id=job_id))
 
 
 def test_a_stored_document_of_another_job_goes_before_an_earlier_one_of_this_job(components: Components) -> None:

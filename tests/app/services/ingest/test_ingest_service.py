@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from app.catalog import DocumentStatus, JobStatus
+from app.catalog.records import JobUpdate
 from app.components import Components
 from app.services.doctor import run_doctor
 from app.services.ingest import IngestError, IngestService, IngestSource
@@ -167,7 +168,7 @@ def test_cancel_mid_job_leaves_nothing_half_visible(components: Components) -> N
 
     def cancel_during_kv(job) -> None:
         if job.stage == "kv":
-            components.catalog.update_job(job.id, cancel_requested=True)
+            components.catalog.update_job(job.id, JobUpdate(cancel_requested=True))
 
     job = service.run_job(submitted.job_id, on_progress=cancel_during_kv)
     assert job.status == JobStatus.CANCELLED
@@ -178,12 +179,12 @@ def test_cancel_mid_job_leaves_nothing_half_visible(components: Components) -> N
 
 def test_crash_mid_commit_is_recovered_on_restart(components: Components, make_fast_components) -> None:
     """Simulate a process that died after writing chunks + index entries but before flipping to ready."""
-    from app.catalog.repository import NewChunk
+    from app.catalog.records import NewChunk
 
     service = IngestService(components)
     submitted = service.submit([text("A", TEXT_A)], enqueue=False)
     doc_id = submitted.document_ids[0]
-    components.catalog.update_job(submitted.job_id, status=JobStatus.RUNNING, stage="commit")
+    components.catalog.update_job(submitted.job_id, JobUpdate(status=JobStatus.RUNNING, stage="commit"))
     ids = components.catalog.replace_chunks(doc_id, [NewChunk(0, "half", [1, 2, 3], None, 0, 4, None)])
     from retrieval.types import IndexedChunk
 
@@ -257,7 +258,7 @@ def test_a_records_file_is_parsed_per_record_and_written_in_batches(
     monkeypatch.setattr(
         components.catalog,
         "add_document",
-        lambda **kw: calls.__setitem__("add_document", calls["add_document"] + 1) or add_document(**kw),
+        lambda new: calls.__setitem__("add_document", calls["add_document"] + 1) or add_document(new),
     )
     monkeypatch.setattr(
         components.catalog,
