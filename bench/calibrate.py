@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.inprocess import bench_settings
+from bench.inprocess import args_settings
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +49,9 @@ def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     cases = tuple(int(x) for x in args.cases.split(","))
     with tempfile.TemporaryDirectory(prefix="blendrag-calibrate-") as tmp:
-        settings = bench_settings(
+        settings = args_settings(
             Path(tmp),
-            args.model,
-            args.models_dir,
-            args.threads,
+            args,
             engine={"dtype": args.dtype},
             kvcache={"storage_dtype": args.kv_dtype},
         )

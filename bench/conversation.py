@@ -39,7 +39,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
-from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
+from bench.inprocess import args_settings, ask_service, ingest_passages, start_app
 from bench.metrics import kl_divergence, mean
 
 logger = logging.getLogger(__name__)
@@ -410,11 +410,9 @@ def main(args: argparse.Namespace) -> int:
     sessions = make_sessions(examples, args.turns)
     projects = make_projects(args.lookup, args.seed) if args.lookup else []
     with tempfile.TemporaryDirectory(prefix="blendrag-conversation-") as tmp:
-        settings = bench_settings(
+        settings = args_settings(
             Path(tmp),
-            args.model,
-            args.models_dir,
-            args.threads,
+            args,
             retrieval={"top_k": args.passages},
             engine={"dtype": args.dtype},
         )

@@ -22,7 +22,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Passage, load_dataset, select_examples
-from bench.inprocess import bench_settings, dir_bytes, ingest_passages, start_app
+from bench.inprocess import args_settings, dir_bytes, ingest_passages, start_app
 from bench.prepared import STORAGE_DTYPES, PreparedPrompt
 
 logger = logging.getLogger(__name__)
@@ -135,11 +135,9 @@ def _recall_part(dataset: Path, state: Any) -> dict[str, Any]:
 
 
 async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path) -> dict[str, Any]:
-    settings = bench_settings(
+    settings = args_settings(
         data_dir,
-        args.model,
-        args.models_dir,
-        args.threads,
+        args,
         kvcache={"storage_dtype": args.kv_dtype},
         engine={"dtype": args.dtype},
     )

@@ -23,7 +23,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Passage
-from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
+from bench.inprocess import args_settings, ask_service, ingest_passages, start_app
 from bench.passes import parse_selectors
 
 logger = logging.getLogger(__name__)
@@ -220,11 +220,9 @@ def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     facts = make_facts(args.examples, args.seed)
     with tempfile.TemporaryDirectory(prefix="blendrag-lookup-") as tmp:
-        settings = bench_settings(
+        settings = args_settings(
             Path(tmp),
-            args.model,
-            args.models_dir,
-            args.threads,
+            args,
             retrieval={"top_k": args.passages},
             kvcache={"storage_dtype": args.kv_dtype},
         )
