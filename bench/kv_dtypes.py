@@ -109,6 +109,7 @@ def _ttft_once(
 
     With `chunk_ids`, missing entries are recomputed and stored again first, as a question does."""
     from kvcache.errors import KVEntryMissing
+    from kvcache.writer import ensure_chunk_kv
 
     t0 = time.perf_counter()
     try:
@@ -116,9 +117,14 @@ def _ttft_once(
     except KVEntryMissing as exc:
         if chunk_ids is None:
             raise
-        missing = [i for i, k in enumerate(keys) if k in exc.keys]
-        for i, kv in zip(missing, engine.prefill_chunks([chunk_ids[i] for i in missing]), strict=True):
-            store.put(keys[i], kv, model_fingerprint=engine.fingerprint)
+        ensure_chunk_kv(  # through the one KV writer, as a question's recompute does
+            store,
+            chunk_ids,
+            model_fingerprint=engine.fingerprint,
+            prefix_ids=engine.prompt.prefix_ids,
+            compute=engine.prefill_chunks,
+            missing_keys=exc.keys,
+        )
         source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, prefetch=prefetch)
     try:
         result = engine.prompt_pass(layout, source, "blend", blend)
