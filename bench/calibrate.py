@@ -29,10 +29,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "calibrate a model's blend settings (as blendrag calibrate)",
-        Path("-"),
-        0,
-        6,
-        "calibrate.json",
+        dataset=Path("-"),
+        examples=0,
+        passages=6,
     )
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25,0.3", help="recompute ratios to try")
     parser.add_argument("--cases", default="8,4,6", help="look-ups,two-hop,follow-ups in the set")

@@ -339,10 +339,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test",
-        harness.DEFAULT_NQ6,
-        8,
-        4,
-        "conversation.json",
+        dataset=harness.DEFAULT_NQ6,
+        examples=8,
+        passages=4,
     )
     parser.add_argument("--turns", type=int, default=3, choices=[2, 3, 4], help="turns per session")
     parser.add_argument("--lookup", type=int, default=12, help="look-up projects (0: skip the look-up test)")

@@ -38,10 +38,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "ingest rate per stage, KV bytes per dtype, FAISS size, recall@k",
-        harness.DEFAULT_NQ6,
-        0,
-        0,
-        "ingest.json",
+        dataset=harness.DEFAULT_NQ6,
+        examples=0,
+        passages=0,
     )
     parser.set_defaults(examples=None, passages=None)
     parser.add_argument("--chunks", type=int, default=1000, help="passages to ingest (each is one chunk)")

@@ -67,10 +67,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
-        harness.DEFAULT_MUSIQUE,
-        10,
-        6,
-        "kv.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=10,
+        passages=6,
     )
     parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
     parser.add_argument("--dtypes", default=",".join(STORAGE_DTYPES), help="storage dtypes, comma-separated")

@@ -188,10 +188,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "look-up questions answered right per mode, through /ask",
-        Path("-"),
-        20,
-        6,
-        "lookup.json",
+        dataset=Path("-"),
+        examples=20,
+        passages=6,
     )
     parser.add_argument(
         "--selectors",

@@ -44,10 +44,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "requests/min and TTFT p50/p90 of concurrent clients, blend vs full",
-        harness.DEFAULT_MUSIQUE,
-        8,
-        6,
-        "throughput.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=8,
+        passages=6,
     )
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients")
     parser.add_argument("--url", default=None, help="a running server (default: the app in this process)")
