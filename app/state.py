@@ -94,7 +94,7 @@ class AppState:
         if server.memory_trim_idle_s is not None:
             scheduler = self.scheduler
             self.trimmer = IdleTrimmer(
-                lambda: scheduler.queue_depth > 0 or scheduler.num_prefill_jobs > 0,
+                lambda: scheduler.queue_depth > 0 or scheduler.num_precompute_jobs > 0,
                 server.memory_trim_idle_s,
                 on_rss=self.metrics.process_rss.set,
             )

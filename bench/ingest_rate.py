@@ -99,7 +99,7 @@ def _ingest_part(state: Any, passages: list[Passage]) -> dict[str, Any]:
 
 def _dtype_part(engine: Any, chunk_ids: list[list[int]]) -> dict[str, Any]:
     t0 = time.perf_counter()
-    kvs = PreparedPrompt(engine, chunk_ids, engine.prefill_chunks(chunk_ids))
+    kvs = PreparedPrompt(engine, chunk_ids, engine.precompute_chunks(chunk_ids))
     batched_s = time.perf_counter() - t0
     num_tokens = kvs.num_tokens
     dtypes = {}

@@ -121,7 +121,7 @@ def _ttft_once(
             chunk_ids,
             model_fingerprint=engine.fingerprint,
             prefix_ids=engine.prompt.prefix_ids,
-            compute=engine.prefill_chunks,
+            compute=engine.precompute_chunks,
             missing_keys=exc.keys,
         )
         source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, prefetch=prefetch)

@@ -2,7 +2,7 @@
 
 A corpus of short made-up documents, each holding one unique fact (an access code, an opening date, the
 name of a head), is ingested into a throw-away data dir by the IngestService (parse → chunk → embed →
-KV prefill → commit, as the server does). Each document's question is then asked through the AskService
+KV precompute → commit, as the server does). Each document's question is then asked through the AskService
 that POST /ask calls (retrieve → load stored KV → prompt pass → greedy answer), once per mode: full,
 reuse, and blend with each --selectors at --ratio. An answer is right when it contains the fact
 (normalised: case, punctuation and spaces ignored). Retrieval is the same for every mode; whether the

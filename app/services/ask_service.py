@@ -240,7 +240,7 @@ class AskService:
         and say so in `done`. Runs before `done` is sent, so a client's next turn finds both."""
         import dataclasses
 
-        from engine.scheduler import PrefillPriority
+        from engine.scheduler import PrecomputePriority
 
         # Turn KV is written for turns likely to come back as history: those of a stored conversation, and
         # those of a stateless client that already resends its history (its next request carries this turn
@@ -250,7 +250,7 @@ class AskService:
                 await asyncio.to_thread(
                     self._turn_kv.store_turn,
                     Turn(request.question, done.answer),
-                    lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+                    lambda todo: self._scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
                 )
             except Exception:  # the answer stands; the next turn computes the entry
                 logger.exception("could not store the KV of a finished turn")

@@ -101,7 +101,7 @@ class KVRefresh:
 
     def run(self) -> None:
         """Evict the old entries, then compute and record the stale chunks' KV batch by batch."""
-        from engine.scheduler import PrefillPriority, SchedulerStopped
+        from engine.scheduler import PrecomputePriority, SchedulerStopped
         from kvcache.writer import ensure_chunk_kv
 
         store, engine, catalog = self._c.store, self._c.engine, self._c.catalog
@@ -124,7 +124,7 @@ class KVRefresh:
                     [c.token_ids for c in batch],
                     model_fingerprint=engine.fingerprint,
                     prefix_ids=engine.prompt.prefix_ids,
-                    compute=lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.INGEST),
+                    compute=lambda todo: self._scheduler.precompute_chunks(todo, priority=PrecomputePriority.INGEST),
                     batch_chunks=BATCH_CHUNKS,
                 )
             except SchedulerStopped:

@@ -39,7 +39,7 @@ def open_plan_kv(components: Components, scheduler: Scheduler, plan: AskPlan) ->
     too (kvcache.writer), but served from what was computed, so a store that cannot keep it still answers.
     A missing or corrupt turn entry is computed like a missing chunk, never an error. Close `source` after.
     """
-    from engine.scheduler import PrefillPriority
+    from engine.scheduler import PrecomputePriority
     from kvcache.errors import KVEntryMissing
     from kvcache.format import StoredEntry
     from kvcache.writer import ensure_chunk_kv
@@ -73,7 +73,7 @@ def open_plan_kv(components: Components, scheduler: Scheduler, plan: AskPlan) ->
                 model_fingerprint=engine.fingerprint,
                 prefix_ids=engine.prompt.prefix_ids,
                 # The engine's worker computes them before any other prompt work: a question waits.
-                compute=lambda todo: scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+                compute=lambda todo: scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
                 missing_keys=exc.keys,
                 keep_entries=True,
                 history_keys=history,

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-KV_BATCH_CHUNKS = 8  # chunks prefilled per engine pass at ingest (padded to the longest of the batch)
+KV_BATCH_CHUNKS = 8  # chunks precomputed per engine pass at ingest (padded to the longest of the batch)
 CATALOG_BATCH = 1000  # documents per catalog transaction when a JSON file fans out into many
 
 
@@ -215,13 +215,13 @@ def embed(ctx: JobContext) -> None:
 
 def precompute_kv(ctx: JobContext) -> None:
     """Store every chunk's KV. Content-addressed: a chunk already stored (same text, model and prompt)
-    costs nothing. The rest is prefilled KV_BATCH_CHUNKS at a time (exactly the same KV as one at a
+    costs nothing. The rest is precomputed KV_BATCH_CHUNKS at a time (exactly the same KV as one at a
     time; on short chunks the per-layer overhead otherwise dominates), by the scheduler between
     questions' work, so ingest never delays an answer by more than one unit. A chunk precompute is a
     plain prefill of the chunk behind the cached prefix, so its compute time feeds the full-prefill
     estimate (short prompts prefill faster per token than long ones: until a full-mode answer is
     observed it is on the low side)."""
-    from engine.scheduler import PrefillPriority
+    from engine.scheduler import PrecomputePriority
     from kvcache.writer import ensure_chunk_kv
 
     env, tracker = ctx.env, ctx.progress
@@ -245,8 +245,8 @@ def precompute_kv(ctx: JobContext) -> None:
         token_ids,
         model_fingerprint=engine.fingerprint,
         prefix_ids=engine.prompt.prefix_ids,
-        compute=lambda todo: env.scheduler.prefill_chunks(
-            todo, priority=PrefillPriority.INGEST, on_unit=rate.observe if rate is not None else None
+        compute=lambda todo: env.scheduler.precompute_chunks(
+            todo, priority=PrecomputePriority.INGEST, on_unit=rate.observe if rate is not None else None
         ),
         batch_chunks=KV_BATCH_CHUNKS,
         on_batch=on_batch,

@@ -83,14 +83,14 @@ def test_filters_restrict_sources(components: Components, ingested) -> None:
 def test_missing_kv_is_recomputed_and_counted(components: Components, ingested, monkeypatch) -> None:
     import threading
 
-    real = components.engine.prefill_chunks
+    real = components.engine.precompute_chunks
     threads: list[str] = []
 
     def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
         threads.append(threading.current_thread().name)
         return real(chunks, prefix_ids, max_batch_tokens)
 
-    monkeypatch.setattr(components.engine, "prefill_chunks", recording)
+    monkeypatch.setattr(components.engine, "precompute_chunks", recording)
     for chunk in components.catalog.iter_chunks():
         components.store.delete(chunk.kv_key)
     done = ask(components, AskRequest(question="capital of Zorblat?", top_k=2, max_tokens=2))[-1]
@@ -175,14 +175,14 @@ def test_a_store_that_keeps_nothing_still_answers_from_the_kv_it_computed(
 
     components = make_fast_components(make_fast_settings(kvcache={"memory_bytes": 0, "disk_bytes": 1}))
     assert components.store.tier_names == ("disk",)
-    real = components.engine.prefill_chunks
+    real = components.engine.precompute_chunks
     computed: list[list[int]] = []
 
     def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
         computed.extend(list(c) for c in chunks)
         return real(chunks, prefix_ids, max_batch_tokens)
 
-    monkeypatch.setattr(components.engine, "prefill_chunks", recording)
+    monkeypatch.setattr(components.engine, "precompute_chunks", recording)
     q = "What is the capital of Zorblat?"
     (chunk,) = components.catalog.iter_chunks()
     reference = ask(components, AskRequest(question=q, top_k=1, mode="full", max_tokens=4))[-1]

@@ -347,14 +347,14 @@ def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(compo
     from app.components import build_scheduler
 
     engine = components.engine
-    real = engine.prefill_chunks
+    real = engine.precompute_chunks
     threads: list[str] = []
 
     def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
         threads.append(threading.current_thread().name)
         return real(chunks, prefix_ids, max_batch_tokens)
 
-    monkeypatch.setattr(engine, "prefill_chunks", recording)
+    monkeypatch.setattr(engine, "precompute_chunks", recording)
     scheduler = build_scheduler(components)
     scheduler.start()
     try:
