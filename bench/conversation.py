@@ -39,7 +39,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
-from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
+from bench.inprocess import args_settings, ask_service, ingest_passages, start_app
 from bench.metrics import kl_divergence, mean
 
 logger = logging.getLogger(__name__)
@@ -346,10 +346,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test",
-        harness.DEFAULT_NQ6,
-        8,
-        4,
-        "conversation.json",
+        dataset=harness.DEFAULT_NQ6,
+        examples=8,
+        passages=4,
     )
     parser.add_argument("--turns", type=int, default=3, choices=[2, 3, 4], help="turns per session")
     parser.add_argument("--lookup", type=int, default=12, help="look-up projects (0: skip the look-up test)")
@@ -417,11 +416,9 @@ def main(args: argparse.Namespace) -> int:
     sessions = make_sessions(examples, args.turns)
     projects = make_projects(args.lookup, args.seed) if args.lookup else []
     with tempfile.TemporaryDirectory(prefix="blendrag-conversation-") as tmp:
-        settings = bench_settings(
+        settings = args_settings(
             Path(tmp),
-            args.model,
-            args.models_dir,
-            args.threads,
+            args,
             retrieval={"top_k": args.passages},
             engine={"dtype": args.dtype},
         )

@@ -4,7 +4,7 @@ Each of N requests is one question over its passages (blended from their stored 
 submitted at once with a fixed answer length (EOS ignored). The steady state is the window in which all
 N decode together: from the last request's first token to the first request's last token. Aggregate
 decode rate = tokens emitted in that window ÷ its length. With one request the window is its whole
-decode (first token → last token). Prompt passes and chunk prefills fall outside the window, so the
+decode (first token → last token). Prompt passes and chunk precomputes fall outside the window, so the
 figure is the decode steps alone, batched by the scheduler across requests.
 """
 
@@ -34,7 +34,7 @@ async def _request(
     max_tokens: int,
     kv_cache: dict[tuple[int, ...], Any],
 ):
-    from engine.scheduler import PrefillPriority
+    from engine.scheduler import PrecomputePriority
     from engine.types import GenerationRequest
     from kvcache.types import InMemoryLayerSource
 
@@ -44,7 +44,7 @@ async def _request(
         for p in example.passages[:num_passages]
     ]
     todo = [c for c in chunks if tuple(c) not in kv_cache]
-    computed = await asyncio.to_thread(scheduler.prefill_chunks, todo, priority=PrefillPriority.QUESTION)
+    computed = await asyncio.to_thread(scheduler.precompute_chunks, todo, priority=PrecomputePriority.QUESTION)
     kv_cache.update({tuple(c): kv for c, kv in zip(todo, computed, strict=True)})
     kvs = [kv_cache[tuple(c)] for c in chunks]
     settings = state.settings.engine
