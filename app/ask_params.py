@@ -10,13 +10,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from app.services.ask_types import MAX_QUESTION_CHARS, MAX_SEED
+from app.services.ask.types import MAX_QUESTION_CHARS, MAX_SEED
+from app.services.key_service import COLLECTION_PATTERN
 from app.services.text_checks import NOT_BLANK, is_blank
 from engine.types import Mode, SelectorName  # defined once, by the engine (plain data, no torch)
 from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
-    from app.services.ask_types import AskRequest
+    from app.services.ask.types import AskRequest
 
 
 def _not_bool(value: Any) -> Any:
@@ -41,7 +42,7 @@ Seed = Annotated[int, Field(ge=0, le=MAX_SEED), NotBool]
 CollectionName = Annotated[
     str,
     Field(
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+        pattern=COLLECTION_PATTERN,
         description="A collection: 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
         examples=["default"],
     ),
@@ -101,7 +102,7 @@ class AskParams(BaseModel):
 
     def to_request(self, question: str, max_tokens: int | None = None, stop: tuple[str, ...] = ()) -> AskRequest:
         """The service request (already validated here, at the edge)."""
-        from app.services.ask_types import AskRequest
+        from app.services.ask.types import AskRequest
 
         return AskRequest(
             question=question,

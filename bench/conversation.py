@@ -240,8 +240,12 @@ async def run_sessions(
 
 
 async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> dict[str, Any]:
-    from app.api.openai_compat import ChatCompletionIn, read_messages
+    from pydantic import TypeAdapter
+
+    from app.api.openai_messages import ChatMessage, read_messages  # /v1's own reading of `messages`
     from engine.prompt import Turn
+
+    messages_of = TypeAdapter(list[ChatMessage])
 
     conversations = state.conversations
     rows = []
@@ -257,16 +261,14 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
             if path == "ask":
                 request = _request(second, list(context.history), max_tokens, conversation=_ref(context))
             else:
-                body = ChatCompletionIn.model_validate(
-                    {
-                        "messages": [
-                            {"role": "user", "content": first},
-                            {"role": "assistant", "content": done1.answer},
-                            {"role": "user", "content": second},
-                        ]
-                    }
+                messages = messages_of.validate_python(
+                    [
+                        {"role": "user", "content": first},
+                        {"role": "assistant", "content": done1.answer},
+                        {"role": "user", "content": second},
+                    ]
                 )
-                chat = read_messages(body.messages)
+                chat = read_messages(messages)
                 request = _request(chat.question, list(chat.history), max_tokens, system_prompt=chat.system_prompt)
             done, titles, _ = await ask_service(state, request)
             full, _, _ = await ask_service(

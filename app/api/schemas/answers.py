@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, AliasPath, BaseModel, Field
+
+from app.api.schemas.common import RecordOut
 
 
 class AskDefaultsOut(BaseModel):
@@ -17,7 +19,7 @@ class AskDefaultsOut(BaseModel):
     max_tokens: int
 
 
-class SourceOut(BaseModel):
+class SourceOut(RecordOut):
     rank: int = Field(description="1-based; the [n] an answer cites")
     chunk_id: int
     document_id: str
@@ -28,7 +30,7 @@ class SourceOut(BaseModel):
     text: str = Field(description="The whole passage the model read")
 
 
-class UsageOut(BaseModel):
+class UsageOut(RecordOut):
     prompt_tokens: int
     completion_tokens: int
     context_tokens: int
@@ -38,7 +40,7 @@ class UsageOut(BaseModel):
     total_tokens: int
 
 
-class TimingsOut(BaseModel):
+class TimingsOut(RecordOut):
     retrieval_ms: float
     kv_load_ms: float
     ttft_ms: float = Field(description="Request arrival to first token, retrieval and KV load included")
@@ -48,7 +50,7 @@ class TimingsOut(BaseModel):
     )
 
 
-class SourcesEventOut(BaseModel):
+class SourcesEventOut(RecordOut):
     """Data of the `sources` SSE event (first)."""
 
     sources: list[SourceOut]
@@ -73,14 +75,14 @@ class ErrorEventOut(BaseModel):
     code: Literal["busy", "internal", "cancelled"]
 
 
-class CitationOut(BaseModel):
+class CitationOut(RecordOut):
     start: int = Field(description="First character of the sentence in `answer`")
     end: int = Field(description="One past its last character")
     rank: int = Field(description="The source's rank (its [n])")
     score: float = Field(description="Weighted share of the sentence's distinctive words found in that source")
 
 
-class AskDoneOut(BaseModel):
+class AskDoneOut(RecordOut):
     """Data of the `done` SSE event (last): the AskOut fields except `sources`."""
 
     answer: str
@@ -106,9 +108,10 @@ class AskDoneOut(BaseModel):
     retrieval_query: str | None = Field(
         default=None, description="What retrieval searched with when it was not the question alone"
     )
-    retrieval_ms: float
-    ttft_ms: float
-    total_ms: float
+    # Flat copies of the headline timings, for clients that do not want to dig.
+    retrieval_ms: float = Field(validation_alias=AliasChoices("retrieval_ms", AliasPath("timings", "retrieval_ms")))
+    ttft_ms: float = Field(validation_alias=AliasChoices("ttft_ms", AliasPath("timings", "ttft_ms")))
+    total_ms: float = Field(validation_alias=AliasChoices("total_ms", AliasPath("timings", "total_ms")))
     notice: str | None = Field(default=None, description="As in the `sources` event: why there are no sources")
     citations: list[CitationOut] = Field(
         default_factory=list,
