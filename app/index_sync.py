@@ -15,7 +15,6 @@ server says it is ready.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -23,12 +22,13 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from app.background import BackgroundThread
 from retrieval.retriever import Retriever
 from retrieval.types import IndexedChunk, IndexMismatchError
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
-    from app.catalog.repository import IndexEntry
+    from app.catalog.records import IndexEntry
     from app.settings import Settings
     from retrieval.embedder import Embedder
 
@@ -185,8 +185,7 @@ class IndexSync:
         self._interval_s = interval_s
         self._retention_s = retention_s
         self._cursor = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundThread(self._run, "index-sync", join_timeout_s=30)
         self._last_prune = 0.0
         self.last_applied_at: float | None = None  # monotonic time of the last change applied
 
@@ -232,19 +231,13 @@ class IndexSync:
     # ---- background polling ----------------------------------------------------------------------
 
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="index-sync", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=30)
-            self._thread = None
+        self._loop.stop()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        while not self._loop.stopping.wait(self._interval_s):
             try:
                 self.poll()
                 self._maybe_prune()

@@ -35,6 +35,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from app.background import BackgroundThread
+
 logger = logging.getLogger(__name__)
 
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter numbers (malloc.h)
@@ -93,16 +95,12 @@ class IdleTrimmer:
         self._idle_s = idle_s
         self._poll_s = poll_s
         self._on_rss = on_rss
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = BackgroundThread(self._run, "memory-trim", join_timeout_s=5)
         self._trimmed = threading.Condition()
         self.num_trims = 0
 
     def start(self) -> None:
-        if self._thread is None:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._run, name="memory-trim", daemon=True)
-            self._thread.start()
+        self._loop.start()
 
     def wait_for_trims(self, num_trims: int, timeout_s: float) -> bool:
         """Block until at least `num_trims` trims have run (True), or `timeout_s` passed (False)."""
@@ -110,15 +108,12 @@ class IdleTrimmer:
             return self._trimmed.wait_for(lambda: self.num_trims >= num_trims, timeout=timeout_s)
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._thread = None
+        self._loop.stop()
 
     def _run(self) -> None:
         worked_since_trim = False
         last_busy = time.monotonic()
-        while not self._stop.wait(self._poll_s):
+        while not self._loop.stopping.wait(self._poll_s):
             now = time.monotonic()
             if self._is_busy():
                 worked_since_trim, last_busy = True, now

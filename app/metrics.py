@@ -14,10 +14,11 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import Field
 
 if TYPE_CHECKING:
     from kvcache.stats import StoreStats
@@ -41,7 +42,11 @@ class RecentAsk:
     num_prompt_tokens: int
     num_completion_tokens: int
     full_prefill_estimate_ms: float | None
-    num_context_tokens: int = 0  # 0: nothing was retrieved (an answer from the model alone)
+    # 0: nothing was retrieved (an answer from the model alone). /api/stats serves this type as it is, so
+    # the description is its schema's.
+    num_context_tokens: Annotated[
+        int, Field(description="Context tokens in the prompt; 0 for an answer without documents")
+    ]
 
 
 class RecentAsks:

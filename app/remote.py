@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from app.api.sse import iter_sse, sse_lines
+from app.sse_reader import iter_sse, sse_lines
 
 TIMEOUT_S = 30.0
 POLL_S = 1.0  # job polling when the event stream is unavailable: at most once a second

@@ -7,10 +7,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from app.api.rate_limit import RateLimiter
 from app.datadir_lock import server_url
 from app.memory import IdleTrimmer, set_mmap_threshold
 from app.metrics import Metrics
+from app.rate_limit import RateLimiter
 from app.services.estimates import PrefillRate
 from app.services.stats_service import StatsService
 from app.services.storage_faults import StorageMonitor
@@ -95,7 +95,7 @@ class AppState:
             services.calibration.start()
         if server.memory_trim_idle_s is not None:
             self.trimmer = IdleTrimmer(
-                lambda: scheduler.queue_depth > 0 or scheduler.num_prefill_jobs > 0,
+                lambda: scheduler.queue_depth > 0 or scheduler.num_precompute_jobs > 0,
                 server.memory_trim_idle_s,
                 on_rss=self.metrics.process_rss.set,
             )

@@ -94,10 +94,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "look-ups and real docs questions answered right, per model",
-        Path("-"),
-        12,
-        6,
-        "answers.json",
+        dataset=Path("-"),
+        examples=12,
+        passages=6,
     )
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated engine.model values")
     parser.add_argument("--docs-dir", type=Path, default=None, help="Markdown pages + answer_key.json")

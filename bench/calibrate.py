@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.inprocess import bench_settings
+from bench.inprocess import args_settings
 
 logger = logging.getLogger(__name__)
 
@@ -30,10 +30,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "calibrate a model's blend settings (as blendrag calibrate)",
-        Path("-"),
-        0,
-        6,
-        "calibrate.json",
+        dataset=Path("-"),
+        examples=0,
+        passages=6,
     )
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25,0.3", help="recompute ratios to try")
     parser.add_argument("--cases", default="8,4,6", help="look-ups,two-hop,follow-ups in the set")
@@ -58,11 +57,9 @@ def main(args: argparse.Namespace) -> int:
     if args.ship and tried_values is not None:
         raise SystemExit("--ship takes the search's choice, not a study's (--candidates)")
     with tempfile.TemporaryDirectory(prefix="blendrag-calibrate-") as tmp:
-        settings = bench_settings(
+        settings = args_settings(
             Path(tmp),
-            args.model,
-            args.models_dir,
-            args.threads,
+            args,
             engine={"dtype": args.dtype},
             kvcache={"storage_dtype": args.kv_dtype},
         )

@@ -345,7 +345,7 @@ def wait_job(replica: Process, job_id: str, timeout: float = 600) -> dict[str, A
 
 
 def sse_events(response: httpx.Response) -> Iterator[tuple[str, Any]]:
-    from app.api.sse import iter_sse, sse_lines
+    from app.sse_reader import iter_sse, sse_lines
 
     # Not iter_lines: it also splits at U+2028, which a quoted passage may hold.
     for message in iter_sse(sse_lines(response.iter_text())):

@@ -39,7 +39,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
-from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
+from bench.inprocess import args_settings, ask_service, ingest_passages, start_app
 from bench.metrics import kl_divergence, mean
 
 logger = logging.getLogger(__name__)
@@ -240,8 +240,12 @@ async def run_sessions(
 
 
 async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> dict[str, Any]:
-    from app.api.openai_compat import ChatCompletionIn, read_messages
+    from pydantic import TypeAdapter
+
+    from app.api.openai_messages import ChatMessage, read_messages  # /v1's own reading of `messages`
     from engine.prompt import Turn
+
+    messages_of = TypeAdapter(list[ChatMessage])
 
     conversations = state.conversations
     rows = []
@@ -257,16 +261,14 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
             if path == "ask":
                 request = _request(second, list(context.history), max_tokens, conversation=_ref(context))
             else:
-                body = ChatCompletionIn.model_validate(
-                    {
-                        "messages": [
-                            {"role": "user", "content": first},
-                            {"role": "assistant", "content": done1.answer},
-                            {"role": "user", "content": second},
-                        ]
-                    }
+                messages = messages_of.validate_python(
+                    [
+                        {"role": "user", "content": first},
+                        {"role": "assistant", "content": done1.answer},
+                        {"role": "user", "content": second},
+                    ]
                 )
-                chat = read_messages(body.messages)
+                chat = read_messages(messages)
                 request = _request(chat.question, list(chat.history), max_tokens, system_prompt=chat.system_prompt)
             done, titles, _ = await ask_service(state, request)
             full, _, _ = await ask_service(
@@ -346,10 +348,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test",
-        harness.DEFAULT_NQ6,
-        8,
-        4,
-        "conversation.json",
+        dataset=harness.DEFAULT_NQ6,
+        examples=8,
+        passages=4,
     )
     parser.add_argument("--turns", type=int, default=3, choices=[2, 3, 4], help="turns per session")
     parser.add_argument("--lookup", type=int, default=12, help="look-up projects (0: skip the look-up test)")
@@ -417,11 +418,9 @@ def main(args: argparse.Namespace) -> int:
     sessions = make_sessions(examples, args.turns)
     projects = make_projects(args.lookup, args.seed) if args.lookup else []
     with tempfile.TemporaryDirectory(prefix="blendrag-conversation-") as tmp:
-        settings = bench_settings(
+        settings = args_settings(
             Path(tmp),
-            args.model,
-            args.models_dir,
-            args.threads,
+            args,
             retrieval={"top_k": args.passages},
             engine={"dtype": args.dtype},
         )

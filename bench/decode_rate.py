@@ -5,7 +5,7 @@ submitted at once (EOS ignored). The steady state is the window in which all N d
 at the last request's first token and closes once every request has decoded `window_tokens` more tokens
 (then the requests are cancelled). Aggregate decode rate = tokens emitted in that window ÷ its length.
 With one request the window is its first `window_tokens` tokens after the first one. Prompt passes and
-chunk prefills fall outside the window, so the figure is the decode steps alone, batched by the
+chunk precomputes fall outside the window, so the figure is the decode steps alone, batched by the
 scheduler across requests.
 
 The window opens whatever the prompt length: the earlier requests decode while the later ones' prompt
@@ -42,7 +42,7 @@ async def _request(
     kv_cache: dict[tuple[int, ...], Any],
 ):
     """The GenerationRequest of one client, with room for `max_tokens` tokens (its chunks' KV computed first)."""
-    from engine.scheduler import PrefillPriority
+    from engine.scheduler import PrecomputePriority
     from engine.types import GenerationRequest
     from kvcache.types import InMemoryLayerSource
 
@@ -52,7 +52,7 @@ async def _request(
         for p in example.passages[:num_passages]
     ]
     todo = [c for c in chunks if tuple(c) not in kv_cache]
-    computed = await asyncio.to_thread(scheduler.prefill_chunks, todo, priority=PrefillPriority.QUESTION)
+    computed = await asyncio.to_thread(scheduler.precompute_chunks, todo, priority=PrecomputePriority.QUESTION)
     kv_cache.update({tuple(c): kv for c, kv in zip(todo, computed, strict=True)})
     kvs = [kv_cache[tuple(c)] for c in chunks]
     settings = state.settings.engine

@@ -29,7 +29,7 @@ from typing import Any
 from bench import harness
 from bench.framework_docs import PAGES, SESSIONS, SWITCHES
 from retrieval.config import RetrievalSettings
-from retrieval.followup import EarlierTurn, FollowupQuery, concat_query, followup_query
+from retrieval.followup import EarlierTurn, FollowupQuery, followup_query
 from retrieval.retriever import Retriever
 from retrieval.types import IndexedChunk, RetrievedChunk
 
@@ -78,14 +78,8 @@ def query_for(method: str, question: str, earlier: list[EarlierTurn], retriever:
     settings = retriever.settings
     if method == "off" or not earlier:
         return FollowupQuery(text=question)
-    if method == "questions":
-        return concat_query(
-            question,
-            [t.question for t in earlier],
-            retriever.embedder,
-            settings.followup_turns,
-            settings.followup_decay,
-        )
+    if method == "questions":  # the earlier questions alone: the same query without the turns' sources
+        earlier = [EarlierTurn(t.question) for t in earlier]
     return followup_query(question, earlier, retriever, settings)
 
 

@@ -48,10 +48,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "speed-up vs KL / fidelity for every selector × ratio (Pareto)",
-        harness.DEFAULT_MUSIQUE,
-        20,
-        6,
-        "frontier.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=20,
+        passages=6,
         blend=True,
     )
     parser.add_argument("--ratios", default="0.02,0.05,0.1,0.15,0.3", help="recompute ratios, comma-separated")

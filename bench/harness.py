@@ -37,18 +37,19 @@ def subcommand(
     name: str,
     doc: str | None,
     help: str,
+    *,
     dataset: Path,
     examples: int,
     passages: int,
-    out: str,
-    *,
+    out: str | None = None,
     blend: bool = False,
 ) -> argparse.ArgumentParser:
-    """The subparser of one benchmark with the common options (and the blend options with `blend`)."""
+    """The subparser of one benchmark with the common options (and the blend options with `blend`); its
+    result file is `<out>` under DEFAULT_OUT_DIR (default: `<name>.json`)."""
     parser = subparsers.add_parser(
         name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_common_args(parser, dataset=dataset, examples=examples, passages=passages, out=out)
+    add_common_args(parser, dataset=dataset, examples=examples, passages=passages, out=out or f"{name}.json")
     if blend:
         add_blend_args(parser)
     return parser

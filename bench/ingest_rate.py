@@ -22,7 +22,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Passage, load_dataset, select_examples
-from bench.inprocess import bench_settings, dir_bytes, ingest_passages, start_app
+from bench.inprocess import args_settings, dir_bytes, ingest_passages, start_app
 from bench.prepared import STORAGE_DTYPES, PreparedPrompt
 
 logger = logging.getLogger(__name__)
@@ -38,10 +38,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "ingest rate per stage, KV bytes per dtype, FAISS size, recall@k",
-        harness.DEFAULT_NQ6,
-        0,
-        0,
-        "ingest.json",
+        dataset=harness.DEFAULT_NQ6,
+        examples=0,
+        passages=0,
     )
     parser.set_defaults(examples=None, passages=None)
     parser.add_argument("--chunks", type=int, default=1000, help="passages to ingest (each is one chunk)")
@@ -100,7 +99,7 @@ def _ingest_part(state: Any, passages: list[Passage]) -> dict[str, Any]:
 
 def _dtype_part(engine: Any, chunk_ids: list[list[int]]) -> dict[str, Any]:
     t0 = time.perf_counter()
-    kvs = PreparedPrompt(engine, chunk_ids, engine.prefill_chunks(chunk_ids))
+    kvs = PreparedPrompt(engine, chunk_ids, engine.precompute_chunks(chunk_ids))
     batched_s = time.perf_counter() - t0
     num_tokens = kvs.num_tokens
     dtypes = {}
@@ -135,11 +134,9 @@ def _recall_part(dataset: Path, state: Any) -> dict[str, Any]:
 
 
 async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path) -> dict[str, Any]:
-    settings = bench_settings(
+    settings = args_settings(
         data_dir,
-        args.model,
-        args.models_dir,
-        args.threads,
+        args,
         kvcache={"storage_dtype": args.kv_dtype},
         engine={"dtype": args.dtype},
     )

@@ -39,6 +39,11 @@ def bench_settings(data_dir: Path, model: str, models_dir: Path, threads: int | 
     return load_settings(data_dir=data_dir, engine={k: v for k, v in engine.items() if v is not None}, **sections)
 
 
+def args_settings(data_dir: Path, args: Any, **sections: dict[str, Any]):
+    """`bench_settings` for a command's own --model, --models-dir and --threads."""
+    return bench_settings(data_dir, args.model, args.models_dir, args.threads, **sections)
+
+
 async def start_app(settings) -> AppState:
     from app.state import AppState
 

@@ -67,10 +67,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
-        harness.DEFAULT_MUSIQUE,
-        10,
-        6,
-        "kv.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=10,
+        passages=6,
     )
     parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
     parser.add_argument("--dtypes", default=",".join(STORAGE_DTYPES), help="storage dtypes, comma-separated")
@@ -109,6 +108,7 @@ def _ttft_once(
 
     With `chunk_ids`, missing entries are recomputed and stored again first, as a question does."""
     from kvcache.errors import KVEntryMissing
+    from kvcache.writer import ensure_chunk_kv
 
     t0 = time.perf_counter()
     try:
@@ -116,9 +116,14 @@ def _ttft_once(
     except KVEntryMissing as exc:
         if chunk_ids is None:
             raise
-        missing = [i for i, k in enumerate(keys) if k in exc.keys]
-        for i, kv in zip(missing, engine.prefill_chunks([chunk_ids[i] for i in missing]), strict=True):
-            store.put(keys[i], kv, model_fingerprint=engine.fingerprint)
+        ensure_chunk_kv(  # through the one KV writer, as a question's recompute does
+            store,
+            chunk_ids,
+            model_fingerprint=engine.fingerprint,
+            prefix_ids=engine.prompt.prefix_ids,
+            compute=engine.precompute_chunks,
+            missing_keys=exc.keys,
+        )
         source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, prefetch=prefetch)
     try:
         result = engine.prompt_pass(layout, source, "blend", blend)

@@ -75,9 +75,9 @@ def run_policy(
     from kvcache.errors import KVEntryMissing
     from kvcache.keys import chunk_key
     from kvcache.store import TieredKVStore
+    from kvcache.writer import ensure_chunk_kv
 
-    keys = [chunk_key("zipf-bench", [1], [10_000 + i]) for i in range(setup.num_chunks)]
-    index_of = {key: i for i, key in enumerate(keys)}
+    keys = [chunk_key("zipf-bench", [1], [10_000 + i]) for i in range(setup.num_chunks)]  # chunk i: token 10_000+i
     with tempfile.TemporaryDirectory(prefix="blendrag-bench-zipf-", dir=tmp_root) as tmp:
         store = TieredKVStore(
             KVCacheSettings(
@@ -102,8 +102,15 @@ def run_policy(
                 missing: tuple[str, ...] = ()
             except KVEntryMissing as exc:
                 missing = exc.keys
-            for key in missing:  # recomputed at question time and stored again
-                store.put(key, _chunk_kv(index_of[key], setup.entry_tokens), model_fingerprint="zipf-bench")
+            if missing:  # recomputed at question time and stored again, through the one KV writer
+                ensure_chunk_kv(
+                    store,
+                    [[10_000 + i] for i in chunks],
+                    model_fingerprint="zipf-bench",
+                    prefix_ids=[1],
+                    compute=lambda todo: [_chunk_kv(ids[0] - 10_000, setup.entry_tokens) for ids in todo],
+                    missing_keys=missing,
+                )
             if q >= warmup:
                 num_lookups += len(wanted)
                 num_hits += len(wanted) - len(missing)

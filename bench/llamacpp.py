@@ -38,10 +38,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "full-prefill TTFT of llama.cpp on the same GGUF and prompts",
-        harness.DEFAULT_MUSIQUE,
-        5,
-        6,
-        "llamacpp.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=5,
+        passages=6,
+        out="llamacpp.json",
     )
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--ratio", type=float, default=0.15, help="our blend ratio shown beside the full prefills")

@@ -2,7 +2,7 @@
 
 A corpus of short made-up documents, each holding one unique fact (an access code, an opening date, the
 name of a head), is ingested into a throw-away data dir by the IngestService (parse → chunk → embed →
-KV prefill → commit, as the server does). Each document's question is then asked through the AskService
+KV precompute → commit, as the server does). Each document's question is then asked through the AskService
 that POST /ask calls (retrieve → load stored KV → prompt pass → greedy answer), once per mode: full,
 reuse, and blend with each --selectors at --ratio. An answer is right when it contains the fact
 (normalised: case, punctuation and spaces ignored). Retrieval is the same for every mode; whether the
@@ -23,7 +23,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Passage
-from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
+from bench.inprocess import args_settings, ask_service, ingest_passages, start_app
 from bench.passes import parse_selectors
 
 logger = logging.getLogger(__name__)
@@ -188,10 +188,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "look-up questions answered right per mode, through /ask",
-        Path("-"),
-        20,
-        6,
-        "lookup.json",
+        dataset=Path("-"),
+        examples=20,
+        passages=6,
     )
     parser.add_argument(
         "--selectors",
@@ -220,11 +219,9 @@ def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     facts = make_facts(args.examples, args.seed)
     with tempfile.TemporaryDirectory(prefix="blendrag-lookup-") as tmp:
-        settings = bench_settings(
+        settings = args_settings(
             Path(tmp),
-            args.model,
-            args.models_dir,
-            args.threads,
+            args,
             retrieval={"top_k": args.passages},
             kvcache={"storage_dtype": args.kv_dtype},
         )

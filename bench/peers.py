@@ -54,10 +54,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "TTFT of llama.cpp (Q4_1, F16), HF transformers (fp32, bf16), our full prefill and blend, same ids",
-        harness.DEFAULT_MUSIQUE,
-        5,
-        6,
-        "peers.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=5,
+        passages=6,
         blend=True,
     )
     harness.add_kv_dtype_arg(parser)

@@ -89,8 +89,8 @@ class PreparedPrompt:
 
     @classmethod
     def compute(cls, engine: Engine, prompt: BenchPrompt) -> PreparedPrompt:
-        """Precompute the prompt's chunk KV as ingest does (`Engine.prefill_chunks`)."""
-        return cls(engine, prompt.chunk_ids, engine.prefill_chunks(prompt.chunk_ids), prompt)
+        """Precompute the prompt's chunk KV as ingest does (`Engine.precompute_chunks`)."""
+        return cls(engine, prompt.chunk_ids, engine.precompute_chunks(prompt.chunk_ids), prompt)
 
     @property
     def layout(self) -> PromptLayout:

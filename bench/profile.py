@@ -35,10 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "torch.profiler table of the top ops of full prefill, reuse and the default blend",
-        harness.DEFAULT_MUSIQUE,
-        1,
-        6,
-        "profile.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=1,
+        passages=6,
         blend=True,
     )
     harness.add_kv_dtype_arg(parser)

@@ -40,10 +40,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "gold F1, fidelity, first-token KL, NLL, benefit retained per mode",
-        harness.DEFAULT_MUSIQUE,
-        20,
-        6,
-        "quality.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=20,
+        passages=6,
         blend=True,
     )
     parser.add_argument("--ratios", default="0.15,1.0", help="blend recompute ratios, comma-separated")

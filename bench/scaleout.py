@@ -5,7 +5,7 @@ packages, two `blendrag serve` replicas A and B, workers as separate processes).
 
 1. Ingest rate, end to end: --chunks nq6 passages (one passage = one document = one chunk), split into
    --jobs jobs submitted at once through replica A; the clock runs from the first POST /ingest to the last
-   job `succeeded` (parse, chunk, embed, KV prefill into Redis, commit to PostgreSQL). Once with 1 worker,
+   job `succeeded` (parse, chunk, embed, KV precompute into Redis, commit to PostgreSQL). Once with 1 worker,
    once with 2 (new passages each round, so nothing is a duplicate).
 2. Ready → searchable: --probes single documents ingested through A; for each, the time from A first
    reporting the document `ready` (GET /documents/{id}, polled every 10 ms) to replica B's index holding

@@ -28,7 +28,7 @@ from typing import Any
 from bench import decode_rate, harness
 from bench.data import Example, load_dataset, select_examples
 from bench.ingest_rate import unique_passages
-from bench.inprocess import bench_settings, ingest_passages, start_app
+from bench.inprocess import args_settings, ingest_passages, start_app
 from bench.metrics import mean, percentile
 
 logger = logging.getLogger(__name__)
@@ -44,10 +44,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "requests/min and TTFT p50/p90 of concurrent clients, blend vs full",
-        harness.DEFAULT_MUSIQUE,
-        8,
-        6,
-        "throughput.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=8,
+        passages=6,
     )
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients")
     parser.add_argument("--url", default=None, help="a running server (default: the app in this process)")
@@ -174,7 +173,7 @@ class HttpClient:
         self.client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout, headers=headers)
 
     async def ask(self, question: str, mode: str, ratio: float | None, top_k: int, max_tokens: int) -> AskTiming:
-        from app.api.sse import aiter_sse, asse_lines
+        from app.sse_reader import aiter_sse, asse_lines
 
         body: dict[str, Any] = {
             "question": question,
@@ -324,11 +323,9 @@ async def _in_process(
     decode_clients = [int(n) for n in args.decode_clients.split(",") if n]
     # Every client's request decodes at once (batched), up to the largest count measured.
     running = max([args.clients, *decode_clients])
-    settings = bench_settings(
+    settings = args_settings(
         data_dir,
-        args.model,
-        args.models_dir,
-        args.threads,
+        args,
         engine={"dtype": args.dtype, "max_running": running, "max_queue": max(running, 16)},
         ingest={"chunk_tokens": CHUNK_TOKENS},
     )

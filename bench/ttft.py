@@ -35,10 +35,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         NAME,
         __doc__,
         "time to first token per mode (full, prefix, reuse, blend@r)",
-        harness.DEFAULT_MUSIQUE,
-        5,
-        6,
-        "ttft.json",
+        dataset=harness.DEFAULT_MUSIQUE,
+        examples=5,
+        passages=6,
         blend=True,
     )
     parser.add_argument("--ratios", default="0.05,0.15,0.3", help="blend recompute ratios, comma-separated")

@@ -4,12 +4,12 @@ Public API (import from the modules; this package imports nothing eagerly):
 
     engine.config.EngineSettings          pydantic settings (model, device, dtype, mode, ratio, …);
                                           blend_config() (BLEND_FIELDS, 1:1), sampling_params()
-    engine.engine.Engine                  Engine(settings, models_dir): prefix_kv, prefill_chunk(s),
+    engine.engine.Engine                  Engine(settings, models_dir): prefix_kv, precompute_chunk(s),
                                           prompt_pass, score, generate, answer (decode from a pass
                                           already done); step-wise new_run, prefill(run), decode(runs)
     engine.generation.RequestRun          one request's state (RequestStatus, sampler, working cache); no compute
     engine.scheduler.Scheduler            Scheduler(engine).submit(request) -> RequestStream (async iterator
-                                          of events); prefill_chunks(chunks, priority=PrefillPriority.…)
+                                          of events); precompute_chunks(chunks, priority=PrecomputePriority.…)
     engine.prompt.PromptBuilder           prefix_ids, suffix_ids(question), layout(chunk_ids, question,
                                           history_ids), layout_ranked, for_system_prompt(text)
     engine.types                          PromptLayout, BlendConfig, SamplingParams, GenerationRequest,

@@ -1,7 +1,7 @@
 """The engine's public face: one loaded model, chunk precompute for ingest, and generation for /ask.
 
     engine = Engine(settings, models_dir)
-    kv = engine.prefill_chunk(chunk_ids)                       # ingest: K (pre-RoPE) + V of one chunk
+    kv = engine.precompute_chunk(chunk_ids)                       # ingest: K (pre-RoPE) + V of one chunk
     layout = engine.prompt.layout(chunk_ids_list, question)    # [prefix][chunks…][suffix]
     for event in engine.generate(GenerationRequest("r1", layout, InMemoryLayerSource(kvs))):
         ...                                                    # TokenEvent…, FinishEvent
@@ -13,7 +13,7 @@ Step-wise, as the scheduler drives it (a `RequestRun` is the request's state, th
     events_per_run = engine.decode([run, other_run])                 # one (batched) decode step each
 
 Meant for one computing thread: in the server that is the scheduler's worker (engine/scheduler.py), which
-runs every prefill, prompt pass and decode step; CLI tools and bench call it from their one thread. The
+runs every chunk precompute, prompt pass and decode step; CLI tools and bench call it from their one thread. The
 weights are read-only and the prefix cache is locked, but nothing else here is designed for concurrent
 callers (two at once would also fight over the same cores).
 """
@@ -38,7 +38,7 @@ from engine.generation import RequestRun
 from engine.layers import Transformer
 from engine.model import LoadedModel, ModelConfig, load_model
 from engine.models.resolve import ModelIdentity, ServedModel, parameters_label, resolve_model
-from engine.phases import PrefixKV, decode, extend, prefill_chunks, prefill_prefix
+from engine.phases import PrefixKV, decode, extend, precompute_chunks, precompute_prefix
 from engine.prompt import PromptBuilder
 from engine.types import (
     BlendConfig,
@@ -149,7 +149,7 @@ class Engine:
     def device(self) -> torch.device:
         return self.model.device
 
-    # --------------------------------------------------------------------------------------- prefill
+    # ------------------------------------------------------------------------------------ precompute
     def prefix_kv(self, prefix_ids: list[int] | None = None) -> PrefixKV:
         """Exact KV of a prefix (default: this engine's prompt prefix), computed once and kept."""
         key = tuple(self.prompt.prefix_ids if prefix_ids is None else prefix_ids)
@@ -158,21 +158,21 @@ class Engine:
             if hit is not None:
                 self._prefixes.move_to_end(key)
                 return hit
-        prefix = prefill_prefix(self.transformer, list(key))
+        prefix = precompute_prefix(self.transformer, list(key))
         with self._prefix_lock:
             self._prefixes[key] = prefix
             while len(self._prefixes) > _PREFIX_CACHE_ENTRIES:
                 self._prefixes.popitem(last=False)
         return prefix
 
-    def prefill_chunk(self, chunk_ids: list[int], prefix_ids: list[int] | None = None) -> ChunkKV:
+    def precompute_chunk(self, chunk_ids: list[int], prefix_ids: list[int] | None = None) -> ChunkKV:
         """KV of one chunk computed behind the prefix: K before RoPE and V, (layers, kv_heads, L, D)."""
-        return self.prefill_chunks([chunk_ids], prefix_ids)[0]
+        return self.precompute_chunks([chunk_ids], prefix_ids)[0]
 
-    def prefill_chunks(
+    def precompute_chunks(
         self, chunks: list[list[int]], prefix_ids: list[int] | None = None, max_batch_tokens: int = 4096
     ) -> list[ChunkKV]:
-        """Like prefill_chunk for many chunks; chunks of similar length are batched together."""
+        """Like precompute_chunk for many chunks; chunks of similar length are batched together."""
         prefix = self.prefix_kv(prefix_ids)
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))
         results: dict[int, ChunkKV] = {}
@@ -180,7 +180,7 @@ class Engine:
         for i in [*order, None]:
             if batch and (i is None or len(chunks[i]) * (len(batch) + 1) > max_batch_tokens):
                 for j, kv in zip(
-                    batch, prefill_chunks(self.transformer, prefix, [chunks[j] for j in batch]), strict=True
+                    batch, precompute_chunks(self.transformer, prefix, [chunks[j] for j in batch]), strict=True
                 ):
                     results[j] = kv
                 batch = []

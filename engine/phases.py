@@ -1,4 +1,4 @@
-"""The phases of a request: prefill (prefix, chunks), the blended prompt pass of every mode, decode.
+"""The phases of a request: precompute (prefix, chunks), the blended prompt pass of every mode, decode.
 
 Layout of positions (all absolute, no gaps):
 
@@ -89,9 +89,9 @@ def _ids(tf: Transformer, ids: list[int]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.int64, device=tf.device)
 
 
-# ------------------------------------------------------------------------------------------ prefill
+# --------------------------------------------------------------------------------------- precompute
 @torch.no_grad()
-def prefill_prefix(tf: Transformer, prefix_ids: list[int]) -> PrefixKV:
+def precompute_prefix(tf: Transformer, prefix_ids: list[int]) -> PrefixKV:
     """KV of the prefix on its own (positions 0…P-1); exact, so it is reused as a true prefix."""
     cfg, n = tf.cfg, len(prefix_ids)
     cache = WorkingCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(n, 1), tf.dtype, tf.device)
@@ -104,7 +104,7 @@ def prefill_prefix(tf: Transformer, prefix_ids: list[int]) -> PrefixKV:
 
 
 @torch.no_grad()
-def prefill_chunks(
+def precompute_chunks(
     tf: Transformer, prefix: PrefixKV, chunks: list[list[int]], out_dtype: torch.dtype | None = None
 ) -> list[ChunkKV]:
     """Run prefix + chunk at positions 0…P+L-1 for several chunks at once (padded to the longest)
@@ -113,7 +113,7 @@ def prefill_chunks(
     Padding sits after each chunk's last token, so the causal mask keeps it invisible to real tokens.
     """
     if not chunks or any(len(c) == 0 for c in chunks):
-        raise EngineError("prefill_chunks needs non-empty chunks")
+        raise EngineError("precompute_chunks needs non-empty chunks")
     cfg, p = tf.cfg, prefix.num_tokens
     bsz, longest = len(chunks), max(len(c) for c in chunks)
     out_dtype = out_dtype or tf.dtype

@@ -5,7 +5,7 @@
     stream = scheduler.submit(request)   # raises EngineBusy at once (synchronously) when the queue is full
     async for event in stream:
         ...
-    kvs = scheduler.prefill_chunks(chunks, priority=PrefillPriority.INGEST)   # blocking, from any thread
+    kvs = scheduler.precompute_chunks(chunks, priority=PrecomputePriority.INGEST)   # blocking, from any thread
     scheduler.stop()
 
 Three types carry a request through here: the caller's `GenerationRequest`, its `RequestRun` (status,
@@ -14,9 +14,9 @@ its consumer iterates. Nothing is shared between requests except the read-only w
 exact prefix KV. The scheduler decides; the engine executes (`Engine.prefill`, `Engine.decode`).
 
 Policy, one iteration of the worker (pick → execute → deliver):
-  1. at most one unit of prompt work, questions first: a unit of a chunk prefill that a question waits
+  1. at most one unit of prompt work, questions first: a unit of a chunk precompute that a question waits
      for (a KV entry missing or corrupt at question time), else the prompt pass of one waiting request,
-     else a unit of an ingest chunk prefill (at most `prefill_unit_tokens` tokens, so decode steps keep
+     else a unit of an ingest chunk precompute (at most `precompute_unit_tokens` tokens, so decode steps keep
      coming while a large document is ingested);
   2. one decode step for every running request, batched into one pass over the weights
      (engine/batched_decode.py).
@@ -29,7 +29,7 @@ Once `submit` returns, the request's `kv_source` belongs to the worker, which cl
 pass ends (or when the request is cancelled or stopped before it); a `submit` that raises leaves it with
 the caller.
 
-A scheduler that is not started runs `prefill_chunks` in the caller's thread: with no worker there is no
+A scheduler that is not started runs `precompute_chunks` in the caller's thread: with no worker there is no
 other compute to share the cores with (CLI ingest, unit tests).
 """
 
@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PREFILL_UNIT_TOKENS = 2048
+DEFAULT_PRECOMPUTE_UNIT_TOKENS = 2048
 # While a prompt pass runs, the decoding requests take one step each at most this often (between layers).
 DECODE_DURING_PREFILL_S = 0.05
 
@@ -64,18 +64,18 @@ class SchedulerStopped(EngineError):
     """submit() after stop(), or the scheduler stopped while the request was pending."""
 
 
-class PrefillPriority(enum.IntEnum):
+class PrecomputePriority(enum.IntEnum):
     QUESTION = 0  # a question waits for this KV (missing or corrupt entry): before any prompt pass
     INGEST = 1  # after every waiting question
 
 
 @dataclass(eq=False)  # identity (its fields hold tensors)
-class PrefillJob:
+class PrecomputeJob:
     """Chunks whose KV someone waits for; the worker computes them a unit at a time."""
 
     chunks: list[list[int]]
     prefix_ids: list[int] | None
-    priority: PrefillPriority
+    priority: PrecomputePriority
     on_unit: Callable[[int, float], None] | None = None
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
     results: list[ChunkKV] = field(default_factory=list)
@@ -101,7 +101,7 @@ Outcome = tuple[RequestRun, "list[GenerationEvent] | EngineError"]
 class _Iteration:
     """What one iteration of the worker executes: at most one unit of prompt work, then a decode step."""
 
-    prefill: PrefillJob | None = None  # a unit of this chunk prefill
+    precompute: PrecomputeJob | None = None  # a unit of this chunk precompute
     prompt: RequestRun | None = None  # the prompt pass of this request
     idle: _IdleCall | None = None  # background work, run only when there is nothing else to do
 
@@ -168,7 +168,7 @@ class Scheduler:
         engine: Engine,
         max_queue: int | None = None,
         max_running: int | None = None,
-        prefill_unit_tokens: int = DEFAULT_PREFILL_UNIT_TOKENS,
+        precompute_unit_tokens: int = DEFAULT_PRECOMPUTE_UNIT_TOKENS,
     ) -> None:
         """Limits default to the engine's settings (EngineSettings.max_queue / max_running)."""
         self.engine = engine
@@ -176,14 +176,14 @@ class Scheduler:
         self.max_queue = max_queue if max_queue is not None else engine.settings.max_queue
         # Requests decoding at once; their decode steps run batched.
         self.max_running = max_running if max_running is not None else engine.settings.max_running
-        # Chunk prefill work between two decode steps (at least one chunk).
-        self.prefill_unit_tokens = prefill_unit_tokens
+        # Chunk precompute work between two decode steps (at least one chunk).
+        self.precompute_unit_tokens = precompute_unit_tokens
         self._cv = threading.Condition()
         self._waiting: collections.deque[RequestRun] = collections.deque()
         self._running: list[RequestRun] = []
         self._outboxes: dict[RequestRun, Outbox] = {}  # every submitted run until it is done
-        self._prefilling = 0  # requests taken off _waiting whose prompt pass runs now (0 or 1)
-        self._prefills: list[PrefillJob] = []  # kept sorted by priority, FIFO within one
+        self._num_prompt_passes = 0  # requests taken off _waiting whose prompt pass runs now (0 or 1)
+        self._precompute_jobs: list[PrecomputeJob] = []  # kept sorted by priority, FIFO within one
         self._idle_calls: collections.deque[_IdleCall] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
@@ -224,19 +224,19 @@ class Scheduler:
         return len(self._running)
 
     @property
-    def num_prefill_jobs(self) -> int:
-        return len(self._prefills)
+    def num_precompute_jobs(self) -> int:
+        return len(self._precompute_jobs)
 
     @property
-    def num_prefilling(self) -> int:
+    def num_prompt_passes(self) -> int:
         """Requests in their prompt pass now: neither waiting nor yet decoding."""
-        return self._prefilling
+        return self._num_prompt_passes
 
     @property
     def queue_depth(self) -> int:
         """Every request the scheduler holds: waiting, in its prompt pass, or decoding."""
         with self._cv:
-            return len(self._waiting) + self._prefilling + len(self._running)
+            return len(self._waiting) + self._num_prompt_passes + len(self._running)
 
     # --------------------------------------------------------------------------------------- submit
     def submit(self, request: GenerationRequest, *, readmit: bool = False) -> RequestStream:
@@ -271,14 +271,14 @@ class Scheduler:
             self._cv.notify_all()
         return RequestStream(run, queue)
 
-    def prefill_chunks(
+    def precompute_chunks(
         self,
         chunks: list[list[int]],
         prefix_ids: list[int] | None = None,
-        priority: PrefillPriority = PrefillPriority.INGEST,
+        priority: PrecomputePriority = PrecomputePriority.INGEST,
         on_unit: Callable[[int, float], None] | None = None,
     ) -> list[ChunkKV]:
-        """The chunks' KV (as Engine.prefill_chunks), computed by the worker under the policy above.
+        """The chunks' KV (as Engine.precompute_chunks), computed by the worker under the policy above.
 
         Blocks the calling thread (never call it from an event loop); raises SchedulerStopped when the
         scheduler stops first. Runs in the caller's thread when the scheduler is not started.
@@ -286,23 +286,23 @@ class Scheduler:
         """
         if not chunks:
             return []
-        job = PrefillJob(chunks=chunks, prefix_ids=prefix_ids, priority=priority, on_unit=on_unit)
+        job = PrecomputeJob(chunks=chunks, prefix_ids=prefix_ids, priority=priority, on_unit=on_unit)
         with self._cv:
             inline = self._thread is None or threading.current_thread() is self._thread
             if not inline:
                 if self._stopping:
                     raise SchedulerStopped("the engine scheduler is stopping")
                 # Stable insertion: after every job of the same or a more urgent priority.
-                at = sum(1 for j in self._prefills if j.priority <= priority)
-                self._prefills.insert(at, job)
+                at = sum(1 for j in self._precompute_jobs if j.priority <= priority)
+                self._precompute_jobs.insert(at, job)
                 self._cv.notify_all()
         if inline:
             while not job.future.done():
-                self._prefill_unit(job)
+                self._precompute_unit(job)
         return job.future.result()
 
     def run_when_idle(self, work: Callable[[], object]) -> object:
-        """Run `work()` on the worker when no question, answer or prefill waits; block for its result.
+        """Run `work()` on the worker when no question, answer or chunk precompute waits; block for its result.
 
         For background engine work (a calibration) in small pieces: each piece runs between the worker's
         iterations, only when it is otherwise idle, so it delays a question by at most one piece. Runs in the
@@ -338,28 +338,28 @@ class Scheduler:
                 not self._stopping
                 and not self._waiting
                 and not self._running
-                and not self._prefills
+                and not self._precompute_jobs
                 and not self._idle_calls
             ):
                 self._cv.wait()
             if self._stopping:
                 return None
-            head = self._prefills[0] if self._prefills else None
-            if head is not None and head.priority == PrefillPriority.QUESTION:
-                return _Iteration(prefill=head)
+            head = self._precompute_jobs[0] if self._precompute_jobs else None
+            if head is not None and head.priority == PrecomputePriority.QUESTION:
+                return _Iteration(precompute=head)
             if self._waiting and len(self._running) < self.max_running:
-                self._prefilling += 1
+                self._num_prompt_passes += 1
                 return _Iteration(prompt=self._waiting.popleft())
             if head is not None and not self._waiting:
-                return _Iteration(prefill=head)
+                return _Iteration(precompute=head)
             if self._idle_calls and not self._waiting and not self._running:
                 return _Iteration(idle=self._idle_calls.popleft())
             return _Iteration()
 
     def _execute(self, iteration: _Iteration) -> Iterator[Outcome]:
         """Run the iteration's prompt work, then one decode step of the running requests."""
-        if iteration.prefill is not None:
-            self._prefill_unit(iteration.prefill)
+        if iteration.precompute is not None:
+            self._precompute_unit(iteration.precompute)
         elif iteration.idle is not None:
             try:
                 iteration.idle.future.set_result(iteration.idle.work())
@@ -385,19 +385,19 @@ class Scheduler:
             with self._cv:
                 self._outboxes.pop(run, None)
 
-    def _prefill_unit(self, job: PrefillJob) -> None:
+    def _precompute_unit(self, job: PrecomputeJob) -> None:
         start = len(job.results)
         end, tokens = start, 0
-        while end < len(job.chunks) and (end == start or tokens + len(job.chunks[end]) <= self.prefill_unit_tokens):
+        while end < len(job.chunks) and (end == start or tokens + len(job.chunks[end]) <= self.precompute_unit_tokens):
             tokens += len(job.chunks[end])
             end += 1
         t0 = time.perf_counter()
         try:
-            job.results.extend(self.engine.prefill_chunks(job.chunks[start:end], job.prefix_ids))
+            job.results.extend(self.engine.precompute_chunks(job.chunks[start:end], job.prefix_ids))
             if job.on_unit is not None:
                 job.on_unit(tokens, time.perf_counter() - t0)
         except Exception as exc:  # the caller gets it; the worker goes on
-            logger.exception("chunk prefill failed")
+            logger.exception("chunk precompute failed")
             self._drop_job(job)
             job.future.set_exception(exc)
             return
@@ -405,10 +405,10 @@ class Scheduler:
             self._drop_job(job)
             job.future.set_result(job.results)
 
-    def _drop_job(self, job: PrefillJob) -> None:
+    def _drop_job(self, job: PrecomputeJob) -> None:
         with self._cv:
-            if job in self._prefills:
-                self._prefills.remove(job)
+            if job in self._precompute_jobs:
+                self._precompute_jobs.remove(job)
 
     def _cancelled(self, run: RequestRun) -> bool:
         return self._stopping or run.cancel_requested.is_set()
@@ -433,7 +433,7 @@ class Scheduler:
             outcome = self._failure(run, exc)
         finally:
             with self._cv:
-                self._prefilling -= 1
+                self._num_prompt_passes -= 1
                 if run.status == RequestStatus.DECODING:
                     self._running.append(run)
         return run, outcome
@@ -470,12 +470,12 @@ class Scheduler:
     def _shutdown(self) -> None:
         with self._cv:
             waiting, running = list(self._waiting), list(self._running)
-            jobs = list(self._prefills)
+            jobs = list(self._precompute_jobs)
             idle_calls = list(self._idle_calls)
             self._idle_calls.clear()
             self._waiting.clear()
             self._running = []
-            self._prefills = []
+            self._precompute_jobs = []
         for run in waiting:
             run.status = RequestStatus.CANCELLED
             if run.request.kv_source is not None:
@@ -485,6 +485,6 @@ class Scheduler:
             if not run.finished:
                 self._deliver(run, [run.cancel()])
         for job in jobs:
-            job.future.set_exception(SchedulerStopped("the engine scheduler stopped before this prefill ran"))
+            job.future.set_exception(SchedulerStopped("the engine scheduler stopped before this precompute ran"))
         for call in idle_calls:
             call.future.set_exception(SchedulerStopped("the engine scheduler stopped before this work ran"))

@@ -119,7 +119,7 @@ class Chunk:
 
     index: int
     text: str
-    token_ids: list[int]  # == encode_chunk_text(tokenizer, text); what the engine prefills
+    token_ids: list[int]  # == encode_chunk_text(tokenizer, text); what the engine precomputes and places in the prompt
     page: int | None
     char_start: int
     char_end: int

@@ -66,7 +66,7 @@ class PruneReport:
     num_evicted: int
     evicted_keys: tuple[str, ...]
 
-    # the names app/cli.py prints
+    # the names app/cli/cache.py prints
     @property
     def num_removed(self) -> int:
         return self.num_evicted

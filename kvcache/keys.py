@@ -44,7 +44,7 @@ def _framed(data: bytes) -> bytes:
 
 
 def chunk_key(model_fingerprint: str, prefix_token_ids: Iterable[int], chunk_token_ids: Iterable[int]) -> str:
-    """The entry key of one chunk prefilled behind `prefix_token_ids` by the model `model_fingerprint`."""
+    """The entry key of one chunk precomputed behind `prefix_token_ids` by the model `model_fingerprint`."""
     if not model_fingerprint:
         raise ValueError("model_fingerprint must be a non-empty string")
     chunk = _token_bytes(chunk_token_ids)

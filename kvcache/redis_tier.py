@@ -24,7 +24,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 from redis.backoff import NoBackoff
@@ -121,19 +121,26 @@ class RedisTier:
         else:
             pipe.getex(self._rkey(key), ex=self.ttl_s)  # refresh the TTL of entries in use
 
-    def get_many_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
-        """Values of the keys that are present, in one round trip; {} while Redis is down."""
+    def _per_key(
+        self, what: str, keys: Sequence[str], command: Callable[[redis.client.Pipeline, str], object]
+    ) -> tuple[list[str], list[Any] | None]:
+        """`command` for each distinct key in one pipelined round trip: (the keys, their replies in order;
+        None while Redis is down)."""
         unique = list(dict.fromkeys(keys))
         if not unique:
-            return {}
+            return unique, []
 
-        def run() -> list[object]:
+        def run() -> list[Any]:
             pipe = self._client.pipeline(transaction=False)
             for key in unique:
-                self._get_cmd(pipe, key)
+                command(pipe, key)
             return pipe.execute()
 
-        values = self._call("GET", run, None)
+        return unique, self._call(what, run, None)
+
+    def get_many_bytes(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """Values of the keys that are present, in one round trip; {} while Redis is down."""
+        unique, values = self._per_key("GET", keys, self._get_cmd)
         found: dict[str, bytes] = {}
         if values is not None:
             found = {k: v for k, v in zip(unique, values, strict=True) if isinstance(v, bytes)}
@@ -163,17 +170,7 @@ class RedisTier:
 
     def nbytes_many(self, keys: Sequence[str]) -> dict[str, int]:
         """Sizes of the keys that are present (STRLEN; one round trip)."""
-        unique = list(dict.fromkeys(keys))
-        if not unique:
-            return {}
-
-        def run() -> list[int]:
-            pipe = self._client.pipeline(transaction=False)
-            for key in unique:
-                pipe.strlen(self._rkey(key))
-            return pipe.execute()
-
-        sizes = self._call("STRLEN", run, None)
+        unique, sizes = self._per_key("STRLEN", keys, lambda pipe, key: pipe.strlen(self._rkey(key)))
         if sizes is None:
             return {}
         return {k: int(n) for k, n in zip(unique, sizes, strict=True) if int(n) > 0}

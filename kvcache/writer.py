@@ -1,7 +1,7 @@
 """The one KV writer: compute the chunks the store lacks, store them, and say what could not be kept.
 
     written = ensure_chunk_kv(
-        store, chunks, model_fingerprint=fp, prefix_ids=prefix, compute=scheduler_or_engine_prefill
+        store, chunks, model_fingerprint=fp, prefix_ids=prefix, compute=scheduler_or_engine_precompute
     )
     written.keys         # the key of every chunk, in order (TieredKVStore.key_for)
     written.computed     # key -> StoredEntry computed now (with keep_entries=True): what the store would serve
@@ -15,7 +15,7 @@ KV it just computed (`TieredKVStore.open_layers(..., computed=written.computed)`
 documents concerned, doctor reports the chunks as still missing, bench stops.
 
 kvcache imports no engine: `compute(chunks) -> list[ChunkKV]` is the caller's (the scheduler's
-`prefill_chunks` in the server, `Engine.prefill_chunks` in CLI tools and bench).
+`precompute_chunks` in the server, `Engine.precompute_chunks` in CLI tools and bench).
 """
 
 from __future__ import annotations

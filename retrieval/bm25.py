@@ -13,12 +13,9 @@ import math
 import re
 from collections import Counter
 from collections.abc import Collection, Iterable
-from pathlib import Path
 
-from retrieval.persist import atomic_write_bytes
 from retrieval.types import RetrievalError, ScoredId
 
-BM25_FILENAME = "bm25.json"
 _TOKEN = re.compile(r"\w+", re.UNICODE)
 # Function words that match almost every chunk and only add noise to keyword scores.
 STOPWORDS = frozenset(
@@ -181,12 +178,3 @@ class BM25Index:
             for term, count in terms.items():
                 index._postings.setdefault(term, {})[doc_id] = count
         return index
-
-    def save(self, directory: str | Path) -> Path:
-        path = Path(directory) / BM25_FILENAME
-        atomic_write_bytes(path, self.to_bytes())
-        return path
-
-    @classmethod
-    def load(cls, directory: str | Path) -> BM25Index:
-        return cls.from_bytes((Path(directory) / BM25_FILENAME).read_bytes())

@@ -27,13 +27,11 @@ import json
 import logging
 import struct
 from collections.abc import Collection, Iterable
-from pathlib import Path
 from typing import Literal
 
 import faiss
 import numpy as np
 
-from retrieval.persist import atomic_write_bytes
 from retrieval.types import RetrievalError, ScoredId
 
 logger = logging.getLogger(__name__)
@@ -41,7 +39,6 @@ logger = logging.getLogger(__name__)
 IndexType = Literal["flat", "hnsw", "ivf"]
 INDEX_TYPES: tuple[IndexType, ...] = ("flat", "hnsw", "ivf")
 IVF_MIN_POINTS_PER_CENTROID = 39
-INDEX_FILENAME = "vector_index.bin"
 _MAGIC = b"BLENDRAG-VECIDX1"
 _HEADER_LENGTH = struct.Struct("<Q")
 _COMPACT_MIN_TOMBSTONES = 64
@@ -282,16 +279,6 @@ class VectorIndex:
         index._tombstones = set(tombstones.tolist())
         index._ivf_trained = bool(header["ivf_trained"])
         return index
-
-    def save(self, directory: str | Path) -> Path:
-        """Write `directory/vector_index.bin` atomically (temp file + rename)."""
-        path = Path(directory) / INDEX_FILENAME
-        atomic_write_bytes(path, self.to_bytes())
-        return path
-
-    @classmethod
-    def load(cls, directory: str | Path, use_gpu: bool = False) -> VectorIndex:
-        return cls.from_bytes((Path(directory) / INDEX_FILENAME).read_bytes(), use_gpu=use_gpu)
 
     # -- internals -------------------------------------------------------------------------------------
 

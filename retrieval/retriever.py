@@ -1,14 +1,9 @@
 """The retrieval facade: chunks in (embedded, indexed for vectors and BM25), ranked chunks out.
 
-Persistence: `save()` writes a *snapshot generation* under the directory —
-`vectors-<gen>.bin`, `chunks-<gen>.jsonl` (metadata and text), `bm25-<gen>.json` — and only then
-atomically replaces `MANIFEST.json`, which names the current generation. A crash at any point leaves
-the previous snapshot intact and loadable; files of older generations are deleted after the switch.
-The chunks file is line-safe: each record is ASCII-only JSON (every other character escaped), so no
-line splitter can break a record, and records are read back by splitting at "\n" only (format 1
-wrote raw U+2028 / U+2029 / U+0085, which `str.splitlines` also breaks at; it is read the same way).
-The retriever's metadata (document id, title, page, tags, text) lets it work standalone; the app's
-catalog remains the source of truth for documents.
+Persistence: `save()` writes a snapshot generation under the directory and `load()` reads the current
+one back (the files and their guarantees: retrieval/snapshot.py). The retriever's metadata (document
+id, title, page, tags, text) lets it work standalone; the app's catalog remains the source of truth for
+documents.
 
 Thread safety: all methods may be called from several threads. Embedding, reranking and file writes
 happen outside the state lock, so searches are not blocked by an ingest's embedding work.
@@ -17,11 +12,8 @@ happen outside the state lock, so searches are not blocked by an ingest's embedd
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import re
 import threading
-import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -32,10 +24,9 @@ from retrieval.config import RetrievalSettings
 from retrieval.embedder import Embedder
 from retrieval.hybrid import reciprocal_rank_fusion
 from retrieval.index import VectorIndex
-from retrieval.persist import atomic_write_bytes, fsync_directory
 from retrieval.rerank import Reranker, RerankerUnavailable
+from retrieval.snapshot import delete_stale_files, encode_snapshot, has_snapshot, read_snapshot, write_snapshot
 from retrieval.types import (
-    DEFAULT_COLLECTION,
     IndexedChunk,
     IndexMismatchError,
     RetrievalError,
@@ -45,12 +36,6 @@ from retrieval.types import (
 )
 
 logger = logging.getLogger(__name__)
-
-MANIFEST_FILENAME = "MANIFEST.json"
-SNAPSHOT_FORMAT = 2
-READABLE_FORMATS = (1, 2)  # 1: the same records with raw non-ASCII characters
-_GENERATION_FILE = re.compile(r"^(vectors|chunks|bm25)-(\d{6,})\.(bin|jsonl|json)$")
-_STALE_TEMP_SECONDS = 3600
 
 
 class Retriever:
@@ -153,11 +138,7 @@ class Retriever:
             self._remove_locked(ids)
             index.add(ids, vectors)
             for chunk in chunks:
-                self._chunks[chunk.chunk_id] = chunk
-                self._by_document.setdefault(chunk.document_id, set()).add(chunk.chunk_id)
-                for tag in chunk.tags:
-                    self._by_tag.setdefault(tag, set()).add(chunk.chunk_id)
-                self._by_collection.setdefault(chunk.collection, set()).add(chunk.chunk_id)
+                self._register(chunk)
                 self._bm25.add(chunk.chunk_id, self.passage_text(chunk))
             self._dirty = True
 
@@ -262,52 +243,25 @@ class Retriever:
         directory = self._require_directory()
         with self._save_lock:
             with self._lock:
-                if not self._dirty and (directory / MANIFEST_FILENAME).exists():
+                if not self._dirty and has_snapshot(directory):
                     return False
-                generation = self._generation + 1
-                chunk_lines = [
-                    json.dumps(
-                        {
-                            "chunk_id": c.chunk_id,
-                            "document_id": c.document_id,
-                            "title": c.title,
-                            "page": c.page,
-                            "tags": list(c.tags),
-                            "collection": c.collection,
-                            "text": c.text,
-                        },
-                        ensure_ascii=True,  # line-safe: no U+2028, U+0085 … a reader could split at
-                    )
-                    for c in (self._chunks[chunk_id] for chunk_id in sorted(self._chunks))
-                ]
-                files = {
-                    "chunks": (f"chunks-{generation:06d}.jsonl", "\n".join(chunk_lines).encode()),
-                    "bm25": (f"bm25-{generation:06d}.json", self._bm25.to_bytes()),
-                }
-                if self._index is not None:
-                    files["vectors"] = (f"vectors-{generation:06d}.bin", self._index.to_bytes())
-                manifest = {
-                    "format": SNAPSHOT_FORMAT,
-                    "generation": generation,
-                    "embedder": self.settings.embedder,
-                    "dim": self._index.dim if self._index is not None else None,
-                    "index_type": self._index.index_type if self._index is not None else None,
-                    "count": len(self._chunks),
-                    "saved_at": time.time(),
-                    "files": {kind: name for kind, (name, _) in files.items()},
-                }
+                snapshot = encode_snapshot(
+                    self._generation + 1,
+                    [self._chunks[chunk_id] for chunk_id in sorted(self._chunks)],
+                    self._bm25,
+                    self._index,
+                    self.settings.embedder,
+                )
                 self._dirty = False
             try:
-                for name, data in files.values():
-                    atomic_write_bytes(directory / name, data)
-                atomic_write_bytes(directory / MANIFEST_FILENAME, json.dumps(manifest, indent=1).encode())
+                write_snapshot(directory, snapshot)
             except BaseException:
                 with self._lock:
                     self._dirty = True
                 raise
-            self._generation = generation
-            self._delete_stale_files(directory, generation)
-        logger.info("retriever snapshot %d saved: %d chunks", generation, manifest["count"])
+            self._generation = snapshot.generation
+            delete_stale_files(directory, snapshot.generation)
+        logger.info("retriever snapshot %d saved: %d chunks", snapshot.generation, snapshot.manifest["count"])
         return True
 
     def load(self) -> bool:
@@ -316,34 +270,10 @@ class Retriever:
         Raises IndexMismatchError when the snapshot was built with another embedder. A different
         `index_type` in the settings converts the index (no re-embedding needed).
         """
-        directory = self._require_directory()
-        manifest_path = directory / MANIFEST_FILENAME
-        if not manifest_path.exists():
+        snapshot = read_snapshot(self._require_directory(), self.settings.embedder, use_gpu=self._wants_gpu())
+        if snapshot is None:
             return False
-        manifest = json.loads(manifest_path.read_bytes())
-        if manifest.get("format") not in READABLE_FORMATS:
-            raise RetrievalError(f"unknown retriever snapshot format {manifest.get('format')!r}")
-        if manifest["embedder"] != self.settings.embedder:
-            raise IndexMismatchError(
-                f"the index in {directory} was built with embedder {manifest['embedder']!r} but the "
-                f"settings say {self.settings.embedder!r}; reindex, or restore the setting"
-            )
-        files = manifest["files"]
-        # Records end at b"\n" only: format 1 files hold raw U+2028 inside strings, which is valid JSON.
-        chunks = [
-            self._chunk_from_json(line)
-            for line in (directory / files["chunks"]).read_bytes().split(b"\n")
-            if line.strip()
-        ]
-        bm25 = BM25Index.from_bytes((directory / files["bm25"]).read_bytes())
-        index: VectorIndex | None = None
-        if "vectors" in files:
-            index = VectorIndex.from_bytes((directory / files["vectors"]).read_bytes(), use_gpu=self._wants_gpu())
-        chunk_ids = {chunk.chunk_id for chunk in chunks}
-        index_ids = set(index.ids().tolist()) if index is not None else set()
-        if chunk_ids != index_ids or chunk_ids != set(bm25.ids()):
-            generation = manifest["generation"]
-            raise RetrievalError(f"retriever snapshot {generation} in {directory} is inconsistent")
+        index = snapshot.index
         converted = False
         if index is not None:
             if index.index_type != self.settings.index_type:
@@ -357,17 +287,13 @@ class Retriever:
             self._by_document = {}
             self._by_tag = {}
             self._by_collection = {}
-            for chunk in chunks:
-                self._chunks[chunk.chunk_id] = chunk
-                self._by_document.setdefault(chunk.document_id, set()).add(chunk.chunk_id)
-                for tag in chunk.tags:
-                    self._by_tag.setdefault(tag, set()).add(chunk.chunk_id)
-                self._by_collection.setdefault(chunk.collection, set()).add(chunk.chunk_id)
-            self._bm25 = bm25
+            for chunk in snapshot.chunks:
+                self._register(chunk)
+            self._bm25 = snapshot.bm25
             self._index = index
-            self._generation = int(manifest["generation"])
+            self._generation = snapshot.generation
             self._dirty = converted
-        logger.info("retriever snapshot %d loaded: %d chunks", self._generation, len(chunks))
+        logger.info("retriever snapshot %d loaded: %d chunks", self._generation, len(snapshot.chunks))
         return True
 
     # -- internals ---------------------------------------------------------------------------------
@@ -405,6 +331,14 @@ class Retriever:
                 f"vectors have dimension {dim} but the index holds {self._index.dim}; the embedder changed: reindex"
             )
         return self._index
+
+    def _register(self, chunk: IndexedChunk) -> None:
+        """Hold `chunk` and file it under its document, tags and collection (the lock held)."""
+        self._chunks[chunk.chunk_id] = chunk
+        self._by_document.setdefault(chunk.document_id, set()).add(chunk.chunk_id)
+        for tag in chunk.tags:
+            self._by_tag.setdefault(tag, set()).add(chunk.chunk_id)
+        self._by_collection.setdefault(chunk.collection, set()).add(chunk.chunk_id)
 
     def _remove_locked(self, chunk_ids: list[int]) -> int:
         present = [chunk_id for chunk_id in chunk_ids if chunk_id in self._chunks]
@@ -490,34 +424,3 @@ class Retriever:
                         logger.warning("results are not reranked: %s", exc)
                 self._rerank_resolved = True
         return self._reranker
-
-    @staticmethod
-    def _chunk_from_json(line: bytes) -> IndexedChunk:
-        record = json.loads(line)
-        return IndexedChunk(
-            chunk_id=int(record["chunk_id"]),
-            document_id=record["document_id"],
-            text=record["text"],
-            title=record["title"],
-            page=record["page"],
-            tags=tuple(record["tags"]),
-            collection=record.get("collection", DEFAULT_COLLECTION),  # snapshots before collections: default
-        )
-
-    @staticmethod
-    def _delete_stale_files(directory: Path, generation: int) -> None:
-        now = time.time()
-        for path in directory.iterdir():
-            match = _GENERATION_FILE.match(path.name)
-            stale_generation = match is not None and int(match.group(2)) != generation
-            stale_temp = (
-                path.name.startswith(".")
-                and path.name.endswith(".tmp")
-                and now - path.stat().st_mtime > _STALE_TEMP_SECONDS
-            )
-            if stale_generation or stale_temp:
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    continue
-        fsync_directory(directory)

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Depends, Response
 
 from app.api.deps import Access, get_coverage, get_state, require_admin, require_reader
 from app.api.schemas import CoverageOut, ErrorOut, StatsOut
+from app.api.schemas.common import API_KEY_REQUIRED, error_responses
 from app.services.coverage_service import CoverageService
 from app.services.stats_service import server_wide_left_out
 from app.state import AppState
@@ -20,7 +21,7 @@ from app.state import AppState
 router = APIRouter(
     tags=["admin"],
     dependencies=[Depends(require_reader)],
-    responses={401: {"model": ErrorOut, "description": "API key required"}},
+    responses=error_responses({401: API_KEY_REQUIRED}),
 )
 
 
@@ -45,7 +46,7 @@ def coverage(service: CoverageService = Depends(get_coverage), access: Access = 
     """How much of the library (your collections) can be answered from stored KV now: fresh / stale /
     missing chunks, in total and per ready document, and bytes of fresh entries per tier."""
     view = service.compute(access.collections)
-    return CoverageOut.model_validate(dataclasses.asdict(view))
+    return CoverageOut.model_validate(view)
 
 
 @router.get("/api/stats", response_model=StatsOut)

@@ -27,11 +27,10 @@ from app.api.schemas import (
     AskIn,
     AskOut,
     ErrorEventOut,
-    ErrorOut,
     SourcesEventOut,
     TokenEventOut,
-    ValidationErrorOut,
 )
+from app.api.schemas.common import error_responses
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
 from app.services.ask import (
@@ -53,35 +52,27 @@ from app.state import AppState
 router = APIRouter(
     tags=["ask"],
     dependencies=[Depends(guard_questions)],
-    responses={
-        401: {"model": ErrorOut, "description": "API key required (`server.protect_ask`, or collection keys exist)"},
-        403: {"model": ErrorOut, "description": "A named collection the key may not read"},
-        429: {"model": ErrorOut, "description": "Too many questions from this API key / IP; see Retry-After"},
-    },
+    responses=error_responses(
+        {
+            401: "API key required (`server.protect_ask`, or collection keys exist)",
+            403: "A named collection the key may not read",
+            429: "Too many questions from this API key / IP; see Retry-After",
+        }
+    ),
 )
 
 BUSY_DETAIL = "the engine is busy, retry shortly"
 
 
 def done_payload(event: DoneEvent) -> dict[str, Any]:
-    body = dataclasses.asdict(event)
-    body["usage"]["total_tokens"] = event.usage.total_tokens
-    # Flat copies of the headline numbers, for clients that do not want to dig.
-    body["retrieval_ms"] = event.timings.retrieval_ms
-    body["ttft_ms"] = event.timings.ttft_ms
-    body["total_ms"] = event.timings.total_ms
-    return body
+    return AskDoneOut.model_validate(event).model_dump()
 
 
 def event_payload(event: AskEvent) -> tuple[str, dict[str, Any]]:
     """The SSE event name and JSON data of one service event."""
     match event:
         case SourcesEvent():
-            return "sources", {
-                "sources": [dataclasses.asdict(s) for s in event.sources],
-                "retrieval_ms": event.retrieval_ms,
-                "notice": event.notice,
-            }
+            return "sources", SourcesEventOut.model_validate(event).model_dump()
         case TokenDelta():
             return "token", {"text": event.text}
         case DoneEvent():
@@ -166,13 +157,14 @@ _ASK_RESPONSES: dict[int | str, dict[str, Any]] = {
         {"sources": SourcesEventOut, "token": TokenEventOut, "done": AskDoneOut, "error": ErrorEventOut},
         model=AskOut,
     ),
-    400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
-    404: {"model": ErrorOut, "description": "No such conversation (unknown, deleted or another API key's)"},
-    422: {
-        "model": ValidationErrorOut,
-        "description": "Empty question, unknown mode, ratio outside [0, 1], prompt longer than the model's context …",
-    },
-    503: {"model": ErrorOut, "description": "Engine queue full or models still loading; retry"},
+    **error_responses(
+        {
+            400: "The body is not JSON (or not UTF-8)",
+            404: "No such conversation (unknown, deleted or another API key's)",
+            422: "Empty question, unknown mode, ratio outside [0, 1], prompt longer than the model's context …",
+            503: "Engine queue full or models still loading; retry",
+        }
+    ),
 }
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path
 
 from app.api.deps import Access, get_state, require_admin, require_reader
-from app.api.schemas import CollectionDeletedOut, CollectionListOut, CollectionOut, ErrorOut, ValidationErrorOut
+from app.api.schemas import CollectionDeletedOut, CollectionListOut, CollectionOut
+from app.api.schemas.common import API_KEY_REQUIRED, MODELS_LOADING, error_responses
 from app.services.collection_service import CollectionBusy, CollectionNotFound, CollectionService
 from app.services.document_service import DocumentBusy
 from app.services.key_service import COLLECTION_PATTERN
@@ -17,10 +17,7 @@ from app.state import AppState
 router = APIRouter(
     prefix="/collections",
     tags=["collections"],
-    responses={
-        401: {"model": ErrorOut, "description": "API key required"},
-        503: {"model": ErrorOut, "description": "Models still loading"},
-    },
+    responses=error_responses({401: API_KEY_REQUIRED, 503: MODELS_LOADING}),
 )
 
 
@@ -37,21 +34,21 @@ def list_collections(
     access: Access = Depends(require_reader), service: CollectionService = Depends(get_collections)
 ) -> CollectionListOut:
     """The collections you may read, with their documents, chunks and KV coverage."""
-    return CollectionListOut(
-        collections=[CollectionOut(**dataclasses.asdict(c)) for c in service.list(access.collections)]
-    )
+    return CollectionListOut(collections=[CollectionOut.model_validate(c) for c in service.list(access.collections)])
 
 
 @router.delete(
     "/{name}",
     response_model=CollectionDeletedOut,
     dependencies=[Depends(require_admin)],
-    responses={
-        403: {"model": ErrorOut, "description": "A collection key may not delete collections"},
-        404: {"model": ErrorOut, "description": "No document is in this collection"},
-        422: {"model": ValidationErrorOut, "description": "Not a collection name"},
-        409: {"model": ErrorOut, "description": "A document of it is still being ingested"},
-    },
+    responses=error_responses(
+        {
+            403: "A collection key may not delete collections",
+            404: "No document is in this collection",
+            422: "Not a collection name",
+            409: "A document of it is still being ingested",
+        }
+    ),
 )
 def delete_collection(
     name: Annotated[str, Path(pattern=COLLECTION_PATTERN, description="The collection")],

@@ -17,8 +17,8 @@ from typing import Literal, TypeVar
 
 from fastapi import HTTPException, Request
 
-from app.api.rate_limit import client_id
 from app.catalog.models import DEFAULT_COLLECTION
+from app.rate_limit import client_id
 from app.services.ask import AskRequest, AskService
 from app.services.conversation_service import ConversationService, owner_of
 from app.services.coverage_service import CoverageService
@@ -158,18 +158,6 @@ def _identify(request: Request) -> Access | None:
     return access
 
 
-def require_admin(request: Request) -> Access:
-    """The admin routes: the admin key (anyone, without `server.api_key`); a collection key is a 403."""
-    access = _identify(request)
-    if access is None:
-        if get_state(request).settings.server.api_key:
-            raise _unauthorized()
-        return ADMIN
-    if not access.is_admin:
-        raise HTTPException(403, "this route needs the admin key; a collection key may not use it")
-    return access
-
-
 def require_reader(request: Request) -> Access:
     """Routes that show or change documents: the admin (everything) or a collection key (its collections)."""
     access = _identify(request)
@@ -177,6 +165,14 @@ def require_reader(request: Request) -> Access:
         if get_state(request).settings.server.api_key:
             raise _unauthorized()
         return ADMIN
+    return access
+
+
+def require_admin(request: Request) -> Access:
+    """The admin routes: the admin key (anyone, without `server.api_key`); a collection key is a 403."""
+    access = require_reader(request)
+    if not access.is_admin:
+        raise HTTPException(403, "this route needs the admin key; a collection key may not use it")
     return access
 
 

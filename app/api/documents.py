@@ -8,185 +8,70 @@ or delete only with `can_ingest`.
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 import shutil
-import tempfile
-import uuid
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
-from pydantic import ValidationError
-from starlette.datastructures import UploadFile
 
 from app.api.deps import Access, get_documents, get_ingest, get_state, require_reader
+from app.api.ingest_body import INGEST_OPENAPI, ingest_sources
 from app.api.schemas import (
     ChunkOut,
     DocumentDetail,
-    DocumentIn,
     DocumentOut,
     DocumentPage,
     DocumentStatusName,
     ErrorOut,
     IngestAccepted,
-    IngestIn,
     JobErrorEventOut,
     JobList,
     JobOut,
     KVCounts,
     PurgeOut,
-    ValidationErrorOut,
 )
+from app.api.schemas.common import API_KEY_REQUIRED, MODELS_LOADING, error_responses
 from app.api.sse import sse_comment, sse_event, sse_openapi, sse_response
-from app.api.uploads import UploadNameError, check_upload_name, drop_unqueued, save_upload, upload_source_path
+from app.api.uploads import drop_unqueued
 from app.catalog import DocumentStatus
-from app.catalog.repository import DocumentRecord, JobRecord
+from app.catalog.records import JobRecord
 from app.services.document_service import DocumentBusy, DocumentService
-from app.services.ingest import IngestError, IngestService, IngestSource, IngestTooLarge
-from app.services.key_service import COLLECTION_PATTERN
+from app.services.ingest import IngestError, IngestService, IngestTooLarge
 from app.state import AppState
-from ingest.config import KNOWN_EXTENSIONS
 
 router = APIRouter(
     tags=["documents"],
     dependencies=[Depends(require_reader)],
-    responses={
-        401: {"model": ErrorOut, "description": "API key required"},
-        403: {"model": ErrorOut, "description": "The key may not ingest, delete, or use this collection"},
-        422: {"model": ValidationErrorOut, "description": "Invalid request"},
-        503: {"model": ErrorOut, "description": "Models still loading"},
-    },
+    responses=error_responses(
+        {
+            401: API_KEY_REQUIRED,
+            403: "The key may not ingest, delete, or use this collection",
+            422: "Invalid request",
+            503: MODELS_LOADING,
+        }
+    ),
 )
 
 JOB_POLL_S = 0.25
 KEEPALIVE_S = 10.0
-UPLOAD_BLOCK = 1 << 20
 MAX_OFFSET = 2**62  # SQLite integers are 64-bit signed: a larger offset would be a 500, not a page
 
 
-def job_out(job: JobRecord) -> JobOut:
-    return JobOut(
-        job_id=job.id,
-        status=job.status.value,
-        stage=job.stage,
-        progress=job.progress,
-        errors=job.errors,
-        document_ids=job.document_ids,
-        duplicate_ids=job.duplicate_ids,
-        cancel_requested=job.cancel_requested,
-        collection=job.collection,
-        created_at=job.created_at.isoformat(),
-        updated_at=job.updated_at.isoformat(),
-    )
-
-
-def document_out(doc: DocumentRecord) -> DocumentOut:
-    return DocumentOut(
-        id=doc.id,
-        title=doc.title,
-        status=doc.status.value,
-        error=doc.error,
-        source=doc.source_path,
-        tags=doc.tags,
-        metadata=doc.metadata,
-        num_chunks=doc.num_chunks,
-        num_tokens=doc.num_tokens,
-        job_id=doc.job_id,
-        collection=doc.collection,
-        created_at=doc.created_at.isoformat(),
-        updated_at=doc.updated_at.isoformat(),
-    )
-
-
 # ---- ingest ---------------------------------------------------------------------------------------
-
-# The file names the default `ingest.allowed_extensions` accepts, as the spec's Content-Disposition pattern.
-_FILENAME_PATTERN = r'filename="[^"]*\.(' + "|".join(sorted(KNOWN_EXTENSIONS)) + ')"'
-_COLLECTION_SCHEMA = {
-    "type": "string",
-    "pattern": COLLECTION_PATTERN,
-    "description": "The collection the documents join (default: the key's collection when it has exactly one, "
-    "else `default`); the key must be allowed to ingest there",
-}
-_INGEST_BODY = {
-    "requestBody": {
-        "content": {
-            # Inline (DocumentIn has no nested models) so the schema needs no components entry.
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["documents"],
-                    "additionalProperties": False,
-                    "properties": {
-                        "documents": {"type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()},
-                        "collection": _COLLECTION_SCHEMA,
-                    },
-                }
-            },
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "minProperties": 1,
-                    "properties": {
-                        "files": {
-                            "type": "array",
-                            "minItems": 1,
-                            "items": {"type": "string", "format": "binary"},
-                            "description": "Files whose names end in .txt, .md, .html, .pdf, .docx, .json or .jsonl "
-                            "(by default: `ingest.allowed_extensions`; the part's Content-Disposition `filename`); "
-                            "another extension answers 415",
-                        },
-                        "tags": {
-                            "type": "string",
-                            "pattern": r"^$|^[^\[{]",
-                            "description": "comma-separated tags for every file (plain text: a value starting "
-                            "with [ or { is refused; inline documents carry their own `tags` list)",
-                        },
-                        "collection": _COLLECTION_SCHEMA,
-                        "documents": {
-                            "type": "array",
-                            "minItems": 1,
-                            "items": DocumentIn.model_json_schema(),
-                            "description": "inline documents, as in the JSON body: one part holding the JSON "
-                            "list (or one part per document, each a JSON object)",
-                        },
-                    },
-                    "anyOf": [{"required": ["files"]}, {"required": ["documents"]}],
-                },
-                "encoding": {
-                    "files": {
-                        "headers": {
-                            "Content-Disposition": {
-                                "description": "each file part names its file; the extension picks the loader",
-                                "schema": {
-                                    "type": "string",
-                                    "pattern": _FILENAME_PATTERN,
-                                    "example": 'form-data; name="files"; filename="notes.txt"',
-                                },
-                            }
-                        }
-                    },
-                    "documents": {"contentType": "application/json"},
-                },
-            },
-        },
-        "required": True,
-    },
-}
 
 
 @router.post(
     "/ingest",
     status_code=202,
     response_model=IngestAccepted,
-    openapi_extra=_INGEST_BODY,
-    responses={
-        400: {"model": ErrorOut, "description": "A multipart body that cannot be parsed"},
-        413: {"model": ErrorOut, "description": "A file or the body over its size limit"},
-        415: {"model": ErrorOut, "description": "Unsupported content type or file extension"},
-    },
+    openapi_extra=INGEST_OPENAPI,
+    responses=error_responses(
+        {
+            400: "A multipart body that cannot be parsed",
+            413: "A file or the body over its size limit",
+            415: "Unsupported content type or file extension",
+        }
+    ),
 )
 async def ingest(
     request: Request,
@@ -203,17 +88,7 @@ async def ingest(
     field) names the collection the documents join; a key not allowed to ingest there is a 403, before
     anything is stored.
     """
-    content_type = request.headers.get("content-type", "")
-    batch_dir: Path | None = None
-    if content_type.startswith("multipart/form-data"):
-        sources, batch_dir, collection = await _multipart_sources(request, state, access)
-    elif content_type.startswith("application/json") or not content_type:
-        body = _ingest_body(await request.body())
-        collection = body.collection or access.default_collection
-        access.check_ingest(collection)
-        sources = [_text_source(d) for d in body.documents]
-    else:
-        raise HTTPException(415, f"send application/json or multipart/form-data, not {content_type!r}")
+    sources, batch_dir, collection = await ingest_sources(request, state.settings, access)
     try:
         result = await asyncio.to_thread(service.submit, sources, collection=collection)
     except BaseException as exc:
@@ -229,133 +104,6 @@ async def ingest(
         queued = {str(src["path"]) for src in (job.spec.get("sources", []) if job else []) if src.get("path")}
         await asyncio.to_thread(drop_unqueued, batch_dir, queued)
     return IngestAccepted(job_id=result.job_id, document_ids=result.document_ids)
-
-
-def _ingest_body(raw: bytes) -> IngestIn:
-    try:
-        return IngestIn.model_validate(json.loads(raw or b"null"))
-    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError and pydantic's ValidationError all are
-        raise HTTPException(422, f"invalid ingest body: {_brief(exc)}") from exc
-    except RecursionError as exc:  # json.loads of arrays/objects nested thousands deep
-        raise HTTPException(422, "invalid ingest body: JSON nested too deeply") from exc
-
-
-def _text_source(d: DocumentIn) -> IngestSource:
-    return IngestSource(kind="text", title=d.title, text=d.text, tags=d.tags, metadata=d.metadata, source_path=d.source)
-
-
-def _brief(exc: ValueError) -> str:
-    if isinstance(exc, ValidationError):
-        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors())
-    return str(exc)
-
-
-async def _multipart_sources(
-    request: Request, state: AppState, access: Access
-) -> tuple[list[IngestSource], Path | None, str]:
-    """The sources of a multipart form, the directory its files were stored in (None without files) and the
-    collection they join (checked against the key before any file is stored)."""
-    from ingest.errors import UnsupportedFormat
-    from ingest.loaders import detect_format
-
-    settings = state.settings
-    form = await request.form()
-    try:
-        tag_parts = form.getlist("tags")
-        if len(tag_parts) > 1 or any(not isinstance(t, str) or t.startswith(("[", "{")) for t in tag_parts):
-            raise HTTPException(422, "'tags' is one text field of comma-separated tags (not JSON)")
-        tags = [t.strip() for t in str(tag_parts[0] if tag_parts else "").split(",") if t.strip()]
-        collection = _form_collection(form.getlist("collection"), access.default_collection)
-        access.check_ingest(collection)
-        sources: list[IngestSource] = []
-        for part in form.getlist("documents"):
-            sources.extend(_text_source(d) for d in await _inline_documents(part, settings.server.max_body_bytes))
-        uploads = form.getlist("files")
-        if any(not isinstance(u, UploadFile) or not u.filename for u in uploads):
-            raise HTTPException(422, "each 'files' part must be a file (with a filename)")
-        names = []
-        for upload in uploads:  # check every name before storing any file
-            try:
-                names.append(check_upload_name(upload.filename or ""))
-                detect_format(names[-1], settings.ingest)
-            except UploadNameError as exc:
-                raise HTTPException(422, str(exc)) from exc
-            except UnsupportedFormat as exc:
-                raise HTTPException(415, f"{upload.filename}: {exc.message}") from exc
-        batch_dir = settings.uploads_dir / uuid.uuid4().hex if uploads else None
-        try:
-            seen: dict[str, int] = {}
-            for index, (upload, name) in enumerate(zip(uploads, names, strict=True)):
-                spooled = await _spool(upload, settings.uploads_dir, settings.ingest.max_file_bytes)
-                stored = save_upload(settings.uploads_dir, batch_dir.name, index, name, spooled)  # type: ignore[union-attr]
-                # The source is the path the client sent (relative to the folder it ingests: `advanced/x.md`).
-                # The second `same.txt` of one request is its own source (re-uploading it replaces it alone).
-                relative = upload_source_path(upload.filename or name)
-                seen[relative] = seen.get(relative, 0) + 1
-                source = relative if seen[relative] == 1 else f"{relative} ({seen[relative]})"
-                sources.append(IngestSource(kind="file", title=name, path=str(stored), source_path=source, tags=tags))
-        except BaseException:
-            if batch_dir is not None:
-                shutil.rmtree(batch_dir, ignore_errors=True)
-            raise
-    finally:
-        await form.close()
-    if not sources:
-        raise HTTPException(
-            422, "multipart ingest needs at least one file in the 'files' field (or inline 'documents')"
-        )
-    return sources, batch_dir, collection
-
-
-def _form_collection(parts: list[Any], default: str) -> str:
-    if not parts:
-        return default
-    if len(parts) > 1 or not isinstance(parts[0], str) or not re.match(COLLECTION_PATTERN, parts[0]):
-        raise HTTPException(
-            422,
-            "'collection' is one text field: 1-64 letters, digits, '_', '.' or '-', starting with a letter or digit",
-        )
-    return parts[0]
-
-
-async def _inline_documents(part: str | UploadFile, max_bytes: int) -> list[DocumentIn]:
-    """The documents of one `documents` part: a JSON list of documents, {"documents": [...]}, or one document.
-    A part sent as a file is read up to `max_bytes` (`server.max_body_bytes`, as for a JSON body)."""
-    if isinstance(part, UploadFile):
-        data = await part.read(max_bytes + 1)
-        if len(data) > max_bytes:
-            raise HTTPException(413, f"a 'documents' part is larger than {max_bytes} bytes (server.max_body_bytes)")
-    try:
-        raw = json.loads(part if isinstance(part, str) else data.decode("utf-8"))
-        if isinstance(raw, dict) and "documents" not in raw:
-            raw = [raw]  # one document per part
-        return IngestIn.model_validate(raw if isinstance(raw, dict) else {"documents": raw}).documents
-    except ValueError as exc:  # not JSON (an empty part included), not UTF-8, or not documents
-        raise HTTPException(422, f"invalid 'documents' field: {_brief(exc)}") from exc
-    except RecursionError as exc:
-        raise HTTPException(422, "invalid 'documents' field: JSON nested too deeply") from exc
-
-
-async def _spool(upload: UploadFile, directory: Path, max_bytes: int) -> Path:
-    """Copy an upload to a temp file next to its final place; 413 past `max_bytes`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    num_bytes = 0
-    tmp = tempfile.NamedTemporaryFile(dir=directory, prefix=".upload-", delete=False)  # noqa: SIM115 - closed below
-    path = Path(tmp.name)
-    try:
-        # The close is inside: on a full disk the buffered tail fails there (that left a 0-byte temp file).
-        with tmp:
-            while block := await upload.read(UPLOAD_BLOCK):
-                num_bytes += len(block)
-                if num_bytes > max_bytes:
-                    raise HTTPException(
-                        413, f"{upload.filename}: larger than the {max_bytes}-byte limit (ingest.max_file_bytes)"
-                    )
-                tmp.write(block)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
-    return path
 
 
 # ---- jobs -----------------------------------------------------------------------------------------
@@ -375,7 +123,7 @@ def list_jobs(
     access: Access = Depends(require_reader),
 ) -> JobList:
     """Recent ingest jobs of your collections, newest first, whoever started them (web UI, API or CLI)."""
-    return JobList(jobs=[job_out(j) for j in service.recent_jobs(limit, access.collections)])
+    return JobList(jobs=[JobOut.model_validate(j) for j in service.recent_jobs(limit, access.collections)])
 
 
 @router.get("/ingest/jobs/{job_id}", response_model=JobOut, responses={404: {"model": ErrorOut}})
@@ -383,7 +131,7 @@ def get_job(
     job_id: str, service: IngestService = Depends(get_ingest), access: Access = Depends(require_reader)
 ) -> JobOut:
     """Status, current stage, per-stage progress and per-source errors of one ingest job."""
-    return job_out(_job_or_404(service, job_id, access))
+    return JobOut.model_validate(_job_or_404(service, job_id, access))
 
 
 @router.post(
@@ -404,7 +152,7 @@ def cancel_job(
     access.check_ingest(job.collection)
     if job.status.finished and job.status.value != "cancelled":
         raise HTTPException(409, f"ingest job {job_id} already {job.status.value}")
-    return job_out(service.cancel(job_id))
+    return JobOut.model_validate(service.cancel(job_id))
 
 
 @router.get(
@@ -432,7 +180,7 @@ async def job_events(
         last: dict[str, Any] | None = None
         idle_s = 0.0
         while job is not None:
-            body = job_out(job).model_dump()
+            body = JobOut.model_validate(job).model_dump()
             if job.status.finished:
                 yield sse_event("done", body)
                 return
@@ -465,7 +213,9 @@ def list_documents(
 ) -> DocumentPage:
     """Documents of your collections, newest first, with the total count matching the filter."""
     docs, total = service.list(offset, limit, DocumentStatus(status) if status else None, access.collections)
-    return DocumentPage(total=total, offset=offset, limit=limit, documents=[document_out(d) for d in docs])
+    return DocumentPage(
+        total=total, offset=offset, limit=limit, documents=[DocumentOut.model_validate(d) for d in docs]
+    )
 
 
 @router.get("/documents/{document_id}", response_model=DocumentDetail, responses={404: {"model": ErrorOut}})
@@ -476,20 +226,11 @@ def get_document(
     view = service.get(document_id, access.collections)
     if view is None:
         raise HTTPException(404, f"no document {document_id}")
-    out = [
-        ChunkOut(
-            id=c.record.id,
-            index=c.record.index,
-            page=c.record.page,
-            num_tokens=len(c.record.token_ids),
-            char_start=c.record.char_start,
-            char_end=c.record.char_end,
-            text=c.record.text,
-            kv_state=c.kv_state,
-        )
-        for c in view.chunks
-    ]  # type: ignore[arg-type]
-    return DocumentDetail(**document_out(view.document).model_dump(), kv=KVCounts(**view.kv_counts()), chunks=out)
+    return DocumentDetail(
+        **DocumentOut.model_validate(view.document).model_dump(),
+        kv=KVCounts(**view.kv_counts()),
+        chunks=[ChunkOut.model_validate(c) for c in view.chunks],
+    )
 
 
 @router.delete("/documents", response_model=PurgeOut, responses={422: {"model": ErrorOut}})

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, Field
 
 from app.api.deps import _loaded, require_admin
-from app.api.schemas import ErrorOut
+from app.api.schemas.common import API_KEY_REQUIRED, MODELS_LOADING, error_responses
 from app.build import Services
 
 get_services = _loaded(lambda s: s.services)  # 503 until start-up has built them
@@ -20,10 +20,7 @@ get_services = _loaded(lambda s: s.services)  # 503 until start-up has built the
 router = APIRouter(
     tags=["admin"],
     dependencies=[Depends(require_admin)],
-    responses={
-        401: {"model": ErrorOut, "description": "API key required"},
-        503: {"model": ErrorOut, "description": "Models still loading"},
-    },
+    responses=error_responses({401: API_KEY_REQUIRED, 503: MODELS_LOADING}),
 )
 
 

@@ -8,42 +8,31 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 
 from app.api.deps import get_keys, get_state, require_admin
-from app.api.schemas import ErrorOut, KeyCreatedOut, KeyIn, KeyListOut, KeyOut, ValidationErrorOut
-from app.catalog.keys import KeyRecord
+from app.api.schemas import ErrorOut, KeyCreatedOut, KeyIn, KeyListOut, KeyOut
+from app.api.schemas.common import MODELS_LOADING, error_responses
 from app.services.key_service import KeyRequestError, KeyService
 
 router = APIRouter(
     prefix="/admin/keys",
     tags=["admin"],
     dependencies=[Depends(require_admin)],
-    responses={
-        401: {"model": ErrorOut, "description": "Admin key required"},
-        403: {"model": ErrorOut, "description": "A collection key may not manage keys"},
-        503: {"model": ErrorOut, "description": "Models still loading"},
-    },
+    responses=error_responses(
+        {401: "Admin key required", 403: "A collection key may not manage keys", 503: MODELS_LOADING}
+    ),
 )
-
-
-def key_out(record: KeyRecord) -> KeyOut:
-    return KeyOut(
-        key_id=record.id,
-        name=record.name,
-        collections=list(record.collections),
-        can_ingest=record.can_ingest,
-        created_at=record.created_at.isoformat(),
-        last_used_at=record.last_used_at.isoformat() if record.last_used_at else None,
-    )
 
 
 @router.post(
     "",
     status_code=201,
     response_model=KeyCreatedOut,
-    responses={
-        400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
-        409: {"model": ErrorOut, "description": "No server.api_key is set"},
-        422: {"model": ValidationErrorOut, "description": "Invalid name or collections"},
-    },
+    responses=error_responses(
+        {
+            400: "The body is not JSON (or not UTF-8)",
+            409: "No server.api_key is set",
+            422: "Invalid name or collections",
+        }
+    ),
 )
 def create_key(body: KeyIn, request: Request, service: KeyService = Depends(get_keys)) -> KeyCreatedOut:
     """Make a collection key; the answer holds its secret, shown this once (only a hash is stored)."""
@@ -61,7 +50,7 @@ def create_key(body: KeyIn, request: Request, service: KeyService = Depends(get_
 @router.get("", response_model=KeyListOut)
 def list_keys(service: KeyService = Depends(get_keys)) -> KeyListOut:
     """Every collection key, oldest first (names, collections, dates; never the secrets)."""
-    return KeyListOut(keys=[key_out(k) for k in service.list()])
+    return KeyListOut(keys=[KeyOut.model_validate(k) for k in service.list()])
 
 
 @router.delete("/{key_id}", status_code=204, response_class=Response, responses={404: {"model": ErrorOut}})

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
-from app.api.schemas import ErrorOut, ValidationErrorOut
+from app.api.schemas.common import error_responses
 from app.services.render import MAX_RENDER_CHARS, render_markdown
 
 router = APIRouter(tags=["ui"])
@@ -22,10 +22,9 @@ class RenderOut(BaseModel):
 @router.post(
     "/api/render",
     response_model=RenderOut,
-    responses={
-        400: {"model": ErrorOut, "description": "The body is not JSON (or not UTF-8)"},
-        422: {"model": ValidationErrorOut, "description": "No `text`, or text over the size limit"},
-    },
+    responses=error_responses(
+        {400: "The body is not JSON (or not UTF-8)", 422: "No `text`, or text over the size limit"}
+    ),
 )
 def render(body: RenderIn) -> RenderOut:
     """Render Markdown the way the chat page shows answers and passages."""

@@ -141,7 +141,7 @@ class CalibrationSet:
             layout.chunk_ids,
             model_fingerprint=engine.fingerprint,
             prefix_ids=prompt.prefix_ids,
-            compute=engine.prefill_chunks,
+            compute=engine.precompute_chunks,
         )
         answer_ids = list(engine.tokenizer.encode(case.answer, add_special_tokens=False))
         prepared = _Prepared(case, layout, written.keys, answer_ids)

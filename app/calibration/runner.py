@@ -37,12 +37,12 @@ class _Status:
     record_path: str | None = None
 
 
-def needs_calibration(components: Services) -> str | None:
+def needs_calibration(services: Services) -> str | None:
     """Why the served model needs calibrating (None: it does not)."""
-    engine = components.engine
-    if CalibrationStore(components.settings.data_dir).load(engine.fingerprint) is not None:
+    engine = services.engine
+    if CalibrationStore(services.settings.data_dir).load(engine.fingerprint) is not None:
         return None
-    shipped = shipped_blend_settings(model_name(components.settings.engine.model))
+    shipped = shipped_blend_settings(model_name(services.settings.engine.model))
     if shipped is not None and shipped.fingerprint == engine.fingerprint:
         return None
     return f"no calibration record for fingerprint {engine.fingerprint[:12]}"
@@ -52,13 +52,13 @@ class CalibrationRunner:
     def __init__(
         self,
         settings: Settings,
-        components: Services,
+        services: Services,
         scheduler: Scheduler,
         *,
         ratios: tuple[float, ...] = RATIOS,
         cases_per_kind: tuple[int, int, int] = CASES_PER_KIND,
     ) -> None:
-        self._settings, self._components, self._scheduler = settings, components, scheduler
+        self._settings, self._services, self._scheduler = settings, services, scheduler
         self._ratios, self._cases_per_kind = ratios, cases_per_kind
         self._status = _Status()
         self._lock = threading.Lock()
@@ -66,7 +66,7 @@ class CalibrationRunner:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        reason = needs_calibration(self._components)
+        reason = needs_calibration(self._services)
         if reason is None:
             self._set(state="done", detail="a calibration record of this model's fingerprint is in force")
             return
@@ -96,7 +96,7 @@ class CalibrationRunner:
     def _run(self) -> None:
         from engine.scheduler import SchedulerStopped
 
-        components, settings = self._components, self._settings
+        services, settings = self._services, self._settings
         done = 0
 
         def on_candidate(values: dict[str, Any], fig: Any, misses: list[str]) -> None:
@@ -106,7 +106,7 @@ class CalibrationRunner:
 
         try:
             record = calibrate(
-                components.engine,
+                services.engine,
                 settings.engine,
                 settings.kvcache,
                 model_name(settings.engine.model),
@@ -124,6 +124,6 @@ class CalibrationRunner:
             logger.exception("calibration failed; the blend keeps its current settings")
             self._set(state="failed", detail=f"{type(exc).__name__}: {exc}")
             return
-        in_force = resolve(settings.engine, components.engine.config.num_layers, calibrated=record)
-        components.adopt_blend(in_force)
+        in_force = resolve(settings.engine, services.engine.config.num_layers, calibrated=record)
+        services.adopt_blend(in_force)
         self._set(state="done", detail=in_force.label, record_path=str(path))

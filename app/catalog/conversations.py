@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy import delete, func, select, update
 
 from app.catalog.models import ConversationRow, TurnRow, utcnow
+from app.catalog.records import from_row
 from app.catalog.sessions import SessionStore
 
 TITLE_CHARS = 512
@@ -61,17 +62,11 @@ class NewTurn:
     usage: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class TurnRecord:
+@dataclass(frozen=True, kw_only=True)
+class TurnRecord(NewTurn):
+    """A stored turn: what was recorded, where it stands in its conversation and when."""
+
     index: int  # 0-based, in the order asked
-    question: str
-    answer: str
-    source_chunk_ids: list[int]
-    mode: str
-    selector: str | None
-    recompute_ratio: float
-    timings: dict[str, Any]
-    usage: dict[str, Any]
     created_at: datetime
 
 
@@ -88,14 +83,8 @@ class ConversationCounts:
 
 
 def _conversation(row: ConversationRow) -> ConversationRecord:
-    return ConversationRecord(
-        id=row.id,
-        owner=row.owner,
-        title=row.title,
-        num_turns=row.num_turns,
-        collections=None if row.collections is None else frozenset(row.collections),
-        created_at=row.created_at,
-        updated_at=row.updated_at,
+    return from_row(
+        ConversationRecord, row, collections=None if row.collections is None else frozenset(row.collections)
     )
 
 
@@ -104,17 +93,13 @@ def _stored(collections: Scope) -> list[str] | None:
 
 
 def _turn(row: TurnRow) -> TurnRecord:
-    return TurnRecord(
-        index=row.index,
-        question=row.question,
-        answer=row.answer,
+    return from_row(
+        TurnRecord,
+        row,
         source_chunk_ids=[int(i) for i in row.source_chunk_ids or []],
-        mode=row.mode,
-        selector=row.selector,
         recompute_ratio=float(row.recompute_ratio),
         timings=dict(row.timings or {}),
         usage=dict(row.usage or {}),
-        created_at=row.created_at,
     )
 
 

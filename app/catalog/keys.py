@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy import delete, func, select, update
 
 from app.catalog.models import ApiKeyRow, utcnow
+from app.catalog.records import from_row
 from app.catalog.sessions import SessionStore
 
 
@@ -28,15 +29,7 @@ class KeyRecord:
 
 
 def _key(row: ApiKeyRow) -> KeyRecord:
-    return KeyRecord(
-        id=row.id,
-        name=row.name,
-        key_hash=row.key_hash,
-        collections=tuple(row.collections or ()),
-        can_ingest=bool(row.can_ingest),
-        created_at=row.created_at,
-        last_used_at=row.last_used_at,
-    )
+    return from_row(KeyRecord, row, collections=tuple(row.collections or ()), can_ingest=bool(row.can_ingest))
 
 
 class KeyStore(SessionStore):

@@ -99,45 +99,16 @@ def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
     return code
 
 
-def _ask_args() -> type:
-    """`blendrag ask`'s arguments as one pydantic model with the limits of POST /ask (app/services/ask/limits.py)."""
-    from pydantic import BaseModel, ConfigDict, field_validator
-
-    from app.services.ask.limits import CollectionName, ConversationId, MaxTokens, QuestionText, RecomputeRatio, TopK
-    from app.services.text_checks import is_blank
-    from engine.types import Mode, SelectorName
-
-    class AskArgs(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-        question: QuestionText
-        top_k: TopK | None = None
-        mode: Mode | None = None
-        recompute_ratio: RecomputeRatio | None = None
-        selector: SelectorName | None = None
-        max_tokens: MaxTokens | None = None
-        conversation_id: ConversationId | None = None
-        collections: list[CollectionName] | None = None
-
-        @field_validator("question")
-        @classmethod
-        def _not_blank(cls, value: str) -> str:
-            if is_blank(value):
-                raise ValueError("question must not be empty")
-            return value
-
-    return AskArgs
-
-
 def cmd_ask(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
+    from app.ask_params import AskIn
     from app.services.ask import AskRequest
     from retrieval.types import SearchFilters
 
     settings = settings_of(args)
-    try:  # the limits of POST /ask, before any model is loaded
-        body = _ask_args()(
+    try:  # the body and limits of POST /ask (app/ask_params.py), before any model is loaded
+        body = AskIn(
             question=args.question,
             top_k=args.top_k,
             mode=args.mode,

@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 from app.catalog import DocumentStatus
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Sequence
+    from collections.abc import Collection, Iterable, Sequence
 
     from app.build import KVKey
     from app.catalog import Catalog
+    from app.catalog.records import ChunkRecord
+    from kvcache.coverage import ChunkRef
     from kvcache.store import EntryLocation, TieredKVStore
 
 
@@ -62,38 +64,33 @@ class CoverageService:
         self._kv_key = kv_key
         self._store: TieredKVStore | SharedTierView = SharedTierView(store) if shared_tier_only else store
 
+    def _refs(self, chunks: Iterable[ChunkRecord]) -> list[ChunkRef]:
+        """Each chunk's entry as the served model and prefix name it, next to the key its row records."""
+        from kvcache.coverage import ChunkRef
+
+        return [
+            ChunkRef(
+                chunk_id=c.id, document_id=c.document_id, expected_key=self._kv_key(c.token_ids), recorded_key=c.kv_key
+            )
+            for c in chunks
+        ]
+
     def chunk_states(self, document_id: str) -> dict[int, str]:
         """fresh / stale / missing for each chunk of one document."""
-        from kvcache.coverage import ChunkRef, compute_coverage
+        from kvcache.coverage import compute_coverage
 
-        refs = [
-            ChunkRef(
-                chunk_id=c.id,
-                document_id=c.document_id,
-                expected_key=self._kv_key(c.token_ids),
-                recorded_key=c.kv_key,
-            )
-            for c in self._catalog.chunks_of(document_id)
-        ]
+        refs = self._refs(self._catalog.chunks_of(document_id))
         report = compute_coverage(self._store, refs)  # type: ignore[arg-type]
         return {int(c.ref.chunk_id): c.state.value for c in report.chunks}
 
     def compute(self, collections: Collection[str] | None = None) -> CoverageView:
         """Coverage of the ready documents of `collections` (None: all): a collection key's view counts
         only its own chunks."""
-        from kvcache.coverage import ChunkRef, compute_coverage
+        from kvcache.coverage import compute_coverage
 
         docs = [d for d in self._catalog.all_documents(collections) if d.status == DocumentStatus.READY]
         chunks = self._catalog.iter_chunks([DocumentStatus.READY], collections)
-        refs = [
-            ChunkRef(
-                chunk_id=c.id,
-                document_id=c.document_id,
-                expected_key=self._kv_key(c.token_ids),
-                recorded_key=c.kv_key,
-            )
-            for c in chunks
-        ]
+        refs = self._refs(chunks)
         report = compute_coverage(self._store, refs)  # type: ignore[arg-type]
         per_doc = []
         for doc in docs:

@@ -36,7 +36,7 @@ class DoctorReport:
     orphan_index_ids: list[int] = field(default_factory=list)
     # committed chunks the index lacks: embedded and added again
     unindexed_chunk_ids: list[int] = field(default_factory=list)
-    # committed chunks without a fresh KV entry: prefilled and stored again
+    # committed chunks without a fresh KV entry: precomputed and stored again
     kv_missing_chunk_ids: list[int] = field(default_factory=list)
     # KV entries on disk that committed chunks use and that fail their checksum (DOCTOR_KV_CHECKS of them at
     # most, sampled): counted in kv_missing_chunk_ids too; --repair deletes them and recomputes the chunks
@@ -132,7 +132,7 @@ def run_doctor(parts: DoctorParts, *, repair: bool) -> DoctorReport:
             [c.token_ids for c in kv_missing],
             model_fingerprint=engine.fingerprint,
             prefix_ids=engine.prompt.prefix_ids,
-            compute=engine.prefill_chunks,
+            compute=engine.precompute_chunks,
         )
         # Chunks whose KV the store could not keep stay reported as missing (the writer logged why).
         report.kv_unwritten_chunk_ids = [c.id for c in kv_missing if expected[c.id] in written.unwritten]

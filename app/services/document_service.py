@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from app.catalog import DocumentStatus
-from app.catalog.repository import ChunkRecord, DocumentRecord
+from app.catalog.records import ChunkRecord, DocumentRecord
 from app.services.coverage_service import CoverageService
 from app.services.storage_faults import StorageMonitor, is_storage_full
 

@@ -26,7 +26,7 @@ from app.catalog import DocumentStatus
 if TYPE_CHECKING:
     from app.build import KVKey
     from app.catalog import Catalog
-    from app.catalog.repository import ChunkRecord
+    from app.catalog.records import ChunkRecord
     from engine.engine import Engine
     from engine.scheduler import Scheduler
     from ingest.chunker import TokenizerLike
@@ -113,7 +113,7 @@ class KVRefresh:
 
     def run(self) -> None:
         """Evict the old entries, then compute and record the stale chunks' KV batch by batch."""
-        from engine.scheduler import PrefillPriority, SchedulerStopped
+        from engine.scheduler import PrecomputePriority, SchedulerStopped
         from kvcache.writer import ensure_chunk_kv
 
         store, engine, catalog = self._store, self._engine, self._catalog
@@ -136,7 +136,7 @@ class KVRefresh:
                     [c.token_ids for c in batch],
                     model_fingerprint=engine.fingerprint,
                     prefix_ids=engine.prompt.prefix_ids,
-                    compute=lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.INGEST),
+                    compute=lambda todo: self._scheduler.precompute_chunks(todo, priority=PrecomputePriority.INGEST),
                     batch_chunks=BATCH_CHUNKS,
                 )
             except SchedulerStopped:

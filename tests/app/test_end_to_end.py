@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.sse import parse_sse
 from app.main import create_app
 from app.settings import load_settings
+from app.sse_reader import parse_sse
 from engine.builtin import BUILTIN_LLM_NAME
 
 pytestmark = pytest.mark.slow

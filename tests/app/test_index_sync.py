@@ -15,7 +15,7 @@ from pgserver import pg_server, pg_url  # noqa: F401
 from sqlalchemy import event
 
 from app.catalog import Catalog, DocumentStatus
-from app.catalog.repository import NewChunk
+from app.catalog.records import NewChunk, NewDocument
 from app.index_sync import CatalogFedRetriever, EmbedOnlyRetriever, IndexSync
 from retrieval.config import RetrievalSettings
 from retrieval.types import IndexedChunk, SearchFilters
@@ -40,7 +40,7 @@ def vector(seed: int) -> np.ndarray:
 
 def commit_document(catalog: Catalog, title: str, num_chunks: int, seed: int) -> tuple[str, list[int]]:
     """What a worker's commit does: chunks with embeddings while pending, then the flip to ready."""
-    doc = catalog.add_document(title=title, source_path=None, content_hash=None, tags=["t"], metadata={}, job_id=None)
+    doc = catalog.add_document(NewDocument(title=title, tags=["t"]))
     ids = catalog.replace_chunks(
         doc.id,
         [
@@ -102,7 +102,7 @@ def test_every_replica_sees_ready_and_deleted_documents_within_5_s(catalogs: tup
         cat_b.delete_document(old_doc)
         wait_until(lambda: a.chunk_ids() == b.chunk_ids() == ids)
         # a pending document is never indexed; one that fails after being ready is dropped
-        pending = worker.add_document(title="P", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+        pending = worker.add_document(NewDocument(title="P"))
         worker.replace_chunks(
             pending.id,
             [NewChunk(index=0, text="p", token_ids=[1], page=None, char_start=0, char_end=1, embedding=vector(5))],
@@ -123,7 +123,7 @@ def test_two_jobs_committing_at_once_miss_no_chunk(catalogs: tuple[Catalog, ...]
     slow, fast, reader = catalogs
     retriever, sync = replica(reader)
     in_commit, release = threading.Event(), threading.Event()
-    slow_doc = slow.add_document(title="Slow", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    slow_doc = slow.add_document(NewDocument(title="Slow"))
     slow_ids = slow.replace_chunks(
         slow_doc.id,
         [NewChunk(index=0, text="s", token_ids=[1], page=None, char_start=0, char_end=1, embedding=vector(7))],
@@ -175,7 +175,7 @@ def test_many_concurrent_commits_end_identical_on_a_replica(catalogs: tuple[Cata
 
 def test_chunks_without_a_stored_embedding_are_embedded_once(catalogs: tuple[Catalog, ...]) -> None:
     worker, reader, _ = catalogs
-    doc = worker.add_document(title="Legacy", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    doc = worker.add_document(NewDocument(title="Legacy"))
     ids = worker.replace_chunks(
         doc.id, [NewChunk(index=0, text="abc", token_ids=[1], page=None, char_start=0, char_end=3)]
     )
@@ -215,15 +215,13 @@ def test_replicas_keep_each_chunks_collection_for_the_search_filter(catalogs: tu
     """The change log names the collection and a replica's index keeps it: a filtered search on a replica
     answers only from the collection asked for, for chunks indexed at start and after."""
     worker, cat_a, _ = catalogs
-    first = worker.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    first = worker.add_document(NewDocument(title="A"))
     a, sync_a = replica(cat_a)
     sync_a.start()
     try:
         docs = {}
         for name, seed in (("team-a", 1), ("team-b", 2)):
-            doc = worker.add_document(
-                title=name, source_path=None, content_hash=None, tags=[], metadata={}, job_id=None, collection=name
-            )
+            doc = worker.add_document(NewDocument(title=name, collection=name))
             worker.replace_chunks(
                 doc.id,
                 [

@@ -21,7 +21,7 @@ def _prompt_caches(engine, n: int):
     for i in range(n):
         chunks = random_chunks([8 + 5 * i, 13 + i], seed=200 + i)
         layout = engine.prompt.layout(chunks, "what is it?" + " really" * i)
-        source = InMemoryLayerSource(engine.prefill_chunks(chunks))
+        source = InMemoryLayerSource(engine.precompute_chunks(chunks))
         result = engine.prompt_pass(
             layout, source, "blend", BlendConfig(0.3), extra_capacity=2
         )  # small: decode must grow some caches
@@ -66,7 +66,7 @@ def _request(engine, i: int, mode: str) -> GenerationRequest:
     return GenerationRequest(
         f"b{i}",
         layout,
-        InMemoryLayerSource(engine.prefill_chunks(chunks)),
+        InMemoryLayerSource(engine.precompute_chunks(chunks)),
         mode,
         BlendConfig(0.25),
         SamplingParams(max_tokens=12 + i, ignore_eos=True),  # different lengths: the batch shrinks as they end

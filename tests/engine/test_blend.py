@@ -25,7 +25,7 @@ def layout(tiny_engine, chunks) -> PromptLayout:
 
 @pytest.fixture(scope="module")
 def chunk_kvs(tiny_engine, chunks):
-    return tiny_engine.prefill_chunks(chunks)
+    return tiny_engine.precompute_chunks(chunks)
 
 
 def _source(kvs):
@@ -116,14 +116,14 @@ def test_no_chunks_and_no_source(tiny_engine, layout, chunk_kvs) -> None:
 
 
 def test_chunk_kv_does_not_depend_on_batching_or_order(tiny_engine, chunks, chunk_kvs) -> None:
-    single = [tiny_engine.prefill_chunk(c) for c in reversed(chunks)][::-1]
+    single = [tiny_engine.precompute_chunk(c) for c in reversed(chunks)][::-1]
     for a, b in zip(single, chunk_kvs, strict=True):
         assert a.k.shape == (tiny_engine.num_layers, tiny_engine.num_kv_heads, a.num_tokens, tiny_engine.head_dim)
         torch.testing.assert_close(a.k, b.k, atol=1e-5, rtol=0)
         torch.testing.assert_close(a.v, b.v, atol=1e-5, rtol=0)
 
 
-def test_chunk_kv_is_prefix_plus_chunk_prefill(tiny_engine, chunks, chunk_kvs) -> None:
+def test_chunk_kv_is_prefix_plus_chunk_precompute(tiny_engine, chunks, chunk_kvs) -> None:
     """Pre-RoPE K re-rotated to where it was computed, and V, equal a plain prefill of prefix + chunk."""
     one = PromptLayout(tiny_engine.prompt.prefix_ids, [chunks[1]], [5])
     full = _full(tiny_engine, one)
@@ -157,7 +157,7 @@ def test_rerotated_k_equals_k_at_target_positions(variant, tmp_path_factory) -> 
     engine = Engine(EngineSettings(model=str(path), device="cpu", dtype="float32"), tmp_path_factory.mktemp("m"))
     chunks = random_chunks([50, 60, 45], seed=5)  # chunk 3 lands past position 64 (llama3's original ctx)
     layout = engine.prompt.layout(chunks, "where?")
-    reused = engine.prompt_pass(layout, InMemoryLayerSource(engine.prefill_chunks(chunks)), "reuse")
+    reused = engine.prompt_pass(layout, InMemoryLayerSource(engine.precompute_chunks(chunks)), "reuse")
     full = engine.prompt_pass(layout, None, "full")
     start = layout.num_prefix_tokens + 110
     span = slice(start, start + 45)

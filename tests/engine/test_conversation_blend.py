@@ -32,7 +32,7 @@ def test_blend_r1_with_reused_history_equals_full(tiny_engine, chunks, cfg, syst
     layout = builder.layout(chunks, "what does the fox do?", history)
     assert layout.num_history_segments == 2
     # Every segment's KV computed behind the *server's* prefix, as the store holds it.
-    stored = tiny_engine.prefill_chunks([*chunks, *history])
+    stored = tiny_engine.precompute_chunks([*chunks, *history])
     full = tiny_engine.prompt_pass(layout, None, "full")
     blended = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", cfg)
     assert blended.num_context_tokens == layout.num_context_tokens
@@ -44,7 +44,7 @@ def test_reused_history_is_not_full_prefill(tiny_engine, chunks) -> None:
     # The opposite check: at r = 0 stale turn KV changes the logits, so the test above can fail.
     history = [tiny_engine.prompt.turn_ids(t) for t in TURNS]
     layout = tiny_engine.prompt.layout(chunks, "what does the fox do?", history)
-    stored = tiny_engine.prefill_chunks([*chunks, *history])
+    stored = tiny_engine.precompute_chunks([*chunks, *history])
     full = tiny_engine.prompt_pass(layout, None, "full")
     reuse = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "reuse")
     assert (reuse.logits - full.logits).abs().max().item() > 1e-3
@@ -56,7 +56,7 @@ def test_prefix_mode_behind_a_client_prompt_reuses_the_prefix_alone(tiny_engine,
     client = tiny_engine.prompt.for_system_prompt("Start every answer with Arr!")
     layout = client.layout(chunks, "what does the fox do?")
     assert not layout.segments_behind_prefix and tiny_engine.prompt.layout(chunks, "q").segments_behind_prefix
-    stored = tiny_engine.prefill_chunks(chunks)
+    stored = tiny_engine.precompute_chunks(chunks)
     full = tiny_engine.prompt_pass(layout, None, "full")
     prefix = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "prefix")
     torch.testing.assert_close(prefix.logits, full.logits, atol=ATOL, rtol=0)

@@ -107,7 +107,7 @@ def bf16_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
 def test_bf16_blend_at_ratio_one_matches_bf16_full_prefill(bf16_engine, selector: str) -> None:
     chunks = random_chunks([23, 40, 17, 31], seed=11)
     layout = bf16_engine.prompt.layout(chunks, "who jumps over the lazy dog?")
-    kvs = bf16_engine.prefill_chunks(chunks)
+    kvs = bf16_engine.precompute_chunks(chunks)
     assert kvs[0].k.dtype == torch.bfloat16
     full = bf16_engine.prompt_pass(layout, None, "full")
     blend = bf16_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(1.0, selector=selector))

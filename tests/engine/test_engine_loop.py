@@ -103,13 +103,13 @@ def test_callbacks_run_at_every_layer_boundary_between_layers_first(tiny_engine,
 def test_query_blend_asks_at_the_scoring_layers_too(tiny_engine, layout, chunks) -> None:
     calls: list[str] = []
     config = BlendConfig(0.3, selector="query", score_layers=(1,))
-    source = InMemoryLayerSource(tiny_engine.prefill_chunks(chunks))
+    source = InMemoryLayerSource(tiny_engine.precompute_chunks(chunks))
     tiny_engine.prompt_pass(layout, source, "blend", config, between_layers=lambda: calls.append("between"))
     assert len(calls) == 2 + tiny_engine.num_layers  # scoring pass over layers 0…1, then the prompt pass
 
 
 def test_cancelled_stops_at_a_layer_boundary(tiny_engine, layout, chunks) -> None:
-    source = RecordingSource(tiny_engine.prefill_chunks(chunks))
+    source = RecordingSource(tiny_engine.precompute_chunks(chunks))
     asked: list[int] = []
 
     def cancelled() -> bool:
@@ -125,7 +125,7 @@ def test_cancelled_stops_at_a_layer_boundary(tiny_engine, layout, chunks) -> Non
 
 
 def test_prefill_of_a_cancelled_run_finishes_it_and_closes_the_source(tiny_engine, layout, chunks) -> None:
-    source = RecordingSource(tiny_engine.prefill_chunks(chunks))
+    source = RecordingSource(tiny_engine.precompute_chunks(chunks))
     run = tiny_engine.new_run(GenerationRequest("r", layout, source, "reuse"))
     asked: list[int] = []
     events = tiny_engine.prefill(run, cancelled=lambda: asked.append(1) is None and len(asked) == 2)
@@ -135,7 +135,7 @@ def test_prefill_of_a_cancelled_run_finishes_it_and_closes_the_source(tiny_engin
 
 
 def test_prefill_closes_the_source_after_the_pass(tiny_engine, layout, chunks) -> None:
-    source = RecordingSource(tiny_engine.prefill_chunks(chunks))
+    source = RecordingSource(tiny_engine.precompute_chunks(chunks))
     run = tiny_engine.new_run(GenerationRequest("r", layout, source, "reuse", sampling=SamplingParams(max_tokens=3)))
     events = tiny_engine.prefill(run)
     assert isinstance(events[0], TokenEvent) and run.status == RequestStatus.DECODING

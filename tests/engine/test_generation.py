@@ -96,7 +96,7 @@ def test_stop_filter_holds_back_partial_matches() -> None:
 def test_generate_with_cached_chunks_reports_recompute(tiny_engine) -> None:
     chunks = random_chunks([30, 30], seed=3)
     layout = tiny_engine.prompt.layout(chunks, "q")
-    source = InMemoryLayerSource(tiny_engine.prefill_chunks(chunks))
+    source = InMemoryLayerSource(tiny_engine.precompute_chunks(chunks))
     from engine.types import BlendConfig
 
     events = list(

@@ -25,7 +25,7 @@ def layout(tiny_engine, chunks):
 
 @pytest.fixture(scope="module")
 def chunk_kvs(tiny_engine, chunks) -> list[ChunkKV]:
-    return tiny_engine.prefill_chunks(chunks)
+    return tiny_engine.precompute_chunks(chunks)
 
 
 def _scores(engine, layout, kvs, cfg: BlendConfig) -> torch.Tensor:
@@ -79,7 +79,7 @@ def test_scores_equal_transformers_attention_when_stored_kv_is_exact(tiny_engine
     from transformers import AutoModelForCausalLM
 
     one = tiny_engine.prompt.layout(chunks[:1], "which code opens the vault?")
-    kvs = tiny_engine.prefill_chunks(chunks[:1])
+    kvs = tiny_engine.precompute_chunks(chunks[:1])
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
         attn = model.eval()(torch.tensor([one.all_ids()]), output_attentions=True).attentions  # per layer (1,H,T,T)
@@ -98,7 +98,7 @@ def test_output_scores_weight_attention_by_value_norm(tiny_engine, tiny_model_di
     from transformers import AutoModelForCausalLM
 
     one = tiny_engine.prompt.layout(chunks[:1], "which code opens the vault?")
-    kvs = tiny_engine.prefill_chunks(chunks[:1])
+    kvs = tiny_engine.precompute_chunks(chunks[:1])
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
         attn = model.eval()(torch.tensor([one.all_ids()]), output_attentions=True).attentions

@@ -11,7 +11,7 @@ import torch
 from enginetest_tiny import random_chunks
 
 from engine.generation import RequestStatus
-from engine.scheduler import PrefillPriority, Scheduler, SchedulerStopped
+from engine.scheduler import PrecomputePriority, Scheduler, SchedulerStopped
 from engine.types import (
     BlendConfig,
     EngineBusy,
@@ -30,7 +30,7 @@ def _request(engine, i: int, max_tokens: int = 8, mode: str = "blend") -> Genera
     return GenerationRequest(
         f"r{i}",
         layout,
-        InMemoryLayerSource(engine.prefill_chunks(chunks)),
+        InMemoryLayerSource(engine.precompute_chunks(chunks)),
         mode,
         BlendConfig(0.3),
         SamplingParams(max_tokens=max_tokens, ignore_eos=True),
@@ -125,7 +125,7 @@ async def test_full_queue_raises_busy(tiny_engine) -> None:
 
 async def test_failed_request_reports_error_and_worker_survives(tiny_engine) -> None:
     bad = _request(tiny_engine, 0)
-    bad.kv_source = InMemoryLayerSource(tiny_engine.prefill_chunks(random_chunks([5], seed=1)))  # wrong size
+    bad.kv_source = InMemoryLayerSource(tiny_engine.precompute_chunks(random_chunks([5], seed=1)))  # wrong size
     async with Scheduler(tiny_engine) as scheduler:
         with pytest.raises(EngineError, match="KV source"):
             await asyncio.wait_for(_collect(scheduler.submit(bad)), 30)
@@ -175,13 +175,13 @@ async def test_queue_depth_counts_the_request_in_its_prompt_pass(tiny_engine) ->
     async with Scheduler(tiny_engine, max_queue=4, max_running=2) as scheduler:
         assert scheduler.queue_depth == 0
         stream = scheduler.submit(req)
-        await _wait_until(lambda: scheduler.num_prefilling == 1)
+        await _wait_until(lambda: scheduler.num_prompt_passes == 1)
         assert (scheduler.num_waiting, scheduler.num_running, scheduler.queue_depth) == (0, 0, 1)
         release.set()
         events = await asyncio.wait_for(_collect(stream), 30)
         assert events[-1].finish_reason == "length"
         await _wait_until(lambda: scheduler.queue_depth == 0)
-        assert scheduler.num_prefilling == 0
+        assert scheduler.num_prompt_passes == 0
 
 
 async def test_readmit_skips_the_queue_limit(tiny_engine) -> None:
@@ -236,13 +236,13 @@ async def test_decoding_requests_go_on_during_a_long_prompt_pass(tiny_engine) ->
     assert len(during) >= 2, (len(during), end - start)
 
 
-async def test_chunk_prefill_through_scheduler_equals_engine(tiny_engine) -> None:
+async def test_chunk_precompute_through_scheduler_equals_engine(tiny_engine) -> None:
     chunks = random_chunks([9, 30, 4, 17], seed=7)
-    expected = tiny_engine.prefill_chunks(chunks)
+    expected = tiny_engine.precompute_chunks(chunks)
     units: list[int] = []
-    async with Scheduler(tiny_engine, prefill_unit_tokens=35) as scheduler:
+    async with Scheduler(tiny_engine, precompute_unit_tokens=35) as scheduler:
         kvs = await asyncio.to_thread(
-            scheduler.prefill_chunks, chunks, on_unit=lambda tokens, seconds: units.append(tokens)
+            scheduler.precompute_chunks, chunks, on_unit=lambda tokens, seconds: units.append(tokens)
         )
     assert units == [9, 34, 17]  # units of at most 35 tokens, at least one chunk, in order
     assert [kv.num_tokens for kv in kvs] == [9, 30, 4, 17]
@@ -251,17 +251,17 @@ async def test_chunk_prefill_through_scheduler_equals_engine(tiny_engine) -> Non
         torch.testing.assert_close(got.v, want.v)
 
 
-def test_unstarted_scheduler_prefills_in_the_callers_thread(tiny_engine) -> None:
+def test_unstarted_scheduler_precomputes_in_the_callers_thread(tiny_engine) -> None:
     chunks = random_chunks([6, 11], seed=8)
-    kvs = Scheduler(tiny_engine).prefill_chunks(chunks)
-    torch.testing.assert_close(kvs[1].v, tiny_engine.prefill_chunks(chunks)[1].v)
+    kvs = Scheduler(tiny_engine).precompute_chunks(chunks)
+    torch.testing.assert_close(kvs[1].v, tiny_engine.precompute_chunks(chunks)[1].v)
 
 
 async def test_questions_go_before_ingest(tiny_engine, monkeypatch) -> None:
     """While an ingest unit runs, a question's chunk recompute and a prompt pass arrive: both go first."""
     request = _request(tiny_engine, 0, max_tokens=2)
-    real, real_prompt_pass = tiny_engine.prefill_chunks, tiny_engine.prompt_pass
-    calls: list[int | str] = []  # first chunk length of each prefill unit, or "prompt", in the order they ran
+    real, real_prompt_pass = tiny_engine.precompute_chunks, tiny_engine.prompt_pass
+    calls: list[int | str] = []  # first chunk length of each precompute unit, or "prompt", in the order they ran
     release = threading.Event()
 
     def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
@@ -274,17 +274,17 @@ async def test_questions_go_before_ingest(tiny_engine, monkeypatch) -> None:
         calls.append("prompt")
         return real_prompt_pass(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_engine, "prefill_chunks", recording)
+    monkeypatch.setattr(tiny_engine, "precompute_chunks", recording)
     monkeypatch.setattr(tiny_engine, "prompt_pass", recording_prompt_pass)
     ingest_chunks = random_chunks([11, 12, 13], seed=9)
     question_chunks = random_chunks([5], seed=10)
-    async with Scheduler(tiny_engine, prefill_unit_tokens=1) as scheduler:
-        ingest = asyncio.create_task(asyncio.to_thread(scheduler.prefill_chunks, ingest_chunks))
+    async with Scheduler(tiny_engine, precompute_unit_tokens=1) as scheduler:
+        ingest = asyncio.create_task(asyncio.to_thread(scheduler.precompute_chunks, ingest_chunks))
         await _wait_until(lambda: len(calls) == 1)  # the first ingest unit runs and blocks
         question = asyncio.create_task(
-            asyncio.to_thread(scheduler.prefill_chunks, question_chunks, priority=PrefillPriority.QUESTION)
+            asyncio.to_thread(scheduler.precompute_chunks, question_chunks, priority=PrecomputePriority.QUESTION)
         )
-        await _wait_until(lambda: scheduler.num_prefill_jobs == 2)
+        await _wait_until(lambda: scheduler.num_precompute_jobs == 2)
         stream = scheduler.submit(request)
         release.set()
         events = await asyncio.wait_for(_collect(stream), 30)
@@ -296,19 +296,19 @@ async def test_questions_go_before_ingest(tiny_engine, monkeypatch) -> None:
     assert [kv.num_tokens for kv in kvs] == [11, 12, 13]
 
 
-async def test_stop_fails_pending_prefill(tiny_engine, monkeypatch) -> None:
+async def test_stop_fails_pending_precompute(tiny_engine, monkeypatch) -> None:
     release = threading.Event()
-    real = tiny_engine.prefill_chunks
+    real = tiny_engine.precompute_chunks
 
     def blocking(chunks, prefix_ids=None, max_batch_tokens=4096):
         assert release.wait(30)
         return real(chunks, prefix_ids, max_batch_tokens)
 
-    monkeypatch.setattr(tiny_engine, "prefill_chunks", blocking)
-    scheduler = Scheduler(tiny_engine, prefill_unit_tokens=1)
+    monkeypatch.setattr(tiny_engine, "precompute_chunks", blocking)
+    scheduler = Scheduler(tiny_engine, precompute_unit_tokens=1)
     scheduler.start()
-    pending = asyncio.create_task(asyncio.to_thread(scheduler.prefill_chunks, random_chunks([4, 5], seed=11)))
-    await _wait_until(lambda: scheduler.num_prefill_jobs == 1)
+    pending = asyncio.create_task(asyncio.to_thread(scheduler.precompute_chunks, random_chunks([4, 5], seed=11)))
+    await _wait_until(lambda: scheduler.num_precompute_jobs == 1)
     stopping = asyncio.create_task(asyncio.to_thread(scheduler.stop))
     await asyncio.sleep(0.05)
     release.set()
@@ -317,8 +317,8 @@ async def test_stop_fails_pending_prefill(tiny_engine, monkeypatch) -> None:
         await asyncio.wait_for(pending, 30)
 
 
-async def test_failed_prefill_raises_to_its_caller_and_the_worker_goes_on(tiny_engine, monkeypatch) -> None:
-    real = tiny_engine.prefill_chunks
+async def test_failed_precompute_raises_to_its_caller_and_the_worker_goes_on(tiny_engine, monkeypatch) -> None:
+    real = tiny_engine.precompute_chunks
 
     def failing_on_seven(chunks, prefix_ids=None, max_batch_tokens=4096):
         if any(len(c) == 7 for c in chunks):
@@ -326,14 +326,14 @@ async def test_failed_prefill_raises_to_its_caller_and_the_worker_goes_on(tiny_e
         return real(chunks, prefix_ids, max_batch_tokens)
 
     request = _request(tiny_engine, 1, max_tokens=2)
-    monkeypatch.setattr(tiny_engine, "prefill_chunks", failing_on_seven)
-    async with Scheduler(tiny_engine, prefill_unit_tokens=1) as scheduler:
-        bad = asyncio.to_thread(scheduler.prefill_chunks, random_chunks([5, 7, 9], seed=12))
-        good = asyncio.to_thread(scheduler.prefill_chunks, random_chunks([6, 8], seed=13))
+    monkeypatch.setattr(tiny_engine, "precompute_chunks", failing_on_seven)
+    async with Scheduler(tiny_engine, precompute_unit_tokens=1) as scheduler:
+        bad = asyncio.to_thread(scheduler.precompute_chunks, random_chunks([5, 7, 9], seed=12))
+        good = asyncio.to_thread(scheduler.precompute_chunks, random_chunks([6, 8], seed=13))
         results = await asyncio.wait_for(asyncio.gather(bad, good, return_exceptions=True), 30)
         assert isinstance(results[0], RuntimeError) and str(results[0]) == "no memory for this chunk"
         assert [kv.num_tokens for kv in results[1]] == [6, 8]
-        assert scheduler.num_prefill_jobs == 0
+        assert scheduler.num_precompute_jobs == 0
         events = await asyncio.wait_for(_collect(scheduler.submit(request)), 30)
         assert events[-1].finish_reason == "length"
 

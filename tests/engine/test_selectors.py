@@ -59,7 +59,7 @@ def test_equal_budget_across_selectors_in_engine(tiny_engine) -> None:
 
     chunks = random_chunks([20, 30, 25], seed=9)
     layout = tiny_engine.prompt.layout(chunks, "q")
-    kvs = tiny_engine.prefill_chunks(chunks)
+    kvs = tiny_engine.precompute_chunks(chunks)
     counts = {}
     for ratio, expected in ((0.2, 15), (0.02, 2), (0.1, 8), (0.5, 38)):  # round(r · 75), halves up
         for name in ("query", "deviation", "first_k", "random"):
@@ -82,7 +82,7 @@ def test_gradual_filtering_shrinks_selection(tiny_engine) -> None:
 
     chunks = random_chunks([20, 30], seed=10)
     layout = tiny_engine.prompt.layout(chunks, "q")
-    kvs = tiny_engine.prefill_chunks(chunks)
+    kvs = tiny_engine.precompute_chunks(chunks)
     cfg = BlendConfig(selector="deviation", check_layers=(0, 1, 2), ratio_schedule=(0.6, 0.4, 0.2))
     res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", cfg)
     assert res.num_recomputed_tokens == 10

@@ -25,7 +25,7 @@ def setup(smollm2_engine):
     engine = smollm2_engine
     chunks = [encode_chunk_text(engine.tokenizer, p) for p in PASSAGES]
     layout = engine.prompt.layout(chunks, "Which city lies on the Danube and has coffee houses?")
-    return engine, layout, engine.prefill_chunks(chunks)
+    return engine, layout, engine.precompute_chunks(chunks)
 
 
 def test_prompt_layout(setup) -> None:

@@ -54,7 +54,7 @@ def _filled(engine, kvs, overlap: bool, order: list[int], start: int = 7) -> tup
 
 
 def test_layer_ahead_writes_the_same_bits_as_on_demand(engine, chunks) -> None:
-    kvs = engine.prefill_chunks(chunks)
+    kvs = engine.precompute_chunks(chunks)
     num_layers = engine.config.num_layers
     # The query selector's order: its scoring layers first, then every layer of the pass (those are no-ops).
     order = [0, 1, 2, *range(num_layers)]
@@ -76,7 +76,7 @@ def test_layer_ahead_writes_the_same_bits_as_on_demand(engine, chunks) -> None:
 
 def test_a_read_out_of_order_gets_its_own_layer(engine, chunks) -> None:
     # The deviation selector reads the check layer's stored KV itself, with the next layer scheduled or not.
-    kvs = engine.prefill_chunks(chunks)
+    kvs = engine.precompute_chunks(chunks)
     cache, stored = _filled(engine, kvs, True, [0])  # layer 1 is being read in the background
     expected = InMemoryLayerSource(kvs)
     for layer in (1, 3, 0):
@@ -89,7 +89,7 @@ def test_a_read_out_of_order_gets_its_own_layer(engine, chunks) -> None:
 
 
 def test_a_failed_background_read_is_raised_where_the_layer_is_needed(engine, chunks) -> None:
-    kvs = engine.prefill_chunks(chunks)
+    kvs = engine.precompute_chunks(chunks)
     n = sum(kv.num_tokens for kv in kvs)
     stored = StoredContext(engine.transformer, _FailingSource(kvs), _cache(engine, n + 9), 7, 7 + n)
     stored.fill(0)
@@ -103,7 +103,7 @@ def test_blend_at_ratio_one_still_equals_full_prefill(engine, chunks) -> None:
     layout = engine.prompt.layout(chunks, "what did the fox jump over?")
     full = engine.prompt_pass(layout, None, "full")
     blend = engine.prompt_pass(
-        layout, InMemoryLayerSource(engine.prefill_chunks(chunks)), "blend", BlendConfig(1.0, selector="query")
+        layout, InMemoryLayerSource(engine.precompute_chunks(chunks)), "blend", BlendConfig(1.0, selector="query")
     )
     atol = 1e-4 if engine.transformer.dtype == torch.float32 else 0.1
     torch.testing.assert_close(blend.logits, full.logits, atol=atol, rtol=0)

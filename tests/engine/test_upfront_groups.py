@@ -34,7 +34,7 @@ def layout(tiny_engine, chunks, history):
 
 @pytest.fixture(scope="module")
 def stored(tiny_engine, chunks, history):
-    return tiny_engine.prefill_chunks([*chunks, *history])
+    return tiny_engine.precompute_chunks([*chunks, *history])
 
 
 def _top(scores: torch.Tensor, k: int) -> list[int]:

@@ -16,7 +16,7 @@ CHUNKS = [[100 + i, 7, 8] for i in range(5)]
 
 
 class Compute:
-    """A stand-in for the engine's prefill: deterministic KV per chunk, every call recorded."""
+    """A stand-in for the engine's chunk precompute: deterministic KV per chunk, every call recorded."""
 
     def __init__(self) -> None:
         self.calls: list[list[list[int]]] = []

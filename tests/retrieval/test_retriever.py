@@ -17,7 +17,7 @@ from retrieval import (
     Retriever,
     SearchFilters,
 )
-from retrieval.retriever import MANIFEST_FILENAME
+from retrieval.snapshot import MANIFEST_FILENAME
 
 DIM = 16
 NUM = 40
@@ -310,3 +310,28 @@ def test_collection_filter_fills_top_k_from_the_callers_collection(tmp_path: Pat
     assert ids(reopened.search("kite festival", top_k=5, filters=only_b, query_vector=query)) == ids(hits)
     retriever.remove([100 + i for i in range(10)])
     assert retriever.search("x", top_k=5, filters=SearchFilters(collections=["team-a"]), query_vector=query) == []
+
+
+def test_snapshot_files_round_trip_without_a_retriever(tmp_path: Path) -> None:
+    from retrieval.bm25 import BM25Index
+    from retrieval.index import VectorIndex
+    from retrieval.snapshot import delete_stale_files, encode_snapshot, read_snapshot, write_snapshot
+    from retrieval.types import IndexedChunk
+
+    chunk = IndexedChunk(chunk_id=3, document_id="d", text="line\u2028break", title="T", page=None, tags=("a",))
+    bm25 = BM25Index()
+    bm25.add(3, chunk.text)
+    index = VectorIndex(2, "flat")
+    index.add(np.array([3]), np.array([[0.6, 0.8]], dtype=np.float32))
+    assert read_snapshot(tmp_path, "emb", use_gpu=False) is None  # no manifest: no snapshot
+    write_snapshot(tmp_path, encode_snapshot(1, [chunk], bm25, index, "emb"))
+    (tmp_path / "chunks-000000.jsonl").write_bytes(b"")  # another generation's leftover
+    delete_stale_files(tmp_path, 1)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == [MANIFEST_FILENAME, "bm25-000001.json", "chunks-000001.jsonl", "vectors-000001.bin"]
+    snapshot = read_snapshot(tmp_path, "emb", use_gpu=False)
+    assert snapshot is not None and snapshot.generation == 1 and snapshot.index.ids().tolist() == [3]
+    assert snapshot.chunks == [chunk] and snapshot.bm25.ids() == [3]
+    assert b"\\u2028" in (tmp_path / "chunks-000001.jsonl").read_bytes()  # line-safe: escaped, not raw
+    with pytest.raises(IndexMismatchError):
+        read_snapshot(tmp_path, "another-embedder", use_gpu=False)

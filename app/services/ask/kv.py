@@ -48,7 +48,7 @@ class PromptKV:
         answers. A missing or corrupt turn entry is computed like a missing chunk, never an error. Close
         `source` after.
         """
-        from engine.scheduler import PrefillPriority
+        from engine.scheduler import PrecomputePriority
         from kvcache.errors import KVEntryMissing
         from kvcache.format import StoredEntry
         from kvcache.writer import ensure_chunk_kv
@@ -82,7 +82,7 @@ class PromptKV:
                     model_fingerprint=engine.fingerprint,
                     prefix_ids=engine.prompt.prefix_ids,
                     # The engine's worker computes them before any other prompt work: a question waits.
-                    compute=lambda todo: scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+                    compute=lambda todo: scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
                     missing_keys=exc.keys,
                     keep_entries=True,
                     history_keys=history,

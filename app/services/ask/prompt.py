@@ -4,13 +4,13 @@
 and the model's context (oldest turns dropped first). `TurnKV` names each earlier turn's entry (keyed
 like a chunk's: model fingerprint + the server's prefix + the turn's token ids; the storage dtype is not
 part of a key) and writes the entry of a finished turn through the one KV writer (kvcache/writer.py): its
-segment prefilled behind the server's prefix, as a chunk is at ingest, into the store's history memory
+segment precomputed behind the server's prefix, as a chunk is at ingest, into the store's history memory
 tier and the tiers below it.
 
-Why a prefill and not the answer's working cache: the cache holds the turn's rows computed behind that
+Why a precompute and not the answer's working cache: the cache holds the turn's rows computed behind that
 turn's retrieved chunks (the entry would depend on them, and a stateless client resending the same turn
 would find nothing), RoPE'd at their positions (an inverse rotation per layer), and without the closing
-tokens after the answer that the next turn's layout has. A prefill of the turn (~50–200 tokens behind
+tokens after the answer that the next turn's layout has. A precompute of the turn (~50–200 tokens behind
 the ~30-token prefix) is cheap next to the answer that produced it, and gives the same entry whoever
 asked.
 """

@@ -45,7 +45,7 @@ from app.services.estimates import PrefillRate
 if TYPE_CHECKING:
     from app.build import KVKey
     from app.catalog import Catalog
-    from app.catalog.repository import ChunkRecord
+    from app.catalog.records import ChunkRecord
     from app.metrics import Metrics
     from app.services.conversation_service import ConversationService
     from app.settings import Settings

@@ -94,13 +94,13 @@ class TurnFinisher:
         """Turn KV is written for turns likely to come back as history: those of a stored conversation, and
         those of a stateless client that already resends its history (its next request carries this turn
         too). A lone stateless question writes none: nothing it names brings the turn back."""
-        from engine.scheduler import PrefillPriority
+        from engine.scheduler import PrecomputePriority
 
         try:
             await asyncio.to_thread(
                 self._turn_kv.store_turn,
                 turn,
-                lambda todo: self._scheduler.prefill_chunks(todo, priority=PrefillPriority.QUESTION),
+                lambda todo: self._scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
             )
         except Exception:  # the answer stands; the next turn computes the entry
             logger.exception("could not store the KV of a finished turn")

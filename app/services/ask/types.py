@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal
 from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
-    from app.catalog.repository import ChunkRecord
+    from app.catalog.records import ChunkRecord
     from app.services.attribution import Citation
     from app.services.conversation_service import ConversationContext
     from engine.prompt import Turn

@@ -7,11 +7,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from app.catalog.records import JobUpdate
 from app.services.ingest.types import STAGES, JobCancelled, JobInterrupted
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
-    from app.catalog.repository import JobRecord
+    from app.catalog.records import JobRecord
 
 CANCEL_POLL_S = 0.2  # how often a running job looks for a cancel request
 WRITE_EVERY_S = 0.25  # how often progress inside a stage is written to the job row
@@ -88,5 +89,5 @@ class Progress:
         if not force and now - self._last_write < WRITE_EVERY_S:
             return
         self._last_write = now
-        self._catalog.update_job(self.job_id, stage=self._stage, progress=self.counts())
+        self._catalog.update_job(self.job_id, JobUpdate(stage=self._stage, progress=self.counts()))
         self.emit()

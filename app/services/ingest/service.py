@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from app.catalog import JobStatus
 from app.catalog.models import DEFAULT_COLLECTION
+from app.catalog.records import JobUpdate
 from app.services.ingest import submission
 from app.services.ingest.context import IngestEnv
 from app.services.ingest.progress import ProgressCallback
@@ -20,7 +21,7 @@ from app.services.ingest.types import IngestSource, SubmitResult
 from app.services.ingest.worker import IngestWorker
 
 if TYPE_CHECKING:
-    from app.catalog.repository import JobRecord
+    from app.catalog.records import JobRecord
 
 
 class IngestService:
@@ -72,7 +73,7 @@ class IngestService:
         if job is None:
             raise KeyError(job_id)
         if not job.status.finished:
-            self._catalog.update_job(job_id, cancel_requested=True)
+            self._catalog.update_job(job_id, JobUpdate(cancel_requested=True))
             if job.status == JobStatus.QUEUED:
                 self._worker.finish_cancelled(job_id, [])
         return self._catalog.get_job(job_id)  # type: ignore[return-value]

@@ -9,25 +9,24 @@ written while the document is still pending, the index is saved, and only then i
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.catalog import DocumentStatus
-from app.catalog.repository import NewChunk
+from app.catalog.records import JobUpdate, NewChunk, NewDocument
 from app.services.ingest.submission import find_duplicate, new_document
 from app.services.ingest.types import ACTIVE_DOCUMENT_STATUSES, FILE_HASH_KEY, IngestSource, WorkItem
 
 if TYPE_CHECKING:
-    from app.catalog.repository import DocumentRecord
+    from app.catalog.records import DocumentRecord
     from app.services.ingest.context import JobContext
     from ingest.config import IngestSettings
     from ingest.types import LoadedDocument
 
 logger = logging.getLogger(__name__)
 
-KV_BATCH_CHUNKS = 8  # chunks prefilled per engine pass at ingest (padded to the longest of the batch)
+KV_BATCH_CHUNKS = 8  # chunks precomputed per engine pass at ingest (padded to the longest of the batch)
 CATALOG_BATCH = 1000  # documents per catalog transaction when a JSON file fans out into many
 
 
@@ -98,7 +97,7 @@ def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) 
     src, job_id, catalog = item.source, ctx.job_id, ctx.env.catalog
     stored = catalog.find_by_hashes({d.content_hash for d in docs}, ACTIVE_DOCUMENT_STATUSES, ctx.collection)
     new_items: list[WorkItem] = []
-    rows: list[dict[str, Any]] = []
+    rows: list[NewDocument] = []
     for i, loaded in enumerate(docs, 1):
         record = IngestSource(
             kind="file",
@@ -112,16 +111,17 @@ def accept_records(ctx: JobContext, item: WorkItem, docs: list[LoadedDocument]) 
             ctx.duplicates.append(duplicate_of)
             ctx.add_duplicate(record, duplicate_of)
             continue
-        doc_id = str(uuid.uuid4())
+        new = new_document(record, job_id, loaded, collection=ctx.collection)
+        doc_id = new.id
         ctx.seen_hashes[loaded.content_hash] = doc_id
-        rows.append({"id": doc_id, **new_document(record, job_id, loaded, collection=ctx.collection)})
+        rows.append(new)
         new_items.append(WorkItem(doc_id, record, loaded=loaded))
     for start in range(0, len(rows), CATALOG_BATCH):
         ctx.progress.check_cancel()
         catalog.add_documents(rows[start : start + CATALOG_BATCH])
         # Recorded at once, so a restart (recover) or a cancel finds every document of the job.
         written = len(ctx.items) + min(start + CATALOG_BATCH, len(rows))
-        catalog.update_job(job_id, document_ids=[i.document_id for i in (ctx.items + new_items)[:written]])
+        catalog.update_job(job_id, JobUpdate(document_ids=[i.document_id for i in (ctx.items + new_items)[:written]]))
     return new_items
 
 
@@ -215,13 +215,13 @@ def embed(ctx: JobContext) -> None:
 
 def precompute_kv(ctx: JobContext) -> None:
     """Store every chunk's KV. Content-addressed: a chunk already stored (same text, model and prompt)
-    costs nothing. The rest is prefilled KV_BATCH_CHUNKS at a time (exactly the same KV as one at a
+    costs nothing. The rest is precomputed KV_BATCH_CHUNKS at a time (exactly the same KV as one at a
     time; on short chunks the per-layer overhead otherwise dominates), by the scheduler between
     questions' work, so ingest never delays an answer by more than one unit. A chunk precompute is a
     plain prefill of the chunk behind the cached prefix, so its compute time feeds the full-prefill
     estimate (short prompts prefill faster per token than long ones: until a full-mode answer is
     observed it is on the low side)."""
-    from engine.scheduler import PrefillPriority
+    from engine.scheduler import PrecomputePriority
     from kvcache.writer import ensure_chunk_kv
 
     env, tracker = ctx.env, ctx.progress
@@ -244,8 +244,8 @@ def precompute_kv(ctx: JobContext) -> None:
         token_ids,
         model_fingerprint=engine.fingerprint,
         prefix_ids=engine.prompt.prefix_ids,
-        compute=lambda todo: env.scheduler.prefill_chunks(
-            todo, priority=PrefillPriority.INGEST, on_unit=rate.observe if rate is not None else None
+        compute=lambda todo: env.scheduler.precompute_chunks(
+            todo, priority=PrecomputePriority.INGEST, on_unit=rate.observe if rate is not None else None
         ),
         batch_chunks=KV_BATCH_CHUNKS,
         on_batch=on_batch,

@@ -11,10 +11,11 @@ import hashlib
 import logging
 from collections.abc import Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.catalog import DocumentStatus
 from app.catalog.models import DEFAULT_COLLECTION
+from app.catalog.records import JobUpdate, NewDocument
 from app.services.ingest.types import (
     ACTIVE_DOCUMENT_STATUSES,
     FILE_HASH_KEY,
@@ -30,7 +31,7 @@ from app.services.text_checks import is_blank
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
-    from app.catalog.repository import DocumentRecord
+    from app.catalog.records import DocumentRecord
     from app.services.document_service import DocumentService
     from ingest.config import IngestSettings
     from ingest.types import LoadedDocument
@@ -132,17 +133,17 @@ def replace_failed(catalog: Catalog, documents: DocumentService, identity: Ident
 
 def new_document(
     source: IngestSource, job_id: str, loaded: LoadedDocument | None = None, collection: str = DEFAULT_COLLECTION
-) -> dict[str, Any]:
-    """The fields of a new pending document for `source` (parsed already when `loaded` is given)."""
-    return {
-        "title": loaded.title if loaded is not None else source.title,
-        "source_path": source.source_path,
-        "content_hash": loaded.content_hash if loaded is not None else None,
-        "tags": source.tags,
-        "metadata": dict(loaded.metadata) if loaded is not None else source.metadata,
-        "job_id": job_id,
-        "collection": collection,
-    }
+) -> NewDocument:
+    """A new pending document for `source` (parsed already when `loaded` is given)."""
+    return NewDocument(
+        title=loaded.title if loaded is not None else source.title,
+        source_path=source.source_path,
+        content_hash=loaded.content_hash if loaded is not None else None,
+        tags=source.tags,
+        metadata=dict(loaded.metadata) if loaded is not None else source.metadata,
+        job_id=job_id,
+        collection=collection,
+    )
 
 
 def create_job(
@@ -167,7 +168,7 @@ def create_job(
             continue
         if identity is not None:
             replace_failed(catalog, documents, identity, collection)
-        doc = catalog.add_document(**new_document(s, job.id, collection=collection))
+        doc = catalog.add_document(new_document(s, job.id, collection=collection))
         if identity is not None:
             first_of[identity] = doc.id
         fresh.append(s)
@@ -175,10 +176,12 @@ def create_job(
         document_ids.append(doc.id)
     catalog.update_job(
         job.id,
-        spec={"sources": [s.to_spec() for s in fresh], "duplicates": error_rows(duplicates)},
-        document_ids=fresh_ids,
-        duplicate_ids=[d.document_id for d in duplicates],
-        errors=error_rows(duplicates),
-        progress={stage: {"done": 0, "total": 0} for stage in STAGES},
+        JobUpdate(
+            spec={"sources": [s.to_spec() for s in fresh], "duplicates": error_rows(duplicates)},
+            document_ids=fresh_ids,
+            duplicate_ids=[d.document_id for d in duplicates],
+            errors=error_rows(duplicates),
+            progress={stage: {"done": 0, "total": 0} for stage in STAGES},
+        ),
     )
     return SubmitResult(job_id=job.id, document_ids=document_ids)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from app.catalog import DocumentStatus, JobStatus
-from app.catalog.repository import JobRecord
+from app.catalog.records import JobRecord, JobUpdate
 from app.services.ingest import stages
 from app.services.ingest.context import IngestEnv, JobContext
 from app.services.ingest.progress import Progress, ProgressCallback
@@ -140,7 +140,10 @@ class IngestWorker:
                         if doc is not None and doc.status == DocumentStatus.PENDING:
                             catalog.set_document_status(doc_id, DocumentStatus.FAILED, error=error)
                     catalog.update_job(
-                        job_id, status=JobStatus.FAILED, stage=None, errors=[*job.errors, _storage_error(error)]
+                        job_id,
+                        JobUpdate(
+                            status=JobStatus.FAILED, clear_stage=True, errors=[*job.errors, _storage_error(error)]
+                        ),
                     )
 
             try:
@@ -173,13 +176,13 @@ class IngestWorker:
             # Documents fanned out of a json/jsonl file: parse creates them again.
             catalog.delete_document(doc_id)
         if len(job.document_ids) > num_sources:
-            catalog.update_job(job.id, document_ids=job.document_ids[:num_sources])
+            catalog.update_job(job.id, JobUpdate(document_ids=job.document_ids[:num_sources]))
         for doc_id in job.document_ids[:num_sources]:
             doc = catalog.get_document(doc_id)
             if doc is not None and doc.status == DocumentStatus.PENDING:
                 retriever.remove([c.id for c in catalog.chunks_of(doc_id)])
                 catalog.replace_chunks(doc_id, [])
-        catalog.update_job(job.id, status=JobStatus.QUEUED, stage=None)
+        catalog.update_job(job.id, JobUpdate(status=JobStatus.QUEUED, clear_stage=True))
 
     # ---- one job ---------------------------------------------------------------------------------
 
@@ -192,7 +195,7 @@ class IngestWorker:
             return job
         with self._lock:
             ctx = job_context(self._env, job, on_progress, self._stopping)
-            self._catalog.update_job(job.id, status=JobStatus.RUNNING, errors=error_rows(ctx.errors))
+            self._catalog.update_job(job.id, JobUpdate(status=JobStatus.RUNNING, errors=error_rows(ctx.errors)))
             try:
                 finished = self._run(ctx, time.perf_counter())
             finally:
@@ -222,7 +225,8 @@ class IngestWorker:
         failures = [e for e in ctx.errors if not e.is_duplicate]
         status = JobStatus.SUCCEEDED if ctx.live() or not failures else JobStatus.FAILED
         self._catalog.update_job(
-            ctx.job_id, status=status, stage=None, errors=error_rows(ctx.errors), duplicate_ids=ctx.duplicates
+            ctx.job_id,
+            JobUpdate(status=status, clear_stage=True, errors=error_rows(ctx.errors), duplicate_ids=ctx.duplicates),
         )
         if self._on_chunks_committed is not None:
             self._on_chunks_committed(num_chunks, time.perf_counter() - started)
@@ -243,10 +247,12 @@ class IngestWorker:
                 ctx.fail(item, message)
             self._catalog.update_job(
                 ctx.job_id,
-                status=JobStatus.FAILED,
-                stage=None,
-                errors=error_rows(ctx.errors),
-                duplicate_ids=ctx.duplicates,
+                JobUpdate(
+                    status=JobStatus.FAILED,
+                    clear_stage=True,
+                    errors=error_rows(ctx.errors),
+                    duplicate_ids=ctx.duplicates,
+                ),
             )
 
         # Every document of the job is failed now: none may keep index entries a commit already added
@@ -268,7 +274,7 @@ class IngestWorker:
         dropped = self._catalog.fail_pending(job.document_ids, "ingest cancelled")
         if dropped:
             self._env.retriever.remove(dropped)
-        self._catalog.update_job(job_id, status=JobStatus.CANCELLED, errors=error_rows(errors))
+        self._catalog.update_job(job_id, JobUpdate(status=JobStatus.CANCELLED, errors=error_rows(errors)))
         remove_uploads(self._env.settings.uploads_dir, job)
 
 

@@ -23,8 +23,8 @@ import httpx
 import pytest
 from apitools import LiveServer, server_settings
 
-from app.api.sse import parse_sse
 from app.main import create_app
+from app.sse_reader import parse_sse
 from app.state import AppState
 from engine.generation import RequestStatus
 
@@ -127,7 +127,7 @@ def test_metrics_queue_depth_counts_the_request_in_its_prompt_pass(tight_server:
     try:
         with ThreadPoolExecutor(1) as pool:
             future = pool.submit(ask_once, tight_server.url, {"question": "q?", "max_tokens": 2, "mode": "full"})
-            wait_until(lambda: scheduler.num_prefilling == 1)
+            wait_until(lambda: scheduler.num_prompt_passes == 1)
             metrics = httpx.get(f"{tight_server.url}/metrics").text
             assert "blendrag_engine_queue_depth 1.0" in metrics
             release.set()

@@ -8,7 +8,7 @@ import pytest
 from apitools import CORPUS
 from fastapi.testclient import TestClient
 
-from app.api.sse import parse_sse
+from app.sse_reader import parse_sse
 
 QUESTION = "What is the capital of Zorblat?"
 

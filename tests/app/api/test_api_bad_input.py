@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.api.sse import parse_sse
+from app.sse_reader import parse_sse
 
 
 def _nested(depth: int) -> Any:

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from apitools import LiveServer, server_settings
 
-from app.api.sse import iter_sse, parse_sse
 from app.main import create_app
+from app.sse_reader import iter_sse, parse_sse
 from app.state import AppState
 
 

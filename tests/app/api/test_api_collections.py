@@ -14,6 +14,7 @@ from apitools import server_settings, wait_for_job
 from fastapi.testclient import TestClient
 
 from app.catalog import DocumentStatus
+from app.catalog.records import NewDocument
 from app.main import create_app
 
 ADMIN_KEY = "admin-secret"
@@ -199,9 +200,7 @@ def test_documents_are_scoped_and_another_collections_look_unknown(server: TestC
     assert server.delete("/documents", params={"status": "failed"}, headers=world["b"]).status_code == 403
     # A failed document of team-a: B's purge leaves it, and B's own job list and cancel never see A's job.
     catalog = server.app.state.blendrag.services.catalog
-    failed = catalog.add_document(
-        title="broken", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None, collection="team-a"
-    )
+    failed = catalog.add_document(NewDocument(title="broken", collection="team-a"))
     catalog.set_document_status(failed.id, DocumentStatus.FAILED, error="unreadable")
     assert server.delete("/documents", params={"status": "failed"}, headers=bearer(writer_b)).json() == {"deleted": 0}
     assert server.post(f"/ingest/jobs/{world['jobs']['team-a']}/cancel", headers=bearer(writer_b)).status_code == 404

@@ -20,7 +20,7 @@ from app.api.errors import install_error_handlers
 from app.catalog import Catalog
 from app.catalog.conversations import NewTurn, Scope
 from app.catalog.models import ApiKeyRow
-from app.catalog.repository import NewChunk
+from app.catalog.records import NewChunk, NewDocument
 from app.services.conversation_service import ConversationService, owner_of
 from app.services.key_service import KeyService
 from app.settings import Settings
@@ -167,7 +167,7 @@ def test_keyless_conversations_stay_hidden_once_keys_and_public_collections_exis
 
 
 def test_detail_has_turns_with_answers_and_sources(client: TestClient, catalog: Catalog) -> None:
-    doc = catalog.add_document(title="Timeouts", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    doc = catalog.add_document(NewDocument(title="Timeouts"))
     chunk_ids = catalog.replace_chunks(
         doc.id,
         [NewChunk(index=i, text=f"t{i}", token_ids=[1, 2], page=i + 1, char_start=0, char_end=2) for i in range(2)],

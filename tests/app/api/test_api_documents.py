@@ -7,8 +7,8 @@ from typing import Any
 from apitools import CORPUS, MAX_FILE_BYTES, wait_for_job
 from fastapi.testclient import TestClient
 
-from app.api.sse import parse_sse
 from app.services.ingest import IngestSource
+from app.sse_reader import parse_sse
 
 STAGES = {"parse", "chunk", "embed", "kv", "commit"}
 

@@ -7,7 +7,7 @@ import openai
 import pytest
 from apitools import CORPUS, LiveServer, ingest_corpus
 
-from app.api.sse import parse_sse
+from app.sse_reader import parse_sse
 
 QUESTION = "What is the capital of Zorblat?"
 

@@ -9,8 +9,8 @@ import pytest
 from apitools import server_settings
 from fastapi.testclient import TestClient
 
-from app.api.rate_limit import RateLimiter, client_id
 from app.main import create_app
+from app.rate_limit import RateLimiter, client_id
 
 KEY = "s3cret-key"
 BEARER = {"Authorization": f"Bearer {KEY}"}

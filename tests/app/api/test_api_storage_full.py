@@ -15,6 +15,7 @@ from apitools import server_settings, wait_for_job
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import OperationalError
 
+from app.catalog.records import JobUpdate
 from app.main import create_app
 from app.services.storage_faults import is_storage_full
 
@@ -95,10 +96,10 @@ def test_job_whose_failure_cannot_be_written_is_never_left_running(
     def embed_full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    def update_refusing_failed(job_id: str, **fields: Any) -> Any:
-        if fields.get("status") is not None and fields["status"].value == "failed":
+    def update_refusing_failed(job_id: str, change: JobUpdate) -> Any:
+        if change.status is not None and change.status.value == "failed":
             raise _sqlite_full()
-        return real_update(job_id, **fields)
+        return real_update(job_id, change)
 
     monkeypatch.setattr(ingest_worker, "UNSETTLED_RETRY_S", 0.2)
     monkeypatch.setattr(retriever, "embed_chunks", embed_full)
@@ -132,10 +133,10 @@ def test_failure_is_written_with_the_reserve_so_a_restart_cannot_rerun_the_job(
     def embed_full(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    def update_while_full(job_id: str, **fields: Any) -> Any:
-        if storage.reserve_path.exists() and getattr(fields.get("status"), "value", None) == "failed":
+    def update_while_full(job_id: str, change: JobUpdate) -> Any:
+        if storage.reserve_path.exists() and getattr(change.status, "value", None) == "failed":
             raise _sqlite_full()  # the disk is full until the reserve is given up
-        return real_update(job_id, **fields)
+        return real_update(job_id, change)
 
     monkeypatch.setattr(retriever, "embed_chunks", embed_full)
     monkeypatch.setattr(catalog, "update_job", update_while_full)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from app.api.sse import SSEMessage, aiter_sse, asse_lines, iter_sse, parse_sse, sse_comment, sse_event, sse_lines
+from app.api.sse import sse_comment, sse_event
+from app.sse_reader import SSEMessage, aiter_sse, asse_lines, iter_sse, parse_sse, sse_lines
 
 
 def test_parse_reads_what_the_server_writes() -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import create_engine, event, inspect
 from app.catalog import Catalog, DocumentStatus
 from app.catalog import migrate as migrations
 from app.catalog.models import Base, IndexEventOp
-from app.catalog.repository import NewChunk
+from app.catalog.records import NewChunk, NewDocument
 
 # What `Base.metadata.create_all` made on SQLite before the catalog had migrations (schema of revision 0001).
 LEGACY_SQLITE_SCHEMA = """
@@ -90,10 +90,10 @@ def test_migrations_build_exactly_the_models(url: str) -> None:
 def test_chunk_ids_are_never_reused(url: str) -> None:
     """SQLite needs AUTOINCREMENT for this; PostgreSQL's sequence never goes back, even after a rollback."""
     catalog = Catalog(url)
-    doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    doc = catalog.add_document(NewDocument(title="A"))
     first = catalog.replace_chunks(doc.id, [_chunk(0), _chunk(1), _chunk(2)])
     catalog.delete_document(doc.id)  # the highest ids are free again, as far as max(id) can tell
-    doc2 = catalog.add_document(title="B", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    doc2 = catalog.add_document(NewDocument(title="B"))
     second = catalog.replace_chunks(doc2.id, [_chunk(0)])
     assert second[0] > max(first)
     # an aborted insert burns its id too: a FAISS entry written before the crash never gets reused
@@ -107,7 +107,7 @@ def test_chunk_ids_are_never_reused(url: str) -> None:
 def test_index_events_follow_ready_and_delete(url: str) -> None:
     catalog = Catalog(url, index_events=True)
     assert catalog.last_index_event_id() == 0
-    doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=["x"], metadata={}, job_id=None)
+    doc = catalog.add_document(NewDocument(title="A", tags=["x"]))
     ids = catalog.replace_chunks(doc.id, [_chunk(0), _chunk(1)])
     catalog.set_document_status(doc.id, DocumentStatus.FAILED, error="x")  # pending -> failed: never indexed
     assert catalog.index_events_after(0) == []
@@ -127,7 +127,7 @@ def test_index_events_follow_ready_and_delete(url: str) -> None:
 
 def test_index_events_are_logged_on_postgresql_only_by_default(url: str) -> None:
     catalog = Catalog(url)
-    doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    doc = catalog.add_document(NewDocument(title="A"))
     catalog.set_document_status(doc.id, DocumentStatus.READY)
     catalog.delete_document(doc.id)
     logged = [e.op for e in catalog.index_events_after(0)]
@@ -148,7 +148,7 @@ def test_legacy_sqlite_catalog_is_stamped_and_upgraded(tmp_path: Path) -> None:
     assert [e.embedding for e in catalog.index_entries()] == [None, None]
     # AUTOINCREMENT survived the migration: the next id is above every id ever used
     catalog.delete_document("d1")
-    new = catalog.add_document(title="N", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    new = catalog.add_document(NewDocument(title="N"))
     assert catalog.replace_chunks(new.id, [_chunk(0)]) == [9]
     catalog.close()
 
@@ -172,7 +172,7 @@ def test_events_of_transactions_committing_at_once_are_never_skipped(url: str) -
     slow, fast = Catalog(url, index_events=True), Catalog(url, index_events=True)
     docs = []
     for c in (slow, fast):
-        doc = c.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+        doc = c.add_document(NewDocument(title="A"))
         c.replace_chunks(doc.id, [_chunk(0)])
         docs.append(doc.id)
     in_commit = threading.Event()
@@ -249,9 +249,7 @@ def test_a_0004_catalog_migrates_into_the_default_collection(url: str) -> None:
     assert [(c.name, c.num_documents, c.num_chunks) for c in catalog.collection_counts()] == [("default", 1, 2)]
     assert catalog.keys.count() == 0
     # new rows go to the collection they are given, and listing is scoped by it
-    other = catalog.add_document(
-        title="New", source_path="a.txt", content_hash="h", tags=[], metadata={}, job_id=None, collection="team-b"
-    )
+    other = catalog.add_document(NewDocument(title="New", source_path="a.txt", content_hash="h", collection="team-b"))
     assert [d.id for d in catalog.list_documents(collections={"team-b"})[0]] == [other.id]
     assert catalog.list_documents(collections={"default"})[1] == 1
     assert catalog.find_by_source("a.txt", collection="default") == []

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from app.catalog import Catalog, DocumentStatus, JobStatus
-from app.catalog.repository import NewChunk, decode_token_ids, encode_token_ids
+from app.catalog.records import JobUpdate, NewChunk, NewDocument, decode_token_ids, encode_token_ids
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -27,9 +27,7 @@ def test_token_ids_round_trip_exactly() -> None:
 
 
 def test_document_lifecycle_and_chunk_ids(catalog: Catalog) -> None:
-    doc = catalog.add_document(
-        title="A", source_path="/x/a.txt", content_hash=None, tags=["t"], metadata={}, job_id=None
-    )
+    doc = catalog.add_document(NewDocument(title="A", source_path="/x/a.txt", tags=["t"]))
     assert doc.status == DocumentStatus.PENDING
     ids = catalog.replace_chunks(doc.id, [_chunk(0, [5, 6], "k0"), _chunk(1, [7], "k1")])
     assert len(ids) == 2 and ids[1] == ids[0] + 1
@@ -50,9 +48,9 @@ def test_document_lifecycle_and_chunk_ids(catalog: Catalog) -> None:
 
 
 def test_delete_returns_chunks_once_and_is_idempotent(catalog: Catalog) -> None:
-    doc = catalog.add_document(title="A", source_path=None, content_hash="h", tags=[], metadata={}, job_id=None)
+    doc = catalog.add_document(NewDocument(title="A", content_hash="h"))
     catalog.replace_chunks(doc.id, [_chunk(0, [1], "shared"), _chunk(1, [2], "own")])
-    other = catalog.add_document(title="B", source_path=None, content_hash="h2", tags=[], metadata={}, job_id=None)
+    other = catalog.add_document(NewDocument(title="B", content_hash="h2"))
     catalog.replace_chunks(other.id, [_chunk(0, [1], "shared")])
     deleted = catalog.delete_document(doc.id)
     assert sorted(c.kv_key for c in deleted) == ["own", "shared"]
@@ -62,7 +60,7 @@ def test_delete_returns_chunks_once_and_is_idempotent(catalog: Catalog) -> None:
 
 
 def test_find_by_hash_respects_status(catalog: Catalog) -> None:
-    doc = catalog.add_document(title="A", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+    doc = catalog.add_document(NewDocument(title="A"))
     catalog.set_content_hash(doc.id, "abc", {"k": 1})
     assert catalog.find_by_hash("abc", [DocumentStatus.PENDING]).id == doc.id
     assert catalog.find_by_hash("abc", [DocumentStatus.READY]) is None
@@ -72,7 +70,9 @@ def test_find_by_hash_respects_status(catalog: Catalog) -> None:
 def test_jobs(catalog: Catalog) -> None:
     job = catalog.create_job({"sources": []})
     assert job.status == JobStatus.QUEUED and not job.status.finished
-    catalog.update_job(job.id, status=JobStatus.RUNNING, stage="embed", progress={"embed": {"done": 1, "total": 2}})
+    catalog.update_job(
+        job.id, JobUpdate(status=JobStatus.RUNNING, stage="embed", progress={"embed": {"done": 1, "total": 2}})
+    )
     got = catalog.get_job(job.id)
     assert (got.status, got.stage, got.progress) == (JobStatus.RUNNING, "embed", {"embed": {"done": 1, "total": 2}})
     assert [j.id for j in catalog.jobs_with_status([JobStatus.RUNNING])] == [job.id]
@@ -81,7 +81,7 @@ def test_jobs(catalog: Catalog) -> None:
 
 def test_list_documents_pages(catalog: Catalog) -> None:
     for i in range(5):
-        catalog.add_document(title=f"d{i}", source_path=None, content_hash=None, tags=[], metadata={}, job_id=None)
+        catalog.add_document(NewDocument(title=f"d{i}"))
     page, total = catalog.list_documents(offset=0, limit=2)
     assert total == 5 and len(page) == 2
     rest, _ = catalog.list_documents(offset=2, limit=10)
@@ -94,7 +94,7 @@ def test_collections_scope_reads_deletes_and_jobs(catalog: Catalog) -> None:
     for name in ("a", "b"):
         job = catalog.create_job({}, collection=name)
         doc = catalog.add_document(
-            title=name, source_path="same.txt", content_hash="h", tags=[], metadata={}, job_id=job.id, collection=name
+            NewDocument(title=name, source_path="same.txt", content_hash="h", job_id=job.id, collection=name)
         )
         catalog.replace_chunks(doc.id, [_chunk(0, [1, 2], key="shared")])
         catalog.set_document_status(doc.id, DocumentStatus.READY)
@@ -115,3 +115,59 @@ def test_collections_scope_reads_deletes_and_jobs(catalog: Catalog) -> None:
     assert catalog.delete_documents_with_status(DocumentStatus.FAILED, {"a"})[0] == 1
     assert catalog.referenced_kv_keys({"shared"}) == {"shared"}  # b's chunk still uses the entry
     assert catalog.list_documents(collections=set())[1] == 0
+
+
+def test_job_update_sets_only_what_it_names(catalog: Catalog) -> None:
+    job = catalog.create_job({"sources": []})
+    catalog.update_job(job.id, JobUpdate(status=JobStatus.RUNNING, stage="kv", errors=[{"source": "a"}]))
+    catalog.update_job(job.id, JobUpdate(document_ids=["d1"]))  # status, stage and errors stay
+    got = catalog.get_job(job.id)
+    assert (got.status, got.stage, got.errors, got.document_ids) == (JobStatus.RUNNING, "kv", [{"source": "a"}], ["d1"])
+    catalog.update_job(job.id, JobUpdate(status=JobStatus.FAILED, clear_stage=True, errors=[]))
+    got = catalog.get_job(job.id)
+    assert (got.status, got.stage, got.errors, got.document_ids) == (JobStatus.FAILED, None, [], ["d1"])
+    assert JobUpdate().values() == {} and JobUpdate(clear_stage=True).values() == {"stage": None}
+
+
+def test_new_documents_are_pending_and_keep_their_fields(catalog: Catalog) -> None:
+    one = NewDocument(title="A", source_path="a.md", content_hash="h", tags=["t"], metadata={"k": 1}, collection="c")
+    doc = catalog.add_document(one)
+    assert doc.id == one.id and doc.status == DocumentStatus.PENDING
+    assert (doc.title, doc.source_path, doc.content_hash, doc.tags, doc.metadata, doc.collection) == (
+        "A",
+        "a.md",
+        "h",
+        ["t"],
+        {"k": 1},
+        "c",
+    )
+    many = [NewDocument(title=f"B{i}", job_id="j") for i in range(3)]
+    catalog.add_documents(many)
+    assert [catalog.get_document(d.id).title for d in many] == ["B0", "B1", "B2"]
+    assert len({d.id for d in many}) == 3  # each new document draws its own id
+
+
+def test_from_row_reads_every_field_of_the_record_by_name() -> None:
+    from dataclasses import dataclass
+
+    from app.catalog.records import from_row
+
+    @dataclass(frozen=True)
+    class Record:
+        id: str
+        title: str
+
+    class Row:
+        id = "r1"
+        title = "stored"
+        other = "not in the record"
+
+    assert from_row(Record, Row()) == Record("r1", "stored")
+    assert from_row(Record, Row(), title="decoded") == Record("r1", "decoded")
+    with pytest.raises(AttributeError):  # a record field the row lacks is an error, not a silent default
+
+        @dataclass(frozen=True)
+        class Wider(Record):
+            extra: int = 0
+
+        from_row(Wider, Row())

@@ -60,7 +60,7 @@ def test_a_full_disk_never_fails_an_observation(tmp_path: Path, monkeypatch: pyt
 def test_first_answer_after_a_restart_has_an_estimate(tmp_path: Path, tiny_llama_dir: Path) -> None:
     settings = server_settings(tmp_path / "data", tiny_llama_dir)
     with TestClient(create_app(settings, load_in_background=False)) as client:
-        ingest_corpus(client)  # ingest's chunk prefills feed the rate
+        ingest_corpus(client)  # ingest's chunk precomputes feed the rate
     assert (settings.data_dir / PREFILL_RATE_FILE).is_file()
     with TestClient(create_app(settings, load_in_background=False)) as client:
         body = client.post("/ask", json={"question": "Where do purple rivers flow?", "stream": False}).json()

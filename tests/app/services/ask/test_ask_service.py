@@ -82,14 +82,14 @@ def test_filters_restrict_sources(services: Services, ingested) -> None:
 def test_missing_kv_is_recomputed_and_counted(services: Services, ingested, monkeypatch) -> None:
     import threading
 
-    real = services.engine.prefill_chunks
+    real = services.engine.precompute_chunks
     threads: list[str] = []
 
     def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
         threads.append(threading.current_thread().name)
         return real(chunks, prefix_ids, max_batch_tokens)
 
-    monkeypatch.setattr(services.engine, "prefill_chunks", recording)
+    monkeypatch.setattr(services.engine, "precompute_chunks", recording)
     for chunk in services.catalog.iter_chunks():
         services.store.delete(chunk.kv_key)
     done = ask(services, AskRequest(question="capital of Zorblat?", top_k=2, max_tokens=2))[-1]
@@ -172,14 +172,14 @@ def test_a_store_that_keeps_nothing_still_answers_from_the_kv_it_computed(
 
     services = make_fast_services(make_fast_settings(kvcache={"memory_bytes": 0, "disk_bytes": 1}))
     assert services.store.tier_names == ("disk",)
-    real = services.engine.prefill_chunks
+    real = services.engine.precompute_chunks
     computed: list[list[int]] = []
 
     def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
         computed.extend(list(c) for c in chunks)
         return real(chunks, prefix_ids, max_batch_tokens)
 
-    monkeypatch.setattr(services.engine, "prefill_chunks", recording)
+    monkeypatch.setattr(services.engine, "precompute_chunks", recording)
     q = "What is the capital of Zorblat?"
     (chunk,) = services.catalog.iter_chunks()
     reference = ask(services, AskRequest(question=q, top_k=1, mode="full", max_tokens=4))[-1]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.build import Services
-from app.catalog.repository import JobRecord
+from app.catalog.records import JobRecord, JobUpdate
 from app.services.ingest.progress import Progress
 from app.services.ingest.types import JobCancelled
 
@@ -38,6 +38,6 @@ def test_check_cancel_raises_once_a_cancel_is_requested(services: Services) -> N
     job = services.catalog.create_job({})
     progress = Progress(services.catalog, job.id)
     progress.check_cancel()
-    services.catalog.update_job(job.id, cancel_requested=True)
+    services.catalog.update_job(job.id, JobUpdate(cancel_requested=True))
     with pytest.raises(JobCancelled):
         progress.check_cancel(force=True)

@@ -9,6 +9,7 @@ import pytest
 
 from app.build import Services
 from app.catalog import DocumentStatus
+from app.catalog.records import JobUpdate
 from app.services.ingest import IngestSource, JobError, stages
 from app.services.ingest import progress as progress_module
 from app.services.ingest.context import JobContext
@@ -112,7 +113,7 @@ def test_a_cancel_stops_the_job_at_the_next_check_and_nothing_is_committed(
     monkeypatch.setattr(progress_module, "CANCEL_POLL_S", 0.0)  # every check looks (the default: 5 a second)
     ctx = make_ctx([text("A", TEXT_A), text("B", TEXT_B)])
     stages.parse(ctx)
-    services.catalog.update_job(ctx.job_id, cancel_requested=True)
+    services.catalog.update_job(ctx.job_id, JobUpdate(cancel_requested=True))
     with pytest.raises(JobCancelled):
         stages.chunk(ctx)
     assert counts(ctx, "chunk") == {"done": 0, "total": 2}
@@ -123,7 +124,7 @@ def test_the_commit_always_looks_for_a_cancel_first(services: Services, make_ctx
     ctx = make_ctx([text("A", TEXT_A)])
     for stage in (stages.parse, stages.chunk, stages.embed, stages.precompute_kv):
         stage(ctx)
-    services.catalog.update_job(ctx.job_id, cancel_requested=True)
+    services.catalog.update_job(ctx.job_id, JobUpdate(cancel_requested=True))
     with pytest.raises(JobCancelled):
         stages.commit(ctx)  # however soon after the last check
     assert counts(ctx, "commit") == {"done": 0, "total": 1}
@@ -242,7 +243,7 @@ def cancel_at_check(monkeypatch: pytest.MonkeyPatch, ctx: JobContext, services: 
     def check_cancel(force: bool = False) -> None:
         calls.append(1)
         if len(calls) == number:
-            services.catalog.update_job(ctx.job_id, cancel_requested=True)
+            services.catalog.update_job(ctx.job_id, JobUpdate(cancel_requested=True))
         real(force)
 
     monkeypatch.setattr(ctx.progress, "check_cancel", check_cancel)

@@ -10,7 +10,7 @@ import pytest
 
 from app.build import Services
 from app.catalog import DocumentStatus
-from app.catalog.repository import DocumentRecord
+from app.catalog.records import DocumentRecord, NewDocument
 from app.services.ingest import IngestSource, IngestTooLarge, JobError
 from app.services.ingest.submission import check_caps, create_job, find_duplicate
 
@@ -18,9 +18,7 @@ TEXT_A = "Quintaro is the capital of Zorblat. It has purple rivers."
 
 
 def stored(services: Services, job_id: str | None, title: str = "stored") -> DocumentRecord:
-    return services.catalog.add_document(
-        title=title, source_path=None, content_hash=None, tags=[], metadata={}, job_id=job_id
-    )
+    return services.catalog.add_document(NewDocument(title=title, job_id=job_id))
 
 
 def test_a_stored_document_of_another_job_goes_before_an_earlier_one_of_this_job(services: Services) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from app.build import Services, build_services, new_ingest, new_scheduler
 from app.catalog import DocumentStatus, JobStatus
+from app.catalog.records import JobUpdate
 from app.services.doctor import run_doctor
 from app.services.ingest import IngestError, IngestService, IngestSource
 
@@ -167,7 +168,7 @@ def test_cancel_mid_job_leaves_nothing_half_visible(services: Services) -> None:
 
     def cancel_during_kv(job) -> None:
         if job.stage == "kv":
-            services.catalog.update_job(job.id, cancel_requested=True)
+            services.catalog.update_job(job.id, JobUpdate(cancel_requested=True))
 
     job = service.run_job(submitted.job_id, on_progress=cancel_during_kv)
     assert job.status == JobStatus.CANCELLED
@@ -178,12 +179,12 @@ def test_cancel_mid_job_leaves_nothing_half_visible(services: Services) -> None:
 
 def test_crash_mid_commit_is_recovered_on_restart(services: Services, make_fast_services) -> None:
     """Simulate a process that died after writing chunks + index entries but before flipping to ready."""
-    from app.catalog.repository import NewChunk
+    from app.catalog.records import NewChunk
 
     service = new_ingest(services)
     submitted = service.submit([text("A", TEXT_A)], enqueue=False)
     doc_id = submitted.document_ids[0]
-    services.catalog.update_job(submitted.job_id, status=JobStatus.RUNNING, stage="commit")
+    services.catalog.update_job(submitted.job_id, JobUpdate(status=JobStatus.RUNNING, stage="commit"))
     ids = services.catalog.replace_chunks(doc_id, [NewChunk(0, "half", [1, 2, 3], None, 0, 4, None)])
     from retrieval.types import IndexedChunk
 
@@ -260,7 +261,7 @@ def test_a_records_file_is_parsed_per_record_and_written_in_batches(
     monkeypatch.setattr(
         services.catalog,
         "add_document",
-        lambda **kw: calls.__setitem__("add_document", calls["add_document"] + 1) or add_document(**kw),
+        lambda new: calls.__setitem__("add_document", calls["add_document"] + 1) or add_document(new),
     )
     monkeypatch.setattr(
         services.catalog,
@@ -342,14 +343,14 @@ def test_chunk_kv_is_computed_by_the_engine_worker_when_the_scheduler_runs(servi
     import threading
 
     engine = services.engine
-    real = engine.prefill_chunks
+    real = engine.precompute_chunks
     threads: list[str] = []
 
     def recording(chunks, prefix_ids=None, max_batch_tokens=4096):
         threads.append(threading.current_thread().name)
         return real(chunks, prefix_ids, max_batch_tokens)
 
-    monkeypatch.setattr(engine, "prefill_chunks", recording)
+    monkeypatch.setattr(engine, "precompute_chunks", recording)
     scheduler = new_scheduler(services.settings, services.engine)
     scheduler.start()
     try:

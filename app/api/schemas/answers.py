@@ -1,0 +1,126 @@
+"""Bodies of /ask: the answer, its SSE events and the defaults a request leaves out."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, AliasPath, BaseModel, Field
+
+from app.api.schemas.common import RecordOut
+
+
+class AskDefaultsOut(BaseModel):
+    """What /ask uses for a field a request leaves out (the chat page starts from these)."""
+
+    top_k: int
+    mode: str
+    recompute_ratio: float
+    selector: str
+    max_tokens: int
+
+
+class SourceOut(RecordOut):
+    rank: int = Field(description="1-based; the [n] an answer cites")
+    chunk_id: int
+    document_id: str
+    title: str
+    page: int | None
+    score: float
+    snippet: str
+    text: str = Field(description="The whole passage the model read")
+
+
+class UsageOut(RecordOut):
+    prompt_tokens: int
+    completion_tokens: int
+    context_tokens: int
+    recomputed_tokens: int
+    history_tokens: int = Field(default=0, description="Tokens of the conversation's earlier turns in the prompt")
+    history_reused_tokens: int = Field(default=0, description="Of those, the ones served from stored KV")
+    total_tokens: int
+
+
+class TimingsOut(RecordOut):
+    retrieval_ms: float
+    kv_load_ms: float
+    ttft_ms: float = Field(description="Request arrival to first token, retrieval and KV load included")
+    total_ms: float
+    full_prefill_estimate_ms: float | None = Field(
+        description="What a plain prefill of this prompt would take here (learned online); null until known"
+    )
+
+
+class SourcesEventOut(RecordOut):
+    """Data of the `sources` SSE event (first)."""
+
+    sources: list[SourceOut]
+    retrieval_ms: float
+    notice: str | None = Field(
+        default=None,
+        description='Set when there are no sources: "nothing ingested yet" or "no documents match" '
+        "(the answer then comes from the model alone)",
+    )
+
+
+class TokenEventOut(BaseModel):
+    """Data of each `token` SSE event: the next piece of the answer."""
+
+    text: str
+
+
+class ErrorEventOut(BaseModel):
+    """Data of an `error` SSE event (last): the answer stopped."""
+
+    message: str
+    code: Literal["busy", "internal", "cancelled"]
+
+
+class CitationOut(RecordOut):
+    start: int = Field(description="First character of the sentence in `answer`")
+    end: int = Field(description="One past its last character")
+    rank: int = Field(description="The source's rank (its [n])")
+    score: float = Field(description="Weighted share of the sentence's distinctive words found in that source")
+
+
+class AskDoneOut(RecordOut):
+    """Data of the `done` SSE event (last): the AskOut fields except `sources`."""
+
+    answer: str
+    mode: str
+    selector: str | None = Field(description="blend's token selector; null for modes that need none")
+    recompute_ratio: float
+    finish_reason: str = Field(
+        description='"stop" (end of answer or a stop string), "length" (max_tokens: the answer was cut off), '
+        '"repetition" (the model began to repeat a sentence or looped inside a line: the answer ends before '
+        'it; /v1 reports it as "stop") or "cancelled"'
+    )
+    usage: UsageOut
+    timings: TimingsOut
+    kv_hits: int
+    kv_misses: int
+    conversation_id: str | None = Field(
+        default=None, description="The conversation this turn belongs to (send it back to continue)"
+    )
+    history_turns: int = Field(default=0, description="Earlier turns placed in the prompt")
+    history_dropped_turns: int = Field(
+        default=0, description="Oldest earlier turns left out to fit `engine.history_max_tokens`"
+    )
+    retrieval_query: str | None = Field(
+        default=None, description="What retrieval searched with when it was not the question alone"
+    )
+    # Flat copies of the headline timings, for clients that do not want to dig.
+    retrieval_ms: float = Field(validation_alias=AliasChoices("retrieval_ms", AliasPath("timings", "retrieval_ms")))
+    ttft_ms: float = Field(validation_alias=AliasChoices("ttft_ms", AliasPath("timings", "ttft_ms")))
+    total_ms: float = Field(validation_alias=AliasChoices("total_ms", AliasPath("timings", "total_ms")))
+    notice: str | None = Field(default=None, description="As in the `sources` event: why there are no sources")
+    citations: list[CitationOut] = Field(
+        default_factory=list,
+        description="Answer sentences and the source each draws on most (shared distinctive words); "
+        "the chat page shows them as [n] marks",
+    )
+
+
+class AskOut(AskDoneOut):
+    """The non-streaming answer."""
+
+    sources: list[SourceOut]

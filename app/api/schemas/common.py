@@ -1,0 +1,61 @@
+"""Error bodies and what every Out model built from a catalog record shares."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+JobStatusName = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+DocumentStatusName = Literal["pending", "ready", "failed"]
+KVState = Literal["fresh", "stale", "missing"]
+
+
+def _iso(value: Any) -> Any:
+    return value.isoformat() if isinstance(value, datetime) else value
+
+
+# A record's datetime, as the API has always written it (`datetime.isoformat()`).
+Timestamp = Annotated[str, BeforeValidator(_iso)]
+
+
+class RecordOut(BaseModel):
+    """An Out model read from a record's attributes (`Model.model_validate(record)`): a field is named
+    once, on the record, and here only where the wire name differs (a `validation_alias`)."""
+
+    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
+
+
+class ErrorOut(BaseModel):
+    detail: str = Field(description="What went wrong, for a human")
+
+
+class ValidationErrorOut(ErrorOut):
+    """422: `detail` is one readable line; `errors` the per-field list (absent for checks made by services)."""
+
+    errors: list[dict[str, Any]] = Field(default_factory=list, description="loc, msg, type per problem")
+
+
+class OpenAIErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIErrorOut(BaseModel):
+    error: OpenAIErrorBody
+
+
+API_KEY_REQUIRED = "API key required"
+MODELS_LOADING = "Models still loading"
+
+
+def error_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """A route's (or router's) `responses=` for its error statuses: each answers a `detail` body, 422 with
+    the per-field `errors` too."""
+    return {
+        status: {"model": ValidationErrorOut if status == 422 else ErrorOut, "description": description}
+        for status, description in descriptions.items()
+    }
