@@ -84,7 +84,10 @@ class StoredContext:
         else:
             self.write(layer, *self.read(layer))
         if self.overlap and layer + 1 < self.source.num_layers:
-            self._pending = (layer + 1, self.tf.background.submit(self._read_and_write, layer + 1))
+            # Grad and inference mode are per thread: the background write runs in the caller's, or writing
+            # into a cache made under torch.inference_mode() (bench/passes.py) would be refused.
+            inference = torch.is_inference_mode_enabled()
+            self._pending = (layer + 1, self.tf.background.submit(self._read_and_write, layer + 1, inference))
 
     def wait_for_background(self) -> None:
         """Let the layer being read ahead finish (its errors are dropped: no caller needs that layer)."""
@@ -108,9 +111,9 @@ class StoredContext:
         apply_rope(k[:, :n], self.cos, self.sin, out=self.cache.k[layer, 0, :, self.span])
         self.cache.v[layer, 0, :, self.span] = v[:, :n]
 
-    def _read_and_write(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read_and_write(self, layer: int, inference: bool) -> tuple[torch.Tensor, torch.Tensor]:
         # The background thread's ops run on it alone: the caller's GEMMs keep the cores' OpenMP team.
-        with serial(self.tf.device.type == "cpu"):
+        with torch.inference_mode(inference), torch.no_grad(), serial(self.tf.device.type == "cpu"):
             k, v = self._read(layer)
             self._write(layer, k, v)
         return k, v

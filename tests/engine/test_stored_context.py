@@ -107,3 +107,15 @@ def test_blend_at_ratio_one_still_equals_full_prefill(engine, chunks) -> None:
     )
     atol = 1e-4 if engine.transformer.dtype == torch.float32 else 0.1
     torch.testing.assert_close(blend.logits, full.logits, atol=atol, rtol=0)
+
+
+def test_a_pass_under_inference_mode_reads_ahead_into_its_inference_cache(engine, chunks) -> None:
+    # torch.inference_mode is per thread; the cache made under it (bench/passes.py runs the passes so) is
+    # an inference tensor the background thread may only write in inference mode too.
+    layout = engine.prompt.layout(chunks, "what did the fox jump over?")
+    source = InMemoryLayerSource(engine.precompute_chunks(chunks))
+    expected = engine.prompt_pass(layout, source, "reuse")
+    with torch.inference_mode():
+        result = engine.prompt_pass(layout, InMemoryLayerSource(engine.precompute_chunks(chunks)), "reuse")
+    assert result.cache.k.is_inference()
+    torch.testing.assert_close(result.logits, expected.logits, atol=0, rtol=0)
