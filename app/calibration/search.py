@@ -4,7 +4,8 @@ Candidates are tried from the cheapest up (recompute ratio ascending; at each ra
 choice, at depths relative to the model's, since a fixed layer index is a different depth on each model).
 The first ratio at which a candidate meets every target wins (the best KL among those that meet them there);
 the recompute budget is what a blend's prompt time is made of, so the lowest ratio is the least time. When
-none meets them, the highest ratio's best candidate is chosen and the record says the targets were missed.
+none meets them, the highest ratio's candidate whose right answers fall least short of full prefill's is
+chosen (then the best KL), and the record says the targets were missed.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ class Targets:
     kl_x_reuse_max: float = 0.35  # first-token KL ÷ reuse's
     benefit_min: float = 0.95  # context benefit retained
     right_within: int = 1  # right answers per kind at most this many fewer than full prefill's
+
+    def shortfall(self, fig: CandidateFigures) -> int:
+        """Right answers short of full prefill's beyond the tolerance, summed over kinds (0: every kind holds)."""
+        return sum(max(0, fig.full_right[kind] - self.right_within - right) for kind, right in fig.right.items())
 
     def misses(self, fig: CandidateFigures) -> list[str]:
         out = []
@@ -126,8 +131,7 @@ def calibrate(
         last_ratio.append((values, fig))
         if not misses:
             passing.append((values, fig))
-    pool = passing or last_ratio
-    chosen, fig = min(pool, key=lambda vf: vf[1].kl_x_reuse)
+    chosen, fig = choose(passing, last_ratio, targets)
     return BlendSettingsRecord(
         model=model,
         fingerprint=engine.fingerprint,
@@ -147,6 +151,18 @@ def calibrate(
             "tried": tried,
         },
     )
+
+
+def choose(
+    passing: list[tuple[dict[str, Any], CandidateFigures]],
+    last_ratio: list[tuple[dict[str, Any], CandidateFigures]],
+    targets: Targets,
+) -> tuple[dict[str, Any], CandidateFigures]:
+    """The best KL among the candidates meeting every target; when none does, the highest ratio's candidate
+    whose answers fall least short of full prefill's (what a user sees), the best KL among those."""
+    if passing:
+        return min(passing, key=lambda vf: vf[1].kl_x_reuse)
+    return min(last_ratio, key=lambda vf: (targets.shortfall(vf[1]), vf[1].kl_x_reuse))
 
 
 def _stoppable(execute: Execute | None, stop: threading.Event | None) -> Execute:

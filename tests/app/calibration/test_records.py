@@ -11,7 +11,7 @@ import pytest
 from app.calibration.in_force import resolve, safe_values
 from app.calibration.measure import CandidateFigures
 from app.calibration.record import BlendSettingsRecord
-from app.calibration.search import Targets, candidates, parse_ratios, score_layers_at
+from app.calibration.search import Targets, candidates, choose, parse_ratios, score_layers_at
 from app.calibration.shipped import SHIPPED_DIR, model_name, shipped_blend_settings
 from app.calibration.store import CalibrationStore
 from engine.config import BLEND_FIELDS, EngineSettings
@@ -121,3 +121,30 @@ def test_targets_name_every_miss() -> None:
     assert Targets().misses(fig) == ["KL 0.40x reuse > 0.35", "benefit 0.90 < 0.95", "lookup 6 vs full 8"]
     assert Targets(kl_x_reuse_max=0.5, benefit_min=0.9, right_within=2).misses(fig) == []
     assert fig.speedup == 4.0
+
+
+def _figures(kl_x_reuse: float, right: dict[str, int]) -> CandidateFigures:
+    return CandidateFigures(
+        kl=kl_x_reuse,
+        kl_reuse=1.0,
+        kl_x_reuse=kl_x_reuse,
+        benefit=1.1,
+        right=right,
+        full_right={"lookup": 8, "two_hop": 2, "followup": 6},
+        prompt_s=1.0,
+        full_prompt_s=4.0,
+    )
+
+
+def test_when_none_meets_the_targets_the_answers_come_before_kl() -> None:
+    # Qwen's calibration at 0.3: scoring at layer 10 lost look-ups 6 vs 8, at layers 6/12/18 follow-ups 3 vs 6
+    # with the better KL. Answers short beyond the tolerance: 1 against 2, so layer 10 is kept.
+    layer10 = ({"score_layers": [10]}, _figures(0.80, {"lookup": 6, "two_hop": 2, "followup": 6}))
+    layers3 = ({"score_layers": [6, 12, 18]}, _figures(0.60, {"lookup": 7, "two_hop": 2, "followup": 3}))
+    assert Targets().shortfall(layer10[1]) == 1 and Targets().shortfall(layers3[1]) == 2
+    assert choose([], [layers3, layer10], Targets()) == layer10
+    # Equal shortfalls: the better KL; any candidate meeting every target wins over all of them.
+    other = ({"score_layers": [12]}, _figures(0.70, {"lookup": 6, "two_hop": 2, "followup": 6}))
+    assert choose([], [layer10, other], Targets()) == other
+    passing = ({"score_layers": [4]}, _figures(0.30, {"lookup": 8, "two_hop": 2, "followup": 6}))
+    assert choose([passing], [layer10, passing], Targets()) == passing
