@@ -83,8 +83,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 def read_candidates(path: Path) -> list[dict[str, Any]]:
-    """The study's blend settings: a JSON list of objects whose keys are blend settings (engine.BLEND_FIELDS)."""
-    from engine.config import BLEND_FIELDS
+    """The study's blend settings: a JSON list of objects whose keys are blend settings (engine.BLEND_FIELDS).
+
+    Each is validated as a blend configuration here, before the calibration set's long preparation."""
+    from engine.config import BLEND_FIELDS, EngineSettings
 
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
@@ -96,4 +98,8 @@ def read_candidates(path: Path) -> list[dict[str, Any]]:
         unknown = sorted(set(v) - set(BLEND_FIELDS))
         if unknown:
             raise SystemExit(f"--candidates {path}: not blend settings: {', '.join(unknown)}")
+        try:
+            EngineSettings.model_validate(v).blend_config()
+        except ValueError as exc:  # pydantic's ValidationError is one
+            raise SystemExit(f"--candidates {path}: {v}: {exc}") from exc
     return values

@@ -22,6 +22,7 @@ def test_reads_a_list_of_blend_settings(tmp_path: Path) -> None:
         ('{"selector": "query"}', "expected a non-empty JSON list of objects"),
         ('[{"recompute_ratio": 0.2, "max_new_tokens": 9}]', "not blend settings: max_new_tokens"),
         ("[{", "--candidates"),
+        ('[{"recompute_ratio": 1.5}]', "recompute_ratio"),
     ],
 )
 def test_bad_study_files_stop_with_a_message(tmp_path: Path, text: str, message: str) -> None:
