@@ -54,9 +54,10 @@ class EngineSettings(BaseModel):
     )
     num_threads: int | None = Field(default=None, ge=1, description="torch intra-op threads (CPU)")
     pack_weights: bool = Field(
-        default=True,
+        default=False,
         description="bfloat16 on a CPU with bf16 matrix units: pack the layers' GEMM weights once for oneDNN "
-        "instead of on every call (same results; the few-row GEMMs of blend, reuse and decode run ~2x faster)",
+        "instead of on every call (same results; faster few-row GEMMs on one thread, no gain measured end to "
+        "end on two: docs/benchmarks.md, 'Packed weights')",
     )
     system_prompt: str = Field(
         default=DEFAULT_SYSTEM_PROMPT,

@@ -2,10 +2,12 @@
 
 Why: torch's CPU `F.linear` in bfloat16 hands the weight to oneDNN in its plain (out, in) layout, and oneDNN
 reorders it into its blocked layout on every call. For a prompt pass of thousands of rows that reorder is a
-few percent; for the few rows the blend, the question-scoring pass, reuse and decode compute, it is most of
+few percent; for the few rows the blend, the question-scoring pass, reuse and decode compute, it is much of
 the call: one Qwen2.5-0.5B gate/up GEMM (896 → 9728) over 45 rows took 6.0 ms plain and 3.1 ms packed on one
-thread (docs/benchmarks.md, "Packed weights"). Packing once at load removes it; the result is the same
-kernel's, bit for bit (tests/engine/test_packed_linear.py).
+thread. End to end on two threads it bought nothing measurable (a prompt pass of 3.5k tokens, full, reuse and
+blend within ±10% either way, SmolLM2's full prefill slower packed: docs/benchmarks.md, "Packed weights"), so
+`engine.pack_weights` is off by default. The result is the same kernel's, bit for bit
+(tests/engine/test_packed_linear.py).
 
 The packing op and the linear that reads it are torch's own (`torch.ops.mkldnn`, what torch.compile's
 CPU freezing pass uses); where they are missing (a torch without oneDNN, a CPU without bf16 units, CUDA,

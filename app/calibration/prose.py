@@ -79,6 +79,15 @@ MODULES = (
     "hmac",
     "calendar",
     "pathlib",
+    "email.message",
+    "http.server",
+    "urllib.request",
+    "xml.etree.ElementTree",
+    "unittest.case",
+    "unittest.mock",
+    "asyncio.events",
+    "asyncio.tasks",
+    "multiprocessing.pool",
 )
 SECTION_CHARS = 1000  # ~250 tokens: a section is cut at the first entry boundary past this
 MAX_ENTRY_CHARS = 700  # a long docstring is cut at a sentence boundary before this
@@ -118,7 +127,12 @@ def _entries(module_name: str) -> list[str]:
         if len(doc) < 80:
             continue  # a one-liner is not prose
         try:
-            signature = str(inspect.signature(obj))
+            # Parameter names only: a default's repr can hold an address (`<object object at 0x7f…>`) or the
+            # process's state (logging.shutdown's list of handlers), and the set must be the same everywhere.
+            names = [
+                str(p.replace(default=p.empty, annotation=p.empty)) for p in inspect.signature(obj).parameters.values()
+            ]
+            signature = f"({', '.join(names)})"
         except (TypeError, ValueError):
             signature = "(...)"
         out.append(f"## {module_name}.{attr}{signature}\n\n{doc}")

@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 
 from app.calibration.record import BlendSettingsRecord
-from engine.models.catalog import ALIASES
+from engine.models.catalog import ALIASES, CATALOG
 
 logger = logging.getLogger(__name__)
 
@@ -19,9 +19,10 @@ SHIPPED_DIR = Path(__file__).parent / "shipped"
 
 def model_name(model: str) -> str:
     """The name a model's blend settings are kept under: a catalogue name (an alias such as "builtin" is its
-    model's name), a checkpoint directory or GGUF file by its own name (a converted catalogue model's directory
-    is named after it)."""
-    return Path(ALIASES.get(model, model)).name
+    model's name), a catalogue model's converted directory by that model's name (SmolLM2's is
+    `smollm2-135m-instruct`), any other checkpoint directory or GGUF file by its own name."""
+    name = Path(ALIASES.get(model, model)).name
+    return next((entry.name for entry in CATALOG.values() if entry.converted_dir == name), name)
 
 
 def shipped_blend_settings(name: str) -> BlendSettingsRecord | None:

@@ -55,4 +55,17 @@ def test_no_passage_shares_a_line_with_another_anywhere_in_the_set() -> None:
         for line in (raw.strip() for raw in passage.splitlines()):
             if len(line) >= 40:
                 assert seen.setdefault(line, i) == i, line
-    assert make_cases() == cases  # the same set on every run
+    assert make_cases() == cases  # the same set on every call
+
+
+def test_the_set_is_the_same_in_another_process() -> None:
+    # Object addresses in signatures' default values (`<object object at 0x…>`) once made it differ.
+    import hashlib
+    import subprocess
+    import sys
+
+    script = "import hashlib; from app.calibration.calset import make_cases; "
+    script += "print(hashlib.sha256(repr(make_cases()).encode()).hexdigest())"
+    here = hashlib.sha256(repr(make_cases()).encode()).hexdigest()
+    there = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+    assert there == here

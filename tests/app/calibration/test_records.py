@@ -83,6 +83,9 @@ def test_resolution_order_and_labels() -> None:
 def test_shipped_records_are_valid_and_named_by_model() -> None:
     assert model_name("builtin") == "smollm2-135m"
     assert model_name("/models/qwen2.5-coder-0.5b") == "qwen2.5-coder-0.5b"
+    # a catalogue model's converted directory (what the benches load) finds its model's shipped record
+    assert model_name("/data/models/smollm2-135m-instruct") == "smollm2-135m"
+    assert model_name("/elsewhere/my-finetune") == "my-finetune"
     assert shipped_blend_settings("no-such-model") is None and shipped_blend_settings("../secrets") is None
     shipped = sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
     for name in shipped:
