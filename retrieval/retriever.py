@@ -280,8 +280,10 @@ class Retriever:
                 logger.info("converting the %s index to %s", index.index_type, self.settings.index_type)
                 index = self._new_index(index.dim, from_index=index)
                 converted = True
-            index.hnsw_ef_search = self.settings.hnsw_ef_search
-            index.ivf_nprobe = self.settings.ivf_nprobe
+            settings = self.settings
+            index.params = dataclasses.replace(
+                index.params, hnsw_ef_search=settings.hnsw_ef_search, ivf_nprobe=settings.ivf_nprobe
+            )
         with self._lock:
             self._chunks = {}
             self._by_document = {}
@@ -304,17 +306,7 @@ class Retriever:
         return self.directory
 
     def _new_index(self, dim: int, from_index: VectorIndex | None = None) -> VectorIndex:
-        s = self.settings
-        index = VectorIndex(
-            dim,
-            s.index_type,
-            hnsw_m=s.hnsw_m,
-            hnsw_ef_construction=s.hnsw_ef_construction,
-            hnsw_ef_search=s.hnsw_ef_search,
-            ivf_nlist=s.ivf_nlist,
-            ivf_nprobe=s.ivf_nprobe,
-            use_gpu=self._wants_gpu(),
-        )
+        index = VectorIndex(dim, self.settings.index_type, self.settings.index_params(), use_gpu=self._wants_gpu())
         if from_index is not None and len(from_index):
             ids = from_index.ids()
             index.add(ids, from_index.vectors(ids))

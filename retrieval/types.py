@@ -17,6 +17,19 @@ class IndexMismatchError(RetrievalError):
 
 
 @dataclass(frozen=True)
+class IndexParams:
+    """A vector index's tuning (retrieval/index.py): kept in its snapshot, carried over when it is converted.
+    The hnsw_* and ivf_* fields are RetrievalSettings' own, under the same names."""
+
+    hnsw_m: int = 32  # hnsw: neighbours per node
+    hnsw_ef_construction: int = 80  # hnsw: candidate list size while building
+    hnsw_ef_search: int = 64  # hnsw: candidate list size while searching
+    ivf_nlist: int = 256  # ivf: centroids (flat until it holds ivf_nlist × 39 vectors)
+    ivf_nprobe: int = 16  # ivf: centroids searched per query
+    exact_filter_limit: int = 4096  # filtered hnsw/ivf searches of at most this many ids are scored exactly
+
+
+@dataclass(frozen=True)
 class IndexedChunk:
     """What the retriever stores per chunk. `chunk_id` is the catalog's stable int64 id."""
 
