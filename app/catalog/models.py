@@ -21,6 +21,16 @@ class Base(DeclarativeBase):
     pass
 
 
+def serial_id_column() -> Mapped[int]:
+    """An integer primary key; with the table's `sqlite_autoincrement`, an id is never handed out twice."""
+    return mapped_column(Integer, primary_key=True, autoincrement=True)
+
+
+def parent_id_column(parent_id: str) -> Mapped[str]:
+    """The id of the row this one belongs to (`parent_id`: "table.id"); deleted with it."""
+    return mapped_column(ForeignKey(parent_id, ondelete="CASCADE"), index=True)
+
+
 def created_at_column() -> Mapped[datetime]:
     """When the row was written (UTC)."""
     return mapped_column(DateTime(timezone=True), default=utcnow)
@@ -86,8 +96,8 @@ class ChunkRow(Base):
     # chunk (crash between the two writes) can never point at an unrelated, newer chunk.
     __table_args__ = {"sqlite_autoincrement": True}
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    document_id: Mapped[str] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"), index=True)
+    id: Mapped[int] = serial_id_column()
+    document_id: Mapped[str] = parent_id_column("documents.id")
     index: Mapped[int] = mapped_column(Integer)
     text: Mapped[str] = mapped_column(Text)
     # int32 little-endian token ids: the exact ids the engine places in the prompt.
@@ -138,7 +148,7 @@ class IndexEventRow(Base):
     __tablename__ = "index_events"
     __table_args__ = {"sqlite_autoincrement": True}
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = serial_id_column()
     document_id: Mapped[str] = mapped_column(String(36))
     op: Mapped[str] = mapped_column(String(16))
     collection: Mapped[str] = collection_column(index=None)
@@ -170,8 +180,8 @@ class TurnRow(Base):
     __tablename__ = "conversation_turns"
     __table_args__ = {"sqlite_autoincrement": True}
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    id: Mapped[int] = serial_id_column()
+    conversation_id: Mapped[str] = parent_id_column("conversations.id")
     index: Mapped[int] = mapped_column(Integer)
     question: Mapped[str] = mapped_column(Text)
     answer: Mapped[str] = mapped_column(Text)
