@@ -22,18 +22,10 @@ from bench.inprocess import args_settings
 logger = logging.getLogger(__name__)
 
 NAME = "calibrate"
+HELP = "calibrate a model's blend settings (as blendrag calibrate)"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "calibrate a model's blend settings (as blendrag calibrate)",
-        dataset=Path("-"),
-        examples=0,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25,0.3", help="recompute ratios to try")
     parser.add_argument("--cases", default="8,4,6", help="look-ups,two-hop,follow-ups in the set")
     parser.add_argument("--ship", action="store_true", help="write the record to app/calibration/shipped/")
@@ -43,8 +35,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a JSON list of blend settings to measure instead of the search's (a study: every one is measured)",
     )
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
-    parser.set_defaults(func=main)
-    return parser
 
 
 def main(args: argparse.Namespace) -> int:

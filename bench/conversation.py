@@ -45,6 +45,7 @@ from bench.metrics import kl_divergence, mean
 logger = logging.getLogger(__name__)
 
 NAME = "conversation"
+HELP = "multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test"
 FOLLOWUPS = ("concat", "rewrite", "off")
 TOP = 3  # "in the top 3 sources"
 CLIENT_SYSTEM_PROMPT = "You are a librarian. Answer in one short sentence, citing the passage you used."
@@ -342,22 +343,11 @@ def summarize(rows: list[dict[str, Any]], top_k: int) -> dict[str, Any]:
 # ---- CLI --------------------------------------------------------------------------------------------------
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test",
-        dataset=harness.DEFAULT_NQ6,
-        examples=8,
-        passages=4,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=3, choices=[2, 3, 4], help="turns per session")
     parser.add_argument("--lookup", type=int, default=12, help="look-up projects (0: skip the look-up test)")
     parser.add_argument("--no-timings", action="store_true", help="skip the TTFT runs (quality and recall only)")
     parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -39,20 +39,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "frontier"
+HELP = "speed-up vs KL / fidelity for every selector × ratio (Pareto)"
 SELECTOR_COLORS = {"query": "tab:blue", "deviation": "tab:red", "first_k": "tab:green", "random": "tab:gray"}
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "speed-up vs KL / fidelity for every selector × ratio (Pareto)",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=20,
-        passages=6,
-        blend=True,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.02,0.05,0.1,0.15,0.3", help="recompute ratios, comma-separated")
     parser.add_argument(
         "--selectors",
@@ -72,8 +63,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--ratio-min", type=float, default=None, help="adaptive budget: least share (settings')")
     parser.add_argument("--ratio-max", type=float, default=None, help="adaptive budget: largest share (settings')")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def adaptive_specs(

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "kv"
+HELP = "KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT"
 COMPRESSION_EXAMPLES = 1  # examples whose entry files are compressed to measure the saving (lzma is slow)
 TTFT_VARIANTS = ("memory", "disk", "disk_no_prefetch", "disk_cold", "disk_cold_no_prefetch", "disk_one_miss")
 # name -> (store, prefetch, evict the entry files from the page cache first, drop the first chunk's entry)
@@ -61,16 +62,7 @@ _VARIANTS = {
 }
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=10,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
     parser.add_argument("--dtypes", default=",".join(STORAGE_DTYPES), help="storage dtypes, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (agreement)")
@@ -91,8 +83,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--zipf-questions", type=int, default=4000, help="hit rate: questions in the stream")
     parser.add_argument("--zipf-s", type=float, default=1.1, help="hit rate: Zipf exponent of chunk popularity")
     parser.add_argument("--zipf-top-k", type=int, default=6, help="hit rate: chunks each question retrieves")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def _ttft_once(

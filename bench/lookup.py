@@ -29,6 +29,7 @@ from bench.passes import parse_selectors
 logger = logging.getLogger(__name__)
 
 NAME = "lookup"
+HELP = "look-up questions answered right per mode, through /ask"
 
 _PLACES = [
     "Harbor Lab",
@@ -182,16 +183,7 @@ async def run_lookup(
     }
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "look-up questions answered right per mode, through /ask",
-        dataset=Path("-"),
-        examples=20,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--selectors",
         default="query,deviation",
@@ -201,8 +193,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
-    parser.set_defaults(func=main)
-    return parser
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

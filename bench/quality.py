@@ -32,19 +32,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "quality"
+HELP = "gold F1, fidelity, first-token KL, NLL, benefit retained per mode"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "gold F1, fidelity, first-token KL, NLL, benefit retained per mode",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=20,
-        passages=6,
-        blend=True,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.15,1.0", help="blend recompute ratios, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
     harness.add_kv_dtype_arg(parser)
@@ -63,8 +54,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="also score each answer without the repeated-line stop (same run, same prompts)",
     )
-    parser.set_defaults(func=main)
-    return parser
 
 
 def evaluate(

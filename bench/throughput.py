@@ -34,20 +34,12 @@ from bench.metrics import mean, percentile
 logger = logging.getLogger(__name__)
 
 NAME = "throughput"
+HELP = "requests/min and TTFT p50/p90 of concurrent clients, blend vs full"
 # A musique passage is ~550 tokens: a larger chunk budget keeps each passage one chunk, as in `quality`.
 CHUNK_TOKENS = 1024
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "requests/min and TTFT p50/p90 of concurrent clients, blend vs full",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=8,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients")
     parser.add_argument("--url", default=None, help="a running server (default: the app in this process)")
     parser.add_argument("--api-key", default=None, help="bearer token for --url --ingest")
@@ -76,8 +68,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --url: the server's pid; its RSS is reported idle, peak under load and after --rss-settle-s",
     )
     parser.add_argument("--rss-settle-s", type=float, default=15.0, help="idle wait before the 'after' RSS")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def process_rss_bytes(pid: int) -> int | None:

@@ -26,20 +26,11 @@ from engine.types import SelectorName
 logger = logging.getLogger(__name__)
 
 NAME = "ttft"
+HELP = "time to first token per mode (full, prefix, reuse, blend@r)"
 GIB = 1024**3
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "time to first token per mode (full, prefix, reuse, blend@r)",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=5,
-        passages=6,
-        blend=True,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.05,0.15,0.3", help="blend recompute ratios, comma-separated")
     harness.add_kv_dtype_arg(parser)
     parser.add_argument(
@@ -51,8 +42,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of every mode before timing")
     parser.add_argument("--rss-ratio", type=float, default=0.15, help="blend ratio of the peak-RSS probe")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe (a second process)")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def _rss_probe(settings_json: str, models_dir: str, kv_file: str, ratio: float, conn: Any) -> None:
