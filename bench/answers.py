@@ -23,7 +23,7 @@ from typing import Any
 from bench import harness
 from bench.data import Passage
 from bench.docs_corpus import read_corpus, write_corpus
-from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
+from bench.inprocess import ask_service, bench_settings, ingest_passages, running_app
 from bench.lookup import is_right, make_facts
 
 logger = logging.getLogger(__name__)
@@ -132,14 +132,11 @@ def main(args: argparse.Namespace) -> int:
             )
 
             async def go(settings: Any = settings) -> dict[str, Any]:
-                state = await start_app(settings)
-                try:
+                async with running_app(settings) as state:
                     ingest_passages(state, passages)
                     engine = state.services.engine
                     modes = await run_model(state, facts, questions, ["full", settings.engine.mode], args.max_tokens)
                     return {"served_model": harness.result_header(NAME, args, engine), "modes": modes}
-                finally:
-                    await state.close()
 
             logger.info("model %s", model)
             models[model] = asyncio.run(go())

@@ -12,12 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.inprocess import args_settings
+from bench.inprocess import temp_settings
 
 logger = logging.getLogger(__name__)
 
@@ -46,13 +45,7 @@ def main(args: argparse.Namespace) -> int:
     tried_values = read_candidates(args.candidates) if args.candidates is not None else None
     if args.ship and tried_values is not None:
         raise SystemExit("--ship takes the search's choice, not a study's (--candidates)")
-    with tempfile.TemporaryDirectory(prefix="blendrag-calibrate-") as tmp:
-        settings = args_settings(
-            Path(tmp),
-            args,
-            engine={"dtype": args.dtype},
-            kvcache={"storage_dtype": args.kv_dtype},
-        )
+    with temp_settings(NAME, args, engine={"dtype": args.dtype}, kvcache={"storage_dtype": args.kv_dtype}) as settings:
         record, engine = run_calibration(
             settings,  # type: ignore[arg-type]
             ratios=parse_ratios(args.ratios),

@@ -32,14 +32,13 @@ import asyncio
 import logging
 import random
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
-from bench.inprocess import args_settings, ask_service, ingest_passages, start_app
+from bench.inprocess import ask_service, ingest_passages, running_app, temp_settings
 from bench.metrics import kl_divergence, mean
 
 logger = logging.getLogger(__name__)
@@ -407,17 +406,10 @@ def main(args: argparse.Namespace) -> int:
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
     sessions = make_sessions(examples, args.turns)
     projects = make_projects(args.lookup, args.seed) if args.lookup else []
-    with tempfile.TemporaryDirectory(prefix="blendrag-conversation-") as tmp:
-        settings = args_settings(
-            Path(tmp),
-            args,
-            retrieval={"top_k": args.passages},
-            engine={"dtype": args.dtype},
-        )
+    with temp_settings(NAME, args, retrieval={"top_k": args.passages}, engine={"dtype": args.dtype}) as settings:
 
         async def go() -> dict[str, Any]:
-            state = await start_app(settings)
-            try:
+            async with running_app(settings) as state:
                 passages = [Passage(title=p.title, text=p.text) for ex in examples for p in ex.passages]
                 passages += [Passage(title=p.title, text=p.text) for p in projects]
                 ingest_passages(state, _unique(passages))
@@ -442,8 +434,6 @@ def main(args: argparse.Namespace) -> int:
                     per_turn=rows,
                     lookup=lookup,
                 )
-            finally:
-                await state.close()
 
         result = asyncio.run(go())
     harness.write_result(args, result, run, plot)

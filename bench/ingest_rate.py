@@ -22,7 +22,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Passage, load_dataset, select_examples
-from bench.inprocess import args_settings, dir_bytes, ingest_passages, start_app
+from bench.inprocess import args_settings, dir_bytes, ingest_passages, running_app
 from bench.prepared import STORAGE_DTYPES, PreparedPrompt
 
 logger = logging.getLogger(__name__)
@@ -130,8 +130,7 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
         kvcache={"storage_dtype": args.kv_dtype},
         engine={"dtype": args.dtype},
     )
-    state = await start_app(settings)
-    try:
+    async with running_app(settings) as state:
         engine = state.services.engine
         # The embedder loads lazily; its one-time load is not part of any ingest rate.
         await asyncio.to_thread(state.services.retriever.embedder.load)
@@ -149,8 +148,6 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
         if not args.no_recall:
             out["retrieval"] = await asyncio.to_thread(_recall_part, args.dataset, state)
         return out
-    finally:
-        await state.close()
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

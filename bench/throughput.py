@@ -28,7 +28,7 @@ from typing import Any
 from bench import decode_rate, harness
 from bench.data import Example, load_dataset, select_examples
 from bench.ingest_rate import unique_passages
-from bench.inprocess import args_settings, ingest_passages, start_app
+from bench.inprocess import args_settings, ingest_passages, running_app
 from bench.metrics import mean, percentile
 
 logger = logging.getLogger(__name__)
@@ -319,8 +319,7 @@ async def _in_process(
         engine={"dtype": args.dtype, "max_running": running, "max_queue": max(running, 16)},
         ingest={"chunk_tokens": CHUNK_TOKENS},
     )
-    state = await start_app(settings)
-    try:
+    async with running_app(settings) as state:
         passages = unique_passages(examples, args.passages)
         t0 = time.perf_counter()
         job, _ = await asyncio.to_thread(ingest_passages, state, passages)
@@ -338,8 +337,6 @@ async def _in_process(
             "blend": harness.blend_settings(engine),
             **harness.compute_dtype(engine),
         }
-    finally:
-        await state.close()
 
 
 async def _remote(args: argparse.Namespace, examples: list[Example], modes: list[str]) -> dict[str, Any]:
