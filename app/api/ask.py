@@ -9,7 +9,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import (
@@ -19,6 +19,7 @@ from app.api.deps import (
     get_ask,
     get_state,
     guard_questions,
+    guarded_router,
     scope_request,
 )
 from app.api.disconnect import ConnectionWatch, while_connected
@@ -31,7 +32,7 @@ from app.api.schemas import (
     SourcesEventOut,
     TokenEventOut,
 )
-from app.api.schemas.common import error_responses
+from app.api.schemas.common import QUESTION_GUARD_ERRORS, error_responses
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
 from app.services.ask import (
@@ -50,16 +51,8 @@ from app.services.ask import (
 from app.services.conversation_service import ConversationNotFound
 from app.state import AppState
 
-router = APIRouter(
-    tags=["ask"],
-    dependencies=[Depends(guard_questions)],
-    responses=error_responses(
-        {
-            401: "API key required (`server.protect_ask`, or collection keys exist)",
-            403: "A named collection the key may not read",
-            429: "Too many questions from this API key / IP; see Retry-After",
-        }
-    ),
+router = guarded_router(
+    "ask", guard_questions, {**QUESTION_GUARD_ERRORS, 403: "A named collection the key may not read"}
 )
 
 BUSY_DETAIL = "the engine is busy, retry shortly"
