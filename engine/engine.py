@@ -38,6 +38,7 @@ from engine.generation import RequestRun
 from engine.layers import Transformer
 from engine.model import LoadedModel, ModelConfig, load_model
 from engine.models.resolve import ModelIdentity, ServedModel, parameters_label, resolve_model
+from engine.packed_linear import can_pack, pack_weights
 from engine.phases import PrefixKV, decode, extend, precompute_chunks, precompute_prefix
 from engine.prompt import PromptBuilder
 from engine.types import (
@@ -73,6 +74,10 @@ class Engine:
             torch.set_num_threads(settings.num_threads)  # process-wide; the engine is the main CPU user
         t0 = time.perf_counter()
         self.model: LoadedModel = load_model(path, dtype=dtype, device=device)
+        self.num_packed_weights = 0
+        if settings.pack_weights and can_pack(self.model.device, self.model.dtype):
+            self.num_packed_weights = pack_weights(self.model.weights)
+            logger.info("%d GEMM weights packed for oneDNN's bf16 kernels", self.num_packed_weights)
         self.transformer = Transformer(self.model)
         self.tokenizer = _load_tokenizer(path)
         self.eos_token_ids: frozenset[int] = _eos_ids(path, self.tokenizer)

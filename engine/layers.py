@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import LoadedModel
+from engine.packed_linear import linear
 from engine.rope import RopeTable, apply_rope, rope_inv_freq
 from engine.threads import SERIAL_MAX_ELEMENTS, parallel, serial
 from engine.working_cache import WorkingCache
@@ -145,7 +146,7 @@ class Transformer:
     @staticmethod
     def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         with parallel():
-            return F.linear(x, weight, bias)
+            return linear(x, weight, bias)  # a plain or a oneDNN-packed weight (engine/packed_linear.py)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Next-token logits (float32) for hidden states (…, hidden) after the last layer."""

@@ -8,7 +8,10 @@ question, five others before it):
 - follow-ups: turn 1 "Tell me about project X.", turn 2 "What is the access code of that project?", the
   turn-1 answer being full prefill's (so every candidate sees the same history).
 
-Passages carry filler sentences so they are ~100–150 tokens, like short document chunks.
+Each passage is a ~250–450-token section of real documentation (app/calibration/prose.py) with the fact
+inserted as a paragraph of its own: no text repeats across a prompt's passages or across the set.
+(calset-1 padded ~120-token passages with six shared filler templates; on Qwen2.5 that repetition made the
+set disagree with held-out data.)
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-SET_VERSION = "calset-1"
+from app.calibration.prose import insert_paragraph, sections
+
+SET_VERSION = "calset-2"
 NUM_PASSAGES = 6
 
 _STEMS = [
@@ -44,16 +49,6 @@ _LAST = ["Abara", "Berg", "Castell", "Dunmore", "Eklund", "Ferro", "Gallo", "Haa
 _CITIES = ["Arendal", "Bruges", "Coimbra", "Debrecen", "Esbjerg", "Florina", "Girona", "Hamar", "Izmir", "Jena"]
 _MONTHS = ["January", "March", "April", "June", "July", "August", "October", "November"]
 _LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
-_FILLER = [
-    "It is known locally for its {adj} {noun}, which draws visitors from {city}.",
-    "The building was renovated in {year} after a long debate about its {noun}.",
-    "A small team of {num} people looks after the {noun} and the grounds.",
-    "Guided tours start at {hour} o'clock and last about {num} minutes.",
-    "Its annual report for {year} praised the {adj} work on the {noun}.",
-    "The nearest station is a short walk away, past the {adj} {noun}.",
-]
-_ADJ = ["careful", "unusual", "modern", "quiet", "generous", "patient", "bold"]
-_NOUN = ["collection", "gardens", "roof", "archive", "courtyard", "workshop", "garden", "records"]
 
 
 @dataclass(frozen=True)
@@ -72,21 +67,6 @@ def _name(rng: random.Random) -> str:
     return f"{rng.choice(_STEMS)}{rng.choice(_ENDS)} {rng.choice(_KINDS)}"
 
 
-def _filler(rng: random.Random, n: int) -> str:
-    lines = rng.sample(_FILLER, n)
-    return " ".join(
-        s.format(
-            adj=rng.choice(_ADJ),
-            noun=rng.choice(_NOUN),
-            city=rng.choice(_CITIES),
-            year=rng.randint(1950, 2020),
-            num=rng.randint(3, 90),
-            hour=rng.randint(9, 16),
-        )
-        for s in lines
-    )
-
-
 def _fact(rng: random.Random, place: str, i: int) -> tuple[str, str, str]:
     """(sentence, question, answer) of one unique fact about `place`."""
     match i % 3:
@@ -102,15 +82,28 @@ def _fact(rng: random.Random, place: str, i: int) -> tuple[str, str, str]:
             return f"The head of the {place} is {person}.", f"Who is the head of the {place}?", person
 
 
-def _passage(rng: random.Random, place: str, fact: str) -> str:
-    before, after = _filler(rng, 3), _filler(rng, 2)
-    return f"The {place} opened its doors in {rng.randint(1890, 1990)}. {before} {fact} {after}"
+class _Prose:
+    """The documentation sections in a seeded order, each handed out once."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self._rng = rng
+        self._sections = sections()
+        rng.shuffle(self._sections)
+
+    def passage(self, *facts: str) -> str:
+        if not self._sections:
+            raise ValueError("the calibration set asks for more passages than the documentation sections hold")
+        text = self._sections.pop()
+        for i, fact in enumerate(facts):
+            text = insert_paragraph(text, fact, (i + 1) / (len(facts) + 1) + self._rng.uniform(-0.15, 0.15))
+        return text
 
 
 def make_cases(
     num_lookups: int = 8, num_two_hop: int = 4, num_followups: int = 6, seed: int = 0
 ) -> list[CalibrationCase]:
     rng = random.Random(f"{SET_VERSION}-{seed}")
+    prose = _Prose(rng)
     cases: list[CalibrationCase] = []
     places: set[str] = set()
 
@@ -125,18 +118,17 @@ def make_cases(
         for j in range(NUM_PASSAGES):
             place = new_place()
             fact, question, answer = _fact(rng, place, i + j)
-            docs.append((_passage(rng, place, fact), question, answer))
+            docs.append((prose.passage(fact), question, answer))
         target = docs[0]
         cases.append(CalibrationCase("lookup", tuple(d[0] for d in docs), target[1], target[2]))
     for _ in range(num_two_hop):
         place, person, city = new_place(), f"{rng.choice(_FIRST)} {rng.choice(_LAST)}", rng.choice(_CITIES)
-        a = _passage(rng, place, f"The head of the {place} is {person}.")
-        studied = rng.choice(_CITIES)
-        b = f"{person} was born in {city}. {_filler(rng, 3)} {person} studied in {studied}. {_filler(rng, 2)}"
+        a = prose.passage(f"The head of the {place} is {person}.")
+        b = prose.passage(f"{person} was born in {city}.", f"{person} studied in {rng.choice(_CITIES)}.")
         others = []
         for j in range(NUM_PASSAGES - 2):
             other = new_place()
-            others.append(_passage(rng, other, _fact(rng, other, j)[0]))
+            others.append(prose.passage(_fact(rng, other, j)[0]))
         question = f"In which city was the head of the {place} born?"
         cases.append(CalibrationCase("two_hop", (b, a, *others), question, city))
     for _ in range(num_followups):
@@ -144,7 +136,7 @@ def make_cases(
         for _j in range(NUM_PASSAGES):
             place = new_place()
             code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
-            docs.append((_passage(rng, place, f"The access code of the {place} is {code}."), place, code))
+            docs.append((prose.passage(f"The access code of the {place} is {code}."), place, code))
         text, place, code = docs[0]
         cases.append(
             CalibrationCase(
