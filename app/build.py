@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from app.catalog import Catalog
 from app.settings import Settings
@@ -297,14 +297,25 @@ def _wire(s: Services, needs: frozenset[Need], hooks: Hooks) -> None:
         s.ask = new_ask(s, hooks)
 
 
-def _engine_parts(s: Services, scheduler: Scheduler | None) -> dict[str, Any]:
-    """The parts ask and ingest are both built on, under the names their constructors take (`scheduler`
-    default: `s.scheduler`); each must have been built."""
-    parts = {name: getattr(s, name) for name in ("catalog", "retriever", "engine", "store", "kv_key")}
-    parts["scheduler"] = scheduler or s.scheduler
-    missing = [name for name, part in parts.items() if part is None]
-    assert not missing, f"not built: {', '.join(missing)}"
-    return parts
+class EngineParts(TypedDict):
+    """The parts ask and ingest are both built on, under the names their constructors take."""
+
+    catalog: Catalog
+    retriever: Retriever
+    engine: Engine
+    store: TieredKVStore
+    kv_key: KVKey
+    scheduler: Scheduler
+
+
+def _engine_parts(s: Services, scheduler: Scheduler | None) -> EngineParts:
+    """`s`'s parts for ask and ingest (`scheduler` default: `s.scheduler`); each must have been built."""
+    scheduler = scheduler or s.scheduler
+    assert s.catalog is not None and s.retriever is not None and s.engine is not None and s.store is not None
+    assert s.kv_key is not None and scheduler is not None, "ask and ingest need the engine parts built"
+    return EngineParts(
+        catalog=s.catalog, retriever=s.retriever, engine=s.engine, store=s.store, kv_key=s.kv_key, scheduler=scheduler
+    )
 
 
 def new_ask(s: Services, hooks: Hooks | None = None, *, scheduler: Scheduler | None = None) -> AskService:
