@@ -15,7 +15,7 @@ import platform
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -243,6 +243,13 @@ def write_result(
     write_json(args.out, result)
     if plot is not None:
         plot(result, plot_path(args))
+
+
+def log_rows(log: logging.Logger, rows: Mapping[str, Any], line: Callable[[str, Any], str]) -> None:
+    """The summary a run logs once its result is written: `line(name, row)` for each row of one of its
+    tables (its modes, its dtypes …), in the result's order."""
+    for name, row in rows.items():
+        log.info("%s", line(name, row))
 
 
 def model_name(engine: Engine) -> str:

@@ -401,16 +401,7 @@ def main(args: argparse.Namespace) -> int:
         **evaluated,
     )
     harness.write_result(args, result, run, plot)
-    for dtype, d in result["dtypes"].items():
-        logger.info(
-            "%s: %.0f B/token (%.1f%% of fp16; zlib would save %.1f%%, lzma %s), %s",
-            dtype,
-            d["bytes_per_token"],
-            100 * d["share_of_fp16"],
-            100 * d["zlib_saving"],
-            "-" if d["lzma_saving"] is None else f"{100 * d['lzma_saving']:.1f}%",
-            ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items()),
-        )
+    harness.log_rows(logger, result["dtypes"], _dtype_line)
     if (t := result.get("ttft")) is not None:
         logger.info(
             "TTFT p50: memory (%s) %.3fs; %s; miss cost %.3fs",
@@ -425,3 +416,13 @@ def main(args: argparse.Namespace) -> int:
             ", ".join(f"{name} {100 * p['hit_rate']:.1f}%" for name, p in h["policies"].items()),
         )
     return 0
+
+
+def _dtype_line(dtype: str, d: dict[str, Any]) -> str:
+    """A storage dtype's size (raw and what a general compressor would save) and each mode's KL and agreement."""
+    lzma = "-" if d["lzma_saving"] is None else f"{100 * d['lzma_saving']:.1f}%"
+    modes = ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items())
+    return (
+        f"{dtype}: {d['bytes_per_token']:.0f} B/token ({100 * d['share_of_fp16']:.1f}% of fp16; "
+        f"zlib would save {100 * d['zlib_saving']:.1f}%, lzma {lzma}), {modes}"
+    )

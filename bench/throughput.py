@@ -400,17 +400,7 @@ def main(args: argparse.Namespace) -> int:
         **measured,
     )
     harness.write_result(args, result, run, plot)
-    for mode, m in result["modes"].items():
-        logger.info(
-            "%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors, %d × 503, %d × 200-then-busy)",
-            mode,
-            m["requests_per_min"] or 0,
-            m["ttft_p50_s"],
-            m["ttft_p90_s"],
-            m["errors"],
-            m["busy_503"],
-            m["busy_after_200"],
-        )
+    harness.log_rows(logger, result["modes"], _mode_line)
     decode = result.get("decode")
     if decode:
         for n, d in decode["per_clients"].items():
@@ -422,3 +412,11 @@ def main(args: argparse.Namespace) -> int:
             )
         logger.info("decode speedup, most clients vs one: %s", decode["speedup"])
     return 0
+
+
+def _mode_line(mode: str, m: dict[str, Any]) -> str:
+    """A mode's request rate and TTFT under load, and the requests that failed or were turned away."""
+    return (
+        f"{mode}: {m['requests_per_min'] or 0:.2f} req/min, TTFT p50 {m['ttft_p50_s']:.2f}s p90 {m['ttft_p90_s']:.2f}s "
+        f"({m['errors']} errors, {m['busy_503']} × 503, {m['busy_after_200']} × 200-then-busy)"
+    )

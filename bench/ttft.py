@@ -186,14 +186,8 @@ def main(args: argparse.Namespace) -> int:
             "rss_after_load_gib": round(rss["rss_after_load_bytes"] / GIB, 3),
         }
     harness.write_result(args, result, run, plot)
-    for name, m in result["modes"].items():
-        logger.info(
-            "%-10s median %.3fs  p90 %.3fs  speed-up %s",
-            name,
-            m["ttft_s_median"],
-            m["ttft_s_p90"],
-            "1.0" if name == "full" else result["speedup_vs_full"][name],
-        )
+    speedup = result["speedup_vs_full"] | {"full": "1.0"}
+    harness.log_rows(logger, result["modes"], lambda name, m: _mode_line(name, m, speedup[name]))
     if "peak_rss_blend" in result:
         logger.info(
             "peak RSS of a %d-chunk blend: %.2f GiB",
@@ -201,3 +195,7 @@ def main(args: argparse.Namespace) -> int:
             result["peak_rss_blend"]["peak_rss_gib"],
         )
     return 0
+
+
+def _mode_line(name: str, m: dict[str, Any], speedup: object) -> str:
+    return f"{name:<10} median {m['ttft_s_median']:.3f}s  p90 {m['ttft_s_p90']:.3f}s  speed-up {speedup}"
