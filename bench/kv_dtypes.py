@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bench import harness
-from bench.kv_hitrate import ZipfSetup
+from bench.kv_hitrate import add_zipf_args, zipf_setup
 from bench.kv_hitrate import evaluate as evaluate_hit_rates
 from bench.metrics import kl_divergence, mean, percentile
 from bench.passes import blend_name, mode_specs, run_pass
@@ -79,10 +79,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-ttft", action="store_true", help="no timings (quality, bytes and hit rates only)")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the disk tier goes (default: $TMPDIR)")
     parser.add_argument("--skip-zipf", action="store_true", help="leave out the eviction hit-rate comparison")
-    parser.add_argument("--zipf-chunks", type=int, default=2000, help="hit rate: corpus size in chunks")
-    parser.add_argument("--zipf-questions", type=int, default=4000, help="hit rate: questions in the stream")
-    parser.add_argument("--zipf-s", type=float, default=1.1, help="hit rate: Zipf exponent of chunk popularity")
-    parser.add_argument("--zipf-top-k", type=int, default=6, help="hit rate: chunks each question retrieves")
+    add_zipf_args(parser)
 
 
 def _ttft_once(
@@ -378,13 +375,7 @@ def main(args: argparse.Namespace) -> int:
         args.tmp_dir,
     )
     if not args.skip_zipf:
-        setup = ZipfSetup(
-            num_chunks=args.zipf_chunks,
-            num_questions=args.zipf_questions,
-            top_k=args.zipf_top_k,
-            zipf_s=args.zipf_s,
-            seed=args.seed,
-        )
+        setup = zipf_setup(args)
         evaluated["hit_rates"] = evaluate_hit_rates(setup, ["frequency", "lru"], args.ttft_dtype, args.tmp_dir)
     result = harness.result_header(
         NAME,
