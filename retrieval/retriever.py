@@ -222,19 +222,7 @@ class Retriever:
             rerank_scores = reranker.score(query, [self.passage_text(chunk) for chunk, _ in candidates])
             order = sorted(range(len(candidates)), key=lambda i: (-rerank_scores[i], i))
             candidates = [(candidates[i][0], rerank_scores[i]) for i in order]
-        return [
-            RetrievedChunk(
-                chunk_id=chunk.chunk_id,
-                document_id=chunk.document_id,
-                title=chunk.title,
-                page=chunk.page,
-                score=score,
-                text=chunk.text,
-                vector_score=cosine[chunk.chunk_id],
-                tags=chunk.tags,
-            )
-            for chunk, score in candidates[:top_k]
-        ]
+        return [RetrievedChunk.of(chunk, score, cosine[chunk.chunk_id]) for chunk, score in candidates[:top_k]]
 
     # -- persistence -------------------------------------------------------------------------------
 
