@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from app.catalog import Catalog
 from app.settings import Settings
@@ -297,23 +297,36 @@ def _wire(s: Services, needs: frozenset[Need], hooks: Hooks) -> None:
         s.ask = new_ask(s, hooks)
 
 
+class EngineParts(TypedDict):
+    """The parts ask and ingest are both built on, under the names their constructors take."""
+
+    catalog: Catalog
+    retriever: Retriever
+    engine: Engine
+    store: TieredKVStore
+    kv_key: KVKey
+    scheduler: Scheduler
+
+
+def _engine_parts(s: Services, scheduler: Scheduler | None) -> EngineParts:
+    """`s`'s parts for ask and ingest (`scheduler` default: `s.scheduler`); each must have been built."""
+    scheduler = scheduler or s.scheduler
+    assert s.catalog is not None and s.retriever is not None and s.engine is not None and s.store is not None
+    assert s.kv_key is not None and scheduler is not None, "ask and ingest need the engine parts built"
+    return EngineParts(
+        catalog=s.catalog, retriever=s.retriever, engine=s.engine, store=s.store, kv_key=s.kv_key, scheduler=scheduler
+    )
+
+
 def new_ask(s: Services, hooks: Hooks | None = None, *, scheduler: Scheduler | None = None) -> AskService:
     """An AskService over `s`'s parts, on `scheduler` (default: `s.scheduler`)."""
     from app.services.ask import AskService
 
     hooks = hooks or Hooks()
     storage = hooks.storage
-    scheduler = scheduler or s.scheduler
-    assert s.catalog is not None and s.engine is not None and s.retriever is not None and s.store is not None
-    assert s.kv_key is not None and scheduler is not None
     return AskService(
         s.settings,
-        catalog=s.catalog,
-        retriever=s.retriever,
-        engine=s.engine,
-        store=s.store,
-        kv_key=s.kv_key,
-        scheduler=scheduler,
+        **_engine_parts(s, scheduler),
         conversations=s.conversations,
         metrics=hooks.metrics,
         prefill_rate=hooks.prefill_rate,
@@ -336,19 +349,12 @@ def new_ingest(
 
     hooks = hooks or Hooks()
     storage = hooks.storage
-    scheduler = scheduler or s.scheduler
     if dispatch is None and s.job_queue is not None:
         dispatch = s.job_queue.enqueue
-    assert s.catalog is not None and s.engine is not None and s.retriever is not None and s.store is not None
-    assert s.kv_key is not None and scheduler is not None and s.documents is not None
+    assert s.documents is not None
     env = IngestEnv(
         settings=s.settings,
-        catalog=s.catalog,
-        engine=s.engine,
-        retriever=s.retriever,
-        store=s.store,
-        kv_key=s.kv_key,
-        scheduler=scheduler,
+        **_engine_parts(s, scheduler),
         documents=s.documents,
         prefill_rate=hooks.prefill_rate,
         on_storage_fault=storage.record if storage is not None else None,

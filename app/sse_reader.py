@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterable, AsyncIterator, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, TypeVar
+
+_In = TypeVar("_In", contravariant=True)
+_Out = TypeVar("_Out", covariant=True)
 
 
 class SSEMessage(NamedTuple):
@@ -78,42 +81,48 @@ class SSELineSplitter:
         return [rest] if rest else []
 
 
+class _Stage(Protocol[_In, _Out]):
+    """An incremental reader: `feed` one piece, get what it completes; `close` at the end of the stream."""
+
+    def feed(self, item: _In) -> list[_Out]: ...
+
+    def close(self) -> list[_Out]: ...
+
+
+def _run(stage: _Stage[_In, _Out], items: Iterable[_In]) -> Iterator[_Out]:
+    for item in items:
+        yield from stage.feed(item)
+    yield from stage.close()
+
+
+async def _arun(stage: _Stage[_In, _Out], items: AsyncIterable[_In]) -> AsyncIterator[_Out]:
+    async for item in items:
+        for out in stage.feed(item):
+            yield out
+    for out in stage.close():
+        yield out
+
+
 def sse_lines(chunks: Iterable[str]) -> Iterator[str]:
     """Event-stream lines from text chunks (e.g. httpx's `response.iter_text()`)."""
-    splitter = SSELineSplitter()
-    for chunk in chunks:
-        yield from splitter.feed(chunk)
-    yield from splitter.close()
+    return _run(SSELineSplitter(), chunks)
 
 
-async def asse_lines(chunks: AsyncIterable[str]) -> AsyncIterator[str]:
+def asse_lines(chunks: AsyncIterable[str]) -> AsyncIterator[str]:
     """sse_lines for async text streams (httpx's `response.aiter_text()`)."""
-    splitter = SSELineSplitter()
-    async for chunk in chunks:
-        for line in splitter.feed(chunk):
-            yield line
-    for line in splitter.close():
-        yield line
+    return _arun(SSELineSplitter(), chunks)
 
 
 def iter_sse(lines: Iterable[str]) -> Iterator[SSEMessage]:
     """Events from lines as they arrive (`sse_lines(response.iter_text())`; not httpx's `iter_lines`,
     which also splits at U+2028); stops after each event's blank line, so it can be called again on the
     same line iterator for the next event."""
-    parser = SSEParser()
-    for line in lines:
-        yield from parser.feed(line)
-    yield from parser.close()
+    return _run(SSEParser(), lines)
 
 
-async def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[SSEMessage]:
+def aiter_sse(lines: AsyncIterable[str]) -> AsyncIterator[SSEMessage]:
     """iter_sse for async line streams (`asse_lines(response.aiter_text())`)."""
-    parser = SSEParser()
-    async for line in lines:
-        for message in parser.feed(line):
-            yield message
-    for message in parser.close():
-        yield message
+    return _arun(SSEParser(), lines)
 
 
 def parse_sse(body: str) -> list[SSEMessage]:

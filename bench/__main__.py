@@ -1,33 +1,56 @@
 """`python -m bench <subcommand> …`: one argparse subparser per benchmark module.
 
-Each module listed in SUBCOMMANDS defines `add_parser(subparsers) -> ArgumentParser` that registers its
-subparser and sets `func=main` (main(args) -> exit code). Adding a benchmark is one line here.
+Each module listed in SUBCOMMANDS defines `NAME`, `HELP`, `add_args(parser)` (its own options) and
+`main(args) -> exit code`; its row here gives the defaults of the common options (bench/harness.py's
+`Command`). Adding a benchmark is one line here.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 import sys
+from pathlib import Path
 
-SUBCOMMANDS = (
-    "bench.ttft",
-    "bench.quality",
-    "bench.frontier",
-    "bench.lookup",
-    "bench.answers",
-    "bench.conversation",
-    "bench.followup",
-    "bench.throughput",
-    "bench.ingest_rate",
-    "bench.kv_dtypes",
-    "bench.llamacpp",
-    "bench.scaleout",
-    "bench.profile",
-    "bench.peers",
-    "bench.calibrate",
+from bench import (
+    answers,
+    calibrate,
+    conversation,
+    followup,
+    frontier,
+    harness,
+    ingest_rate,
+    kv_dtypes,
+    llamacpp,
+    lookup,
+    peers,
+    profile,
+    quality,
+    scaleout,
+    throughput,
+    ttft,
+)
+
+NO_DATASET = Path("-")  # lookup, answers and calibrate make their own questions: --dataset goes unused
+
+# The subcommands, with the defaults of their common options; followup and scaleout have their own options only.
+SUBCOMMANDS: tuple[harness.Command, ...] = (
+    harness.Command(ttft, harness.DEFAULT_MUSIQUE, examples=5, passages=6, blend=True),
+    harness.Command(quality, harness.DEFAULT_MUSIQUE, examples=20, passages=6, blend=True),
+    harness.Command(frontier, harness.DEFAULT_MUSIQUE, examples=20, passages=6, blend=True),
+    harness.Command(lookup, NO_DATASET, examples=20, passages=6),
+    harness.Command(answers, NO_DATASET, examples=12, passages=6),
+    harness.Command(conversation, harness.DEFAULT_NQ6, examples=8, passages=4),
+    harness.Command(followup),
+    harness.Command(throughput, harness.DEFAULT_MUSIQUE, examples=8, passages=6),
+    harness.Command(ingest_rate, harness.DEFAULT_NQ6, examples=0, passages=0),
+    harness.Command(kv_dtypes, harness.DEFAULT_MUSIQUE, examples=10, passages=6),
+    harness.Command(llamacpp, harness.DEFAULT_MUSIQUE, examples=5, passages=6, out="llamacpp.json"),
+    harness.Command(scaleout),
+    harness.Command(profile, harness.DEFAULT_MUSIQUE, examples=1, passages=6, blend=True),
+    harness.Command(peers, harness.DEFAULT_MUSIQUE, examples=5, passages=6, blend=True),
+    harness.Command(calibrate, NO_DATASET, examples=0, passages=6),
 )
 
 
@@ -35,8 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench", description="blendrag benchmarks")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in SUBCOMMANDS:
-        importlib.import_module(module).add_parser(subparsers)
+    for command in SUBCOMMANDS:
+        command.register(subparsers)
     return parser
 
 

@@ -23,12 +23,13 @@ from typing import Any
 from bench import harness
 from bench.data import Passage
 from bench.docs_corpus import read_corpus, write_corpus
-from bench.inprocess import ask_service, bench_settings, ingest_passages, start_app
+from bench.inprocess import ask_service, bench_settings, ingest_passages, running_app
 from bench.lookup import is_right, make_facts
 
 logger = logging.getLogger(__name__)
 
 NAME = "answers"
+HELP = "look-ups and real docs questions answered right, per model"
 DEFAULT_MODELS = "smollm2-135m,qwen2.5-coder-0.5b"
 
 
@@ -88,21 +89,10 @@ async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: l
     return out
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "look-ups and real docs questions answered right, per model",
-        dataset=Path("-"),
-        examples=12,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated engine.model values")
     parser.add_argument("--docs-dir", type=Path, default=None, help="Markdown pages + answer_key.json")
     parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -142,14 +132,11 @@ def main(args: argparse.Namespace) -> int:
             )
 
             async def go(settings: Any = settings) -> dict[str, Any]:
-                state = await start_app(settings)
-                try:
+                async with running_app(settings) as state:
                     ingest_passages(state, passages)
                     engine = state.services.engine
                     modes = await run_model(state, facts, questions, ["full", settings.engine.mode], args.max_tokens)
                     return {"served_model": harness.result_header(NAME, args, engine), "modes": modes}
-                finally:
-                    await state.close()
 
             logger.info("model %s", model)
             models[model] = asyncio.run(go())

@@ -12,28 +12,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.inprocess import args_settings
+from bench.inprocess import temp_settings
 
 logger = logging.getLogger(__name__)
 
 NAME = "calibrate"
+HELP = "calibrate a model's blend settings (as blendrag calibrate)"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "calibrate a model's blend settings (as blendrag calibrate)",
-        dataset=Path("-"),
-        examples=0,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25,0.3", help="recompute ratios to try")
     parser.add_argument("--cases", default="8,4,6", help="look-ups,two-hop,follow-ups in the set")
     parser.add_argument("--ship", action="store_true", help="write the record to app/calibration/shipped/")
@@ -43,8 +34,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="a JSON list of blend settings to measure instead of the search's (a study: every one is measured)",
     )
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
-    parser.set_defaults(func=main)
-    return parser
 
 
 def main(args: argparse.Namespace) -> int:
@@ -56,13 +45,7 @@ def main(args: argparse.Namespace) -> int:
     tried_values = read_candidates(args.candidates) if args.candidates is not None else None
     if args.ship and tried_values is not None:
         raise SystemExit("--ship takes the search's choice, not a study's (--candidates)")
-    with tempfile.TemporaryDirectory(prefix="blendrag-calibrate-") as tmp:
-        settings = args_settings(
-            Path(tmp),
-            args,
-            engine={"dtype": args.dtype},
-            kvcache={"storage_dtype": args.kv_dtype},
-        )
+    with temp_settings(NAME, args, engine={"dtype": args.dtype}, kvcache={"storage_dtype": args.kv_dtype}) as settings:
         record, engine = run_calibration(
             settings,  # type: ignore[arg-type]
             ratios=parse_ratios(args.ratios),

@@ -32,19 +32,19 @@ import asyncio
 import logging
 import random
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
-from bench.inprocess import args_settings, ask_service, ingest_passages, start_app
+from bench.inprocess import ask_service, ingest_passages, running_app, temp_settings
 from bench.metrics import kl_divergence, mean
 
 logger = logging.getLogger(__name__)
 
 NAME = "conversation"
+HELP = "multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test"
 FOLLOWUPS = ("concat", "rewrite", "off")
 TOP = 3  # "in the top 3 sources"
 CLIENT_SYSTEM_PROMPT = "You are a librarian. Answer in one short sentence, citing the passage you used."
@@ -342,22 +342,11 @@ def summarize(rows: list[dict[str, Any]], top_k: int) -> dict[str, Any]:
 # ---- CLI --------------------------------------------------------------------------------------------------
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "multi-turn sessions: TTFT, KL and follow-up retrieval recall per turn; the look-up test",
-        dataset=harness.DEFAULT_NQ6,
-        examples=8,
-        passages=4,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=3, choices=[2, 3, 4], help="turns per session")
     parser.add_argument("--lookup", type=int, default=12, help="look-up projects (0: skip the look-up test)")
     parser.add_argument("--no-timings", action="store_true", help="skip the TTFT runs (quality and recall only)")
     parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -417,17 +406,10 @@ def main(args: argparse.Namespace) -> int:
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
     sessions = make_sessions(examples, args.turns)
     projects = make_projects(args.lookup, args.seed) if args.lookup else []
-    with tempfile.TemporaryDirectory(prefix="blendrag-conversation-") as tmp:
-        settings = args_settings(
-            Path(tmp),
-            args,
-            retrieval={"top_k": args.passages},
-            engine={"dtype": args.dtype},
-        )
+    with temp_settings(NAME, args, retrieval={"top_k": args.passages}, engine={"dtype": args.dtype}) as settings:
 
         async def go() -> dict[str, Any]:
-            state = await start_app(settings)
-            try:
+            async with running_app(settings) as state:
                 passages = [Passage(title=p.title, text=p.text) for ex in examples for p in ex.passages]
                 passages += [Passage(title=p.title, text=p.text) for p in projects]
                 ingest_passages(state, _unique(passages))
@@ -452,8 +434,6 @@ def main(args: argparse.Namespace) -> int:
                     per_turn=rows,
                     lookup=lookup,
                 )
-            finally:
-                await state.close()
 
         result = asyncio.run(go())
     harness.write_result(args, result, run, plot)

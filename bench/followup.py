@@ -36,17 +36,12 @@ from retrieval.types import IndexedChunk, RetrievedChunk
 logger = logging.getLogger(__name__)
 
 NAME = "followup"
+HELP = "follow-up retrieval: the referenced docs page in the top 3 at turns 2 and 3"
 METHODS = ("off", "questions", "concat")
 TOP = 3
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        NAME,
-        help="follow-up retrieval: the referenced docs page in the top 3 at turns 2 and 3",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None, help="sources per turn (default: the server's top_k)")
     parser.add_argument(
         "--embed-dtype",
@@ -60,8 +55,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=harness.DEFAULT_OUT_DIR / "followup.json",
         help=f"JSON result file (default: {harness.DEFAULT_OUT_DIR / 'followup.json'})",
     )
-    parser.set_defaults(func=main)
-    return parser
 
 
 def build_retriever(settings: RetrievalSettings) -> Retriever:

@@ -39,20 +39,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "frontier"
+HELP = "speed-up vs KL / fidelity for every selector × ratio (Pareto)"
 SELECTOR_COLORS = {"query": "tab:blue", "deviation": "tab:red", "first_k": "tab:green", "random": "tab:gray"}
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "speed-up vs KL / fidelity for every selector × ratio (Pareto)",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=20,
-        passages=6,
-        blend=True,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.02,0.05,0.1,0.15,0.3", help="recompute ratios, comma-separated")
     parser.add_argument(
         "--selectors",
@@ -72,8 +63,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--ratio-min", type=float, default=None, help="adaptive budget: least share (settings')")
     parser.add_argument("--ratio-max", type=float, default=None, help="adaptive budget: largest share (settings')")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def adaptive_specs(
@@ -234,16 +223,17 @@ def main(args: argparse.Namespace) -> int:
         per_example=evaluated["per_example"],
     )
     harness.write_result(args, result, run, plot)
-    for name, m in modes.items():
-        logger.info(
-            "%-15s %6.2fx  ttft %.3fs  kl %s  benefit %s  fidelity %s  f1 %.3f",
-            name,
-            m["speedup"],
-            m["ttft_s_median"],
-            f"{m['kl']:.3e}" if "kl" in m else "-",
-            f"{m['benefit_retained']:.3f}" if "benefit_retained" in m else "-",
-            f"{m['fidelity_f1']:.3f}" if "fidelity_f1" in m else "-",
-            m["f1"],
-        )
+    harness.log_rows(logger, modes, _mode_line)
     logger.info("Pareto-optimal (speed-up, KL): %s", ", ".join(result["pareto"]))
     return 0
+
+
+def _mode_line(name: str, m: dict[str, Any]) -> str:
+    """A point's speed-up and TTFT, and its KL, benefit and fidelity where it has them."""
+    kl = f"{m['kl']:.3e}" if "kl" in m else "-"
+    benefit = f"{m['benefit_retained']:.3f}" if "benefit_retained" in m else "-"
+    fidelity = f"{m['fidelity_f1']:.3f}" if "fidelity_f1" in m else "-"
+    return (
+        f"{name:<15} {m['speedup']:6.2f}x  ttft {m['ttft_s_median']:.3f}s  kl {kl}  benefit {benefit}  "
+        f"fidelity {fidelity}  f1 {m['f1']:.3f}"
+    )

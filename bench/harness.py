@@ -1,4 +1,4 @@
-"""What every subcommand shares: its subparser with the common options (`subcommand`), the engine, one
+"""What every subcommand shares: its subparser with the common options (`Command`), the engine, one
 result header (model, dataset, sample, compute dtype and why, blend settings, machine facts with the
 CPU's flags) and one way to write the result (`write_result`: the run record with load averages, since
 timings on a shared machine drift, the `--out` JSON and the `--plot` PNG next to it by default)."""
@@ -15,9 +15,10 @@ import platform
 import resource
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -32,27 +33,36 @@ DEFAULT_MODELS_DIR = Path("data/models")
 DEFAULT_OUT_DIR = Path("bench/out")  # git-ignored
 
 
-def subcommand(
-    subparsers: Any,
-    name: str,
-    doc: str | None,
-    help: str,
-    *,
-    dataset: Path,
-    examples: int,
-    passages: int,
-    out: str | None = None,
-    blend: bool = False,
-) -> argparse.ArgumentParser:
-    """The subparser of one benchmark with the common options (and the blend options with `blend`); its
-    result file is `<out>` under DEFAULT_OUT_DIR (default: `<name>.json`)."""
-    parser = subparsers.add_parser(
-        name, help=help, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    add_common_args(parser, dataset=dataset, examples=examples, passages=passages, out=out or f"{name}.json")
-    if blend:
-        add_blend_args(parser)
-    return parser
+@dataclass(frozen=True)
+class Command:
+    """A benchmark subcommand, as bench/__main__.py registers it: its module (with `NAME`, `HELP`, its own
+    options in `add_args(parser)` and `main(args) -> exit code`) and the defaults of the common options
+    (`dataset` None: the module has its own options only). Its result file is `out` under DEFAULT_OUT_DIR
+    (default: `<NAME>.json`); `blend` adds the blend options."""
+
+    module: ModuleType
+    dataset: Path | None = None
+    examples: int = 0
+    passages: int = 0
+    blend: bool = False
+    out: str | None = None
+
+    def register(self, subparsers: Any) -> argparse.ArgumentParser:
+        module = self.module
+        parser = subparsers.add_parser(
+            module.NAME,
+            help=module.HELP,
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        if self.dataset is not None:
+            out = self.out or f"{module.NAME}.json"
+            add_common_args(parser, dataset=self.dataset, examples=self.examples, passages=self.passages, out=out)
+        if self.blend:
+            add_blend_args(parser)
+        module.add_args(parser)
+        parser.set_defaults(func=module.main)
+        return parser
 
 
 def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples: int, passages: int, out: str) -> None:
@@ -233,6 +243,13 @@ def write_result(
     write_json(args.out, result)
     if plot is not None:
         plot(result, plot_path(args))
+
+
+def log_rows(log: logging.Logger, rows: Mapping[str, Any], line: Callable[[str, Any], str]) -> None:
+    """The summary a run logs once its result is written: `line(name, row)` for each row of one of its
+    tables (its modes, its dtypes …), in the result's order."""
+    for name, row in rows.items():
+        log.info("%s", line(name, row))
 
 
 def model_name(engine: Engine) -> str:

@@ -22,34 +22,24 @@ from typing import Any
 
 from bench import harness
 from bench.data import Passage, load_dataset, select_examples
-from bench.inprocess import args_settings, dir_bytes, ingest_passages, start_app
+from bench.inprocess import args_settings, dir_bytes, ingest_passages, running_app
 from bench.prepared import STORAGE_DTYPES, PreparedPrompt
 
 logger = logging.getLogger(__name__)
 
 NAME = "ingest"
+HELP = "ingest rate per stage, KV bytes per dtype, FAISS size, recall@k"
 STAGES = ("parse", "chunk", "embed", "kv", "commit")
 RECALL_KS = (1, 5, 10)
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "ingest rate per stage, KV bytes per dtype, FAISS size, recall@k",
-        dataset=harness.DEFAULT_NQ6,
-        examples=0,
-        passages=0,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(examples=None, passages=None)
     parser.add_argument("--chunks", type=int, default=1000, help="passages to ingest (each is one chunk)")
     harness.add_kv_dtype_arg(parser, choices=STORAGE_DTYPES)
     parser.add_argument("--dtype-sample", type=int, default=24, help="chunks used to measure KV bytes per dtype")
     parser.add_argument("--no-recall", action="store_true", help="skip the recall@k part")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the temp data dir goes")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def unique_passages(examples: list, num_passages: int | None) -> list[Passage]:
@@ -140,8 +130,7 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
         kvcache={"storage_dtype": args.kv_dtype},
         engine={"dtype": args.dtype},
     )
-    state = await start_app(settings)
-    try:
+    async with running_app(settings) as state:
         engine = state.services.engine
         # The embedder loads lazily; its one-time load is not part of any ingest rate.
         await asyncio.to_thread(state.services.retriever.embedder.load)
@@ -159,8 +148,6 @@ async def _run(args: argparse.Namespace, passages: list[Passage], data_dir: Path
         if not args.no_recall:
             out["retrieval"] = await asyncio.to_thread(_recall_part, args.dataset, state)
         return out
-    finally:
-        await state.close()
 
 
 def plot(result: dict[str, Any], path: Path) -> None:

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -44,6 +47,13 @@ def args_settings(data_dir: Path, args: Any, **sections: dict[str, Any]):
     return bench_settings(data_dir, args.model, args.models_dir, args.threads, **sections)
 
 
+@contextmanager
+def temp_settings(name: str, args: Any, **sections: dict[str, Any]) -> Iterator[Any]:
+    """`args_settings` on a throw-away data dir (`blendrag-<name>-…`), deleted when the block ends."""
+    with tempfile.TemporaryDirectory(prefix=f"blendrag-{name}-") as tmp:
+        yield args_settings(Path(tmp), args, **sections)
+
+
 async def start_app(settings) -> AppState:
     from app.state import AppState
 
@@ -52,6 +62,16 @@ async def start_app(settings) -> AppState:
     if state.load_error is not None:
         raise RuntimeError(f"the app failed to start: {state.load_error}")
     return state
+
+
+@asynccontextmanager
+async def running_app(settings) -> AsyncIterator[AppState]:
+    """The app started on `settings` (as the server starts it), closed when the block ends."""
+    state = await start_app(settings)
+    try:
+        yield state
+    finally:
+        await state.close()
 
 
 @dataclass

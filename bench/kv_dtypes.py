@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from bench import harness
-from bench.kv_hitrate import ZipfSetup
+from bench.kv_hitrate import add_zipf_args, zipf_setup
 from bench.kv_hitrate import evaluate as evaluate_hit_rates
 from bench.metrics import kl_divergence, mean, percentile
 from bench.passes import blend_name, mode_specs, run_pass
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "kv"
+HELP = "KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT"
 COMPRESSION_EXAMPLES = 1  # examples whose entry files are compressed to measure the saving (lzma is slow)
 TTFT_VARIANTS = ("memory", "disk", "disk_no_prefetch", "disk_cold", "disk_cold_no_prefetch", "disk_one_miss")
 # name -> (store, prefetch, evict the entry files from the page cache first, drop the first chunk's entry)
@@ -61,16 +62,7 @@ _VARIANTS = {
 }
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "KV storage dtypes (bytes, KL vs fp32) and disk vs memory TTFT",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=10,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
     parser.add_argument("--dtypes", default=",".join(STORAGE_DTYPES), help="storage dtypes, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (agreement)")
@@ -87,12 +79,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--skip-ttft", action="store_true", help="no timings (quality, bytes and hit rates only)")
     parser.add_argument("--tmp-dir", type=Path, default=None, help="where the disk tier goes (default: $TMPDIR)")
     parser.add_argument("--skip-zipf", action="store_true", help="leave out the eviction hit-rate comparison")
-    parser.add_argument("--zipf-chunks", type=int, default=2000, help="hit rate: corpus size in chunks")
-    parser.add_argument("--zipf-questions", type=int, default=4000, help="hit rate: questions in the stream")
-    parser.add_argument("--zipf-s", type=float, default=1.1, help="hit rate: Zipf exponent of chunk popularity")
-    parser.add_argument("--zipf-top-k", type=int, default=6, help="hit rate: chunks each question retrieves")
-    parser.set_defaults(func=main)
-    return parser
+    add_zipf_args(parser)
 
 
 def _ttft_once(
@@ -388,13 +375,7 @@ def main(args: argparse.Namespace) -> int:
         args.tmp_dir,
     )
     if not args.skip_zipf:
-        setup = ZipfSetup(
-            num_chunks=args.zipf_chunks,
-            num_questions=args.zipf_questions,
-            top_k=args.zipf_top_k,
-            zipf_s=args.zipf_s,
-            seed=args.seed,
-        )
+        setup = zipf_setup(args)
         evaluated["hit_rates"] = evaluate_hit_rates(setup, ["frequency", "lru"], args.ttft_dtype, args.tmp_dir)
     result = harness.result_header(
         NAME,
@@ -411,16 +392,7 @@ def main(args: argparse.Namespace) -> int:
         **evaluated,
     )
     harness.write_result(args, result, run, plot)
-    for dtype, d in result["dtypes"].items():
-        logger.info(
-            "%s: %.0f B/token (%.1f%% of fp16; zlib would save %.1f%%, lzma %s), %s",
-            dtype,
-            d["bytes_per_token"],
-            100 * d["share_of_fp16"],
-            100 * d["zlib_saving"],
-            "-" if d["lzma_saving"] is None else f"{100 * d['lzma_saving']:.1f}%",
-            ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items()),
-        )
+    harness.log_rows(logger, result["dtypes"], _dtype_line)
     if (t := result.get("ttft")) is not None:
         logger.info(
             "TTFT p50: memory (%s) %.3fs; %s; miss cost %.3fs",
@@ -435,3 +407,13 @@ def main(args: argparse.Namespace) -> int:
             ", ".join(f"{name} {100 * p['hit_rate']:.1f}%" for name, p in h["policies"].items()),
         )
     return 0
+
+
+def _dtype_line(dtype: str, d: dict[str, Any]) -> str:
+    """A storage dtype's size (raw and what a general compressor would save) and each mode's KL and agreement."""
+    lzma = "-" if d["lzma_saving"] is None else f"{100 * d['lzma_saving']:.1f}%"
+    modes = ", ".join(f"{k} kl={v['kl']:.2e} agree={v['answer_agreement']:.2f}" for k, v in d["modes"].items())
+    return (
+        f"{dtype}: {d['bytes_per_token']:.0f} B/token ({100 * d['share_of_fp16']:.1f}% of fp16; "
+        f"zlib would save {100 * d['zlib_saving']:.1f}%, lzma {lzma}), {modes}"
+    )

@@ -15,6 +15,7 @@ timing.
 
 from __future__ import annotations
 
+import argparse
 import bisect
 import random
 import tempfile
@@ -35,6 +36,27 @@ class ZipfSetup:
     warmup_share: float = 0.2
     entry_tokens: int = 32
     seed: int = 0
+
+
+def add_zipf_args(parser: argparse.ArgumentParser) -> None:
+    """The options of a run that compares the policies; their defaults are ZipfSetup's."""
+    default = ZipfSetup()
+    parser.add_argument("--zipf-chunks", type=int, default=default.num_chunks, help="hit rate: corpus size in chunks")
+    parser.add_argument(
+        "--zipf-questions", type=int, default=default.num_questions, help="hit rate: questions in the stream"
+    )
+    parser.add_argument(
+        "--zipf-s", type=float, default=default.zipf_s, help="hit rate: Zipf exponent of chunk popularity"
+    )
+    parser.add_argument(
+        "--zipf-top-k", type=int, default=default.top_k, help="hit rate: chunks each question retrieves"
+    )
+
+
+def zipf_setup(args: argparse.Namespace) -> ZipfSetup:
+    """The setup `add_zipf_args`' options and `--seed` name (the rest: ZipfSetup's defaults)."""
+    # num_chunks, num_questions, top_k, zipf_s: the first fields, in order
+    return ZipfSetup(args.zipf_chunks, args.zipf_questions, args.zipf_top_k, args.zipf_s, seed=args.seed)
 
 
 def question_stream(setup: ZipfSetup) -> list[list[int]]:

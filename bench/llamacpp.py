@@ -25,6 +25,7 @@ from bench.metrics import percentile
 logger = logging.getLogger(__name__)
 
 NAME = "baseline-llamacpp"
+HELP = "full-prefill TTFT of llama.cpp on the same GGUF and prompts"
 SKIP_MESSAGE = (
     "baseline-llamacpp skipped: llama_cpp is not importable. Install the optional extra "
     "(pip install 'blendrag[llamacpp]', i.e. llama-cpp-python, which builds llama.cpp from source) "
@@ -32,23 +33,11 @@ SKIP_MESSAGE = (
 )
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "full-prefill TTFT of llama.cpp on the same GGUF and prompts",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=5,
-        passages=6,
-        out="llamacpp.json",
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--ratio", type=float, default=0.15, help="our blend ratio shown beside the full prefills")
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the built-in model's)")
     parser.add_argument("--n-batch", type=int, default=512, help="llama.cpp prompt batch size")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def llama_cpp_available() -> bool:

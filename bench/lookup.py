@@ -16,19 +16,19 @@ import asyncio
 import logging
 import random
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench import harness
 from bench.data import Passage
-from bench.inprocess import args_settings, ask_service, ingest_passages, start_app
+from bench.inprocess import ask_service, ingest_passages, running_app, temp_settings
 from bench.passes import parse_selectors
 
 logger = logging.getLogger(__name__)
 
 NAME = "lookup"
+HELP = "look-up questions answered right per mode, through /ask"
 
 _PLACES = [
     "Harbor Lab",
@@ -182,16 +182,7 @@ async def run_lookup(
     }
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "look-up questions answered right per mode, through /ask",
-        dataset=Path("-"),
-        examples=20,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--selectors",
         default="query,deviation",
@@ -201,8 +192,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
-    parser.set_defaults(func=main)
-    return parser
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -218,17 +207,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     facts = make_facts(args.examples, args.seed)
-    with tempfile.TemporaryDirectory(prefix="blendrag-lookup-") as tmp:
-        settings = args_settings(
-            Path(tmp),
-            args,
-            retrieval={"top_k": args.passages},
-            kvcache={"storage_dtype": args.kv_dtype},
-        )
+    with temp_settings(
+        NAME, args, retrieval={"top_k": args.passages}, kvcache={"storage_dtype": args.kv_dtype}
+    ) as settings:
 
         async def go() -> dict[str, Any]:
-            state = await start_app(settings)
-            try:
+            async with running_app(settings) as state:
                 # The server's ratio is the one in force for its model (app/calibration), not the raw default.
                 engine_settings = state.services.engine.settings
                 ratio = args.ratio if args.ratio is not None else engine_settings.recompute_ratio
@@ -249,8 +233,6 @@ def main(args: argparse.Namespace) -> int:
                     max_tokens=args.max_tokens,
                     **outcome,
                 )
-            finally:
-                await state.close()
 
         result = asyncio.run(go())
     harness.write_result(args, result, run, plot)

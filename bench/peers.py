@@ -44,21 +44,12 @@ from bench.prepared import PreparedPrompt, prepare_prompts
 logger = logging.getLogger(__name__)
 
 NAME = "peers"
+HELP = "TTFT of llama.cpp (Q4_1, F16), HF transformers (fp32, bf16), our full prefill and blend, same ids"
 DEFAULT_F16_GGUF = harness.DEFAULT_OUT_DIR / "peers" / "SmolLM2-135M-Instruct.F16.gguf"
 BLEND = "blendrag_blend"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "TTFT of llama.cpp (Q4_1, F16), HF transformers (fp32, bf16), our full prefill and blend, same ids",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=5,
-        passages=6,
-        blend=True,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--gguf", type=Path, default=None, help="llama.cpp's GGUF (default: the built-in Q4_1)")
     parser.add_argument(
@@ -67,8 +58,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="HF transformers dtypes ('' skips)")
     parser.add_argument("--n-batch", type=int, default=512, help="llama.cpp prompt batch size")
-    parser.set_defaults(func=main)
-    return parser
 
 
 class HFRunner:

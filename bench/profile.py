@@ -27,26 +27,15 @@ from bench.prepared import PreparedPrompt, prepare_prompts, time_to_first_token
 logger = logging.getLogger(__name__)
 
 NAME = "profile"
+HELP = "torch.profiler table of the top ops of full prefill, reuse and the default blend"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "torch.profiler table of the top ops of full prefill, reuse and the default blend",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=1,
-        passages=6,
-        blend=True,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--repeats", type=int, default=3, help="profiled passes per mode and example")
     parser.add_argument("--top", type=int, default=20, help="ops listed per mode")
     parser.add_argument("--markdown", type=Path, default=None, help="Markdown tables (default: --out with .md)")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def _specs(engine: Any, ratio: float | None) -> list[ModeSpec]:

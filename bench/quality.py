@@ -32,19 +32,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 NAME = "quality"
+HELP = "gold F1, fidelity, first-token KL, NLL, benefit retained per mode"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "gold F1, fidelity, first-token KL, NLL, benefit retained per mode",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=20,
-        passages=6,
-        blend=True,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.15,1.0", help="blend recompute ratios, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
     harness.add_kv_dtype_arg(parser)
@@ -63,8 +54,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="also score each answer without the repeated-line stop (same run, same prompts)",
     )
-    parser.set_defaults(func=main)
-    return parser
 
 
 def evaluate(
@@ -221,18 +210,15 @@ def main(args: argparse.Namespace) -> int:
         if spec.blend is not None and spec.mode == "blend":
             result["modes"][spec.name]["selector"] = spec.blend.selector
     harness.write_result(args, result, run, plot)
-    for name, m in result["modes"].items():
-        logger.info(
-            "%-11s f1=%.3f nll=%.3f length_share=%.3f%s %s",
-            name,
-            m["f1"],
-            m["nll"],
-            m["length_share"],
-            f" (without the stop: f1={m['uncontrolled_f1']:.3f} length_share={m['uncontrolled_length_share']:.3f})"
-            if "uncontrolled_f1" in m
-            else "",
-            ""
-            if name == "full"
-            else f"fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e} benefit={m['benefit_retained']:.3f}",
-        )
+    harness.log_rows(logger, result["modes"], _mode_line)
     return 0
+
+
+def _mode_line(name: str, m: dict[str, Any]) -> str:
+    """A mode's F1, NLL and length (and without the stop, when compared); next to full prefill's, its fidelity."""
+    line = f"{name:<11} f1={m['f1']:.3f} nll={m['nll']:.3f} length_share={m['length_share']:.3f}"
+    if "uncontrolled_f1" in m:
+        line += f" (without the stop: f1={m['uncontrolled_f1']:.3f} length_share={m['uncontrolled_length_share']:.3f})"
+    if name == "full":
+        return line + " "
+    return line + f" fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e} benefit={m['benefit_retained']:.3f}"

@@ -35,15 +35,10 @@ from bench.inprocess import resolve_model
 logger = logging.getLogger(__name__)
 
 NAME = "scaleout"
+HELP = "ingest rate with 1 and 2 workers; ready→searchable latency"
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        NAME,
-        help="ingest rate with 1 and 2 workers; ready→searchable latency",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dataset", type=Path, default=harness.DEFAULT_NQ6, help="nq6-shaped passages JSON")
     parser.add_argument("--chunks", type=int, default=96, help="passages ingested per round (one chunk each)")
     parser.add_argument("--jobs", type=int, default=8, help="jobs each round's passages are split into")
@@ -56,8 +51,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None, help="torch threads per process")
     parser.add_argument("--tmp-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=harness.DEFAULT_OUT_DIR / "scaleout.json")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def passages(dataset: Path) -> list[dict[str, str]]:

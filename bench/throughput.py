@@ -28,26 +28,18 @@ from typing import Any
 from bench import decode_rate, harness
 from bench.data import Example, load_dataset, select_examples
 from bench.ingest_rate import unique_passages
-from bench.inprocess import args_settings, ingest_passages, start_app
+from bench.inprocess import args_settings, ingest_passages, running_app
 from bench.metrics import mean, percentile
 
 logger = logging.getLogger(__name__)
 
 NAME = "throughput"
+HELP = "requests/min and TTFT p50/p90 of concurrent clients, blend vs full"
 # A musique passage is ~550 tokens: a larger chunk budget keeps each passage one chunk, as in `quality`.
 CHUNK_TOKENS = 1024
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "requests/min and TTFT p50/p90 of concurrent clients, blend vs full",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=8,
-        passages=6,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--clients", type=int, default=4, help="concurrent clients")
     parser.add_argument("--url", default=None, help="a running server (default: the app in this process)")
     parser.add_argument("--api-key", default=None, help="bearer token for --url --ingest")
@@ -76,8 +68,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="with --url: the server's pid; its RSS is reported idle, peak under load and after --rss-settle-s",
     )
     parser.add_argument("--rss-settle-s", type=float, default=15.0, help="idle wait before the 'after' RSS")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def process_rss_bytes(pid: int) -> int | None:
@@ -329,8 +319,7 @@ async def _in_process(
         engine={"dtype": args.dtype, "max_running": running, "max_queue": max(running, 16)},
         ingest={"chunk_tokens": CHUNK_TOKENS},
     )
-    state = await start_app(settings)
-    try:
+    async with running_app(settings) as state:
         passages = unique_passages(examples, args.passages)
         t0 = time.perf_counter()
         job, _ = await asyncio.to_thread(ingest_passages, state, passages)
@@ -348,8 +337,6 @@ async def _in_process(
             "blend": harness.blend_settings(engine),
             **harness.compute_dtype(engine),
         }
-    finally:
-        await state.close()
 
 
 async def _remote(args: argparse.Namespace, examples: list[Example], modes: list[str]) -> dict[str, Any]:
@@ -413,17 +400,7 @@ def main(args: argparse.Namespace) -> int:
         **measured,
     )
     harness.write_result(args, result, run, plot)
-    for mode, m in result["modes"].items():
-        logger.info(
-            "%s: %.2f req/min, TTFT p50 %.2fs p90 %.2fs (%d errors, %d × 503, %d × 200-then-busy)",
-            mode,
-            m["requests_per_min"] or 0,
-            m["ttft_p50_s"],
-            m["ttft_p90_s"],
-            m["errors"],
-            m["busy_503"],
-            m["busy_after_200"],
-        )
+    harness.log_rows(logger, result["modes"], _mode_line)
     decode = result.get("decode")
     if decode:
         for n, d in decode["per_clients"].items():
@@ -435,3 +412,11 @@ def main(args: argparse.Namespace) -> int:
             )
         logger.info("decode speedup, most clients vs one: %s", decode["speedup"])
     return 0
+
+
+def _mode_line(mode: str, m: dict[str, Any]) -> str:
+    """A mode's request rate and TTFT under load, and the requests that failed or were turned away."""
+    return (
+        f"{mode}: {m['requests_per_min'] or 0:.2f} req/min, TTFT p50 {m['ttft_p50_s']:.2f}s p90 {m['ttft_p90_s']:.2f}s "
+        f"({m['errors']} errors, {m['busy_503']} × 503, {m['busy_after_200']} × 200-then-busy)"
+    )

@@ -26,20 +26,11 @@ from engine.types import SelectorName
 logger = logging.getLogger(__name__)
 
 NAME = "ttft"
+HELP = "time to first token per mode (full, prefix, reuse, blend@r)"
 GIB = 1024**3
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = harness.subcommand(
-        subparsers,
-        NAME,
-        __doc__,
-        "time to first token per mode (full, prefix, reuse, blend@r)",
-        dataset=harness.DEFAULT_MUSIQUE,
-        examples=5,
-        passages=6,
-        blend=True,
-    )
+def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.05,0.15,0.3", help="blend recompute ratios, comma-separated")
     harness.add_kv_dtype_arg(parser)
     parser.add_argument(
@@ -51,8 +42,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of every mode before timing")
     parser.add_argument("--rss-ratio", type=float, default=0.15, help="blend ratio of the peak-RSS probe")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS probe (a second process)")
-    parser.set_defaults(func=main)
-    return parser
 
 
 def _rss_probe(settings_json: str, models_dir: str, kv_file: str, ratio: float, conn: Any) -> None:
@@ -197,14 +186,8 @@ def main(args: argparse.Namespace) -> int:
             "rss_after_load_gib": round(rss["rss_after_load_bytes"] / GIB, 3),
         }
     harness.write_result(args, result, run, plot)
-    for name, m in result["modes"].items():
-        logger.info(
-            "%-10s median %.3fs  p90 %.3fs  speed-up %s",
-            name,
-            m["ttft_s_median"],
-            m["ttft_s_p90"],
-            "1.0" if name == "full" else result["speedup_vs_full"][name],
-        )
+    speedup = result["speedup_vs_full"] | {"full": "1.0"}
+    harness.log_rows(logger, result["modes"], lambda name, m: _mode_line(name, m, speedup[name]))
     if "peak_rss_blend" in result:
         logger.info(
             "peak RSS of a %d-chunk blend: %.2f GiB",
@@ -212,3 +195,7 @@ def main(args: argparse.Namespace) -> int:
             result["peak_rss_blend"]["peak_rss_gib"],
         )
     return 0
+
+
+def _mode_line(name: str, m: dict[str, Any], speedup: object) -> str:
+    return f"{name:<10} median {m['ttft_s_median']:.3f}s  p90 {m['ttft_s_p90']:.3f}s  speed-up {speedup}"

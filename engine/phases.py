@@ -307,7 +307,10 @@ def prompt_pass(
     p, n_ctx, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
     if kv_source is None or n_ctx == 0:
         mode = "full" if kv_source is None else mode
-    _validate(tf, layout, kv_source, mode, config, prefix)
+    if mode != "full":
+        _check_reused_kv(layout, kv_source, prefix, cfg.num_layers)
+    if mode == "blend" and not config.upfront and config.check_layers[-1] >= cfg.num_layers:
+        raise EngineError(f"check layer {config.check_layers[-1]} ≥ num_layers {cfg.num_layers}")
     selector = make_selector(config) if mode == "blend" and n_ctx else None
 
     cache = WorkingCache.allocate(
@@ -416,26 +419,18 @@ def _check_layers(
     return h, rows
 
 
-def _validate(
-    tf: Transformer,
-    layout: PromptLayout,
-    kv_source: LayerKVSource | None,
-    mode: Mode,
-    config: BlendConfig,
-    prefix: PrefixKV | None,
+def _check_reused_kv(
+    layout: PromptLayout, kv_source: LayerKVSource | None, prefix: PrefixKV | None, num_layers: int
 ) -> None:
-    cfg, n_ctx = tf.cfg, layout.num_context_tokens
-    if mode == "full":
-        return
+    """The stored KV a mode other than `full` reuses fits the layout: its prefix, then its context."""
+    n_ctx = layout.num_context_tokens
     if prefix is None or prefix.token_ids != tuple(layout.prefix_ids):
         raise EngineError("the prompt pass needs the PrefixKV of this layout's prefix")
-    if kv_source is not None and (kv_source.num_tokens != n_ctx or kv_source.num_layers != cfg.num_layers):
+    if kv_source is not None and (kv_source.num_tokens != n_ctx or kv_source.num_layers != num_layers):
         raise EngineError(
             f"KV source has {kv_source.num_tokens} tokens × {kv_source.num_layers} layers, layout needs "
-            f"{n_ctx} × {cfg.num_layers}"
+            f"{n_ctx} × {num_layers}"
         )
-    if mode == "blend" and not config.upfront and config.check_layers[-1] >= cfg.num_layers:
-        raise EngineError(f"check layer {config.check_layers[-1]} ≥ num_layers {cfg.num_layers}")
 
 
 def _select_at_check_layer(

@@ -29,10 +29,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from types import TracebackType
 
 import torch
 
+from kvcache.closing import Closing
 from kvcache.errors import KVEntryCorrupt
 from kvcache.format import (
     SCALE_DTYPE,
@@ -76,7 +76,7 @@ CorruptHandler = Callable[[ResolvedChunk, KVEntryCorrupt], None]
 PromoteHandler = Callable[[ResolvedChunk, "list[LayerData] | None"], None]
 
 
-class StoreLayerSource:
+class StoreLayerSource(Closing):
     """A `LayerKVSource` over store entries; see the module docstring. Use as a context manager."""
 
     def __init__(
@@ -215,14 +215,6 @@ class StoreLayerSource:
             self._collected = {}
             for c in self._unique.values():
                 c.close()
-
-    def __enter__(self) -> StoreLayerSource:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # -- internals -------------------------------------------------------------------------------------
 

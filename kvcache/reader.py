@@ -23,11 +23,11 @@ import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 
 import numpy as np
 import torch
 
+from kvcache.closing import Closing
 from kvcache.errors import KVEntryCorrupt
 from kvcache.format import EntryMeta, LayerData, StoredEntry, layer_tensor_names, tensor_checksum
 
@@ -91,7 +91,7 @@ def _parse_header(key: str, header_len: int, header: bytes, total_size: int) -> 
     return meta, specs
 
 
-class EntryReader:
+class EntryReader(Closing):
     """Common part of the file and bytes readers; subclasses implement `_read_into`."""
 
     def __init__(self, key: str, meta: EntryMeta, specs: dict[str, TensorSpec], nbytes: int) -> None:
@@ -127,14 +127,6 @@ class EntryReader:
 
     def close(self) -> None:
         return None
-
-    def __enter__(self) -> EntryReader:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
 
 class FileEntryReader(EntryReader):

@@ -10,6 +10,7 @@ from retrieval.retriever import Retriever
 from retrieval.types import (
     IndexedChunk,
     IndexMismatchError,
+    IndexParams,
     RetrievalError,
     RetrievedChunk,
     ScoredId,
@@ -22,6 +23,7 @@ __all__ = [
     "EmbedderUnavailable",
     "FusedHit",
     "IndexMismatchError",
+    "IndexParams",
     "IndexedChunk",
     "Reranker",
     "RerankerUnavailable",

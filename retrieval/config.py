@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from retrieval.types import IndexParams
 
 IndexType = Literal["flat", "hnsw", "ivf"]
 FollowupMode = Literal["concat", "rewrite", "off"]
@@ -84,3 +87,8 @@ class RetrievalSettings(BaseModel):
     followup_source_weight: float = Field(
         0.7, ge=0.0, le=4.0, description="concat: weight of those sources' mean vector (the new question counts 1)"
     )
+
+    def index_params(self) -> IndexParams:
+        """The vector index's tuning: each IndexParams field these settings carry (the rest keep their defaults)."""
+        names = {f.name for f in fields(IndexParams)} & set(type(self).model_fields)
+        return IndexParams(**self.model_dump(include=names))

@@ -23,6 +23,7 @@ The index is not thread-safe; the Retriever serializes access. With faiss-gpu in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import struct
@@ -32,7 +33,7 @@ from typing import Literal
 import faiss
 import numpy as np
 
-from retrieval.types import RetrievalError, ScoredId
+from retrieval.types import IndexParams, RetrievalError, ScoredId
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +58,8 @@ class VectorIndex:
         self,
         dim: int,
         index_type: IndexType = "flat",
+        params: IndexParams | None = None,
         *,
-        hnsw_m: int = 32,
-        hnsw_ef_construction: int = 80,
-        hnsw_ef_search: int = 64,
-        ivf_nlist: int = 256,
-        ivf_nprobe: int = 16,
-        exact_filter_limit: int = 4096,
         use_gpu: bool = False,
     ) -> None:
         if dim <= 0:
@@ -72,12 +68,7 @@ class VectorIndex:
             raise ValueError(f"index_type must be one of {INDEX_TYPES}, not {index_type!r}")
         self.dim = dim
         self.index_type: IndexType = index_type
-        self.hnsw_m = hnsw_m
-        self.hnsw_ef_construction = hnsw_ef_construction
-        self.hnsw_ef_search = hnsw_ef_search
-        self.ivf_nlist = ivf_nlist
-        self.ivf_nprobe = ivf_nprobe
-        self.exact_filter_limit = exact_filter_limit
+        self.params = params or IndexParams()
         self._live: set[int] = set()
         self._tombstones: set[int] = set()  # hnsw only
         self._ivf_trained = False
@@ -123,7 +114,7 @@ class VectorIndex:
             self.compact()
         self._invalidate_gpu()
         if self.index_type == "ivf" and not self._ivf_trained:
-            needed = self.ivf_nlist * IVF_MIN_POINTS_PER_CENTROID
+            needed = self.params.ivf_nlist * IVF_MIN_POINTS_PER_CENTROID
             if len(self._live) + len(id_array) >= needed:
                 held_ids = self.ids()
                 all_ids = np.concatenate([held_ids, id_array])
@@ -132,7 +123,7 @@ class VectorIndex:
                 self._index.add_with_ids(all_vectors, all_ids)
                 self._ivf_trained = True
                 self._live.update(id_array.tolist())
-                logger.info("IVF index trained on %d vectors (nlist=%d)", len(all_ids), self.ivf_nlist)
+                logger.info("IVF index trained on %d vectors (nlist=%d)", len(all_ids), self.params.ivf_nlist)
                 return
         self._index.add_with_ids(matrix, id_array)
         self._live.update(id_array.tolist())
@@ -167,7 +158,7 @@ class VectorIndex:
             allowed = self._live.intersection(allowed_ids)
             if not allowed:
                 return []
-            if len(allowed) <= self.exact_filter_limit:
+            if len(allowed) <= self.params.exact_filter_limit:
                 return self._exact_search(query, k, allowed)
             selector = faiss.IDSelectorBatch(np.array(sorted(allowed), dtype=np.int64))
             wanted = min(k, len(allowed))
@@ -200,17 +191,7 @@ class VectorIndex:
 
     def converted(self, index_type: IndexType) -> VectorIndex:
         """A new index of another type (same vectors and parameters)."""
-        other = VectorIndex(
-            self.dim,
-            index_type,
-            hnsw_m=self.hnsw_m,
-            hnsw_ef_construction=self.hnsw_ef_construction,
-            hnsw_ef_search=self.hnsw_ef_search,
-            ivf_nlist=self.ivf_nlist,
-            ivf_nprobe=self.ivf_nprobe,
-            exact_filter_limit=self.exact_filter_limit,
-            use_gpu=self._gpu_resources is not None,
-        )
+        other = VectorIndex(self.dim, index_type, self.params, use_gpu=self._gpu_resources is not None)
         ids = self.ids()
         if len(ids):
             other.add(ids, self._reconstruct(ids))
@@ -222,12 +203,7 @@ class VectorIndex:
         header = {
             "dim": self.dim,
             "index_type": self.index_type,
-            "hnsw_m": self.hnsw_m,
-            "hnsw_ef_construction": self.hnsw_ef_construction,
-            "hnsw_ef_search": self.hnsw_ef_search,
-            "ivf_nlist": self.ivf_nlist,
-            "ivf_nprobe": self.ivf_nprobe,
-            "exact_filter_limit": self.exact_filter_limit,
+            **dataclasses.asdict(self.params),
             "ivf_trained": self._ivf_trained,
             "num_live": len(self._live),
             "num_tombstones": len(self._tombstones),
@@ -253,17 +229,8 @@ class VectorIndex:
         offset += _HEADER_LENGTH.size
         header = json.loads(data[offset : offset + header_length])
         offset += header_length
-        index = cls(
-            header["dim"],
-            header["index_type"],
-            hnsw_m=header["hnsw_m"],
-            hnsw_ef_construction=header["hnsw_ef_construction"],
-            hnsw_ef_search=header["hnsw_ef_search"],
-            ivf_nlist=header["ivf_nlist"],
-            ivf_nprobe=header["ivf_nprobe"],
-            exact_filter_limit=header["exact_filter_limit"],
-            use_gpu=use_gpu,
-        )
+        params = IndexParams(**{f.name: header[f.name] for f in dataclasses.fields(IndexParams)})
+        index = cls(header["dim"], header["index_type"], params, use_gpu=use_gpu)
         live = np.frombuffer(data, dtype=np.int64, count=header["num_live"], offset=offset)
         offset += live.nbytes
         tombstones = np.frombuffer(data, dtype=np.int64, count=header["num_tombstones"], offset=offset)
@@ -295,21 +262,21 @@ class VectorIndex:
 
     def _empty_index(self) -> faiss.Index:
         if self.index_type == "hnsw":
-            graph = faiss.IndexHNSWFlat(self.dim, self.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-            graph.hnsw.efConstruction = self.hnsw_ef_construction
-            graph.hnsw.efSearch = self.hnsw_ef_search
+            graph = faiss.IndexHNSWFlat(self.dim, self.params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+            graph.hnsw.efConstruction = self.params.hnsw_ef_construction
+            graph.hnsw.efSearch = self.params.hnsw_ef_search
             return faiss.IndexIDMap2(graph)
         return faiss.IndexIDMap2(faiss.IndexFlatIP(self.dim))  # flat, and ivf before training
 
     def _trained_ivf(self, training_vectors: np.ndarray) -> faiss.Index:
         quantizer = faiss.IndexFlatIP(self.dim)
-        ivf = faiss.IndexIVFFlat(quantizer, self.dim, self.ivf_nlist, faiss.METRIC_INNER_PRODUCT)
+        ivf = faiss.IndexIVFFlat(quantizer, self.dim, self.params.ivf_nlist, faiss.METRIC_INNER_PRODUCT)
         # The IVF index owns its quantizer from now on (Python would otherwise free it under it).
         quantizer.this.disown()
         ivf.own_fields = True
         ivf.train(training_vectors)
         ivf.set_direct_map_type(faiss.DirectMap.Hashtable)
-        ivf.nprobe = self.ivf_nprobe
+        ivf.nprobe = self.params.ivf_nprobe
         return ivf
 
     def _reconstruct(self, ids: np.ndarray) -> np.ndarray:
@@ -321,7 +288,7 @@ class VectorIndex:
         vectors = self._reconstruct(ids)
         self._index = self._empty_index()
         self._ivf_trained = False
-        if self.index_type == "ivf" and len(ids) >= self.ivf_nlist * IVF_MIN_POINTS_PER_CENTROID:
+        if self.index_type == "ivf" and len(ids) >= self.params.ivf_nlist * IVF_MIN_POINTS_PER_CENTROID:
             self._index = self._trained_ivf(vectors)
             self._ivf_trained = True
         if len(ids):
@@ -336,9 +303,9 @@ class VectorIndex:
 
     def _search_params(self, selector: faiss.IDSelector | None, k: int) -> faiss.SearchParameters | None:
         if self.index_type == "hnsw":
-            return faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.hnsw_ef_search, k))
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=max(self.params.hnsw_ef_search, k))
         if self._ivf_trained:
-            return faiss.SearchParametersIVF(sel=selector, nprobe=self.ivf_nprobe)
+            return faiss.SearchParametersIVF(sel=selector, nprobe=self.params.ivf_nprobe)
         return faiss.SearchParameters(sel=selector) if selector is not None else None
 
     def _faiss_search(self, query: np.ndarray, k: int, selector: faiss.IDSelector | None) -> list[ScoredId]:
@@ -379,5 +346,5 @@ class VectorIndex:
                 self._gpu_resources = None
                 return None
             if self._ivf_trained:
-                faiss.GpuParameterSpace().set_index_parameter(self._gpu_index, "nprobe", self.ivf_nprobe)
+                faiss.GpuParameterSpace().set_index_parameter(self._gpu_index, "nprobe", self.params.ivf_nprobe)
         return self._gpu_index

@@ -222,19 +222,7 @@ class Retriever:
             rerank_scores = reranker.score(query, [self.passage_text(chunk) for chunk, _ in candidates])
             order = sorted(range(len(candidates)), key=lambda i: (-rerank_scores[i], i))
             candidates = [(candidates[i][0], rerank_scores[i]) for i in order]
-        return [
-            RetrievedChunk(
-                chunk_id=chunk.chunk_id,
-                document_id=chunk.document_id,
-                title=chunk.title,
-                page=chunk.page,
-                score=score,
-                text=chunk.text,
-                vector_score=cosine[chunk.chunk_id],
-                tags=chunk.tags,
-            )
-            for chunk, score in candidates[:top_k]
-        ]
+        return [RetrievedChunk.of(chunk, score, cosine[chunk.chunk_id]) for chunk, score in candidates[:top_k]]
 
     # -- persistence -------------------------------------------------------------------------------
 
@@ -280,8 +268,10 @@ class Retriever:
                 logger.info("converting the %s index to %s", index.index_type, self.settings.index_type)
                 index = self._new_index(index.dim, from_index=index)
                 converted = True
-            index.hnsw_ef_search = self.settings.hnsw_ef_search
-            index.ivf_nprobe = self.settings.ivf_nprobe
+            settings = self.settings
+            index.params = dataclasses.replace(
+                index.params, hnsw_ef_search=settings.hnsw_ef_search, ivf_nprobe=settings.ivf_nprobe
+            )
         with self._lock:
             self._chunks = {}
             self._by_document = {}
@@ -304,17 +294,7 @@ class Retriever:
         return self.directory
 
     def _new_index(self, dim: int, from_index: VectorIndex | None = None) -> VectorIndex:
-        s = self.settings
-        index = VectorIndex(
-            dim,
-            s.index_type,
-            hnsw_m=s.hnsw_m,
-            hnsw_ef_construction=s.hnsw_ef_construction,
-            hnsw_ef_search=s.hnsw_ef_search,
-            ivf_nlist=s.ivf_nlist,
-            ivf_nprobe=s.ivf_nprobe,
-            use_gpu=self._wants_gpu(),
-        )
+        index = VectorIndex(dim, self.settings.index_type, self.settings.index_params(), use_gpu=self._wants_gpu())
         if from_index is not None and len(from_index):
             ids = from_index.ids()
             index.add(ids, from_index.vectors(ids))

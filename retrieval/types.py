@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 DEFAULT_COLLECTION = "default"  # a chunk's collection when none is given (and in snapshots made before them)
 
@@ -14,6 +14,19 @@ class RetrievalError(RuntimeError):
 
 class IndexMismatchError(RetrievalError):
     """A persisted index does not fit the configured embedder (other model or dimension): reindex."""
+
+
+@dataclass(frozen=True)
+class IndexParams:
+    """A vector index's tuning (retrieval/index.py): kept in its snapshot, carried over when it is converted.
+    The hnsw_* and ivf_* fields are RetrievalSettings' own, under the same names."""
+
+    hnsw_m: int = 32  # hnsw: neighbours per node
+    hnsw_ef_construction: int = 80  # hnsw: candidate list size while building
+    hnsw_ef_search: int = 64  # hnsw: candidate list size while searching
+    ivf_nlist: int = 256  # ivf: centroids (flat until it holds ivf_nlist × 39 vectors)
+    ivf_nprobe: int = 16  # ivf: centroids searched per query
+    exact_filter_limit: int = 4096  # filtered hnsw/ivf searches of at most this many ids are scored exactly
 
 
 @dataclass(frozen=True)
@@ -54,20 +67,20 @@ class SearchFilters:
                 object.__setattr__(self, name, frozenset(value))
 
 
-@dataclass(frozen=True)
-class RetrievedChunk:
-    """One search result. `score` is the final ranking score: cosine similarity for vector search,
-    the RRF score for hybrid search, the cross-encoder score when reranked. `vector_score` is always
-    the cosine similarity between query and chunk embedding."""
+@dataclass(frozen=True, kw_only=True)
+class RetrievedChunk(IndexedChunk):
+    """One search result: the indexed chunk and its scores. `score` is the final ranking score: cosine
+    similarity for vector search, the RRF score for hybrid search, the cross-encoder score when reranked.
+    `vector_score` is always the cosine similarity between query and chunk embedding."""
 
-    chunk_id: int
-    document_id: str
-    title: str
-    page: int | None
     score: float
-    text: str
     vector_score: float
-    tags: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, chunk: IndexedChunk, score: float, vector_score: float) -> RetrievedChunk:
+        return cls(
+            **{f.name: getattr(chunk, f.name) for f in fields(IndexedChunk)}, score=score, vector_score=vector_score
+        )
 
 
 @dataclass(frozen=True)

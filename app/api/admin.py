@@ -9,20 +9,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import Depends, Response
 
-from app.api.deps import Access, get_coverage, get_state, require_admin, require_reader
+from app.api.deps import Access, get_coverage, get_state, guarded_router, require_admin, require_reader
 from app.api.schemas import CoverageOut, ErrorOut, StatsOut
-from app.api.schemas.common import API_KEY_REQUIRED, error_responses
+from app.api.schemas.common import API_KEY_REQUIRED
 from app.services.coverage_service import CoverageService
 from app.services.stats_service import server_wide_left_out
 from app.state import AppState
 
-router = APIRouter(
-    tags=["admin"],
-    dependencies=[Depends(require_reader)],
-    responses=error_responses({401: API_KEY_REQUIRED}),
-)
+router = guarded_router("admin", require_reader, {401: API_KEY_REQUIRED})
 
 
 @router.get(

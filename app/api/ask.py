@@ -6,9 +6,10 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
 from app.api.deps import (
@@ -18,6 +19,7 @@ from app.api.deps import (
     get_ask,
     get_state,
     guard_questions,
+    guarded_router,
     scope_request,
 )
 from app.api.disconnect import ConnectionWatch, while_connected
@@ -30,7 +32,7 @@ from app.api.schemas import (
     SourcesEventOut,
     TokenEventOut,
 )
-from app.api.schemas.common import error_responses
+from app.api.schemas.common import QUESTION_GUARD_ERRORS, error_responses
 from app.api.sse import sse_event, sse_openapi, sse_response
 from app.metrics import Metrics, RecentAsk
 from app.services.ask import (
@@ -49,16 +51,8 @@ from app.services.ask import (
 from app.services.conversation_service import ConversationNotFound
 from app.state import AppState
 
-router = APIRouter(
-    tags=["ask"],
-    dependencies=[Depends(guard_questions)],
-    responses=error_responses(
-        {
-            401: "API key required (`server.protect_ask`, or collection keys exist)",
-            403: "A named collection the key may not read",
-            429: "Too many questions from this API key / IP; see Retry-After",
-        }
-    ),
+router = guarded_router(
+    "ask", guard_questions, {**QUESTION_GUARD_ERRORS, 403: "A named collection the key may not read"}
 )
 
 BUSY_DETAIL = "the engine is busy, retry shortly"
@@ -128,6 +122,31 @@ def question_request(
     return cap_for_client(scoped, request)
 
 
+@dataclass(frozen=True)
+class Asker:
+    """Who asks and what answers, for /ask and /v1/chat/completions alike: the HTTP request, the caller's
+    access, the AskService and the app state (whose metrics hear of every answer)."""
+
+    request: Request
+    access: Access
+    service: AskService
+    state: AppState
+
+    def request_for(self, ask: AskRequest, collections: list[str] | None, conversation_id: str | None) -> AskRequest:
+        """`question_request` for this caller."""
+        return question_request(ask, self.request, self.access, collections, conversation_id)
+
+
+def get_asker(
+    request: Request,
+    service: AskService = Depends(get_ask),
+    state: AppState = Depends(get_state),
+    access: Access = Depends(guard_questions),
+) -> Asker:
+    """The question routes' dependency: 503 until the models are loaded, 401/403/429 from the guard."""
+    return Asker(request, access, service, state)
+
+
 async def admitted(service: AskService, ask: AskRequest) -> Answer:
     """`/ask`'s refusals, before any response starts: 404 (conversation), 422 (prompt too long), 503 busy."""
     try:
@@ -184,19 +203,14 @@ def ask_defaults(state: AppState = Depends(get_state)) -> AskDefaultsOut:
 
 
 @router.post("/ask", responses=_ASK_RESPONSES, response_model=None)
-async def ask(
-    body: AskIn,
-    request: Request,
-    service: AskService = Depends(get_ask),
-    state: AppState = Depends(get_state),
-    access: Access = Depends(guard_questions),
-) -> Any:
+async def ask(body: AskIn, asker: Asker = Depends(get_asker)) -> Any:
     """Answer a question from the library: retrieve, blend the chunks' stored KV, generate. With a
     `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query, and the
     turn is stored in it (`"new"` starts one); without one, nothing is stored. Only
     the collections the caller's key may read are searched (`collections` narrows them)."""
-    asked = question_request(body.to_request(body.question), request, access, body.collections, body.conversation_id)
-    answer = await admitted(service, asked)
+    request, state = asker.request, asker.state
+    asked = asker.request_for(body.to_request(body.question), body.collections, body.conversation_id)
+    answer = await admitted(asker.service, asked)
     if not body.stream:
         return await _answer_json(answer, request, state.metrics)
 
@@ -231,7 +245,9 @@ async def _answer_json(answer: Answer, request: Request, metrics: Metrics) -> JS
 
 # Used by the OpenAI-compatible router too.
 __all__ = [
+    "Asker",
     "admitted",
+    "get_asker",
     "busy_error",
     "client_gone",
     "done_payload",

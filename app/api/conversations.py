@@ -14,9 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import Depends, HTTPException, Query, Request, Response
 
-from app.api.deps import Access, conversation_owner, get_conversations, guard_questions
+from app.api.deps import Access, conversation_owner, get_conversations, guard_questions, guarded_router
 from app.api.schemas import (
     ConversationDetailOut,
     ConversationOut,
@@ -24,22 +24,15 @@ from app.api.schemas import (
     ErrorOut,
     TurnOut,
 )
-from app.api.schemas.common import MODELS_LOADING, error_responses
+from app.api.schemas.common import MODELS_LOADING, QUESTION_GUARD_ERRORS
 from app.catalog.conversations import ConversationPage
 from app.services.conversation_service import ConversationNotFound, ConversationService
 
-router = APIRouter(
+router = guarded_router(
+    "conversations",
+    guard_questions,
+    {**QUESTION_GUARD_ERRORS, 422: "Invalid offset or limit", 503: MODELS_LOADING},
     prefix="/conversations",
-    tags=["conversations"],
-    dependencies=[Depends(guard_questions)],
-    responses=error_responses(
-        {
-            401: "API key required (with `server.protect_ask`)",
-            422: "Invalid offset or limit",
-            429: "Too many requests from this API key / IP; see Retry-After",
-            503: MODELS_LOADING,
-        }
-    ),
 )
 
 MAX_OFFSET = 2**62  # SQLite integers are 64-bit signed: a larger offset would be a 500

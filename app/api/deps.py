@@ -13,10 +13,11 @@ import hmac
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from fastapi import HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 
+from app.api.schemas.common import error_responses
 from app.catalog.models import DEFAULT_COLLECTION
 from app.rate_limit import client_id
 from app.services.ask import AskRequest, AskService
@@ -28,6 +29,12 @@ from app.services.key_service import SECRET_PREFIX, KeyService
 from app.state import AppState
 
 T = TypeVar("T")
+
+
+def guarded_router(tag: str, guard: Callable[..., Any], errors: dict[int, str], *, prefix: str = "") -> APIRouter:
+    """A router whose every route is behind `guard` (`require_admin`, `require_reader`, `guard_questions`),
+    documenting the error statuses its routes share."""
+    return APIRouter(prefix=prefix, tags=[tag], dependencies=[Depends(guard)], responses=error_responses(errors))
 
 
 def get_state(request: Request) -> AppState:

@@ -12,9 +12,9 @@ import shutil
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import Depends, HTTPException, Query, Request, Response
 
-from app.api.deps import Access, get_documents, get_ingest, get_state, require_reader
+from app.api.deps import Access, get_documents, get_ingest, get_state, guarded_router, require_reader
 from app.api.ingest_body import INGEST_OPENAPI, ingest_sources
 from app.api.schemas import (
     ChunkOut,
@@ -39,17 +39,15 @@ from app.services.document_service import DocumentBusy, DocumentService
 from app.services.ingest import IngestError, IngestService, IngestTooLarge
 from app.state import AppState
 
-router = APIRouter(
-    tags=["documents"],
-    dependencies=[Depends(require_reader)],
-    responses=error_responses(
-        {
-            401: API_KEY_REQUIRED,
-            403: "The key may not ingest, delete, or use this collection",
-            422: "Invalid request",
-            503: MODELS_LOADING,
-        }
-    ),
+router = guarded_router(
+    "documents",
+    require_reader,
+    {
+        401: API_KEY_REQUIRED,
+        403: "The key may not ingest, delete, or use this collection",
+        422: "Invalid request",
+        503: MODELS_LOADING,
+    },
 )
 
 JOB_POLL_S = 0.25

@@ -8,20 +8,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import Depends
 from pydantic import BaseModel, Field
 
-from app.api.deps import _loaded, require_admin
-from app.api.schemas.common import API_KEY_REQUIRED, MODELS_LOADING, error_responses
+from app.api.deps import _loaded, guarded_router, require_admin
+from app.api.schemas.common import API_KEY_REQUIRED, MODELS_LOADING
 from app.build import Services
 
 get_services = _loaded(lambda s: s.services)  # 503 until start-up has built them
 
-router = APIRouter(
-    tags=["admin"],
-    dependencies=[Depends(require_admin)],
-    responses=error_responses({401: API_KEY_REQUIRED, 503: MODELS_LOADING}),
-)
+router = guarded_router("admin", require_admin, {401: API_KEY_REQUIRED, 503: MODELS_LOADING})
 
 
 class IndexStatusOut(BaseModel):

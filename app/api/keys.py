@@ -5,20 +5,18 @@ A key is refused by every replica within `server.key_cache_s` of its revocation.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import Depends, HTTPException, Request, Response
 
-from app.api.deps import get_keys, get_state, require_admin
+from app.api.deps import get_keys, get_state, guarded_router, require_admin
 from app.api.schemas import ErrorOut, KeyCreatedOut, KeyIn, KeyListOut, KeyOut
 from app.api.schemas.common import MODELS_LOADING, error_responses
 from app.services.key_service import KeyRequestError, KeyService
 
-router = APIRouter(
+router = guarded_router(
+    "admin",
+    require_admin,
+    {401: "Admin key required", 403: "A collection key may not manage keys", 503: MODELS_LOADING},
     prefix="/admin/keys",
-    tags=["admin"],
-    dependencies=[Depends(require_admin)],
-    responses=error_responses(
-        {401: "Admin key required", 403: "A collection key may not manage keys", 503: MODELS_LOADING}
-    ),
 )
 
 

@@ -34,8 +34,8 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.ask import BUSY_DETAIL, client_gone, question_request, record_answer
-from app.api.deps import Access, get_ask, get_state, guard_questions
+from app.api.ask import BUSY_DETAIL, Asker, client_gone, get_asker, record_answer
+from app.api.deps import get_state, guard_questions
 from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
 from app.api.openai_messages import ChatMessage, read_messages
@@ -52,7 +52,6 @@ from app.services.ask import (
     Answer,
     AskBusy,
     AskRequest,
-    AskService,
     AskValidationError,
     DoneEvent,
     ErrorEvent,
@@ -229,18 +228,13 @@ def _busy(message: str) -> JSONResponse:
         }
     },
 )
-async def chat_completions(
-    body: ChatCompletionIn,
-    request: Request,
-    service: AskService = Depends(get_ask),
-    state: AppState = Depends(get_state),
-    access: Access = Depends(guard_questions),
-) -> Any:
+async def chat_completions(body: ChatCompletionIn, asker: Asker = Depends(get_asker)) -> Any:
     """Chat completion grounded in the library; the whole `messages` history counts (see the module doc).
     Only the collections the caller's key may read are searched (`collections` narrows them)."""
-    asked = question_request(_ask_request(body), request, access, body.collections, body.conversation_id)
+    request, state = asker.request, asker.state
+    asked = asker.request_for(_ask_request(body), body.collections, body.conversation_id)
     try:  # the admission /ask has; only the error shapes are OpenAI's
-        answer = await service.admit(asked)
+        answer = await asker.service.admit(asked)
     except ConversationNotFound as exc:
         return openai_error(404, str(exc), code="conversation_not_found")
     except AskValidationError as exc:

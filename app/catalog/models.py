@@ -21,6 +21,36 @@ class Base(DeclarativeBase):
     pass
 
 
+def serial_id_column() -> Mapped[int]:
+    """An integer primary key; with the table's `sqlite_autoincrement`, an id is never handed out twice."""
+    return mapped_column(Integer, primary_key=True, autoincrement=True)
+
+
+def parent_id_column(parent_id: str) -> Mapped[str]:
+    """The id of the row this one belongs to (`parent_id`: "table.id"); deleted with it."""
+    return mapped_column(ForeignKey(parent_id, ondelete="CASCADE"), index=True)
+
+
+def created_at_column() -> Mapped[datetime]:
+    """When the row was written (UTC)."""
+    return mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+def updated_at_column(*, on_write: bool = True, index: bool | None = None) -> Mapped[datetime]:
+    """When the row last changed (UTC): set at every write, or (`on_write` False) by the code that changes it."""
+    return mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow if on_write else None, index=index)
+
+
+def collection_column(*, index: bool | None = True) -> Mapped[str]:
+    """The collection a row belongs to; rows from before collections existed are in the default one."""
+    return mapped_column(String(64), index=index, default=DEFAULT_COLLECTION, server_default=DEFAULT_COLLECTION)
+
+
+def children(back_populates: str, order_by: str) -> Any:
+    """A parent's ordered child rows, deleted with it."""
+    return relationship(back_populates=back_populates, cascade="all, delete-orphan", order_by=order_by)
+
+
 class DocumentStatus(enum.StrEnum):
     PENDING = "pending"  # visible, not answerable yet: its job has not committed it
     READY = "ready"  # committed: chunks indexed, KV stored
@@ -53,15 +83,11 @@ class DocumentRow(Base):
     num_chunks: Mapped[int] = mapped_column(Integer, default=0)
     num_tokens: Mapped[int] = mapped_column(Integer, default=0)
     job_id: Mapped[str | None] = mapped_column(String(36), index=True, nullable=True)
-    collection: Mapped[str] = mapped_column(
-        String(64), index=True, default=DEFAULT_COLLECTION, server_default=DEFAULT_COLLECTION
-    )
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    collection: Mapped[str] = collection_column()
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = updated_at_column()
 
-    chunks: Mapped[list[ChunkRow]] = relationship(
-        back_populates="document", cascade="all, delete-orphan", order_by="ChunkRow.index"
-    )
+    chunks: Mapped[list[ChunkRow]] = children("document", order_by="ChunkRow.index")
 
 
 class ChunkRow(Base):
@@ -70,8 +96,8 @@ class ChunkRow(Base):
     # chunk (crash between the two writes) can never point at an unrelated, newer chunk.
     __table_args__ = {"sqlite_autoincrement": True}
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    document_id: Mapped[str] = mapped_column(ForeignKey("documents.id", ondelete="CASCADE"), index=True)
+    id: Mapped[int] = serial_id_column()
+    document_id: Mapped[str] = parent_id_column("documents.id")
     index: Mapped[int] = mapped_column(Integer)
     text: Mapped[str] = mapped_column(Text)
     # int32 little-endian token ids: the exact ids the engine places in the prompt.
@@ -102,11 +128,9 @@ class JobRow(Base):
     document_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
     duplicate_ids: Mapped[list[str]] = mapped_column(JSON, default=list)
     cancel_requested: Mapped[bool] = mapped_column(default=False)
-    collection: Mapped[str] = mapped_column(
-        String(64), index=True, default=DEFAULT_COLLECTION, server_default=DEFAULT_COLLECTION
-    )
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    collection: Mapped[str] = collection_column()
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = updated_at_column()
 
 
 class IndexEventOp(enum.StrEnum):
@@ -124,11 +148,11 @@ class IndexEventRow(Base):
     __tablename__ = "index_events"
     __table_args__ = {"sqlite_autoincrement": True}
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[int] = serial_id_column()
     document_id: Mapped[str] = mapped_column(String(36))
     op: Mapped[str] = mapped_column(String(16))
-    collection: Mapped[str] = mapped_column(String(64), default=DEFAULT_COLLECTION, server_default=DEFAULT_COLLECTION)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    collection: Mapped[str] = collection_column(index=None)
+    created_at: Mapped[datetime] = created_at_column()
 
 
 class ConversationRow(Base):
@@ -144,12 +168,10 @@ class ConversationRow(Base):
     title: Mapped[str] = mapped_column(String(512))
     num_turns: Mapped[int] = mapped_column(Integer, default=0)
     collections: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    created_at: Mapped[datetime] = created_at_column()
+    updated_at: Mapped[datetime] = updated_at_column(on_write=False, index=True)  # a new turn sets it
 
-    turns: Mapped[list[TurnRow]] = relationship(
-        back_populates="conversation", cascade="all, delete-orphan", order_by="TurnRow.index"
-    )
+    turns: Mapped[list[TurnRow]] = children("conversation", order_by="TurnRow.index")
 
 
 class TurnRow(Base):
@@ -158,8 +180,8 @@ class TurnRow(Base):
     __tablename__ = "conversation_turns"
     __table_args__ = {"sqlite_autoincrement": True}
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    conversation_id: Mapped[str] = mapped_column(ForeignKey("conversations.id", ondelete="CASCADE"), index=True)
+    id: Mapped[int] = serial_id_column()
+    conversation_id: Mapped[str] = parent_id_column("conversations.id")
     index: Mapped[int] = mapped_column(Integer)
     question: Mapped[str] = mapped_column(Text)
     answer: Mapped[str] = mapped_column(Text)
@@ -170,7 +192,7 @@ class TurnRow(Base):
     # {"retrieval_ms": …, "ttft_ms": …, "total_ms": …} and the usage counts, as the answer reported them.
     timings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     usage: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = created_at_column()
 
     conversation: Mapped[ConversationRow] = relationship(back_populates="turns")
 
@@ -185,5 +207,5 @@ class ApiKeyRow(Base):
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     collections: Mapped[list[str]] = mapped_column(JSON, default=list)
     can_ingest: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = created_at_column()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -22,6 +22,7 @@ from app.catalog.models import (
     JobRow,
     JobStatus,
 )
+from ingest.chunker import Chunk
 
 R = TypeVar("R")
 
@@ -71,15 +72,15 @@ class ChunkRecord:
 
 
 @dataclass(frozen=True)
-class NewChunk:
-    index: int
-    text: str
-    token_ids: list[int]
-    page: int | None
-    char_start: int
-    char_end: int
+class NewChunk(Chunk):
+    """A chunker's chunk as the catalog stores it: with its KV entry's key and its passage embedding."""
+
     kv_key: str | None = None
     embedding: np.ndarray | None = None  # (dim,) float32 passage embedding, for replicas' indexes
+
+    @classmethod
+    def of(cls, chunk: Chunk, kv_key: str | None, embedding: np.ndarray | None) -> NewChunk:
+        return cls(**{f.name: getattr(chunk, f.name) for f in fields(Chunk)}, kv_key=kv_key, embedding=embedding)
 
 
 @dataclass(frozen=True)

@@ -61,75 +61,72 @@ def _print_done(done: dict[str, Any]) -> None:
         )
 
 
-def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
-    body = {
-        k: v
-        for k, v in {
-            "question": args.question,
-            "top_k": args.top_k,
-            "mode": args.mode,
-            "recompute_ratio": args.ratio,
-            "selector": args.selector,
-            "max_tokens": args.max_tokens,
-            "conversation_id": args.conversation,
-            "collections": args.collections,
-        }.items()
-        if v is not None
-    }
-    from app.cli.answer import AnswerPrinter
+# POST /ask's body fields the command sets: field -> (its argument's dest, the flag an error names).
+_BODY_ARGS = {
+    "question": ("question", "question"),
+    "top_k": ("top_k", "--top-k"),
+    "mode": ("mode", "--mode"),
+    "recompute_ratio": ("ratio", "--ratio"),
+    "selector": ("selector", "--selector"),
+    "max_tokens": ("max_tokens", "--max-tokens"),
+    "conversation_id": ("conversation", "--conversation"),
+    "collections": ("collections", "--collection"),
+}
 
-    sources: list[dict[str, Any]] = []
-    printer = AnswerPrinter()
-    code = 0
+
+def _body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /ask body of the command's arguments (a flag not given is left out: the server's default)."""
+    values = {field: getattr(args, dest) for field, (dest, _) in _BODY_ARGS.items()}
+    return {field: value for field, value in values.items() if value is not None}
+
+
+class _AnswerOutput:
+    """Prints one answer's events as they arrive (`sources`, `token`, `done`, `error`, with their wire
+    data: the server's SSE events, or the in-process service's events as they would be sent)."""
+
+    def __init__(self) -> None:
+        from app.cli.answer import AnswerPrinter
+
+        self.printer = AnswerPrinter()
+        self.sources: list[dict[str, Any]] = []
+        self.code = 0  # 1 once an error ended the answer
+
+    def event(self, name: str, data: dict[str, Any]) -> None:
+        match name:
+            case "sources":
+                self.sources = data["sources"]
+            case "token":
+                self.printer.token(data["text"])
+            case "done":
+                self.printer.done(data.get("answer"), data.get("citations") or [])
+                _print_sources(self.sources, data.get("notice"))
+                _print_done(data)
+            case "error":
+                self.printer.done(None, [])
+                print(f"\nerror: {data.get('message')}", file=sys.stderr)
+                self.code = 1
+
+
+def _ask_remote(remote: RemoteServer, args: argparse.Namespace) -> int:
+    output = _AnswerOutput()
     with remote:
-        for event, data in remote.ask(body):
-            match event:
-                case "sources":
-                    sources = data["sources"]
-                case "token":
-                    printer.token(data["text"])
-                case "done":
-                    printer.done(data.get("answer"), data.get("citations") or [])
-                    _print_sources(sources, data.get("notice"))
-                    _print_done(data)
-                case "error":
-                    printer.done(None, [])
-                    print(f"\nerror: {data.get('message')}", file=sys.stderr)
-                    code = 1
-    return code
+        for event, data in remote.ask(_body(args)):
+            output.event(event, data)
+    return output.code
 
 
 def cmd_ask(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from app.ask_params import AskIn
-    from app.services.ask import AskRequest
-    from retrieval.types import SearchFilters
 
     settings = settings_of(args)
     try:  # the body and limits of POST /ask (app/ask_params.py), before any model is loaded
-        body = AskIn(
-            question=args.question,
-            top_k=args.top_k,
-            mode=args.mode,
-            recompute_ratio=args.ratio,
-            selector=args.selector,
-            max_tokens=args.max_tokens,
-            conversation_id=args.conversation,
-            collections=args.collections,
-        )
+        body = AskIn(**_body(args))
     except ValidationError as exc:
-        flags = {
-            "recompute_ratio": "--ratio",
-            "top_k": "--top-k",
-            "max_tokens": "--max-tokens",
-            "mode": "--mode",
-            "conversation_id": "--conversation",
-            "collections": "--collection",
-        }
         for err in exc.errors():
             name = str(err["loc"][0]) if err["loc"] else "question"
-            print(f"error: {flags.get(name, name)}: {err['msg']}", file=sys.stderr)
+            print(f"error: {_BODY_ARGS.get(name, (name, name))[1]}: {err['msg']}", file=sys.stderr)
         return EXIT_USAGE
     # A question never creates a data dir: without a catalog here, it goes to a running server or nowhere.
     remote, lock = take_data_dir(settings, "ask", "blendrag ask", remote=True, args=args, server_only=True)
@@ -137,22 +134,15 @@ def cmd_ask(args: argparse.Namespace) -> int:
         return _ask_remote(remote, args)
     assert lock is not None
     with lock:
-        collections = frozenset(body.collections) if body.collections is not None else None
-        request = AskRequest(
-            question=body.question,
-            top_k=body.top_k,
-            filters=SearchFilters(collections=collections),
-            mode=body.mode,
-            recompute_ratio=body.recompute_ratio,
-            selector=body.selector,
-            max_tokens=body.max_tokens,
+        request = body.to_request(body.question)
+        request = dataclasses.replace(
+            request, filters=dataclasses.replace(request.filters, collections=body.collections)
         )
         return _ask_local(settings, request, body.conversation_id)
 
 
 def _ask_local(settings: Settings, request: Any, conversation_id: str | None) -> int:
     from app.build import build_services
-    from app.cli.answer import AnswerPrinter
     from app.services.ask import ConversationRef, DoneEvent, ErrorEvent, SourcesEvent, TokenDelta
     from app.services.conversation_service import ConversationNotFound, owner_of
 
@@ -177,28 +167,21 @@ def _ask_local(settings: Settings, request: Any, conversation_id: str | None) ->
         service, scheduler = services.ask, services.scheduler
         assert service is not None and scheduler is not None
         scheduler.start()
-        sources: list[Any] = []
-        printer = AnswerPrinter()
-        code = 0
+        output = _AnswerOutput()
         try:
             async for event in service.ask(request):
                 match event:
                     case SourcesEvent():
-                        sources = event.sources
+                        output.event("sources", {"sources": [dataclasses.asdict(s) for s in event.sources]})
                     case TokenDelta():
-                        printer.token(event.text)
+                        output.event("token", {"text": event.text})
                     case DoneEvent():
-                        done = dataclasses.asdict(event)
-                        printer.done(done.get("answer"), done.get("citations") or [])
-                        _print_sources([dataclasses.asdict(s) for s in sources], event.notice)
-                        _print_done(done)
+                        output.event("done", dataclasses.asdict(event))
                     case ErrorEvent():
-                        printer.done(None, [])
-                        print(f"\nerror: {event.message}", file=sys.stderr)
-                        code = 1
+                        output.event("error", {"message": event.message})
         finally:
             await asyncio.to_thread(scheduler.stop)
-        return code
+        return output.code
 
     try:
         return asyncio.run(run())

@@ -41,22 +41,30 @@ def add_data_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
+# How a command reaches a server that is not this data dir's owner: (flag, metavar, the environment variable
+# its default comes from, help).
+_CLIENT_OPTIONS = (
+    (
+        "--server",
+        "URL",
+        "BLENDRAG_URL",
+        "send the work to the blendrag server at URL (default: $BLENDRAG_URL, the data dir's server, "
+        "else a running one)",
+    ),
+    (
+        "--api-key",
+        "KEY",
+        "BLENDRAG_API_KEY",
+        "the key sent to the server (a collection key or the admin key; default: $BLENDRAG_API_KEY, "
+        "else server.api_key)",
+    ),
+)
+
+
 def add_client(p: argparse.ArgumentParser) -> None:
     """How the command reaches a server that is not this data dir's owner, and the key it sends."""
-    p.add_argument(
-        "--server",
-        default=os.environ.get("BLENDRAG_URL"),
-        metavar="URL",
-        help="send the work to the blendrag server at URL (default: $BLENDRAG_URL, the data dir's server, "
-        "else a running one)",
-    )
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("BLENDRAG_API_KEY"),
-        metavar="KEY",
-        help="the key sent to the server (a collection key or the admin key; default: $BLENDRAG_API_KEY, "
-        "else server.api_key)",
-    )
+    for flag, metavar, env, help_text in _CLIENT_OPTIONS:
+        p.add_argument(flag, default=os.environ.get(env), metavar=metavar, help=help_text)
 
 
 def client_key(args: argparse.Namespace, settings: Settings) -> str | None:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from app.catalog import DocumentStatus
+from app.catalog.records import CollectionCounts
 from app.catalog.repository import Catalog
 from app.services.coverage_service import CoverageService
 from app.services.document_service import DocumentService
@@ -28,11 +29,9 @@ class CollectionNotFound(LookupError):
 
 
 @dataclass(frozen=True)
-class CollectionView:
-    name: str
-    num_documents: int
-    num_ready_documents: int
-    num_chunks: int
+class CollectionView(CollectionCounts):
+    """A collection's counts in the catalog and its KV coverage."""
+
     chunks_fresh: int
     coverage: float
 
@@ -54,10 +53,7 @@ class CollectionService:
             total[doc.collection] = total.get(doc.collection, 0) + doc.chunks_total
         return [
             CollectionView(
-                name=c.name,
-                num_documents=c.num_documents,
-                num_ready_documents=c.num_ready_documents,
-                num_chunks=c.num_chunks,
+                **asdict(c),
                 chunks_fresh=fresh.get(c.name, 0),
                 coverage=round(fresh.get(c.name, 0) / total[c.name], 6) if total.get(c.name) else 1.0,
             )

@@ -102,23 +102,23 @@ class ServingStats:
     recent: list[RecentAsk]
 
 
+# The ServingStats counts that sum up every collection's questions and ingests.
+_SERVER_WIDE_COUNTS = (
+    "kv_hit_rate",
+    "ask_kv_hits",
+    "ask_kv_misses",
+    "ingest_chunks",
+    "ingest_seconds",
+    "ingest_chunks_per_s",
+)
+
+
 def server_wide_left_out(stats: ServingStats) -> ServingStats:
     """`stats` as a collection key sees them: what sums up every collection (the times of other collections'
     questions, their KV entries, lookups and ingested chunks) is emptied; its own documents' counts stay."""
     footprint = dataclasses.replace(stats.kv_footprint, disk_budget_bytes=None, disk_bytes=None, disk_entries=None)
-    return dataclasses.replace(
-        stats,
-        kv_tiers=[],
-        kv_hit_rate=None,
-        kv_footprint=footprint,
-        ask_kv_hits=None,
-        ask_kv_misses=None,
-        ingest_chunks=None,
-        ingest_seconds=None,
-        ingest_chunks_per_s=None,
-        ttft_by_mode={},
-        recent=[],
-    )
+    counts = dict.fromkeys(_SERVER_WIDE_COUNTS)  # each None: "left out"
+    return dataclasses.replace(stats, kv_tiers=[], kv_footprint=footprint, ttft_by_mode={}, recent=[], **counts)
 
 
 def queue_depth(scheduler: Scheduler | None) -> int | None:

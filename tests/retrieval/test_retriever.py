@@ -14,6 +14,7 @@ from retrieval import (
     IndexMismatchError,
     RetrievalError,
     RetrievalSettings,
+    RetrievedChunk,
     Retriever,
     SearchFilters,
 )
@@ -75,6 +76,15 @@ def test_search_returns_ranked_chunks_with_metadata() -> None:
     assert first.score == pytest.approx(1.0, abs=1e-5)
     assert all(r.score == r.vector_score for r in results)
     assert ids(retriever.search("", top_k=2, query_vector=VECTORS[7])) == brute_force(VECTORS[7], 2)
+
+
+def test_a_result_is_its_indexed_chunk_and_its_scores() -> None:
+    retriever = filled()
+    chunk = IndexedChunk(chunk_id=900, document_id="doc-x", text="t", title="X", page=3, tags=("a",), collection="c")
+    retriever.add([chunk], VECTORS[7:8])
+    [hit] = retriever.search("", top_k=1, filters=SearchFilters(collections=["c"]), query_vector=VECTORS[7])
+    assert hit == RetrievedChunk.of(chunk, hit.score, hit.vector_score)
+    assert (hit.collection, hit.score) == ("c", pytest.approx(1.0, abs=1e-5))
 
 
 def test_filters() -> None:

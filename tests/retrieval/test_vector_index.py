@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval import VectorIndex
+from retrieval import IndexParams, VectorIndex
 
 DIM = 32
 NUM = 300
@@ -25,9 +25,9 @@ def brute_force(query: np.ndarray, k: int, ids: np.ndarray = IDS, vectors: np.nd
     return [int(ids[i]) for i in np.argsort(-scores, kind="stable")[:k]]
 
 
-def make(index_type: str, **kwargs) -> VectorIndex:
+def make(index_type: str, use_gpu: bool = False, **kwargs) -> VectorIndex:
     # nlist 4 trains IVF at 4 * 39 = 156 vectors; nprobe = nlist makes IVF search exhaustive (exact).
-    return VectorIndex(DIM, index_type, ivf_nlist=4, ivf_nprobe=4, **kwargs)
+    return VectorIndex(DIM, index_type, IndexParams(ivf_nlist=4, ivf_nprobe=4, **kwargs), use_gpu=use_gpu)
 
 
 @pytest.mark.parametrize("index_type", ["flat", "hnsw", "ivf"])
@@ -164,7 +164,7 @@ def test_gpu_request_without_faiss_gpu_falls_back_to_cpu() -> None:
 def test_a_scattered_allowed_set_still_fills_top_k(index_type: str) -> None:
     """An allowed set (one collection) lying far from the query, past exact_filter_limit: the probed IVF
     list or the HNSW walk holds few of them, yet the search returns k allowed hits, the exact best."""
-    index = VectorIndex(DIM, index_type, ivf_nlist=4, ivf_nprobe=1, hnsw_ef_search=4, exact_filter_limit=5)
+    index = VectorIndex(DIM, index_type, IndexParams(ivf_nlist=4, ivf_nprobe=1, hnsw_ef_search=4, exact_filter_limit=5))
     index.add(IDS, VECTORS)
     query = VECTORS[0]
     farthest = np.argsort(VECTORS @ query, kind="stable")[:12]  # the 12 vectors least like the query

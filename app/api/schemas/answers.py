@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import AliasChoices, AliasPath, BaseModel, Field
 
 from app.api.schemas.common import RecordOut
+from app.api.schemas.conversations import TurnSourceOut
 
 
 class AskDefaultsOut(BaseModel):
@@ -19,12 +20,9 @@ class AskDefaultsOut(BaseModel):
     max_tokens: int
 
 
-class SourceOut(RecordOut):
-    rank: int = Field(description="1-based; the [n] an answer cites")
-    chunk_id: int
-    document_id: str
-    title: str
-    page: int | None
+class SourceOut(TurnSourceOut):
+    """A passage the answer was given: the turn's source, with how it scored and what the model read."""
+
     score: float
     snippet: str
     text: str = Field(description="The whole passage the model read")

@@ -50,6 +50,11 @@ class OpenAIErrorOut(BaseModel):
 
 API_KEY_REQUIRED = "API key required"
 MODELS_LOADING = "Models still loading"
+# What `guard_questions` (app/api/deps.py) answers, for the routers behind it.
+QUESTION_GUARD_ERRORS = {
+    401: "API key required (`server.protect_ask`, or collection keys exist)",
+    429: "Too many requests from this API key / IP; see Retry-After",
+}
 
 
 def error_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:

@@ -26,7 +26,7 @@ class ConversationPageOut(BaseModel):
 
 
 class TurnSourceOut(RecordOut):
-    rank: int
+    rank: int = Field(description="1-based; the [n] an answer cites")
     chunk_id: int
     document_id: str
     title: str

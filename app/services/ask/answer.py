@@ -12,6 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING
 
 from app.services.ask.recorder import AnswerRecorder, KVCounts
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class Answer:
     """A question the engine has accepted: `events()` streams sources, token deltas, then done or error.
 
@@ -35,36 +37,25 @@ class Answer:
     source whose submit failed. An answer that is never iterated is cancelled when it is dropped.
     """
 
-    def __init__(
-        self,
-        request: AskRequest,
-        plan: AskPlan,
-        sources: SourcesEvent,
-        generation: GenerationRequest,
-        *,
-        kv: PromptKV | None,
-        scheduler: Scheduler,
-        recorder: AnswerRecorder,
-        finisher: TurnFinisher,
-    ) -> None:
-        self.request = request
-        self.plan = plan
-        self.sources = sources
-        self._generation = generation
-        self._kv = kv
-        self._scheduler = scheduler
-        self._recorder = recorder
-        self._finisher = finisher
-        self._stream: RequestStream | None = None
-        self._kv_counts = KVCounts()
+    request: AskRequest
+    plan: AskPlan
+    sources: SourcesEvent
+    generation: GenerationRequest
+    _: KW_ONLY
+    kv: PromptKV | None
+    scheduler: Scheduler
+    recorder: AnswerRecorder
+    finisher: TurnFinisher
+    _stream: RequestStream | None = field(default=None, init=False)
+    _kv_counts: KVCounts = field(default_factory=KVCounts, init=False)
 
     async def open_and_submit(self, readmit: bool) -> None:
         """Open the prompt's KV (computing missing entries) and queue the request; EngineBusy if full."""
         started = time.perf_counter()
         kv_source = None
         counts = self._kv_counts
-        if self._kv is not None:
-            opened = await asyncio.to_thread(self._kv.open, self.plan)
+        if self.kv is not None:
+            opened = await asyncio.to_thread(self.kv.open, self.plan)
             kv_source = opened.source
             counts = dataclasses.replace(
                 counts,
@@ -75,10 +66,10 @@ class Answer:
                 num_history_reused_tokens=opened.num_history_reused_tokens,
             )
         self._kv_counts = dataclasses.replace(counts, load_ms=counts.load_ms + (time.perf_counter() - started) * 1000)
-        mode = self._generation.mode if kv_source is not None else "full"
-        request = dataclasses.replace(self._generation, request_id=str(uuid.uuid4()), kv_source=kv_source, mode=mode)
+        mode = self.generation.mode if kv_source is not None else "full"
+        request = dataclasses.replace(self.generation, request_id=str(uuid.uuid4()), kv_source=kv_source, mode=mode)
         try:
-            self._stream = self._scheduler.submit(request, readmit=readmit)
+            self._stream = self.scheduler.submit(request, readmit=readmit)
         except BaseException:
             if kv_source is not None:  # never handed over: still ours to close
                 kv_source.close()
@@ -93,7 +84,7 @@ class Answer:
         from engine.types import EngineError, FinishEvent
         from kvcache.errors import KVEntryCorrupt
 
-        recorder, mode = self._recorder, self._generation.mode
+        recorder, mode = self.recorder, self.generation.mode
         pieces: list[str] = []
         yield self.sources
         try:
@@ -107,7 +98,7 @@ class Answer:
                 try:
                     async for event in stream:
                         if isinstance(event, FinishEvent):
-                            yield await self._finisher.finish(
+                            yield await self.finisher.finish(
                                 self.request, self.plan, self.sources, event, "".join(pieces), self._kv_counts
                             )
                             return

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.services.ask.recorder import AnswerRecorder, KVCounts
@@ -26,38 +27,30 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
 class TurnFinisher:
     """Finishes answered turns: measures them (`AnswerRecorder`), stores their KV (`TurnKV`, through the
     scheduler at question priority), records them (`ConversationService`; None: nothing is recorded) and
     builds their `DoneEvent`. `on_storage_fault` / `on_storage_ok` hear whether a turn could be recorded."""
 
-    def __init__(
-        self,
-        recorder: AnswerRecorder,
-        turn_kv: TurnKV,
-        scheduler: Scheduler,
-        conversations: ConversationService | None,
-        on_storage_fault: Callable[[str], None] | None = None,
-        on_storage_ok: Callable[[], None] | None = None,
-    ) -> None:
-        self._recorder = recorder
-        self._turn_kv = turn_kv
-        self._scheduler = scheduler
-        self._conversations = conversations
-        self._on_storage_fault = on_storage_fault
-        self._on_storage_ok = on_storage_ok
+    recorder: AnswerRecorder
+    turn_kv: TurnKV
+    scheduler: Scheduler
+    conversations: ConversationService | None
+    on_storage_fault: Callable[[str], None] | None = None
+    on_storage_ok: Callable[[], None] | None = None
 
     async def finish(
         self, request: AskRequest, plan: AskPlan, sources: SourcesEvent, event: FinishEvent, text: str, kv: KVCounts
     ) -> DoneEvent:
         """The `done` of an answer whose engine request finished with `event` (`text`: its streamed pieces)."""
         answer = event.text or text
-        usage, timings = self._recorder.measure(event, sources.retrieval_ms, kv, plan.layout.num_history_tokens)
+        usage, timings = self.recorder.measure(event, sources.retrieval_ms, kv, plan.layout.num_history_tokens)
         if request.conversation is not None or plan.history:
             await self._store_turn_kv(Turn(request.question, answer))
         conversation_id, not_stored = None, None
         context = plan.conversation
-        if context is not None and context.conversation_id is not None and self._conversations is not None:
+        if context is not None and context.conversation_id is not None and self.conversations is not None:
             from app.catalog.conversations import NewTurn
 
             recorded = NewTurn(
@@ -98,9 +91,9 @@ class TurnFinisher:
 
         try:
             await asyncio.to_thread(
-                self._turn_kv.store_turn,
+                self.turn_kv.store_turn,
                 turn,
-                lambda todo: self._scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
+                lambda todo: self.scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
             )
         except Exception:  # the answer stands; the next turn computes the entry
             logger.exception("could not store the KV of a finished turn")
@@ -108,19 +101,19 @@ class TurnFinisher:
     async def _record(self, context: ConversationContext, turn: NewTurn) -> tuple[str | None, str | None]:
         """Append the turn: (the conversation id `done` names, None) or, when it could not be stored,
         (None, the notice that says why)."""
-        assert self._conversations is not None
+        assert self.conversations is not None
         try:
-            kept = await asyncio.to_thread(self._conversations.record, context, turn)
+            kept = await asyncio.to_thread(self.conversations.record, context, turn)
         except Exception as exc:  # the answer stands; `done` names no conversation and says why
             logger.exception("could not record a conversation turn")
             full = is_storage_full(exc)
-            if full and self._on_storage_fault is not None:
-                self._on_storage_fault(f"conversation turn not stored: {type(exc).__name__}: {exc}")
+            if full and self.on_storage_fault is not None:
+                self.on_storage_fault(f"conversation turn not stored: {type(exc).__name__}: {exc}")
             why = "the server's storage is full" if full else f"{type(exc).__name__}"
             return None, (
                 f"this turn was not stored ({why}): conversation_id is null; ask again later, or send the "
                 "earlier turns yourself"
             )
-        if self._on_storage_ok is not None:
-            self._on_storage_ok()
+        if self.on_storage_ok is not None:
+            self.on_storage_ok()
         return (context.conversation_id if kept else None), None

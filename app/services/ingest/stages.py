@@ -299,16 +299,7 @@ def commit(ctx: JobContext) -> int:
         chunk_ids = catalog.replace_chunks(
             item.document_id,
             [
-                NewChunk(
-                    index=c.index,
-                    text=c.text,
-                    token_ids=list(c.token_ids),
-                    page=c.page,
-                    char_start=c.char_start,
-                    char_end=c.char_end,
-                    kv_key=key,
-                    embedding=vector,
-                )
+                NewChunk.of(c, key, vector)
                 for c, key, vector in zip(item.chunks, item.kv_keys, item.vectors, strict=True)
             ],
         )

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from app.catalog import Catalog, DocumentStatus, JobStatus
 from app.catalog.records import JobUpdate, NewChunk, NewDocument, decode_token_ids, encode_token_ids
+from ingest.chunker import Chunk
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -19,6 +21,21 @@ def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Catalog:
 
 def _chunk(i: int, ids: list[int], key: str | None = None) -> NewChunk:
     return NewChunk(index=i, text=f"chunk {i}", token_ids=ids, page=None, char_start=0, char_end=7, kv_key=key)
+
+
+def test_a_new_chunk_is_the_chunkers_chunk_with_its_kv_key_and_embedding() -> None:
+    chunk = Chunk(index=3, text="some text\n\n", token_ids=[5, 6, 7], page=2, char_start=10, char_end=21)
+    vector = np.arange(4, dtype=np.float32)
+    new = NewChunk.of(chunk, "k" * 64, vector)
+    assert (new.index, new.text, new.token_ids, new.page, new.char_start, new.char_end) == (
+        3,
+        "some text\n\n",
+        [5, 6, 7],
+        2,
+        10,
+        21,
+    )
+    assert new.kv_key == "k" * 64 and new.embedding is vector and new.num_tokens == 3
 
 
 def test_token_ids_round_trip_exactly() -> None:

