@@ -81,6 +81,7 @@ NOT_BLEND_SETTINGS = {
     "device",
     "dtype",
     "num_threads",
+    "pack_weights",
     "system_prompt",
     "question_template",
     "mode",
