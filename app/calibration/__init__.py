@@ -5,6 +5,7 @@ store.py     CalibrationStore: <data dir>/calibration/<fingerprint>.json, writte
 shipped.py   shipped_blend_settings(model_name): the records the repo ships for its catalogue models
 in_force.py  BlendInForce / BlendSettingsHolder: operator > calibrated > shipped > safe, and where each came from
 calset.py    the calibration set, generated (look-ups with made-up codes, two-hop questions, follow-ups)
+prose.py     its passages: sections of the standard library's docstrings, none repeated
 measure.py   one blend configuration's figures on that set, against full prefill and reuse
 search.py    calibrate(): the cheapest candidate meeting the targets
 runner.py    CalibrationRunner: the background calibration of a model served for the first time
