@@ -62,8 +62,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
-
-
-def plain(weight: torch.Tensor) -> torch.Tensor:
-    """The (out, in) dense tensor of a weight, packed or not (for code that reads the values)."""
-    return weight.to_dense() if weight.is_mkldnn else weight

@@ -147,15 +147,17 @@ def sections() -> list[str]:
     seen_lines: set[str] = set()
     for name in MODULES:
         current: list[str] = []
+        num_chars = 0
         for entry in _entries(name):
             lines = {line.strip() for line in entry.splitlines() if len(line.strip()) >= 40}
             if lines & seen_lines:
                 continue  # docstrings repeat each other now and then (a shared note): the set must not
             seen_lines |= lines
             current.append(entry)
-            if sum(len(e) for e in current) >= SECTION_CHARS:
+            num_chars += len(entry)
+            if num_chars >= SECTION_CHARS:
                 out.append("\n\n".join(current))
-                current = []
+                current, num_chars = [], 0
     return out
 
 
