@@ -25,6 +25,13 @@ def _encode(kv: ChunkKV, dtype: str = "fp16", key: str | None = None, created_at
     )  # type: ignore[arg-type]
 
 
+def _write(folder: Path, entry) -> Path:
+    """The entry serialized to `folder`/e.safetensors."""
+    path = folder / "e.safetensors"
+    path.write_bytes(serialize_entry(entry))
+    return path
+
+
 @pytest.mark.parametrize(("storage", "torch_dtype"), [("fp16", torch.float16), ("bf16", torch.bfloat16)])
 def test_round_trip_is_bit_exact(tmp_path: Path, storage: str, torch_dtype: torch.dtype) -> None:
     kv = make_kv(1, dtype=torch_dtype)
@@ -78,8 +85,7 @@ def test_quantize_helpers_directly() -> None:
 def test_metadata_and_checksums(tmp_path: Path) -> None:
     kv = make_kv(4)
     entry = _encode(kv, "fp16", created_at=1234.25)
-    path = tmp_path / "e.safetensors"
-    path.write_bytes(serialize_entry(entry))
+    path = _write(tmp_path, entry)
     # any safetensors reader opens it: names, dtypes, shapes and metadata as documented
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
@@ -99,8 +105,7 @@ def test_metadata_and_checksums(tmp_path: Path) -> None:
 
 def test_int8_file_names_scales(tmp_path: Path) -> None:
     entry = _encode(make_kv(5, dtype=torch.float32), "int8", key=key_of(1))
-    path = tmp_path / "e.safetensors"
-    path.write_bytes(serialize_entry(entry))
+    path = _write(tmp_path, entry)
     with safe_open(str(path), framework="pt") as f:
         assert f.get_tensor("k.0").dtype == torch.int8
         assert f.get_tensor("v_scale.3").shape == (KV_HEADS, NUM_TOKENS)
@@ -195,8 +200,7 @@ def test_damaged_bytes_are_rejected_at_open(tmp_path: Path, mutation: str, kind:
 
 def test_file_shrinking_under_an_open_reader_is_an_error_not_a_crash(tmp_path: Path) -> None:
     entry = _encode(make_kv(9))
-    path = tmp_path / "e.safetensors"
-    path.write_bytes(serialize_entry(entry))
+    path = _write(tmp_path, entry)
     with FileEntryReader(path, entry.key) as reader:
         assert torch.equal(reader.read_layer(0).k, entry.k[0])
         with open(path, "r+b") as f:
@@ -238,8 +242,7 @@ def test_quantizing_runs_on_the_calling_thread_and_gives_the_threads_back(
 
 def test_a_reader_used_with_with_is_closed_on_the_way_out_an_error_included(tmp_path: Path) -> None:
     entry = _encode(make_kv(9))
-    path = tmp_path / "e.safetensors"
-    path.write_bytes(serialize_entry(entry))
+    path = _write(tmp_path, entry)
     with FileEntryReader(path, entry.key) as reader:
         assert torch.equal(reader.read_layer(0).k, entry.k[0])
     with pytest.raises(ValueError, match="reader is closed"):
