@@ -9,7 +9,7 @@ from kvtest_helpers import FINGERPRINT, HEAD_DIM, KV_HEADS, NUM_LAYERS, NUM_TOKE
 from safetensors import safe_open
 
 from kvcache.errors import KVEntryCorrupt
-from kvcache.format import FORMAT_NAME, encode_entry, serialize_entry
+from kvcache.format import FORMAT_NAME, StoredEntry, encode_entry, serialize_entry
 from kvcache.quant import dequantize_int8, quantize_int8
 from kvcache.reader import BytesEntryReader, FileEntryReader, deserialize_entry, read_entry_file
 from kvcache.types import ChunkKV
@@ -25,7 +25,7 @@ def _encode(kv: ChunkKV, dtype: str = "fp16", key: str | None = None, created_at
     )  # type: ignore[arg-type]
 
 
-def _write(folder: Path, entry) -> Path:
+def _write(folder: Path, entry: StoredEntry) -> Path:
     """The entry serialized to `folder`/e.safetensors."""
     path = folder / "e.safetensors"
     path.write_bytes(serialize_entry(entry))
