@@ -20,9 +20,11 @@ Every turn is asked with the earlier turns (questions and the default's answers)
 
 The look-up test (`--lookup N`, like `bench lookup`): N made-up projects, one document each holding its
 access code. Turn 1 "Tell me about project X.", turn 2 "What is the access code of that project?", asked
-on the /ask path (a stored conversation) and on the /v1 path (the messages array, stateless). Reported:
-the project's document in the top 3 sources, right answers of the default and of full prefill (same
-history, same retrieval), and second turns with `history_reused_tokens > 0`.
+on the /ask path (a stored conversation) and on the /v1 path (the messages array, stateless). Reported per
+path: the project's document in the top 3 sources and first, right answers of the default and of full
+prefill (full prefill's turn 2 takes the same path: on /ask, a conversation of its own whose turn 1 was
+asked as the default's was, so its retrieval reads the stored turn's sources too), and second turns with
+`history_reused_tokens > 0`.
 """
 
 from __future__ import annotations
@@ -243,7 +245,6 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
     from pydantic import TypeAdapter
 
     from app.api.openai_messages import ChatMessage, read_messages  # /v1's own reading of `messages`
-    from engine.prompt import Turn
 
     messages_of = TypeAdapter(list[ChatMessage])
 
@@ -253,13 +254,22 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
         first = f"Tell me about project {project.name}."
         second = "What is the access code of that project?"
         row: dict[str, Any] = {"project": project.name, "code": project.code}
-        # /ask: a stored conversation, continued by id.
+        # /ask: a stored conversation, continued by id. Full prefill's reference takes the same path: turn 1
+        # asked (as the default) in a conversation of its own, turn 2 in full prefill, so its retrieval reads
+        # the stored turn's sources as the default's does.
         context = conversations.open(None, None, None, None)
         done1, _, _ = await ask_service(state, _request(first, [], max_tokens, conversation=_ref(context)))
         context = conversations.open(done1.conversation_id, None, None, None)
+        reference = conversations.open(None, None, None, None)
+        ref1, _, _ = await ask_service(state, _request(first, [], max_tokens, conversation=_ref(reference)))
+        reference = conversations.open(ref1.conversation_id, None, None, None)
+        row["same_first_answer"] = ref1.answer == done1.answer
         for path in ("ask", "v1"):
             if path == "ask":
                 request = _request(second, list(context.history), max_tokens, conversation=_ref(context))
+                full_request = _request(
+                    second, list(reference.history), max_tokens, conversation=_ref(reference), mode="full"
+                )
             else:
                 messages = messages_of.validate_python(
                     [
@@ -270,16 +280,19 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
                 )
                 chat = read_messages(messages)
                 request = _request(chat.question, list(chat.history), max_tokens, system_prompt=chat.system_prompt)
+                full_request = _request(
+                    chat.question, list(chat.history), max_tokens, system_prompt=chat.system_prompt, mode="full"
+                )
             done, titles, _ = await ask_service(state, request)
-            full, _, _ = await ask_service(
-                state, _request(second, [Turn(first, done1.answer)], max_tokens, mode="full")
-            )
+            full, full_titles, _ = await ask_service(state, full_request)
             row[path] = {
                 "in_top3": project.title in titles[:TOP],
+                "rank": titles.index(project.title) + 1 if project.title in titles else 0,
                 "answer": done.answer,
                 "right": _norm(project.code) in _norm(done.answer),
                 "full_answer": full.answer,
                 "full_right": _norm(project.code) in _norm(full.answer),
+                "full_same_sources": full_titles == titles,
                 "history_reused_tokens": done.usage.history_reused_tokens,
             }
         rows.append(row)
@@ -296,6 +309,7 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
     for path in ("ask", "v1"):
         summary[path] = {
             "in_top3": sum(r[path]["in_top3"] for r in rows),
+            "first": sum(r[path]["rank"] == 1 for r in rows),
             "default_right": sum(r[path]["right"] for r in rows),
             "full_right": sum(r[path]["full_right"] for r in rows),
             "history_reused": sum(r[path]["history_reused_tokens"] > 0 for r in rows),

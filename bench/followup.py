@@ -10,7 +10,7 @@ earlier searches returned), once per method:
 
 - `off`: the question alone;
 - `questions`: `concat` over the questions only (the server's query before sources counted);
-- `concat`: the server's default: the questions plus the mean vector of the previous turn's top sources,
+- `concat`: the server's default: the questions plus the rank-weighted mean vector of the previous turn's top sources,
   retrieval/followup.py `followup_query` (what app/services/ask/followup.py runs).
 
 Reported per method and turn: sessions whose referenced page is among the top 3 sources (target at
@@ -129,7 +129,14 @@ def main(args: argparse.Namespace) -> int:
         embed_dtype=retriever.embedder.dtype_choice.dtype if retriever.embedder.dtype_choice else "float32",
         settings={
             k: getattr(settings, k)
-            for k in ("followup_turns", "followup_decay", "followup_sources", "followup_source_weight", "hybrid")
+            for k in (
+                "followup_turns",
+                "followup_decay",
+                "followup_sources",
+                "followup_source_weight",
+                "followup_source_decay",
+                "hybrid",
+            )
         },
         methods={},
     )

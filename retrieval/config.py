@@ -87,6 +87,13 @@ class RetrievalSettings(BaseModel):
     followup_source_weight: float = Field(
         0.7, ge=0.0, le=4.0, description="concat: weight of those sources' mean vector (the new question counts 1)"
     )
+    followup_source_decay: float = Field(
+        0.6,
+        gt=0.0,
+        le=1.0,
+        description="concat: weight of each step down those sources' ranking in their mean (1, d, d², …; 1: a "
+        "plain mean)",
+    )
 
     def index_params(self) -> IndexParams:
         """The vector index's tuning: each IndexParams field these settings carry (the rest keep their defaults)."""

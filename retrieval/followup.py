@@ -8,9 +8,12 @@
   most) × the mean vector of that turn's top `followup_sources` sources, made unit length again. Those
   sources stand for the topic the conversation is on, so "Show it with a class instead." still lands on
   it (they and the chunks next to them stay the nearest candidates), while a follow-up that names a new
-  subject moves to it. Without sources (a /v1 messages array), the weighted sum of the embeddings of
-  the new question and the previous `followup_turns` user questions, weights 1, decay, decay², …. BM25
-  and the reranker read the questions' text, newest first.
+  subject moves to it. The mean is weighted by rank, 1, `followup_source_decay`, its square, …: the best
+  source is what the turn was about, the next ones are often its neighbours in the corpus. A plain mean
+  (decay 1) made "What is the access code of that project?", after "Tell me about project X.", land on
+  another project as often as on X in a corpus of similar project pages. Without sources (a /v1 messages
+  array), the weighted sum of the embeddings of the new question and the previous `followup_turns` user
+  questions, weights 1, decay, decay², …. BM25 and the reranker read the questions' text, newest first.
 - `rewrite`: the model rewrites the question into a standalone one first (app/services, it needs the
   engine); that text is then the query. `REWRITE_SYSTEM_PROMPT` is the instruction it gets,
   `rewrite_request_text` the request built from the recent turns, `clean_rewrite` tidies the answer.
@@ -73,9 +76,11 @@ def concat_query(
     decay: float,
     source_vectors: np.ndarray | None = None,
     source_weight: float = 0.0,
+    source_decay: float = 1.0,
 ) -> FollowupQuery:
     """The `concat` query: see the module docstring. `source_vectors` (n, dim): the previous turn's top
-    sources, whose mean joins the new question at `source_weight` (the question counts 1)."""
+    sources, best first, whose mean (weighted 1, `source_decay`, its square, … by rank) joins the new
+    question at `source_weight` (the question counts 1)."""
     question = question.strip()
     earlier = recent_questions(previous_questions, num_turns)
     if not earlier:
@@ -85,7 +90,9 @@ def concat_query(
     if num_sources:
         # The sources stand for the earlier questions (what they found): those are not embedded again.
         asked = embedder.embed_queries([question])[0]
-        topic = _unit(np.asarray(source_vectors, dtype=np.float32).mean(axis=0))
+        ranked = np.asarray(source_vectors, dtype=np.float32)  # (n, dim), best first
+        rank_weights = np.asarray([source_decay**i for i in range(num_sources)], dtype=np.float32)[:, None]
+        topic = _unit((ranked * rank_weights).sum(axis=0))
         vector = _unit(asked + source_weight * topic)
     else:
         vectors = embedder.embed_queries(texts)  # (n, dim), unit rows
@@ -118,6 +125,7 @@ def followup_query(
         settings.followup_decay,
         source_vectors=source_vectors,
         source_weight=settings.followup_source_weight,
+        source_decay=settings.followup_source_decay,
     )
 
 

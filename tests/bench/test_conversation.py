@@ -68,3 +68,9 @@ def test_conversation_bench_runs_through_the_service(run_bench, dataset_path: Pa
     summary = result["lookup"]["summary"]
     assert set(summary) == {"ask", "v1"} and result["lookup"]["questions"] == 2
     assert summary["ask"]["history_reused"] == summary["v1"]["history_reused"] == 2
+    for row in result["lookup"]["per_project"]:
+        # Greedy: the reference conversation's turn 1 is the default's, so full prefill's turn 2 reads the
+        # same stored sources on /ask and retrieves what the default's turn 2 did, on both paths.
+        assert row["same_first_answer"] is True
+        assert row["ask"]["full_same_sources"] is True and row["v1"]["full_same_sources"] is True
+        assert all(1 <= row[path]["rank"] <= 2 for path in ("ask", "v1"))

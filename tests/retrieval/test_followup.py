@@ -69,7 +69,9 @@ def _retriever(settings: RetrievalSettings) -> Retriever:
 
 
 def test_followup_query_joins_the_previous_turns_sources() -> None:
-    settings = RetrievalSettings(followup_turns=2, followup_decay=0.5, followup_sources=2, followup_source_weight=0.7)
+    settings = RetrievalSettings(
+        followup_turns=2, followup_decay=0.5, followup_sources=2, followup_source_weight=0.7, followup_source_decay=1.0
+    )
     retriever = _retriever(settings)
     emb = retriever.embedder
     earlier = [EarlierTurn("how do I add middleware?", (13,)), EarlierTurn("and my own?", (11, 10, 12))]
@@ -90,3 +92,22 @@ def test_followup_query_joins_the_previous_turns_sources() -> None:
     retriever.remove([11])
     gone = followup_query("show it with a class", earlier, retriever, settings)
     np.testing.assert_allclose(gone.vector, _unit(e[0] + 0.7 * retriever.vectors_of([10])[0]), rtol=1e-5)
+
+
+def test_the_previous_turns_sources_weigh_by_rank() -> None:
+    settings = RetrievalSettings(followup_sources=3, followup_source_weight=0.7, followup_source_decay=0.6)
+    retriever = _retriever(settings)
+    earlier = [EarlierTurn("tell me about middleware", (10, 11, 12))]
+    query = followup_query("what else?", earlier, retriever, settings)
+    asked = retriever.embedder.embed_queries(["what else?"])[0]
+    v = retriever.vectors_of([10, 11, 12])
+    topic = _unit(1.0 * v[0] + 0.6 * v[1] + 0.36 * v[2])
+    np.testing.assert_allclose(query.vector, _unit(asked + 0.7 * topic), rtol=1e-5, atol=1e-6)
+    assert query.num_sources_used == 3
+    # The best source leads: the query is nearer it than the third, which a plain mean would not say.
+    assert float(v[0] @ query.vector) - float(v[2] @ query.vector) > float(
+        v[0] @ _unit(asked + 0.7 * _unit(v.mean(axis=0)))
+    ) - float(v[2] @ _unit(asked + 0.7 * _unit(v.mean(axis=0))))
+    # Decay 1 is the plain mean.
+    plain = followup_query("what else?", earlier, retriever, settings.model_copy(update={"followup_source_decay": 1.0}))
+    np.testing.assert_allclose(plain.vector, _unit(asked + 0.7 * _unit(v.mean(axis=0))), rtol=1e-5, atol=1e-6)
