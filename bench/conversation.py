@@ -34,7 +34,7 @@ import asyncio
 import logging
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -267,8 +267,8 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
         for path in ("ask", "v1"):
             if path == "ask":
                 request = _request(second, list(context.history), max_tokens, conversation=_ref(context))
-                full_request = _request(
-                    second, list(reference.history), max_tokens, conversation=_ref(reference), mode="full"
+                full_request = replace(
+                    request, history=tuple(reference.history), conversation=_ref(reference), mode="full"
                 )
             else:
                 messages = messages_of.validate_python(
@@ -280,9 +280,7 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
                 )
                 chat = read_messages(messages)
                 request = _request(chat.question, list(chat.history), max_tokens, system_prompt=chat.system_prompt)
-                full_request = _request(
-                    chat.question, list(chat.history), max_tokens, system_prompt=chat.system_prompt, mode="full"
-                )
+                full_request = replace(request, mode="full")
             done, titles, _ = await ask_service(state, request)
             full, full_titles, _ = await ask_service(state, full_request)
             row[path] = {

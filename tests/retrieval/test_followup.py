@@ -104,10 +104,9 @@ def test_the_previous_turns_sources_weigh_by_rank() -> None:
     topic = _unit(1.0 * v[0] + 0.6 * v[1] + 0.36 * v[2])
     np.testing.assert_allclose(query.vector, _unit(asked + 0.7 * topic), rtol=1e-5, atol=1e-6)
     assert query.num_sources_used == 3
+    plain_mean = _unit(asked + 0.7 * _unit(v.mean(axis=0)))
     # The best source leads: the query's lead of the first source over the third is wider than a plain mean's.
-    assert float(v[0] @ query.vector) - float(v[2] @ query.vector) > float(
-        v[0] @ _unit(asked + 0.7 * _unit(v.mean(axis=0)))
-    ) - float(v[2] @ _unit(asked + 0.7 * _unit(v.mean(axis=0))))
+    assert float(v[0] @ query.vector) - float(v[2] @ query.vector) > float(v[0] @ plain_mean) - float(v[2] @ plain_mean)
     # Decay 1 is the plain mean.
     plain = followup_query("what else?", earlier, retriever, settings.model_copy(update={"followup_source_decay": 1.0}))
-    np.testing.assert_allclose(plain.vector, _unit(asked + 0.7 * _unit(v.mean(axis=0))), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(plain.vector, plain_mean, rtol=1e-5, atol=1e-6)
