@@ -96,6 +96,13 @@ def write_corpus(folder: Path) -> Path:
 
 def read_corpus(folder: Path) -> tuple[list[tuple[str, str]], list[DocsQuestion]]:
     """([(title, page text)], answer key) of a corpus folder (Markdown pages + answer_key.json)."""
-    pages = [(p.stem, p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.md"))]
     key = [DocsQuestion(**q) for q in json.loads((folder / "answer_key.json").read_text(encoding="utf-8"))]
-    return pages, key
+    return read_pages(folder), key
+
+
+def read_pages(folder: Path) -> list[tuple[str, str]]:
+    """[(title, page text)] of the Markdown pages in `folder`, by file name; an answer key is not needed."""
+    pages = [(p.stem, p.read_text(encoding="utf-8")) for p in sorted(folder.glob("*.md"))]
+    if not pages:
+        raise ValueError(f"no Markdown pages (*.md) in {folder}")
+    return pages

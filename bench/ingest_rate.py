@@ -1,7 +1,8 @@
 """`python -m bench ingest`: how fast this machine ingests, what the KV costs on disk, how well retrieval finds.
 
-1. An ingest of --chunks passages (nq6_dev: one passage = one document = one chunk) through the app's own
-   IngestService on a temp data dir: total time, chunks per second per stage (parse, chunk, embed, kv,
+1. An ingest of --chunks passages (nq6_dev: one passage = one document = one chunk), or with --docs of a real
+   docs corpus (Markdown pages the app chunks as it chunks an upload), through the app's own IngestService on a
+   temp data dir: total time, chunks per second per stage (parse, chunk, embed, kv,
    commit; timed from the job's progress callbacks), KV bytes on disk and the FAISS index size.
 2. KV bytes per chunk and per token for each storage dtype (fp16, bf16, int8), in memory and as entry
    files, on a sample of the ingested chunks (also timing a batched precompute, which the service does not
@@ -22,6 +23,7 @@ from typing import Any
 
 from bench import harness
 from bench.data import Passage, load_dataset, select_examples
+from bench.docs_corpus import read_pages, write_corpus
 from bench.inprocess import args_settings, dir_bytes, ingest_passages, running_app
 from bench.prepared import STORAGE_DTYPES, PreparedPrompt
 
@@ -35,7 +37,18 @@ RECALL_KS = (1, 5, 10)
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(examples=None, passages=None)
-    parser.add_argument("--chunks", type=int, default=1000, help="passages to ingest (each is one chunk)")
+    parser.add_argument(
+        "--chunks", type=int, default=1000, help="passages to ingest (each is one chunk); with --docs, pages"
+    )
+    parser.add_argument(
+        "--docs",
+        nargs="?",
+        const="stdlib",
+        default=None,
+        metavar="DIR",
+        help="ingest a docs corpus instead of --dataset's passages: a folder of Markdown pages, or without DIR "
+        "the standard library's reference pages (bench/docs_corpus.py, made in the temp dir)",
+    )
     harness.add_kv_dtype_arg(parser, choices=STORAGE_DTYPES)
     parser.add_argument("--dtype-sample", type=int, default=24, help="chunks used to measure KV bytes per dtype")
     parser.add_argument("--no-recall", action="store_true", help="skip the recall@k part")
@@ -52,6 +65,12 @@ def unique_passages(examples: list, num_passages: int | None) -> list[Passage]:
                 seen.add((p.title, p.text))
                 out.append(p)
     return out
+
+
+def docs_passages(docs: str, tmp: Path) -> list[Passage]:
+    """The pages of --docs as passages: the standard-library corpus written under tmp, or a folder's pages."""
+    folder = write_corpus(tmp / "docs") if docs == "stdlib" else Path(docs)
+    return [Passage(title=title, text=text) for title, text in read_pages(folder)]
 
 
 def _ingest_part(state: Any, passages: list[Passage]) -> dict[str, Any]:
@@ -171,12 +190,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
-    passages = unique_passages(examples, args.passages)[: args.chunks]
-    logger.info("ingest: %d passages from %d examples", len(passages), len(examples))
     with tempfile.TemporaryDirectory(prefix="blendrag-bench-ingest-", dir=args.tmp_dir) as tmp:
+        if args.docs:
+            try:
+                passages = docs_passages(args.docs, Path(tmp))[: args.chunks]
+            except (OSError, ValueError) as exc:
+                logger.error("--docs %s: %s", args.docs, exc)
+                return 2
+            logger.info("ingest: %d docs pages (%s)", len(passages), args.docs)
+        else:
+            passages = unique_passages(examples, args.passages)[: args.chunks]
+            logger.info("ingest: %d passages from %d examples", len(passages), len(examples))
         measured = asyncio.run(_run(args, passages, Path(tmp) / "data"))
+    corpus = ("stdlib docs (bench/docs_corpus.py)" if args.docs == "stdlib" else "docs folder") if args.docs else None
     result = harness.result_header(
-        NAME, args, examples=len(examples), passages=args.passages, chunks_requested=args.chunks, **measured
+        NAME,
+        args,
+        examples=len(examples),
+        passages=args.passages,
+        chunks_requested=args.chunks,
+        corpus=corpus or "dataset passages",
+        **measured,
     )
     harness.write_result(args, result, run, plot)
     ing = result["ingest"]

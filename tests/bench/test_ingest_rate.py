@@ -34,3 +34,37 @@ def test_ingest_end_to_end(run_bench, dataset_path, tmp_path) -> None:
     assert retrieval["recall"]["10"] == 1.0  # only 6 passages: every gold one is in the top 10
     assert retrieval["recall"]["1"] <= retrieval["recall"]["5"] <= 1.0
     assert not list(tmp_path.glob("blendrag-bench-ingest-*"))
+
+
+def test_ingest_of_a_docs_folder_chunks_its_pages(run_bench, dataset_path, tmp_path) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    long_page = "# Widgets\n\n" + "\n\n".join(
+        f"Paragraph {i} explains how the widget number {i} is set up." for i in range(150)
+    )
+    (docs / "widgets.md").write_text(long_page, encoding="utf-8")
+    (docs / "intro.md").write_text("# Intro\n\nA short page that fits in one chunk.\n", encoding="utf-8")
+    code, result, _ = run_bench(
+        "ingest", "--dataset", str(dataset_path), "--docs", str(docs), "--dtype-sample", "2", "--no-recall"
+    )
+    assert code == 0
+    ingest = result["ingest"]
+    assert result["corpus"] == "docs folder"
+    assert ingest["documents"] == 2
+    # the long page is cut at the 512-token chunk budget with a 64-token overlap: 7 chunks, plus the short page
+    assert ingest["chunks"] == 8
+    assert ingest["tokens"] == 3297
+    assert "retrieval" not in result
+
+
+def test_ingest_of_a_folder_without_pages_is_refused(run_bench, dataset_path, tmp_path) -> None:
+    from bench.__main__ import main
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    out = tmp_path / "refused.json"
+    code = main(
+        ["ingest", "--model", "unused", "--dataset", str(dataset_path), "--docs", str(empty), "--out", str(out)]
+    )
+    assert code == 2
+    assert not out.exists()
