@@ -198,18 +198,19 @@ def main(args: argparse.Namespace) -> int:
                 logger.error("--docs %s: %s", args.docs, exc)
                 return 2
             logger.info("ingest: %d docs pages (%s)", len(passages), args.docs)
+            corpus = "stdlib docs (bench/docs_corpus.py)" if args.docs == "stdlib" else "docs folder"
         else:
             passages = unique_passages(examples, args.passages)[: args.chunks]
             logger.info("ingest: %d passages from %d examples", len(passages), len(examples))
+            corpus = "dataset passages"
         measured = asyncio.run(_run(args, passages, Path(tmp) / "data"))
-    corpus = ("stdlib docs (bench/docs_corpus.py)" if args.docs == "stdlib" else "docs folder") if args.docs else None
     result = harness.result_header(
         NAME,
         args,
         examples=len(examples),
         passages=args.passages,
         chunks_requested=args.chunks,
-        corpus=corpus or "dataset passages",
+        corpus=corpus,
         **measured,
     )
     harness.write_result(args, result, run, plot)

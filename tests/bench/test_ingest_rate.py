@@ -57,7 +57,7 @@ def test_ingest_of_a_docs_folder_chunks_its_pages(run_bench, dataset_path, tmp_p
     assert "retrieval" not in result
 
 
-def test_ingest_of_a_folder_without_pages_is_refused(run_bench, dataset_path, tmp_path) -> None:
+def test_ingest_of_a_folder_without_pages_is_refused(dataset_path, tmp_path) -> None:
     from bench.__main__ import main
 
     empty = tmp_path / "empty"
