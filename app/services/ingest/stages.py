@@ -20,7 +20,7 @@ from app.services.ingest.types import ACTIVE_DOCUMENT_STATUSES, FILE_HASH_KEY, I
 
 if TYPE_CHECKING:
     from app.catalog.records import DocumentRecord
-    from app.services.ingest.context import JobContext
+    from app.services.ingest.context import IngestEnv, JobContext
     from ingest.config import IngestSettings
     from ingest.types import LoadedDocument
 
@@ -324,12 +324,19 @@ def commit(ctx: JobContext) -> int:
     retriever.save()
     for item, doc in committed:
         catalog.set_document_status(item.document_id, DocumentStatus.READY)
-        # Re-ingest of a changed file: the new version is live, now drop the older ones.
-        for old in _other_versions(ctx, doc.source_path, doc.id):
-            if _version_order(old) < _version_order(doc):
-                logger.info("replacing document %s (%s)", old.id, doc.source_path)
-                ctx.env.documents.delete_document(old.id)
+        replace_older_versions(ctx.env, doc)
     return num_chunks
+
+
+def replace_older_versions(env: IngestEnv, doc: DocumentRecord) -> None:
+    """Re-ingest of a changed file: `doc` is live, now drop the versions of its source submitted before
+    it by other jobs of its collection."""
+    if not doc.source_path:
+        return
+    for old in env.catalog.find_by_source(doc.source_path, exclude_id=doc.id, collection=doc.collection):
+        if old.job_id != doc.job_id and _version_order(old) < _version_order(doc):
+            logger.info("replacing document %s (%s)", old.id, doc.source_path)
+            env.documents.delete_document(old.id)
 
 
 def _version_order(doc: DocumentRecord) -> tuple[datetime, str]:

@@ -160,6 +160,8 @@ class IngestWorker:
         """At start-up: undo what interrupted jobs half-wrote and queue them again. Returns their ids."""
         resumed = []
         for job in self._catalog.jobs_with_status([JobStatus.RUNNING, JobStatus.QUEUED]):
+            if self.settle_if_done(job):
+                continue
             self.reset_interrupted(job)
             logger.warning("resuming interrupted ingest job %s", job.id)
             self._queue.put(job.id)
@@ -167,6 +169,31 @@ class IngestWorker:
         if resumed:
             self._env.retriever.save()
         return resumed
+
+    def settle_if_done(self, job: JobRecord) -> bool:
+        """A job stopped after its last document was settled (committed or failed) but before its own
+        status was written: nothing is left to run (and its uploads may already be gone), so write the
+        status it would have ended with instead of running it again. Returns whether it was settled."""
+        if job.status != JobStatus.RUNNING or not job.document_ids:
+            return False
+        docs = [self._catalog.get_document(doc_id) for doc_id in job.document_ids]
+        if any(doc is not None and doc.status == DocumentStatus.PENDING for doc in docs):
+            return False
+        errors = [JobError.from_row(row) for row in job.errors]
+        reported = {e.error for e in errors}
+        for doc in docs:
+            if doc is not None and doc.status == DocumentStatus.FAILED and doc.error not in reported:
+                errors.append(JobError(source=doc.source_path or doc.title, error=doc.error or "failed", code="failed"))
+        ready = [doc for doc in docs if doc is not None and doc.status == DocumentStatus.READY]
+        for doc in ready:
+            # The commit may have stopped between a new version going live and the old ones going.
+            stages.replace_older_versions(self._env, doc)
+        failures = [e for e in errors if not e.is_duplicate]
+        status = JobStatus.SUCCEEDED if ready or not failures else JobStatus.FAILED
+        remove_uploads(self._env.settings.uploads_dir, job)
+        self._catalog.update_job(job.id, JobUpdate(status=status, clear_stage=True, errors=error_rows(errors)))
+        logger.warning("ingest job %s had settled every document before it stopped: marked %s", job.id, status)
+        return True
 
     def reset_interrupted(self, job: JobRecord) -> None:
         """Remove what an interrupted run of `job` half-wrote and mark it queued, ready to run again."""
@@ -200,8 +227,6 @@ class IngestWorker:
                 finished = self._run(ctx, time.perf_counter())
             finally:
                 self._env.documents.kv_in_use.clear()
-            if finished.status.finished:
-                remove_uploads(self._env.settings.uploads_dir, finished)
             return finished
 
     def _run(self, ctx: JobContext, started: float) -> JobRecord:
@@ -224,6 +249,8 @@ class IngestWorker:
         # A duplicate is not a failure: its content is stored, under the id the 202 gave.
         failures = [e for e in ctx.errors if not e.is_duplicate]
         status = JobStatus.SUCCEEDED if ctx.live() or not failures else JobStatus.FAILED
+        # The uploads go before the status is written: whoever sees the job finished sees them gone.
+        self._remove_uploads(ctx.job_id)
         self._catalog.update_job(
             ctx.job_id,
             JobUpdate(status=status, clear_stage=True, errors=error_rows(ctx.errors), duplicate_ids=ctx.duplicates),
@@ -245,6 +272,7 @@ class IngestWorker:
         def mark_failed() -> None:
             for item in ctx.items:
                 ctx.fail(item, message)
+            self._remove_uploads(ctx.job_id)
             self._catalog.update_job(
                 ctx.job_id,
                 JobUpdate(
@@ -274,8 +302,13 @@ class IngestWorker:
         dropped = self._catalog.fail_pending(job.document_ids, "ingest cancelled")
         if dropped:
             self._env.retriever.remove(dropped)
-        self._catalog.update_job(job_id, JobUpdate(status=JobStatus.CANCELLED, errors=error_rows(errors)))
         remove_uploads(self._env.settings.uploads_dir, job)
+        self._catalog.update_job(job_id, JobUpdate(status=JobStatus.CANCELLED, errors=error_rows(errors)))
+
+    def _remove_uploads(self, job_id: str) -> None:
+        job = self._catalog.get_job(job_id)
+        if job is not None:
+            remove_uploads(self._env.settings.uploads_dir, job)
 
 
 def job_context(

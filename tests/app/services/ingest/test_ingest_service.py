@@ -210,6 +210,76 @@ def test_crash_mid_commit_is_recovered_on_restart(services: Services, make_fast_
         restarted.close()
 
 
+def _upload(services: Services, name: str, body: str) -> IngestSource:
+    path = services.settings.uploads_dir / "batch" / "0" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    return IngestSource(kind="file", title=name, path=str(path), source_path=f"upload:{name}")
+
+
+def test_whoever_sees_a_job_finished_sees_its_uploads_gone(services: Services, monkeypatch) -> None:
+    """The uploads go before the final status is written, not after: a client polling the job (or a
+    test) that sees it finished must not find the files still there or half-removed."""
+    catalog, seen = services.catalog, []
+    real_update = catalog.update_job
+
+    def watching_update(job_id: str, update: JobUpdate):
+        if update.status is not None and update.status.finished:
+            seen.append((update.status, sorted(p.name for p in services.settings.uploads_dir.rglob("*"))))
+        return real_update(job_id, update)
+
+    monkeypatch.setattr(catalog, "update_job", watching_update)
+    service = new_ingest(services)
+    _, job = run(service, [_upload(services, "a.txt", TEXT_A)])
+    _, failed = run(service, [_upload(services, "empty.txt", "")])
+    assert (job.status, failed.status) == (JobStatus.SUCCEEDED, JobStatus.FAILED)
+    assert seen == [(JobStatus.SUCCEEDED, []), (JobStatus.FAILED, [])]
+
+
+def test_a_job_stopped_after_its_commit_is_settled_on_restart_not_run_again(
+    services: Services, make_fast_services
+) -> None:
+    """The process died after the commit and the upload's removal but before the job's status was
+    written: re-running it would parse a file that is gone and fail a document that is READY."""
+    service = new_ingest(services)
+    old, _ = run(service, [_upload(services, "a.txt", TEXT_B)])
+    submitted, job = run(service, [_upload(services, "a.txt", TEXT_A)])
+    doc_id = submitted.document_ids[0]
+    assert services.catalog.get_document(old.document_ids[0]) is None  # the new version replaced the old
+    services.catalog.update_job(submitted.job_id, JobUpdate(status=JobStatus.RUNNING, stage="commit"))
+    assert [p for p in services.settings.uploads_dir.rglob("*") if p.is_file()] == []
+
+    restarted = make_fast_services(services.settings)
+    try:
+        fresh = new_ingest(restarted)
+        assert fresh.recover() == []
+        settled = restarted.catalog.get_job(submitted.job_id)
+        assert (settled.status, settled.errors, settled.stage) == (JobStatus.SUCCEEDED, job.errors, None)
+        assert restarted.catalog.get_document(doc_id).status == DocumentStatus.READY
+        assert run_doctor(restarted.doctor_parts(), repair=False).problems == 0
+    finally:
+        restarted.close()
+
+
+def test_a_job_whose_documents_all_failed_before_it_stopped_is_settled_failed(
+    services: Services, make_fast_services
+) -> None:
+    service = new_ingest(services)
+    submitted = service.submit([text("A", TEXT_A)], enqueue=False)
+    doc_id = submitted.document_ids[0]
+    services.catalog.update_job(submitted.job_id, JobUpdate(status=JobStatus.RUNNING, stage="kv"))
+    services.catalog.set_document_status(doc_id, DocumentStatus.FAILED, error="disk full")
+
+    restarted = make_fast_services(services.settings)
+    try:
+        assert new_ingest(restarted).recover() == []
+        settled = restarted.catalog.get_job(submitted.job_id)
+        assert settled.status == JobStatus.FAILED
+        assert [(e["source"], e["error"], e["code"]) for e in settled.errors] == [("A", "disk full", "failed")]
+    finally:
+        restarted.close()
+
+
 def test_delete_during_ingest_keeps_kv_entries_the_running_job_shares(make_fast_settings, make_fast_services) -> None:
     settings = make_fast_settings(ingest={"chunk_tokens": 32, "chunk_overlap": 0})  # one chunk per paragraph
     services = make_fast_services(settings)
