@@ -1,13 +1,22 @@
-"""The context's stored KV in a prompt pass: read layer by layer, rotated into the working cache ahead of use.
+"""The context's stored KV in a prompt pass: read layer by layer and rotated into the working cache.
 
 Every cached prompt pass writes the stored K (pre-RoPE) of all context tokens into the working cache,
 rotated to their real positions, and their V beside it: per layer one read from the `LayerKVSource`
 (int4 dequantisation included) and a RoPE over (kv_heads × N × head_dim) values. In bfloat16 the GEMMs
-are fast enough that this is a large share of a blend's fixed cost, and all of the reuse floor, so it
-runs one layer ahead on the transformer's background thread: while layer l computes, layer l+1 is read
-and rotated into the cache (`fill(l)` waits for layer l, then schedules layer l+1). The background work
-runs the same ops on one thread, so the cache holds the same bits either way; no two layers' writes
-overlap and the pass only touches a layer after `fill` has waited for it.
+are fast enough that this is a large share of a blend's fixed cost, and most of the reuse floor.
+
+Where it runs depends on the device:
+
+- CPU (`overlap` off): on the request thread, with all of torch's threads, when `fill(l)` asks for layer l
+  (the source converts there too: `kvcache.loader`). A background thread reading ahead only moved the
+  work onto a third thread that competed with the compute's OpenMP team for the same cores: on a 2-core
+  bf16 CPU the reuse floor went 0.57 → 0.39 s and SmolLM2's blend 1.87 → 1.61 s when it moved back to the
+  request thread (docs/benchmarks.md, "stored context on the request thread").
+- Accelerators (`overlap` on): layer l+1 is read and rotated on the transformer's background thread while
+  layer l computes (`fill(l)` waits for layer l, then schedules layer l+1): the compute is queued on the
+  device, so the host thread is free. The background work runs the same ops, so the cache holds the same
+  bits either way; no two layers' writes overlap and the pass only touches a layer after `fill` has
+  waited for it.
 """
 
 from __future__ import annotations
@@ -28,8 +37,9 @@ class StoredContext:
     """The context's stored KV: read from the source once per layer, in layer order, and written into the
     working cache rotated to the context's real positions (rows the pass computes fresh overwrite theirs).
 
-    With `overlap` (the default) the next layer is read and written on `tf.background` while the caller
-    computes the current one; without it every layer is read and written when `fill` asks for it.
+    With `overlap` the next layer is read and written on `tf.background` while the caller computes the
+    current one; without it every layer is read and written when `fill` asks for it, with the caller's
+    torch threads. By default overlap is on except on the CPU (module docstring).
     """
 
     def __init__(
@@ -39,19 +49,21 @@ class StoredContext:
         cache: WorkingCache,
         start: int,
         stop: int,
-        overlap: bool = True,
+        overlap: bool | None = None,
     ) -> None:
         self.tf, self.source, self.cache = tf, source, cache
         self.span = slice(start, stop)  # the reused rows: all context rows, or the first chunk (mode prefix)
         self.cos, self.sin = tf.rope.at(self.span)  # one cos/sin lookup serves every layer
         self.num_layers_written = 0  # layers 0…num_layers_written-1 hold the rotated stored KV
         self.wait_s = 0.0  # time the pass waited for stored KV: storage not hidden behind compute
-        self.overlap = overlap
+        self.overlap = tf.device.type != "cpu" if overlap is None else overlap
         self._pending: tuple[int, Future[tuple[torch.Tensor, torch.Tensor]]] | None = None
         cfg = tf.cfg
-        # Small copies run on one thread (see engine/threads.py); big ones use all.
+        # Beside a background read, small copies run on one thread (see engine/threads.py). Without one the
+        # request thread has the cores to itself between two layers, and a layer's context is one large
+        # op per step: it uses all of them.
         numel = cfg.num_kv_heads * source.num_tokens * cfg.head_dim
-        self._small = tf.device.type == "cpu" and numel <= SERIAL_MAX_ELEMENTS
+        self._small = self.overlap and tf.device.type == "cpu" and numel <= SERIAL_MAX_ELEMENTS
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored K (pre-RoPE) and V of every context token at `layer`, each (kv_heads, N, D)."""

@@ -24,6 +24,8 @@ Public API:
 - `format_bytes_per_token(storage_dtype, *, num_layers, kv_heads, head_dim, int4=None) -> float`
 - `dequantize_layer_into(k_dst, v_dst, data, meta)` (CPU, no torch threads) and
   `dequantize_layer(data, meta, device, dtype)` (any device): one layer in compute form.
+- `dequantize_prompt_layer(k_dst, v_dst, parts)` (CPU, the caller's torch threads): one layer of a prompt's
+  entries side by side along tokens.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from kvcache.quant_int4 import (
     Int4Quantized,
     check_v_group,
     dequantize_int4,
+    dequantize_int4_spans,
     host_dequantize_int4,
     num_k_groups,
     quantize_int4,
@@ -259,6 +262,22 @@ def dequantize_layer_into(k_dst: torch.Tensor, v_dst: torch.Tensor, data: LayerD
     else:
         host_copy(k_dst, data.k)
         host_copy(v_dst, data.v)
+
+
+def dequantize_prompt_layer(k_dst: torch.Tensor, v_dst: torch.Tensor, parts: list[tuple[LayerData, EntryMeta]]) -> None:
+    """One layer of several entries (a prompt's chunks, in order) into CPU tensors (H, N, D) of the compute
+    dtype: int4 entries of one V grouping in a few whole-layer ops on the caller's torch threads
+    (`dequantize_int4_spans`), anything else entry by entry. Bit for bit `dequantize_layer_into` of each."""
+    metas = [meta for _, meta in parts]
+    if all(m.storage_dtype == "int4" for m in metas) and len({m.int4_v_group for m in metas}) == 1:
+        for dst, kind in ((k_dst, "k"), (v_dst, "v")):
+            dequantize_int4_spans(dst, [_int4_part(data, meta, kind) for data, meta in parts], kind)  # type: ignore[arg-type]
+        return
+    start = 0
+    for data, meta in parts:
+        end = start + meta.num_tokens
+        dequantize_layer_into(k_dst[:, start:end], v_dst[:, start:end], data, meta)
+        start = end
 
 
 def dequantize_layer(

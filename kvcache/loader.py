@@ -5,8 +5,8 @@ for those no tier can serve) and returns a `StoreLayerSource`, the `LayerKVSourc
 
 - `layer(l) -> (k, v)`: K (pre-RoPE) and V of all chunks concatenated in prompt order, each
   (kv_heads, num_tokens, head_dim) in `dtype` on `device`. int8 / int4 entries are dequantized here,
-  layer by layer, so dequantization overlaps the caller's compute like the reads do. Chunks of
-  different storage dtypes (a store written before a change of `storage_dtype`) mix freely.
+  layer by layer (on which thread: below). Chunks of different storage dtypes (a store written before a
+  change of `storage_dtype`) mix freely.
 - With prefetch on, opening schedules layer 0 and each `layer(l)` schedules layer l+1 on a private
   worker thread, so reading (and checksumming, and copying to the device) hides behind the caller's
   compute of layer l. Results are identical with and without prefetch.
@@ -15,10 +15,16 @@ for those no tier can serve) and returns a `StoreLayerSource`, the `LayerKVSourc
 - `close()` (or leaving a `with` block) stops the worker, closes the files and, when every layer of a
   lower-tier chunk was read and verified, promotes it (disk -> memory, Redis -> disk + memory).
 
-Disk chunks are read through a `FileEntryReader` opened once per chunk (not once per layer). Dtype
-conversion and int8 dequantization run on the worker with numpy (`kvcache.hostcopy`), never on torch's
-OpenMP team, so loading takes one core and leaves the others to the engine's compute. For a non-CPU
-`device` the stored bytes are staged in (pinned) host memory and converted on the device.
+Disk chunks are read through a `FileEntryReader` opened once per chunk (not once per layer). Where the
+conversion to the compute dtype runs depends on the device:
+
+- CPU (`convert_in_caller`, the default there): the worker only reads and verifies; `layer(l)` converts on
+  the caller's thread, the whole layer of all chunks at once (`format.dequantize_prompt_layer`) with the
+  caller's torch threads. Conversion is CPU work wherever it runs; on the worker it took a core from the
+  engine's OpenMP team between every two of its barriers.
+- Otherwise the worker converts too: on the host with numpy or torch on its one thread
+  (`kvcache.hostcopy`, never torch's OpenMP team), or, for a non-CPU `device`, by staging the stored bytes
+  in (pinned) host memory and converting on the device.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from kvcache.format import (
     StoredEntry,
     dequantize_layer,
     dequantize_layer_into,
+    dequantize_prompt_layer,
 )
 from kvcache.hostcopy import host_copy
 from kvcache.quant import dequantize_int8
@@ -91,6 +98,7 @@ class StoreLayerSource(Closing):
         on_promote: PromoteHandler | None,
         collect_layers: bool,
         convert_on_device: bool | None = None,
+        convert_in_caller: bool | None = None,
     ) -> None:
         self._unique: dict[str, ResolvedChunk] = {c.key: c for c in chunks}
         try:
@@ -116,6 +124,10 @@ class StoreLayerSource(Closing):
         # ship stored bytes and convert on the accelerator (a quarter / half of the bytes cross the bus)
         self._convert_on_device = self._device.type != "cpu" if convert_on_device is None else convert_on_device
         self._pin = self._device.type == "cuda"
+        # On the CPU the worker only reads (I/O, checksums) and `layer()` converts on the caller's thread with
+        # its torch threads: conversion is CPU work either way, and on the worker it competed with the
+        # engine's OpenMP team for the same cores (docs/benchmarks.md, "stored context on the request thread").
+        self._convert_in_caller = self._device.type == "cpu" if convert_in_caller is None else convert_in_caller
         self._verify = verify
         self._on_corrupt = on_corrupt
         self._on_promote = on_promote
@@ -136,7 +148,7 @@ class StoreLayerSource(Closing):
         self._failed: KVEntryCorrupt | None = None
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kv-prefetch") if prefetch else None
-        self._pending: tuple[int, Future[tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._pending: tuple[int, Future[dict[str, LayerData] | tuple[torch.Tensor, torch.Tensor]]] | None = None
         # layer() and close() swap `_pending` and touch the files: one at a time, even if a caller closes the
         # source from another thread while a layer is being read (it then waits for that layer).
         self._lock = threading.Lock()
@@ -178,7 +190,7 @@ class StoreLayerSource(Closing):
         if self._failed is not None:
             raise self._failed
         pending, self._pending = self._pending, None
-        result: tuple[torch.Tensor, torch.Tensor] | None = None
+        result: dict[str, LayerData] | tuple[torch.Tensor, torch.Tensor] | None = None
         if pending is not None:
             pending_idx, future = pending
             if pending_idx == layer_idx:
@@ -189,8 +201,10 @@ class StoreLayerSource(Closing):
                 if self._failed is not None:
                     raise self._failed
         if result is None:
-            result = self._load(layer_idx)
-        self._schedule(layer_idx + 1)
+            result = self._work(layer_idx)
+        self._schedule(layer_idx + 1)  # the next read runs while this layer is converted and used
+        if isinstance(result, dict):
+            return self._convert(result)
         return result
 
     def close(self) -> None:
@@ -220,7 +234,18 @@ class StoreLayerSource(Closing):
 
     def _schedule(self, layer_idx: int) -> None:
         if self._executor is not None and layer_idx < self._num_layers and self._failed is None:
-            self._pending = (layer_idx, self._executor.submit(self._load, layer_idx))
+            self._pending = (layer_idx, self._executor.submit(self._work, layer_idx))
+
+    def _work(self, layer_idx: int) -> dict[str, LayerData] | tuple[torch.Tensor, torch.Tensor]:
+        """What reading a layer does (on the worker with prefetch): the stored data of every chunk, converted
+        to (k, v) unless the caller converts."""
+        per_key = self._read(layer_idx)
+        return per_key if self._convert_in_caller else self._convert(per_key)
+
+    def _read(self, layer_idx: int) -> dict[str, LayerData]:
+        per_key = {key: self._read_chunk_layer(c, layer_idx) for key, c in self._unique.items()}
+        self._loaded_layers.add(layer_idx)
+        return per_key
 
     def _read_chunk_layer(self, chunk: ResolvedChunk, layer_idx: int) -> LayerData:
         try:
@@ -236,8 +261,7 @@ class StoreLayerSource(Closing):
             collected[layer_idx] = data
         return data
 
-    def _load(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        per_key = {key: self._read_chunk_layer(c, layer_idx) for key, c in self._unique.items()}
+    def _convert(self, per_key: dict[str, LayerData]) -> tuple[torch.Tensor, torch.Tensor]:
         shape = (self._kv_heads, self._num_tokens, self._head_dim)
         storage_dtypes = {c.meta.storage_dtype for c in self._unique.values()}
         if self._convert_on_device and storage_dtypes == {"int4"}:
@@ -248,17 +272,20 @@ class StoreLayerSource(Closing):
                 k[:, start:end], v[:, start:end] = dequantize_layer(
                     per_key[chunk.key], chunk.meta, self._device, self._dtype
                 )
-        elif self._convert_on_device and len(storage_dtypes) == 1:
-            k, v = self._load_to_device(per_key, shape, storage_dtypes.pop())
+            return k, v
+        if self._convert_on_device and len(storage_dtypes) == 1:
+            return self._load_to_device(per_key, shape, storage_dtypes.pop())
+        k = torch.empty(shape, dtype=self._dtype)  # (kv_heads, num_tokens, head_dim)
+        v = torch.empty(shape, dtype=self._dtype)
+        parts = [(per_key[chunk.key], chunk.meta) for chunk in self._chunks]
+        if self._convert_in_caller:
+            dequantize_prompt_layer(k, v, parts)  # the whole layer at once, on the caller's torch threads
         else:
-            # fill the output chunk by chunk (no torch.cat of temporaries), converting on this thread
-            k = torch.empty(shape, dtype=self._dtype)  # (kv_heads, num_tokens, head_dim)
-            v = torch.empty(shape, dtype=self._dtype)
-            for chunk, (start, end) in zip(self._chunks, self._spans, strict=True):
-                dequantize_layer_into(k[:, start:end], v[:, start:end], per_key[chunk.key], chunk.meta)
-            if self._device.type != "cpu":
-                k, v = k.to(self._device), v.to(self._device)
-        self._loaded_layers.add(layer_idx)
+            # chunk by chunk (no torch.cat of temporaries), on this worker's one thread
+            for (data, meta), (start, end) in zip(parts, self._spans, strict=True):
+                dequantize_layer_into(k[:, start:end], v[:, start:end], data, meta)
+        if self._device.type != "cpu":
+            k, v = k.to(self._device), v.to(self._device)
         return k, v
 
     def _load_to_device(

@@ -30,11 +30,15 @@ Public API:
 - `dequantize_int4(q4, kind, dtype)` (torch, any device) and `host_dequantize_int4(dst, ...)` (CPU, torch
   on the calling thread only, straight into the compute dtype, for the layer loader's worker; see
   `kvcache.hostcopy` for why one thread).
+- `dequantize_int4_spans(dst, parts, kind)` (CPU): one layer of several entries side by side along tokens
+  (a prompt's chunks) in a few whole-layer ops on the caller's torch threads, for the request thread.
 """
 
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -220,3 +224,50 @@ def host_dequantize_int4(
         _apply(out, scale.to(torch.float32), zero.to(torch.float32), kind, group)
         if out is not dst:
             dst.copy_(out)  # round to nearest even, as `.to(dtype)` does
+
+
+def _unpack_to(out: torch.Tensor, packed: torch.Tensor) -> None:
+    """out (H, T, D) float32 = the codes of packed (H, T, D / 2) uint8, in three whole-tensor passes.
+
+    Each byte is widened to an int16 holding its low nibble in the low byte and its high nibble in the high
+    byte: in memory (little-endian) that is channel 2j then channel 2j + 1, so the int16 tensor read as
+    bytes is the codes in channel order, with no strided write of every other channel.
+    """
+    if sys.byteorder != "little":
+        out.copy_(unpack_nibbles(packed))
+        return
+    wide = packed.to(torch.int16)
+    pairs = (wide & 0x0F).bitwise_or_((wide >> 4) << 8)  # (H, T, D / 2): lo | hi << 8
+    out.copy_(pairs.view(torch.uint8))
+
+
+def dequantize_int4_spans(dst: torch.Tensor, parts: Sequence[Int4Quantized], kind: Kind) -> None:
+    """dst (H, N, D) CPU tensor or view of float32 or the compute dtype = the parts' values side by side
+    along tokens (N = their tokens), bit for bit `dequantize_int4` of each part.
+
+    A prompt's chunks are dequantized together: the codes are unpacked, widened and rounded to `dst`'s dtype
+    in whole-layer ops, V's groups scaled in one pass, K's group by group on views of the layer, with no
+    per-entry temporaries; the whole-layer ops are large enough for torch's own threads. That is for the
+    request thread, which has the cores to itself between two layers; the loader's worker keeps
+    `host_dequantize_int4` (one thread, beside the engine's compute).
+    """
+    heads, tokens, dim = dst.shape
+    if sum(p.packed.shape[1] for p in parts) != tokens:
+        raise ValueError("the parts' tokens do not add up to dst's")
+    out = dst if dst.dtype == torch.float32 else torch.empty(dst.shape, dtype=torch.float32)
+    _unpack_to(out, torch.cat([p.packed for p in parts], dim=1) if len(parts) > 1 else parts[0].packed)
+    if kind == "k":  # each part's K groups in place, on views of its tokens' rows
+        start = 0
+        for p in parts:
+            end = start + p.packed.shape[1]
+            _apply(out[:, start:end], p.scale.to(torch.float32), p.zero.to(torch.float32), "k", p.group)
+            start = end
+    else:
+        groups = {p.group for p in parts}
+        if len(groups) != 1:
+            raise ValueError(f"V parts with different channel groups {sorted(groups)}")
+        scale = torch.cat([p.scale for p in parts]).to(torch.float32)  # (N, H * D / g)
+        zero = torch.cat([p.zero for p in parts]).to(torch.float32)
+        _apply(out, scale, zero, "v", groups.pop())
+    if out is not dst:
+        dst.copy_(out)  # round to nearest even, as `.to(dtype)` does

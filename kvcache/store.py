@@ -24,8 +24,8 @@ Public API (all methods thread-safe):
     store.delete(key: str) -> bool                       # from every tier
     store.keys() -> list[str]                            # sorted union over the tiers
     store.open_layers(keys: list[str], device="cpu", dtype=None, *, prefetch: bool | None = None,
-                      convert_on_device: bool | None = None, computed: Mapping[str, StoredEntry] | None = None,
-                      history_keys: Collection[str] = ())
+                      convert_on_device: bool | None = None, convert_in_caller: bool | None = None,
+                      computed: Mapping[str, StoredEntry] | None = None, history_keys: Collection[str] = ())
         -> StoreLayerSource                              # raises KVEntryMissing(keys) up front
     store.stats() -> StoreStats
     store.close()
@@ -315,6 +315,7 @@ class TieredKVStore:
         *,
         prefetch: bool | None = None,
         convert_on_device: bool | None = None,
+        convert_in_caller: bool | None = None,
         computed: Mapping[str, StoredEntry] | None = None,
         history_keys: Collection[str] = (),
     ) -> StoreLayerSource:
@@ -322,7 +323,8 @@ class TieredKVStore:
 
         Raises `KVEntryMissing` listing every key no tier could serve, before reading any layer, so
         the caller can recompute exactly those chunks and store them. `prefetch=None` uses the
-        settings; `convert_on_device=None` converts/dequantizes on `device` unless it is the CPU.
+        settings; `convert_on_device=None` converts/dequantizes on `device` unless it is the CPU;
+        `convert_in_caller=None` converts on the thread that asks for a layer when `device` is the CPU.
         `computed`: entries the caller has just computed (`kvcache.writer.ensure_chunk_kv`), served as
         they are whether or not a tier kept them, so a store that refuses writes still answers.
         `history_keys`: those of `keys` that are conversation turns (promoted into the history memory tier).
@@ -383,6 +385,7 @@ class TieredKVStore:
             collect_layers=promote
             and (self.memory is not None or (bool(history) and bool(self.settings.history_memory_bytes))),
             convert_on_device=convert_on_device,
+            convert_in_caller=convert_in_caller,
         )
 
     def _on_corrupt(self, chunk: ResolvedChunk, exc: KVEntryCorrupt) -> None:

@@ -74,6 +74,18 @@ def test_layer_ahead_writes_the_same_bits_as_on_demand(engine, chunks) -> None:
         assert not ahead.k[layer, 0, :, :7].any() and not ahead.k[layer, 0, :, 7 + n :].any()
 
 
+def test_on_the_cpu_the_stored_kv_is_filled_on_demand_by_default(engine, chunks) -> None:
+    # A background thread reading ahead only competes with the compute's OpenMP team for the CPU's cores.
+    kvs = engine.precompute_chunks(chunks)
+    n = sum(kv.num_tokens for kv in kvs)
+    cache = _cache(engine, n + 3)
+    source = InMemoryLayerSource(kvs)
+    stored = StoredContext(engine.transformer, source, cache, 0, n)
+    assert stored.overlap is False
+    stored.fill(0)
+    assert stored.num_layers_written == 1 and stored._pending is None
+
+
 def test_a_read_out_of_order_gets_its_own_layer(engine, chunks) -> None:
     # The deviation selector reads the check layer's stored KV itself, with the next layer scheduled or not.
     kvs = engine.precompute_chunks(chunks)

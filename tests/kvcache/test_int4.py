@@ -9,6 +9,7 @@ from kvcache.errors import KVEntryCorrupt
 from kvcache.format import Int4Params, encode_entry, serialize_entry
 from kvcache.quant_int4 import (
     dequantize_int4,
+    dequantize_int4_spans,
     host_dequantize_int4,
     k_group_tokens,
     pack_nibbles,
@@ -117,6 +118,31 @@ def test_host_dequantize_into_the_compute_dtype_rounds_like_torch(group: int, dt
         host_dequantize_int4(wide[:, 5:42], q4.packed, q4.scale, q4.zero, kind, q4.group)  # type: ignore[arg-type]
         assert torch.equal(wide[:, 5:42], dequantize_int4(q4, kind, dtype))  # type: ignore[arg-type]
         assert not wide[:, :5].any() and not wide[:, 42:].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("group", [8, 16, 24, 48])
+def test_a_prompts_chunks_dequantized_together_equal_each_dequantized_alone(group: int, dtype: torch.dtype) -> None:
+    # Chunks of different lengths get different K token groups (37 → 5 groups of 8, 1 token → 1 group of 1…),
+    # all side by side in one view of a wider tensor, as the loader fills a prompt's layer.
+    lengths = [37, 1, 130, 9]
+    xs = [_layer(seed, tokens=n) for seed, n in enumerate(lengths)]
+    for kind in ("k", "v"):
+        parts = [quantize_int4(x, kind=kind, k_group_target=group, v_group=group) for x in xs]  # type: ignore[arg-type]
+        assert kind == "v" or len({p.group for p in parts}) > 1
+        wide = torch.zeros(3, sum(lengths) + 7, 16, dtype=dtype)
+        dequantize_int4_spans(wide[:, 3:-4], parts, kind)  # type: ignore[arg-type]
+        expected = torch.cat([dequantize_int4(p, kind, dtype) for p in parts], dim=1)  # type: ignore[arg-type]
+        assert torch.equal(wide[:, 3:-4], expected)
+        assert not wide[:, :3].any() and not wide[:, -4:].any()
+
+
+def test_dequantizing_spans_refuses_parts_that_do_not_fit() -> None:
+    parts = [quantize_int4(_layer(0, tokens=n), kind="v", v_group=g) for n, g in ((10, 8), (12, 16))]
+    with pytest.raises(ValueError, match="tokens do not add up"):
+        dequantize_int4_spans(torch.empty(3, 21, 16), parts, "v")
+    with pytest.raises(ValueError, match="different channel groups"):
+        dequantize_int4_spans(torch.empty(3, 22, 16), parts, "v")
 
 
 def test_non_finite_and_odd_head_dim_are_refused() -> None:

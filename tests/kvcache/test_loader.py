@@ -181,6 +181,28 @@ def test_device_side_conversion_path_equals_host_path(tmp_path: Path, storage: s
         assert torch.equal(k0, k1) and torch.equal(v0, v1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_converting_in_the_caller_equals_converting_on_the_worker(tmp_path: Path, dtype: torch.dtype) -> None:
+    # int4 entries (one of them twice, one on disk) are dequantized a whole layer at once in the caller; a
+    # store written before a change of storage dtype (int4 beside fp16) takes the entry-by-entry path there.
+    int4 = TieredKVStore(settings(tmp_path / "int4", storage_dtype="int4"))
+    keys = _fill(int4, [0, 5], "int8") + _fill(int4, [2], "int8", cache_in_memory=False)
+    mixed = TieredKVStore(settings(tmp_path / "mixed", storage_dtype="int4"))
+    mixed_keys = _fill(mixed, [0], "int8")
+    mixed.settings = mixed.settings.model_copy(update={"storage_dtype": "fp16"})
+    mixed_keys += _fill(mixed, [3], "fp16")
+    for store, prompt in ((int4, [keys[0], keys[1], keys[2], keys[0]]), (mixed, mixed_keys)):
+        out = {}
+        for in_caller in (False, True):
+            for prefetch in (False, True):
+                with store.open_layers(prompt, "cpu", dtype, prefetch=prefetch, convert_in_caller=in_caller) as src:
+                    out[in_caller, prefetch] = [src.layer(layer) for layer in (0, 1, 3, 2)]
+        reference = out[False, False]
+        for layers in out.values():
+            for (k0, v0), (k1, v1) in zip(reference, layers, strict=True):
+                assert k1.dtype == dtype and torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
 def _tensor_bytes_reachable(root: object, depth: int = 6) -> int:
     """Bytes of the tensors an object still refers to (through attributes, dicts, lists, tuples)."""
     seen: set[int] = set()
