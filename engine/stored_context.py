@@ -10,8 +10,9 @@ Where it runs depends on the device:
 - CPU (`overlap` off): on the request thread, with all of torch's threads, when `fill(l)` asks for layer l
   (the source converts there too: `kvcache.loader`). A background thread reading ahead only moved the
   work onto a third thread that competed with the compute's OpenMP team for the same cores: on a 2-core
-  bf16 CPU the reuse floor went 0.57 → 0.39 s and SmolLM2's blend 1.87 → 1.61 s when it moved back to the
-  request thread (docs/benchmarks.md, "stored context on the request thread").
+  bf16 CPU, in paired runs, the reuse floor went 0.49 → 0.35 s and the shipped blends 1.92 → 1.66 s
+  (SmolLM2) and 3.73 → 3.17 s (Qwen2.5-Coder-0.5B) when it moved back to the request thread
+  (docs/benchmarks.md, "Stored context on the request thread").
 - Accelerators (`overlap` on): layer l+1 is read and rotated on the transformer's background thread while
   layer l computes (`fill(l)` waits for layer l, then schedules layer l+1): the compute is queued on the
   device, so the host thread is free. The background work runs the same ops, so the cache holds the same

@@ -67,7 +67,9 @@ class KVCacheSettings(BaseModel):
     )
     redis_timeout_s: float = Field(default=1.0, gt=0, description="Connect and per-command timeout")
     redis_retry_s: float = Field(default=5.0, ge=0, description="After a Redis failure, skip it this long")
-    prefetch: bool = Field(default=True, description="Read layer l+1 in a background thread")
+    prefetch: bool = Field(
+        default=True, description="Read layer l+1 in a background thread (and, off the CPU, dequantize it there)"
+    )
     verify_checksums: bool = Field(default=True, description="Check per-tensor CRC32 on every read")
     promote_on_load: bool = Field(default=True, description="Copy lower-tier hits into higher tiers")
     fsync: bool = Field(default=True, description="fsync entry files (and their dir) before rename")

@@ -126,7 +126,7 @@ class StoreLayerSource(Closing):
         self._pin = self._device.type == "cuda"
         # On the CPU the worker only reads (I/O, checksums) and `layer()` converts on the caller's thread with
         # its torch threads: conversion is CPU work either way, and on the worker it competed with the
-        # engine's OpenMP team for the same cores (docs/benchmarks.md, "stored context on the request thread").
+        # engine's OpenMP team for the same cores (docs/benchmarks.md, "Stored context on the request thread").
         self._convert_in_caller = self._device.type == "cpu" if convert_in_caller is None else convert_in_caller
         self._verify = verify
         self._on_corrupt = on_corrupt
@@ -279,7 +279,7 @@ class StoreLayerSource(Closing):
         v = torch.empty(shape, dtype=self._dtype)
         parts = [(per_key[chunk.key], chunk.meta) for chunk in self._chunks]
         if self._convert_in_caller:
-            dequantize_prompt_layer(k, v, parts)  # the whole layer at once, on the caller's torch threads
+            dequantize_prompt_layer(k, v, parts)  # int4: the whole layer at once, on the caller's torch threads
         else:
             # chunk by chunk (no torch.cat of temporaries), on this worker's one thread
             for (data, meta), (start, end) in zip(parts, self._spans, strict=True):
