@@ -24,8 +24,9 @@ Public API:
 - `format_bytes_per_token(storage_dtype, *, num_layers, kv_heads, head_dim, int4=None) -> float`
 - `dequantize_layer_into(k_dst, v_dst, data, meta)` (CPU, no torch threads) and
   `dequantize_layer(data, meta, device, dtype)` (any device): one layer in compute form.
-- `dequantize_prompt_layer(k_dst, v_dst, parts)` (CPU, the caller's torch threads): one layer of a prompt's
-  entries side by side along tokens.
+- `dequantize_prompt_layer(k_dst, v_dst, parts)` (CPU, the caller's torch threads) and
+  `dequantize_entries_into(k_dst, v_dst, parts)` (CPU, entry by entry, no torch threads): one layer of a
+  prompt's entries side by side along tokens.
 """
 
 from __future__ import annotations
@@ -273,6 +274,12 @@ def dequantize_prompt_layer(k_dst: torch.Tensor, v_dst: torch.Tensor, parts: lis
         for dst, kind in ((k_dst, "k"), (v_dst, "v")):
             dequantize_int4_spans(dst, [_int4_part(data, meta, kind) for data, meta in parts], kind)  # type: ignore[arg-type]
         return
+    dequantize_entries_into(k_dst, v_dst, parts)
+
+
+def dequantize_entries_into(k_dst: torch.Tensor, v_dst: torch.Tensor, parts: list[tuple[LayerData, EntryMeta]]) -> None:
+    """One layer of several entries into CPU tensors (H, N, D), entry by entry into its own rows
+    (`dequantize_layer_into`: no torch threads, no temporaries of the whole layer)."""
     start = 0
     for data, meta in parts:
         end = start + meta.num_tokens

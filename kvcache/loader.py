@@ -46,8 +46,8 @@ from kvcache.format import (
     EntryMeta,
     LayerData,
     StoredEntry,
+    dequantize_entries_into,
     dequantize_layer,
-    dequantize_layer_into,
     dequantize_prompt_layer,
 )
 from kvcache.hostcopy import host_copy
@@ -281,9 +281,7 @@ class StoreLayerSource(Closing):
         if self._convert_in_caller:
             dequantize_prompt_layer(k, v, parts)  # int4: the whole layer at once, on the caller's torch threads
         else:
-            # chunk by chunk (no torch.cat of temporaries), on this worker's one thread
-            for (data, meta), (start, end) in zip(parts, self._spans, strict=True):
-                dequantize_layer_into(k[:, start:end], v[:, start:end], data, meta)
+            dequantize_entries_into(k, v, parts)  # chunk by chunk, on this worker's one thread
         if self._device.type != "cpu":
             k, v = k.to(self._device), v.to(self._device)
         return k, v
