@@ -10,12 +10,11 @@ time, and the chosen settings. `--ship` also writes the record where the repo sh
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
-from typing import Any
 
 from bench import harness
+from bench.candidates import read_candidates
 from bench.inprocess import temp_settings
 
 logger = logging.getLogger(__name__)
@@ -63,26 +62,3 @@ def main(args: argparse.Namespace) -> int:
         "chosen %s (targets met: %s): %s", record.values, record.measured["targets_met"], record.measured["chosen"]
     )
     return 0
-
-
-def read_candidates(path: Path) -> list[dict[str, Any]]:
-    """The study's blend settings: a JSON list of objects whose keys are blend settings (engine.BLEND_FIELDS).
-
-    Each is validated as a blend configuration here, before the calibration set's long preparation."""
-    from engine.config import BLEND_FIELDS, EngineSettings
-
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"--candidates {path}: {exc}") from exc
-    if not isinstance(values, list) or not values or not all(isinstance(v, dict) for v in values):
-        raise SystemExit(f"--candidates {path}: expected a non-empty JSON list of objects")
-    for v in values:
-        unknown = sorted(set(v) - set(BLEND_FIELDS))
-        if unknown:
-            raise SystemExit(f"--candidates {path}: not blend settings: {', '.join(unknown)}")
-        try:
-            EngineSettings.model_validate(v).blend_config()
-        except ValueError as exc:  # pydantic's ValidationError is one
-            raise SystemExit(f"--candidates {path}: {v}: {exc}") from exc
-    return values

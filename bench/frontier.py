@@ -14,6 +14,11 @@ hits all of them alike. Per mode:
 
 The plot has speed-up on x and KL (log) / fidelity on y, one line per selector through its ratios, with
 full and reuse as reference points.
+
+With `--candidates FILE` (a study: a JSON list of blend settings, bench/candidates.py) the modes are full,
+reuse and one blend per candidate, each the settings in force for the model with the candidate's values set
+on top, instead of the selector × ratio grid: variants such as sink tokens or a minimum per chunk compared on
+the same held-out prompts at the same budget.
 """
 
 from __future__ import annotations
@@ -21,17 +26,17 @@ from __future__ import annotations
 import argparse
 import logging
 import statistics
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench import harness
+from bench.candidates import candidate_specs, describe, read_candidates
 from bench.metrics import mean
 from bench.passes import mode_specs, parse_ratios, parse_selectors, run_pass
 from bench.prepared import PreparedPrompt, bench_prompts
 from bench.quality import evaluate
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from bench.data import BenchPrompt
     from bench.passes import ModeSpec
     from engine.engine import Engine
@@ -63,6 +68,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ratio-min", type=float, default=None, help="adaptive budget: least share (settings')")
     parser.add_argument("--ratio-max", type=float, default=None, help="adaptive budget: largest share (settings')")
+    parser.add_argument(
+        "--candidates",
+        type=Path,
+        default=None,
+        help="a JSON list of blend settings (a study, as `bench calibrate --candidates`): full, reuse and one "
+        "blend per candidate instead of the --selectors × --ratios grid",
+    )
 
 
 def adaptive_specs(
@@ -160,6 +172,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 xytext=(2, -8),
                 textcoords="offset points",
             )
+    for i, name in enumerate(result.get("candidates") or []):
+        m = modes[name]
+        marker = "o^vsPX*hd<>p"[i % 12]
+        ax_kl.plot([m["speedup"]], [max(m["kl"], 1e-12)], marker, color=f"C{i % 10}", label=name)
+        ax_fid.plot([m["speedup"]], [m["fidelity_f1"]], marker, color=f"C{i % 10}", label=name)
     reuse = modes["reuse"]
     ax_kl.plot([reuse["speedup"]], [reuse["kl"]], "s", color="black", label="reuse (r=0)")
     ax_fid.plot([reuse["speedup"]], [reuse["fidelity_f1"]], "s", color="black", label="reuse (r=0)")
@@ -179,21 +196,27 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
-    ratios = parse_ratios(args.ratios)
+    candidates = read_candidates(args.candidates) if args.candidates is not None else None
+    ratios = parse_ratios(args.ratios) if candidates is None else []
+    selectors = args.selectors if candidates is None else []
     engine = harness.build_engine(args)
     prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True)
-    specs = mode_specs(engine, ratios, baselines=("full", "reuse"), selectors=args.selectors)
+    study = candidate_specs(engine, candidates) if candidates is not None else []
+    specs = mode_specs(engine, ratios, baselines=("full", "reuse"), selectors=selectors) + study
     specs += adaptive_specs(engine, args.adaptive, args.ratio_min, args.ratio_max)
     logger.info("frontier: %d examples × %d passages, %d modes", len(prompts), args.passages, len(specs))
     if args.warmup:
         _warm_up(engine, prompts[0], specs, args.kv_dtype, args.warmup)
     evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens)
     names = [s.name for s in specs]
+    study_values = {spec.name: values for spec, values in zip(study, candidates or [], strict=True)}
     timing = speed(evaluated["per_example"], names)
     modes = {name: evaluated["modes"][name] | timing[name] for name in names}
     for spec in specs:
         if spec.mode == "blend" and spec.blend is not None:
             modes[spec.name] |= {"selector": spec.blend.selector, "ratio": spec.blend.recompute_ratio}
+            if spec.name in study_values:
+                modes[spec.name] |= {"candidate": study_values[spec.name], "blend": describe(spec.blend)}
             if spec.blend.attention_share is not None:  # the ratio it chose, per prompt, on average
                 modes[spec.name] |= {
                     "attention_share": spec.blend.attention_share,
@@ -213,7 +236,8 @@ def main(args: argparse.Namespace) -> int:
         engine,
         examples=len(prompts),
         ratios=ratios,
-        selectors=args.selectors,
+        selectors=selectors,
+        candidates=list(study_values) if candidates is not None else None,
         kv_dtype=args.kv_dtype,
         max_tokens=args.max_tokens,
         mean_prompt_tokens=mean(p.layout.num_tokens for p in prompts),

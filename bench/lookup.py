@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
+from bench.candidates import read_candidates
 from bench.data import Passage
 from bench.inprocess import ask_service, ingest_passages, running_app, temp_settings
 from bench.passes import parse_selectors
@@ -191,6 +192,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
+    parser.add_argument(
+        "--candidates",
+        type=Path,
+        default=None,
+        help="a JSON list of blend settings (a study): each asked with its values set as the operator's, "
+        "instead of --selectors at --ratio",
+    )
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
 
 
@@ -204,9 +212,31 @@ def plot(result: dict[str, Any], path: Path) -> None:
     harness.save_figure(fig, path)
 
 
+async def _study(args: argparse.Namespace, facts: list[Fact], candidates: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each candidate's look-ups through an app whose engine settings set the candidate's values."""
+    from bench.candidates import candidate_name, describe
+
+    out: dict[str, Any] = {"right": {}, "per_question": [{"modes": {}} for _ in facts], "candidates": {}}
+    for values in candidates:
+        with temp_settings(
+            NAME, args, retrieval={"top_k": args.passages}, kvcache={"storage_dtype": args.kv_dtype}, engine=values
+        ) as settings:
+            async with running_app(settings) as state:
+                config = state.services.engine.settings.blend_config()
+                name = candidate_name(values, config)
+                ingest_passages(state, [Passage(title=f.title, text=f.text) for f in facts])
+                outcome = await run_lookup(state, facts, [(name, "blend", None)], None, args.max_tokens)
+        out["right"][name] = outcome["right"][name]
+        out["candidates"][name] = {"candidate": values, "blend": describe(config)}
+        for row, asked in zip(out["per_question"], outcome["per_question"], strict=True):
+            row["modes"][name] = asked["modes"][name]
+    return out
+
+
 def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     facts = make_facts(args.examples, args.seed)
+    candidates = read_candidates(args.candidates) if args.candidates is not None else None
     with temp_settings(
         NAME, args, retrieval={"top_k": args.passages}, kvcache={"storage_dtype": args.kv_dtype}
     ) as settings:
@@ -217,22 +247,30 @@ def main(args: argparse.Namespace) -> int:
                 engine_settings = state.services.engine.settings
                 ratio = args.ratio if args.ratio is not None else engine_settings.recompute_ratio
                 modes = [("full", "full", None), ("reuse", "reuse", None)]
-                modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
+                if candidates is None:
+                    modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
                 job, _ = ingest_passages(state, [Passage(title=f.title, text=f.text) for f in facts])
                 logger.info("ingested %d documents (%s)", len(facts), getattr(job, "status", "?"))
                 outcome = await run_lookup(state, facts, modes, ratio, args.max_tokens)
-                return harness.result_header(
-                    NAME,
-                    args,
-                    state.services.engine,
-                    questions=len(facts),
-                    top_k=args.passages,
-                    ratio=ratio,
-                    default_selector=engine_settings.selector,
-                    kv_dtype=settings.kvcache.storage_dtype,
-                    max_tokens=args.max_tokens,
-                    **outcome,
-                )
+                engine = state.services.engine
+            if candidates is not None:
+                study = await _study(args, facts, candidates)
+                outcome["right"] |= study["right"]
+                outcome["candidates"] = study["candidates"]
+                for row, asked in zip(outcome["per_question"], study["per_question"], strict=True):
+                    row["modes"] |= asked["modes"]
+            return harness.result_header(
+                NAME,
+                args,
+                engine,
+                questions=len(facts),
+                top_k=args.passages,
+                ratio=ratio,
+                default_selector=engine_settings.selector,
+                kv_dtype=settings.kvcache.storage_dtype,
+                max_tokens=args.max_tokens,
+                **outcome,
+            )
 
         result = asyncio.run(go())
     harness.write_result(args, result, run, plot)

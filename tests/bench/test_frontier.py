@@ -128,3 +128,37 @@ def test_frontier_adaptive_points(run_bench, dataset_path) -> None:
     for row in rows:
         n = row["modes"]["adaptive@0.5"]["num_recomputed_tokens"]
         assert round(0.1 * row["num_context_tokens"]) <= n <= row["num_context_tokens"]
+
+
+def test_frontier_study_runs_each_candidate_on_the_same_prompts(run_bench, dataset_path, tmp_path) -> None:
+    study = tmp_path / "study.json"
+    study.write_text('[{"recompute_ratio": 1.0}, {"recompute_ratio": 0.3, "sink_tokens": 2}, {"recompute_ratio": 0.3}]')
+    code, result, png = run_bench(
+        "frontier",
+        "--dataset",
+        str(dataset_path),
+        "--examples",
+        "2",
+        "--passages",
+        "3",
+        "--candidates",
+        str(study),
+        "--max-tokens",
+        "2",
+    )
+    names = ["query@1.0", "query@0.3 sink_tokens=2", "query@0.3"]
+    assert code == 0 and png.is_file()
+    assert list(result["modes"]) == ["full", "reuse", *names] and result["candidates"] == names
+    assert result["ratios"] == [] and result["selectors"] == []
+    sinks = result["modes"]["query@0.3 sink_tokens=2"]
+    assert sinks["candidate"] == {"recompute_ratio": 0.3, "sink_tokens": 2}
+    assert sinks["blend"]["sink_tokens"] == 2 and sinks["ratio"] == 0.3 and sinks["selector"] == "query"
+    # The candidate changes only what it sets: the rest is the settings in force for the model.
+    assert result["modes"]["query@0.3"]["blend"]["sink_tokens"] == 0
+    assert sinks["blend"]["score_layers"] == result["blend"]["score_layers"]
+    # Recomputing everything is full prefill; sinks come out of the same budget, not on top of it.
+    assert abs(result["modes"]["query@1.0"]["kl"]) < 1e-6 and result["modes"]["query@1.0"]["fidelity_f1"] == 1.0
+    for row in result["per_example"]:
+        budget = int(0.3 * row["num_context_tokens"] + 0.5)
+        assert row["modes"]["query@0.3 sink_tokens=2"]["num_recomputed_tokens"] == budget
+        assert row["modes"]["query@0.3"]["num_recomputed_tokens"] == budget

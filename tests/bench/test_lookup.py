@@ -13,3 +13,22 @@ def test_lookup_end_to_end_through_the_ask_service(run_bench) -> None:
     rows = result["per_question"]
     assert len(rows) == 2 and rows[0]["modes"]["query@0.5"]["selector"] == "query"
     assert rows[0]["modes"]["full"]["selector"] is None
+
+
+def test_lookup_study_asks_each_candidate_with_its_settings(run_bench, tmp_path) -> None:
+    study = tmp_path / "study.json"
+    study.write_text('[{"recompute_ratio": 1.0}, {"recompute_ratio": 1.0, "sink_tokens": 1, "pool_window": 3}]')
+    code, result, _ = run_bench(
+        "lookup", "--examples", "2", "--passages", "2", "--candidates", str(study), "--max-tokens", "3"
+    )
+    names = ["query@1.0", "query@1.0 pool_window=3 sink_tokens=1"]
+    assert code == 0 and list(result["right"]) == ["full", "reuse", *names]
+    assert result["candidates"][names[1]]["candidate"] == {"recompute_ratio": 1.0, "sink_tokens": 1, "pool_window": 3}
+    assert result["candidates"][names[1]]["blend"]["sink_tokens"] == 1
+    assert result["candidates"][names[1]]["blend"]["pool_window"] == 3
+    assert result["candidates"][names[0]]["blend"]["sink_tokens"] == 0
+    for row in result["per_question"]:
+        modes = row["modes"]
+        # Each candidate ran in an app of its own and recomputed everything: full prefill's greedy answer.
+        assert modes[names[0]]["answer"] == modes[names[1]]["answer"] == modes["full"]["answer"]
+        assert modes[names[1]]["selector"] == "query"
