@@ -4,9 +4,10 @@ Every example's prompt is /ask's (prefix, K passages of the dataset, question), 
 prefills exactly those ids and picks the first token, interleaved per example (one round: every peer
 once, in the order below), so drifting machine load hits all of them alike:
 
-  llamacpp_q4_1   llama.cpp full prefill (llama-cpp-python) on the built-in model's GGUF as shipped
+  llamacpp_<q>    llama.cpp full prefill (llama-cpp-python) on the GGUF the model comes from, as shipped
+                  (<q> its quantisation: q4_1 for SmolLM2, q4_k_m for Qwen2.5-Coder; --gguf for another)
   llamacpp_f16    llama.cpp on an F16 GGUF written from the same weights (`bench.gguf_f16`, under
-                  bench/out/ by default; ~270 MB, never committed)
+                  bench/out/peers/ by default; 270 MB for SmolLM2, 1.3 GB for Qwen; never committed)
   hf_float32      Hugging Face transformers' own forward of the same checkpoint (what a plain RAG stack
   hf_bfloat16     runs), in float32 and in bfloat16
   blendrag_full   our full prefill, in the engine's compute dtype
@@ -44,16 +45,27 @@ from bench.prepared import PreparedPrompt, prepare_prompts
 logger = logging.getLogger(__name__)
 
 NAME = "peers"
-HELP = "TTFT of llama.cpp (Q4_1, F16), HF transformers (fp32, bf16), our full prefill and blend, same ids"
-DEFAULT_F16_GGUF = harness.DEFAULT_OUT_DIR / "peers" / "SmolLM2-135M-Instruct.F16.gguf"
+HELP = "TTFT of llama.cpp (the model's GGUF, F16), HF transformers (fp32, bf16), our full prefill and blend, same ids"
+F16_DIR = harness.DEFAULT_OUT_DIR / "peers"
 BLEND = "blendrag_blend"
+# llama.cpp's `general.file_type` (enum llama_ftype) for the files a user meets, as a peer's name suffix.
+_FILE_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 15: "q4_k_m", 17: "q5_k_m", 18: "q6_k", 32: "bf16"}
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     harness.add_kv_dtype_arg(parser)
-    parser.add_argument("--gguf", type=Path, default=None, help="llama.cpp's GGUF (default: the built-in Q4_1)")
     parser.add_argument(
-        "--f16-gguf", type=Path, default=DEFAULT_F16_GGUF, help=f"F16 GGUF, written if missing ({DEFAULT_F16_GGUF})"
+        "--gguf",
+        type=Path,
+        default=None,
+        help="llama.cpp's GGUF (default: the file --model comes from: a catalogue model's joined and checked "
+        "GGUF, or --model itself when it is a GGUF file)",
+    )
+    parser.add_argument(
+        "--f16-gguf",
+        type=Path,
+        default=None,
+        help=f"F16 GGUF, written if missing (default: {F16_DIR}/<the GGUF's name>.F16.gguf)",
     )
     parser.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="HF transformers dtypes ('' skips)")
@@ -80,9 +92,33 @@ class HFRunner:
 
 
 def _checkpoint_dir(args: argparse.Namespace) -> Path:
-    from engine.builtin import ensure_builtin_llm
+    from engine.models.resolve import resolve_model
 
-    return ensure_builtin_llm(args.models_dir) if args.model == "builtin" else Path(args.model)
+    return resolve_model(args.model, Path(args.models_dir)).path
+
+
+def model_gguf(args: argparse.Namespace) -> Path | None:
+    """The GGUF llama.cpp runs: --gguf, else the file the model comes from (a catalogue model's, joined from
+    its packages and hash-checked, or --model itself when it is a GGUF file); None when there is none."""
+    from app.calibration.shipped import model_name
+    from engine.models.catalog import catalog_entry
+    from engine.models.install import joined_gguf
+
+    if args.gguf is not None:
+        return Path(args.gguf)
+    if Path(args.model).is_file():
+        return Path(args.model)
+    entry = catalog_entry(model_name(args.model))
+    return None if entry is None else joined_gguf(entry, Path(args.models_dir))[0]
+
+
+def gguf_peer_name(path: Path) -> str:
+    """llamacpp_<quantisation> from the file's own `general.file_type` (llamacpp_gguf when it has none)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(path).fields.get("general.file_type")
+    kind = _FILE_TYPES.get(int(field.contents())) if field is not None else None
+    return f"llamacpp_{kind or 'gguf'}"
 
 
 def llamacpp_peers(args: argparse.Namespace, n_ctx: int, threads: int) -> tuple[dict[str, Any], str | None]:
@@ -92,14 +128,13 @@ def llamacpp_peers(args: argparse.Namespace, n_ctx: int, threads: int) -> tuple[
     if not llama_cpp_available():
         return {}, "llama_cpp is not importable (install the llamacpp extra)"
     from bench.gguf_f16 import write_f16_gguf
-    from engine.builtin import builtin_gguf_path
 
-    if args.gguf is None and args.model != "builtin":
-        return {}, "--model is not the built-in one and no --gguf was given (the ids would not match)"
-    q4 = args.gguf or builtin_gguf_path()
-    f16 = write_f16_gguf(q4, args.f16_gguf)
+    source = model_gguf(args)
+    if source is None:
+        return {}, f"no GGUF for --model {args.model} (a checkpoint dir): give --gguf, the file it came from"
+    f16 = write_f16_gguf(source, args.f16_gguf or F16_DIR / f"{source.stem}.F16.gguf")
     runners = {
-        "llamacpp_q4_1": LlamaCppRunner(q4, n_ctx, threads, args.n_batch),
+        gguf_peer_name(source): LlamaCppRunner(source, n_ctx, threads, args.n_batch),
         "llamacpp_f16": LlamaCppRunner(f16, n_ctx, threads, args.n_batch),
     }
     return runners, None
@@ -197,7 +232,7 @@ def main(args: argparse.Namespace) -> int:
         threads=threads,
         kv_dtype=args.kv_dtype,
         prompt_tokens_mean=statistics.fmean(r["num_prompt_tokens"] for r in rows),
-        llamacpp={"skipped": cpp_skipped} if cpp_skipped else _llamacpp_facts(args),
+        llamacpp={"skipped": cpp_skipped} if cpp_skipped else _llamacpp_facts(args, list(cpp)),
         modes=summarize(rows, list(peers)),
         per_example=rows,
     )
@@ -207,14 +242,15 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _llamacpp_facts(args: argparse.Namespace) -> dict[str, Any]:
+def _llamacpp_facts(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     import llama_cpp
 
-    from engine.builtin import builtin_gguf_path
-
+    source = model_gguf(args)
+    assert source is not None  # llama.cpp ran, so it had a file
     return {
         "version": getattr(llama_cpp, "__version__", "?"),
         "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
-        "q4_1_gguf": Path(args.gguf or builtin_gguf_path()).name,
-        "f16_gguf": Path(args.f16_gguf).name,
+        "gguf": source.name,
+        "peer": names[0],
+        "f16_gguf": Path(args.f16_gguf or F16_DIR / f"{source.stem}.F16.gguf").name,
     }

@@ -25,8 +25,8 @@ def test_peers_records_why_llamacpp_is_left_out(run_bench, dataset_path) -> None
     )
     assert code == 0 and list(result["modes"]) == ["blendrag_full", "blendrag_blend"]
     reason = result["llamacpp"]["skipped"]
-    if llama_cpp_available():  # the tiny model has no GGUF: its ids mean nothing to the built-in one
-        assert reason.startswith("--model is not the built-in one")
+    if llama_cpp_available():  # the tiny model is a checkpoint dir: no GGUF it came from
+        assert reason.startswith("no GGUF for --model") and "give --gguf" in reason
     else:
         assert reason.startswith("llama_cpp is not importable")
 
@@ -83,3 +83,31 @@ def test_f16_gguf_holds_the_same_weights_and_metadata(tmp_path) -> None:
     before = (tmp_path / "f16.gguf").stat().st_mtime_ns
     write_f16_gguf(tmp_path / "q.gguf", tmp_path / "f16.gguf")
     assert (tmp_path / "f16.gguf").stat().st_mtime_ns == before
+
+
+def test_llamacpp_peer_is_named_by_the_files_quantisation(tmp_path) -> None:
+    import numpy as np
+
+    from bench.gguf_f16 import write_f16_gguf
+    from bench.peers import gguf_peer_name
+
+    _quantized_gguf(tmp_path / "q.gguf", np.random.default_rng(0))
+    assert gguf_peer_name(tmp_path / "q.gguf") == "llamacpp_q4_1"
+    assert gguf_peer_name(write_f16_gguf(tmp_path / "q.gguf", tmp_path / "f16.gguf")) == "llamacpp_f16"
+
+
+def test_the_gguf_llamacpp_runs_is_the_one_the_model_comes_from(tmp_path, tiny_llama_dir) -> None:
+    import argparse
+
+    from bench.peers import model_gguf
+    from engine.builtin import builtin_gguf_path
+
+    def args(model: str, gguf=None) -> argparse.Namespace:
+        return argparse.Namespace(model=model, gguf=gguf, models_dir=tmp_path)
+
+    assert model_gguf(args("builtin")) == builtin_gguf_path()
+    assert model_gguf(args("smollm2-135m-instruct")) == builtin_gguf_path()  # its converted dir's name
+    assert model_gguf(args(str(tiny_llama_dir))) is None
+    assert model_gguf(args(str(tiny_llama_dir), gguf=tmp_path / "mine.gguf")) == tmp_path / "mine.gguf"
+    (tmp_path / "own.gguf").write_bytes(b"GGUF")
+    assert model_gguf(args(str(tmp_path / "own.gguf"))) == tmp_path / "own.gguf"
