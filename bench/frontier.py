@@ -19,6 +19,13 @@ With `--candidates FILE` (a study: a JSON list of blend settings, bench/candidat
 reuse and one blend per candidate, each the settings in force for the model with the candidate's values set
 on top, instead of the selector × ratio grid: variants such as sink tokens or a minimum per chunk compared on
 the same held-out prompts at the same budget.
+
+With `--question-first` every mode's prompt (full prefill's too) also states the question right after the
+prefix, before the chunks: `[prefix][question][chunks][question]`. The chunks' stored KV is still the KV
+computed behind the server's prefix alone (as ingest stores it), so the blend re-rotates it past the
+question, and the tokens it recomputes read the question; the question's own rows are computed like a
+client's system prompt. A run with and one without it, on the same examples, tell whether the question's
+position changes how much of full prefill the blend keeps (not a layout /ask uses).
 """
 
 from __future__ import annotations
@@ -69,6 +76,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratio-min", type=float, default=None, help="adaptive budget: least share (settings')")
     parser.add_argument("--ratio-max", type=float, default=None, help="adaptive budget: largest share (settings')")
     parser.add_argument(
+        "--question-first",
+        action="store_true",
+        help="state the question before the chunks too (every mode, full prefill included): a study of the "
+        "question's position, not /ask's layout",
+    )
+    parser.add_argument(
         "--candidates",
         type=Path,
         default=None,
@@ -108,6 +121,20 @@ def _warm_up(engine: Engine, bp: BenchPrompt, specs: list[ModeSpec], kv_dtype: s
         for spec in seen.values():
             source = kvs.source(kv_dtype) if spec.uses_cache else None
             run_pass(engine, bp.layout, source, spec, [], 1)
+
+
+def question_first(engine: Engine, bp: BenchPrompt) -> BenchPrompt:
+    """`bp` with the question also stated after the prefix: `[prefix][question][chunks][question]`.
+
+    The question's first statement joins the prefix (the engine computes a prefix it has not seen, as for a
+    client's system prompt); the chunks keep the ids and stored KV of /ask's layout, computed behind the
+    server's prefix alone, so the layout says they were not computed behind this one."""
+    from dataclasses import replace
+
+    before = engine.prompt.question_template.split("{question}", 1)[0]
+    stated = engine.tokenizer.encode(f"{before}{bp.example.question.strip()}\n\n", add_special_tokens=False)
+    layout = replace(bp.layout, prefix_ids=[*bp.layout.prefix_ids, *stated], segments_behind_prefix=False)
+    return replace(bp, layout=layout)
 
 
 def speed(per_example: list[dict[str, Any]], names: list[str]) -> dict[str, dict[str, float]]:
@@ -201,6 +228,8 @@ def main(args: argparse.Namespace) -> int:
     selectors = args.selectors if candidates is None else []
     engine = harness.build_engine(args)
     prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True)
+    if args.question_first:
+        prompts = [question_first(engine, bp) for bp in prompts]
     study = candidate_specs(engine, candidates) if candidates is not None else []
     specs = mode_specs(engine, ratios, baselines=("full", "reuse"), selectors=selectors) + study
     specs += adaptive_specs(engine, args.adaptive, args.ratio_min, args.ratio_max)
@@ -238,6 +267,7 @@ def main(args: argparse.Namespace) -> int:
         ratios=ratios,
         selectors=selectors,
         candidates=list(study_values) if candidates is not None else None,
+        question_first=args.question_first,
         kv_dtype=args.kv_dtype,
         max_tokens=args.max_tokens,
         mean_prompt_tokens=mean(p.layout.num_tokens for p in prompts),

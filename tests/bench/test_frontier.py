@@ -162,3 +162,39 @@ def test_frontier_study_runs_each_candidate_on_the_same_prompts(run_bench, datas
         budget = int(0.3 * row["num_context_tokens"] + 0.5)
         assert row["modes"]["query@0.3 sink_tokens=2"]["num_recomputed_tokens"] == budget
         assert row["modes"]["query@0.3"]["num_recomputed_tokens"] == budget
+
+
+def test_frontier_question_first_states_the_question_before_the_chunks(run_bench, dataset_path, tiny_engine) -> None:
+    from bench.data import build_prompt, load_dataset
+    from bench.frontier import question_first
+
+    example = load_dataset(dataset_path)[0]
+    standard = build_prompt(tiny_engine.prompt, tiny_engine.tokenizer, example, 3)
+    moved = question_first(tiny_engine, standard)
+    stated = tiny_engine.tokenizer.encode(f"Question: {example.question}\n\n", add_special_tokens=False)
+    assert moved.layout.prefix_ids == standard.layout.prefix_ids + stated
+    assert moved.layout.chunk_ids == standard.layout.chunk_ids and moved.chunk_ids == standard.chunk_ids
+    assert moved.layout.suffix_ids == standard.layout.suffix_ids and not moved.layout.segments_behind_prefix
+
+    study = dataset_path.with_name("study.json")
+    study.write_text('[{"recompute_ratio": 1.0}, {"recompute_ratio": 0.3}]')
+    code, result, _ = run_bench(
+        "frontier",
+        "--dataset",
+        str(dataset_path),
+        "--examples",
+        "2",
+        "--passages",
+        "3",
+        "--candidates",
+        str(study),
+        "--question-first",
+        "--max-tokens",
+        "2",
+    )
+    assert code == 0 and result["question_first"] is True
+    # The stored chunk KV (computed behind the server's prefix alone) blended at r = 1 is this layout's full
+    # prefill: the reference of every mode is full prefill of the same layout.
+    assert abs(result["modes"]["query@1.0"]["kl"]) < 1e-6 and result["modes"]["query@1.0"]["fidelity_f1"] == 1.0
+    row = next(r for r in result["per_example"] if r["index"] == standard.example.index)
+    assert row["num_prompt_tokens"] == standard.layout.num_tokens + len(stated)
