@@ -4,7 +4,7 @@ The same code (app/calibration/search.py `run_calibration`) on the generated cal
 made-up codes, two-hop questions, follow-ups; never a dev set): every candidate from the cheapest up, its
 first-token KL ÷ reuse's, context benefit retained, right answers per kind against full prefill's and prompt
 time, and the chosen settings. `--ship` also writes the record where the repo ships it for the model
-(app/calibration/shipped/<model name>.json), so a fresh server on that model starts on them.
+(app/calibration/shipped/<model name>.<compute dtype>.json), so a fresh server on that model starts on them.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from app.calibration.search import parse_ratios, run_calibration
-    from app.calibration.shipped import SHIPPED_DIR
+    from app.calibration.shipped import shipped_path
 
     run = harness.RunRecord()
     cases = tuple(int(x) for x in args.cases.split(","))
@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
     result = harness.result_header(NAME, args, engine, kv_dtype=args.kv_dtype, record=record.__dict__)
     harness.write_result(args, result, run)
     if args.ship:
-        path = SHIPPED_DIR / f"{record.model}.json"
+        path = shipped_path(record.model, record.compute_dtype)
         path.write_text(record.to_json(), encoding="utf-8")
         logger.info("shipped record written to %s", path)
     logger.info(

@@ -2,7 +2,7 @@
 
 record.py    BlendSettingsRecord: the settings a calibration chose for one model and what it measured
 store.py     CalibrationStore: <data dir>/calibration/<fingerprint>.json, written atomically
-shipped.py   shipped_blend_settings(model_name): the records the repo ships for its catalogue models
+shipped.py   shipped_blend_settings(model_name, dtype): the records the repo ships, one per model and compute dtype
 in_force.py  BlendInForce / BlendSettingsHolder: operator > calibrated > shipped > safe, and where each came from
 calset.py    the calibration set, generated (look-ups with made-up codes, two-hop questions, follow-ups)
 prose.py     its passages: sections of the standard library's docstrings, none repeated

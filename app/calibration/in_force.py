@@ -79,12 +79,13 @@ def resolve(
 
 def blend_in_force(engine: Engine, engine_settings: EngineSettings, data_dir: Path | None) -> BlendInForce:
     """The settings in force for the engine's model: its calibration record under `data_dir` (None: none
-    looked up, as in bench), else the record shipped for the model, else the safe settings."""
+    looked up, as in bench), else the record shipped for the model (in the engine's compute dtype where one
+    was measured in it), else the safe settings."""
     from app.calibration.shipped import model_name, shipped_blend_settings
     from app.calibration.store import CalibrationStore
 
     calibrated = CalibrationStore(data_dir).load(engine.fingerprint) if data_dir is not None else None
-    shipped = shipped_blend_settings(model_name(engine_settings.model))
+    shipped = shipped_blend_settings(model_name(engine_settings.model), str(engine.dtype).removeprefix("torch."))
     return resolve(engine_settings, engine.config.num_layers, calibrated=calibrated, shipped=shipped)
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from app.calibration.in_force import resolve
 from app.calibration.search import CASES_PER_KIND, RATIOS, CalibrationStopped, calibrate
-from app.calibration.shipped import model_name, shipped_blend_settings
+from app.calibration.shipped import model_name, shipped_records
 from app.calibration.store import CalibrationStore
 
 if TYPE_CHECKING:
@@ -42,8 +42,7 @@ def needs_calibration(services: Services) -> str | None:
     engine = services.engine
     if CalibrationStore(services.settings.data_dir).load(engine.fingerprint) is not None:
         return None
-    shipped = shipped_blend_settings(model_name(services.settings.engine.model))
-    if shipped is not None and shipped.fingerprint == engine.fingerprint:
+    if any(r.fingerprint == engine.fingerprint for r in shipped_records(model_name(services.settings.engine.model))):
         return None
     return f"no calibration record for fingerprint {engine.fingerprint[:12]}"
 

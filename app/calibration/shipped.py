@@ -1,7 +1,10 @@
 """The blend settings the repo ships for its catalogue models, measured with `blendrag calibrate`.
 
-A fresh server on a shipped model starts on its measured settings at once; it still calibrates in the
-background when its fingerprint (weights + compute dtype) is not the one the shipped record was measured on.
+One record per model and compute dtype: `shipped/<model name>.<dtype>.json` (a fingerprint is weights +
+compute dtype, so bfloat16 on an AMX CPU and float32 on an AVX2 one are two calibrations). A fresh server on a
+shipped model starts on the record of its own dtype at once, and does not calibrate when that record's
+fingerprint is its own. With no record in its dtype it starts on the model's record of another dtype (the
+same weights' measured settings are a better start than the safe ones) and calibrates in the background.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from engine.models.catalog import ALIASES, CATALOG
 logger = logging.getLogger(__name__)
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
+SHIPPED_DTYPES = ("bfloat16", "float32", "float16")  # the order a record of another dtype is taken in
 
 
 def model_name(model: str) -> str:
@@ -25,15 +29,29 @@ def model_name(model: str) -> str:
     return next((entry.name for entry in CATALOG.values() if entry.converted_dir == name), name)
 
 
-def shipped_blend_settings(name: str) -> BlendSettingsRecord | None:
-    """The shipped record of the model called `name` (a catalogue name), or None."""
+def shipped_path(name: str, compute_dtype: str) -> Path:
+    """Where the record of model `name` measured in `compute_dtype` is shipped."""
+    return SHIPPED_DIR / f"{name}.{compute_dtype}.json"
+
+
+def shipped_records(name: str) -> list[BlendSettingsRecord]:
+    """Every shipped record of the model called `name` (a catalogue name), in SHIPPED_DTYPES order."""
     if not name or "/" in name or name.startswith("."):
-        return None
-    path = SHIPPED_DIR / f"{name}.json"
-    try:
-        return BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, TypeError) as exc:  # a broken shipped file is a bug, not a reason to stop
-        logger.error("shipped blend settings %s unreadable: %s", path, exc)
-        return None
+        return []
+    records = []
+    for dtype in SHIPPED_DTYPES:
+        path = shipped_path(name, dtype)
+        try:
+            records.append(BlendSettingsRecord.from_json(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, TypeError) as exc:  # a broken shipped file is a bug, not a reason to stop
+            logger.error("shipped blend settings %s unreadable: %s", path, exc)
+    return records
+
+
+def shipped_blend_settings(name: str, compute_dtype: str | None = None) -> BlendSettingsRecord | None:
+    """The shipped record of the model called `name` measured in `compute_dtype`; without one, the model's
+    record of another dtype (None: the first shipped); None when the model has none."""
+    records = shipped_records(name)
+    return next((r for r in records if r.compute_dtype == compute_dtype), records[0] if records else None)

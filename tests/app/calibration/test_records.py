@@ -12,7 +12,7 @@ from app.calibration.in_force import resolve, safe_values
 from app.calibration.measure import CandidateFigures
 from app.calibration.record import BlendSettingsRecord
 from app.calibration.search import Targets, candidates, choose, parse_ratios, score_layers_at
-from app.calibration.shipped import SHIPPED_DIR, model_name, shipped_blend_settings
+from app.calibration.shipped import SHIPPED_DIR, model_name, shipped_blend_settings, shipped_path
 from app.calibration.store import CalibrationStore
 from engine.config import BLEND_FIELDS, EngineSettings
 
@@ -87,11 +87,30 @@ def test_shipped_records_are_valid_and_named_by_model() -> None:
     assert model_name("/data/models/smollm2-135m-instruct") == "smollm2-135m"
     assert model_name("/elsewhere/my-finetune") == "my-finetune"
     assert shipped_blend_settings("no-such-model") is None and shipped_blend_settings("../secrets") is None
-    shipped = sorted(p.stem for p in SHIPPED_DIR.glob("*.json"))
-    for name in shipped:
-        record = shipped_blend_settings(name)
-        assert record is not None and record.model == name
+    files = sorted(SHIPPED_DIR.glob("*.json"))
+    assert {p.name for p in files} >= {"qwen2.5-coder-0.5b.bfloat16.json", "smollm2-135m.bfloat16.json"}
+    for path in files:
+        name, dtype = path.name.removesuffix(".json").rsplit(".", 1)
+        record = shipped_blend_settings(name, dtype)
+        assert record is not None and (record.model, record.compute_dtype) == (name, dtype)
+        assert shipped_path(name, dtype) == path
         EngineSettings(**record.values).blend_config()  # every shipped record is a valid configuration
+
+
+def test_the_shipped_record_of_the_engines_dtype_is_taken(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import app.calibration.shipped as shipped
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
+    bf16 = _record(fingerprint="b" * 64, recompute_ratio=0.25)
+    fp32 = BlendSettingsRecord(**{**bf16.__dict__, "fingerprint": "f" * 64, "compute_dtype": "float32"})
+    (tmp_path / "m.bfloat16.json").write_text(bf16.to_json())
+    assert shipped.shipped_blend_settings("m", "float32") == bf16  # none in float32: the model's other record
+    (tmp_path / "m.float32.json").write_text(fp32.to_json())
+    assert shipped.shipped_blend_settings("m", "float32") == fp32
+    assert shipped.shipped_blend_settings("m", "bfloat16") == bf16
+    assert shipped.shipped_blend_settings("m") == bf16 and shipped.shipped_records("m") == [bf16, fp32]
+    (tmp_path / "m.bfloat16.json").write_text("{broken")
+    assert shipped.shipped_records("m") == [fp32]  # a broken file is logged and skipped, not fatal
 
 
 def test_candidates_scale_score_layers_with_depth() -> None:
