@@ -33,7 +33,11 @@ logger = logging.getLogger(__name__)
 # held-out look-ups through /ask (10 of 12 against 12; 0.15 gave 11), so the set's 8 look-ups cannot vouch for
 # a budget that small (docs/benchmarks.md, "Blend settings per model").
 RATIOS = (0.15, 0.2, 0.25, 0.3)
-LAYER_DEPTHS = ((0.4,), (0.25, 0.5, 0.75))  # scoring layers as shares of the model's depth
+# Scoring layers as shares of the model's depth. The five-layer spread came from a held-out study on nq6
+# (docs/benchmarks.md, "Token choice at equal budget"): on Qwen2.5-Coder-0.5B at ratio 0.15 it brought the
+# first-token KL from 0.29x reuse's (layers 6/12/18) to 0.14x, below query@0.25's 0.17x; sink tokens, a
+# minimum per chunk, value-weighted scores, max fusion and pooling did not move it beyond noise.
+LAYER_DEPTHS = ((0.4,), (0.25, 0.5, 0.75), (0.17, 0.33, 0.5, 0.67, 0.83))
 CASES_PER_KIND = (8, 4, 6)  # look-ups, two-hop questions, follow-ups
 HISTORY_RATIO = 1.0  # a conversation's earlier turns recomputed whole (docs/benchmarks.md, conversations)
 
@@ -70,16 +74,17 @@ def score_layers_at(depths: tuple[float, ...], num_layers: int) -> list[int]:
 
 
 def candidates(num_layers: int, ratios: tuple[float, ...] = RATIOS) -> list[dict[str, Any]]:
-    """The blend settings tried, cheapest first."""
+    """The blend settings tried, cheapest first; on a shallow model two depth choices can fall on the same
+    layers, and those are tried once."""
+    layer_choices: list[list[int]] = []
+    for depths in LAYER_DEPTHS:
+        layers = score_layers_at(depths, num_layers)
+        if layers not in layer_choices:
+            layer_choices.append(layers)
     return [
-        {
-            "selector": "query",
-            "recompute_ratio": ratio,
-            "score_layers": score_layers_at(depths, num_layers),
-            "history_ratio": HISTORY_RATIO,
-        }
+        {"selector": "query", "recompute_ratio": ratio, "score_layers": layers, "history_ratio": HISTORY_RATIO}
         for ratio in ratios
-        for depths in LAYER_DEPTHS
+        for layers in layer_choices
     ]
 
 
