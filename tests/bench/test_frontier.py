@@ -130,21 +130,19 @@ def test_frontier_adaptive_points(run_bench, dataset_path) -> None:
         assert round(0.1 * row["num_context_tokens"]) <= n <= row["num_context_tokens"]
 
 
-def test_frontier_study_runs_each_candidate_on_the_same_prompts(run_bench, dataset_path, tmp_path) -> None:
-    study = tmp_path / "study.json"
-    study.write_text('[{"recompute_ratio": 1.0}, {"recompute_ratio": 0.3, "sink_tokens": 2}, {"recompute_ratio": 0.3}]')
-    code, result, png = run_bench(
-        "frontier",
-        "--dataset",
-        str(dataset_path),
-        "--examples",
-        "2",
-        "--passages",
-        "3",
-        "--candidates",
-        str(study),
-        "--max-tokens",
-        "2",
+def _study(run_bench, dataset_path, candidates: str, *options: str):
+    """`bench frontier --candidates` on the made-up set: 2 examples × 3 passages, 2-token answers."""
+    study = dataset_path.with_name("study.json")
+    study.write_text(candidates)
+    args = ["--dataset", str(dataset_path), "--examples", "2", "--passages", "3", "--max-tokens", "2"]
+    return run_bench("frontier", *args, "--candidates", str(study), *options)
+
+
+def test_frontier_study_runs_each_candidate_on_the_same_prompts(run_bench, dataset_path) -> None:
+    code, result, png = _study(
+        run_bench,
+        dataset_path,
+        '[{"recompute_ratio": 1.0}, {"recompute_ratio": 0.3, "sink_tokens": 2}, {"recompute_ratio": 0.3}]',
     )
     names = ["query@1.0", "query@0.3 sink_tokens=2", "query@0.3"]
     assert code == 0 and png.is_file()
@@ -176,21 +174,8 @@ def test_frontier_question_first_states_the_question_before_the_chunks(run_bench
     assert moved.layout.chunk_ids == standard.layout.chunk_ids and moved.chunk_ids == standard.chunk_ids
     assert moved.layout.suffix_ids == standard.layout.suffix_ids and not moved.layout.segments_behind_prefix
 
-    study = dataset_path.with_name("study.json")
-    study.write_text('[{"recompute_ratio": 1.0}, {"recompute_ratio": 0.3}]')
-    code, result, _ = run_bench(
-        "frontier",
-        "--dataset",
-        str(dataset_path),
-        "--examples",
-        "2",
-        "--passages",
-        "3",
-        "--candidates",
-        str(study),
-        "--question-first",
-        "--max-tokens",
-        "2",
+    code, result, _ = _study(
+        run_bench, dataset_path, '[{"recompute_ratio": 1.0}, {"recompute_ratio": 0.3}]', "--question-first"
     )
     assert code == 0 and result["question_first"] is True
     # The stored chunk KV (computed behind the server's prefix alone) blended at r = 1 is this layout's full
