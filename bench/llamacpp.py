@@ -52,6 +52,7 @@ class LlamaCppRunner:
     def __init__(self, gguf: Path, n_ctx: int, n_threads: int, n_batch: int) -> None:
         from llama_cpp import Llama
 
+        self.gguf = Path(gguf)
         self.llm = Llama(
             model_path=str(gguf),
             n_ctx=n_ctx,

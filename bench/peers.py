@@ -232,7 +232,7 @@ def main(args: argparse.Namespace) -> int:
         threads=threads,
         kv_dtype=args.kv_dtype,
         prompt_tokens_mean=statistics.fmean(r["num_prompt_tokens"] for r in rows),
-        llamacpp={"skipped": cpp_skipped} if cpp_skipped else _llamacpp_facts(args, list(cpp)),
+        llamacpp={"skipped": cpp_skipped} if cpp_skipped else _llamacpp_facts(cpp),
         modes=summarize(rows, list(peers)),
         per_example=rows,
     )
@@ -242,15 +242,14 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _llamacpp_facts(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+def _llamacpp_facts(runners: dict[str, Any]) -> dict[str, Any]:
     import llama_cpp
 
-    source = model_gguf(args)
-    assert source is not None  # llama.cpp ran, so it had a file
+    (peer, source), (_, f16) = runners.items()
     return {
         "version": getattr(llama_cpp, "__version__", "?"),
         "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
-        "gguf": source.name,
-        "peer": names[0],
-        "f16_gguf": Path(args.f16_gguf or F16_DIR / f"{source.stem}.F16.gguf").name,
+        "gguf": source.gguf.name,
+        "peer": peer,
+        "f16_gguf": f16.gguf.name,
     }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.llamacpp import llama_cpp_available
 
 
@@ -111,3 +113,22 @@ def test_the_gguf_llamacpp_runs_is_the_one_the_model_comes_from(tmp_path, tiny_l
     assert model_gguf(args(str(tiny_llama_dir), gguf=tmp_path / "mine.gguf")) == tmp_path / "mine.gguf"
     (tmp_path / "own.gguf").write_bytes(b"GGUF")
     assert model_gguf(args(str(tmp_path / "own.gguf"))) == tmp_path / "own.gguf"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not llama_cpp_available(), reason="needs the optional llama-cpp-python (llamacpp extra)")
+def test_peers_runs_llamacpp_on_the_gguf_and_its_f16_copy(run_bench, dataset_path, tmp_path) -> None:
+    from engine.builtin import builtin_gguf_path
+
+    # The tiny model speaks SmolLM2's token ids, so llama.cpp can prefill them on SmolLM2's GGUF.
+    code, result, _ = run_bench(
+        "peers",
+        *("--dataset", str(dataset_path), "--examples", "1", "--passages", "2", "--hf-dtypes", ""),
+        *("--gguf", str(builtin_gguf_path()), "--f16-gguf", str(tmp_path / "smol.F16.gguf")),
+    )
+    assert code == 0
+    assert list(result["modes"]) == ["llamacpp_q4_1", "llamacpp_f16", "blendrag_full", "blendrag_blend"]
+    facts = result["llamacpp"]
+    assert (facts["gguf"], facts["peer"]) == (builtin_gguf_path().name, "llamacpp_q4_1")
+    assert facts["f16_gguf"] == "smol.F16.gguf"
+    assert all(result["per_example"][0]["ttft_s"][name] > 0 for name in result["modes"])
