@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.calibration.runner import needs_calibration
 from app.main import create_app
 from app.settings import load_settings
 from engine.models.catalog import DEFAULT_MODEL, catalog_entry
@@ -45,6 +46,13 @@ def test_the_default_model_answers_a_look_up_from_the_documents(tmp_path: Path, 
         assert (stats["served_model"]["source"], stats["served_model"]["origin_quantisation"]) == ("catalog", "Q4_K_M")
         # The prompt is laid out by the model's own chat template (ChatML, carried over from its GGUF).
         engine = client.app.state.blendrag.services.engine  # type: ignore[attr-defined]
+        # The model ships a blend settings record for this machine's compute dtype (bfloat16 where the CPU has
+        # bf16 units, float32 elsewhere) measured on these very weights: the server starts on it and has
+        # nothing to calibrate in the background.
+        dtype = str(engine.dtype).removeprefix("torch.")
+        assert stats["blend_settings"]["source"] == "shipped"
+        assert f"({dtype}, fingerprint {engine.fingerprint[:12]})" in stats["blend_settings"]["label"]
+        assert needs_calibration(client.app.state.blendrag.services) is None  # type: ignore[attr-defined]
         assert engine.tokenizer.decode(engine.prompt.prefix_ids) == (
             "<|im_start|>system\nYou are a helpful assistant. Answer the question using the documents. "
             "Be concise.<|im_end|>\n<|im_start|>user\n"
