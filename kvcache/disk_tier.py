@@ -193,9 +193,17 @@ class DiskTier:
             self._policy.admit(key)
 
     def _vanished(self, key: str) -> None:
-        if self._drop(key):
-            self.counters.fault("missing_file")
-            logger.warning("disk tier: entry %s was deleted behind the store's back", key[:12])
+        """A read found no file for `key`. Checked again under the lock before anything is dropped: between
+        the failed open and here this process may have evicted the entry and written it again (a writer
+        records a key only once its file is in place, and eviction drops a key before unlinking it), and
+        that new entry is neither to be dropped nor a fault."""
+        with self._lock:
+            if key not in self._index or self.path_for(key).exists():
+                return
+            self._num_bytes -= self._index.pop(key)
+            self._policy.forget(key)
+        self.counters.fault("missing_file")
+        logger.warning("disk tier: entry %s was deleted behind the store's back", key[:12])
 
     def nbytes_of(self, key: str) -> int | None:
         """File size, or None; keeps the index in step with the directory (see module docstring)."""

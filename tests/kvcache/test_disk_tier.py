@@ -150,3 +150,30 @@ def test_bad_keys_never_touch_the_filesystem(tmp_path: Path) -> None:
         tier.contains("ZZ")
     with pytest.raises(ValueError):
         DiskTier(tmp_path, 0)
+
+
+def test_a_read_that_lost_a_race_with_evict_and_rewrite_is_no_fault(tmp_path: Path, monkeypatch) -> None:
+    """A reader's open fails because the entry was evicted; before it reports the file missing, another
+    thread writes the entry again. The new entry stays indexed and nothing counts as deleted behind our back;
+    a file really deleted by someone else still does."""
+    import kvcache.disk_tier as disk_tier
+
+    tier = DiskTier(tmp_path, 100 * SIZE, fsync=False)
+    key = key_of(0)
+    assert tier.put_bytes(key, _data(0))
+
+    def lost_the_race(path: Path, key: str) -> None:
+        # the open saw no file (evicted); by the time the reader looks again, the entry has been rewritten
+        raise FileNotFoundError(path)
+
+    with monkeypatch.context() as m:
+        m.setattr(disk_tier, "FileEntryReader", lost_the_race)
+        assert tier.get(key) is None  # this read missed
+    st = tier.stats()
+    assert (st.num_faults, st.num_entries, st.num_bytes) == (0, 1, SIZE)
+    assert tier.get(key) is not None
+
+    tier.path_for(key).unlink()  # another process deletes it
+    assert tier.get(key) is None
+    st = tier.stats()
+    assert (st.num_faults, st.faults_by_kind, st.num_entries, st.num_bytes) == (1, {"missing_file": 1}, 0, 0)
