@@ -176,10 +176,13 @@ class DiskTier:
 
     def _drop(self, key: str) -> bool:
         with self._lock:
-            size = self._index.pop(key, None)
-            if size is not None:
-                self._num_bytes -= size
-                self._policy.forget(key)
+            return self._drop_unlocked(key)
+
+    def _drop_unlocked(self, key: str) -> bool:
+        size = self._index.pop(key, None)
+        if size is not None:
+            self._num_bytes -= size
+            self._policy.forget(key)
         return size is not None
 
     def _record(self, key: str, size: int, *, reserved: int = 0) -> None:
@@ -198,10 +201,8 @@ class DiskTier:
         records a key only once its file is in place, and eviction drops a key before unlinking it), and
         that new entry is neither to be dropped nor a fault."""
         with self._lock:
-            if key not in self._index or self.path_for(key).exists():
+            if self.path_for(key).exists() or not self._drop_unlocked(key):
                 return
-            self._num_bytes -= self._index.pop(key)
-            self._policy.forget(key)
         self.counters.fault("missing_file")
         logger.warning("disk tier: entry %s was deleted behind the store's back", key[:12])
 
