@@ -25,7 +25,7 @@ HELP = "calibrate a model's blend settings (as blendrag calibrate)"
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25,0.3", help="recompute ratios to try")
-    parser.add_argument("--cases", default="8,4,6", help="look-ups,two-hop,follow-ups in the set")
+    parser.add_argument("--cases", default="8,4,8", help="look-ups,two-hop,follow-ups in the set")
     parser.add_argument("--ship", action="store_true", help="write the record to app/calibration/shipped/")
     parser.add_argument(
         "--candidates",

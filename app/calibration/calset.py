@@ -5,13 +5,20 @@ question, five others before it):
 
 - look-ups: made-up places, each passage holding one unique fact (an access code, a date, a name);
 - two-hop questions: passage A names a person, passage B says where that person was born;
-- follow-ups: turn 1 "Tell me about project X.", turn 2 "What is the access code of that project?", the
-  turn-1 answer being full prefill's (so every candidate sees the same history).
+- follow-ups: turn 1 "Tell me about the X.", turn 2 "What is the access code of that place?", the
+  turn-1 answer being full prefill's (so every candidate sees the same history). Each of the six passages
+  ends with a profile of its own place (where, since when, who, how many), so turn 1 has something to tell;
+  the first, third and fifth profiles hold an access code, so turn 2 has three to choose from.
 
 Each passage is a ~250–450-token section of real documentation (app/calibration/prose.py) with the fact
 inserted as a paragraph of its own: no text repeats across a prompt's passages or across the set.
 (calset-1 padded ~120-token passages with six shared filler templates; on Qwen2.5 that repetition made the
-set disagree with held-out data.)
+set disagree with held-out data. calset-2's follow-up passages held the code as one sentence in a section
+about something else: "Tell me about the X" had nothing to tell, full prefill's turn 1 wandered to other
+places, and it then read the right code on 2 of 6 follow-ups, too few for the set to see a blend lose one.
+With profiles it reads 4–5 of 8 on Qwen2.5-Coder-0.5B in float32 (two draws); with a code in all six
+profiles, or the profile opening the page, fewer: a 0.5B model confuses near-identical sentences ~2k tokens
+apart. docs/benchmarks.md, "The calibration set".)
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from dataclasses import dataclass
 
 from app.calibration.prose import insert_paragraph, sections
 
-SET_VERSION = "calset-2"
+SET_VERSION = "calset-3"
 NUM_PASSAGES = 6
 
 _STEMS = [
@@ -82,6 +89,18 @@ def _fact(rng: random.Random, place: str, i: int) -> tuple[str, str, str]:
             return f"The head of the {place} is {person}.", f"Who is the head of the {place}?", person
 
 
+def _profile(rng: random.Random, place: str, code: str | None) -> str:
+    """A paragraph about `place`, the last of its page: where, since when, who, how many, and the access
+    code when it has one."""
+    city, year = rng.choice(_CITIES), rng.randint(1950, 2020)
+    head, staff = f"{rng.choice(_FIRST)} {rng.choice(_LAST)}", rng.randint(6, 120)
+    code_sentence = f" The access code of the {place} is {code}." if code is not None else ""
+    return (
+        f"The {place} stands in {city} and has been open since {year}. Its {staff} staff work under "
+        f"{head}.{code_sentence} Deliveries come in at the side entrance."
+    )
+
+
 class _Prose:
     """The documentation sections in a seeded order, each handed out once."""
 
@@ -90,17 +109,21 @@ class _Prose:
         self._sections = sections()
         rng.shuffle(self._sections)
 
-    def passage(self, *facts: str) -> str:
+    def passage(self, *facts: str, profile: str | None = None) -> str:
+        """A section with each fact inserted as a paragraph of its own, spread over its length; `profile`,
+        when given, is its last paragraph."""
         if not self._sections:
             raise ValueError("the calibration set asks for more passages than the documentation sections hold")
         text = self._sections.pop()
+        if profile is not None:
+            text = insert_paragraph(text, profile, 1.0)
         for i, fact in enumerate(facts):
             text = insert_paragraph(text, fact, (i + 1) / (len(facts) + 1) + self._rng.uniform(-0.15, 0.15))
         return text
 
 
 def make_cases(
-    num_lookups: int = 8, num_two_hop: int = 4, num_followups: int = 6, seed: int = 0
+    num_lookups: int = 8, num_two_hop: int = 4, num_followups: int = 8, seed: int = 0
 ) -> list[CalibrationCase]:
     rng = random.Random(f"{SET_VERSION}-{seed}")
     prose = _Prose(rng)
@@ -133,10 +156,13 @@ def make_cases(
         cases.append(CalibrationCase("two_hop", (b, a, *others), question, city))
     for _ in range(num_followups):
         docs = []
-        for _j in range(NUM_PASSAGES):
+        for j in range(NUM_PASSAGES):
             place = new_place()
             code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
-            docs.append((prose.passage(f"The access code of the {place} is {code}."), place, code))
+            # Every other page holds a code too (three in the prompt): with a code on all six, a 0.5B model's
+            # full prefill read another page's code for the place it had just described.
+            listed = code if j % 2 == 0 else None
+            docs.append((prose.passage(profile=_profile(rng, place, listed)), place, code))
         text, place, code = docs[0]
         cases.append(
             CalibrationCase(

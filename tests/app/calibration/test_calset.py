@@ -17,7 +17,7 @@ def test_insert_paragraph_goes_between_paragraphs_never_before_the_heading() -> 
 
 def test_sections_are_documentation_from_the_listed_modules_and_none_repeats() -> None:
     found = sections()
-    assert len(found) >= 18 * NUM_PASSAGES  # the default set never runs out
+    assert len(found) >= 20 * NUM_PASSAGES + 4  # the default set never runs out, with a few to spare
     assert len(set(found)) == len(found)
     assert all(s.startswith("## ") and s.split("(")[0][3:].rsplit(".", 1)[0] in MODULES for s in found)
     assert all(len(s) >= 1000 for s in found)
@@ -27,8 +27,8 @@ def test_sections_are_documentation_from_the_listed_modules_and_none_repeats() -
 
 def test_the_set_places_each_fact_where_its_question_expects_it() -> None:
     cases = make_cases()
-    assert describe(cases) == "calset-2: 8 lookup, 4 two_hop, 6 followup, 6 passages each"
-    assert [c.kind for c in cases] == ["lookup"] * 8 + ["two_hop"] * 4 + ["followup"] * 6
+    assert describe(cases) == "calset-3: 8 lookup, 4 two_hop, 8 followup, 6 passages each"
+    assert [c.kind for c in cases] == ["lookup"] * 8 + ["two_hop"] * 4 + ["followup"] * 8
     for case in cases:
         assert len(case.passages) == NUM_PASSAGES
         holders = [p for p in case.passages if case.answer in p]
@@ -44,6 +44,12 @@ def test_the_set_places_each_fact_where_its_question_expects_it() -> None:
             assert case.first_question is not None
             place = case.first_question.removeprefix("Tell me about the ").removesuffix(".")
             assert f"The access code of the {place} is {case.answer}." in case.passages[0]
+            # each page ends with its place's profile; the first, third and fifth hold a code, so turn 2 has
+            # three to choose from and turn 1 something to tell about every place
+            profiles = [p.split("\n\n")[-1] for p in case.passages]
+            assert all(p.startswith("The ") and " stands in " in p and " staff work under " in p for p in profiles)
+            assert profiles[0].startswith(f"The {place} stands in ")
+            assert [("The access code of the " in p) for p in case.passages] == [True, False] * 3
 
 
 def test_no_passage_shares_a_line_with_another_anywhere_in_the_set() -> None:

@@ -55,7 +55,7 @@ def test_search_takes_the_cheapest_ratio_meeting_the_targets(fast_engine, fast_s
     assert record.measured["targets_met"] and record.values["recompute_ratio"] == 1.0
     assert record.values["score_layers"] in ([t["values"]["score_layers"] for t in tried[2:]])
     assert record.fingerprint == fast_engine.fingerprint and record.values["history_ratio"] == 1.0
-    assert record.calibration_set == "calset-2: 1 lookup, 0 two_hop, 1 followup, 6 passages each"
+    assert record.calibration_set == "calset-3: 1 lookup, 0 two_hop, 1 followup, 6 passages each"
 
 
 def test_runner_calibrates_once_and_puts_the_record_in_force(
