@@ -18,7 +18,8 @@ about something else: "Tell me about the X" had nothing to tell, full prefill's 
 places, and it then read the right code on 2 of 6 follow-ups, too few for the set to see a blend lose one.
 With profiles it reads 4–5 of 8 on Qwen2.5-Coder-0.5B in float32 (two draws); with a code in all six
 profiles, or the profile opening the page, fewer: a 0.5B model confuses near-identical sentences ~2k tokens
-apart. docs/benchmarks.md, "The calibration set".)
+apart. On these pages the blends read the right code more often than full prefill does, so the held-out
+conversation check, not this set, decides a follow-up budget: docs/benchmarks.md, "The calibration set".)
 """
 
 from __future__ import annotations
