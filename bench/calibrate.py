@@ -24,8 +24,12 @@ HELP = "calibrate a model's blend settings (as blendrag calibrate)"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    from app.calibration.calset import CASES_PER_KIND
+
     parser.add_argument("--ratios", default="0.1,0.15,0.2,0.25,0.3", help="recompute ratios to try")
-    parser.add_argument("--cases", default="8,4,8", help="look-ups,two-hop,follow-ups in the set")
+    parser.add_argument(
+        "--cases", default=",".join(map(str, CASES_PER_KIND)), help="look-ups,two-hop,follow-ups in the set"
+    )
     parser.add_argument("--ship", action="store_true", help="write the record to app/calibration/shipped/")
     parser.add_argument(
         "--candidates",

@@ -31,6 +31,7 @@ from app.calibration.prose import insert_paragraph, sections
 
 SET_VERSION = "calset-3"
 NUM_PASSAGES = 6
+CASES_PER_KIND = (8, 4, 8)  # look-ups, two-hop questions, follow-ups: the default set
 
 _STEMS = [
     "Ash",
@@ -124,7 +125,10 @@ class _Prose:
 
 
 def make_cases(
-    num_lookups: int = 8, num_two_hop: int = 4, num_followups: int = 8, seed: int = 0
+    num_lookups: int = CASES_PER_KIND[0],
+    num_two_hop: int = CASES_PER_KIND[1],
+    num_followups: int = CASES_PER_KIND[2],
+    seed: int = 0,
 ) -> list[CalibrationCase]:
     rng = random.Random(f"{SET_VERSION}-{seed}")
     prose = _Prose(rng)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from app.calibration.calset import describe, make_cases
+from app.calibration.calset import CASES_PER_KIND, describe, make_cases
 from app.calibration.measure import CalibrationSet, CandidateFigures, Execute
 from app.calibration.record import BlendSettingsRecord
 
@@ -38,7 +38,6 @@ RATIOS = (0.15, 0.2, 0.25, 0.3)
 # first-token KL from 0.29x reuse's (layers 6/12/18) to 0.14x, below query@0.25's 0.17x; sink tokens, a
 # minimum per chunk, value-weighted scores, max fusion and pooling did not move it beyond noise.
 LAYER_DEPTHS = ((0.4,), (0.25, 0.5, 0.75), (0.17, 0.33, 0.5, 0.67, 0.83))
-CASES_PER_KIND = (8, 4, 8)  # look-ups, two-hop questions, follow-ups
 HISTORY_RATIO = 1.0  # a conversation's earlier turns recomputed whole (docs/benchmarks.md, conversations)
 
 

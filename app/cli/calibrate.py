@@ -46,9 +46,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
+    from app.calibration.search import CASES_PER_KIND, RATIOS
+
     p = sub.add_parser("calibrate", help="measure the blend settings of the configured model and keep them")
-    p.add_argument("--ratios", default=None, help="recompute ratios to try, comma-separated (default 0.1…0.3)")
-    p.add_argument("--cases", default=None, help="look-ups,two-hop,follow-ups in the set (default 8,4,8)")
+    ratios, cases = ",".join(map(str, RATIOS)), ",".join(map(str, CASES_PER_KIND))
+    p.add_argument("--ratios", default=None, help=f"recompute ratios to try, comma-separated (default {ratios})")
+    p.add_argument("--cases", default=None, help=f"look-ups,two-hop,follow-ups in the set (default {cases})")
     p.add_argument("--dry-run", action="store_true", help="measure and print, keep nothing")
     add_data_dir(p)
     p.set_defaults(func=cmd_calibrate)
