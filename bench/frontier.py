@@ -9,6 +9,9 @@ hits all of them alike. Per mode:
     speedup           median full ÷ median mode, and the median of per-example ratios (paired)
     kl                first-token KL(full ‖ mode), mean over examples
     benefit_retained  (NLL_no_context − NLL_mode) ÷ (NLL_no_context − NLL_full), of the mean NLLs
+    kl_x_reuse        a mode's kl ÷ reuse's (means first), when reuse ran
+    *_ci95            95% paired bootstrap intervals of benefit_retained and kl_x_reuse (1,000
+                      resamples of the examples, the same draws for every mode)
     fidelity_f1       F1 of the greedy answer (--max-tokens) against full prefill's answer
     f1                gold F1 (SQuAD normalisation, max over answers)
 
@@ -286,6 +289,9 @@ def _mode_line(name: str, m: dict[str, Any]) -> str:
     """A point's speed-up and TTFT, and its KL, benefit and fidelity where it has them."""
     kl = f"{m['kl']:.3e}" if "kl" in m else "-"
     benefit = f"{m['benefit_retained']:.3f}" if "benefit_retained" in m else "-"
+    if "benefit_retained_ci95" in m:
+        lo, hi = m["benefit_retained_ci95"]
+        benefit += f" [{lo:.2f}, {hi:.2f}]"
     fidelity = f"{m['fidelity_f1']:.3f}" if "fidelity_f1" in m else "-"
     return (
         f"{name:<15} {m['speedup']:6.2f}x  ttft {m['ttft_s_median']:.3f}s  kl {kl}  benefit {benefit}  "

@@ -9,6 +9,9 @@ any chunks (no context). Per mode:
     kl                first-token KL(full ‖ mode), nats, mean over examples
     nll               teacher-forced NLL of the first gold answer, mean per token, mean over examples
     benefit_retained  (NLL_no_context − NLL_mode) ÷ (NLL_no_context − NLL_full), of the mean NLLs
+    kl_x_reuse        a mode's kl ÷ reuse's (means first), when reuse ran
+    *_ci95            95% paired bootstrap intervals of benefit_retained and kl_x_reuse (1,000
+                      resamples of the examples, the same draws for every mode)
 
 Cached modes read the chunk KV through the store in --kv-dtype (int4 by default, what /ask serves).
 """
@@ -17,11 +20,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from bench import harness
-from bench.metrics import benefit_retained, f1_score, kl_divergence, max_f1, mean, mean_token_nll
+from bench.metrics import (
+    benefit_retained,
+    bootstrap_interval,
+    f1_score,
+    kl_divergence,
+    max_f1,
+    mean,
+    mean_token_nll,
+)
 from bench.passes import ModeSpec, mode_specs, parse_ratios, run_pass
 from bench.prepared import PreparedPrompt, bench_prompts
 
@@ -146,12 +159,42 @@ def summarize(per_example: list[dict[str, Any]], mode_names: list[str]) -> dict[
             summary["kl"] = mean(x["kl"] for x in rows)
             summary["kl_max"] = max(x["kl"] for x in rows)
             summary["benefit_retained"] = benefit_retained(nll_nc, nll_full, summary["nll"])
+            summary["benefit_retained_ci95"] = _benefit_interval(per_example, name)
+            if "reuse" in mode_names and name != "reuse":
+                summary["kl_x_reuse"], summary["kl_x_reuse_ci95"] = _kl_x_reuse(per_example, name)
             summary["first_token_agreement"] = mean(float(x["same_first_token"]) for x in rows)
         summary["prompt_s"] = mean(x["prompt_s"] for x in rows)
         summary["recomputed_tokens"] = mean(x["num_recomputed_tokens"] for x in rows)
         modes[name] = summary
     no_context = {"f1": mean(r["no_context"]["f1"] for r in per_example), "nll": nll_nc}
     return {"modes": modes, "no_context": no_context}
+
+
+def _benefit_interval(per_example: list[dict[str, Any]], name: str) -> list[float]:
+    """95% paired bootstrap interval of a mode's benefit retained (each resample means-first)."""
+    no_context = [r["no_context"]["nll"] for r in per_example]
+    full = [r["modes"]["full"]["nll"] for r in per_example]
+    method = [r["modes"][name]["nll"] for r in per_example]
+
+    def stat(ids: Sequence[int]) -> float:
+        return benefit_retained(
+            mean(no_context[i] for i in ids), mean(full[i] for i in ids), mean(method[i] for i in ids)
+        )
+
+    return [round(x, 4) for x in bootstrap_interval(stat, len(per_example))]
+
+
+def _kl_x_reuse(per_example: list[dict[str, Any]], name: str) -> tuple[float, list[float]]:
+    """A mode's first-token KL ÷ reuse's (means first) and its 95% paired bootstrap interval."""
+    kl = [r["modes"][name]["kl"] for r in per_example]
+    kl_reuse = [r["modes"]["reuse"]["kl"] for r in per_example]
+
+    def stat(ids: Sequence[int]) -> float:
+        denominator = mean(kl_reuse[i] for i in ids)
+        return mean(kl[i] for i in ids) / denominator if denominator > 0 else math.nan
+
+    interval = bootstrap_interval(stat, len(per_example))
+    return stat(range(len(per_example))), [round(x, 4) for x in interval]
 
 
 def plot(result: dict[str, Any], path) -> None:
@@ -221,4 +264,8 @@ def _mode_line(name: str, m: dict[str, Any]) -> str:
         line += f" (without the stop: f1={m['uncontrolled_f1']:.3f} length_share={m['uncontrolled_length_share']:.3f})"
     if name == "full":
         return line + " "
-    return line + f" fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e} benefit={m['benefit_retained']:.3f}"
+    lo, hi = m["benefit_retained_ci95"]
+    line += f" fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e}"
+    if "kl_x_reuse" in m:
+        line += f" ({m['kl_x_reuse']:.2f}x reuse's)"
+    return line + f" benefit={m['benefit_retained']:.3f} [{lo:.2f}, {hi:.2f}]"

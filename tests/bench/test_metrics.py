@@ -8,6 +8,7 @@ import torch
 from bench.metrics import (
     agreement,
     benefit_retained,
+    bootstrap_interval,
     f1_score,
     kl_divergence,
     max_f1,
@@ -114,3 +115,30 @@ def test_agreement_and_percentile() -> None:
     assert percentile(values, 0) == 1.0
     assert percentile(values, 100) == 4.0
     assert math.isnan(percentile([], 50))
+
+
+def test_bootstrap_interval_of_two_examples_spans_both() -> None:
+    # a resample of [0, 1] has mean 0, 0.5 or 1 (a quarter of draws each at the ends): the 95% interval is [0, 1]
+    values = [0.0, 1.0]
+    assert bootstrap_interval(lambda ids: mean(values[i] for i in ids), 2) == (0.0, 1.0)
+
+
+def test_bootstrap_interval_narrows_around_the_statistic() -> None:
+    values = [float(i % 2) for i in range(200)]  # mean 0.5, standard error ≈ 0.035
+    lo, hi = bootstrap_interval(lambda ids: mean(values[i] for i in ids), len(values))
+    assert 0.4 < lo < 0.5 < hi < 0.6
+    # seeded: the same draws every time, so every mode of a run is resampled alike (paired intervals)
+    assert bootstrap_interval(lambda ids: mean(values[i] for i in ids), len(values)) == (lo, hi)
+    assert bootstrap_interval(lambda ids: 0.25, len(values)) == (0.25, 0.25)
+
+
+def test_bootstrap_interval_leaves_out_undefined_resamples() -> None:
+    # undefined (NaN) whenever the resample holds example 0: the interval comes from the others
+    values = [5.0, 1.0, 1.0]
+    lo, hi = bootstrap_interval(lambda ids: math.nan if 0 in ids else mean(values[i] for i in ids), 3)
+    assert (lo, hi) == (1.0, 1.0)
+    assert all(math.isnan(x) for x in bootstrap_interval(lambda ids: math.nan, 3))
+    with pytest.raises(ValueError):
+        bootstrap_interval(lambda ids: 0.0, 0)
+    with pytest.raises(ValueError):
+        bootstrap_interval(lambda ids: 0.0, 3, level=1.0)

@@ -84,3 +84,24 @@ def test_summary_benefit_is_means_first() -> None:
 def test_summary_benefit_undefined_without_context_gain() -> None:
     summary = summarize([_row(1.0, 1.0, 1.5)], ["full", "reuse"])
     assert math.isnan(summary["modes"]["reuse"]["benefit_retained"])
+
+
+def test_summary_intervals_are_paired_and_kl_is_over_reuse() -> None:
+    rows = [_row(4.0, 1.0, 2.0), _row(4.0, 1.0, 2.0), _row(4.0, 1.0, 2.0)]
+    for r in rows:  # a blend mode with a fifth of reuse's KL and all of full's NLL
+        r["modes"]["blend"] = r["modes"]["reuse"] | {"kl": 0.1, "nll": 1.0}
+    modes = summarize(rows, ["full", "reuse", "blend"])["modes"]
+    # every example alike: every resample gives the point value
+    assert modes["reuse"]["benefit_retained_ci95"] == [0.6667, 0.6667]
+    assert modes["blend"]["benefit_retained"] == 1.0 and modes["blend"]["benefit_retained_ci95"] == [1.0, 1.0]
+    assert modes["blend"]["kl_x_reuse"] == pytest.approx(0.2)
+    assert modes["blend"]["kl_x_reuse_ci95"] == [0.2, 0.2]
+    assert "kl_x_reuse" not in modes["reuse"] and "benefit_retained_ci95" not in modes["full"]
+
+
+def test_summary_benefit_interval_holds_the_point_value() -> None:
+    rows = [_row(4.0, 1.0, 1.0 + 0.1 * i) for i in range(20)]  # reuse loses more on later examples
+    reuse = summarize(rows, ["full", "reuse"])["modes"]["reuse"]
+    lo, hi = reuse["benefit_retained_ci95"]
+    assert lo < reuse["benefit_retained"] < hi
+    assert reuse["benefit_retained"] == pytest.approx((4.0 - 1.95) / 3.0)
