@@ -264,8 +264,11 @@ def _mode_line(name: str, m: dict[str, Any]) -> str:
         line += f" (without the stop: f1={m['uncontrolled_f1']:.3f} length_share={m['uncontrolled_length_share']:.3f})"
     if name == "full":
         return line + " "
-    lo, hi = m["benefit_retained_ci95"]
     line += f" fidelity={m['fidelity_f1']:.3f} kl={m['kl']:.3e}"
     if "kl_x_reuse" in m:
         line += f" ({m['kl_x_reuse']:.2f}x reuse's)"
-    return line + f" benefit={m['benefit_retained']:.3f} [{lo:.2f}, {hi:.2f}]"
+    line += f" benefit={m['benefit_retained']:.3f}"
+    if "benefit_retained_ci95" in m:  # summaries written before the intervals have none
+        lo, hi = m["benefit_retained_ci95"]
+        line += f" [{lo:.2f}, {hi:.2f}]"
+    return line

@@ -74,3 +74,9 @@ def test_a_quality_mode_line_reads_as_it_did() -> None:
         "blend@0.15  f1=0.500 nll=1.250 length_share=1.000 (without the stop: f1=0.250 length_share=2.000) "
         "fidelity=0.750 kl=1.230e-04 benefit=0.875"
     )
+    # with the intervals a summary now carries: KL as a multiple of reuse's, and the benefit's 95% interval
+    with_intervals = blend | {"kl_x_reuse": 0.3125, "benefit_retained_ci95": [0.8125, 0.9375]}
+    assert quality_line("blend@0.15", with_intervals) == (
+        "blend@0.15  f1=0.500 nll=1.250 length_share=1.000 fidelity=0.750 kl=1.230e-04 (0.31x reuse's) "
+        "benefit=0.875 [0.81, 0.94]"
+    )
