@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.calibration.runner import needs_calibration
 from app.main import create_app
 from app.settings import load_settings
 from app.sse_reader import parse_sse
@@ -34,6 +35,14 @@ def test_ingest_then_ask_streams_sources_tokens_done(tmp_path: Path, smollm2_dir
 
     with TestClient(create_app(settings, load_in_background=False)) as client:
         assert client.get("/ready").status_code == 200
+        # SmolLM2 ships a blend settings record per compute dtype, measured on these very weights: the server
+        # starts on the one of its own dtype and fingerprint and has nothing to calibrate in the background.
+        services = client.app.state.blendrag.services  # type: ignore[attr-defined]
+        dtype = str(services.engine.dtype).removeprefix("torch.")
+        blend_settings = client.get("/api/stats").json()["blend_settings"]
+        assert blend_settings["source"] == "shipped"
+        assert f"({dtype}, fingerprint {services.engine.fingerprint[:12]})" in blend_settings["label"]
+        assert needs_calibration(services) is None
         docs = [
             {
                 "title": "Zorblat facts",

@@ -88,7 +88,10 @@ def test_shipped_records_are_valid_and_named_by_model() -> None:
     assert model_name("/elsewhere/my-finetune") == "my-finetune"
     assert shipped_blend_settings("no-such-model") is None and shipped_blend_settings("../secrets") is None
     files = sorted(SHIPPED_DIR.glob("*.json"))
-    assert {p.name for p in files} >= {"qwen2.5-coder-0.5b.bfloat16.json", "smollm2-135m.bfloat16.json"}
+    # both catalogue models, in both compute dtypes `auto` picks (bfloat16 with bf16 units, float32 without)
+    assert {p.name for p in files} >= {
+        f"{model}.{dtype}.json" for model in ("qwen2.5-coder-0.5b", "smollm2-135m") for dtype in ("bfloat16", "float32")
+    }
     for path in files:
         name, dtype = path.name.removesuffix(".json").rsplit(".", 1)
         record = shipped_blend_settings(name, dtype)
