@@ -47,10 +47,16 @@ def decode_batch(tf: Transformer, caches: list[WorkingCache], token_ids: list[in
             for b, (cache, pos) in enumerate(zip(caches, positions, strict=True)):
                 cache.k[idx][0, :, pos] = k[b, 0]
                 cache.v[idx][0, :, pos] = v[b, 0]
+                # A blend's stale-key bias (WorkingCache.key_bias) holds for every token it decodes.
+                bias = None if cache.key_bias is None else cache.key_bias[: pos + 1].to(h.dtype)[None, None, None]
                 with parallel():
                     outs.append(
                         F.scaled_dot_product_attention(
-                            q[b : b + 1], cache.k[idx][:, :, : pos + 1], cache.v[idx][:, :, : pos + 1], enable_gqa=gqa
+                            q[b : b + 1],
+                            cache.k[idx][:, :, : pos + 1],
+                            cache.v[idx][:, :, : pos + 1],
+                            attn_mask=bias,
+                            enable_gqa=gqa,
                         )
                     )  # (1, heads, 1, D)
             o = torch.cat(outs).transpose(1, 2).reshape(bsz, 1, heads * d)

@@ -24,6 +24,7 @@ BLEND_FIELDS: tuple[str, ...] = (
     "pool_window",
     "min_per_chunk",
     "sink_tokens",
+    "stale_key_bias",
     "history_ratio",
     "attention_share",
     "ratio_min",
@@ -92,6 +93,13 @@ class EngineSettings(BaseModel):
     min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
     sink_tokens: int = Field(
         default=0, ge=0, description="up-front selectors: the first tokens of every segment, always recomputed"
+    )
+    stale_key_bias: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=16.0,
+        description="up-front selectors: attention-logit bias against the stored context keys a blend does not "
+        "recompute (they over-attract the question); 0: off",
     )
     history_ratio: float | None = Field(
         default=None,

@@ -80,8 +80,12 @@ class Transformer:
         self.background = ThreadPoolExecutor(1, thread_name_prefix="kv-rotate")
 
     # ----------------------------------------------------------------------------------------- rows
-    def rows(self, positions: torch.Tensor | range, kv_len: int) -> Rows:
-        """Describe the query rows at `positions` (ascending) attending to keys 0…kv_len-1."""
+    def rows(self, positions: torch.Tensor | range, kv_len: int, key_bias: torch.Tensor | None = None) -> Rows:
+        """Describe the query rows at `positions` (ascending) attending to keys 0…kv_len-1.
+
+        `key_bias` (≥ kv_len,), a working cache's `key_bias`, is folded into every block's additive mask
+        once here, so each row adds it to its attention logits in every layer at no extra cost per layer.
+        """
         if isinstance(positions, range):
             span: slice | None = slice(positions.start, positions.stop)
             pos = torch.arange(positions.start, positions.stop, device=self.device)
@@ -97,14 +101,17 @@ class Transformer:
             span=span,
             cos=cos[:, None],
             sin=sin[:, None],
-            blocks=self._attention_blocks(pos, span, kv_len),
+            blocks=self._attention_blocks(pos, span, kv_len, key_bias),
         )
 
-    def _attention_blocks(self, pos: torch.Tensor, span: slice | None, kv_len: int) -> list[AttentionBlock]:
+    def _attention_blocks(
+        self, pos: torch.Tensor, span: slice | None, kv_len: int, key_bias: torch.Tensor | None = None
+    ) -> list[AttentionBlock]:
         n = pos.numel()
         if n == 0:
             return []
-        if span is not None and span.stop == kv_len and span.start**2 <= _MAX_PAD_SHARE * kv_len**2:
+        bias = None if key_bias is None else key_bias[:kv_len].to(self.device, self.dtype)  # (kv_len,)
+        if bias is None and span is not None and span.stop == kv_len and span.start**2 <= _MAX_PAD_SHARE * kv_len**2:
             # Contiguous rows that end at the last key (full prefill, chunk prefill behind the prefix, the
             # early blend layers): SDPA's causal kernel skips the masked half and builds no mask. Its mask
             # is top-left aligned, so the rows are shifted down by `start` zero rows whose output is dropped.
@@ -122,7 +129,10 @@ class Transformer:
             block_kv = min(kv_len, last + 1)
             # Exact causal mask from absolute positions (never "bottom-right aligned").
             mask = None
-            if first + 1 < block_kv:
+            if bias is not None:  # a biased cache: every block has a mask, the bias added to it
+                later = key_pos[:block_kv][None, :] > q_pos[:, None]  # (rows, block_kv)
+                mask = bias[None, :block_kv].masked_fill(later, float("-inf"))
+            elif first + 1 < block_kv:
                 # Additive float mask, built once per row set: SDPA would convert a bool mask per call. A few
                 # element-wise passes over (rows × keys): on one thread, like the layers' small ops.
                 small = q_pos.numel() * block_kv <= SERIAL_MAX_ELEMENTS

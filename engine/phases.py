@@ -17,6 +17,9 @@ their real positions:
              cheap pass of the suffix rows alone first: score_context);
              check-layer selector (deviation): every non-prefix row up to the first check layer; at each
              check layer keep the context rows with the largest KV deviation plus all suffix rows
+
+With an up-front selector and `stale_key_bias` > 0, every row attending over the pass's cache (decode
+included) adds −stale_key_bias to its logits at the stored context keys not recomputed (`_stale_key_bias`).
 """
 
 from __future__ import annotations
@@ -262,6 +265,24 @@ def _select_upfront(
     return candidates[keep]
 
 
+def _stale_key_bias(
+    layout: PromptLayout, selected: torch.Tensor, bias: float, capacity: int, tf: Transformer
+) -> torch.Tensor:
+    """(capacity,) the working cache's key bias: −bias at the context keys that keep their stored KV (not
+    recomputed, not in the exact first segment), 0 elsewhere.
+
+    A stored key was computed behind the prefix alone, as if its segment opened the document; in a prompt of
+    several chunks the question pays such keys more attention than it pays the same keys in full prefill
+    (SmolLM2 on nq6: the chunk nearest the question 1.7× its share, the exact first chunk half of it), so a
+    passage far from the question loses the attention it should get. Recomputed keys are exact and keep 0.
+    """
+    p, n = layout.num_prefix_tokens, layout.num_context_tokens
+    key_bias = torch.zeros(capacity, dtype=tf.dtype, device=tf.device)
+    key_bias[p + _exact_first_segment(layout) : p + n] = -bias
+    key_bias[selected] = 0.0
+    return key_bias
+
+
 def _exact_first_segment(layout: PromptLayout) -> int:
     """Tokens of the first segment whose stored KV is exact here: computed behind this very prefix."""
     return len(layout.chunk_ids[0]) if layout.chunk_ids and layout.segments_behind_prefix else 0
@@ -329,10 +350,12 @@ def prompt_pass(
         if selector is not None and selector.upfront:
             scores = score_context(tf, layout, cache, stored, config, boundary) if selector.name == "query" else None  # type: ignore[arg-type]
             selected = _select_upfront(selector, layout, config, scores, tf.device)
+            if config.stale_key_bias > 0:
+                cache.key_bias = _stale_key_bias(layout, selected, config.stale_key_bias, cache.capacity, tf)
         select_s = time.perf_counter() - t0
 
         # 2. The layer loop over the fresh rows; every other row's K/V comes from the prefix or the store.
-        rows = tf.rows(_fresh_positions(mode, layout, selected), kv_len=total)
+        rows = tf.rows(_fresh_positions(mode, layout, selected), kv_len=total, key_bias=cache.key_bias)
         h = tf.embed(_ids(tf, layout.all_ids())[rows.positions])[None]  # (1, rows, hidden)
         first_layer = 0
         if selector is not None and not selector.upfront:
@@ -478,7 +501,7 @@ def extend(
     """
     start, n = cache.length, len(token_ids)
     cache.ensure_capacity(start + n)
-    rows = tf.rows(range(start, start + n), kv_len=start + n)
+    rows = tf.rows(range(start, start + n), kv_len=start + n, key_bias=cache.key_bias)
     h = tf.embed(_ids(tf, token_ids))[None]  # (1, n, hidden)
     for layer in range(tf.cfg.num_layers):
         h, _, _ = tf.layer(layer, h, rows, cache)

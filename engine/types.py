@@ -127,6 +127,12 @@ class BlendConfig:
     # up-front selectors: the first `sink_tokens` of every segment are always among the recomputed tokens
     # (EPIC's attention sinks: a segment's opening tokens were computed behind the prefix alone).
     sink_tokens: int = 0
+    # up-front selectors: subtracted from the attention logit every row computed over the pass's cache (the
+    # question, the recomputed rows, every answer token) gives a stored context key that was not recomputed.
+    # Such a key was computed behind the prefix alone, as if its segment opened the document, and draws more
+    # of the question's attention than it does in full prefill, the more so the later its segment sits; the
+    # exact first segment keeps no bias. 0 leaves attention as it is (docs/benchmarks.md, "Stale keys").
+    stale_key_bias: float = 0.0
     # up-front selectors, conversations: the share of the earlier turns' tokens recomputed, on a budget of
     # its own (None: the turns' tokens compete with the chunks' for recompute_ratio · N).
     history_ratio: float | None = None
@@ -157,6 +163,8 @@ class BlendConfig:
             raise ValueError(f"min_per_chunk must be >= 0, got {self.min_per_chunk}")
         if self.sink_tokens < 0:
             raise ValueError(f"sink_tokens must be >= 0, got {self.sink_tokens}")
+        if not 0.0 <= self.stale_key_bias <= 16.0:
+            raise ValueError(f"stale_key_bias must be within [0, 16], got {self.stale_key_bias}")
         if self.history_ratio is not None and not 0.0 <= self.history_ratio <= 1.0:
             raise ValueError(f"history_ratio must be within [0, 1], got {self.history_ratio}")
         if self.attention_share is not None and not 0.0 < self.attention_share <= 1.0:

@@ -16,6 +16,10 @@ class WorkingCache:
     k: torch.Tensor  # (num_layers, batch, kv_heads, capacity, head_dim), RoPE applied
     v: torch.Tensor  # (num_layers, batch, kv_heads, capacity, head_dim)
     length: int = 0  # positions 0…length-1 are valid
+    # (capacity,) additive attention bias per key position, in the cache's dtype, that every row attending
+    # over this cache adds to its logits (a blend's `stale_key_bias`); None: none. Positions a row writes
+    # later (the suffix, decoded tokens) hold 0.
+    key_bias: torch.Tensor | None = None
 
     @classmethod
     def allocate(
@@ -46,6 +50,10 @@ class WorkingCache:
             grown = old.new_empty((*old.shape[:3], new_cap, old.shape[4]))
             grown[:, :, :, : self.length] = old[:, :, :, : self.length]
             setattr(self, name, grown)
+        if self.key_bias is not None:
+            grown_bias = self.key_bias.new_zeros(new_cap)
+            grown_bias[: self.key_bias.numel()] = self.key_bias
+            self.key_bias = grown_bias
 
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()

@@ -102,3 +102,23 @@ def hf_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         return model(torch.tensor([token_ids])).logits[0].float()
+
+
+def dense_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    kv_len: int,
+    key_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The reference for `Transformer.attend`: softmax(q·kᵀ/√d (+ key_bias), exact causal mask from the rows'
+    absolute positions) · v over keys 0…kv_len-1, GQA heads repeated. q (1, heads, n, D), k/v (1, kv_heads,
+    ≥ kv_len, D) → (1, heads, n, D)."""
+    group = q.shape[1] // k.shape[1]
+    ke, ve = k[:, :, :kv_len].repeat_interleave(group, 1), v[:, :, :kv_len].repeat_interleave(group, 1)
+    scores = q @ ke.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if key_bias is not None:
+        scores = scores + key_bias[:kv_len]
+    allowed = torch.arange(kv_len)[None, :] <= positions[:, None]
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ ve

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from enginetest_tiny import random_chunks
+from enginetest_tiny import dense_attention, random_chunks
 
 from engine.types import BlendConfig, GenerationRequest, PromptLayout, SamplingParams, TokenEvent
 from kvcache.types import InMemoryLayerSource
@@ -196,11 +196,7 @@ def test_attention_mask_uses_absolute_positions(tiny_engine) -> None:
     k = torch.randn(1, cfg.num_kv_heads, kv_len + 10, cfg.head_dim, generator=gen)
     v = torch.randn(1, cfg.num_kv_heads, kv_len + 10, cfg.head_dim, generator=gen)
     out = tf.attend(q, k, v, rows).transpose(1, 2)  # (1, heads, rows, D)
-    group = cfg.num_heads // cfg.num_kv_heads
-    ke, ve = k[:, :, :kv_len].repeat_interleave(group, 1), v[:, :, :kv_len].repeat_interleave(group, 1)
-    scores = q @ ke.transpose(-1, -2) / cfg.head_dim**0.5
-    allowed = torch.arange(kv_len)[None, :] <= positions[:, None]
-    ref = scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ ve
+    ref = dense_attention(q, k, v, positions, kv_len)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
     # Garbage in keys after a row's position must not reach it.
     k2, v2 = k.clone(), v.clone()
