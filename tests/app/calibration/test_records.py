@@ -122,17 +122,24 @@ def test_candidates_scale_score_layers_with_depth() -> None:
     assert score_layers_at((0.25, 0.5, 0.75), 2) == [1]
     assert score_layers_at((0.17, 0.33, 0.5, 0.67, 0.83), 24) == [4, 8, 12, 16, 20]
     got = candidates(30, (0.1, 0.2))
-    assert [(c["recompute_ratio"], c["score_layers"]) for c in got] == [
-        (0.1, [12]),
-        (0.1, [8, 15, 22]),
-        (0.1, [5, 10, 15, 20, 25]),
-        (0.2, [12]),
-        (0.2, [8, 15, 22]),
-        (0.2, [5, 10, 15, 20, 25]),
+    assert [(c["recompute_ratio"], c["score_layers"], c["stale_key_bias"]) for c in got] == [
+        (0.1, [12], 0.0),
+        (0.1, [12], 0.5),
+        (0.1, [8, 15, 22], 0.0),
+        (0.1, [8, 15, 22], 0.5),
+        (0.1, [5, 10, 15, 20, 25], 0.0),
+        (0.1, [5, 10, 15, 20, 25], 0.5),
+        (0.2, [12], 0.0),
+        (0.2, [12], 0.5),
+        (0.2, [8, 15, 22], 0.0),
+        (0.2, [8, 15, 22], 0.5),
+        (0.2, [5, 10, 15, 20, 25], 0.0),
+        (0.2, [5, 10, 15, 20, 25], 0.5),
     ]
+    assert all(c["selector"] == "query" and c["history_ratio"] == 1.0 for c in got)
     # A shallow model's depth choices that fall on the same layers are one candidate, not two.
-    assert [c["score_layers"] for c in candidates(2, (0.3,))] == [[1]]
-    assert [c["score_layers"] for c in candidates(4, (0.3,))] == [[2], [1, 2, 3]]
+    assert [c["score_layers"] for c in candidates(2, (0.3,))] == [[1], [1]]
+    assert [c["score_layers"] for c in candidates(4, (0.3,))] == [[2], [2], [1, 2, 3], [1, 2, 3]]
     assert parse_ratios("0.3, 0.1,0.1") == (0.1, 0.3)
     with pytest.raises(ValueError):
         parse_ratios("0,0.2")

@@ -41,19 +41,18 @@ def test_search_takes_the_cheapest_ratio_meeting_the_targets(fast_engine, fast_s
         cases_per_kind=(1, 0, 1),
     )
     tried = record.measured["tried"]
-    assert [(t["values"]["recompute_ratio"], bool(t["misses"])) for t in tried] == [
-        (0.5, True),
-        (0.5, True),
-        (1.0, False),
-        (1.0, False),
-    ]
-    assert all(t["misses"][0].startswith("KL ") for t in tried[:2])
-    for t in tried[2:]:
+    # Two scoring-layer choices per ratio, each without and with the stale-key bias.
+    assert [(t["values"]["recompute_ratio"], bool(t["misses"])) for t in tried] == [(0.5, True)] * 4 + [
+        (1.0, False)
+    ] * 4
+    assert [t["values"]["stale_key_bias"] for t in tried] == [0.0, 0.5] * 4
+    assert all(t["misses"][0].startswith("KL ") for t in tried[:4])
+    for t in tried[4:]:  # r = 1 leaves no stored key to bias: full prefill with or without it
         assert t["figures"]["kl"] == pytest.approx(0.0, abs=1e-6)
         assert t["figures"]["benefit"] == pytest.approx(1.0, abs=1e-3)
         assert t["figures"]["right"] == t["figures"]["full_right"]
     assert record.measured["targets_met"] and record.values["recompute_ratio"] == 1.0
-    assert record.values["score_layers"] in ([t["values"]["score_layers"] for t in tried[2:]])
+    assert record.values["score_layers"] in ([t["values"]["score_layers"] for t in tried[4:]])
     assert record.fingerprint == fast_engine.fingerprint and record.values["history_ratio"] == 1.0
     assert record.calibration_set == "calset-3: 1 lookup, 0 two_hop, 1 followup, 6 passages each"
 
@@ -75,7 +74,7 @@ def test_runner_calibrates_once_and_puts_the_record_in_force(
         runner.join(600)
         status = runner.status()
         assert status["state"] == "done", status
-        assert status["candidates_done"] == 2  # two scoring-layer choices at the one ratio
+        assert status["candidates_done"] == 4  # two scoring-layer choices at the one ratio, each ± the bias
         record = CalibrationStore(settings.data_dir).load(fast_engine.fingerprint)
         assert record is not None and status["record_path"].endswith(f"{fast_engine.fingerprint}.json")
         assert services.blend.source == "calibrated" and fast_engine.settings.recompute_ratio == 1.0
