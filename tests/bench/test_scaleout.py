@@ -27,9 +27,10 @@ def test_scaleout_end_to_end(run_bench, dataset_path, tmp_path) -> None:
         (1, 2, 2, 2),
         (2, 2, 2, 2),
     ]  # each short passage is one document of one chunk
-    assert all(
-        abs(r["chunks_per_s"] - r["chunks"] / r["seconds"]) < 0.01 * r["chunks_per_s"] + 1e-3 for r in result["ingest"]
-    )
+    # The rate is chunks ÷ the unrounded time: within what rounding both figures allows, however long it took.
+    for r in result["ingest"]:
+        low, high = r["chunks"] / (r["seconds"] + 5e-5), r["chunks"] / max(r["seconds"] - 5e-5, 1e-9)
+        assert low - 5e-4 <= r["chunks_per_s"] <= high + 5e-4, r
     latency = result["ready_to_searchable_s"]
     assert latency["probes"] == 2 and len(latency["all"]) == 2
     assert 0 <= latency["median"] <= latency["max"] < 5  # the bound
