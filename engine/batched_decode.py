@@ -38,17 +38,21 @@ def decode_batch(tf: Transformer, caches: list[WorkingCache], token_ids: list[in
     cos, sin = tf.rope.at(torch.tensor(positions, device=tf.device))  # (B, D/2) each
     cos, sin = cos[:, None, None], sin[:, None, None]  # (B, 1, 1, D/2): broadcasts over (B, 1, heads, D)
 
+    # A blend's stale-key bias (WorkingCache.key_bias) holds for every token it decodes: one view per request,
+    # (1, 1, 1, keys), for every layer.
+    biases = [
+        None if c.key_bias is None else c.key_bias[: pos + 1].to(tf.dtype)[None, None, None]
+        for c, pos in zip(caches, positions, strict=True)
+    ]
     h = tf.embed(torch.tensor(token_ids, device=tf.device))[:, None]  # (B, 1, hidden)
     with tf.serial_small(h):
         for idx in range(cfg.num_layers):
             q, _, k, v = tf.qkv(idx, h, cos, sin)  # q (B, 1, heads, D); k (RoPE'd), v (B, 1, kv_heads, D)
             q = q.transpose(1, 2)  # (B, heads, 1, D)
             outs = []
-            for b, (cache, pos) in enumerate(zip(caches, positions, strict=True)):
+            for b, (cache, pos, bias) in enumerate(zip(caches, positions, biases, strict=True)):
                 cache.k[idx][0, :, pos] = k[b, 0]
                 cache.v[idx][0, :, pos] = v[b, 0]
-                # A blend's stale-key bias (WorkingCache.key_bias) holds for every token it decodes.
-                bias = None if cache.key_bias is None else cache.key_bias[: pos + 1].to(h.dtype)[None, None, None]
                 with parallel():
                     outs.append(
                         F.scaled_dot_product_attention(

@@ -128,19 +128,21 @@ class Transformer:
             )
             block_kv = min(kv_len, last + 1)
             # Exact causal mask from absolute positions (never "bottom-right aligned").
+            # A biased cache gives every block a mask (the bias plus the causal part), even one row that sees
+            # every key.
             mask = None
-            if bias is not None:  # a biased cache: every block has a mask, the bias added to it
-                later = key_pos[:block_kv][None, :] > q_pos[:, None]  # (rows, block_kv)
-                mask = bias[None, :block_kv].masked_fill(later, float("-inf"))
-            elif first + 1 < block_kv:
+            if bias is not None or first + 1 < block_kv:
                 # Additive float mask, built once per row set: SDPA would convert a bool mask per call. A few
                 # element-wise passes over (rows × keys): on one thread, like the layers' small ops.
                 small = q_pos.numel() * block_kv <= SERIAL_MAX_ELEMENTS
                 with serial(self.device.type == "cpu" and small):
                     later = key_pos[:block_kv][None, :] > q_pos[:, None]  # (rows, block_kv): may not see
-                    mask = torch.zeros(later.shape, dtype=self.dtype, device=self.device).masked_fill_(
-                        later, float("-inf")
+                    base = (
+                        torch.zeros(later.shape, dtype=self.dtype, device=self.device)
+                        if bias is None
+                        else bias[None, :block_kv].expand(later.shape).clone()
                     )
+                    mask = base.masked_fill_(later, float("-inf"))
             blocks.append(AttentionBlock(rows=slice(start, start + q_pos.numel()), kv_len=block_kv, mask=mask))
         return blocks
 
