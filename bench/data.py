@@ -3,21 +3,33 @@ and prompts built from them exactly as /ask builds its prompt.
 
 File shape: a JSON list of `{"question": str, "answers": [str], "ctxs": [{"title", "text", "isgold"?}]}`.
 Each passage becomes one chunk (`ingest.chunker.encode_chunk_text` of its text, the ids ingest would
-store); the first K passages in file order stand for the retrieval ranking (best first) and are laid
-out by `PromptBuilder.layout_ranked`, the builder /ask uses (best chunk last, nearest the question).
+store). Which K passages, in which order: `file` takes the first K in file order as the retrieval ranking
+(best first); `retrieval` ranks all of an example's passages with the server's retriever (retrieval/: its
+default settings and embedder, each passage indexed as ingest indexes a one-chunk document of that title)
+and takes its top K, as /ask would with those passages in its index. Either way the ranking is laid out by
+`PromptBuilder.layout_ranked`, the builder /ask uses (best chunk last, nearest the question).
+
+Why both: nq6_dev shuffles the gold passage among the six, so in file order it lands at any prompt position
+with equal odds, as if the retriever ranked at random; the server's retriever puts it where its ranking says
+(mostly last, nearest the question). A blend loses more when what the question needs is far from it, so the
+two orders bound the same prompts from the hard side and from the side users are on.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from engine.prompt import PromptBuilder
     from engine.types import PromptLayout
+    from retrieval.embedder import Embedder
+
+PassageOrder = Literal["file", "retrieval"]
+PASSAGE_ORDERS: tuple[PassageOrder, ...] = ("file", "retrieval")
 
 
 class DatasetError(ValueError):
@@ -87,6 +99,31 @@ def select_examples(examples: list[Example], num_examples: int | None, seed: int
     return chosen if num_examples is None else chosen[:num_examples]
 
 
+def rank_by_retriever(examples: list[Example], embedder: Embedder | None = None) -> list[Example]:
+    """Each example with its passages in the server's retrieval ranking for its question (best first).
+
+    An in-memory `Retriever` on the server's default retrieval settings (dense search with the builtin
+    embedder unless `embedder` is given) holds one example's passages at a time, each a one-chunk document
+    titled as in the file; the ranking is the retriever's own `search` over all of them.
+    """
+    from retrieval.config import RetrievalSettings
+    from retrieval.retriever import Retriever
+    from retrieval.types import IndexedChunk
+
+    retriever = Retriever(RetrievalSettings(), embedder=embedder)
+    ranked = []
+    for example in examples:
+        retriever.remove(retriever.chunk_ids())
+        chunks = [
+            IndexedChunk(chunk_id=j, document_id=f"passage-{j}", text=p.text, title=p.title)
+            for j, p in enumerate(example.passages)
+        ]
+        retriever.add(chunks)
+        hits = retriever.search(example.question, top_k=len(chunks))
+        ranked.append(replace(example, passages=[example.passages[hit.chunk_id] for hit in hits]))
+    return ranked
+
+
 def passage_chunk_ids(tokenizer: Any, passages: list[Passage]) -> list[list[int]]:
     """The stored token ids of each passage as one chunk, exactly as ingest would produce them."""
     from ingest.chunker import encode_chunk_text
@@ -105,7 +142,7 @@ class BenchPrompt:
 
 
 def build_prompt(prompt: PromptBuilder, tokenizer: Any, example: Example, num_passages: int) -> BenchPrompt:
-    # The first K passages in file order play the retrieval ranking (best first); the layout is /ask's.
+    # The first K passages play the retrieval ranking (best first; module docstring); the layout is /ask's.
     layout = prompt.layout_ranked(passage_chunk_ids(tokenizer, example.passages[:num_passages]), example.question)
     chunk_ids = layout.chunk_ids
     answer = example.answers[0] if example.answers else ""

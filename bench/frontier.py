@@ -59,6 +59,7 @@ SELECTOR_COLORS = {"query": "tab:blue", "deviation": "tab:red", "first_k": "tab:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    harness.add_order_arg(parser)
     parser.add_argument("--ratios", default="0.02,0.05,0.1,0.15,0.3", help="recompute ratios, comma-separated")
     parser.add_argument(
         "--selectors",
@@ -230,7 +231,9 @@ def main(args: argparse.Namespace) -> int:
     ratios = parse_ratios(args.ratios) if candidates is None else []
     selectors = args.selectors if candidates is None else []
     engine = harness.build_engine(args)
-    prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True)
+    prompts = bench_prompts(
+        engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True, order=args.order
+    )
     if args.question_first:
         prompts = [question_first(engine, bp) for bp in prompts]
     study = candidate_specs(engine, candidates) if candidates is not None else []

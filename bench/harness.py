@@ -94,6 +94,19 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
     )
 
 
+def add_order_arg(parser: argparse.ArgumentParser) -> None:
+    """`--order`: which passages play the retrieval ranking of a prepared prompt (bench/data.py)."""
+    from bench.data import PASSAGE_ORDERS
+
+    parser.add_argument(
+        "--order",
+        choices=PASSAGE_ORDERS,
+        default="file",
+        help="which passages play the retrieval ranking: file (the first K in file order) or retrieval (the "
+        "server's retriever ranks each example's passages and the top K are laid out)",
+    )
+
+
 def server_kv_dtype() -> str:
     """The storage dtype the server writes chunk KV in by default (kvcache.storage_dtype)."""
     from kvcache.config import KVCacheSettings
@@ -220,7 +233,7 @@ def result_header(name: str, args: argparse.Namespace, engine: Engine | None = N
     dataset = getattr(args, "dataset", None)
     if dataset is not None:
         header |= {"dataset": str(dataset), "dataset_name": Path(dataset).stem}
-    for key in ("examples", "passages", "seed"):
+    for key in ("examples", "passages", "seed", "order"):
         if getattr(args, key, None) is not None:
             header[key] = getattr(args, key)
     if engine is not None:

@@ -63,6 +63,7 @@ _VARIANTS = {
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    harness.add_order_arg(parser)
     parser.add_argument("--ratio", type=float, default=0.15, help="blend recompute ratio")
     parser.add_argument("--dtypes", default=",".join(STORAGE_DTYPES), help="storage dtypes, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (agreement)")
@@ -361,7 +362,7 @@ def main(args: argparse.Namespace) -> int:
     if unknown := [d for d in dtypes if d not in STORAGE_DTYPES]:
         raise SystemExit(f"unknown storage dtype(s) {unknown}; choose from {list(STORAGE_DTYPES)}")
     engine = harness.build_engine(args)
-    prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed)
+    prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)
     repeats = 0 if args.skip_ttft else args.repeats
     evaluated = evaluate(
         engine,

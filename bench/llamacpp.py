@@ -34,6 +34,7 @@ SKIP_MESSAGE = (
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    harness.add_order_arg(parser)
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--ratio", type=float, default=0.15, help="our blend ratio shown beside the full prefills")
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the built-in model's)")
@@ -103,7 +104,7 @@ def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     engine = harness.build_engine(args)
     threads = args.threads or torch.get_num_threads()
-    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed)
+    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)
     gguf = args.gguf or builtin_gguf_path()
     n_ctx = max(p.layout.num_tokens for p in prepared) + 16
     runner = LlamaCppRunner(gguf, n_ctx, threads, args.n_batch)

@@ -53,6 +53,7 @@ _FILE_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 15: "q4_k_m"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    harness.add_order_arg(parser)
     harness.add_kv_dtype_arg(parser)
     parser.add_argument(
         "--gguf",
@@ -208,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     engine = harness.build_engine(args)
     threads = args.threads or torch.get_num_threads()
-    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed)
+    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)
     n_ctx = max(p.layout.num_tokens for p in prepared) + 16
     cpp, cpp_skipped = llamacpp_peers(args, n_ctx, threads)
     if cpp_skipped:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bench.data import BenchPrompt, build_prompt, load_dataset, select_examples
+from bench.data import BenchPrompt, PassageOrder, build_prompt, load_dataset, rank_by_retriever, select_examples
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -39,15 +39,19 @@ def bench_prompts(
     seed: int = 0,
     *,
     with_answers: bool = False,
+    order: PassageOrder = "file",
 ) -> list[BenchPrompt]:
     """The seeded sample of examples with at least `num_passages` passages (and a gold answer when
-    `with_answers`), as /ask's prompts; `num_examples=None` takes every one."""
+    `with_answers`), as /ask's prompts; `num_examples=None` takes every one. `order` says which passages
+    play the retrieval ranking (bench/data.py): the same examples are chosen either way."""
     examples = [e for e in select_examples(load_dataset(dataset), None, seed) if len(e.passages) >= num_passages]
     if with_answers:
         examples = [e for e in examples if e.answers]
     chosen = examples if num_examples is None else examples[:num_examples]
     if not chosen:
         raise ValueError(f"{dataset}: no example has {num_passages} passages" + (" and an answer" * with_answers))
+    if order == "retrieval":
+        chosen = rank_by_retriever(chosen)
     return [build_prompt(engine.prompt, engine.tokenizer, e, num_passages) for e in chosen]
 
 
@@ -159,10 +163,12 @@ def prepare_prompts(
     seed: int = 0,
     *,
     with_answers: bool = False,
+    order: PassageOrder = "file",
 ) -> list[PreparedPrompt]:
     """`bench_prompts(...)` with every prompt's chunk KV precomputed."""
     prepared = []
-    for prompt in bench_prompts(engine, dataset, num_examples, num_passages, seed, with_answers=with_answers):
+    prompts = bench_prompts(engine, dataset, num_examples, num_passages, seed, with_answers=with_answers, order=order)
+    for prompt in prompts:
         t0 = time.perf_counter()
         prepared.append(PreparedPrompt.compute(engine, prompt))
         logger.info(

@@ -31,6 +31,7 @@ HELP = "torch.profiler table of the top ops of full prefill, reuse and the defau
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    harness.add_order_arg(parser)
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--repeats", type=int, default=3, help="profiled passes per mode and example")
@@ -115,7 +116,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     engine = harness.build_engine(args)
-    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed)
+    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)
     specs = _specs(engine, args.ratio)
     modes = profile_modes(engine, prepared, specs, args.kv_dtype, args.repeats, args.top)
     result = harness.result_header(

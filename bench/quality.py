@@ -49,6 +49,7 @@ HELP = "gold F1, fidelity, first-token KL, NLL, benefit retained per mode"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    harness.add_order_arg(parser)
     parser.add_argument("--ratios", default="0.15,1.0", help="blend recompute ratios, comma-separated")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
     harness.add_kv_dtype_arg(parser)
@@ -227,7 +228,9 @@ def main(args: argparse.Namespace) -> int:
     if args.no_repetition_control:
         overrides.update(repetition_penalty=1.0, no_repeat_ngram_size=0, stop_on_repeated_line=False)
     engine = harness.build_engine(args, **overrides)
-    prompts = bench_prompts(engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True)
+    prompts = bench_prompts(
+        engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True, order=args.order
+    )
     baselines = tuple(b for b in args.baselines.split(",") if b and b != "full")
     if unknown := [b for b in baselines if b not in ("prefix", "reuse")]:
         raise SystemExit(f"unknown baseline(s) {unknown}; choose from prefix, reuse")

@@ -31,6 +31,7 @@ GIB = 1024**3
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
+    harness.add_order_arg(parser)
     parser.add_argument("--ratios", default="0.05,0.15,0.3", help="blend recompute ratios, comma-separated")
     harness.add_kv_dtype_arg(parser)
     parser.add_argument(
@@ -163,7 +164,7 @@ def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
     ratios = parse_ratios(args.ratios)
     engine = harness.build_engine(args)
-    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed)
+    prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)
     result = harness.result_header(
         NAME,
         args,

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.data import DatasetError, build_prompt, load_dataset, select_examples
+from bench.data import DatasetError, Example, build_prompt, load_dataset, rank_by_retriever, select_examples
+from bench.prepared import bench_prompts
 from ingest.chunker import encode_chunk_text
 
 
@@ -54,3 +55,41 @@ def test_build_prompt_is_asks_layout(tiny_engine, dataset_path: Path) -> None:
     assert bp.chunk_ids == [ranked[1], ranked[0]] == bp.layout.chunk_ids
     assert bp.layout == tiny_engine.prompt.layout_ranked(ranked, example.question)
     assert bp.answer_ids == tok.encode("Fredville", add_special_tokens=False)
+
+
+def _cosine_ranking(example: Example) -> list[str]:
+    """The titles of an example's passages by cosine similarity to its question, computed here with the
+    builtin embedder on what ingest indexes ("title\\ntext")."""
+    from retrieval.config import RetrievalSettings
+    from retrieval.embedder import Embedder
+
+    embedder = Embedder.from_settings(RetrievalSettings())
+    passages = embedder.embed_passages([f"{p.title}\n{p.text}" for p in example.passages])  # (n, dim)
+    scores = passages @ embedder.embed_query(example.question)  # (n,)
+    return [example.passages[i].title for i in sorted(range(len(scores)), key=lambda i: -scores[i])]
+
+
+def test_rank_by_retriever_is_the_servers_ranking(dataset_path: Path) -> None:
+    examples = load_dataset(dataset_path)
+    ranked = rank_by_retriever(examples)
+    assert [[p.title for p in e.passages] for e in ranked] == [_cosine_ranking(e) for e in examples]
+    # The gold passage ranks first on both questions; nothing else about an example changes.
+    assert [e.passages[0].title for e in ranked] == ["Freedonia", "Marvin"]
+    for before, after in zip(examples, ranked, strict=True):
+        assert (after.index, after.question, after.answers) == (before.index, before.question, before.answers)
+        assert sorted(after.passages, key=lambda p: p.title) == sorted(before.passages, key=lambda p: p.title)
+
+
+def test_bench_prompts_in_retrieval_order_lay_the_best_passage_nearest_the_question(
+    tiny_engine, dataset_path: Path
+) -> None:
+    tok = tiny_engine.tokenizer
+    by_file = bench_prompts(tiny_engine, dataset_path, None, 3, with_answers=True)
+    by_retriever = bench_prompts(tiny_engine, dataset_path, None, 3, with_answers=True, order="retrieval")
+    assert [bp.example.index for bp in by_file] == [bp.example.index for bp in by_retriever]  # the same sample
+    for file_bp, retrieved_bp in zip(by_file, by_retriever, strict=True):
+        gold = next(p for p in file_bp.example.passages if p.is_gold)
+        file_position = file_bp.chunk_ids.index(encode_chunk_text(tok, gold.text))
+        assert file_position == 2 - file_bp.example.passages.index(gold)  # file order: wherever the file put it
+        assert retrieved_bp.chunk_ids[-1] == encode_chunk_text(tok, gold.text)  # the retriever's best: last
+        assert sorted(retrieved_bp.chunk_ids) == sorted(file_bp.chunk_ids)

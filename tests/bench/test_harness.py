@@ -24,12 +24,18 @@ def test_every_subcommand_has_the_common_options() -> None:
         assert {"dataset", "examples", "passages", "seed", "out", "model", "dtype", "threads"} <= set(vars(args)), name
     for name in ("ttft", "quality", "frontier", "profile", "peers"):
         assert commands[name].parse_args([]).kv_dtype == server_kv_dtype()
+    # The benches that lay out a dataset's passages themselves can take the server's retrieval order.
+    takes_order = {name for name, sub in commands.items() if "order" in vars(sub.parse_args([]))}
+    assert takes_order == {"ttft", "quality", "frontier", "profile", "peers", "baseline-llamacpp", "kv"}
+    assert commands["frontier"].parse_args(["--order", "retrieval"]).order == "retrieval"
 
 
 def test_result_header_records_model_data_dtype_blend_and_machine(tiny_engine) -> None:
-    args = argparse.Namespace(dataset=Path("../shared/data/musique_dev.json"), examples=3, passages=6, seed=0)
+    args = argparse.Namespace(
+        dataset=Path("../shared/data/musique_dev.json"), examples=3, passages=6, seed=0, order="retrieval"
+    )
     header = result_header("x", args, tiny_engine, examples=2, ratios=[0.15])
-    assert header["benchmark"] == "x" and header["dataset_name"] == "musique_dev"
+    assert header["benchmark"] == "x" and header["dataset_name"] == "musique_dev" and header["order"] == "retrieval"
     assert (header["examples"], header["passages"], header["seed"], header["ratios"]) == (2, 6, 0, [0.15])
     assert header["compute_dtype"] == header["machine"]["compute_dtype"] == "float32"
     choice = tiny_engine.dtype_choice
