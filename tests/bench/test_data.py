@@ -8,6 +8,8 @@ import pytest
 from bench.data import DatasetError, Example, build_prompt, load_dataset, rank_by_retriever, select_examples
 from bench.prepared import bench_prompts
 from ingest.chunker import encode_chunk_text
+from retrieval.config import RetrievalSettings
+from retrieval.embedder import Embedder
 
 
 def test_load_dataset_reads_the_shared_shape(dataset_path: Path) -> None:
@@ -57,13 +59,9 @@ def test_build_prompt_is_asks_layout(tiny_engine, dataset_path: Path) -> None:
     assert bp.answer_ids == tok.encode("Fredville", add_special_tokens=False)
 
 
-def _cosine_ranking(example: Example) -> list[str]:
+def _cosine_ranking(embedder: Embedder, example: Example) -> list[str]:
     """The titles of an example's passages by cosine similarity to its question, computed here with the
     builtin embedder on what ingest indexes ("title\\ntext")."""
-    from retrieval.config import RetrievalSettings
-    from retrieval.embedder import Embedder
-
-    embedder = Embedder.from_settings(RetrievalSettings())
     passages = embedder.embed_passages([f"{p.title}\n{p.text}" for p in example.passages])  # (n, dim)
     scores = passages @ embedder.embed_query(example.question)  # (n,)
     return [example.passages[i].title for i in sorted(range(len(scores)), key=lambda i: -scores[i])]
@@ -71,8 +69,9 @@ def _cosine_ranking(example: Example) -> list[str]:
 
 def test_rank_by_retriever_is_the_servers_ranking(dataset_path: Path) -> None:
     examples = load_dataset(dataset_path)
-    ranked = rank_by_retriever(examples)
-    assert [[p.title for p in e.passages] for e in ranked] == [_cosine_ranking(e) for e in examples]
+    embedder = Embedder.from_settings(RetrievalSettings())  # the server's: one load serves both rankings
+    ranked = rank_by_retriever(examples, embedder)
+    assert [[p.title for p in e.passages] for e in ranked] == [_cosine_ranking(embedder, e) for e in examples]
     # The gold passage ranks first on both questions; nothing else about an example changes.
     assert [e.passages[0].title for e in ranked] == ["Freedonia", "Marvin"]
     for before, after in zip(examples, ranked, strict=True):
