@@ -64,6 +64,14 @@ class ServerSettings(BaseModel):
         "any retrieval or prompt pass: 2,000 one-letter user messages stayed under the character cap and cost a "
         "minute of prompt pass; over it: 422 (/ask) or 400 (/v1)",
     )
+    max_prompt_tokens: int = Field(
+        default=2048,
+        gt=0,
+        description="LLM tokens a request may bring to the prompt: its system messages (a /v1 client's own; the "
+        "server's prompt is not counted) + its question + the earlier turns kept, counted before any retrieval or "
+        "prompt pass. Earlier turns only fill what is left (oldest left out first); system messages + question "
+        "over it: 422 (/ask) or 400 (/v1). A 7 KB system message cost a 77 s prompt pass without it",
+    )
     anonymous_max_tokens: int | None = Field(
         default=512,
         ge=1,

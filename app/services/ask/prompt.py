@@ -1,8 +1,8 @@
 """The prompt of a question asked in a conversation, and the stored KV of its turns.
 
-`build_prompt` lays out `[prefix][chunks][turn 1]…[turn t-1][question]` within the history token budget
-and the model's context (oldest turns dropped first). `TurnKV` names each earlier turn's entry (keyed
-like a chunk's: model fingerprint + the server's prefix + the turn's token ids; the storage dtype is not
+`build_prompt` lays out `[prefix][chunks][turn 1]…[turn t-1][question]` with the turns the prompt budget kept
+(`budget.py`) that the model's context holds (oldest turns dropped first). `TurnKV` names each earlier turn's
+entry (keyed like a chunk's: model fingerprint + the server's prefix + the turn's token ids; the storage dtype is not
 part of a key) and writes the entry of a finished turn through the one KV writer (kvcache/writer.py): its
 segment precomputed behind the server's prefix, as a chunk is at ingest, into the store's history memory
 tier and the tiers below it.
@@ -17,14 +17,14 @@ asked.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from app.build import KVKey
     from engine.engine import Engine
-    from engine.prompt import PromptBuilder, Turn
+    from engine.prompt import HistoryFit, PromptBuilder, Turn
     from engine.types import PromptLayout
     from kvcache.store import TieredKVStore
     from kvcache.types import ChunkKV
@@ -43,13 +43,12 @@ def build_prompt(
     builder: PromptBuilder,
     ranked_chunk_ids: list[list[int]],
     question: str,
-    history: Sequence[Turn],
-    max_history_tokens: int,
+    history: HistoryFit,
     context_tokens: int,
 ) -> ConversationPrompt:
-    """The layout with as many of the most recent turns as the budget and the context allow."""
-    fit = builder.fit_history(list(history), max_history_tokens)
-    segments, dropped = list(fit.segment_ids), fit.num_dropped_turns
+    """The layout with the earlier turns the budget kept (`budget.budget_prompt`), fewer when the model's
+    context cannot hold them all (oldest left out first)."""
+    segments, dropped = list(history.segment_ids), history.num_dropped_turns
     layout = builder.layout_ranked(ranked_chunk_ids, question, segments)
     while layout.num_tokens >= context_tokens and segments:
         segments, dropped = segments[1:], dropped + 1

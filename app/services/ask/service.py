@@ -22,6 +22,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING
 
 from app.services.ask.answer import Answer
+from app.services.ask.budget import budget_prompt
 from app.services.ask.followup import FollowupService
 from app.services.ask.kv import OpenedKV, PromptKV
 from app.services.ask.prompt import TurnKV, build_prompt
@@ -146,19 +147,23 @@ class AskService:
     async def plan(self, request: AskRequest) -> AskPlan:
         """The request's conversation opened, then retrieval (reading the recent turns) and the prompt.
 
-        Raises ConversationNotFound, AskValidationError when the question is over `server.max_question_tokens`
-        or even without earlier turns the prompt is longer than the model's context, EngineBusy when a
+        Raises ConversationNotFound, AskValidationError when the question is over `server.max_question_tokens`,
+        the client's system messages and the question together over `server.max_prompt_tokens` (budget.py) or
+        even without earlier turns the prompt is longer than the model's context, EngineBusy when a
         `rewrite` follow-up finds the engine full."""
         conversation = self._open_conversation(request)
         history = request.history or (conversation.history if conversation is not None else ())
         engine = self._engine
         # Bounded before any work: retrieval, a follow-up rewrite and the prompt pass all grow with it.
-        cap = self._settings.server.max_question_tokens
-        num_question_tokens = len(engine.tokenizer.encode(request.question, add_special_tokens=False))
-        if num_question_tokens > cap:
-            raise AskValidationError(
-                f"the question is {num_question_tokens} tokens; the limit is {cap} (server.max_question_tokens)"
-            )
+        budget = budget_prompt(
+            engine.prompt,
+            system_prompt=request.system_prompt,
+            question=request.question,
+            history=history,
+            max_question_tokens=self._settings.server.max_question_tokens,
+            max_prompt_tokens=self._settings.server.max_prompt_tokens,
+            history_max_tokens=self._settings.engine.history_max_tokens,
+        )
         started = time.perf_counter()
         # A stored conversation's turns carry their sources (a /v1 client's own messages replace them).
         same_history = conversation is not None and conversation.history == history
@@ -171,8 +176,7 @@ class AskService:
             engine.prompt.for_system_prompt(request.system_prompt),
             [c.token_ids for c in chunks],
             request.question.strip(),
-            history,
-            self._settings.engine.history_max_tokens,
+            budget.history,
             context,
         )
         layout = prompt.layout

@@ -28,6 +28,20 @@ def test_two_thousand_one_letter_messages_are_refused_before_any_work(
     assert num_entries(client) == before
 
 
+def test_a_long_system_message_counts_toward_the_prompt_cap(client: TestClient, corpus: dict[str, str]) -> None:
+    before = num_entries(client)
+    messages = [{"role": "system", "content": "s " * 3500}, {"role": "user", "content": "hi"}]
+    response = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["message"].startswith("the prompt is ") and error["message"].endswith(
+        "the limit is 2048 (server.max_prompt_tokens)"
+    )
+    assert "(system messages " in error["message"] and " + question 1)" in error["message"]
+    assert num_entries(client) == before
+
+
 def test_a_lone_stateless_question_writes_no_turn_kv(client: TestClient, corpus: dict[str, str]) -> None:
     def chat(messages: list[dict[str, str]]) -> None:
         response = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
