@@ -78,6 +78,11 @@ class Transformer:
         # One thread beside the compute that reads and rotates the next layer's stored context KV while a
         # layer computes (engine/stored_context.py); shared by the requests, it starts on first use.
         self.background = ThreadPoolExecutor(1, thread_name_prefix="kv-rotate")
+        # On an accelerator a row set is described without reading a device value back (engine/host_sync.py):
+        # rows chosen on the device attend in one block over all keys with an exact mask, instead of blocks cut
+        # at their first and last positions (which the host would have to read). On a CPU reading is free and
+        # the blocks skip up to half the attention work. Tests switch it on to run the device path on a CPU.
+        self.sync_free = self.device.type != "cpu"
 
     # ----------------------------------------------------------------------------------------- rows
     def rows(self, positions: torch.Tensor | range, kv_len: int, key_bias: torch.Tensor | None = None) -> Rows:
@@ -89,6 +94,16 @@ class Transformer:
         if isinstance(positions, range):
             span: slice | None = slice(positions.start, positions.stop)
             pos = torch.arange(positions.start, positions.stop, device=self.device)
+        elif self.sync_free:
+            pos = positions.to(self.device, torch.int64)
+            cos, sin = self.rope.at(pos, bound=kv_len)  # every query position is below kv_len
+            return Rows(
+                positions=pos,
+                span=None,
+                cos=cos[:, None],
+                sin=sin[:, None],
+                blocks=[self._one_masked_block(pos, kv_len, key_bias)] if pos.numel() else [],
+            )
         else:
             pos = positions.to(self.device, torch.int64)
             n = pos.numel()
@@ -103,6 +118,17 @@ class Transformer:
             sin=sin[:, None],
             blocks=self._attention_blocks(pos, span, kv_len, key_bias),
         )
+
+    def _one_masked_block(self, pos: torch.Tensor, kv_len: int, key_bias: torch.Tensor | None) -> AttentionBlock:
+        """All rows at device positions `pos` against keys 0…kv_len-1 in one attention call, with the exact
+        causal mask from absolute positions (and the key bias) built on the device: (rows, kv_len) additive."""
+        key_pos = torch.arange(kv_len, device=self.device)
+        later = key_pos[None, :] > pos[:, None]  # (rows, kv_len): may not see
+        if key_bias is None:
+            base = torch.zeros(later.shape, dtype=self.dtype, device=self.device)
+        else:
+            base = key_bias[:kv_len].to(self.device, self.dtype)[None, :].expand(later.shape).clone()
+        return AttentionBlock(rows=slice(0, pos.numel()), kv_len=kv_len, mask=base.masked_fill_(later, float("-inf")))
 
     def _attention_blocks(
         self, pos: torch.Tensor, span: slice | None, kv_len: int, key_bias: torch.Tensor | None = None

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.host_sync import ids_on, to_device
 from engine.layers import Rows, Transformer
 from engine.selectors import (
     SelectionInput,
@@ -89,7 +90,7 @@ class PrefixKV:
 
 
 def _ids(tf: Transformer, ids: list[int]) -> torch.Tensor:
-    return torch.tensor(ids, dtype=torch.int64, device=tf.device)
+    return ids_on(ids, tf.device)
 
 
 # --------------------------------------------------------------------------------------- precompute
@@ -147,9 +148,10 @@ def precompute_chunks(
 
 # -------------------------------------------------------------------------------------- prompt pass
 def _chunk_index(layout: PromptLayout, device: torch.device) -> torch.Tensor:
-    """(N,) chunk number of every context token."""
+    """(N,) chunk number of every context token (built on the host from the layout, copied without a sync)."""
     sizes = torch.tensor([len(c) for c in layout.chunk_ids], dtype=torch.int64)
-    return torch.repeat_interleave(torch.arange(len(sizes)), sizes).to(device)
+    index = torch.repeat_interleave(torch.arange(len(sizes)), sizes, output_size=layout.num_context_tokens)
+    return to_device(index, device)
 
 
 @torch.no_grad()
@@ -205,13 +207,24 @@ def _upfront_budget(config: BlendConfig, n_ctx: int, scores: torch.Tensor | None
     )
 
 
-def _rank_in_segment(chunk_index: torch.Tensor) -> torch.Tensor:
-    """(N,) each context token's place in its own segment: 0 for a segment's first token, 1 for the next, …"""
-    n = chunk_index.numel()
-    idx = torch.arange(n, device=chunk_index.device)
-    starts = torch.ones_like(chunk_index, dtype=torch.bool)
-    starts[1:] = chunk_index[1:] != chunk_index[:-1]
-    return idx - torch.cummax(torch.where(starts, idx, 0), 0).values
+@dataclass(frozen=True)
+class _UpfrontGroup:
+    """One budget of an up-front selection, planned on the host from the layout (context offsets 0…N-1)."""
+
+    budget: int
+    forced: list[int]  # the segments' sink tokens kept first (at most `budget`), in priority order
+    rest: list[int]  # the group's other tokens, ascending: the selector's candidates
+    rest_sizes: list[int]  # how many of `rest` each segment of the group holds, in order
+
+
+def _plan_group(sizes: list[int], starts: list[int], segments: range, budget: int, sink_tokens: int) -> _UpfrontGroup:
+    """The first `sink_tokens` of every segment are forced (over budget: every segment's first token before any
+    segment's second, …), the rest are the selector's candidates. Host lists: the layout holds every count."""
+    sinks = [(rank, starts[i] + rank) for i in segments for rank in range(min(sink_tokens, sizes[i]))]
+    forced = [offset for _, offset in sorted(sinks)][:budget]
+    rest = [offset for i in segments for offset in range(starts[i] + min(sink_tokens, sizes[i]), starts[i] + sizes[i])]
+    rest_sizes = [sizes[i] - min(sink_tokens, sizes[i]) for i in segments]
+    return _UpfrontGroup(budget=budget, forced=forced, rest=rest, rest_sizes=rest_sizes)
 
 
 def _select_upfront(
@@ -228,41 +241,48 @@ def _select_upfront(
     chunks for a few rows. In each group the first `config.sink_tokens` of every segment come first (a
     segment's opening was computed behind the prefix alone, the new context changes it most), the selector
     picks the rest of the group's budget (sinks beyond the budget: each segment's first token first).
+
+    Every count is planned on the host from the layout, so on a device nothing is read back (only the
+    adaptive budget of `config.attention_share` reads the scores' total once).
     """
     p, n = layout.num_prefix_tokens, layout.num_context_tokens
-    candidates = torch.arange(p, p + n, device=device)
-    chunk_index = _chunk_index(layout, device)
+    sizes = [len(c) for c in layout.chunk_ids]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    num_chunks = len(sizes) - layout.num_history_segments
     num_chunk_tokens = n - layout.num_history_tokens
-    is_history = torch.arange(n, device=device) >= num_chunk_tokens
     if config.history_ratio is not None and layout.num_history_segments:
         chunk_scores = None if scores is None else scores[:num_chunk_tokens]
-        groups = [
-            (~is_history, _upfront_budget(config, num_chunk_tokens, chunk_scores)),
-            (is_history, num_recompute_tokens(config.history_ratio, n - num_chunk_tokens)),
+        budgets = [
+            (range(num_chunks), _upfront_budget(config, num_chunk_tokens, chunk_scores)),
+            (range(num_chunks, len(sizes)), num_recompute_tokens(config.history_ratio, n - num_chunk_tokens)),
         ]
     else:
-        groups = [(torch.ones_like(is_history), _upfront_budget(config, n, scores))]
-    rank = _rank_in_segment(chunk_index)
-    sinks = rank < config.sink_tokens
-    keep = torch.zeros(n, dtype=torch.bool, device=device)
-    for members, budget in groups:
-        forced = torch.nonzero(members & sinks).squeeze(1)
-        # Over budget: every segment's first token before any segment's second, …
-        forced = forced[torch.argsort(rank[forced] * n + forced)][:budget]
-        keep[forced] = True
-        rest = torch.nonzero(members & ~sinks).squeeze(1)
-        num_rest = budget - forced.numel()
-        if num_rest > 0 and rest.numel():
-            chosen = selector.select(
-                SelectionInput(
-                    positions=candidates[rest],
-                    chunk_index=chunk_index[rest],
-                    num_keep=min(num_rest, rest.numel()),
-                    scores=None if scores is None else scores[rest],
-                )
+        budgets = [(range(len(sizes)), _upfront_budget(config, n, scores))]
+    chunk_index = _chunk_index(layout, device)
+    forced: list[int] = []
+    picked: list[torch.Tensor] = []
+    for segments, budget in budgets:
+        group = _plan_group(sizes, starts, segments, budget, config.sink_tokens)
+        forced.extend(group.forced)
+        num_rest = min(budget - len(group.forced), len(group.rest))
+        if num_rest <= 0:
+            continue
+        if num_rest == len(group.rest):  # the whole rest fits: nothing to choose
+            picked.append(ids_on(group.rest, device))
+            continue
+        rest = ids_on(group.rest, device)
+        chosen = selector.select(
+            SelectionInput(
+                positions=rest + p,
+                chunk_index=chunk_index[rest],
+                num_keep=num_rest,
+                scores=None if scores is None else scores[rest],
+                segment_sizes=tuple(size for size in group.rest_sizes if size),
             )
-            keep[rest[chosen]] = True
-    return candidates[keep]
+        )
+        picked.append(rest[chosen])
+    offsets = torch.cat([ids_on(forced, device), *picked])  # (budget over all groups,)
+    return offsets.sort().values + p
 
 
 def _stale_key_bias(
@@ -372,8 +392,11 @@ def prompt_pass(
             stored.wait_for_background()
 
     logits = tf.logits(h[0, -1])  # the last row is always the last suffix token
-    is_ctx = (rows.positions >= p) & (rows.positions < p + n_ctx)
-    selected_positions = rows.positions[is_ctx].cpu()
+    # The rows are ascending: the prefix's (full mode only), the recomputed context's, the suffix's. Their
+    # counts are known here, so the context rows are a slice (on a device, no value is read back).
+    first_ctx_row = p if mode == "full" else 0
+    num_ctx_rows = rows.num_rows - len(layout.suffix_ids) - first_ctx_row
+    selected_positions = rows.positions[first_ctx_row : first_ctx_row + num_ctx_rows]
     cache.length = total
     total_s = time.perf_counter() - t0
     return PromptResult(
@@ -382,7 +405,7 @@ def prompt_pass(
         mode=mode,
         num_prompt_tokens=total,
         num_context_tokens=n_ctx,
-        num_recomputed_tokens=int(selected_positions.numel()),
+        num_recomputed_tokens=num_ctx_rows,
         selected_positions=selected_positions,
         selector=selector.name if selector is not None else None,
         timings=PromptTimings(total_s=total_s, kv_wait_s=stored.wait_s if stored else 0.0, select_s=select_s),
@@ -407,6 +430,7 @@ def _check_layers(
     check_at = dict(zip(config.check_layers, config.ratios(), strict=True))
     chunk_index = _chunk_index(layout, tf.device)
     all_rows_fresh = True  # until a check layer drops rows, the stored KV only serves the deviation
+    num_ctx_rows = n_ctx  # the rows are the context rows still recomputed (ascending), then the suffix rows
     for layer in range(config.check_layers[-1] + 1):
         boundary()
         if all_rows_fresh or layer in check_at:
@@ -428,6 +452,7 @@ def _check_layers(
                 check_at[layer],
                 selector,
                 rows.positions,
+                num_ctx_rows,
                 chunk_index,
                 k_pre if on_k else v,
                 stored_k if on_k else stored_v,
@@ -437,6 +462,7 @@ def _check_layers(
         if keep is not None:
             h, q = h[:, keep], q[:, :, keep]
             rows = tf.rows(rows.positions[keep], kv_len=total)
+            num_ctx_rows = keep.shape[0] - len(layout.suffix_ids)
             all_rows_fresh = False  # from the next layer on, unselected rows use the stored KV
         h = tf.attend_and_mlp(layer, h, q, rows, cache)
     return h, rows
@@ -461,30 +487,32 @@ def _select_at_check_layer(
     ratio: float,
     selector: TokenSelector,
     positions: torch.Tensor,
+    num_ctx_rows: int,
     chunk_index: torch.Tensor,
     fresh: torch.Tensor,
     stored: torch.Tensor,
     p: int,
     n_ctx: int,
 ) -> torch.Tensor | None:
-    """Row indices (into the current rows) that stay fresh after this check layer; None keeps all."""
-    is_ctx = (positions >= p) & (positions < p + n_ctx)
-    ctx_idx = torch.nonzero(is_ctx).squeeze(1)  # candidates: the context rows still being recomputed
-    num_keep = min(ctx_idx.numel(), num_recompute_tokens(ratio, n_ctx))
-    if num_keep == ctx_idx.numel():
+    """Row indices (into the current rows) that stay fresh after this check layer; None keeps all.
+
+    The current rows are the `num_ctx_rows` context rows still recomputed (ascending), then the suffix rows
+    (always kept): every count is on the host, only the choice among the context rows is on the device."""
+    num_keep = min(num_ctx_rows, num_recompute_tokens(ratio, n_ctx))
+    if num_keep == num_ctx_rows:
         return None
-    other_idx = torch.nonzero(~is_ctx).squeeze(1)  # suffix rows: always kept
-    ctx_pos = positions[ctx_idx]
+    ctx_pos = positions[:num_ctx_rows]
     inp = SelectionInput(
         layer=layer,
         positions=ctx_pos,
         chunk_index=chunk_index[ctx_pos - p],
-        fresh=fresh[0][:, ctx_idx],
+        fresh=fresh[0][:, :num_ctx_rows],
         cached=stored[:, ctx_pos - p],
         num_keep=num_keep,
     )
-    kept = ctx_idx[selector.select(inp)]
-    return torch.cat([kept, other_idx]).sort().values
+    kept = selector.select(inp)  # ascending indices into the context rows
+    suffix_rows = torch.arange(num_ctx_rows, positions.shape[0], device=positions.device)
+    return torch.cat([kept, suffix_rows])
 
 
 # ------------------------------------------------------------------------------------------- decode

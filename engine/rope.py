@@ -76,12 +76,17 @@ class RopeTable:
             sin = (freqs.sin() * self.attention_scaling).to(self.dtype)
             self.cos, self.sin = cos, sin  # replaced atomically: readers keep their old (valid) tables
 
-    def at(self, positions: torch.Tensor | slice) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin rows for the given positions: (n, head_dim/2) each."""
+    def at(self, positions: torch.Tensor | slice, bound: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows for the given positions: (n, head_dim/2) each. `bound`: a number every position is
+        below, known on the host (without it the table's size is checked against the largest position, a value
+        read back from the positions' device)."""
         if isinstance(positions, slice):
             self.ensure(positions.stop)
             return self.cos[positions], self.sin[positions]
-        self.ensure(int(positions.max()) + 1 if positions.numel() else 0)
+        if bound is not None:
+            self.ensure(bound)
+        else:
+            self.ensure(int(positions.max()) + 1 if positions.numel() else 0)
         cos, sin = self.cos, self.sin  # one snapshot: another thread may grow the table meanwhile
         return cos.index_select(0, positions), sin.index_select(0, positions)
 

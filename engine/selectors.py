@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 import torch.nn.functional as F
 
+from engine.host_sync import to_device
+
 if TYPE_CHECKING:
     from engine.types import BlendConfig
 
@@ -62,6 +64,15 @@ class SelectionInput:
     fresh: torch.Tensor | None = None
     cached: torch.Tensor | None = None
     scores: torch.Tensor | None = None  # (n,) float32 question attention per candidate (query selector)
+    # How many candidates each segment holds, in order (the candidates of a segment are consecutive): known on
+    # the host from the layout, so per-segment choices need no read of `chunk_index` back from a device.
+    # None: counted from `chunk_index` (one read back).
+    segment_sizes: tuple[int, ...] | None = None
+
+    def sizes_per_segment(self) -> list[int]:
+        if self.segment_sizes is not None:
+            return list(self.segment_sizes)
+        return torch.unique_consecutive(self.chunk_index, return_counts=True)[1].tolist()
 
 
 class TokenSelector(Protocol):
@@ -129,15 +140,16 @@ class QuerySelector:
             scores = pooled[:n]
         if self.min_per_chunk <= 0:
             return _top(scores, inp.num_keep)
-        keep = torch.zeros(n, dtype=torch.bool, device=scores.device)
-        for chunk in inp.chunk_index.unique().tolist():
-            members = torch.nonzero(inp.chunk_index == chunk).squeeze(1)
-            keep[members[_top(scores[members], min(self.min_per_chunk, members.numel()))]] = True
-        if int(keep.sum()) >= inp.num_keep:  # the minimums alone exceed the budget: best of them
-            return torch.nonzero(keep).squeeze(1)[_top(scores[keep], inp.num_keep)]
-        rest = torch.nonzero(~keep).squeeze(1)
-        keep[rest[_top(scores[rest], inp.num_keep - int(keep.sum()))]] = True
-        return torch.nonzero(keep).squeeze(1)
+        # Every chunk's own best `min_per_chunk` first (segments are runs of consecutive candidates).
+        minimums, start = [], 0
+        for size in inp.sizes_per_segment():
+            minimums.append(start + _top(scores[start : start + size], min(self.min_per_chunk, size)))
+            start += size
+        kept = torch.cat(minimums)  # ascending
+        if kept.numel() >= inp.num_keep:  # the minimums alone exceed the budget: best of them
+            return kept[_top(scores[kept], inp.num_keep)]
+        others = scores.index_fill(0, kept, float("-inf"))  # the rest of the budget among the others
+        return torch.cat([kept, _top(others, inp.num_keep - kept.numel())]).sort().values
 
 
 class FirstKSelector:
@@ -171,7 +183,7 @@ class RandomSelector:
     def select(self, inp: SelectionInput) -> torch.Tensor:
         n = inp.positions.numel()
         gen = torch.Generator(device="cpu").manual_seed(self.seed + max(inp.layer, 0))
-        return torch.randperm(n, generator=gen)[: inp.num_keep].sort().values.to(inp.positions.device)
+        return to_device(torch.randperm(n, generator=gen)[: inp.num_keep].sort().values, inp.positions.device)
 
 
 def make_selector(config: BlendConfig) -> TokenSelector:
