@@ -246,13 +246,15 @@ def _load_engine(settings: Settings) -> Engine:
     logger.info(
         "start-up: loading the model %s%s …",
         model,
-        " (a catalogue model or GGUF file is converted to safetensors under the data dir on first start, then reused)"
+        f" (a catalogue model or GGUF file is converted to safetensors once, into {settings.models_dir}, then reused)"
         if not Path(model).is_dir()
         else "",
     )
     # The dtype the data dir's KV was built in, unless the operator sets another (app/compute_dtype.py).
     dtype = data_dir_dtype(settings.data_dir, settings.engine.dtype, settings.engine.resolve_device())
-    engine = Engine(settings.engine, models_dir=settings.models_dir, dtype_choice=dtype)
+    engine = Engine(
+        settings.engine, models_dir=settings.models_dir, dtype_choice=dtype, read_also=settings.models_dirs_read
+    )
     logger.info(
         "start-up: model loaded and its prompt prefix warmed in %.1f s: %s",
         time.perf_counter() - step,

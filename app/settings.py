@@ -179,12 +179,19 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(
         default=Path("./data"),
-        description="Where the server keeps everything it persists: catalog, index, KV store, models, uploads",
+        description="Where the server keeps everything it persists: catalog, index, KV store, uploads (converted "
+        "models: models_dir)",
     )
     runtime_dir: Path | None = Field(
         default=None,
         description="Where running servers announce themselves for the CLI (default $XDG_RUNTIME_DIR/blendrag, "
         "else ~/.cache/blendrag)",
+    )
+    models_dir: Path | None = Field(
+        default=None,
+        description="The machine's model cache: where catalogue models and GGUF files are converted, once, for "
+        "every data dir, server, worker, CLI command and bench run (default $XDG_CACHE_HOME/blendrag/models, "
+        "else ~/.cache/blendrag/models). A data dir's own models/ from before the cache is still read",
     )
     server: ServerSettings = Field(default_factory=ServerSettings)
     catalog: CatalogSettings = Field(default_factory=CatalogSettings)
@@ -202,11 +209,15 @@ class Settings(BaseSettings):
             self.kvcache.dir = self.data_dir / "kv"
         if self.catalog.url is None:
             self.catalog.url = f"sqlite:///{self.data_dir / 'catalog.db'}"
+        if self.models_dir is None:
+            self.models_dir = default_models_dir()
         return self
 
     @property
-    def models_dir(self) -> Path:
-        return self.data_dir / "models"
+    def models_dirs_read(self) -> tuple[Path, ...]:
+        """Models dirs read before the cache: the data dir's own models/, where a data dir made before the
+        machine-wide cache holds its conversions (read, never written)."""
+        return (self.data_dir / "models",)
 
     @property
     def index_dir(self) -> Path:
@@ -227,6 +238,14 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Precedence: explicit arguments (CLI flags) > environment > settings.yaml > defaults.
         return (init_settings, env_settings, _yaml_source(settings_cls))
+
+
+def default_models_dir() -> Path:
+    """The model cache when `models_dir` is not set: the user's cache home (XDG base directories; a relative
+    $XDG_CACHE_HOME is ignored, as the specification says)."""
+    cache_home = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(cache_home) if cache_home and Path(cache_home).is_absolute() else Path.home() / ".cache"
+    return base / "blendrag" / "models"
 
 
 def _yaml_source(settings_cls: type[BaseSettings]) -> PydanticBaseSettingsSource:

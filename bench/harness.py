@@ -28,8 +28,18 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MUSIQUE = Path("../shared/data/musique_dev.json")
 DEFAULT_NQ6 = Path("../shared/data/nq6_dev.json")
-# The server's default data dir keeps the converted built-in model here (`make serve` creates it).
-DEFAULT_MODELS_DIR = Path("data/models")
+
+
+def default_models_dir() -> Path:
+    """The server's model cache (`models_dir`: settings.yaml, BLENDRAG_MODELS_DIR, else the user's cache home),
+    so a bench run converts nothing the server has converted, and the reverse."""
+    from app.settings import load_settings
+
+    models_dir = load_settings().models_dir
+    assert models_dir is not None  # filled in by the settings' validator
+    return models_dir
+
+
 DEFAULT_OUT_DIR = Path("bench/out")  # git-ignored
 
 
@@ -82,8 +92,8 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
     parser.add_argument(
         "--models-dir",
         type=Path,
-        default=DEFAULT_MODELS_DIR,
-        help="where the built-in model is converted once (default: the server's)",
+        default=None,
+        help="where a catalogue model or GGUF file is converted once (default: the server's model cache)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument(

@@ -47,7 +47,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", default="builtin", help="a catalogue name (builtin = smollm2-135m), a GGUF file or an HF dir"
     )
-    parser.add_argument("--models-dir", type=Path, default=harness.DEFAULT_MODELS_DIR)
+    parser.add_argument(
+        "--models-dir", type=Path, default=None, help="where the model is converted once (default: the model cache)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch threads per process")
     parser.add_argument("--tmp-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=harness.DEFAULT_OUT_DIR / "scaleout.json")

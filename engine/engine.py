@@ -25,7 +25,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -59,12 +59,20 @@ _PREFIX_CACHE_ENTRIES = 8
 
 
 class Engine:
-    def __init__(self, settings: EngineSettings, models_dir: Path, dtype_choice: DtypeChoice | None = None) -> None:
-        """`dtype_choice`: the compute dtype decided by the caller (the app keeps the one a data dir was built
-        with); by default `settings.dtype` resolved for the device (engine/dtype_choice.py)."""
+    def __init__(
+        self,
+        settings: EngineSettings,
+        models_dir: Path,
+        dtype_choice: DtypeChoice | None = None,
+        read_also: Sequence[Path] = (),
+    ) -> None:
+        """`models_dir`: the model cache a catalogue model or GGUF file is converted into (engine/models/cache.py);
+        `read_also`: older models dirs whose conversions are loaded as they are. `dtype_choice`: the compute
+        dtype decided by the caller (the app keeps the one a data dir was built with); by default
+        `settings.dtype` resolved for the device (engine/dtype_choice.py)."""
         self.settings = settings
         self.blend_origin = "engine settings"  # where the blend settings came from (use_blend_settings)
-        resolved = resolve_model(settings.model, Path(models_dir))
+        resolved = resolve_model(settings.model, Path(models_dir), read_also)
         path = resolved.path
         self.identity: ModelIdentity = resolved.identity
         device = settings.resolve_device()

@@ -30,6 +30,9 @@ os.environ.setdefault("BLENDRAG_RUNTIME_DIR", tempfile.mkdtemp(prefix="blendrag-
 MODELS_CACHE = Path(
     os.environ.get("BLENDRAG_TEST_MODELS", Path(__file__).resolve().parent.parent / ".pytest_cache" / "blendrag-models")
 )
+# The suite's model cache, never the user's (~/.cache/blendrag/models): servers, CLI commands and bench runs
+# the tests start convert into it and find the fixtures' conversions there.
+os.environ["BLENDRAG_MODELS_DIR"] = str(MODELS_CACHE)
 
 
 @pytest.fixture(scope="session")

@@ -215,7 +215,7 @@ def run_calibration(
     from app.calibration.store import CalibrationStore
     from engine.engine import Engine
 
-    engine = Engine(settings.engine, models_dir=settings.models_dir)
+    engine = Engine(settings.engine, models_dir=settings.models_dir, read_also=settings.models_dirs_read)
     record = calibrate(
         engine,
         settings.engine,

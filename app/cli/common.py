@@ -37,7 +37,8 @@ def add_data_dir(p: argparse.ArgumentParser) -> None:
         "--data-dir",
         type=Path,
         default=None,
-        help="where the catalog, index, KV store and converted models live (default ./data)",
+        help="where the catalog, index and KV store live (default ./data; converted models live in the "
+        "machine's cache, models_dir)",
     )
 
 

@@ -1,8 +1,10 @@
 """`engine.model` → a checkpoint directory the engine loads, and what model it is.
 
 Three kinds of value: a catalogue name (or the alias `builtin`): its packages' GGUF file joined, checked
-and converted once under the data dir's models/; a local GGUF file (what Ollama, LM Studio and llama.cpp
-keep on disk): converted once the same way; a local Hugging Face checkpoint directory: loaded as it is.
+and converted once into the machine's model cache (engine/models/cache.py); a local GGUF file (what Ollama,
+LM Studio and llama.cpp keep on disk): converted once the same way; a local Hugging Face checkpoint
+directory: loaded as it is. `read_also` names older models dirs (a data dir's own models/ from before the
+cache) where a conversion already made is found and loaded instead.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ import hashlib
 import json
 import logging
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from engine.models.cache import ensure_converted
 from engine.models.catalog import CATALOG, CatalogEntry, catalog_entry
 from engine.models.convert import convert_gguf, is_converted, read_marker
 from engine.models.install import joined_gguf
@@ -90,14 +94,14 @@ def describe_model_setting(value: str) -> str | None:
     return None
 
 
-def resolve_model(value: str, models_dir: Path) -> ResolvedModel:
+def resolve_model(value: str, models_dir: Path, read_also: Sequence[Path] = ()) -> ResolvedModel:
     """Make `value`'s checkpoint directory ready (join + check + convert on first use) and name the model."""
     entry = catalog_entry(value)
     if entry is not None:
-        return ResolvedModel(ensure_catalog_model(entry, models_dir), catalog_identity(entry))
+        return ResolvedModel(ensure_catalog_model(entry, models_dir, read_also), catalog_identity(entry))
     path = Path(value).expanduser()
     if path.is_file():
-        target = ensure_gguf_model(path, models_dir)
+        target = ensure_gguf_model(path, models_dir, read_also)
         marker = read_marker(target)
         return ResolvedModel(
             target,
@@ -154,24 +158,33 @@ def converted_path(entry: CatalogEntry, models_dir: Path) -> Path:
 
 
 def is_catalog_model_converted(entry: CatalogEntry, models_dir: Path) -> bool:
-    target = converted_path(entry, models_dir)
+    return _is_entry_converted(entry, converted_path(entry, models_dir))
+
+
+def _is_entry_converted(entry: CatalogEntry, target: Path) -> bool:
     return is_converted(target) and read_marker(target).get("sha256") == entry.sha256
 
 
-def ensure_catalog_model(entry: CatalogEntry, models_dir: Path) -> Path:
+def ensure_catalog_model(entry: CatalogEntry, models_dir: Path, read_also: Sequence[Path] = ()) -> Path:
     """The entry's converted directory: joined, hash-checked and converted on first use, then reused.
 
     The joined GGUF is deleted once converted: the safetensors are what every later start loads, and the
     parts stay installed in site-packages, so a re-conversion can join them again.
     """
-    target = converted_path(entry, models_dir)
-    if is_catalog_model_converted(entry, models_dir):
-        return target
-    gguf, joined = joined_gguf(entry, Path(models_dir))
-    convert_gguf(gguf, target, {"model": entry.name, "sha256": entry.sha256, "num_bytes": entry.num_bytes})
-    if joined:
-        gguf.unlink(missing_ok=True)
-    return target
+
+    def make(target: Path) -> None:
+        gguf, joined = joined_gguf(entry, Path(models_dir))
+        convert_gguf(gguf, target, {"model": entry.name, "sha256": entry.sha256, "num_bytes": entry.num_bytes})
+        if joined:
+            gguf.unlink(missing_ok=True)
+
+    return ensure_converted(
+        entry.converted_dir,
+        models_dir,
+        is_ready=lambda target: _is_entry_converted(entry, target),
+        make=make,
+        read_also=read_also,
+    )
 
 
 def _gguf_key(path: Path) -> str:
@@ -181,11 +194,14 @@ def _gguf_key(path: Path) -> str:
     return hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:12]
 
 
-def ensure_gguf_model(path: Path, models_dir: Path) -> Path:
+def ensure_gguf_model(path: Path, models_dir: Path, read_also: Sequence[Path] = ()) -> Path:
     stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem).strip("-.") or "model"
-    target = Path(models_dir) / f"gguf-{stem}-{_gguf_key(path)}"
-    if is_converted(target):
-        return target
     stat = path.stat()
     source = {"gguf_path": str(path.resolve()), "num_bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-    return convert_gguf(path, target, source)
+    return ensure_converted(
+        f"gguf-{stem}-{_gguf_key(path)}",
+        models_dir,
+        is_ready=is_converted,
+        make=lambda target: convert_gguf(path, target, source),
+        read_also=read_also,
+    )

@@ -41,7 +41,7 @@ def config() -> dict:
 
 def test_every_part_is_there(config: dict) -> None:
     assert set(config["services"]) == {"postgres", "redis", "migrate", "api", "worker", "lb"}
-    assert set(config["volumes"]) == {"pgdata", "uploads", "caddy"}
+    assert set(config["volumes"]) == {"pgdata", "uploads", "models", "caddy"}
     assert config["services"]["api"]["deploy"]["replicas"] == 2
     assert config["services"]["worker"]["deploy"]["replicas"] == 2
 
@@ -60,6 +60,9 @@ def test_replicas_and_workers_share_catalog_queue_and_kv(config: dict) -> None:
     # uploads must be readable by whichever worker runs the job
     assert "uploads:/data/uploads:rw" in services["api"]["volumes"]
     assert "uploads:/data/uploads:rw" in services["worker"]["volumes"]
+    # one model cache (the image's BLENDRAG_MODELS_DIR) for every container: the model is converted once
+    for name in ("migrate", "api", "worker"):
+        assert "models:/models:rw" in services[name]["volumes"]
     assert services["postgres"]["volumes"] == ["pgdata:/var/lib/postgresql/data:rw"]
 
 
