@@ -23,8 +23,10 @@ conversion to the compute dtype runs depends on the device:
   caller's torch threads. Conversion is CPU work wherever it runs; on the worker it took a core from the
   engine's OpenMP team between every two of its barriers.
 - Otherwise the worker converts too: on the host with numpy or torch on its one thread
-  (`kvcache.hostcopy`, never torch's OpenMP team), or, for a non-CPU `device`, by staging the stored bytes
-  in (pinned) host memory and converting on the device.
+  (`kvcache.hostcopy`, never torch's OpenMP team), or, for a non-CPU `device`, through `kvcache.staging`:
+  every chunk's stored bytes of the layer packed into one pinned buffer from the store's pool, one
+  asynchronous copy on a side stream, dequantization there, and an event that the caller's stream waits on
+  when `layer(l)` hands the tensors over (the host never waits for the device).
 """
 
 from __future__ import annotations
@@ -35,24 +37,21 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kvcache.closing import Closing
 from kvcache.errors import KVEntryCorrupt
 from kvcache.format import (
-    SCALE_DTYPE,
-    TORCH_STORAGE_DTYPES,
     EntryMeta,
     LayerData,
     StoredEntry,
     dequantize_entries_into,
-    dequantize_layer,
     dequantize_prompt_layer,
 )
-from kvcache.hostcopy import host_copy
-from kvcache.quant import dequantize_int8
 from kvcache.reader import EntryReader
+from kvcache.staging import LayerStager, StagingPool
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +78,8 @@ class ResolvedChunk:
             self.reader.close()
 
 
+# (k, v, event the consumer's stream waits on before reading them: None where nothing is in flight)
+_Staged = tuple[torch.Tensor, torch.Tensor, Any]
 CorruptHandler = Callable[[ResolvedChunk, KVEntryCorrupt], None]
 PromoteHandler = Callable[[ResolvedChunk, "list[LayerData] | None"], None]
 
@@ -99,6 +100,7 @@ class StoreLayerSource(Closing):
         collect_layers: bool,
         convert_on_device: bool | None = None,
         convert_in_caller: bool | None = None,
+        staging_pool: StagingPool | None = None,
     ) -> None:
         self._unique: dict[str, ResolvedChunk] = {c.key: c for c in chunks}
         try:
@@ -123,7 +125,17 @@ class StoreLayerSource(Closing):
         self._dtype = dtype
         # ship stored bytes and convert on the accelerator (a quarter / half of the bytes cross the bus)
         self._convert_on_device = self._device.type != "cpu" if convert_on_device is None else convert_on_device
-        self._pin = self._device.type == "cuda"
+        # One storage dtype (the usual case): each layer crosses in one copy of its packed bytes (kvcache.staging).
+        self._stager = (
+            LayerStager(
+                [c.meta for c in chunks],
+                staging_pool or StagingPool(pin=self._device.type == "cuda"),
+                self._device,
+                dtype,
+            )
+            if self._convert_on_device and len({c.meta.storage_dtype for c in chunks}) == 1
+            else None
+        )
         # On the CPU the worker only reads (I/O, checksums) and `layer()` converts on the caller's thread with
         # its torch threads: conversion is CPU work either way, and on the worker it competed with the
         # engine's OpenMP team for the same cores (docs/benchmarks.md, "Stored context on the request thread").
@@ -148,7 +160,7 @@ class StoreLayerSource(Closing):
         self._failed: KVEntryCorrupt | None = None
         self._closed = False
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="kv-prefetch") if prefetch else None
-        self._pending: tuple[int, Future[dict[str, LayerData] | tuple[torch.Tensor, torch.Tensor]]] | None = None
+        self._pending: tuple[int, Future[dict[str, LayerData] | _Staged]] | None = None
         # layer() and close() swap `_pending` and touch the files: one at a time, even if a caller closes the
         # source from another thread while a layer is being read (it then waits for that layer).
         self._lock = threading.Lock()
@@ -190,7 +202,7 @@ class StoreLayerSource(Closing):
         if self._failed is not None:
             raise self._failed
         pending, self._pending = self._pending, None
-        result: dict[str, LayerData] | tuple[torch.Tensor, torch.Tensor] | None = None
+        result: dict[str, LayerData] | _Staged | None = None
         if pending is not None:
             pending_idx, future = pending
             if pending_idx == layer_idx:
@@ -204,8 +216,11 @@ class StoreLayerSource(Closing):
             result = self._work(layer_idx)
         self._schedule(layer_idx + 1)  # the next read runs while this layer is converted and used
         if isinstance(result, dict):
-            return self._convert(result)
-        return result
+            result = self._convert(result, layer_idx)
+        k, v, ready = result
+        if ready is not None:  # the caller's stream waits for the side stream's copy; the host does not
+            torch.cuda.current_stream(self._device).wait_event(ready)
+        return k, v
 
     def close(self) -> None:
         with self._lock:
@@ -221,6 +236,8 @@ class StoreLayerSource(Closing):
                 pending[1].result()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        if self._stager is not None:
+            self._stager.close()
         try:
             self._promote()
         finally:
@@ -236,11 +253,11 @@ class StoreLayerSource(Closing):
         if self._executor is not None and layer_idx < self._num_layers and self._failed is None:
             self._pending = (layer_idx, self._executor.submit(self._work, layer_idx))
 
-    def _work(self, layer_idx: int) -> dict[str, LayerData] | tuple[torch.Tensor, torch.Tensor]:
+    def _work(self, layer_idx: int) -> dict[str, LayerData] | _Staged:
         """What reading a layer does (on the worker with prefetch): the stored data of every chunk, converted
-        to (k, v) unless the caller converts."""
+        to (k, v, ready event) unless the caller converts."""
         per_key = self._read(layer_idx)
-        return per_key if self._convert_in_caller else self._convert(per_key)
+        return per_key if self._convert_in_caller else self._convert(per_key, layer_idx)
 
     def _read(self, layer_idx: int) -> dict[str, LayerData]:
         per_key = {key: self._read_chunk_layer(c, layer_idx) for key, c in self._unique.items()}
@@ -261,20 +278,10 @@ class StoreLayerSource(Closing):
             collected[layer_idx] = data
         return data
 
-    def _convert(self, per_key: dict[str, LayerData]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _convert(self, per_key: dict[str, LayerData], layer_idx: int) -> _Staged:
+        if self._stager is not None:
+            return self._stager.stage(layer_idx, [per_key[chunk.key] for chunk in self._chunks])
         shape = (self._kv_heads, self._num_tokens, self._head_dim)
-        storage_dtypes = {c.meta.storage_dtype for c in self._unique.values()}
-        if self._convert_on_device and storage_dtypes == {"int4"}:
-            # int4 groups differ per chunk: ship each chunk's packed bytes and dequantize it there
-            k = torch.empty(shape, dtype=self._dtype, device=self._device)
-            v = torch.empty(shape, dtype=self._dtype, device=self._device)
-            for chunk, (start, end) in zip(self._chunks, self._spans, strict=True):
-                k[:, start:end], v[:, start:end] = dequantize_layer(
-                    per_key[chunk.key], chunk.meta, self._device, self._dtype
-                )
-            return k, v
-        if self._convert_on_device and len(storage_dtypes) == 1:
-            return self._load_to_device(per_key, shape, storage_dtypes.pop())
         k = torch.empty(shape, dtype=self._dtype)  # (kv_heads, num_tokens, head_dim)
         v = torch.empty(shape, dtype=self._dtype)
         parts = [(per_key[chunk.key], chunk.meta) for chunk in self._chunks]
@@ -282,37 +289,9 @@ class StoreLayerSource(Closing):
             dequantize_prompt_layer(k, v, parts)  # int4: the whole layer at once, on the caller's torch threads
         else:
             dequantize_entries_into(k, v, parts)  # chunk by chunk, on this worker's one thread
-        if self._device.type != "cpu":
+        if self._device.type != "cpu":  # chunks of several storage dtypes (a store written before a change)
             k, v = k.to(self._device), v.to(self._device)
-        return k, v
-
-    def _load_to_device(
-        self, per_key: dict[str, LayerData], shape: tuple[int, int, int], storage_dtype: str
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ship the stored bytes (pinned staging buffer, storage dtype) and convert on the device."""
-        quantized = storage_dtype == "int8"
-        stored = TORCH_STORAGE_DTYPES[storage_dtype]
-        pin = self._pin
-        k_stage = torch.empty(shape, dtype=stored, pin_memory=pin)  # (kv_heads, num_tokens, head_dim)
-        v_stage = torch.empty(shape, dtype=stored, pin_memory=pin)
-        ks_stage = torch.empty(shape[:2], dtype=SCALE_DTYPE, pin_memory=pin) if quantized else None
-        vs_stage = torch.empty(shape[:2], dtype=SCALE_DTYPE, pin_memory=pin) if quantized else None
-        for chunk, (start, end) in zip(self._chunks, self._spans, strict=True):
-            data = per_key[chunk.key]
-            host_copy(k_stage[:, start:end], data.k)
-            host_copy(v_stage[:, start:end], data.v)
-            if ks_stage is not None and vs_stage is not None:
-                assert data.k_scale is not None and data.v_scale is not None
-                host_copy(ks_stage[:, start:end], data.k_scale)
-                host_copy(vs_stage[:, start:end], data.v_scale)
-        # blocking copies on the worker thread: the caller gets tensors that are ready to use
-        k_dev, v_dev = k_stage.to(self._device), v_stage.to(self._device)
-        if ks_stage is not None and vs_stage is not None:
-            return (
-                dequantize_int8(k_dev, ks_stage.to(self._device), self._dtype),
-                dequantize_int8(v_dev, vs_stage.to(self._device), self._dtype),
-            )
-        return k_dev.to(self._dtype), v_dev.to(self._dtype)
+        return k, v, None
 
     def _promote(self) -> None:
         if self._on_promote is None or self._failed is not None:

@@ -30,7 +30,7 @@ Public API:
 - `dequantize_int4(q4, kind, dtype)` (torch, any device) and `host_dequantize_int4(dst, ...)` (CPU, torch
   on the calling thread only, straight into the compute dtype, for the layer loader's worker; see
   `kvcache.hostcopy` for why one thread).
-- `dequantize_int4_spans(dst, parts, kind)` (CPU): one layer of several entries side by side along tokens
+- `dequantize_int4_spans(dst, parts, kind)` (any device): one layer of several entries side by side along tokens
   (a prompt's chunks) in a few whole-layer ops on the caller's torch threads, for the request thread.
 """
 
@@ -197,7 +197,7 @@ def _apply(out: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, kind: Kin
         z = zero.reshape(shape).transpose(0, 1)[..., None]
         out.view(heads, tokens, dim // group, group).mul_(s).add_(z)  # a view: only the last axis is split
     elif group % dim == 0:  # V groups spanning whole heads: head h is in group h // (g / D)
-        which = torch.arange(heads) // (group // dim)
+        which = torch.arange(heads, device=out.device) // (group // dim)
         out.mul_(scale.T[which][:, :, None]).add_(zero.T[which][:, :, None])
     else:  # a group boundary inside a head: spell the parameters out per value
         out.mul_(_expand(scale, kind, heads, tokens, dim, group)).add_(_expand(zero, kind, heads, tokens, dim, group))
@@ -242,8 +242,9 @@ def _unpack_to(out: torch.Tensor, packed: torch.Tensor) -> None:
 
 
 def dequantize_int4_spans(dst: torch.Tensor, parts: Sequence[Int4Quantized], kind: Kind) -> None:
-    """dst (H, N, D) CPU tensor or view of float32 or the compute dtype = the parts' values side by side
-    along tokens (N = their tokens), bit for bit `dequantize_int4` of each part.
+    """dst (H, N, D) tensor or view of float32 or the compute dtype = the parts' values side by side along
+    tokens (N = their tokens), bit for bit `dequantize_int4` of each part. Any device: the parts live where
+    `dst` does (on an accelerator, `kvcache.staging` dequantizes a prompt's layer with it after one copy).
 
     A prompt's chunks are dequantized together: the codes are unpacked, widened and rounded to `dst`'s dtype
     in whole-layer ops, V's groups scaled in one pass, K's group by group on views of the layer, with no
@@ -254,7 +255,7 @@ def dequantize_int4_spans(dst: torch.Tensor, parts: Sequence[Int4Quantized], kin
     heads, tokens, dim = dst.shape
     if sum(p.packed.shape[1] for p in parts) != tokens:
         raise ValueError("the parts' tokens do not add up to dst's")
-    out = dst if dst.dtype == torch.float32 else torch.empty(dst.shape, dtype=torch.float32)
+    out = dst if dst.dtype == torch.float32 else torch.empty(dst.shape, dtype=torch.float32, device=dst.device)
     _unpack_to(out, torch.cat([p.packed for p in parts], dim=1) if len(parts) > 1 else parts[0].packed)
     if kind == "k":  # each part's K groups in place, on views of its tokens' rows
         start = 0

@@ -60,6 +60,7 @@ from kvcache.loader import ResolvedChunk, StoreLayerSource
 from kvcache.memory_tier import MemoryTier
 from kvcache.reader import BytesEntryReader, deserialize_entry
 from kvcache.redis_tier import RedisTier
+from kvcache.staging import StagingPool
 from kvcache.stats import StoreStats
 from kvcache.types import ChunkKV
 
@@ -117,6 +118,7 @@ class TieredKVStore:
                 max_entry_bytes=settings.redis_max_entry_bytes,
             )
         self._lock = threading.Lock()
+        self._staging_pools: dict[str, StagingPool] = {}
         self._num_hits = 0
         self._num_misses = 0
 
@@ -386,7 +388,16 @@ class TieredKVStore:
             and (self.memory is not None or (bool(history) and bool(self.settings.history_memory_bytes))),
             convert_on_device=convert_on_device,
             convert_in_caller=convert_in_caller,
+            staging_pool=self.staging_pool(torch.device(device)),
         )
+
+    def staging_pool(self, device: torch.device) -> StagingPool:
+        """The host staging buffers every prompt's loads to `device` share (pinned for CUDA; kvcache.staging)."""
+        with self._lock:
+            pool = self._staging_pools.get(device.type)
+            if pool is None:
+                pool = self._staging_pools[device.type] = StagingPool(pin=device.type == "cuda")
+            return pool
 
     def _on_corrupt(self, chunk: ResolvedChunk, exc: KVEntryCorrupt) -> None:
         tier = self.disk if chunk.tier == "disk" else self.redis if chunk.tier == "redis" else None
