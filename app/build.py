@@ -2,7 +2,7 @@
 
 The server (`AppState.load`), every CLI command that touches the library and the queue worker build through
 it. Each service is handed the collaborators it uses by name (catalog, retriever, KV store, scheduler,
-engine, the KV key function …); this module is the one place that knows which those are. Heavy imports
+engine, the served model's KV space …); this module is the one place that knows which those are. Heavy imports
 happen here, lazily, so `blendrag --help` and settings validation stay instant, and a command that needs
 no model (`blendrag keys`, `blendrag purge-failed`) loads none.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from app.services.storage_faults import StorageMonitor
     from engine.engine import Engine
     from engine.scheduler import Scheduler
+    from kvcache.space import KVSpace
     from kvcache.store import TieredKVStore
     from retrieval.embedder import Embedder
     from retrieval.retriever import Retriever
@@ -62,8 +63,6 @@ _PARTS: dict[Need, frozenset[str]] = {
     "doctor": frozenset({"catalog", "store", "retriever", "embedder", "engine"}),
 }
 
-KVKey = Callable[[Sequence[int]], str]  # a chunk's (or turn's) token ids -> its KV entry key under the served model
-
 
 @dataclass(frozen=True)
 class Hooks:
@@ -87,7 +86,7 @@ class Services:
     store: TieredKVStore | None = None
     retriever: Retriever | None = None
     engine: Engine | None = None
-    kv_key: KVKey | None = None
+    kv_space: KVSpace | None = None  # the served model's entries in `store` (with engine and store)
     scheduler: Scheduler | None = None
     blend: BlendInForce | None = None  # the blend settings in force and where they came from (app/calibration)
     calibration: CalibrationRunner | None = None  # the background calibration, when the server runs one
@@ -113,13 +112,12 @@ class Services:
         from app.services.doctor import DoctorParts
 
         assert self.catalog is not None and self.retriever is not None and self.store is not None
-        assert self.engine is not None and self.kv_key is not None
+        assert self.engine is not None and self.kv_space is not None
         return DoctorParts(
             catalog=self.catalog,
             retriever=self.retriever,
-            store=self.store,
+            kv_space=self.kv_space,
             engine=self.engine,
-            kv_key=self.kv_key,
             uploads_dir=self.settings.uploads_dir,
         )
 
@@ -216,7 +214,10 @@ def _build_parts(
         s.built.append("store")
         logger.info("start-up: KV store open (%s)", ", ".join(t.name for t in s.store.stats().tiers))
     if s.engine is not None and s.store is not None:
-        s.kv_key = kv_key_function(s.engine, s.store)
+        from kvcache.space import KVSpace
+
+        # The one place a KV space is made: the served model behind the server's prompt prefix.
+        s.kv_space = KVSpace.of_engine(s.store, s.engine)
     if "retriever" in parts:
         from app.index_sync import open_retriever
 
@@ -278,10 +279,10 @@ def _wire(s: Services, needs: frozenset[Need], hooks: Hooks) -> None:
     if "coverage" in needs:
         from app.services.coverage_service import CoverageService
 
-        assert s.store is not None and s.kv_key is not None
+        assert s.store is not None and s.kv_space is not None
         # Scale-out (PostgreSQL catalog + Redis): the shared tier only, the same from every replica.
         shared = settings.catalog.is_postgres and s.store.redis is not None
-        s.coverage = CoverageService(s.catalog, s.store, s.kv_key, shared_tier_only=shared)
+        s.coverage = CoverageService(s.catalog, s.kv_space, shared_tier_only=shared)
     if "documents" in needs:
         from app.services.document_service import DocumentService
 
@@ -305,18 +306,17 @@ class EngineParts(TypedDict):
     catalog: Catalog
     retriever: Retriever
     engine: Engine
-    store: TieredKVStore
-    kv_key: KVKey
+    kv_space: KVSpace
     scheduler: Scheduler
 
 
 def _engine_parts(s: Services, scheduler: Scheduler | None) -> EngineParts:
     """`s`'s parts for ask and ingest (`scheduler` default: `s.scheduler`); each must have been built."""
     scheduler = scheduler or s.scheduler
-    assert s.catalog is not None and s.retriever is not None and s.engine is not None and s.store is not None
-    assert s.kv_key is not None and scheduler is not None, "ask and ingest need the engine parts built"
+    assert s.catalog is not None and s.retriever is not None and s.engine is not None
+    assert s.kv_space is not None and scheduler is not None, "ask and ingest need the engine parts built"
     return EngineParts(
-        catalog=s.catalog, retriever=s.retriever, engine=s.engine, store=s.store, kv_key=s.kv_key, scheduler=scheduler
+        catalog=s.catalog, retriever=s.retriever, engine=s.engine, kv_space=s.kv_space, scheduler=scheduler
     )
 
 
@@ -367,16 +367,6 @@ def new_ingest(
         on_chunks_committed=hooks.on_chunks_committed,
         free_space=storage.release_reserve if storage is not None else None,
     )
-
-
-def kv_key_function(engine: Engine, store: TieredKVStore) -> KVKey:
-    """The KV entry key of a chunk (or turn) under the served model and the server's system prompt, whatever
-    the storage dtype. `TieredKVStore.key_for` is the one key function; the KV writer uses it too."""
-
-    def kv_key(token_ids: Sequence[int]) -> str:
-        return store.key_for(engine.fingerprint, engine.prompt.prefix_ids, token_ids)
-
-    return kv_key
 
 
 def new_scheduler(settings: Settings, engine: Engine) -> Scheduler:

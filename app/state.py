@@ -126,11 +126,11 @@ class AppState:
         """After a model or system prompt switch: chunks re-tokenized now, their KV recomputed in the background."""
         from app.services.kv_refresh import KVRefresh, plan_refresh
 
-        engine, store, kv_key, scheduler = services.engine, services.store, services.kv_key, services.scheduler
-        assert engine is not None and store is not None and kv_key is not None and scheduler is not None
-        plan = plan_refresh(services.catalog, engine.tokenizer, kv_key)
+        engine, kv_space, scheduler = services.engine, services.kv_space, services.scheduler
+        assert engine is not None and kv_space is not None and scheduler is not None
+        plan = plan_refresh(services.catalog, engine.tokenizer, kv_space)
         if plan.stale or plan.old_keys:
-            self.kv_refresh = KVRefresh(services.catalog, engine, store, kv_key, scheduler, plan)
+            self.kv_refresh = KVRefresh(services.catalog, engine, kv_space, scheduler, plan)
             self.kv_refresh.start()
 
     async def close(self) -> None:

@@ -148,8 +148,8 @@ def _ref(context: Any) -> Any:
 
 
 def _delete_history_entries(state: Any, layout: Any) -> int:
-    store, services = state.services.store, state.services
-    return sum(store.delete(services.kv_key(ids)) for ids in layout.history_ids)
+    space = state.services.kv_space
+    return sum(space.store.delete(space.key(ids)) for ids in layout.history_ids)
 
 
 async def _kl(state: Any, request: Any) -> dict[str, float]:

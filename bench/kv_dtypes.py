@@ -96,7 +96,7 @@ def _ttft_once(
 
     With `chunk_ids`, missing entries are recomputed and stored again first, as a question does."""
     from kvcache.errors import KVEntryMissing
-    from kvcache.writer import ensure_chunk_kv
+    from kvcache.space import KVSpace
 
     t0 = time.perf_counter()
     try:
@@ -104,14 +104,8 @@ def _ttft_once(
     except KVEntryMissing as exc:
         if chunk_ids is None:
             raise
-        ensure_chunk_kv(  # through the one KV writer, as a question's recompute does
-            store,
-            chunk_ids,
-            model_fingerprint=engine.fingerprint,
-            prefix_ids=engine.prompt.prefix_ids,
-            compute=engine.precompute_chunks,
-            missing_keys=exc.keys,
-        )
+        # Through the one KV writer, as a question's recompute does.
+        KVSpace.of_engine(store, engine).ensure(chunk_ids, compute=engine.precompute_chunks, missing_keys=exc.keys)
         source = store.open_layers(keys, device=engine.device, dtype=engine.dtype, prefetch=prefetch)
     try:
         result = engine.prompt_pass(layout, source, "blend", blend)

@@ -95,11 +95,9 @@ def run_policy(
     """Play the stream against a disk-only store evicting by `policy`."""
     from kvcache.config import KVCacheSettings
     from kvcache.errors import KVEntryMissing
-    from kvcache.keys import chunk_key
+    from kvcache.space import KVSpace
     from kvcache.store import TieredKVStore
-    from kvcache.writer import ensure_chunk_kv
 
-    keys = [chunk_key("zipf-bench", [1], [10_000 + i]) for i in range(setup.num_chunks)]  # chunk i: token 10_000+i
     with tempfile.TemporaryDirectory(prefix="blendrag-bench-zipf-", dir=tmp_root) as tmp:
         store = TieredKVStore(
             KVCacheSettings(
@@ -113,6 +111,8 @@ def run_policy(
             )
         )
         assert store.disk is not None
+        space = KVSpace(store, "zipf-bench", [1])
+        keys = [space.key([10_000 + i]) for i in range(setup.num_chunks)]  # chunk i: token 10_000+i
         entry_bytes = _file_bytes(store, keys, setup)  # every entry has the same shape, hence size
         store.disk.budget_bytes = int(setup.budget_share * setup.num_chunks * entry_bytes)
         warmup = int(setup.warmup_share * len(stream))
@@ -120,16 +120,13 @@ def run_policy(
         for q, chunks in enumerate(stream):
             wanted = [keys[i] for i in chunks]
             try:
-                store.open_layers(wanted).close()
+                space.open(wanted).close()
                 missing: tuple[str, ...] = ()
             except KVEntryMissing as exc:
                 missing = exc.keys
             if missing:  # recomputed at question time and stored again, through the one KV writer
-                ensure_chunk_kv(
-                    store,
+                space.ensure(
                     [[10_000 + i] for i in chunks],
-                    model_fingerprint="zipf-bench",
-                    prefix_ids=[1],
                     compute=lambda todo: [_chunk_kv(ids[0] - 10_000, setup.entry_tokens) for ids in todo],
                     missing_keys=missing,
                 )

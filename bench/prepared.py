@@ -61,15 +61,11 @@ def put_chunks(store: TieredKVStore, engine: Engine, chunk_ids: list[list[int]],
     Goes through the one KV writer with the KV already computed; a chunk the store could not keep stops
     the benchmark (its figures would be of recomputed KV).
     """
-    from kvcache.writer import ensure_chunk_kv
+    from kvcache.space import KVSpace
 
     by_ids = {tuple(ids): kv for ids, kv in zip(chunk_ids, kvs, strict=True)}
-    written = ensure_chunk_kv(
-        store,
-        chunk_ids,
-        model_fingerprint=engine.fingerprint,
-        prefix_ids=engine.prompt.prefix_ids,
-        compute=lambda todo: [by_ids[tuple(ids)] for ids in todo],
+    written = KVSpace.of_engine(store, engine).ensure(
+        chunk_ids, compute=lambda todo: [by_ids[tuple(ids)] for ids in todo]
     )
     if written.unwritten:
         raise RuntimeError(f"the benchmark's KV store refused {len(written.unwritten)} chunk(s)")
@@ -115,9 +111,7 @@ class PreparedPrompt:
         if storage_dtype not in self._stores:
             budget = 2 * sum(kv.nbytes() for kv in self.kvs) + 1024 * 1024
             # The server's settings (int4 groups, prefetch), memory tier only and large enough to keep all.
-            settings = KVCacheSettings().model_copy(
-                update={"dir": None, "storage_dtype": storage_dtype, "memory_bytes": budget}
-            )
+            settings = KVCacheSettings(dir=None, storage_dtype=storage_dtype, memory_bytes=budget)  # type: ignore[arg-type]
             store = TieredKVStore(settings)
             self._stores[storage_dtype] = (store, put_chunks(store, self.engine, self.chunk_ids, self.kvs))
         return self._stores[storage_dtype]

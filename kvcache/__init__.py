@@ -2,22 +2,23 @@
 
 Typical use (the app builds one store from its settings and shares it across worker threads):
 
-    from kvcache import KVCacheSettings, TieredKVStore, KVEntryMissing
+    from kvcache import KVCacheSettings, KVSpace, TieredKVStore, KVEntryMissing
     store = TieredKVStore(KVCacheSettings(dir=data_dir / "kv"))
-    key = store.key_for(model_fingerprint, prefix_token_ids, chunk_token_ids)
-    store.put(key, chunk_kv, model_fingerprint=model_fingerprint)          # or kvcache.writer.ensure_chunk_kv
+    space = KVSpace(store, model_fingerprint, prefix_token_ids)            # the served model's entries
+    key = space.key(chunk_token_ids)
+    written = space.ensure(chunks, compute=engine.precompute_chunks)       # compute and store what is missing
     try:
-        with store.open_layers(keys, device, dtype) as source:              # at question time
+        with space.open(keys, device, dtype) as source:                     # at question time
             k, v = source.layer(0)                                          # (kv_heads, T, head_dim)
     except KVEntryMissing as exc:
-        ...  # ensure_chunk_kv(..., missing_keys=exc.keys, keep_entries=True), open again with computed=
+        ...  # space.ensure(..., missing_keys=exc.keys, keep_entries=True), open again with computed=
 
 Modules: config (settings), keys, format / reader (entry bytes of every storage dtype), quant (int8),
-quant_int4 (int4: grouped, asymmetric, packed), memory_tier, disk_tier (byte budget), eviction (which
-disk entry goes: retrieval frequency or LRU), redis_tier, atomic (atomic file writes), store, loader and
-hostcopy (layer-wise reads off torch's threads), writer (the one KV writer: compute what the store lacks
-and put it, one policy for a failed put), stats, coverage, admin (stats, verify, prune, convert), errors,
-types (the shared contract).
+quant_int4 (int4: grouped, asymmetric, packed), memory_tier, disk_tier (byte budget), eviction (which disk
+entry goes: retrieval frequency or LRU), redis_tier, atomic (atomic file writes), store, loader and hostcopy
+(layer-wise reads off torch's threads), space (a model's entries behind one prefix: key, ensure, open),
+writer (the one KV writer: compute what the store lacks and put it, one policy for a failed put), stats,
+coverage, admin (stats, verify, prune, convert), errors, types (the shared contract).
 """
 
 from kvcache.config import KVCacheSettings, StorageDType
@@ -26,6 +27,7 @@ from kvcache.errors import KVCacheError, KVEntryCorrupt, KVEntryMissing
 from kvcache.format import StoredEntry
 from kvcache.keys import chunk_key, is_valid_key
 from kvcache.loader import StoreLayerSource
+from kvcache.space import KVSpace
 from kvcache.stats import StoreStats, TierStats
 from kvcache.store import EntryLocation, PutResult, TieredKVStore
 from kvcache.types import ChunkKV, InMemoryLayerSource, LayerKVSource
@@ -42,6 +44,7 @@ __all__ = [
     "KVCacheSettings",
     "KVEntryCorrupt",
     "KVEntryMissing",
+    "KVSpace",
     "LayerKVSource",
     "PutResult",
     "StorageDType",

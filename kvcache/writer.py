@@ -1,14 +1,13 @@
 """The one KV writer: compute the chunks the store lacks, store them, and say what could not be kept.
 
-    written = ensure_chunk_kv(
-        store, chunks, model_fingerprint=fp, prefix_ids=prefix, compute=scheduler_or_engine_precompute
-    )
-    written.keys         # the key of every chunk, in order (TieredKVStore.key_for)
+    written = space.ensure(chunks, compute=scheduler_or_engine_precompute)   # kvcache.space.KVSpace
+    written.keys         # the key of every chunk, in order (KVSpace.key)
     written.computed     # key -> StoredEntry computed now (with keep_entries=True): what the store would serve
     written.unwritten    # computed keys the store could not keep (see `entry_written`)
 
 Questions (app/services/ask/kv.py, the chunks and a conversation's turns), ingest, `blendrag doctor
---repair` and bench all write KV through here, so a failed put means the same everywhere: the entry is not
+--repair`, calibration and bench all write KV through here, by way of `KVSpace.ensure`, which names the
+chunks' keys, so a failed put means the same everywhere: the entry is not
 in a tier that outlives this process (disk or Redis), or, for a store with memory only, not stored at all.
 It is logged here once per call; each caller then does what its contract asks: a question still serves the
 KV it just computed (`TieredKVStore.open_layers(..., computed=written.computed)`), ingest fails the
@@ -58,9 +57,9 @@ def entry_written(store: TieredKVStore, result: PutResult) -> bool:
 def ensure_chunk_kv(
     store: TieredKVStore,
     chunks: Sequence[Sequence[int]],
+    keys: list[str],
     *,
     model_fingerprint: str,
-    prefix_ids: Sequence[int],
     compute: ComputeKV,
     keep_entries: bool = False,
     batch_chunks: int = DEFAULT_BATCH_CHUNKS,
@@ -70,13 +69,14 @@ def ensure_chunk_kv(
 ) -> ChunkKVWrite:
     """Make sure every chunk's KV is stored: compute the missing ones `batch_chunks` at a time and put them.
 
+    `keys`: each chunk's key in its KV space (`KVSpace.ensure` names them; call that, not this).
+
     `missing_keys`: the caller already knows which keys are missing (a failed `open_layers`); otherwise the
     store is asked (one `locate_many`). `on_batch(num_done)` runs after each batch with the number of
     `chunks` handled so far (present ones count from the start); it may raise to stop (ingest's cancel).
     With `keep_entries` the computed entries come back, in the store's encoding, for the caller to serve.
     `history_keys`: the keys of conversation turns (their memory copy goes to the history memory tier).
     """
-    keys = [store.key_for(model_fingerprint, prefix_ids, ids) for ids in chunks]
     ids_by_key = {key: list(ids) for key, ids in zip(keys, chunks, strict=True)}
     if missing_keys is None:
         present = store.locate_many(list(ids_by_key))

@@ -10,10 +10,10 @@ from app.catalog import DocumentStatus
 if TYPE_CHECKING:
     from collections.abc import Collection, Iterable, Sequence
 
-    from app.build import KVKey
     from app.catalog import Catalog
     from app.catalog.records import ChunkRecord
     from kvcache.coverage import ChunkRef
+    from kvcache.space import KVSpace
     from kvcache.store import EntryLocation, TieredKVStore
 
 
@@ -57,11 +57,12 @@ class SharedTierView:
 
 
 class CoverageService:
-    def __init__(self, catalog: Catalog, store: TieredKVStore, kv_key: KVKey, *, shared_tier_only: bool) -> None:
-        """`kv_key`: the entry key a chunk's token ids have under the served model. `shared_tier_only`
+    def __init__(self, catalog: Catalog, kv_space: KVSpace, *, shared_tier_only: bool) -> None:
+        """`kv_space`: the served model's entries (a chunk's expected key is `kv_space.key`). `shared_tier_only`
         (scale-out: PostgreSQL catalog + Redis): report the shared tier, identical from every replica."""
         self._catalog = catalog
-        self._kv_key = kv_key
+        self._kv_key = kv_space.key
+        store = kv_space.store
         self._store: TieredKVStore | SharedTierView = SharedTierView(store) if shared_tier_only else store
 
     def _refs(self, chunks: Iterable[ChunkRecord]) -> list[ChunkRef]:

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING
 from app.catalog import DocumentStatus, JobStatus
 
 if TYPE_CHECKING:
-    from app.build import KVKey
     from app.catalog import Catalog
     from engine.engine import Engine
-    from kvcache.store import TieredKVStore
+    from kvcache.space import KVSpace
     from retrieval.retriever import Retriever
 
 logger = logging.getLogger(__name__)
@@ -65,21 +64,22 @@ class DoctorReport:
 
 @dataclass(frozen=True)
 class DoctorParts:
-    """What doctor checks against the catalog: the index, the KV store (keys under the served model), and
-    the engine that recomputes missing KV on --repair; the uploads dir for leftover files."""
+    """What doctor checks against the catalog: the index, the served model's KV space (its store, keys under
+    the served model), and the engine that recomputes missing KV on --repair; the uploads dir for leftover
+    files."""
 
     catalog: Catalog
     retriever: Retriever
-    store: TieredKVStore
+    kv_space: KVSpace
     engine: Engine
-    kv_key: KVKey
     uploads_dir: Path
 
 
 def run_doctor(parts: DoctorParts, *, repair: bool) -> DoctorReport:
     from kvcache.admin import check_disk_entries
 
-    catalog, retriever, store = parts.catalog, parts.retriever, parts.store
+    catalog, retriever, space = parts.catalog, parts.retriever, parts.kv_space
+    store = space.store
     report = DoctorReport(repaired=repair, index_repair_note=getattr(retriever, "repair_note", None))
     live_jobs = {j.id for j in catalog.jobs_with_status([JobStatus.QUEUED, JobStatus.RUNNING])}
 
@@ -102,7 +102,7 @@ def run_doctor(parts: DoctorParts, *, repair: bool) -> DoctorReport:
     missing_from_index = [c for c in ready_chunks if c.id not in indexed]
     report.unindexed_chunk_ids = [c.id for c in missing_from_index]
 
-    expected = {c.id: parts.kv_key(c.token_ids) for c in ready_chunks}
+    expected = {c.id: space.key(c.token_ids) for c in ready_chunks}
     present = store.locate_many(list(set(expected.values())))
     # Reading entries whole is what finds corrupt ones (`cache verify` reads them all); doctor reads a bounded
     # sample of the disk entries chunks use, so a large store is checked in seconds and a bad run is seen.
@@ -124,15 +124,10 @@ def run_doctor(parts: DoctorParts, *, repair: bool) -> DoctorReport:
 
     if repair:
         _repair_index(retriever, catalog, report, missing_from_index)
-        from kvcache.writer import ensure_chunk_kv
-
-        engine = parts.engine
-        written = ensure_chunk_kv(
-            store,
+        written = space.ensure(
             [c.token_ids for c in kv_missing],
-            model_fingerprint=engine.fingerprint,
-            prefix_ids=engine.prompt.prefix_ids,
-            compute=engine.precompute_chunks,
+            keys=[expected[c.id] for c in kv_missing],
+            compute=parts.engine.precompute_chunks,
         )
         # Chunks whose KV the store could not keep stay reported as missing (the writer logged why).
         report.kv_unwritten_chunk_ids = [c.id for c in kv_missing if expected[c.id] in written.unwritten]

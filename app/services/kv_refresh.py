@@ -2,7 +2,7 @@
 
 Chunk KV is keyed by the model's fingerprint and prompt prefix, so after a switch every ready chunk reads
 `stale` in coverage and questions compute its KV when they retrieve it. KVRefresh does that work ahead of
-them, through the same writer ingest uses (`ensure_chunk_kv`) and the scheduler at ingest priority (a
+them, through the same writer ingest uses (`KVSpace.ensure`) and the scheduler at ingest priority (a
 question never waits for more than one unit of it):
 
 1. chunks whose text another tokenizer encoded get this tokenizer's ids (`encode_chunk_text`: the chunker's
@@ -24,13 +24,12 @@ from typing import TYPE_CHECKING
 from app.catalog import DocumentStatus
 
 if TYPE_CHECKING:
-    from app.build import KVKey
     from app.catalog import Catalog
     from app.catalog.records import ChunkRecord
     from engine.engine import Engine
     from engine.scheduler import Scheduler
     from ingest.chunker import TokenizerLike
-    from kvcache.store import TieredKVStore
+    from kvcache.space import KVSpace
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +43,12 @@ class RefreshPlan:
     old_keys: list[str]  # recorded keys no ready chunk expects under the served model: evicted first
 
 
-def plan_refresh(catalog: Catalog, tokenizer: TokenizerLike, kv_key: KVKey) -> RefreshPlan:
-    """Find the stale chunks (re-tokenizing those of another tokenizer) and the entries to evict. `kv_key`:
-    the entry key under the served model."""
+def plan_refresh(catalog: Catalog, tokenizer: TokenizerLike, kv_space: KVSpace) -> RefreshPlan:
+    """Find the stale chunks (re-tokenizing those of another tokenizer) and the entries to evict. `kv_space`:
+    the served model's entries."""
     from ingest.chunker import encode_chunk_text
 
+    kv_key = kv_space.key
     ready = catalog.iter_chunks([DocumentStatus.READY])
     stale = [c for c in ready if c.kv_key != kv_key(c.token_ids)]
     recorded = {c.kv_key for c in ready if c.kv_key}
@@ -77,12 +77,11 @@ class KVRefresh:
         self,
         catalog: Catalog,
         engine: Engine,
-        store: TieredKVStore,
-        kv_key: KVKey,
+        kv_space: KVSpace,
         scheduler: Scheduler,
         plan: RefreshPlan,
     ) -> None:
-        self._catalog, self._engine, self._store, self._kv_key = catalog, engine, store, kv_key
+        self._catalog, self._engine, self._space = catalog, engine, kv_space
         self._scheduler = scheduler
         self.plan = plan
         self.num_done = 0
@@ -114,11 +113,10 @@ class KVRefresh:
     def run(self) -> None:
         """Evict the old entries, then compute and record the stale chunks' KV batch by batch."""
         from engine.scheduler import PrecomputePriority, SchedulerStopped
-        from kvcache.writer import ensure_chunk_kv
 
-        store, engine, catalog = self._store, self._engine, self._catalog
+        space, engine, catalog = self._space, self._engine, self._catalog
         for key in self.plan.old_keys:
-            store.delete(key)
+            space.store.delete(key)
         logger.info(
             "KV refresh for %s: %d old entries evicted, %d chunk(s) to compute",
             engine.served_model.name,
@@ -130,18 +128,16 @@ class KVRefresh:
             if self._stop.is_set():
                 return
             batch = stale[start : start + BATCH_CHUNKS]
+            keys = [space.key(c.token_ids) for c in batch]
             try:
-                written = ensure_chunk_kv(
-                    store,
+                written = space.ensure(
                     [c.token_ids for c in batch],
-                    model_fingerprint=engine.fingerprint,
-                    prefix_ids=engine.prompt.prefix_ids,
+                    keys=keys,
                     compute=lambda todo: self._scheduler.precompute_chunks(todo, priority=PrecomputePriority.INGEST),
                     batch_chunks=BATCH_CHUNKS,
                 )
             except SchedulerStopped:
                 return
-            keys = {c.id: self._kv_key(c.token_ids) for c in batch}
-            catalog.set_kv_keys({i: k for i, k in keys.items() if k not in written.unwritten})
+            catalog.set_kv_keys({c.id: k for c, k in zip(batch, keys, strict=True) if k not in written.unwritten})
             self.num_done += len(batch)
         logger.info("KV refresh for %s done: %d chunk(s) computed", engine.served_model.name, self.num_done)

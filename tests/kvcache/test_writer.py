@@ -8,9 +8,11 @@ import pytest
 import torch
 from kvtest_helpers import FINGERPRINT, PREFIX_IDS, make_kv, settings
 
+from kvcache.keys import chunk_key
+from kvcache.space import KVSpace
 from kvcache.store import TieredKVStore
 from kvcache.types import ChunkKV
-from kvcache.writer import ensure_chunk_kv
+from kvcache.writer import ComputeKV
 
 CHUNKS = [[100 + i, 7, 8] for i in range(5)]
 
@@ -26,10 +28,8 @@ class Compute:
         return [make_kv(ids[0]) for ids in chunks]
 
 
-def _ensure(store: TieredKVStore, chunks: list[list[int]], compute: Compute, **kwargs):
-    return ensure_chunk_kv(
-        store, chunks, model_fingerprint=FINGERPRINT, prefix_ids=PREFIX_IDS, compute=compute, **kwargs
-    )
+def _ensure(store: TieredKVStore, chunks: list[list[int]], compute: ComputeKV, **kwargs):
+    return KVSpace(store, FINGERPRINT, PREFIX_IDS).ensure(chunks, compute=compute, **kwargs)
 
 
 def test_only_missing_chunks_are_computed_in_batches_and_stored(tmp_path: Path) -> None:
@@ -39,7 +39,7 @@ def test_only_missing_chunks_are_computed_in_batches_and_stored(tmp_path: Path) 
     compute = Compute()
     progress: list[int] = []
     written = _ensure(store, CHUNKS + [CHUNKS[3]], compute, batch_chunks=2, on_batch=progress.append)
-    assert written.keys == [store.key_for(FINGERPRINT, PREFIX_IDS, ids) for ids in CHUNKS + [CHUNKS[3]]]
+    assert written.keys == [chunk_key(FINGERPRINT, PREFIX_IDS, ids) for ids in CHUNKS + [CHUNKS[3]]]
     assert (written.num_present, written.num_computed, written.unwritten) == (2, 3, frozenset())
     assert compute.calls == [[CHUNKS[2], CHUNKS[3]], [CHUNKS[4]]]  # the duplicate is computed once
     assert progress == [5, 6]  # 2 present + 3 after the first batch (the duplicate too), then all 6
@@ -51,7 +51,7 @@ def test_only_missing_chunks_are_computed_in_batches_and_stored(tmp_path: Path) 
 def test_known_missing_keys_skip_the_lookup(tmp_path: Path) -> None:
     store = TieredKVStore(settings(tmp_path))
     compute = Compute()
-    missing = store.key_for(FINGERPRINT, PREFIX_IDS, CHUNKS[1])
+    missing = chunk_key(FINGERPRINT, PREFIX_IDS, CHUNKS[1])
     written = _ensure(store, CHUNKS[:3], compute, missing_keys=[missing])
     assert compute.calls == [[CHUNKS[1]]]
     assert (written.num_present, written.num_computed) == (2, 1)
@@ -119,15 +119,7 @@ def test_a_batch_is_stored_while_the_next_one_is_computed(tmp_path: Path) -> Non
 
     store.put_entry = put_entry  # type: ignore[method-assign]
     progress: list[int] = []
-    written = ensure_chunk_kv(
-        store,
-        CHUNKS[:4],
-        model_fingerprint=FINGERPRINT,
-        prefix_ids=PREFIX_IDS,
-        compute=compute_and_signal,
-        batch_chunks=2,
-        on_batch=progress.append,
-    )
+    written = _ensure(store, CHUNKS[:4], compute_and_signal, batch_chunks=2, on_batch=progress.append)
     assert overlapped == [True, True]
     assert compute.calls == [CHUNKS[:2], CHUNKS[2:4]] and progress == [2, 4]
     assert written.num_computed == 4 and written.unwritten == frozenset()

@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING
 from app.services.ask.prompt import TurnKV
 
 if TYPE_CHECKING:
-    from app.build import KVKey
     from app.services.ask.types import AskPlan
     from engine.engine import Engine
     from engine.scheduler import Scheduler
-    from kvcache.store import TieredKVStore
+    from kvcache.space import KVSpace
     from kvcache.types import LayerKVSource
 
 logger = logging.getLogger(__name__)
@@ -36,8 +35,8 @@ class OpenedKV:
 class PromptKV:
     """Opens a planned prompt's KV: the stored entries of its chunks, then of its earlier turns."""
 
-    def __init__(self, engine: Engine, store: TieredKVStore, kv_key: KVKey, scheduler: Scheduler) -> None:
-        self._engine, self._store, self._kv_key, self._scheduler = engine, store, kv_key, scheduler
+    def __init__(self, engine: Engine, kv_space: KVSpace, scheduler: Scheduler) -> None:
+        self._engine, self._space, self._scheduler = engine, kv_space, scheduler
 
     def open(self, plan: AskPlan) -> OpenedKV:
         """Open the prompt's stored KV layer-wise (chunks, then earlier turns); KV the store lacks is
@@ -51,11 +50,10 @@ class PromptKV:
         from engine.scheduler import PrecomputePriority
         from kvcache.errors import KVEntryMissing
         from kvcache.format import StoredEntry
-        from kvcache.writer import ensure_chunk_kv
 
-        engine, store, scheduler = self._engine, self._store, self._scheduler
+        engine, space, scheduler = self._engine, self._space, self._scheduler
         chunk_ids = [c.token_ids for c in plan.ordered]
-        chunk_keys = [self._kv_key(ids) for ids in chunk_ids]
+        chunk_keys = [space.key(ids) for ids in chunk_ids]
         history = set(plan.history_keys)
         token_ids = chunk_ids + plan.layout.history_ids
         keys = chunk_keys + plan.history_keys
@@ -63,9 +61,7 @@ class PromptKV:
         missed: set[str] = set()
         for _attempt in range(OPEN_ATTEMPTS):
             try:
-                source = store.open_layers(
-                    keys, device=engine.device, dtype=engine.dtype, computed=computed, history_keys=history
-                )
+                source = space.open(keys, engine.device, engine.dtype, computed=computed, history_keys=history)
                 num_misses = len(missed - history)
                 return OpenedKV(
                     source=source,
@@ -76,11 +72,9 @@ class PromptKV:
             except KVEntryMissing as exc:
                 missed.update(exc.keys)
                 logger.info("computing the KV of %d segment(s) missing from the store", len(exc.keys))
-                written = ensure_chunk_kv(
-                    store,
+                written = space.ensure(
                     token_ids,
-                    model_fingerprint=engine.fingerprint,
-                    prefix_ids=engine.prompt.prefix_ids,
+                    keys=keys,
                     # The engine's worker computes them before any other prompt work: a question waits.
                     compute=lambda todo: scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
                     missing_keys=exc.keys,

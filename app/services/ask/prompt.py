@@ -1,11 +1,11 @@
 """The prompt of a question asked in a conversation, and the stored KV of its turns.
 
-`build_prompt` lays out `[prefix][chunks][turn 1]…[turn t-1][question]` with the turns the prompt budget kept
-(`budget.py`) that the model's context holds (oldest turns dropped first). `TurnKV` names each earlier turn's
-entry (keyed like a chunk's: model fingerprint + the server's prefix + the turn's token ids; the storage dtype is not
-part of a key) and writes the entry of a finished turn through the one KV writer (kvcache/writer.py): its
-segment precomputed behind the server's prefix, as a chunk is at ingest, into the store's history memory
-tier and the tiers below it.
+`build_prompt` lays out `[prefix][chunks][turn 1]…[turn t-1][question]` with the turns the prompt budget
+kept (`budget.py`) that the model's context holds (oldest turns dropped first). `TurnKV` names each earlier
+turn's entry (keyed like a chunk's: model fingerprint + the server's prefix + the turn's token ids; the
+storage dtype is not part of a key: `KVSpace.key`) and writes the entry of a finished turn through the one
+KV writer (`KVSpace.ensure`): its segment precomputed behind the server's prefix, as a chunk is at ingest,
+into the store's history memory tier and the tiers below it.
 
 Why a precompute and not the answer's working cache: the cache holds the turn's rows computed behind that
 turn's retrieved chunks (the entry would depend on them, and a stateless client resending the same turn
@@ -17,19 +17,15 @@ asked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.build import KVKey
     from engine.engine import Engine
     from engine.prompt import HistoryFit, PromptBuilder, Turn
     from engine.types import PromptLayout
-    from kvcache.store import TieredKVStore
-    from kvcache.types import ChunkKV
-
-ComputeKV = Callable[[list[list[int]]], "list[ChunkKV]"]
+    from kvcache.space import KVSpace
+    from kvcache.writer import ComputeKV
 
 
 @dataclass(frozen=True)
@@ -59,12 +55,12 @@ def build_prompt(
 class TurnKV:
     """Keys and writes of conversation-turn KV entries."""
 
-    def __init__(self, engine: Engine, store: TieredKVStore, kv_key: KVKey) -> None:
-        self._engine, self._store, self._kv_key = engine, store, kv_key
+    def __init__(self, engine: Engine, kv_space: KVSpace) -> None:
+        self._engine, self._space = engine, kv_space
 
     def keys(self, layout: PromptLayout) -> list[str]:
         """The entry key of each earlier turn in the layout (oldest first)."""
-        return [self._kv_key(ids) for ids in layout.history_ids]
+        return [self._space.key(ids) for ids in layout.history_ids]
 
     @staticmethod
     def reused_tokens(layout: PromptLayout, history_keys: list[str], missing: set[str]) -> int:
@@ -74,17 +70,7 @@ class TurnKV:
     def store_turn(self, turn: Turn, compute: ComputeKV) -> bool:
         """Compute and store the entry of a finished turn (unless stored already) through the one KV
         writer; False when no tier kept it (the next turn then computes it)."""
-        from kvcache.writer import ensure_chunk_kv
-
-        engine = self._engine
-        ids = engine.prompt.turn_ids(turn)
-        key = self._kv_key(ids)
-        written = ensure_chunk_kv(
-            self._store,
-            [ids],
-            model_fingerprint=engine.fingerprint,
-            prefix_ids=engine.prompt.prefix_ids,
-            compute=compute,
-            history_keys={key},
-        )
+        ids = self._engine.prompt.turn_ids(turn)
+        key = self._space.key(ids)
+        written = self._space.ensure([ids], keys=[key], compute=compute, history_keys={key})
         return key not in written.unwritten

@@ -44,7 +44,6 @@ from app.services.conversation_service import ConversationContext
 from app.services.estimates import PrefillRate
 
 if TYPE_CHECKING:
-    from app.build import KVKey
     from app.catalog import Catalog
     from app.catalog.records import ChunkRecord
     from app.metrics import Metrics
@@ -53,7 +52,7 @@ if TYPE_CHECKING:
     from engine.engine import Engine
     from engine.scheduler import Scheduler
     from engine.types import GenerationRequest
-    from kvcache.store import TieredKVStore
+    from kvcache.space import KVSpace
     from retrieval.followup import FollowupQuery
     from retrieval.retriever import Retriever
 
@@ -69,8 +68,7 @@ class AskService:
         catalog: Catalog,
         retriever: Retriever,
         engine: Engine,
-        store: TieredKVStore,
-        kv_key: KVKey,
+        kv_space: KVSpace,
         scheduler: Scheduler,
         conversations: ConversationService | None,
         metrics: Metrics | None = None,
@@ -87,8 +85,8 @@ class AskService:
         self._conversations = conversations
         self._recorder = AnswerRecorder(metrics, prefill_rate or PrefillRate())
         self._followup = FollowupService(settings.retrieval, retriever, engine, scheduler)
-        self._turn_kv = TurnKV(engine, store, kv_key)
-        self._kv = PromptKV(engine, store, kv_key, scheduler)
+        self._turn_kv = TurnKV(engine, kv_space)
+        self._kv = PromptKV(engine, kv_space, scheduler)
         self._finisher = TurnFinisher(
             self._recorder, self._turn_kv, scheduler, conversations, on_storage_fault, on_storage_ok
         )

@@ -12,21 +12,20 @@ from app.services.ingest.progress import Progress
 from app.services.ingest.types import IngestSource, JobError, WorkItem
 
 if TYPE_CHECKING:
-    from app.build import KVKey
     from app.catalog import Catalog
     from app.services.document_service import DocumentService
     from app.services.estimates import PrefillRate
     from app.settings import Settings
     from engine.engine import Engine
     from engine.scheduler import Scheduler
-    from kvcache.store import TieredKVStore
+    from kvcache.space import KVSpace
     from retrieval.retriever import Retriever
 
 
 @dataclass(frozen=True)
 class IngestEnv:
-    """What a job's stages use: the engine's tokenizer (chunk) and identity (KV keys), the retriever
-    (embed, index), the KV store, `scheduler` to compute the chunks' KV (questions go first; unstarted, it
+    """What a job's stages use: the engine's tokenizer (chunk), the retriever (embed, index), the served
+    model's KV space (keys and the KV writer), `scheduler` to compute the chunks' KV (questions go first; unstarted, it
     computes in the ingest thread) and `documents`, which deletes what a re-ingest replaces and knows which
     KV entries a running job holds."""
 
@@ -34,8 +33,7 @@ class IngestEnv:
     catalog: Catalog
     engine: Engine
     retriever: Retriever
-    store: TieredKVStore
-    kv_key: KVKey
+    kv_space: KVSpace
     scheduler: Scheduler
     documents: DocumentService
     prefill_rate: PrefillRate | None = None

@@ -222,15 +222,13 @@ def precompute_kv(ctx: JobContext) -> None:
     estimate (short prompts prefill faster per token than long ones: until a full-mode answer is
     observed it is on the low side)."""
     from engine.scheduler import PrecomputePriority
-    from kvcache.writer import ensure_chunk_kv
 
     env, tracker = ctx.env, ctx.progress
-    engine = env.engine
     live = ctx.live()
     token_ids = [c.token_ids for item in live for c in item.chunks]
     tracker.stage("kv", len(token_ids))
     for item in live:
-        item.kv_keys = [env.kv_key(c.token_ids) for c in item.chunks]
+        item.kv_keys = [env.kv_space.key(c.token_ids) for c in item.chunks]
         env.documents.kv_in_use.add(item.kv_keys)
 
     def on_batch(num_done: int) -> None:
@@ -239,11 +237,9 @@ def precompute_kv(ctx: JobContext) -> None:
 
     tracker.check_cancel()
     rate = env.prefill_rate
-    written = ensure_chunk_kv(
-        env.store,
+    written = env.kv_space.ensure(
         token_ids,
-        model_fingerprint=engine.fingerprint,
-        prefix_ids=engine.prompt.prefix_ids,
+        keys=[k for item in live for k in item.kv_keys],  # hashed once, above
         compute=lambda todo: env.scheduler.precompute_chunks(
             todo, priority=PrecomputePriority.INGEST, on_unit=rate.observe if rate is not None else None
         ),

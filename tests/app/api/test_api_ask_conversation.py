@@ -146,7 +146,7 @@ def test_missing_or_corrupt_turn_entry_is_recomputed(client: TestClient, corpus:
     store, services = state.services.store, state.services
     first = _ask(client, QUESTIONS[0], conversation_id="new")
     turn = Turn(QUESTIONS[0], first["answer"])
-    key = services.kv_key(services.engine.prompt.turn_ids(turn))
+    key = services.kv_space.key(services.engine.prompt.turn_ids(turn))
     assert store.contains(key) == "history_memory"
 
     store.delete(key)  # missing everywhere

@@ -43,16 +43,15 @@ def _services_on(settings, engine) -> Services:  # noqa: ANN001 - test helper
 
 
 def _plan(services: Services) -> RefreshPlan:
-    assert services.catalog is not None and services.engine is not None and services.kv_key is not None
-    return plan_refresh(services.catalog, services.engine.tokenizer, services.kv_key)
+    assert services.catalog is not None and services.engine is not None and services.kv_space is not None
+    return plan_refresh(services.catalog, services.engine.tokenizer, services.kv_space)
 
 
 def _refresh(services: Services, plan: RefreshPlan) -> KVRefresh:
     """The refresh on an unstarted scheduler: it computes inline."""
-    assert services.catalog is not None and services.engine is not None and services.store is not None
-    assert services.kv_key is not None
+    assert services.catalog is not None and services.engine is not None and services.kv_space is not None
     scheduler = Scheduler(services.engine)
-    return KVRefresh(services.catalog, services.engine, services.store, services.kv_key, scheduler, plan)
+    return KVRefresh(services.catalog, services.engine, services.kv_space, scheduler, plan)
 
 
 def test_a_model_switch_evicts_the_old_entries_then_recomputes_every_chunk(
@@ -76,7 +75,7 @@ def test_a_model_switch_evicts_the_old_entries_then_recomputes_every_chunk(
         assert refresh.num_done == len(old_keys)
         assert not any(switched.store.contains(k) for k in old_keys)  # evicted
         chunks = switched.catalog.iter_chunks()
-        assert all(c.kv_key == switched.kv_key(c.token_ids) for c in chunks)
+        assert all(c.kv_key == switched.kv_space.key(c.token_ids) for c in chunks)
         assert all(switched.store.contains(c.kv_key) for c in chunks)
         coverage = switched.coverage.compute()
         assert (coverage.chunks_fresh, coverage.chunks_stale, coverage.coverage) == (len(chunks), 0, 1.0)

@@ -77,7 +77,7 @@ def test_turns_are_recorded_and_their_kv_stored_before_done(services: Services, 
     new = ConversationRef("new")
     [first], _ = run(services, AskRequest(question="Where is Quintaro?", top_k=1, max_tokens=3, conversation=new))
     assert first.conversation_id is not None
-    key = services.kv_key(services.engine.prompt.turn_ids(Turn("Where is Quintaro?", first.answer)))
+    key = services.kv_space.key(services.engine.prompt.turn_ids(Turn("Where is Quintaro?", first.answer)))
     assert services.store.contains(key) == "history_memory"
     context = conversations.open(first.conversation_id, owner=None, readable=None, searched=None)
     assert context.history == (Turn("Where is Quintaro?", first.answer),)

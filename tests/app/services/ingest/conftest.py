@@ -16,14 +16,13 @@ from app.services.ingest.worker import job_context
 @pytest.fixture
 def env(services: Services) -> IngestEnv:
     assert services.catalog is not None and services.engine is not None and services.retriever is not None
-    assert services.store is not None and services.kv_key is not None and services.documents is not None
+    assert services.kv_space is not None and services.documents is not None
     return IngestEnv(
         settings=services.settings,
         catalog=services.catalog,
         engine=services.engine,
         retriever=services.retriever,
-        store=services.store,
-        kv_key=services.kv_key,
+        kv_space=services.kv_space,
         scheduler=new_scheduler(services.settings, services.engine),
         documents=services.documents,
     )

@@ -44,7 +44,7 @@ def test_text_documents_become_ready_with_index_and_kv(services: Services) -> No
         chunks = services.catalog.chunks_of(doc_id)
         assert len(chunks) == doc.num_chunks >= 1
         for c in chunks:
-            assert c.kv_key == services.kv_key(c.token_ids)
+            assert c.kv_key == services.kv_space.key(c.token_ids)
             assert services.store.contains(c.kv_key) is not None
     assert set(services.retriever.chunk_ids()) == {c.id for c in services.catalog.iter_chunks()}
     report = run_doctor(services.doctor_parts(), repair=False)

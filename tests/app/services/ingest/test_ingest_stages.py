@@ -47,7 +47,7 @@ def test_the_stages_in_order_commit_exact_chunk_ids_with_their_progress(services
     kv = counts(ctx, "kv")
     tokens = sum(len(c.token_ids) for i in ctx.items for c in i.chunks)
     assert (kv["done"], kv["total"], kv["tokens"]) == (2, 2, tokens)
-    assert [i.kv_keys for i in ctx.items] == [[services.kv_key(c.token_ids) for c in i.chunks] for i in ctx.items]
+    assert [i.kv_keys for i in ctx.items] == [[services.kv_space.key(c.token_ids) for c in i.chunks] for i in ctx.items]
     # Not yet committed: the documents are pending, nothing is searchable, but the KV is stored.
     assert services.catalog.get_document(doc_a).status == DocumentStatus.PENDING
     assert services.retriever.chunk_ids() == []

@@ -1,0 +1,110 @@
+"""The KV space of a served model: one store, one model fingerprint, one prompt prefix.
+
+Every chunk (or conversation turn) KV entry the server writes or reads is named by the same three things:
+the model that computed it, the prefix it was computed behind, and its own token ids (kvcache/keys.py).
+`KVSpace` holds the first two beside the store, so a caller hands over token ids only and the key of a
+chunk can be computed one way:
+
+    space = KVSpace.of_engine(store, engine)       # the composition root makes one (app/build.py)
+    key = space.key(chunk_ids)                       # what a catalog row records
+    written = space.ensure(chunks, compute=...)      # compute and store what the store lacks (kvcache.writer)
+    with space.open(written.keys, device, dtype) as source: ...  # layer-wise, as a question reads it
+
+kvcache imports no engine: `of_engine` takes anything with a `fingerprint` and a `prompt.prefix_ids`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from kvcache.keys import chunk_key
+from kvcache.writer import DEFAULT_BATCH_CHUNKS, ChunkKVWrite, ComputeKV, ensure_chunk_kv
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvcache.format import StoredEntry
+    from kvcache.loader import StoreLayerSource
+    from kvcache.store import TieredKVStore
+
+
+class _HasPrefix(Protocol):
+    @property
+    def prefix_ids(self) -> Sequence[int]: ...
+
+
+class ServedModel(Protocol):
+    """What `KVSpace.of_engine` reads of an engine."""
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    @property
+    def prompt(self) -> _HasPrefix: ...
+
+
+class KVSpace:
+    """The entries of one model behind one prefix in one store: their keys, their writes, their reads."""
+
+    def __init__(self, store: TieredKVStore, model_fingerprint: str, prefix_ids: Sequence[int]) -> None:
+        if not model_fingerprint:
+            raise ValueError("a KV space needs a model fingerprint")
+        self.store = store
+        self.model_fingerprint = model_fingerprint
+        self.prefix_ids: tuple[int, ...] = tuple(prefix_ids)
+
+    @classmethod
+    def of_engine(cls, store: TieredKVStore, engine: ServedModel) -> KVSpace:
+        """The space of `engine`'s model behind its prompt prefix (the server's system prompt)."""
+        return cls(store, engine.fingerprint, engine.prompt.prefix_ids)
+
+    def key(self, token_ids: Sequence[int]) -> str:
+        """The entry key of a chunk's (or turn's) token ids, whatever the storage dtype."""
+        return chunk_key(self.model_fingerprint, self.prefix_ids, token_ids)
+
+    def ensure(
+        self,
+        chunks: Sequence[Sequence[int]],
+        *,
+        compute: ComputeKV,
+        keys: Sequence[str] | None = None,
+        keep_entries: bool = False,
+        batch_chunks: int = DEFAULT_BATCH_CHUNKS,
+        missing_keys: Sequence[str] | None = None,
+        on_batch: Callable[[int], None] | None = None,
+        history_keys: Collection[str] = (),
+    ) -> ChunkKVWrite:
+        """Make sure every chunk's KV is stored (`kvcache.writer.ensure_chunk_kv`). `keys`: the chunks' keys
+        when the caller has them already from `self.key` (ingest records them), so each is hashed once."""
+        if keys is None:
+            keys = [self.key(ids) for ids in chunks]
+        elif len(keys) != len(chunks):
+            raise ValueError(f"{len(keys)} keys for {len(chunks)} chunks")
+        return ensure_chunk_kv(
+            self.store,
+            chunks,
+            list(keys),
+            model_fingerprint=self.model_fingerprint,
+            compute=compute,
+            keep_entries=keep_entries,
+            batch_chunks=batch_chunks,
+            missing_keys=missing_keys,
+            on_batch=on_batch,
+            history_keys=history_keys,
+        )
+
+    def open(
+        self,
+        keys: list[str],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype | None = None,
+        *,
+        computed: Mapping[str, StoredEntry] | None = None,
+        history_keys: Collection[str] = (),
+        prefetch: bool | None = None,
+    ) -> StoreLayerSource:
+        """Serve these entries layer by layer (`TieredKVStore.open_layers`; raises `KVEntryMissing`)."""
+        return self.store.open_layers(
+            keys, device=device, dtype=dtype, computed=computed, history_keys=history_keys, prefetch=prefetch
+        )
