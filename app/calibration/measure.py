@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from engine.engine import Engine
     from engine.types import BlendConfig, Mode, PromptLayout
     from kvcache.config import KVCacheSettings
-    from kvcache.store import TieredKVStore
+    from kvcache.space import KVSpace
 
 logger = logging.getLogger(__name__)
 
@@ -106,14 +106,20 @@ class CalibrationSet:
         kv_settings: KVCacheSettings,
         execute: Execute | None = None,
     ) -> None:
+        from kvcache.config import KVCacheSettings
+        from kvcache.space import KVSpace
         from kvcache.store import TieredKVStore
 
         self.engine = engine
         # Every case's engine work goes through `execute` (the server hands it to the engine's worker thread).
         self.execute: Execute = execute or (lambda work: work())
         self.cases = cases
-        settings = kv_settings.model_copy(update={"dir": None, "memory_bytes": 1 << 40, "remote_url": None})
-        self.store: TieredKVStore = TieredKVStore(settings)
+        # A private memory-only store in the server's storage dtype: never the data dir's disk tier nor a
+        # shared Redis tier (the set's entries are not the library's). Validated, so a wrong field name fails.
+        settings = KVCacheSettings.model_validate(
+            kv_settings.model_dump() | {"dir": None, "memory_bytes": 1 << 40, "redis_url": None}
+        )
+        self.kv: KVSpace = KVSpace.of_engine(TieredKVStore(settings), engine)
         self.storage_dtype = settings.storage_dtype
         self._prepared: list[_Prepared] = []
         self._refs: list[_Reference] = []
@@ -126,7 +132,6 @@ class CalibrationSet:
     def _prepare_case(self, case: CalibrationCase) -> None:
         from engine.prompt import Turn
         from ingest.chunker import encode_chunk_text
-        from kvcache.writer import ensure_chunk_kv
 
         engine, prompt = self.engine, self.engine.prompt
         chunk_ids = [encode_chunk_text(engine.tokenizer, text) for text in case.passages]
@@ -136,13 +141,7 @@ class CalibrationSet:
             answer = self._run(first, "full", None, [], expected=None).answer
             history = [prompt.turn_ids(Turn(case.first_question, answer))]
         layout = prompt.layout_ranked(chunk_ids, case.question, history)
-        written = ensure_chunk_kv(
-            self.store,
-            layout.chunk_ids,
-            model_fingerprint=engine.fingerprint,
-            prefix_ids=prompt.prefix_ids,
-            compute=engine.precompute_chunks,
-        )
+        written = self.kv.ensure(layout.chunk_ids, compute=engine.precompute_chunks)
         answer_ids = list(engine.tokenizer.encode(case.answer, add_special_tokens=False))
         prepared = _Prepared(case, layout, written.keys, answer_ids)
         self._prepared.append(prepared)
@@ -172,7 +171,7 @@ class CalibrationSet:
         from engine.types import GenerationRequest, TokenEvent
 
         engine = self.engine
-        source = self.store.open_layers(keys, device=engine.device, dtype=engine.dtype) if keys else None
+        source = self.kv.open(keys, engine.device, engine.dtype) if keys else None
         try:
             scored = engine.score(layout, source, mode, blend, target_ids, extra_capacity=MAX_ANSWER_TOKENS + 1)
         finally:
