@@ -43,7 +43,7 @@ class EngineSettings(BaseModel):
     model: str = Field(
         default=DEFAULT_MODEL,
         description="a catalogue name (`blendrag models`: qwen2.5-coder-0.5b, smollm2-135m alias builtin, "
-        "qwen2.5-coder-1.5b), a local GGUF file (llama, qwen2, mistral) or a local Hugging Face checkpoint dir",
+        "qwen2.5-coder-1.5b), a local GGUF file (llama, mistral, qwen2, qwen3) or a local Hugging Face checkpoint dir",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="auto: cuda when torch sees a GPU, else cpu"

@@ -286,10 +286,15 @@ class Transformer:
         q, k, v = qkv.split([heads * d, kv_heads * d, kv_heads * d], dim=-1)
         # RoPE is applied in the (B, n, heads, D) layout the GEMM produced: rotating a transposed view
         # is far slower on CPU because every element access is strided.
+        q = q.view(bsz, n, heads, d)
         k = k.view(bsz, n, kv_heads, d)  # before RoPE
         v = v.view(bsz, n, kv_heads, d)
+        if w.q_norm is not None and w.k_norm is not None:
+            # Qwen3: an RMSNorm over each head's queries and keys before RoPE; the stored K is the normed one.
+            q = rms_norm(q, w.q_norm, cfg.rms_norm_eps)
+            k = rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         k_rot = apply_rope(k, cos, sin)
-        q = apply_rope(q.view(bsz, n, heads, d), cos, sin)
+        q = apply_rope(q, cos, sin)
         return q, k, k_rot, v
 
     def output_and_mlp(self, idx: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:

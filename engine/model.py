@@ -1,4 +1,4 @@
-"""Llama-family checkpoints (Llama 2/3, Mistral, Qwen2, SmolLM2) loaded into plain tensors.
+"""Llama-family checkpoints (Llama 2/3, Mistral, Qwen2, Qwen3 dense, SmolLM2) loaded into plain tensors.
 
 transformers is only used to read the config and to compute RoPE inverse frequencies; the weights are
 read straight from the safetensors files and the forward pass lives in engine/layers.py. Per layer the
@@ -18,7 +18,8 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+QK_NORM_MODEL_TYPES = ("qwen3",)  # an RMSNorm over each head's queries and keys before RoPE
 # Bump when the numerics of the forward pass change, so stored chunk KV is recomputed, never reused stale.
 ENGINE_NUMERICS_VERSION = "blendrag-engine-1"
 
@@ -64,6 +65,8 @@ class LayerWeights:
     b_gate_up: torch.Tensor | None
     w_down: torch.Tensor  # (hidden, intermediate)
     b_down: torch.Tensor | None
+    q_norm: torch.Tensor | None = None  # (head_dim,) Qwen3: RMSNorm weight over each head's queries, before RoPE
+    k_norm: torch.Tensor | None = None  # (head_dim,) Qwen3: the same over each head's keys
 
 
 @dataclass
@@ -95,7 +98,8 @@ def _read_config(path: Path) -> tuple[Any, ModelConfig]:
     hf = AutoConfig.from_pretrained(path, local_files_only=True)
     if hf.model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(
-            f"{path}: model_type {hf.model_type!r} is not supported; expected one of {SUPPORTED_MODEL_TYPES}"
+            f"{path}: architecture (model_type) {hf.model_type!r} is not supported; the engine computes "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
     act = getattr(hf, "hidden_act", "silu")
     if act != "silu":
@@ -209,6 +213,7 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Loade
 
     layers: list[LayerWeights] = []
     qkv_sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
+    qk_norm = cfg.model_type in QK_NORM_MODEL_TYPES
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         wq, wk, wv = (_take(tensors, p + f"self_attn.{n}_proj.weight") for n in "qkv")
@@ -230,6 +235,8 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Loade
                 b_gate_up=cvt(_cat_optional([bgate, bup], [cfg.intermediate_size] * 2, wgate)),
                 w_down=cvt(_take(tensors, p + "mlp.down_proj.weight")),  # type: ignore[arg-type]
                 b_down=cvt(_take(tensors, p + "mlp.down_proj.bias", required=False)),
+                q_norm=cvt(_take(tensors, p + "self_attn.q_norm.weight")) if qk_norm else None,
+                k_norm=cvt(_take(tensors, p + "self_attn.k_norm.weight")) if qk_norm else None,
             )
         )
     embed = cvt(_take(tensors, "model.embed_tokens.weight"))

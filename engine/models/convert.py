@@ -19,7 +19,8 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-GGUF_ARCHITECTURES = ("llama", "qwen2", "mistral")  # what the engine's layer loop computes
+# What the engine's layer loop computes (engine.model.SUPPORTED_MODEL_TYPES, not imported: it needs torch).
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 MARKER = "blendrag-model.json"
 
 
@@ -34,6 +35,7 @@ class GGUFFacts:
     file_type: str  # origin quantisation, e.g. "Q4_K_M"
     num_layers: int
     num_parameters: int  # weights stored in the file
+    head_dim: int | None = None  # `<arch>.attention.key_length`, when the file records it
 
 
 def read_gguf_facts(path: Path) -> GGUFFacts:
@@ -61,7 +63,25 @@ def read_gguf_facts(path: Path) -> GGUFFacts:
         file_type=file_type_name,
         num_layers=int(field(f"{arch}.block_count") or 0),
         num_parameters=sum(int(t.n_elements) for t in reader.tensors),
+        head_dim=int(key_length) if (key_length := field(f"{arch}.attention.key_length")) is not None else None,
     )
+
+
+def _head_dim_config(gguf: Path, facts: GGUFFacts) -> dict[str, object]:
+    """`{"config": …}` with the file's head_dim when transformers would read another one, else nothing.
+
+    transformers' GGUF config mapping drops `attention.key_length`, so a config that has a head_dim field
+    falls back on its default (Qwen3's is 128: right for Qwen3's released sizes, wrong for any model whose
+    heads differ). A model whose head_dim is the default converts exactly as before (same config.json, so the
+    same fingerprint and the same shipped calibration records)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    default = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if facts.head_dim is None or facts.head_dim == default:
+        return {}
+    config.head_dim = facts.head_dim
+    return {"config": config}
 
 
 def is_converted(target: Path) -> bool:
@@ -80,7 +100,8 @@ def convert_gguf(gguf: Path, target: Path, source: dict[str, object]) -> Path:
     facts = read_gguf_facts(gguf)
     if facts.architecture not in GGUF_ARCHITECTURES:
         raise ConversionError(
-            f"{gguf.name}: architecture {facts.architecture!r} is not supported; expected one of {GGUF_ARCHITECTURES}"
+            f"{gguf.name}: architecture {facts.architecture!r} is not supported; the engine computes "
+            f"{', '.join(GGUF_ARCHITECTURES)}"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info(
@@ -94,7 +115,9 @@ def convert_gguf(gguf: Path, target: Path, source: dict[str, object]) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **_head_dim_config(gguf, facts)
+        )
         # save_pretrained refuses a model that still looks quantized; the weights are already dequantized.
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config

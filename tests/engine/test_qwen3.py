@@ -1,0 +1,145 @@
+"""Qwen3 (dense): Qwen2's layer with an RMSNorm over each head's queries and keys before RoPE, no q/k/v
+bias and a head_dim of its own (here 24, while hidden / heads is 16). Checked against transformers' forward
+from a Hugging Face dir and from a GGUF file, and blend at ratio 1 against full prefill on it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import gguf
+import pytest
+import torch
+from enginetest_tiny import build_model, hf_logits, random_chunks
+from gguf_writer import write_gguf
+
+from engine.config import EngineSettings
+from engine.engine import Engine
+from engine.layers import Transformer
+from engine.model import ModelLoadError, load_model
+from engine.models.convert import GGUF_ARCHITECTURES, ConversionError, convert_gguf
+from engine.models.resolve import resolve_model
+from engine.phases import extend
+from engine.types import BlendConfig
+from engine.working_cache import WorkingCache
+from kvcache.types import InMemoryLayerSource
+
+HEAD_DIM = 24
+ATOL = 1e-4  # the issue's target is 1e-3; float32 on the CPU holds to this
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("qwen3"), "qwen3", seed=5, head_dim=HEAD_DIM)
+
+
+@pytest.fixture(scope="module")
+def qwen3_engine(qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    settings = EngineSettings(model=str(qwen3_dir), device="cpu", dtype="float32")
+    return Engine(settings, models_dir=tmp_path_factory.mktemp("models"))
+
+
+def _logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
+    tf = Transformer(load_model(model_dir, "float32", "cpu"))
+    cfg = tf.cfg
+    cache = WorkingCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(ids), tf.dtype, tf.device)
+    return extend(tf, cache, ids, all_logits=True)
+
+
+def test_the_checkpoint_loads_with_qk_norms_no_bias_and_its_own_head_dim(qwen3_dir: Path) -> None:
+    model = load_model(qwen3_dir, "float32", "cpu")
+    cfg = model.config
+    assert (cfg.model_type, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == ("qwen3", 64, 4, 2, 24)
+    assert (cfg.q_size, cfg.kv_size) == (96, 48)
+    layer = model.weights.layers[0]
+    assert layer.q_norm is not None and layer.q_norm.shape == (HEAD_DIM,)
+    assert layer.k_norm is not None and layer.k_norm.shape == (HEAD_DIM,)
+    assert layer.bqkv is None and layer.bo is None
+    assert layer.wqkv.shape == (96 + 2 * 48, 64) and layer.wo.shape == (64, 96)
+
+
+def test_logits_match_transformers(qwen3_dir: Path) -> None:
+    ids = random_chunks([120], seed=3)[0]
+    ours, ref = _logits(qwen3_dir, ids), hf_logits(qwen3_dir, ids)
+    torch.testing.assert_close(ours[0], ref[0], atol=ATOL, rtol=0)  # the first token's
+    torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)  # and every later one's
+
+
+def test_without_the_qk_norms_the_logits_differ(qwen3_dir: Path, tmp_path: Path) -> None:
+    """The norms are what make it Qwen3: the same weights read as Qwen2 (no norms) answer otherwise."""
+    as_qwen2 = tmp_path / "as-qwen2"
+    shutil.copytree(qwen3_dir, as_qwen2)
+    config = json.loads((as_qwen2 / "config.json").read_text())
+    (as_qwen2 / "config.json").write_text(json.dumps(config | {"model_type": "qwen2"}))
+    ids = random_chunks([30], seed=4)[0]
+    assert (_logits(as_qwen2, ids) - _logits(qwen3_dir, ids)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [BlendConfig(1.0, selector="query"), BlendConfig(1.0, selector="deviation", check_layers=(1,))],
+    ids=["query", "deviation"],
+)
+def test_blend_ratio_one_equals_full_prefill(qwen3_engine: Engine, cfg: BlendConfig) -> None:
+    chunks = random_chunks([23, 40, 17], seed=11)
+    layout = qwen3_engine.prompt.layout(chunks, "who jumps over the lazy dog?")
+    source = InMemoryLayerSource(qwen3_engine.precompute_chunks(chunks))
+    full = qwen3_engine.prompt_pass(layout, None, "full")
+    blend = qwen3_engine.prompt_pass(layout, source, "blend", cfg)
+    torch.testing.assert_close(blend.logits, full.logits, atol=ATOL, rtol=0)
+    n = layout.num_tokens
+    torch.testing.assert_close(blend.cache.k[:, :, :, :n], full.cache.k[:, :, :, :n], atol=ATOL, rtol=0)
+    assert blend.num_recomputed_tokens == layout.num_context_tokens
+    ref = hf_logits(Path(qwen3_engine.settings.model), layout.all_ids())[-1]
+    torch.testing.assert_close(full.logits, ref, atol=ATOL, rtol=0)
+
+
+def test_a_qwen3_gguf_converts_to_the_same_model(qwen3_dir: Path, tmp_path: Path) -> None:
+    gguf_file = write_gguf(qwen3_dir, tmp_path / "downloads" / "tiny-qwen3.F32.gguf")
+    resolved = resolve_model(str(gguf_file), tmp_path / "models")
+    assert (resolved.identity.source, resolved.identity.architecture) == ("gguf", "qwen3")
+    config = json.loads((resolved.path / "config.json").read_text())
+    assert (config["model_type"], config["head_dim"]) == ("qwen3", HEAD_DIM)  # kept, not Qwen3's default 128
+    ids = random_chunks([60], seed=6)[0]
+    torch.testing.assert_close(_logits(resolved.path, ids), hf_logits(qwen3_dir, ids), atol=ATOL, rtol=0)
+    from transformers import AutoTokenizer
+
+    text = "The quick brown fox: café 東京"
+    original, converted = AutoTokenizer.from_pretrained(qwen3_dir), AutoTokenizer.from_pretrained(resolved.path)
+    assert converted(text)["input_ids"] == original(text)["input_ids"]
+    messages = [{"role": "user", "content": "who jumps?"}]
+    assert converted.apply_chat_template(messages, tokenize=False) == original.apply_chat_template(
+        messages, tokenize=False
+    )
+
+
+def test_an_unknown_architecture_is_named_with_the_supported_ones(qwen3_dir: Path, tmp_path: Path) -> None:
+    other = tmp_path / "olmo2"
+    shutil.copytree(qwen3_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(config | {"model_type": "olmo2"}))
+    with pytest.raises(ModelLoadError) as err:
+        load_model(other, "float32", "cpu")
+    assert str(err.value) == (
+        f"{other}: architecture (model_type) 'olmo2' is not supported; the engine computes llama, mistral, qwen2, qwen3"
+    )
+    phi = tmp_path / "phi3.gguf"
+    writer = gguf.GGUFWriter(str(phi), "phi3")
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ConversionError) as gguf_err:
+        convert_gguf(phi, tmp_path / "models" / "phi3", {})
+    assert str(gguf_err.value) == (
+        "phi3.gguf: architecture 'phi3' is not supported; the engine computes llama, mistral, qwen2, qwen3"
+    )
+    assert not (tmp_path / "models").exists()
+
+
+def test_the_gguf_and_checkpoint_architecture_lists_agree() -> None:
+    from engine.model import SUPPORTED_MODEL_TYPES
+
+    assert GGUF_ARCHITECTURES == SUPPORTED_MODEL_TYPES
