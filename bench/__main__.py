@@ -27,6 +27,7 @@ from bench import (
     peers,
     profile,
     quality,
+    random_model,
     scaleout,
     throughput,
     ttft,
@@ -51,6 +52,7 @@ SUBCOMMANDS: tuple[harness.Command, ...] = (
     harness.Command(profile, harness.DEFAULT_MUSIQUE, examples=1, passages=6, blend=True),
     harness.Command(peers, harness.DEFAULT_MUSIQUE, examples=5, passages=6, blend=True),
     harness.Command(calibrate, NO_DATASET, examples=0, passages=6),
+    harness.Command(random_model),
 )
 
 

@@ -86,6 +86,7 @@ class PreparedPrompt:
         self.kvs = kvs  # one per chunk, in prompt order, computed behind the engine's prefix
         self.prompt = prompt
         self._stores: dict[str, tuple[TieredKVStore, list[str]]] = {}
+        self._device_kvs: list[ChunkKV] | None = None
 
     @classmethod
     def compute(cls, engine: Engine, prompt: BenchPrompt) -> PreparedPrompt:
@@ -121,9 +122,23 @@ class PreparedPrompt:
         from kvcache.types import InMemoryLayerSource
 
         if storage_dtype == ENGINE_KV:
-            return InMemoryLayerSource(self.kvs, device=self.engine.device, dtype=self.engine.dtype)
+            # On an accelerator the engine's own tensors are moved there once: chunks resident on the device,
+            # as the hot chunks a server keeps there would be (nothing crosses the bus per request).
+            return InMemoryLayerSource(self._resident_kvs(), device=self.engine.device, dtype=self.engine.dtype)
         store, keys = self.store(storage_dtype)
         return store.open_layers(keys, device=self.engine.device, dtype=self.engine.dtype)
+
+    def _resident_kvs(self) -> list[ChunkKV]:
+        from kvcache.types import ChunkKV
+
+        device = self.engine.device
+        if device.type == "cpu":
+            return self.kvs
+        if self._device_kvs is None:
+            self._device_kvs = [
+                ChunkKV(k=kv.k.to(device, self.engine.dtype), v=kv.v.to(device, self.engine.dtype)) for kv in self.kvs
+            ]
+        return self._device_kvs
 
     def stored_bytes(self, storage_dtype: str) -> int:
         """Tensor bytes the memory tier holds for these chunks in `storage_dtype` (int8: with scales)."""

@@ -66,16 +66,37 @@ def op_table(events: Any, num_passes: int, top: int) -> list[dict[str, Any]]:
     ]
 
 
+# CUDA runtime calls a prompt pass should make few of: kernel launches, copies, and the host waiting for the device.
+RUNTIME_CALLS = {
+    "launches": ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx"),
+    "copies": ("cudaMemcpyAsync", "cudaMemcpy"),
+    "syncs": ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize"),
+}
+
+
+def runtime_calls(events: Any, num_passes: int) -> dict[str, float]:
+    """Per pass: CUDA kernel launches, host↔device copies and host syncs (all 0 on a CPU)."""
+    counts = {name: 0 for name in RUNTIME_CALLS}
+    for e in events:
+        for name, keys in RUNTIME_CALLS.items():
+            if e.key in keys:
+                counts[name] += e.count
+    return {name: round(count / num_passes, 1) for name, count in counts.items()}
+
+
 def profile_modes(
     engine: Any, prepared: list[PreparedPrompt], specs: list[ModeSpec], kv_dtype: str, repeats: int, top: int
 ) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
+    activities = [ProfilerActivity.CPU]
+    if engine.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
     out: dict[str, Any] = {}
     for spec in specs:
         _run(engine, prepared[0], spec, kv_dtype)  # first-call costs stay out of the table
         plain = [_run(engine, ex, spec, kv_dtype) for ex in prepared for _ in range(repeats)]
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with profile(activities=activities) as prof:
             profiled = [_run(engine, ex, spec, kv_dtype) for ex in prepared for _ in range(repeats)]
         events = prof.key_averages()
         num_passes = len(profiled)
@@ -83,6 +104,7 @@ def profile_modes(
             "ttft_s_median": round(statistics.median(plain), 4),
             "ttft_s_median_profiled": round(statistics.median(profiled), 4),
             "self_cpu_ms_per_pass": round(sum(e.self_cpu_time_total for e in events) / 1000 / num_passes, 2),
+            "runtime_calls_per_pass": runtime_calls(events, num_passes),
             "ops": op_table(events, num_passes, top),
         }
         logger.info(
@@ -100,8 +122,12 @@ def markdown(result: dict[str, Any]) -> str:
         "",
     ]
     for name, mode in result["modes"].items():
+        calls = mode.get("runtime_calls_per_pass", {})
         lines += [
             f"### {name}: TTFT {mode['ttft_s_median']:.3f} s (profiled {mode['ttft_s_median_profiled']:.3f} s)",
+            "",
+            f"CUDA per pass: {calls.get('launches', 0):g} launches, {calls.get('copies', 0):g} copies, "
+            f"{calls.get('syncs', 0):g} syncs",
             "",
             "| op | self CPU ms / pass | share | calls / pass |",
             "|---|---:|---:|---:|",

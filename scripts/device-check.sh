@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The GPU path measured in one command (one NVIDIA GPU, no network, ~6 minutes on an H200):
+#   - the sync-free prompt pass under torch.cuda.set_sync_debug_mode("error") (tests/engine/test_host_syncs.py)
+#   - random-weight checkpoints of real shapes written on the device (bench/random_model.py) with the default
+#     model's tokenizer: Qwen2.5-0.5B (the default model's shape), Mistral-7B, Qwen2.5-7B
+#   - `bench ttft` on each, bfloat16, every mode: chunk KV from the store in int4 (the server's default: one
+#     copy per layer across the bus) and device-resident (the engine's tensors on the GPU, nothing crosses)
+#   - `bench quality` at ratio 1 in float32 (exactness: first-token KL of blend against full prefill)
+#   - `bench profile` (kernel launches, copies and host syncs per prompt pass)
+#   - decode tokens/s of one client
+# Needs what scripts/device-prep.sh puts under .device/ (wheels, tokenizer, data): carry `.device`.
+# Results go to $OUT (or ./device-check-out), packed into one archive device-check.tgz.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-./device-check-out}
+mkdir -p "$OUT"
+LOG="$OUT/device-check.log"
+SHAPES=${SHAPES:-"qwen2.5-0.5b mistral-7b qwen2.5-7b"}
+MODELS=${MODELS:-/tmp/blendrag-random-models}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export BLENDRAG_MODELS_DIR=${BLENDRAG_MODELS_DIR:-/tmp/blendrag-models}
+step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+run() { "$@" >>"$LOG" 2>&1 || echo "!! failed ($?): $*" | tee -a "$LOG"; }
+
+if [ -d .device/whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl
+    export PYTHONPATH=/tmp/site:$PWD
+else
+    export PYTHONPATH=$PWD
+fi
+step "environment"
+{ nvidia-smi; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'; lscpu | head -20; } >"$OUT/env.txt" 2>&1
+
+step "no host sync in any prompt pass (CUDA)"
+run python3 -m pytest -q -p no:cacheprovider tests/engine/test_host_syncs.py tests/kvcache/test_staging.py
+
+DATA=.device/data/musique_dev.json
+for shape in $SHAPES; do
+    model="$MODELS/$shape"
+    step "write $shape"
+    run python3 -m bench random-model --shape "$shape" --tokenizer .device/tokenizer --out "$model"
+    for kv in int4 fp32; do
+        step "ttft $shape kv=$kv"
+        run python3 -m bench ttft --model "$model" --dataset "$DATA" --examples 5 --passages 6 --dtype bfloat16 \
+            --ratios 0.15,0.3 --kv-dtype "$kv" --no-rss --out "$OUT/ttft-$shape-$kv.json"
+    done
+    if [ "$shape" = "mistral-7b" ]; then
+        step "profile $shape"
+        run python3 -m bench profile --model "$model" --dataset "$DATA" --examples 1 --passages 6 --dtype bfloat16 \
+            --repeats 2 --kv-dtype int4 --out "$OUT/profile-$shape.json"
+    fi
+    if [ "$shape" = "qwen2.5-0.5b" ]; then
+        step "exactness $shape (float32, ratio 1)"
+        run python3 -m bench quality --model "$model" --dataset "$DATA" --examples 3 --passages 6 --dtype float32 \
+            --ratios 1.0 --kv-dtype fp32 --max-tokens 4 --out "$OUT/quality-$shape-fp32.json"
+        step "decode $shape (one client)"
+        run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --out "$OUT/decode-$shape.json"
+    fi
+    rm -rf "$model"
+done
+step "done"
+tar czf "$OUT/device-check.tgz" -C "$OUT" --exclude device-check.tgz . 2>/dev/null
+ls -la "$OUT"
