@@ -54,7 +54,8 @@ def conversion_lock(models_dir: Path, name: str) -> Iterator[None]:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            logger.info("model %s is being converted by another process into %s; waiting for it", name, models_dir)
+            # A warning, so that a CLI command (which logs warnings only) says why it sits still for minutes.
+            logger.warning("model %s is being converted by another process into %s; waiting for it", name, models_dir)
             t0 = time.perf_counter()
             fcntl.flock(fh, fcntl.LOCK_EX)
             logger.info("waited %.1f s for the other conversion of %s", time.perf_counter() - t0, name)
