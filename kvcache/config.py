@@ -45,6 +45,13 @@ class KVCacheSettings(BaseModel):
     int4_v_group: int = Field(
         default=192, ge=2, le=4096, description="int4: channels per V group (at most; all heads of a token)"
     )
+    device_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Device tier budget on an accelerator (hot chunks' KV in GPU memory, in the compute dtype, in "
+        "front of every other tier); None: a quarter of the device's free memory at first use; 0 disables it. "
+        "A CPU server has no device tier",
+    )
     memory_bytes: int = Field(default=512 * MiB, ge=0, description="Memory tier budget; 0 disables it")
     history_memory_bytes: int = Field(
         default=128 * MiB,

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 from kvcache.closing import Closing
+from kvcache.device_tier import DeviceEntry
 from kvcache.errors import KVEntryCorrupt
 from kvcache.format import (
     EntryMeta,
@@ -61,9 +62,10 @@ class ResolvedChunk:
     """One unique entry of a prompt, bound to the tier that will serve it."""
 
     key: str
-    tier: str  # "memory" | "disk" | "redis"
+    tier: str  # "device" | "memory" | "disk" | "redis"
     meta: EntryMeta
     entry: StoredEntry | None = None  # memory tier
+    resident: DeviceEntry | None = None  # device tier: the KV already in the compute dtype on the device
     reader: EntryReader | None = None  # disk / redis
     raw: bytes | None = None  # Redis value, written to disk on promotion
 
@@ -82,6 +84,7 @@ class ResolvedChunk:
 _Staged = tuple[torch.Tensor, torch.Tensor, Any]
 CorruptHandler = Callable[[ResolvedChunk, KVEntryCorrupt], None]
 PromoteHandler = Callable[[ResolvedChunk, "list[LayerData] | None"], None]
+ResidentHandler = Callable[[str, DeviceEntry], bool]  # DeviceTier.put
 
 
 class StoreLayerSource(Closing):
@@ -101,6 +104,7 @@ class StoreLayerSource(Closing):
         convert_on_device: bool | None = None,
         convert_in_caller: bool | None = None,
         staging_pool: StagingPool | None = None,
+        on_resident: ResidentHandler | None = None,
     ) -> None:
         self._unique: dict[str, ResolvedChunk] = {c.key: c for c in chunks}
         try:
@@ -125,16 +129,23 @@ class StoreLayerSource(Closing):
         self._dtype = dtype
         # ship stored bytes and convert on the accelerator (a quarter / half of the bytes cross the bus)
         self._convert_on_device = self._device.type != "cpu" if convert_on_device is None else convert_on_device
+        # Chunks resident in the device tier are views of its tensors; the others are read and converted.
+        self._staged = [c for c in chunks if c.resident is None]
         # One storage dtype (the usual case): each layer crosses in one copy of its packed bytes (kvcache.staging).
         self._stager = (
             LayerStager(
-                [c.meta for c in chunks],
+                [c.meta for c in self._staged],
                 staging_pool or StagingPool(pin=self._device.type == "cuda"),
                 self._device,
                 dtype,
             )
-            if self._convert_on_device and len({c.meta.storage_dtype for c in chunks}) == 1
+            if self._convert_on_device and self._staged and len({c.meta.storage_dtype for c in self._staged}) == 1
             else None
+        )
+        # Staged chunks' layers, kept to enter the device tier at close() (views of the staged layers).
+        self._on_resident = on_resident if self._stager is not None else None
+        self._resident_layers: dict[str, list[tuple[torch.Tensor, torch.Tensor] | None]] = (
+            {c.key: [None] * first.num_layers for c in self._staged} if self._on_resident is not None else {}
         )
         # On the CPU the worker only reads (I/O, checksums) and `layer()` converts on the caller's thread with
         # its torch threads: conversion is CPU work either way, and on the worker it competed with the
@@ -154,7 +165,9 @@ class StoreLayerSource(Closing):
         self._num_tokens = start
         # layers of lower-tier chunks kept for promotion into the memory tier at close()
         self._collected: dict[str, list[LayerData | None]] = {
-            c.key: [None] * self._num_layers for c in self._unique.values() if collect_layers and c.tier != "memory"
+            c.key: [None] * self._num_layers
+            for c in self._unique.values()
+            if collect_layers and c.tier not in ("memory", "device")
         }
         self._loaded_layers: set[int] = set()
         self._failed: KVEntryCorrupt | None = None
@@ -240,10 +253,12 @@ class StoreLayerSource(Closing):
             self._stager.close()
         try:
             self._promote()
+            self._make_resident()
         finally:
             # The collected layers are a whole copy of the lower-tier chunks' KV: drop them now, not when
             # this source is collected (it sits in reference cycles an idle server never collects).
             self._collected = {}
+            self._resident_layers = {}
             for c in self._unique.values():
                 c.close()
 
@@ -260,7 +275,7 @@ class StoreLayerSource(Closing):
         return per_key if self._convert_in_caller else self._convert(per_key, layer_idx)
 
     def _read(self, layer_idx: int) -> dict[str, LayerData]:
-        per_key = {key: self._read_chunk_layer(c, layer_idx) for key, c in self._unique.items()}
+        per_key = {key: self._read_chunk_layer(c, layer_idx) for key, c in self._unique.items() if c.resident is None}
         self._loaded_layers.add(layer_idx)
         return per_key
 
@@ -279,8 +294,12 @@ class StoreLayerSource(Closing):
         return data
 
     def _convert(self, per_key: dict[str, LayerData], layer_idx: int) -> _Staged:
+        if len(self._staged) < len(self._chunks):
+            return self._assemble(per_key, layer_idx)
         if self._stager is not None:
-            return self._stager.stage(layer_idx, [per_key[chunk.key] for chunk in self._chunks])
+            return self._keep_for_residence(
+                layer_idx, *self._stager.stage(layer_idx, [per_key[c.key] for c in self._chunks])
+            )
         shape = (self._kv_heads, self._num_tokens, self._head_dim)
         k = torch.empty(shape, dtype=self._dtype)  # (kv_heads, num_tokens, head_dim)
         v = torch.empty(shape, dtype=self._dtype)
@@ -293,13 +312,68 @@ class StoreLayerSource(Closing):
             k, v = k.to(self._device), v.to(self._device)
         return k, v, None
 
+    def _assemble(self, per_key: dict[str, LayerData], layer_idx: int) -> _Staged:
+        """A layer of a prompt with device-resident chunks: their views and the staged rest, in prompt order."""
+        staged: tuple[torch.Tensor, torch.Tensor] | None = None
+        if self._staged:
+            if self._stager is None:  # several storage dtypes among the others: convert on the host
+                raise RuntimeError("device-resident chunks beside chunks of several storage dtypes")
+            k_s, v_s, ready = self._keep_for_residence(
+                layer_idx, *self._stager.stage(layer_idx, [per_key[c.key] for c in self._staged])
+            )
+            if ready is not None:  # the concatenation below reads the staged layer on this thread's stream
+                torch.cuda.current_stream(self._device).wait_event(ready)
+            staged = (k_s, v_s)
+        k_parts, v_parts, start = [], [], 0
+        for chunk in self._chunks:
+            if chunk.resident is not None:
+                k_parts.append(chunk.resident.k[layer_idx])  # (kv_heads, num_tokens, head_dim)
+                v_parts.append(chunk.resident.v[layer_idx])
+                continue
+            assert staged is not None
+            end = start + chunk.meta.num_tokens
+            k_parts.append(staged[0][:, start:end])
+            v_parts.append(staged[1][:, start:end])
+            start = end
+        return torch.cat(k_parts, dim=1), torch.cat(v_parts, dim=1), None
+
+    def _keep_for_residence(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor, ready: Any) -> _Staged:
+        """Remember each staged chunk's rows of this layer for the device tier (views: no copy)."""
+        if self._on_resident is not None:
+            start = 0
+            for chunk in self._staged:
+                end = start + chunk.meta.num_tokens
+                layers = self._resident_layers.get(chunk.key)
+                if layers is not None:
+                    layers[layer_idx] = (k[:, start:end], v[:, start:end])
+                start = end
+        return k, v, ready
+
+    def _make_resident(self) -> None:
+        """Staged chunks read whole enter the device tier (it decides whether they earn their place)."""
+        if self._on_resident is None or self._failed is not None:
+            return
+        for key, layers in self._resident_layers.items():
+            if any(x is None for x in layers):
+                continue
+            chunk = self._unique[key]
+            entry = DeviceEntry(
+                meta=chunk.meta,
+                k=torch.stack([x[0] for x in layers]),  # type: ignore[index]  # (num_layers, kv_heads, T, D)
+                v=torch.stack([x[1] for x in layers]),  # type: ignore[index]
+            )
+            try:
+                self._on_resident(key, entry)
+            except Exception:  # residence is an optimisation; never fail the request for it
+                logger.exception("kv store: making %s device-resident failed", key[:12])
+
     def _promote(self) -> None:
         if self._on_promote is None or self._failed is not None:
             return
         if len(self._loaded_layers) != self._num_layers:
             return  # only entries read (and verified) completely are promoted
         for chunk in self._unique.values():
-            if chunk.tier == "memory":
+            if chunk.tier in ("memory", "device"):
                 continue
             collected = self._collected.get(chunk.key)
             layers = None if collected is None or any(x is None for x in collected) else collected

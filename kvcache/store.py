@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from kvcache.config import KVCacheSettings, StorageDType
+from kvcache.device_tier import DeviceTier, auto_budget
 from kvcache.disk_tier import DiskTier
 from kvcache.errors import KVEntryCorrupt, KVEntryMissing
 from kvcache.eviction import make_policy
@@ -92,8 +93,10 @@ class EntryLocation:
 
 
 class TieredKVStore:
-    def __init__(self, settings: KVCacheSettings) -> None:
+    def __init__(self, settings: KVCacheSettings, device_tier: DeviceTier | None = None) -> None:
         self.settings = settings
+        # Made for the engine's accelerator at its first read there (`device_tier_for`); given: tests on a CPU.
+        self.device_tier: DeviceTier | None = device_tier
         self.memory: MemoryTier | None = MemoryTier(settings.memory_bytes) if settings.memory_bytes else None
         # Made at the first turn stored (a server that never holds a conversation shows no such tier).
         self.history_memory: MemoryTier | None = None
@@ -130,8 +133,25 @@ class TieredKVStore:
     def tier_names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self._tiers() if t is not None)
 
-    def _tiers(self) -> tuple[MemoryTier | DiskTier | RedisTier | None, ...]:
-        return (self.memory, self.history_memory, self.disk, self.redis)
+    def _tiers(self) -> tuple[DeviceTier | MemoryTier | DiskTier | RedisTier | None, ...]:
+        return (self.device_tier, self.memory, self.history_memory, self.disk, self.redis)
+
+    def device_tier_for(self, device: torch.device) -> DeviceTier | None:
+        """The device tier of `device`, made at first use on an accelerator (`kvcache.device_bytes`; None:
+        a share of its free memory); None on a CPU (unless one was given) or with the tier off."""
+        tier = self.device_tier
+        if tier is not None:
+            return tier if tier.device.type == device.type else None
+        if device.type == "cpu" or self.settings.device_bytes == 0:
+            return None
+        with self._lock:
+            if self.device_tier is None:
+                budget = self.settings.device_bytes or auto_budget(device)
+                if budget <= 0:
+                    return None
+                self.device_tier = DeviceTier(budget, device, self.settings.eviction_half_life)
+                logger.info("kv store: device tier on %s, %.2f GiB", device, budget / 2**30)
+            return self.device_tier
 
     def _memory_for(self, history: bool) -> MemoryTier | None:
         if not history:
@@ -266,7 +286,7 @@ class TieredKVStore:
     def contains(self, key: str) -> str | None:
         """Name of the highest tier holding `key`, or None. Does not read or promote the entry."""
         check_key(key)
-        for memory in (self.memory, self.history_memory):
+        for memory in (self.device_tier, self.memory, self.history_memory):
             if memory is not None and memory.contains(key):
                 return memory.name
         if self.disk is not None and self.disk.contains(key):
@@ -279,7 +299,7 @@ class TieredKVStore:
         """Where each present key lives and its size per tier (one Redis round trip for all keys)."""
         unique = [check_key(k) for k in dict.fromkeys(keys)]
         sizes: dict[str, dict[str, int]] = {k: {} for k in unique}
-        for memory in (self.memory, self.history_memory):
+        for memory in (self.device_tier, self.memory, self.history_memory):
             if memory is None:
                 continue
             for k in unique:
@@ -327,7 +347,7 @@ class TieredKVStore:
         the caller can recompute exactly those chunks and store them. `prefetch=None` uses the
         settings; `convert_on_device=None` converts/dequantizes on `device` unless it is the CPU;
         `convert_in_caller=None` converts on the thread that asks for a layer when `device` is the CPU.
-        `computed`: entries the caller has just computed (`kvcache.writer.ensure_chunk_kv`), served as
+        `computed`: entries the caller has just computed (`KVSpace.ensure`), served as
         they are whether or not a tier kept them, so a store that refuses writes still answers.
         `history_keys`: those of `keys` that are conversation turns (promoted into the history memory tier).
         """
@@ -336,12 +356,19 @@ class TieredKVStore:
         unique = [check_key(k) for k in dict.fromkeys(keys)]
         if self.disk is not None:
             self.disk.record_retrieval(unique)
+        device_tier = self.device_tier_for(torch.device(device))
+        if device_tier is not None:
+            device_tier.record_retrieval(unique)
         resolved: dict[str, ResolvedChunk] = {}
         need_redis: list[str] = []
         for key in unique:
             fresh = computed.get(key) if computed else None
             if fresh is not None:
                 resolved[key] = ResolvedChunk(key=key, tier="memory", meta=fresh.meta, entry=fresh)
+                continue
+            resident = device_tier.get(key) if device_tier is not None else None
+            if resident is not None:
+                resolved[key] = ResolvedChunk(key=key, tier="device", meta=resident.meta, resident=resident)
                 continue
             entry = self._memory_get(key)
             if entry is not None:
@@ -389,6 +416,7 @@ class TieredKVStore:
             convert_on_device=convert_on_device,
             convert_in_caller=convert_in_caller,
             staging_pool=self.staging_pool(torch.device(device)),
+            on_resident=None if device_tier is None else device_tier.put,
         )
 
     def staging_pool(self, device: torch.device) -> StagingPool:
