@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_PRECOMPUTE_UNIT_TOKENS = 2048
+# On an accelerator a unit is one large batch: its matrix units are busy only with thousands of rows at once, and
+# the decode steps it delays are milliseconds.
+DEVICE_PRECOMPUTE_UNIT_TOKENS = 32768
 # While a prompt pass runs, the decoding requests take one step each at most this often (between layers).
 DECODE_DURING_PREFILL_S = 0.05
 
@@ -168,7 +171,7 @@ class Scheduler:
         engine: Engine,
         max_queue: int | None = None,
         max_running: int | None = None,
-        precompute_unit_tokens: int = DEFAULT_PRECOMPUTE_UNIT_TOKENS,
+        precompute_unit_tokens: int | None = None,
     ) -> None:
         """Limits default to the engine's settings (EngineSettings.max_queue / max_running)."""
         self.engine = engine
@@ -176,7 +179,10 @@ class Scheduler:
         self.max_queue = max_queue if max_queue is not None else engine.settings.max_queue
         # Requests decoding at once; their decode steps run batched.
         self.max_running = max_running if max_running is not None else engine.settings.max_running
-        # Chunk precompute work between two decode steps (at least one chunk).
+        # Chunk precompute work between two decode steps (at least one chunk); device-sized on an accelerator.
+        if precompute_unit_tokens is None:
+            on_cpu = engine.device.type == "cpu"
+            precompute_unit_tokens = DEFAULT_PRECOMPUTE_UNIT_TOKENS if on_cpu else DEVICE_PRECOMPUTE_UNIT_TOKENS
         self.precompute_unit_tokens = precompute_unit_tokens
         self._cv = threading.Condition()
         self._waiting: collections.deque[RequestRun] = collections.deque()

@@ -71,7 +71,9 @@ class RetrievalSettings(BaseModel):
         "(the reason is logged)",
     )
     device: str = Field(
-        "cpu", description="cpu, cuda, cuda:1 or auto; FAISS uses the GPU only if faiss-gpu is installed"
+        "auto",
+        description="cpu, cuda, cuda:1 or auto (cuda when torch sees a GPU, else cpu); FAISS uses the GPU only if "
+        "faiss-gpu is installed (the gpu extra)",
     )
     followup: FollowupMode = Field(
         "concat",

@@ -21,7 +21,7 @@ import numpy as np
 
 from retrieval.bm25 import BM25Index
 from retrieval.config import RetrievalSettings
-from retrieval.embedder import Embedder
+from retrieval.embedder import Embedder, resolve_device
 from retrieval.hybrid import reciprocal_rank_fusion
 from retrieval.index import VectorIndex
 from retrieval.rerank import Reranker, RerankerUnavailable
@@ -301,7 +301,7 @@ class Retriever:
         return index
 
     def _wants_gpu(self) -> bool:
-        return self.settings.device.startswith("cuda") or self.settings.device == "auto"
+        return resolve_device(self.settings.device).startswith("cuda")
 
     def _ensure_index(self, dim: int) -> VectorIndex:
         if self._index is None:

@@ -23,7 +23,7 @@ def test_settings_defaults_and_validation() -> None:
         settings.rrf_k,
         settings.rerank_model,
         settings.device,
-    ) == ("builtin", "flat", 6, None, False, 60, None, "cpu")
+    ) == ("builtin", "flat", 6, None, False, 60, None, "auto")  # auto: cuda when torch sees a GPU
     with pytest.raises(ValidationError):
         RetrievalSettings(index_type="annoy")
     with pytest.raises(ValidationError):
