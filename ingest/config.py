@@ -52,6 +52,25 @@ class IngestSettings(BaseModel):
         description="A DOCX is a zip: all its parts together may unpack to this many bytes (a zip bomb is refused "
         "before anything is inflated; the zip reader never inflates past a part's declared size)",
     )
+    max_parse_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds one file may take to parse; past it the document fails (parse_time_limit). A DOCX "
+        "looks at the clock while it is read; with parse_in_subprocess any parser is stopped (its process killed)",
+    )
+    parse_in_subprocess: bool = Field(
+        True,
+        description="Parse each file in a child process (a parse server kept for the next file) that is killed "
+        "on a cancel, a shutdown or the time limit, and whose memory is capped by max_parse_memory_bytes, so no "
+        "file holds the ingest queue or the server's memory. False: parse in the ingest thread (only DOCX and "
+        "JSON stop early there)",
+    )
+    max_parse_memory_bytes: int = Field(
+        1024 * 1024 * 1024,
+        ge=64 * 1024 * 1024,
+        description="Address space the parse process of one file may use (parse_in_subprocess); past it the "
+        "document fails (document_too_large)",
+    )
     max_records_per_file: int = Field(
         10_000, ge=1, description="JSON / JSONL: a file with more records (documents) is refused as a whole"
     )

@@ -56,6 +56,17 @@ class DocumentTooLarge(LoaderError):
         )
 
 
+class ParseTimeLimit(LoaderError):
+    """Reading the document took longer than `IngestSettings.max_parse_seconds` (a file built to be slow to
+    parse: deeply nested or bloated markup, a pathological PDF)."""
+
+    code = "parse_time_limit"
+
+    @classmethod
+    def after(cls, max_seconds: float, path: str | None) -> ParseTimeLimit:
+        return cls(f"parsing took longer than {max_seconds:g} s, the limit (ingest.max_parse_seconds)", path)
+
+
 class TooManyRecords(LoaderError):
     """A JSON / JSONL file holds more records than `IngestSettings.max_records_per_file`."""
 

@@ -167,7 +167,12 @@ def _parse(
         return _single(fmt, title, name, sections, source, metadata, max_chars)
     if fmt == "docx":
         title, text, metadata = parse_docx(
-            data, source, max_unpacked_bytes=settings.max_unpacked_bytes, max_chars=max_chars, check=check
+            data,
+            source,
+            max_unpacked_bytes=settings.max_unpacked_bytes,
+            max_chars=max_chars,
+            check=check,
+            max_seconds=settings.max_parse_seconds,
         )
         return _single(fmt, title, name, [Section(text)], source, metadata, max_chars)
     if fmt in ("json", "jsonl"):

@@ -1,6 +1,6 @@
 """Parsing and chunking are bounded: a DOCX zip bomb is refused before it inflates, text far over the token
-cap stops while it is read (and while it is tokenized), and a caller's check stops a parse or a chunking
-between two steps."""
+cap stops while it is read (and while it is tokenized), paragraphs without text count their markup, a DOCX
+stops at its time limit, and a caller's check stops a parse or a chunking between two steps."""
 
 from __future__ import annotations
 
@@ -8,12 +8,13 @@ import struct
 import zipfile
 from pathlib import Path
 
+import docx
 import pytest
-from docx_bomb import write_docx_bomb
+from docx_bomb import EMPTY_PARAGRAPH, WHITESPACE_PARAGRAPH, write_docx_bomb
 
 from ingest import Chunker, DocumentTooLarge, IngestSettings, UnreadableDocument, load_path, load_text
 from ingest.chunker import OverTokenCap
-from ingest.errors import Interrupted
+from ingest.errors import Interrupted, ParseTimeLimit
 from ingest.loaders import iter_documents
 
 PARAGRAPH = "Boom goes the paragraph."  # 24 characters
@@ -72,6 +73,57 @@ def test_docx_text_over_the_token_cap_stops_while_it_is_read(tmp_path: Path) -> 
     )
     # Stopped at the paragraph that passed 16,000 characters, not at the end of the 43k.
     assert num_checks == 16000 // len(PARAGRAPH) + 1
+
+
+@pytest.mark.parametrize(
+    ("block_xml", "markup_bytes"),
+    [(WHITESPACE_PARAGRAPH, len(WHITESPACE_PARAGRAPH)), (EMPTY_PARAGRAPH, 11)],  # <w:p/> counts as <w:p></w:p>
+)
+def test_paragraphs_without_text_count_their_markup_toward_the_cap(
+    tmp_path: Path, block_xml: str, markup_bytes: int
+) -> None:
+    """95 MB of whitespace-only (or empty) paragraphs held the queue for minutes: none of them counted."""
+    path = write_docx_bomb(tmp_path / "blank.docx", 2 * 1024 * 1024, block_xml=block_xml)
+    num_checks = 0
+
+    def check() -> None:
+        nonlocal num_checks
+        num_checks += 1
+
+    with pytest.raises(DocumentTooLarge) as refused:
+        load_path(path, IngestSettings(max_document_tokens=1000), check=check)
+    num_paragraphs = 16000 // markup_bytes + 1  # the one that passed 16,000
+    assert num_checks == num_paragraphs
+    assert refused.value.message == (
+        "document has more than 16000 characters of text and empty-paragraph markup (paragraphs and table rows "
+        f"without text count the bytes of their markup: {num_paragraphs * markup_bytes} here), more than its "
+        "token cap allows (ingest.max_document_tokens)"
+    )
+
+
+def test_a_docx_parse_stops_at_its_time_limit(tmp_path: Path) -> None:
+    path = write_docx_bomb(tmp_path / "long.docx", 1024 * 1024, PARAGRAPH)
+    with pytest.raises(ParseTimeLimit) as stopped:
+        load_path(path, IngestSettings(max_parse_seconds=1e-9))  # spent before the first element is read
+    assert stopped.value.message == "parsing took longer than 1e-09 s, the limit (ingest.max_parse_seconds)"
+    assert stopped.value.code == "parse_time_limit"
+
+
+def test_a_docx_table_is_read_row_by_row_and_counted(tmp_path: Path) -> None:
+    document = docx.Document()
+    document.add_paragraph("Before.")
+    table = document.add_table(rows=3, cols=2)
+    for row, values in zip(table.rows, [("Phase", "Weeks"), ("", ""), ("Design", "3")], strict=True):
+        for cell, value in zip(row.cells, values, strict=True):
+            cell.text = value
+    table.cell(0, 0).add_paragraph("kick-off")  # a second paragraph in a cell joins its first
+    path = tmp_path / "table.docx"
+    document.save(str(path))
+    [loaded] = load_path(path, IngestSettings())
+    assert loaded.text == "Before.\n\nPhase kick-off | Weeks\nDesign | 3"
+    # "Before." (7) + the first row (21) + its newline fit 29 characters; the empty row's markup does not.
+    with pytest.raises(DocumentTooLarge):
+        load_path(path, IngestSettings(max_document_tokens=2))
 
 
 def test_plain_text_over_the_character_cap_is_refused_at_parse(tmp_path: Path) -> None:

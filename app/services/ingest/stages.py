@@ -33,8 +33,9 @@ CATALOG_BATCH = 1000  # documents per catalog transaction when a JSON file fans 
 def parse(ctx: JobContext) -> None:
     """Parse every source. A JSON / JSONL file is read record by record (progress and cancel per
     record); its records past the first become documents of their own, written in batches."""
+    from app.services.ingest.parse_process import iter_file_documents
     from ingest.errors import LoaderError
-    from ingest.loaders import iter_documents, load_text
+    from ingest.loaders import load_text
 
     tracker = ctx.progress
     tracker.stage("parse", len(ctx.items))
@@ -50,7 +51,8 @@ def parse(ctx: JobContext) -> None:
                     load_text(src.text or "", src.title, source_path=src.source_path, metadata=src.metadata)
                 )
             else:
-                for loaded in iter_documents(Path(src.path or ""), settings, check=tracker.check_cancel):
+                # In a child process that a cancel, a shutdown or the time limit kills (parse_process.py).
+                for loaded in iter_file_documents(Path(src.path or ""), settings, check=tracker.check_cancel):
                     loaded_docs.append(loaded)
                     if len(loaded_docs) > 1:
                         tracker.grow(1)  # one more document to parse

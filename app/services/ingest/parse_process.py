@@ -1,0 +1,160 @@
+"""Parsing a file in a child process that can be killed, so that no file holds the ingest queue.
+
+Ingest runs one job at a time in one worker thread (worker.py: one job mutates the index at a time), and a
+parse runs inside that job. A loader that does not stop (a pathological PDF in pypdf, markup built to be slow)
+would hold every later job behind it, and a thread cannot be stopped from outside. So each file is parsed in
+a child process, and the ingest thread only waits for its documents:
+
+- it looks for a cancel or a shutdown (`check`) every POLL_S while it waits, and kills the child at once;
+- it kills the child once `ingest.max_parse_seconds` (plus a grace for the child's own, clean stop) has
+  passed: the document fails with `parse_time_limit`, and the next job starts;
+- the child's address space is capped (`ingest.max_parse_memory_bytes`): a parse that needs more fails
+  `document_too_large` instead of pushing the server toward an out-of-memory kill.
+
+So one file delays the jobs behind it by at most `max_parse_seconds` (and fails sooner on the character cap,
+which a DOCX counts while it streams). Parallel jobs were the other way: the parse stage would have to leave
+the worker's lock, two parses would race on duplicate detection, and a parse that never ends would still
+hold a thread and its memory for good.
+
+The child is a parse server (`python -m ingest.parse_child`, started once and kept, so a file
+costs no interpreter start), reached over a pipe, one file at a time; a killed one is started again for the
+next file. It imports only the loaders, never the server's modules, threads or torch state. With
+`ingest.parse_in_subprocess` off, files are parsed in the calling thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from ingest import errors
+from ingest.config import IngestSettings
+from ingest.errors import LoaderError, ParseTimeLimit, UnreadableDocument
+from ingest.types import LoadedDocument
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.1  # how often the waiting thread looks for a cancel and the clock
+GRACE_S = 2.0  # past max_parse_seconds, what the child has to stop by itself (a DOCX does) before it is killed
+
+Check = Callable[[], None]
+
+
+def iter_file_documents(
+    path: Path, settings: IngestSettings, check: Check | None = None, *, grace_s: float = GRACE_S
+) -> Iterator[LoadedDocument]:
+    """`ingest.loaders.iter_documents` of one file, in a child process when `settings.parse_in_subprocess`
+    (see the module docstring). Raises what it raises (LoaderError subclasses), ParseTimeLimit when the
+    child had to be killed (`grace_s` after the time limit), and passes through what `check` raises (the
+    child is killed first)."""
+    if not settings.parse_in_subprocess:
+        from ingest.loaders import iter_documents
+
+        yield from iter_documents(path, settings, check)
+        return
+    with _SERVER_LOCK:  # one file at a time per server; ingest runs one job at a time anyway
+        yield from _SERVER.parse(path, settings, check, grace_s)
+
+
+class ParseServer:
+    """The child process and the two pipes to it; started when first needed and after a kill."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._requests: Connection | None = None
+        self._replies: Connection | None = None
+        self._memory_bytes = 0
+
+    def _ensure(self, memory_bytes: int) -> tuple[Connection, Connection]:
+        alive = self._process is not None and self._process.poll() is None
+        if not alive or memory_bytes != self._memory_bytes:
+            self.close()
+            request_read, request_write = os.pipe()
+            reply_read, reply_write = os.pipe()
+            self._process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "ingest.parse_child",
+                    str(request_read),
+                    str(reply_write),
+                    str(memory_bytes),
+                ],
+                pass_fds=(request_read, reply_write),
+                stdin=subprocess.DEVNULL,
+                close_fds=True,
+            )
+            os.close(request_read)
+            os.close(reply_write)
+            self._requests, self._replies = (
+                Connection(request_write, readable=False),
+                Connection(reply_read, writable=False),
+            )
+            self._memory_bytes = memory_bytes
+        assert self._requests is not None and self._replies is not None
+        return self._requests, self._replies
+
+    def close(self) -> None:
+        """Kill the child (if any) and forget it: the next file starts a fresh one."""
+        for connection in (self._requests, self._replies):
+            if connection is not None:
+                connection.close()
+        self._requests = self._replies = None
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.kill()
+            self._process.wait(timeout=5)
+            self._process = None
+
+    def parse(
+        self, path: Path, settings: IngestSettings, check: Check | None, grace_s: float
+    ) -> Iterator[LoadedDocument]:
+        requests, replies = self._ensure(settings.max_parse_memory_bytes)
+        requests.send((str(path), settings.model_dump()))
+        deadline = time.monotonic() + settings.max_parse_seconds + grace_s
+        finished = False
+        try:
+            while True:
+                if check is not None:
+                    check()
+                if time.monotonic() > deadline:
+                    raise ParseTimeLimit.after(settings.max_parse_seconds, str(path))
+                if not replies.poll(POLL_S):
+                    continue
+                try:
+                    kind, payload = replies.recv()
+                except EOFError:  # the child died without a word: killed by the system, or a crash in C code
+                    code = self._process.wait(timeout=5) if self._process is not None else None
+                    raise UnreadableDocument(
+                        f"the parser stopped without a result (exit code {code})", str(path)
+                    ) from None
+                if kind == "document":
+                    yield payload
+                elif kind == "error":
+                    finished = True
+                    raise _loader_error(payload, str(path))
+                else:  # "end"
+                    finished = True
+                    return
+        finally:
+            if not finished:  # cancelled, out of time, or the reader stopped early: the child may still parse
+                self.close()
+
+
+_SERVER = ParseServer()
+_SERVER_LOCK = threading.Lock()
+
+
+def _loader_error(payload: dict[str, str | None], path: str) -> LoaderError:
+    """The child's LoaderError rebuilt (exceptions with their own constructors do not pickle whole)."""
+    cls = getattr(errors, str(payload["type"]), None)
+    if not (isinstance(cls, type) and issubclass(cls, LoaderError)):
+        cls = UnreadableDocument
+    return cls(str(payload["message"]), payload["path"] or path)
