@@ -1,4 +1,8 @@
-"""The running application's services, built in the FastAPI lifespan and handed to routers."""
+"""The running application's services, built in the FastAPI lifespan and handed to routers.
+
+`AppState` holds what `build_services` returned (`services`) and reads every service from it: the
+composition root is app/build.py alone; this module adds what only a server has (metrics, rate limits,
+the storage monitor, the background calibration, the KV refresh, the idle trimmer)."""
 
 from __future__ import annotations
 
@@ -12,19 +16,12 @@ from app.memory import IdleTrimmer, set_mmap_threshold
 from app.metrics import Metrics
 from app.rate_limit import RateLimiter
 from app.services.estimates import PrefillRate
-from app.services.stats_service import StatsService
+from app.services.stats_service import ServingParts, StatsService
 from app.services.storage_faults import StorageMonitor
 from app.settings import Settings
 
 if TYPE_CHECKING:
     from app.build import Services
-    from app.jobs.pg_queue import PgJobQueue
-    from app.services.ask import AskService
-    from app.services.conversation_service import ConversationService
-    from app.services.coverage_service import CoverageService
-    from app.services.document_service import DocumentService
-    from app.services.ingest import IngestService
-    from app.services.key_service import KeyService
     from app.services.kv_refresh import KVRefresh
     from engine.scheduler import Scheduler
 
@@ -40,16 +37,8 @@ class AppState:
     prefill_rate: PrefillRate = field(default_factory=PrefillRate)
     services: Services | None = None  # what start-up built (app/build.py); None until then
     kv_refresh: KVRefresh | None = None
-    scheduler: Scheduler | None = None
-    ingest: IngestService | None = None
-    ask: AskService | None = None
-    coverage: CoverageService | None = None
-    documents: DocumentService | None = None
-    conversations: ConversationService | None = None
-    keys: KeyService | None = None
     stats: StatsService = field(init=False)
     load_error: str | None = None
-    job_queue: PgJobQueue | None = None  # PostgreSQL catalog only
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     rate_limiter: RateLimiter | None = None
     wrong_key_limiter: RateLimiter = field(init=False)
@@ -63,6 +52,24 @@ class AppState:
         if server.ask_rate_per_minute is not None and self.rate_limiter is None:
             self.rate_limiter = RateLimiter(server.ask_rate_per_minute, server.ask_burst)
         self.wrong_key_limiter = RateLimiter(server.wrong_key_per_minute, server.wrong_key_burst)
+
+    @property
+    def scheduler(self) -> Scheduler | None:
+        """The engine's scheduler once start-up built it; every service is read from `services` likewise."""
+        return self.services.scheduler if self.services is not None else None
+
+    def serving(self) -> ServingParts | None:
+        """What /api/stats and /metrics read of the started server (None before start-up finishes)."""
+        s = self.services
+        if s is None or s.engine is None or s.store is None or s.retriever is None:
+            return None
+        return ServingParts(
+            engine=s.engine,
+            store=s.store,
+            embedder_compute=s.retriever.embedder.dtype_choice,
+            blend=s.blend,
+            calibration=s.calibration.status() if s.calibration is not None else None,
+        )
 
     async def load(self) -> None:
         """Load models and open stores off the event loop, so /health answers while this runs."""
@@ -85,13 +92,14 @@ class AppState:
             return
         assert services.engine is not None and services.scheduler is not None and services.ingest is not None
         self.services = services
-        self.prefill_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=services.engine.fingerprint)
-        self.scheduler = scheduler = services.scheduler
+        engine = services.engine
+        self.prefill_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=engine.fingerprint)
+        scheduler = services.scheduler
         scheduler.start()
         if self.settings.calibration.auto:
             from app.calibration.runner import CalibrationRunner
 
-            services.calibration = CalibrationRunner(self.settings, services, scheduler)
+            services.calibration = CalibrationRunner(self.settings, engine, scheduler, adopt=services.adopt_blend)
             services.calibration.start()
         if server.memory_trim_idle_s is not None:
             self.trimmer = IdleTrimmer(
@@ -100,19 +108,16 @@ class AppState:
                 on_rss=self.metrics.process_rss.set,
             )
             self.trimmer.start()
-        self.coverage, self.documents, self.ingest = services.coverage, services.documents, services.ingest
-        self.conversations, self.keys, self.job_queue = services.conversations, services.keys, services.job_queue
         sync = getattr(services.retriever, "sync", None)
         if sync is not None:  # scale-out: the index follows the catalog's change log
             sync.start()
-        self.ask = services.ask
         await asyncio.to_thread(self.storage.ensure_reserve)
         # Scale-out: the workers own the KV of the shared library.
         if server.refresh_stale_kv and not self.settings.catalog.is_postgres:
             await asyncio.to_thread(self._start_kv_refresh, services)
-        if self.job_queue is None:
-            self.ingest.recover()
-            self.ingest.start()
+        if services.job_queue is None:
+            services.ingest.recover()
+            services.ingest.start()
         logger.info("ready at %s", server_url(self.settings.server.host, self.settings.server.port))
         self.ready.set()
 
@@ -141,10 +146,8 @@ class AppState:
         sync = getattr(self.services.retriever, "sync", None) if self.services is not None else None
         if sync is not None:
             await asyncio.to_thread(sync.stop)
-        if self.job_queue is not None:
-            self.job_queue.close()
-        if self.ingest is not None:
-            await asyncio.to_thread(self.ingest.stop)
+        if self.services is not None and self.services.ingest is not None:
+            await asyncio.to_thread(self.services.ingest.stop)
         if self.services is not None and self.services.calibration is not None:
             await asyncio.to_thread(self.services.calibration.stop)
         if self.scheduler is not None:

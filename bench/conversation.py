@@ -154,7 +154,7 @@ def _delete_history_entries(state: Any, layout: Any) -> int:
 
 async def _kl(state: Any, request: Any) -> dict[str, float]:
     """First-token KL(full ‖ default) and KL(full ‖ reuse) on the prompt and KV the service builds."""
-    plan = await state.ask.plan(request)
+    plan = await state.services.ask.plan(request)
     engine = state.services.engine
     blend = state.services.engine.settings.blend_config()  # the settings in force (app/calibration)
 
@@ -162,7 +162,7 @@ async def _kl(state: Any, request: Any) -> dict[str, float]:
         full = engine.prompt_pass(plan.layout, None, "full")
         out = {}
         for name, mode in (("default", "blend"), ("reuse", "reuse")):
-            opened = state.ask.open_plan_kv(plan)
+            opened = state.services.ask.open_plan_kv(plan)
             try:
                 result = engine.prompt_pass(plan.layout, opened.source, mode, blend)
             finally:
@@ -185,7 +185,7 @@ async def run_sessions(
     for n, session in enumerate(sessions, 1):
         history: list[Turn] = []
         # A stored conversation, as the chat page keeps one: each finished turn's KV is written for the next.
-        context = state.conversations.open(None, None, None, None)
+        context = state.services.conversations.open(None, None, None, None)
         for t, turn in enumerate(session.turns, 1):
             row: dict[str, Any] = {
                 "session": n,
@@ -196,13 +196,13 @@ async def run_sessions(
             done, titles, _ = await ask_service(
                 state, _request(turn.question, list(context.history), max_tokens, conversation=_ref(context))
             )
-            context = state.conversations.open(done.conversation_id, None, None, None)
+            context = state.services.conversations.open(done.conversation_id, None, None, None)
             row["answer"] = done.answer
             row["history_tokens"] = done.usage.history_tokens
             row["history_reused_tokens"] = done.usage.history_reused_tokens
             row["recall"] = {}
             for followup in FOLLOWUPS:
-                plan = await state.ask.plan(_request(turn.question, history, max_tokens, followup=followup))
+                plan = await state.services.ask.plan(_request(turn.question, history, max_tokens, followup=followup))
                 found = [s.title for s in plan.sources]
                 row["recall"][followup] = {
                     f"top{TOP}": turn.referenced_title in found[:TOP],
@@ -220,7 +220,7 @@ async def run_sessions(
                 ttft["full"] = full.timings.ttft_ms
                 reused, _, _ = await ask_service(state, _request(turn.question, history, max_tokens))
                 ttft["default_history_reused"] = reused.timings.ttft_ms
-                plan = await state.ask.plan(_request(turn.question, history, max_tokens))
+                plan = await state.services.ask.plan(_request(turn.question, history, max_tokens))
                 _delete_history_entries(state, plan.layout)
                 recomputed, _, _ = await ask_service(state, _request(turn.question, history, max_tokens))
                 ttft["default_history_recomputed"] = recomputed.timings.ttft_ms
@@ -248,7 +248,7 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
 
     messages_of = TypeAdapter(list[ChatMessage])
 
-    conversations = state.conversations
+    conversations = state.services.conversations
     rows = []
     for project in projects:
         first = f"Tell me about project {project.name}."

@@ -106,11 +106,11 @@ def ingest_passages(state: AppState, passages: list[Passage]) -> tuple[Any, Stag
     """Ingest each passage as one text document in one job, synchronously; returns (job, stage clock)."""
     from app.services.ingest import IngestSource
 
-    assert state.ingest is not None
+    assert state.services.ingest is not None
     sources = [IngestSource(kind="text", title=p.title or f"passage {i}", text=p.text) for i, p in enumerate(passages)]
-    submitted = state.ingest.submit(sources, enqueue=False)
+    submitted = state.services.ingest.submit(sources, enqueue=False)
     clock = StageClock()
-    job = state.ingest.run_job(submitted.job_id, on_progress=clock)
+    job = state.services.ingest.run_job(submitted.job_id, on_progress=clock)
     clock.finished = time.perf_counter()
     return job, clock
 
@@ -122,7 +122,7 @@ async def ask_service(state: AppState, request: Any) -> tuple[Any, list[str], fl
 
     titles: list[str] = []
     started = time.perf_counter()
-    async for event in state.ask.ask(request):
+    async for event in state.services.ask.ask(request):
         match event:
             case SourcesEvent():
                 titles = [s.title for s in event.sources]

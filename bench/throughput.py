@@ -136,7 +136,7 @@ class InProcessClient:
         )
         t0 = time.perf_counter()
         first: float | None = None
-        async for event in self.state.ask.ask(request):
+        async for event in self.state.services.ask.ask(request):
             if isinstance(event, TokenDelta) and first is None and event.text:
                 first = time.perf_counter()
             elif isinstance(event, ErrorEvent):

@@ -33,7 +33,7 @@ router = guarded_router("admin", require_reader, {401: API_KEY_REQUIRED})
 def metrics(state: AppState = Depends(get_state)) -> Response:
     """Prometheus metrics: requests by route template and status, TTFT per mode, recompute ratio, KV
     hits/misses/bytes per tier (read from the store at scrape time), ingest throughput, queue depth."""
-    state.stats.refresh_metrics(state.services, state.scheduler)
+    state.stats.refresh_metrics(state.services.store if state.services is not None else None, state.scheduler)
     return Response(state.metrics.render(), media_type=state.metrics.content_type)
 
 
@@ -51,10 +51,13 @@ def stats(state: AppState = Depends(get_state), access: Access = Depends(require
     ingest throughput, queue depth. A collection key gets the document counts of its collections; the
     figures of every collection together (recent answers and their timings, KV tiers, lookups, ingest
     counts, conversation counts) are left to admins (empty or null)."""
-    snapshot = state.stats.snapshot(state.services, state.documents, state.scheduler, access.collections)
+    services = state.services
+    documents = services.documents if services is not None else None
+    snapshot = state.stats.snapshot(state.serving(), documents, state.scheduler, access.collections)
     if not access.is_admin:
         snapshot = server_wide_left_out(snapshot)
-    counts = state.conversations.counts() if state.conversations is not None and access.is_admin else None
+    conversations = services.conversations if services is not None else None
+    counts = conversations.counts() if conversations is not None and access.is_admin else None
     return StatsOut.model_validate(
         {
             **dataclasses.asdict(snapshot),

@@ -24,9 +24,10 @@ router = APIRouter(
 def get_collections(state: AppState = Depends(get_state)) -> CollectionService:
     from app.api.deps import _not_ready
 
-    if state.documents is None or state.coverage is None or state.services is None:
+    services = state.services
+    if services is None or services.documents is None or services.coverage is None or services.catalog is None:
         raise _not_ready(state)
-    return CollectionService(state.services.catalog, state.coverage, state.documents)
+    return CollectionService(services.catalog, services.coverage, services.documents)
 
 
 @router.get("", response_model=CollectionListOut)

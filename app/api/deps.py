@@ -18,6 +18,7 @@ from typing import Any, Literal, TypeVar
 from fastapi import APIRouter, Depends, HTTPException, Request
 
 from app.api.schemas.common import error_responses
+from app.build import Services
 from app.catalog.models import DEFAULT_COLLECTION
 from app.rate_limit import client_id
 from app.services.ask import AskRequest, AskService
@@ -46,12 +47,13 @@ def _not_ready(state: AppState) -> HTTPException:
     return HTTPException(status_code=503, detail=detail, headers={"Retry-After": "5"})
 
 
-def _loaded(pick: Callable[[AppState], T | None]) -> Callable[[Request], T]:
-    """A dependency giving one service of the loaded app; 503 (with Retry-After) until start-up has built it."""
+def _loaded(pick: Callable[[Services], T | None]) -> Callable[[Request], T]:
+    """A dependency giving one service of the loaded app (what start-up built: `AppState.services`); 503
+    (with Retry-After) until start-up has built it."""
 
     def dependency(request: Request) -> T:
         state = get_state(request)
-        value = pick(state)
+        value = pick(state.services) if state.services is not None else None
         if value is None:
             raise _not_ready(state)
         return value
@@ -65,6 +67,11 @@ get_coverage: Callable[[Request], CoverageService] = _loaded(lambda s: s.coverag
 get_documents: Callable[[Request], DocumentService] = _loaded(lambda s: s.documents)
 get_conversations: Callable[[Request], ConversationService] = _loaded(lambda s: s.conversations)
 get_keys: Callable[[Request], KeyService] = _loaded(lambda s: s.keys)
+
+
+def _key_service(state: AppState) -> KeyService | None:
+    """The collection keys' service once the catalog is open (None before start-up built it)."""
+    return state.services.keys if state.services is not None else None
 
 
 @dataclass(frozen=True)
@@ -152,12 +159,13 @@ def _identify(request: Request) -> Access | None:
         if server.api_key and hmac.compare_digest(given.encode(), server.api_key.encode()):
             access = ADMIN
         else:
-            if state.keys is None and given.startswith(SECRET_PREFIX):
+            keys = _key_service(state)
+            if keys is None and given.startswith(SECRET_PREFIX):
                 raise _not_ready(state)  # a collection key can be checked once the catalog is open
-            record = state.keys.authenticate(given) if state.keys is not None else None
+            record = keys.authenticate(given) if keys is not None else None
             if record is not None:
                 access = Access("key", frozenset(record.collections), record.can_ingest, key_id=record.id)
-            elif server.api_key or (state.keys is not None and state.keys.any_keys()):
+            elif server.api_key or (keys is not None and keys.any_keys()):
                 _count_wrong_key(request)
                 raise _unauthorized()
             # No key configured on this server: whatever a client sends means nothing.
@@ -193,7 +201,8 @@ def question_access(request: Request) -> Access:
     server = state.settings.server
     if server.public_collections:
         return Access("anonymous", frozenset(server.public_collections), can_ingest=False)
-    if (server.api_key and server.protect_ask) or (state.keys is not None and state.keys.any_keys()):
+    keys = _key_service(state)
+    if (server.api_key and server.protect_ask) or (keys is not None and keys.any_keys()):
         raise _unauthorized()
     return Access("anonymous", None, can_ingest=False)
 

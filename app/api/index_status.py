@@ -15,7 +15,7 @@ from app.api.deps import _loaded, guarded_router, require_admin
 from app.api.schemas.common import API_KEY_REQUIRED, MODELS_LOADING
 from app.build import Services
 
-get_services = _loaded(lambda s: s.services)  # 503 until start-up has built them
+get_services = _loaded(lambda s: s)  # 503 until start-up has built them
 
 router = guarded_router("admin", require_admin, {401: API_KEY_REQUIRED, 503: MODELS_LOADING})
 

@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from app.calibration.in_force import resolve
+from app.calibration.in_force import BlendInForce, resolve
 from app.calibration.search import CASES_PER_KIND, RATIOS, CalibrationStopped, calibrate
 from app.calibration.shipped import model_name, shipped_records
 from app.calibration.store import CalibrationStore
 
 if TYPE_CHECKING:
-    from app.build import Services
     from app.settings import Settings
+    from engine.engine import Engine
     from engine.scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
@@ -37,12 +38,11 @@ class _Status:
     record_path: str | None = None
 
 
-def needs_calibration(services: Services) -> str | None:
+def needs_calibration(engine: Engine, settings: Settings) -> str | None:
     """Why the served model needs calibrating (None: it does not)."""
-    engine = services.engine
-    if CalibrationStore(services.settings.data_dir).load(engine.fingerprint) is not None:
+    if CalibrationStore(settings.data_dir).load(engine.fingerprint) is not None:
         return None
-    if any(r.fingerprint == engine.fingerprint for r in shipped_records(model_name(services.settings.engine.model))):
+    if any(r.fingerprint == engine.fingerprint for r in shipped_records(model_name(settings.engine.model))):
         return None
     return f"no calibration record for fingerprint {engine.fingerprint[:12]}"
 
@@ -51,13 +51,16 @@ class CalibrationRunner:
     def __init__(
         self,
         settings: Settings,
-        services: Services,
+        engine: Engine,
         scheduler: Scheduler,
         *,
+        adopt: Callable[[BlendInForce], None],
         ratios: tuple[float, ...] = RATIOS,
         cases_per_kind: tuple[int, int, int] = CASES_PER_KIND,
     ) -> None:
-        self._settings, self._services, self._scheduler = settings, services, scheduler
+        """Calibrates `engine` on `scheduler`'s idle time; `adopt` puts the settings measured in force
+        (`Services.adopt_blend`)."""
+        self._settings, self._engine, self._scheduler, self._adopt = settings, engine, scheduler, adopt
         self._ratios, self._cases_per_kind = ratios, cases_per_kind
         self._status = _Status()
         self._lock = threading.Lock()
@@ -65,7 +68,7 @@ class CalibrationRunner:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        reason = needs_calibration(self._services)
+        reason = needs_calibration(self._engine, self._settings)
         if reason is None:
             self._set(state="done", detail="a calibration record of this model's fingerprint is in force")
             return
@@ -95,7 +98,7 @@ class CalibrationRunner:
     def _run(self) -> None:
         from engine.scheduler import SchedulerStopped
 
-        services, settings = self._services, self._settings
+        engine, settings = self._engine, self._settings
         done = 0
 
         def on_candidate(values: dict[str, Any], fig: Any, misses: list[str]) -> None:
@@ -105,7 +108,7 @@ class CalibrationRunner:
 
         try:
             record = calibrate(
-                services.engine,
+                engine,
                 settings.engine,
                 settings.kvcache,
                 model_name(settings.engine.model),
@@ -123,6 +126,6 @@ class CalibrationRunner:
             logger.exception("calibration failed; the blend keeps its current settings")
             self._set(state="failed", detail=f"{type(exc).__name__}: {exc}")
             return
-        in_force = resolve(settings.engine, services.engine.config.num_layers, calibrated=record)
-        services.adopt_blend(in_force)
+        in_force = resolve(settings.engine, engine.config.num_layers, calibrated=record)
+        self._adopt(in_force)
         self._set(state="done", detail=in_force.label, record_path=str(path))

@@ -14,14 +14,29 @@ from app.services.estimates import PrefillRate
 if TYPE_CHECKING:
     from collections.abc import Collection
 
-    from app.build import Services
+    from app.calibration.in_force import BlendInForce
     from app.services.document_service import DocumentService
     from engine.config import EngineSettings
     from engine.dtype_choice import DtypeChoice
+    from engine.engine import Engine
     from engine.models.resolve import ServedModel
     from engine.scheduler import Scheduler
     from kvcache.config import KVCacheSettings
     from kvcache.stats import TierStats
+    from kvcache.store import TieredKVStore
+
+
+@dataclass(frozen=True)
+class ServingParts:
+    """What the stats read of a started server: the engine (its model, dtype and the blend settings it serves
+    with), the KV store, the embedder's compute dtype, where the blend settings came from and the background
+    calibration's state."""
+
+    engine: Engine
+    store: TieredKVStore
+    embedder_compute: DtypeChoice | None
+    blend: BlendInForce | None
+    calibration: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -45,13 +60,13 @@ class KVFootprint:
     disk_entries: int | None
 
 
-def kv_footprint(services: Services | None, settings: KVCacheSettings) -> KVFootprint:
+def kv_footprint(parts: ServingParts | None, settings: KVCacheSettings) -> KVFootprint:
     from kvcache.format import Int4Params, format_bytes_per_token
 
     per_token = None
     disk_budget, disk_bytes, disk_entries = None, 0, 0
-    if services is not None:
-        cfg = services.engine.config
+    if parts is not None:
+        cfg = parts.engine.config
         per_token = format_bytes_per_token(
             settings.storage_dtype,
             num_layers=cfg.num_layers,
@@ -59,7 +74,7 @@ def kv_footprint(services: Services | None, settings: KVCacheSettings) -> KVFoot
             head_dim=cfg.head_dim,
             int4=Int4Params(k_group=settings.int4_k_group, v_group=settings.int4_v_group),
         )
-        disk = services.store.disk
+        disk = parts.store.disk
         if disk is not None:
             st = disk.stats()
             disk_budget, disk_bytes, disk_entries = st.budget_bytes, st.num_bytes, st.num_entries
@@ -166,7 +181,7 @@ class StatsService:
 
     def snapshot(
         self,
-        services: Services | None,
+        parts: ServingParts | None,
         documents: DocumentService | None,
         scheduler: Scheduler | None,
         collections: Collection[str] | None = None,
@@ -175,35 +190,37 @@ class StatsService:
         sample = self._metrics.registry.get_sample_value
         tiers: list[TierStats] = []
         kv_hit_rate = None
-        if services is not None:
-            store_stats = services.store.stats()
+        if parts is not None:
+            store_stats = parts.store.stats()
             kv_hit_rate = hit_rate(store_stats.num_hits, store_stats.num_misses)
             tiers = list(store_stats.tiers)
         chunks = int(sample("blendrag_ingest_chunks_total") or 0)
         seconds = float(sample("blendrag_ingest_seconds_total") or 0.0)
         recent = self._metrics.recent.snapshot()
         rate = self._prefill_rate.tokens_per_s
-        served = services.engine.served_model if services is not None else None
-        engine_settings = services.engine.settings if services is not None else self._engine
-        in_force = services.blend if services is not None else None
-        runner = getattr(services, "calibration", None) if services is not None else None
+        engine = parts.engine if parts is not None else None
+        served = engine.served_model if engine is not None else None
+        # The engine serves with the blend settings in force (app/calibration/in_force.py); before start-up,
+        # the configured ones.
+        engine_settings = engine.settings if engine is not None else self._engine
+        in_force = parts.blend if parts is not None else None
         return ServingStats(
             model=served.name if served is not None else None,
             served_model=served,
-            fingerprint=services.engine.fingerprint[:12] if services is not None else None,
-            compute=services.engine.dtype_choice if services is not None else None,
-            embedder_compute=services.retriever.embedder.dtype_choice if services is not None else None,
+            fingerprint=engine.fingerprint[:12] if engine is not None else None,
+            compute=engine.dtype_choice if engine is not None else None,
+            embedder_compute=parts.embedder_compute if parts is not None else None,
             default_mode=engine_settings.mode,
             default_selector=engine_settings.selector,
             default_recompute_ratio=engine_settings.recompute_ratio,
             blend_settings=in_force.describe() if in_force is not None else None,
-            calibration=runner.status() if runner is not None else None,
+            calibration=parts.calibration if parts is not None else None,
             queue_depth=queue_depth(scheduler),
             prefill_tokens_per_s=round(rate, 1) if rate is not None else None,
             documents_by_status=documents.count_by_status(collections) if documents is not None else {},
             kv_tiers=tiers,
             kv_hit_rate=kv_hit_rate,
-            kv_footprint=kv_footprint(services, self._kv_settings),
+            kv_footprint=kv_footprint(parts, self._kv_settings),
             ask_kv_hits=int(sample("blendrag_ask_kv_lookups_total", {"result": "hit"}) or 0),
             ask_kv_misses=int(sample("blendrag_ask_kv_lookups_total", {"result": "miss"}) or 0),
             ingest_chunks=chunks,
@@ -213,6 +230,6 @@ class StatsService:
             recent=recent,
         )
 
-    def refresh_metrics(self, services: Services | None, scheduler: Scheduler | None) -> None:
+    def refresh_metrics(self, store: TieredKVStore | None, scheduler: Scheduler | None) -> None:
         """Read the gauges that are sampled at scrape time (store bytes per tier, queue depth)."""
-        self._metrics.refresh(services.store.stats() if services is not None else None, queue_depth(scheduler))
+        self._metrics.refresh(store.stats() if store is not None else None, queue_depth(scheduler))

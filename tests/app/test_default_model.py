@@ -52,7 +52,8 @@ def test_the_default_model_answers_a_look_up_from_the_documents(tmp_path: Path, 
         dtype = str(engine.dtype).removeprefix("torch.")
         assert stats["blend_settings"]["source"] == "shipped"
         assert f"({dtype}, fingerprint {engine.fingerprint[:12]})" in stats["blend_settings"]["label"]
-        assert needs_calibration(client.app.state.blendrag.services) is None  # type: ignore[attr-defined]
+        served = client.app.state.blendrag.services  # type: ignore[attr-defined]
+        assert needs_calibration(served.engine, served.settings) is None
         assert engine.tokenizer.decode(engine.prompt.prefix_ids) == (
             "<|im_start|>system\nYou are a helpful assistant. Answer the question using the documents. "
             "Be concise.<|im_end|>\n<|im_start|>user\n"

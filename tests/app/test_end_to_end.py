@@ -42,7 +42,7 @@ def test_ingest_then_ask_streams_sources_tokens_done(tmp_path: Path, smollm2_dir
         blend_settings = client.get("/api/stats").json()["blend_settings"]
         assert blend_settings["source"] == "shipped"
         assert f"({dtype}, fingerprint {services.engine.fingerprint[:12]})" in blend_settings["label"]
-        assert needs_calibration(services) is None
+        assert needs_calibration(services.engine, services.settings) is None
         docs = [
             {
                 "title": "Zorblat facts",

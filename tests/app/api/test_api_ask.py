@@ -123,7 +123,7 @@ def test_non_streaming_answer_is_one_json_body(client: TestClient, corpus: dict[
     }
     # A one-off question (no `conversation_id`) is not stored.
     assert body["conversation_id"] is None and (body["history_turns"], body["history_dropped_turns"]) == (0, 0)
-    assert client.app.state.blendrag.conversations.counts().num_conversations == 0
+    assert client.app.state.blendrag.services.conversations.counts().num_conversations == 0
     assert body["retrieval_query"] is None
     assert (body["usage"]["history_tokens"], body["usage"]["history_reused_tokens"]) == (0, 0)
     assert [s["rank"] for s in body["sources"]] == [1, 2]

@@ -17,6 +17,7 @@ from pgserver import pg_server, pg_url  # noqa: F401  (a real PostgreSQL server,
 
 from app.api import conversations
 from app.api.errors import install_error_handlers
+from app.build import Services
 from app.catalog import Catalog
 from app.catalog.conversations import NewTurn, Scope
 from app.catalog.models import ApiKeyRow
@@ -41,8 +42,8 @@ def catalog(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Catalog]
 @pytest.fixture
 def client(catalog: Catalog, tmp_path: Path) -> Iterator[TestClient]:
     app = FastAPI()
-    state = AppState(settings=Settings(data_dir=tmp_path / "data"))
-    state.conversations = ConversationService(catalog)
+    settings = Settings(data_dir=tmp_path / "data")
+    state = AppState(settings=settings, services=Services(settings, conversations=ConversationService(catalog)))
     app.state.blendrag = state
     install_error_handlers(app)
     app.include_router(conversations.router)
@@ -78,9 +79,11 @@ def _keyed_client(catalog: Catalog, tmp_path: Path, public: list[str]) -> TestCl
     """The routes on a server with an admin key, collection keys in `catalog` and `public` collections."""
     app = FastAPI()
     settings = Settings(data_dir=tmp_path / "data", server={"api_key": ADMIN_KEY, "public_collections": public})
-    state = AppState(settings=settings)
-    state.conversations = ConversationService(catalog)
-    state.keys = KeyService(catalog.keys, cache_s=0.0)  # a changed grant counts at the next request
+    # A changed grant counts at the next request (no key cache).
+    services = Services(
+        settings, conversations=ConversationService(catalog), keys=KeyService(catalog.keys, cache_s=0.0)
+    )
+    state = AppState(settings=settings, services=services)
     app.state.blendrag = state
     install_error_handlers(app)
     app.include_router(conversations.router)

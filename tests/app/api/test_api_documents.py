@@ -19,7 +19,7 @@ def state_of(client: TestClient) -> Any:
 
 def queued_job(client: TestClient, title: str) -> tuple[str, str]:
     """A job accepted but not handed to the worker: it stays `queued` and its document `pending`."""
-    submitted = state_of(client).ingest.submit(
+    submitted = state_of(client).services.ingest.submit(
         [IngestSource(kind="text", title=title, text=f"{title} text.")], enqueue=False
     )
     return submitted.job_id, submitted.document_ids[0]

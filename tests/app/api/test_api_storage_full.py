@@ -145,4 +145,4 @@ def test_failure_is_written_with_the_reserve_so_a_restart_cannot_rerun_the_job(
     assert job["status"] == "failed" and job["errors"][-1]["code"] == "storage_full"
     assert catalog.get_job(job["job_id"]).status.value == "failed"  # written down, not only reported
     assert not storage.reserve_path.exists()
-    assert http.app.state.blendrag.ingest.recover() == []  # type: ignore[attr-defined]
+    assert http.app.state.blendrag.services.ingest.recover() == []  # type: ignore[attr-defined]

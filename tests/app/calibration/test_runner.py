@@ -65,11 +65,13 @@ def test_runner_calibrates_once_and_puts_the_record_in_force(
     original = fast_engine.settings
     services.adopt_blend(resolve(settings.engine, fast_engine.config.num_layers))
     assert services.blend is not None and services.blend.source == "safe"
-    assert needs_calibration(services) is not None
+    assert needs_calibration(fast_engine, settings) is not None
     scheduler = Scheduler(fast_engine)
     scheduler.start()
     try:
-        runner = CalibrationRunner(settings, services, scheduler, ratios=(1.0,), cases_per_kind=(1, 0, 0))
+        runner = CalibrationRunner(
+            settings, fast_engine, scheduler, adopt=services.adopt_blend, ratios=(1.0,), cases_per_kind=(1, 0, 0)
+        )
         runner.start()
         runner.join(600)
         status = runner.status()
@@ -80,8 +82,8 @@ def test_runner_calibrates_once_and_puts_the_record_in_force(
         assert services.blend.source == "calibrated" and fast_engine.settings.recompute_ratio == 1.0
         assert fast_engine.blend_origin == services.blend.label and "calibrated on" in fast_engine.blend_origin
         # Once per fingerprint: the next start finds the record and does not calibrate again.
-        assert needs_calibration(services) is None
-        again = CalibrationRunner(settings, services, scheduler)
+        assert needs_calibration(fast_engine, settings) is None
+        again = CalibrationRunner(settings, fast_engine, scheduler, adopt=services.adopt_blend)
         again.start()
         assert again.status()["state"] == "done" and again._thread is None
     finally:
