@@ -7,7 +7,7 @@ once behind the engine's prefix (outside any timing: it is ingest's work), serve
 
 A storage dtype other than `fp32` goes through an in-memory `TieredKVStore` built from the server's own
 `KVCacheSettings` (its int4 groups and its prefetching loader), written through the one KV writer
-(`kvcache.writer.ensure_chunk_kv`); `fp32` serves the engine's own tensors, unrounded, as a reference.
+(`KVSpace.ensure`); `fp32` serves the engine's own tensors, unrounded, as a reference.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ chunk can be computed one way:
 
     space = KVSpace.of_engine(store, engine)       # the composition root makes one (app/build.py)
     key = space.key(chunk_ids)                       # what a catalog row records
-    written = space.ensure(chunks, compute=...)      # compute and store what the store lacks (kvcache.writer)
+    written = space.ensure(chunks, compute=...)      # compute and store what the store lacks (the one KV writer)
     with space.open(written.keys, device, dtype) as source: ...  # layer-wise, as a question reads it
 
 kvcache imports no engine: `of_engine` takes anything with a `fingerprint` and a `prompt.prefix_ids`.
@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from kvcache.keys import chunk_key
-from kvcache.writer import DEFAULT_BATCH_CHUNKS, ChunkKVWrite, ComputeKV, ensure_chunk_kv
+from kvcache.writer import DEFAULT_BATCH_CHUNKS, BatchStorer, ChunkKVWrite, ComputeKV, report, write_batches
 
 if TYPE_CHECKING:
     import torch
@@ -75,24 +75,36 @@ class KVSpace:
         on_batch: Callable[[int], None] | None = None,
         history_keys: Collection[str] = (),
     ) -> ChunkKVWrite:
-        """Make sure every chunk's KV is stored (`kvcache.writer.ensure_chunk_kv`). `keys`: the chunks' keys
-        when the caller has them already from `self.key` (ingest records them), so each is hashed once."""
+        """Make sure every chunk's KV is stored: compute the missing ones `batch_chunks` at a time and put them
+        (kvcache/writer.py: the batches overlap their writes, one policy for a failed put).
+
+        `keys`: the chunks' keys when the caller has them already from `self.key` (ingest records them), so
+        each is hashed once. `missing_keys`: the caller already knows which keys are missing (a failed
+        `open`); otherwise the store is asked (one `locate_many`). `on_batch(num_done)` runs after each batch
+        with the number of `chunks` handled so far (present ones count from the start); it may raise to stop
+        (ingest's cancel). With `keep_entries` the computed entries come back, in the store's encoding, for
+        the caller to serve. `history_keys`: the keys of conversation turns (their memory copy goes to the
+        history memory tier).
+        """
         if keys is None:
             keys = [self.key(ids) for ids in chunks]
         elif len(keys) != len(chunks):
             raise ValueError(f"{len(keys)} keys for {len(chunks)} chunks")
-        return ensure_chunk_kv(
-            self.store,
-            chunks,
-            list(keys),
-            model_fingerprint=self.model_fingerprint,
-            compute=compute,
-            keep_entries=keep_entries,
-            batch_chunks=batch_chunks,
-            missing_keys=missing_keys,
-            on_batch=on_batch,
-            history_keys=history_keys,
-        )
+        keys = list(keys)
+        ids_by_key = {key: list(ids) for key, ids in zip(keys, chunks, strict=True)}
+        if missing_keys is None:
+            present = self.store.locate_many(list(ids_by_key))
+            todo = [key for key in ids_by_key if key not in present]
+        else:
+            wanted = set(missing_keys)
+            todo = [key for key in ids_by_key if key in wanted]
+        todo_set = set(todo)
+        num_done = sum(1 for key in keys if key not in todo_set)
+        if on_batch is not None and not todo:
+            on_batch(num_done)
+        stored = BatchStorer(self.store, self.model_fingerprint, keys, num_done, keep_entries, history_keys, on_batch)
+        write_batches(stored, todo, ids_by_key, compute, batch_chunks)
+        return report(stored, keys, len(ids_by_key), len(todo))
 
     def open(
         self,

@@ -6,9 +6,10 @@
     written.unwritten    # computed keys the store could not keep (see `entry_written`)
 
 Questions (app/services/ask/kv.py, the chunks and a conversation's turns), ingest, `blendrag doctor
---repair`, calibration and bench all write KV through here, by way of `KVSpace.ensure`, which names the
-chunks' keys, so a failed put means the same everywhere: the entry is not
-in a tier that outlives this process (disk or Redis), or, for a store with memory only, not stored at all.
+--repair`, calibration and bench all write KV through `KVSpace.ensure` (kvcache/space.py: it names the
+chunks' keys and finds the missing ones) and the batches and policy here, so a failed put means the same
+everywhere: the entry is not in a tier that outlives this process (disk or Redis), or, for a store with
+memory only, not stored at all.
 It is logged here once per call; each caller then does what its contract asks: a question still serves the
 KV it just computed (`TieredKVStore.open_layers(..., computed=written.computed)`), ingest fails the
 documents concerned, doctor reports the chunks as still missing, bench stops.
@@ -20,7 +21,7 @@ kvcache imports no engine: `compute(chunks) -> list[ChunkKV]` is the caller's (t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -36,7 +37,7 @@ DEFAULT_BATCH_CHUNKS = 8  # chunks computed per call of `compute` (padded to the
 
 @dataclass(frozen=True)
 class ChunkKVWrite:
-    """What `ensure_chunk_kv` found and did."""
+    """What `KVSpace.ensure` found and did."""
 
     keys: list[str]  # one per chunk given, in order (duplicates share a key)
     num_present: int  # unique keys the store already held
@@ -54,78 +55,52 @@ def entry_written(store: TieredKVStore, result: PutResult) -> bool:
     return bool(result.stored_in)
 
 
-def ensure_chunk_kv(
-    store: TieredKVStore,
-    chunks: Sequence[Sequence[int]],
-    keys: list[str],
-    *,
-    model_fingerprint: str,
-    compute: ComputeKV,
-    keep_entries: bool = False,
-    batch_chunks: int = DEFAULT_BATCH_CHUNKS,
-    missing_keys: Sequence[str] | None = None,
-    on_batch: Callable[[int], None] | None = None,
-    history_keys: Collection[str] = (),
-) -> ChunkKVWrite:
-    """Make sure every chunk's KV is stored: compute the missing ones `batch_chunks` at a time and put them.
+def write_batches(
+    stored: BatchStorer, todo: list[str], ids_by_key: dict[str, list[int]], compute: ComputeKV, batch_chunks: int
+) -> None:
+    """Compute the chunks of `todo` (keys) `batch_chunks` at a time and hand each batch to `stored`.
 
-    `keys`: each chunk's key in its KV space (`KVSpace.ensure` names them; call that, not this).
-
-    `missing_keys`: the caller already knows which keys are missing (a failed `open_layers`); otherwise the
-    store is asked (one `locate_many`). `on_batch(num_done)` runs after each batch with the number of
-    `chunks` handled so far (present ones count from the start); it may raise to stop (ingest's cancel).
-    With `keep_entries` the computed entries come back, in the store's encoding, for the caller to serve.
-    `history_keys`: the keys of conversation turns (their memory copy goes to the history memory tier).
+    Batch i is encoded and written on a worker thread while batch i+1 is computed: the encode (int4
+    quantization) and the write (with its fsync) otherwise add a quarter to a half of the compute time at
+    ingest. One batch in flight at most, so progress reports and a cancel (`on_batch` raising) stay in order.
+    If `compute` raises, leaving the executor still waits for the batch being stored.
     """
-    ids_by_key = {key: list(ids) for key, ids in zip(keys, chunks, strict=True)}
-    if missing_keys is None:
-        present = store.locate_many(list(ids_by_key))
-        todo = [key for key in ids_by_key if key not in present]
-    else:
-        wanted = set(missing_keys)
-        todo = [key for key in ids_by_key if key in wanted]
-    todo_set = set(todo)
-    num_done = sum(1 for key in keys if key not in todo_set)
-    if on_batch is not None and not todo:
-        on_batch(num_done)
-    stored = _BatchStorer(store, model_fingerprint, keys, num_done, keep_entries, history_keys, on_batch)
+    if not todo:
+        return
     step = max(1, batch_chunks)
-    # Batch i is encoded and written on a worker thread while batch i+1 is computed: the encode (int4
-    # quantization) and the write (with its fsync) otherwise add a quarter to a half of the compute time at
-    # ingest. One batch in flight at most, so progress reports and a cancel (`on_batch` raising) stay in order.
-    # If `compute` raises, leaving the executor still waits for the batch being stored.
-    if todo:
-        with ThreadPoolExecutor(1, thread_name_prefix="kv-store") as worker:
-            in_flight: Future[None] | None = None
-            for start in range(0, len(todo), step):
-                batch = todo[start : start + step]
-                kvs = compute([ids_by_key[key] for key in batch])
-                if in_flight is not None:
-                    in_flight.result()  # re-raises what storing the previous batch raised (a cancel)
-                in_flight = worker.submit(stored.put_batch, batch, kvs)
-            assert in_flight is not None
-            in_flight.result()
-    computed, unwritten, failed_tiers = stored.computed, stored.unwritten, stored.failed_tiers
-    num_bytes_written, num_tokens_written = stored.num_bytes_written, stored.num_tokens_written
-    if unwritten:
+    with ThreadPoolExecutor(1, thread_name_prefix="kv-store") as worker:
+        in_flight: Future[None] | None = None
+        for start in range(0, len(todo), step):
+            batch = todo[start : start + step]
+            kvs = compute([ids_by_key[key] for key in batch])
+            if in_flight is not None:
+                in_flight.result()  # re-raises what storing the previous batch raised (a cancel)
+            in_flight = worker.submit(stored.put_batch, batch, kvs)
+        assert in_flight is not None
+        in_flight.result()
+
+
+def report(stored: BatchStorer, keys: list[str], num_unique: int, num_todo: int) -> ChunkKVWrite:
+    """What a write did, logged once when something could not be kept."""
+    if stored.unwritten:
         logger.warning(
             "KV of %d chunk(s) could not be stored (%s failed; disk full or unwritable?)",
-            len(unwritten),
-            ", ".join(sorted(failed_tiers)) or "no tier kept it",
+            len(stored.unwritten),
+            ", ".join(sorted(stored.failed_tiers)) or "no tier kept it",
         )
     return ChunkKVWrite(
         keys=keys,
-        num_present=len(ids_by_key) - len(todo),
-        num_computed=len(todo),
-        unwritten=frozenset(unwritten),
-        computed=computed,
-        num_bytes_written=num_bytes_written,
-        num_tokens_written=num_tokens_written,
+        num_present=num_unique - num_todo,
+        num_computed=num_todo,
+        unwritten=frozenset(stored.unwritten),
+        computed=stored.computed,
+        num_bytes_written=stored.num_bytes_written,
+        num_tokens_written=stored.num_tokens_written,
     )
 
 
-class _BatchStorer:
-    """Encodes and puts computed batches, in order, and keeps the tally `ensure_chunk_kv` returns."""
+class BatchStorer:
+    """Encodes and puts computed batches, in order, and keeps the tally `KVSpace.ensure` returns."""
 
     def __init__(
         self,
