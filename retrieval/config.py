@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from retrieval.types import IndexParams
 
@@ -60,6 +60,29 @@ class RetrievalSettings(BaseModel):
         description="Minimum cosine similarity between question and chunk, whatever the final ranking score; "
         "null: none",
     )
+    relevance_floor: float | Literal["auto"] | None = Field(
+        "auto",
+        description="Below this best cosine similarity between question and chunk the documents are taken not to "
+        "cover the question: its chunks stay out of the prompt, the model is told so, and the answer carries "
+        "the notice 'the documents do not cover this question'. auto: the floor measured for the embedder "
+        "(0.35 for the builtin all-MiniLM-L6-v2, `python -m bench relevance`; none for any other); null (or "
+        "'off' in the environment): none",
+    )
+
+    @field_validator("relevance_floor", mode="before")
+    @classmethod
+    def _floor_off(cls, value: object) -> object:
+        # An environment variable cannot say null: 'off' (or 'null', 'none') there means no floor.
+        return None if isinstance(value, str) and value.strip().lower() in ("off", "null", "none") else value
+
+    @field_validator("relevance_floor")
+    @classmethod
+    def _floor_range(cls, value: float | str | None) -> float | str | None:
+        # Checked here, not with ge/le on the field: those would be applied to 'auto' too.
+        if isinstance(value, float) and not -1.0 <= value <= 1.0:
+            raise ValueError("a cosine similarity floor is between -1 and 1")
+        return value
+
     hybrid: bool = Field(False, description="Fuse BM25 keyword search with the vector search (reciprocal rank)")
     rrf_k: int = Field(60, ge=1, description="hybrid: the k of reciprocal rank fusion, 1 / (k + rank)")
     num_candidates: int = Field(

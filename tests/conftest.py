@@ -23,6 +23,10 @@ os.environ.setdefault("BLENDRAG_ENGINE__MODEL", "smollm2-135m")
 # Servers the tests start do not calibrate their (tiny, random) model in the background: it would take the
 # cores the tests need. Tests of the calibration runner turn it on explicitly.
 os.environ.setdefault("BLENDRAG_CALIBRATION__AUTO", "false")
+# The tests' stand-in questions ("q", "capital?") are about nothing in particular: under the relevance floor
+# (retrieval.relevance_floor, auto: 0.35 with MiniLM) they would lose their sources. Tests of the floor set
+# it explicitly (tests/app/services/ask/test_relevance_floor.py, tests/app/api/test_api_not_covered.py).
+os.environ.setdefault("BLENDRAG_RETRIEVAL__RELEVANCE_FLOOR", "off")
 # Servers the tests start announce themselves here, never in the user's own runtime dir.
 os.environ.setdefault("BLENDRAG_RUNTIME_DIR", tempfile.mkdtemp(prefix="blendrag-test-runtime-"))
 

@@ -55,8 +55,9 @@ class SourcesEventOut(RecordOut):
     retrieval_ms: float
     notice: str | None = Field(
         default=None,
-        description='Set when there are no sources: "nothing ingested yet" or "no documents match" '
-        "(the answer then comes from the model alone)",
+        description='Set when there are no sources: "nothing ingested yet", "no documents match" or "the '
+        'documents do not cover this question" (the best match scored below retrieval.relevance_floor: the '
+        "chunks were left out and the model was told so); the answer then comes from the model alone",
     )
 
 

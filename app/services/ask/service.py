@@ -30,6 +30,8 @@ from app.services.ask.recorder import AnswerRecorder
 from app.services.ask.turn import TurnFinisher
 from app.services.ask.types import (
     NO_MATCH,
+    NOT_COVERED,
+    NOT_COVERED_NOTE,
     NOTHING_INGESTED,
     AskBusy,
     AskEvent,
@@ -42,6 +44,7 @@ from app.services.ask.types import (
 )
 from app.services.conversation_service import ConversationContext
 from app.services.estimates import PrefillRate
+from retrieval.relevance import covers, relevance_floor
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
@@ -167,13 +170,19 @@ class AskService:
         same_history = conversation is not None and conversation.history == history
         source_ids = conversation.source_ids if conversation is not None and same_history else ()
         query = await self._followup.query(request.question, history, request.followup, source_ids)
-        chunks, sources = await asyncio.to_thread(self._retrieve, request, query)
+        chunks, sources, best_score = await asyncio.to_thread(self._retrieve, request, query)
         retrieval_ms = (time.perf_counter() - started) * 1000
+        # Chunks that score below the relevance floor do not answer the question: left out, they cannot be
+        # quoted or cited for an answer they do not hold, and the model is told the documents say nothing.
+        covered = not sources or covers(best_score, relevance_floor(self._settings.retrieval))
+        question = request.question.strip()
+        if not covered:
+            chunks, sources, question = [], [], f"{question}\n\n{NOT_COVERED_NOTE}"
         context = engine.model.config.max_position_embeddings
         prompt = build_prompt(
             engine.prompt.for_system_prompt(request.system_prompt),
             [c.token_ids for c in chunks],
-            request.question.strip(),
+            question,
             budget.history,
             context,
         )
@@ -194,6 +203,8 @@ class AskService:
             history_keys=self._turn_kv.keys(layout),
             history=history,
             conversation=conversation,
+            best_score=best_score,
+            covered=covered,
         )
 
     def open_plan_kv(self, plan: AskPlan) -> OpenedKV:
@@ -213,7 +224,10 @@ class AskService:
             raise ConversationNotFound(f"no conversation {ref.conversation_id!r} (conversations are not kept here)")
         return self._conversations.open(ref.conversation_id, ref.owner, ref.readable, request.filters.collections)
 
-    def _retrieve(self, request: AskRequest, query: FollowupQuery) -> tuple[list[ChunkRecord], list[Source]]:
+    def _retrieve(
+        self, request: AskRequest, query: FollowupQuery
+    ) -> tuple[list[ChunkRecord], list[Source], float | None]:
+        """The ready chunks retrieved, their sources (best first) and the best cosine similarity among them."""
         settings = self._settings.retrieval
         hits = self._retriever.search(
             query.text,
@@ -228,10 +242,12 @@ class AskService:
         records = self._catalog.chunks_by_ids(list(ready))
         chunks: list[ChunkRecord] = []
         sources: list[Source] = []
+        best: float | None = None
         for hit in hits:
             record = records.get(hit.chunk_id)
             if record is None:
                 continue
+            best = hit.vector_score if best is None else max(best, hit.vector_score)
             chunks.append(record)
             sources.append(
                 Source(
@@ -245,10 +261,13 @@ class AskService:
                     text=record.text,
                 )
             )
-        return chunks, sources
+        return chunks, sources, None if best is None else round(float(best), 6)
 
     def _sources(self, plan: AskPlan) -> SourcesEvent:
-        notice = None if plan.sources else (NOTHING_INGESTED if self._retriever.count == 0 else NO_MATCH)
+        if not plan.covered:
+            notice: str | None = NOT_COVERED
+        else:
+            notice = None if plan.sources else (NOTHING_INGESTED if self._retriever.count == 0 else NO_MATCH)
         return SourcesEvent(sources=plan.sources, retrieval_ms=round(plan.retrieval_ms, 2), notice=notice)
 
     def _generation(self, request: AskRequest, plan: AskPlan, mode: str) -> GenerationRequest:

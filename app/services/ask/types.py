@@ -81,14 +81,22 @@ class Source:
 
 NOTHING_INGESTED = "nothing ingested yet"
 NO_MATCH = "no documents match"
+# The best match scored below the relevance floor (retrieval/relevance.py): the chunks stay out of the prompt.
+NOT_COVERED = "the documents do not cover this question"
+# What the model reads after such a question, so that it says so instead of inventing an answer that reads as
+# if it came from the documents.
+NOT_COVERED_NOTE = (
+    "Note: none of the user's documents is about this question. Say so in your first sentence; "
+    "anything you add after that is not from the documents, so say that too."
+)
 
 
 @dataclass(frozen=True)
 class SourcesEvent:
     sources: list[Source]
     retrieval_ms: float
-    # Why there are no sources, when there are none: NOTHING_INGESTED or NO_MATCH (the answer then comes
-    # from the model alone, and the client should say so).
+    # Why there are no sources, when there are none: NOTHING_INGESTED, NO_MATCH or NOT_COVERED (the answer
+    # then comes from the model alone, and the client should say so).
     notice: str | None = None
 
 
@@ -164,3 +172,7 @@ class AskPlan:
     history_keys: list[str]  # the store key of each earlier turn in the layout
     history: tuple[Turn, ...] = ()  # the earlier turns the prompt was laid out from (oldest first)
     conversation: ConversationContext | None = None  # the opened conversation the turn is recorded in
+    # Retrieval's best cosine similarity (None: nothing retrieved) and whether it reached the relevance floor;
+    # below it `sources` is empty and the prompt carries NOT_COVERED_NOTE.
+    best_score: float | None = None
+    covered: bool = True

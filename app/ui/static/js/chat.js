@@ -90,7 +90,11 @@ function openPassage(source) {
   renderInto(body, text);
 }
 
-const NOTICES = { "nothing ingested yet": "Nothing ingested yet", "no documents match": "No documents match" };
+const NOTICES = {
+  "nothing ingested yet": "Nothing ingested yet",
+  "no documents match": "No documents match",
+  "the documents do not cover this question": "Your documents do not cover this question",
+};
 
 // The answer with " [n]" after each sentence the server attributed to source n (before its closing
 // punctuation), unless the model already cited it there.

@@ -1,0 +1,93 @@
+"""The relevance floor: a question whose best match scores below it gets no chunks, a prompt that tells the
+model the documents do not cover it, and the notice; a question above it is planned and answered exactly as
+without a floor. On the fast stack (hash embedder: shared words make the cosine similarity)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.build import Services, new_ask, new_ingest, new_scheduler
+from app.services.ask.types import NOT_COVERED, NOT_COVERED_NOTE, AskPlan, AskRequest, DoneEvent, SourcesEvent
+from app.services.ingest import IngestSource
+from app.settings import Settings
+from retrieval.config import RetrievalSettings
+from retrieval.relevance import BUILTIN_EMBEDDER_FLOOR, covers, relevance_floor
+
+DOCS = {
+    "zorblat": "Quintaro is the capital of Zorblat. It has purple rivers and a kite festival in May.",
+    "bread": "Sourdough needs flour, water, salt and a starter. Bake it at 250 degrees for forty minutes.",
+}
+IN_CORPUS = "What is the capital of Zorblat?"
+OUT_OF_CORPUS = "How do I set a connect timeout on an httpx AsyncClient?"
+FLOOR = 0.2
+
+
+def _services(make_fast_settings, make_fast_services, floor: float | None, data: Path) -> Services:
+    settings: Settings = make_fast_settings(data_dir=data, retrieval={"relevance_floor": floor})
+    services = make_fast_services(settings)
+    ingest = new_ingest(services)
+    submitted = ingest.submit([IngestSource(kind="text", title=t, text=x) for t, x in DOCS.items()], enqueue=False)
+    ingest.run_job(submitted.job_id)
+    return services
+
+
+def _plan(services: Services, question: str) -> AskPlan:
+    return asyncio.run(new_ask(services, scheduler=services.scheduler).plan(AskRequest(question=question, top_k=2)))
+
+
+def _ask(services: Services, question: str) -> list:
+    async def go() -> list:
+        scheduler = new_scheduler(services.settings, services.engine)
+        scheduler.start()
+        try:
+            request = AskRequest(question=question, top_k=2, max_tokens=4)
+            return [e async for e in new_ask(services, scheduler=scheduler).ask(request)]
+        finally:
+            await asyncio.to_thread(scheduler.stop)
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def floored(make_fast_settings, make_fast_services, tmp_path: Path) -> Callable[[float | None], Services]:
+    return lambda floor: _services(make_fast_settings, make_fast_services, floor, tmp_path / f"data-{floor}")
+
+
+def test_below_the_floor_no_chunk_is_read_and_the_model_is_told(floored) -> None:
+    services = floored(FLOOR)
+    plan = _plan(services, OUT_OF_CORPUS)
+    assert plan.best_score is not None and plan.best_score < FLOOR
+    assert (plan.covered, plan.sources, plan.ordered, plan.layout.num_context_tokens) == (False, [], [], 0)
+    engine = services.engine
+    assert engine is not None
+    expected = engine.prompt.layout([], f"{OUT_OF_CORPUS}\n\n{NOT_COVERED_NOTE}")
+    assert plan.layout.all_ids() == expected.all_ids()
+    events = _ask(services, OUT_OF_CORPUS)
+    sources, done = events[0], events[-1]
+    assert isinstance(sources, SourcesEvent) and isinstance(done, DoneEvent)
+    assert (sources.sources, sources.notice) == ([], NOT_COVERED)
+    assert (done.notice, done.citations, done.usage.context_tokens) == (NOT_COVERED, [], 0)
+
+
+def test_above_the_floor_the_question_is_planned_as_without_one(floored) -> None:
+    with_floor, without = _plan(floored(FLOOR), IN_CORPUS), _plan(floored(None), IN_CORPUS)
+    assert with_floor.best_score is not None and with_floor.best_score >= FLOOR
+    assert with_floor.best_score == without.best_score
+    assert with_floor.covered and without.covered
+    assert [s.title for s in with_floor.sources] == ["zorblat", "bread"]
+    assert [(s.title, s.score) for s in with_floor.sources] == [(s.title, s.score) for s in without.sources]
+    assert with_floor.layout.all_ids() == without.layout.all_ids()
+    # Without a floor the out-of-corpus question still gets the closest chunks, as before.
+    assert _plan(floored(None), OUT_OF_CORPUS).covered
+
+
+def test_the_floor_in_force_is_the_embedders_unless_set() -> None:
+    assert relevance_floor(RetrievalSettings()) == BUILTIN_EMBEDDER_FLOOR == 0.35  # builtin MiniLM, auto
+    assert relevance_floor(RetrievalSettings(embedder="/models/e5-small")) is None  # nobody measured it
+    assert relevance_floor(RetrievalSettings(embedder="/models/e5-small", relevance_floor=0.8)) == 0.8
+    assert relevance_floor(RetrievalSettings(relevance_floor=None)) is None
+    assert covers(0.35, 0.35) and not covers(0.349, 0.35) and not covers(None, 0.35) and covers(None, None)
