@@ -74,6 +74,7 @@ class KVSpace:
         missing_keys: Sequence[str] | None = None,
         on_batch: Callable[[int], None] | None = None,
         history_keys: Collection[str] = (),
+        persist: bool = True,
     ) -> ChunkKVWrite:
         """Make sure every chunk's KV is stored: compute the missing ones `batch_chunks` at a time and put them
         (kvcache/writer.py: the batches overlap their writes, one policy for a failed put).
@@ -84,7 +85,7 @@ class KVSpace:
         with the number of `chunks` handled so far (present ones count from the start); it may raise to stop
         (ingest's cancel). With `keep_entries` the computed entries come back, in the store's encoding, for
         the caller to serve. `history_keys`: the keys of conversation turns (their memory copy goes to the
-        history memory tier).
+        history memory tier). `persist=False`: memory tiers only (`TieredKVStore.put_entry`).
         """
         if keys is None:
             keys = [self.key(ids) for ids in chunks]
@@ -102,7 +103,9 @@ class KVSpace:
         num_done = sum(1 for key in keys if key not in todo_set)
         if on_batch is not None and not todo:
             on_batch(num_done)
-        stored = BatchStorer(self.store, self.model_fingerprint, keys, num_done, keep_entries, history_keys, on_batch)
+        stored = BatchStorer(
+            self.store, self.model_fingerprint, keys, num_done, keep_entries, history_keys, on_batch, persist
+        )
         write_batches(stored, todo, ids_by_key, compute, batch_chunks)
         return report(stored, keys, len(ids_by_key), len(todo))
 

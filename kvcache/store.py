@@ -211,10 +211,19 @@ class TieredKVStore:
         )
 
     def put_entry(
-        self, entry: StoredEntry, *, overwrite: bool = False, cache_in_memory: bool = True, history: bool = False
+        self,
+        entry: StoredEntry,
+        *,
+        overwrite: bool = False,
+        cache_in_memory: bool = True,
+        history: bool = False,
+        persist: bool = True,
     ) -> PutResult:
+        """Store `entry` in memory (the history tier for `history`) and, with `persist`, on disk and in Redis.
+        `persist=False`: memory only, gone with the process or pushed out by its LRU (a stateless client's turn,
+        which no stored record names)."""
         key = check_key(entry.key)
-        data = serialize_entry(entry) if (self.disk or self.redis) else None
+        data = serialize_entry(entry) if persist and (self.disk or self.redis) else None
         stored: list[str] = []
         failed: list[str] = []
         memory = self._memory_for(history)

@@ -48,9 +48,10 @@ class ChunkKVWrite:
     num_tokens_written: int = 0  # their tokens
 
 
-def entry_written(store: TieredKVStore, result: PutResult) -> bool:
-    """The policy for a put: written = held by a tier that outlives the process, when the store has one."""
-    if store.disk is not None or store.redis is not None:
+def entry_written(store: TieredKVStore, result: PutResult, *, persist: bool = True) -> bool:
+    """The policy for a put: written = held by a tier that outlives the process, when the store has one (and
+    the put asked for one: `persist`)."""
+    if persist and (store.disk is not None or store.redis is not None):
         return result.persisted
     return bool(result.stored_in)
 
@@ -111,9 +112,11 @@ class BatchStorer:
         keep_entries: bool,
         history_keys: Collection[str],
         on_batch: Callable[[int], None] | None,
+        persist: bool = True,
     ) -> None:
         self.store, self.model_fingerprint, self.keys = store, model_fingerprint, keys
         self.num_done, self.keep_entries, self.history_keys = num_done, keep_entries, history_keys
+        self.persist = persist
         self.on_batch = on_batch
         self.computed: dict[str, StoredEntry] = {}
         self.unwritten: set[str] = set()
@@ -123,8 +126,8 @@ class BatchStorer:
     def put_batch(self, batch: list[str], kvs: list[ChunkKV]) -> None:
         for key, kv in zip(batch, kvs, strict=True):
             entry = self.store.encode(key, kv, model_fingerprint=self.model_fingerprint)
-            result = self.store.put_entry(entry, history=key in self.history_keys)
-            if not entry_written(self.store, result):
+            result = self.store.put_entry(entry, history=key in self.history_keys, persist=self.persist)
+            if not entry_written(self.store, result, persist=self.persist):
                 self.unwritten.add(key)
                 self.failed_tiers.update(result.failed)
             else:

@@ -143,6 +143,12 @@ class ConversationStore(SessionStore):
             ).all()
             return [_turn(r) for r in rows]
 
+    def all_turn_texts(self) -> list[tuple[str, str]]:
+        """(question, answer) of every stored turn, of every owner: what names the turn KV entries on disk
+        (`blendrag doctor` keeps those)."""
+        with self._session() as s:
+            return [(q, a) for q, a in s.execute(select(TurnRow.question, TurnRow.answer)).all()]
+
     def add_turn(self, conversation_id: str, turn: NewTurn, searched: Scope) -> TurnRecord | None:
         """Append a turn that searched `searched` (the conversation's collections widen by it); None when
         the conversation is gone (deleted while the answer was generated)."""

@@ -36,7 +36,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     if report.kv_unwritten_chunk_ids:
         print(f"  of those, KV the store could not keep: {len(report.kv_unwritten_chunk_ids)} (disk full?)")
     leftover = "removed" if args.repair else "found (--repair removes them)"
-    print(f"  KV entries no chunk uses: {report.num_unreferenced_kv_entries} {leftover}")
+    print(f"  KV entries no chunk or stored conversation uses: {report.num_unreferenced_kv_entries} {leftover}")
     print(
         f"  uploads no job needs: {len(report.unreferenced_upload_paths)} "
         f"({human_bytes(report.num_unreferenced_upload_bytes)}) {leftover}"

@@ -41,7 +41,8 @@ class DoctorReport:
     # most, sampled): counted in kv_missing_chunk_ids too; --repair deletes them and recomputes the chunks
     kv_corrupt_keys: list[str] = field(default_factory=list)
     num_kv_checked: int = 0
-    # KV entries no chunk refers to (left by failed or deleted documents): removed by --repair
+    # KV entries neither a chunk nor a stored conversation's turn refers to (left by failed or deleted
+    # documents, deleted conversations): removed by --repair
     num_unreferenced_kv_entries: int = 0
     # of kv_missing_chunk_ids, those a repair computed but the store could not keep (disk full?)
     kv_unwritten_chunk_ids: list[int] = field(default_factory=list)
@@ -116,6 +117,7 @@ def run_doctor(parts: DoctorParts, *, repair: bool) -> DoctorReport:
     report.kv_missing_chunk_ids = [c.id for c in kv_missing]
     # Leftovers: not inconsistencies (no exit code), only space; --repair removes them.
     referenced = set(expected.values()) | {c.kv_key for c in catalog.iter_chunks() if c.kv_key}
+    referenced |= _turn_keys(parts)
     unreferenced_keys = [k for k in store.keys() if k not in referenced]  # noqa: SIM118 (a store, not a dict)
     report.num_unreferenced_kv_entries = len(unreferenced_keys)
     uploads = _unreferenced_uploads(parts.uploads_dir, catalog)
@@ -136,6 +138,16 @@ def run_doctor(parts: DoctorParts, *, repair: bool) -> DoctorReport:
             store.delete(key)
         _remove_uploads(parts.uploads_dir, uploads)
     return report
+
+
+def _turn_keys(parts: DoctorParts) -> set[str]:
+    """The KV keys of the stored conversations' turns (a turn's entry is keyed by its token ids, as
+    `TurnKV` writes it). A stateless client's turns are never on disk (memory only), so nothing else names
+    a turn entry there."""
+    from engine.prompt import Turn
+
+    prompt = parts.engine.prompt
+    return {parts.kv_space.key(prompt.turn_ids(Turn(q, a))) for q, a in parts.catalog.conversations.all_turn_texts()}
 
 
 def _unreferenced_uploads(uploads_dir: Path, catalog: Catalog) -> list[Path]:

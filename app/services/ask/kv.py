@@ -44,8 +44,9 @@ class PromptKV:
 
         Runs in a worker thread (it blocks on the engine for missing segments). The computed KV is stored
         too (kvcache.writer), but served from what was computed, so a store that cannot keep it still
-        answers. A missing or corrupt turn entry is computed like a missing chunk, never an error. Close
-        `source` after.
+        answers. A missing or corrupt turn entry is computed like a missing chunk, never an error; outside a
+        stored conversation it is kept in memory only (no stored record names it: see `TurnFinisher`).
+        Close `source` after.
         """
         from engine.scheduler import PrecomputePriority
         from kvcache.errors import KVEntryMissing
@@ -55,8 +56,12 @@ class PromptKV:
         chunk_ids = [c.token_ids for c in plan.ordered]
         chunk_keys = [space.key(ids) for ids in chunk_ids]
         history = set(plan.history_keys)
-        token_ids = chunk_ids + plan.layout.history_ids
         keys = chunk_keys + plan.history_keys
+        # (ids, keys, persist): chunks always go to disk; turns only when a stored conversation names them.
+        parts = (
+            (chunk_ids, chunk_keys, True),
+            (plan.layout.history_ids, plan.history_keys, plan.conversation is not None),
+        )
         computed: dict[str, StoredEntry] = {}
         missed: set[str] = set()
         for _attempt in range(OPEN_ATTEMPTS):
@@ -72,14 +77,20 @@ class PromptKV:
             except KVEntryMissing as exc:
                 missed.update(exc.keys)
                 logger.info("computing the KV of %d segment(s) missing from the store", len(exc.keys))
-                written = space.ensure(
-                    token_ids,
-                    keys=keys,
-                    # The engine's worker computes them before any other prompt work: a question waits.
-                    compute=lambda todo: scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
-                    missing_keys=exc.keys,
-                    keep_entries=True,
-                    history_keys=history,
-                )
-                computed.update(written.computed)
+                absent = set(exc.keys)
+                for part_ids, part_keys, persist in parts:
+                    missing = [k for k in part_keys if k in absent]
+                    if not missing:
+                        continue
+                    written = space.ensure(
+                        part_ids,
+                        keys=part_keys,
+                        # The engine's worker computes them before any other prompt work: a question waits.
+                        compute=lambda todo: scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
+                        missing_keys=missing,
+                        keep_entries=True,
+                        history_keys=history,
+                        persist=persist,
+                    )
+                    computed.update(written.computed)
         raise RuntimeError("KV store keeps losing entries; see the kvcache faults in /metrics")

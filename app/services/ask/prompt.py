@@ -67,10 +67,12 @@ class TurnKV:
         """History tokens whose KV the store served (not computed at question time)."""
         return sum(len(ids) for ids, key in zip(layout.history_ids, history_keys, strict=True) if key not in missing)
 
-    def store_turn(self, turn: Turn, compute: ComputeKV) -> bool:
+    def store_turn(self, turn: Turn, compute: ComputeKV, *, persist: bool = True) -> bool:
         """Compute and store the entry of a finished turn (unless stored already) through the one KV
-        writer; False when no tier kept it (the next turn then computes it)."""
+        writer; False when no tier kept it (the next turn then computes it). `persist=False`: the history
+        memory tier only (a stateless client's turn: no stored record names it, so on disk it would only
+        wait for `doctor --repair`)."""
         ids = self._engine.prompt.turn_ids(turn)
         key = self._space.key(ids)
-        written = self._space.ensure([ids], keys=[key], compute=compute, history_keys={key})
+        written = self._space.ensure([ids], keys=[key], compute=compute, history_keys={key}, persist=persist)
         return key not in written.unwritten

@@ -47,7 +47,10 @@ class TurnFinisher:
         answer = event.text or text
         usage, timings = self.recorder.measure(event, sources.retrieval_ms, kv, plan.layout.num_history_tokens)
         if request.conversation is not None or plan.history:
-            await self._store_turn_kv(Turn(request.question, answer))
+            # Only a stored conversation's turn goes to disk: its record names it (doctor keeps it). A stateless
+            # client's stays in the history memory tier, where its next request finds it and the tier's LRU
+            # (or a restart) ends it, instead of piling up on disk with nothing to name it.
+            await self._store_turn_kv(Turn(request.question, answer), persist=request.conversation is not None)
         conversation_id, not_stored = None, None
         context = plan.conversation
         if context is not None and context.conversation_id is not None and self.conversations is not None:
@@ -83,17 +86,20 @@ class TurnFinisher:
             retrieval_query=plan.query.text if plan.query.num_turns_used else None,
         )
 
-    async def _store_turn_kv(self, turn: Turn) -> None:
+    async def _store_turn_kv(self, turn: Turn, *, persist: bool) -> None:
         """Turn KV is written for turns likely to come back as history: those of a stored conversation, and
         those of a stateless client that already resends its history (its next request carries this turn
-        too). A lone stateless question writes none: nothing it names brings the turn back."""
+        too; memory only, `persist=False`). A lone stateless question writes none: nothing it names brings
+        the turn back."""
         from engine.scheduler import PrecomputePriority
 
         try:
             await asyncio.to_thread(
-                self.turn_kv.store_turn,
-                turn,
-                lambda todo: self.scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
+                lambda: self.turn_kv.store_turn(
+                    turn,
+                    lambda todo: self.scheduler.precompute_chunks(todo, priority=PrecomputePriority.QUESTION),
+                    persist=persist,
+                )
             )
         except Exception:  # the answer stands; the next turn computes the entry
             logger.exception("could not store the KV of a finished turn")
