@@ -13,10 +13,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 from app.catalog import Catalog
+from app.engine_loader import load_engine
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def _build_parts(
 ) -> None:
     settings = s.settings
     if "engine" in parts:
-        s.engine = engine if engine is not None else _load_engine(settings)
+        s.engine = engine if engine is not None else load_engine(settings)
         if engine is None:
             s.built.append("engine")
     if "store" in parts:
@@ -236,32 +236,6 @@ def _build_parts(
         assert s.engine is not None
         s.scheduler = new_scheduler(settings, s.engine)
         s.built.append("scheduler")
-
-
-def _load_engine(settings: Settings) -> Engine:
-    from app.compute_dtype import data_dir_dtype
-    from engine.engine import Engine
-
-    step = time.perf_counter()
-    model = settings.engine.model
-    logger.info(
-        "start-up: loading the model %s%s …",
-        model,
-        f" (a catalogue model or GGUF file is converted to safetensors once, into {settings.models_dir}, then reused)"
-        if not Path(model).is_dir()
-        else "",
-    )
-    # The dtype the data dir's KV was built in, unless the operator sets another (app/compute_dtype.py).
-    dtype = data_dir_dtype(settings.data_dir, settings.engine.dtype, settings.engine.resolve_device())
-    engine = Engine(
-        settings.engine, models_dir=settings.models_dir, dtype_choice=dtype, read_also=settings.models_dirs_read
-    )
-    logger.info(
-        "start-up: model loaded and its prompt prefix warmed in %.1f s: %s",
-        time.perf_counter() - step,
-        engine.served_model.describe(),
-    )
-    return engine
 
 
 def _wire(s: Services, needs: frozenset[Need], hooks: Hooks) -> None:

@@ -14,27 +14,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import re
 import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from app.calibration.scoring import is_right
 from bench import harness
 from bench.data import Passage
 from bench.docs_corpus import read_corpus, write_corpus
 from bench.inprocess import ask_service, bench_settings, ingest_passages, running_app
-from bench.lookup import is_right, make_facts
+from bench.lookup import make_facts
 
 logger = logging.getLogger(__name__)
 
 NAME = "answers"
 HELP = "look-ups and real docs questions answered right, per model"
 DEFAULT_MODELS = "smollm2-135m,qwen2.5-coder-0.5b"
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"[^0-9a-z]", "", text.lower())
 
 
 async def _ask(state: Any, question: str, mode: str, max_tokens: int) -> tuple[str, float, list[str]]:
@@ -56,7 +52,7 @@ async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: l
                 {
                     "question": fact.question,
                     "answer": answer,
-                    "right": is_right(answer, fact),
+                    "right": is_right(answer, fact.answer),
                     "retrieved": fact.title in titles,
                 }
             )
@@ -64,7 +60,7 @@ async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: l
             logger.info("%s look-up %r: %s", mode, fact.answer, "ok" if lookups[-1]["right"] else f"x {answer!r}")
         for q in questions:
             answer, ttft, titles = await _ask(state, q.question, mode, max_tokens)
-            right = any(_norm(a) in _norm(answer) for a in q.answers)
+            right = any(is_right(answer, a) for a in q.answers)
             docs.append({"question": q.question, "answer": answer, "right": right, "retrieved": q.page in titles})
             ttfts.append(ttft)
             logger.info("%s docs %r: %s", mode, q.answers[0], "ok" if right else f"x {answer!r}")

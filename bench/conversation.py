@@ -33,11 +33,11 @@ import argparse
 import asyncio
 import logging
 import random
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.calibration.scoring import is_right
 from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
 from bench.inprocess import ask_service, ingest_passages, running_app, temp_settings
@@ -125,10 +125,6 @@ def make_projects(num: int, seed: int = 0) -> list[Project]:
         )
         projects.append(Project(name=name, title=f"Project {name}", text=text, code=code))
     return projects
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"[^0-9a-z]", "", text.lower())
 
 
 # ---- one ask ------------------------------------------------------------------------------------------
@@ -287,9 +283,9 @@ async def run_lookup(state: Any, projects: list[Project], max_tokens: int) -> di
                 "in_top3": project.title in titles[:TOP],
                 "rank": titles.index(project.title) + 1 if project.title in titles else 0,
                 "answer": done.answer,
-                "right": _norm(project.code) in _norm(done.answer),
+                "right": is_right(done.answer, project.code),
                 "full_answer": full.answer,
-                "full_right": _norm(project.code) in _norm(full.answer),
+                "full_right": is_right(full.answer, project.code),
                 "full_same_sources": full_titles == titles,
                 "history_reused_tokens": done.usage.history_reused_tokens,
             }

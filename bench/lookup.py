@@ -15,11 +15,11 @@ import argparse
 import asyncio
 import logging
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.calibration.scoring import is_right
 from bench import harness
 from bench.candidates import read_candidates
 from bench.data import Passage
@@ -131,14 +131,6 @@ def make_facts(num: int, seed: int = 0) -> list[Fact]:
     return facts
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"[^0-9a-z]", "", text.lower())
-
-
-def is_right(answer: str, fact: Fact) -> bool:
-    return _norm(fact.answer) in _norm(answer)
-
-
 async def _ask(
     state: Any, question: str, mode: str, selector: str | None, ratio: float | None, max_tokens: int
 ) -> tuple[str, list[str], str | None]:
@@ -165,7 +157,7 @@ async def run_lookup(
         row: dict[str, Any] = {"question": fact.question, "answer": fact.answer, "modes": {}}
         for name, mode, selector in modes:
             answer, titles, used = await _ask(state, fact.question, mode, selector, ratio, max_tokens)
-            row["modes"][name] = {"answer": answer, "right": is_right(answer, fact), "selector": used}
+            row["modes"][name] = {"answer": answer, "right": is_right(answer, fact.answer), "selector": used}
             row["retrieved_first"] = bool(titles) and titles[0] == fact.title
         per_question.append(row)
         logger.info(

@@ -3,9 +3,8 @@
 - `f1_score` / `max_f1`: SQuAD token F1 after SQuAD normalisation (lowercase, drop punctuation and the
   articles a/an/the, collapse whitespace), maximised over the gold answers.
 - `kl_divergence(p_logits, q_logits)`: KL(p ‖ q) of the two next-token distributions from their (float32)
-  logits. log_softmax and the sum run in float64: in float32 the rounding of the normaliser alone puts
-  ~1e-7…1e-6 of noise (of either sign) on a 49k-token vocabulary, as large as the divergences of
-  blend@1.0 vs full that the benchmark must resolve (target < 1e-6).
+  logits, in float64: the calibration's own (app/calibration/scoring.py), so a benchmark's KL and a
+  calibration record's are the same figure.
 - `benefit_retained`: how much of the context's NLL improvement a method keeps, computed means-first:
   (mean NLL_no_context − mean NLL_method) ÷ (mean NLL_no_context − mean NLL_full).
 - `bootstrap_interval`: a percentile interval of any statistic of the examples, by resampling the examples
@@ -22,7 +21,7 @@ import string
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
-import torch
+from app.calibration.scoring import kl_divergence as kl_divergence  # the one KL (re-exported)
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
@@ -53,19 +52,6 @@ def f1_score(prediction: str, reference: str) -> float:
 def max_f1(prediction: str, references: Sequence[str]) -> float:
     """Best F1 of `prediction` against any of the gold answers (0.0 when there are none)."""
     return max((f1_score(prediction, ref) for ref in references), default=0.0)
-
-
-def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    """KL(p ‖ q) in nats for two (vocab,) logit vectors; p is the reference (full prefill)."""
-    if p_logits.shape != q_logits.shape or p_logits.dim() != 1:
-        raise ValueError(
-            f"expected two (vocab,) logit vectors, got {tuple(p_logits.shape)} and {tuple(q_logits.shape)}"
-        )
-    log_p = torch.log_softmax(p_logits.detach().double(), dim=-1)
-    log_q = torch.log_softmax(q_logits.detach().double(), dim=-1)
-    # p·(log p − log q); terms with p == 0 contribute 0 (0·log 0 = 0), even where q == 0 too.
-    terms = torch.where(log_p > -math.inf, log_p.exp() * (log_p - log_q), torch.zeros_like(log_p))
-    return float(terms.sum())
 
 
 def mean(values: Iterable[float]) -> float:

@@ -9,12 +9,12 @@ settings) and read through the store's layer-wise loader, as /ask reads it.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from app.calibration.calset import CalibrationCase
+from app.calibration.scoring import is_right, kl_divergence
 
 if TYPE_CHECKING:
     import torch
@@ -28,23 +28,6 @@ logger = logging.getLogger(__name__)
 
 MAX_ANSWER_TOKENS = 20
 Execute = Callable[[Callable[[], Any]], Any]
-
-
-def _norm(text: str) -> str:
-    return re.sub(r"[^0-9a-z]", "", text.lower())
-
-
-def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
-    """KL(p ‖ q) in nats of two (vocab,) logit vectors (as bench.metrics.kl_divergence)."""
-    import torch
-
-    log_p = torch.log_softmax(p_logits.double(), dim=-1)
-    log_q = torch.log_softmax(q_logits.double(), dim=-1)
-    return float(torch.where(log_p > -torch.inf, log_p.exp() * (log_p - log_q), 0.0).sum())
-
-
-def is_right(answer: str, expected: str) -> bool:
-    return _norm(expected) in _norm(answer)
 
 
 @dataclass(frozen=True)
@@ -204,8 +187,8 @@ class CalibrationSet:
             out = self.execute(
                 lambda p=prepared: self._run(p.layout, "blend", blend, p.answer_ids, p.case.answer, p.keys)
             )
-            kls.append(_kl(ref.full.first_logits, out.first_logits))
-            kls_reuse.append(_kl(ref.full.first_logits, ref.reuse.first_logits))
+            kls.append(kl_divergence(ref.full.first_logits, out.first_logits))
+            kls_reuse.append(kl_divergence(ref.full.first_logits, ref.reuse.first_logits))
             nlls.append(out.nll)
             full_nlls.append(ref.full.nll)
             nc_nlls.append(ref.no_context_nll)

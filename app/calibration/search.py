@@ -213,9 +213,9 @@ def run_calibration(
     (with `save`) keep the record under the data dir, where the server finds it at its next start."""
     from app.calibration.shipped import model_name
     from app.calibration.store import CalibrationStore
-    from engine.engine import Engine
+    from app.engine_loader import load_engine
 
-    engine = Engine(settings.engine, models_dir=settings.models_dir, read_also=settings.models_dirs_read)
+    engine = load_engine(settings)  # as the server on this data dir loads it: the same compute dtype
     record = calibrate(
         engine,
         settings.engine,

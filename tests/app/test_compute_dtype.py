@@ -97,3 +97,30 @@ def test_a_restart_whose_capability_check_differs_keeps_every_kv_key(
         finally:
             services.close()
     assert fingerprints[0] == fingerprints[1]
+
+
+def test_the_calibration_loads_the_engine_as_the_server_on_its_data_dir_does(
+    tmp_path: Path, tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`blendrag calibrate` measures the model in the data dir's dtype: one engine loader for both."""
+    from app.calibration import search
+    from app.engine_loader import load_engine
+    from app.settings import load_settings
+
+    settings = load_settings(data_dir=tmp_path / "data", engine={"model": str(tiny_llama_dir), "dtype": "auto"})
+    settings.data_dir.mkdir()
+    play_cpu(monkeypatch, AVX2)
+    assert data_dir_dtype(settings.data_dir, "auto", "cpu").dtype == "float32"  # the data dir was built so
+    play_cpu(monkeypatch, AMX)  # a later start's check would pick bfloat16
+    engine = load_engine(settings)
+    assert engine.dtype_choice == DtypeChoice("float32", KEPT_FP32, "auto")
+    loaded: list[object] = []
+
+    def stop_after_loading(engine: object, *args: object, **kwargs: object) -> object:
+        loaded.append(engine)
+        raise RuntimeError("loaded")
+
+    monkeypatch.setattr(search, "calibrate", stop_after_loading)
+    with pytest.raises(RuntimeError, match="loaded"):
+        search.run_calibration(settings, save=False)
+    assert [e.dtype_choice for e in loaded] == [DtypeChoice("float32", KEPT_FP32, "auto")]  # type: ignore[attr-defined]

@@ -60,14 +60,15 @@ def test_pareto_drops_dominated_modes() -> None:
 
 
 def test_lookup_facts_are_unique_and_checked_by_content() -> None:
-    from bench.lookup import Fact, is_right, make_facts
+    from app.calibration.scoring import is_right
+    from bench.lookup import Fact, make_facts
 
     facts = make_facts(9, seed=1)
     assert len({f.answer for f in facts}) == 9 and len({f.title for f in facts}) == 9
     assert all(f.answer in f.text and f.title in f.question for f in facts)
     assert facts == make_facts(9, seed=1) and facts != make_facts(9, seed=2)
     fact = Fact("Harbor Lab", "…", "What is the access code of the Harbor Lab?", "QX-7316")
-    assert is_right("The access code is qx 7316.", fact) and not is_right("QX-7361", fact)
+    assert is_right("The access code is qx 7316.", fact.answer) and not is_right("QX-7361", fact.answer)
     with pytest.raises(ValueError, match="at most"):
         make_facts(100)
 
