@@ -24,6 +24,7 @@ BLEND_FIELDS: tuple[str, ...] = (
     "pool_window",
     "min_per_chunk",
     "sink_tokens",
+    "match_window",
     "stale_key_bias",
     "history_ratio",
     "attention_share",
@@ -93,6 +94,13 @@ class EngineSettings(BaseModel):
     min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
     sink_tokens: int = Field(
         default=0, ge=0, description="up-front selectors: the first tokens of every segment, always recomputed"
+    )
+    match_window: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="up-front selectors: recompute the context tokens the question names (a name or identifier "
+        "found in at most a third of the chunks) and this many tokens after each, within the budget; 0: off",
     )
     stale_key_bias: float = Field(
         default=0.0,

@@ -25,6 +25,7 @@ included) adds −stale_key_bias to its logits at the stored context keys not re
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -217,14 +218,53 @@ class _UpfrontGroup:
     rest_sizes: list[int]  # how many of `rest` each segment of the group holds, in order
 
 
-def _plan_group(sizes: list[int], starts: list[int], segments: range, budget: int, sink_tokens: int) -> _UpfrontGroup:
+def _plan_group(
+    sizes: list[int], starts: list[int], segments: range, budget: int, sink_tokens: int, matched: set[int]
+) -> _UpfrontGroup:
     """The first `sink_tokens` of every segment are forced (over budget: every segment's first token before any
-    segment's second, …), the rest are the selector's candidates. Host lists: the layout holds every count."""
+    segment's second, …), then the `matched` offsets (`_question_matches`) in prompt order; the rest are the
+    selector's candidates. Host lists: the layout holds every count."""
     sinks = [(rank, starts[i] + rank) for i in segments for rank in range(min(sink_tokens, sizes[i]))]
-    forced = [offset for _, offset in sorted(sinks)][:budget]
-    rest = [offset for i in segments for offset in range(starts[i] + min(sink_tokens, sizes[i]), starts[i] + sizes[i])]
-    rest_sizes = [sizes[i] - min(sink_tokens, sizes[i]) for i in segments]
+    sink_offsets = [offset for _, offset in sorted(sinks)]
+    is_sink = set(sink_offsets)
+    group_matched = sorted(
+        o for i in segments for o in matched if starts[i] <= o < starts[i] + sizes[i] and o not in is_sink
+    )
+    forced = (sink_offsets + group_matched)[:budget]
+    taken = is_sink | set(group_matched)
+    rest, rest_sizes = [], []
+    for i in segments:
+        members = [o for o in range(starts[i], starts[i] + sizes[i]) if o not in taken]
+        rest.extend(members)
+        rest_sizes.append(len(members))
     return _UpfrontGroup(budget=budget, forced=forced, rest=rest, rest_sizes=rest_sizes)
+
+
+def _question_matches(layout: PromptLayout, window: int) -> set[int]:
+    """Context offsets of the tokens the question names, each with the `window` tokens after it.
+
+    A question token "names" something when it stands in some of the prompt's segments but in at most a third of
+    them: a project's name, an identifier, a rare word, not a word every page has ("port", "the"). Its
+    occurrences are where the answer's value is stated (a value follows the name it belongs to: "project Arbor
+    is K56-1950", "| Arbor | 8443 |", "[project.arbor]\nversion = …"). Among similar chunks the stored KV of those
+    sentences looks alike in every chunk, so the blend copies from the wrong one; recomputed, the named chunk's
+    sentence sees the context as full prefill does (docs/benchmarks.md, "Exact values among similar chunks").
+    """
+    if window <= 0 or not layout.chunk_ids:
+        return set()
+    num_segments: Counter[int] = Counter()
+    for segment in layout.chunk_ids:
+        num_segments.update(set(segment))
+    limit = max(1, len(layout.chunk_ids) // 3)
+    named = {t for t in layout.suffix_ids if 0 < num_segments[t] <= limit}
+    offsets: set[int] = set()
+    start = 0
+    for segment in layout.chunk_ids:
+        for i, token in enumerate(segment):
+            if token in named:
+                offsets.update(range(start + i, start + min(len(segment), i + 1 + window)))
+        start += len(segment)
+    return offsets
 
 
 def _select_upfront(
@@ -239,7 +279,8 @@ def _select_upfront(
     The chunks share the budget `_upfront_budget`; with `config.history_ratio` a conversation's earlier turns
     get a budget of their own (that share of their tokens), so a follow-up's turns never compete with six
     chunks for a few rows. In each group the first `config.sink_tokens` of every segment come first (a
-    segment's opening was computed behind the prefix alone, the new context changes it most), the selector
+    segment's opening was computed behind the prefix alone, the new context changes it most), then the tokens
+    the question names with `config.match_window` tokens after each (`_question_matches`), and the selector
     picks the rest of the group's budget (sinks beyond the budget: each segment's first token first).
 
     Every count is planned on the host from the layout, so on a device nothing is read back (only the
@@ -259,10 +300,11 @@ def _select_upfront(
     else:
         budgets = [(range(len(sizes)), _upfront_budget(config, n, scores))]
     chunk_index = _chunk_index(layout, device)
+    matched = _question_matches(layout, config.match_window)
     forced: list[int] = []
     picked: list[torch.Tensor] = []
     for segments, budget in budgets:
-        group = _plan_group(sizes, starts, segments, budget, config.sink_tokens)
+        group = _plan_group(sizes, starts, segments, budget, config.sink_tokens, matched)
         forced.extend(group.forced)
         num_rest = min(budget - len(group.forced), len(group.rest))
         if num_rest <= 0:

@@ -127,6 +127,10 @@ class BlendConfig:
     # up-front selectors: the first `sink_tokens` of every segment are always among the recomputed tokens
     # (EPIC's attention sinks: a segment's opening tokens were computed behind the prefix alone).
     sink_tokens: int = 0
+    # up-front selectors: the context tokens the question names (a question token standing in at most a third of
+    # the segments: a name, an identifier) and the `match_window` tokens after each are recomputed before the
+    # selector picks the rest of the budget; 0: off (engine.phases._question_matches).
+    match_window: int = 0
     # up-front selectors: subtracted from the attention logit every row computed over the pass's cache (the
     # question, the recomputed rows, every answer token) gives a stored context key that was not recomputed.
     # Such a key was computed behind the prefix alone, as if its segment opened the document, and draws more
@@ -163,6 +167,8 @@ class BlendConfig:
             raise ValueError(f"min_per_chunk must be >= 0, got {self.min_per_chunk}")
         if self.sink_tokens < 0:
             raise ValueError(f"sink_tokens must be >= 0, got {self.sink_tokens}")
+        if self.match_window < 0:
+            raise ValueError(f"match_window must be >= 0, got {self.match_window}")
         if not 0.0 <= self.stale_key_bias <= 16.0:
             raise ValueError(f"stale_key_bias must be within [0, 16], got {self.stale_key_bias}")
         if self.history_ratio is not None and not 0.0 <= self.history_ratio <= 1.0:
