@@ -56,7 +56,7 @@ def test_start_up_logs_each_step_loads_the_embedder_and_ends_with_ready_at(
     with TestClient(create_app(settings, load_in_background=False)) as client:
         state = client.app.state.blendrag
         assert state.services.retriever.embedder._model is not None  # loaded before the first question
-    steps = [r.getMessage() for r in caplog.records if r.name in ("app.build", "app.state")]
+    steps = [r.getMessage() for r in caplog.records if r.name in ("app.build", "app.engine_loader", "app.state")]
     assert [re.sub(r"[\d.]+ s\b", "N s", m.split(" (")[0].split(" …")[0]) for m in steps] == [
         "start-up: catalog open",
         f"start-up: loading the model {tiny_llama_dir}",
