@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
+from app.api.answering import RETRY_AFTER, Refused, admit, answer_events, client_gone, collect_answer
 from app.api.deps import (
     Access,
     cap_for_client,
@@ -22,7 +22,6 @@ from app.api.deps import (
     guarded_router,
     scope_request,
 )
-from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.schemas import (
     AskDefaultsOut,
     AskDoneOut,
@@ -34,28 +33,22 @@ from app.api.schemas import (
 )
 from app.api.schemas.common import QUESTION_GUARD_ERRORS, error_responses
 from app.api.sse import sse_event, sse_openapi, sse_response
-from app.metrics import Metrics, RecentAsk
 from app.services.ask import (
     Answer,
-    AskBusy,
     AskEvent,
     AskRequest,
     AskService,
-    AskValidationError,
     ConversationRef,
     DoneEvent,
     ErrorEvent,
     SourcesEvent,
     TokenDelta,
 )
-from app.services.conversation_service import ConversationNotFound
 from app.state import AppState
 
 router = guarded_router(
     "ask", guard_questions, {**QUESTION_GUARD_ERRORS, 403: "A named collection the key may not read"}
 )
-
-BUSY_DETAIL = "the engine is busy, retry shortly"
 
 
 def done_payload(event: DoneEvent) -> dict[str, Any]:
@@ -76,30 +69,6 @@ def event_payload(event: AskEvent) -> tuple[str, dict[str, Any]]:
     raise TypeError(f"unknown event {event!r}")
 
 
-def record_answer(metrics: Metrics, event: DoneEvent) -> None:
-    """Remember an answer for the admin page's recent-TTFT plot."""
-    metrics.recent.add(
-        RecentAsk(
-            at=time.time(),
-            mode=event.mode,
-            selector=event.selector,
-            ttft_ms=event.timings.ttft_ms,
-            total_ms=event.timings.total_ms,
-            recompute_ratio=event.recompute_ratio,
-            kv_hits=event.kv_hits,
-            kv_misses=event.kv_misses,
-            num_prompt_tokens=event.usage.prompt_tokens,
-            num_completion_tokens=event.usage.completion_tokens,
-            full_prefill_estimate_ms=event.timings.full_prefill_estimate_ms,
-            num_context_tokens=event.usage.context_tokens,
-        )
-    )
-
-
-def busy_error() -> HTTPException:
-    return HTTPException(503, BUSY_DETAIL, headers={"Retry-After": "1"})
-
-
 def question_request(
     ask: AskRequest,
     request: Request,
@@ -112,8 +81,8 @@ def question_request(
     ("new" starts one; opened by the service after its busy check: 404 for an id this caller may not
     open), `max_tokens` capped for an anonymous caller. Nothing here reads the database.
 
-    The routes then call `AskService.admit` (the busy check, the plan, the engine's binding admission) and
-    differ only in how they write its refusals: ConversationNotFound, AskValidationError, AskBusy.
+    The routes then admit it through the answer driver (app/api/answering.py) and differ only in how they
+    write its refusals and its events.
     """
     scoped = scope_request(ask, access, collections)
     if conversation_id is not None:
@@ -147,21 +116,16 @@ def get_asker(
     return Asker(request, access, service, state)
 
 
+_ASK_STATUS = {"conversation_not_found": 404, "invalid": 422, "busy": 503}
+
+
 async def admitted(service: AskService, ask: AskRequest) -> Answer:
     """`/ask`'s refusals, before any response starts: 404 (conversation), 422 (prompt too long), 503 busy."""
-    try:
-        return await service.admit(ask)
-    except ConversationNotFound as exc:
-        raise HTTPException(404, str(exc)) from exc
-    except AskValidationError as exc:
-        raise HTTPException(422, str(exc)) from exc
-    except AskBusy as exc:
-        raise busy_error() from exc
-
-
-def client_gone() -> JSONResponse:
-    """What a route returns for a client that left: nobody reads it (499, as nginx logs it)."""
-    return JSONResponse({"detail": "client closed the request"}, status_code=499)
+    answer = await admit(service, ask)
+    if isinstance(answer, Refused):
+        headers = RETRY_AFTER if answer.reason == "busy" else None
+        raise HTTPException(_ASK_STATUS[answer.reason], answer.message, headers=headers)
+    return answer
 
 
 _STREAM_DOC = (
@@ -208,51 +172,27 @@ async def ask(body: AskIn, asker: Asker = Depends(get_asker)) -> Any:
     `conversation_id`, the conversation's earlier turns are in the prompt and the retrieval query, and the
     turn is stored in it (`"new"` starts one); without one, nothing is stored. Only
     the collections the caller's key may read are searched (`collections` narrows them)."""
-    request, state = asker.request, asker.state
+    request, metrics = asker.request, asker.state.metrics
     asked = asker.request_for(body.to_request(body.question), body.collections, body.conversation_id)
     answer = await admitted(asker.service, asked)
     if not body.stream:
-        return await _answer_json(answer, request, state.metrics)
+        collected = await collect_answer(answer, request, metrics)
+        if collected.error is not None:
+            raise HTTPException(500, collected.error.message)
+        if collected.disconnected:
+            return client_gone()
+        if collected.sources is None or collected.done is None:
+            raise HTTPException(500, "the answer ended without a result")
+        body_out = {**event_payload(collected.sources)[1], **done_payload(collected.done)}
+        return JSONResponse(AskOut.model_validate(body_out).model_dump())
 
     async def stream() -> AsyncIterator[str]:
-        # aclosing: a client that goes away closes the service generator, which cancels the engine request.
-        async with aclosing(answer.events()) as events:
-            async for event in while_connected(request, events):
-                if isinstance(event, DoneEvent):
-                    record_answer(state.metrics, event)
-                name, data = event_payload(event)
-                yield sse_event(name, data)
+        async with aclosing(answer_events(answer, request, metrics)) as events:
+            async for event in events:
+                yield sse_event(*event_payload(event))
 
     return sse_response(stream())
 
 
-async def _answer_json(answer: Answer, request: Request, metrics: Metrics) -> JSONResponse:
-    result: dict[str, Any] = {}
-    watch = ConnectionWatch(request)
-    async with aclosing(answer.events()) as events:
-        async for event in watch.iterate(events):
-            if isinstance(event, ErrorEvent):
-                raise HTTPException(500, event.message)
-            if isinstance(event, DoneEvent):
-                record_answer(metrics, event)
-            name, data = event_payload(event)
-            if name != "token":
-                result.update(data)
-    if watch.disconnected:
-        return client_gone()
-    return JSONResponse(AskOut.model_validate(result).model_dump())
-
-
 # Used by the OpenAI-compatible router too.
-__all__ = [
-    "Asker",
-    "admitted",
-    "get_asker",
-    "busy_error",
-    "client_gone",
-    "done_payload",
-    "event_payload",
-    "question_request",
-    "record_answer",
-    "router",
-]
+__all__ = ["Asker", "admitted", "done_payload", "event_payload", "get_asker", "question_request", "router"]

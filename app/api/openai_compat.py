@@ -34,9 +34,9 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.ask import BUSY_DETAIL, Asker, client_gone, get_asker, record_answer
+from app.api.answering import RETRY_AFTER, Refused, admit, answer_events, client_gone, collect_answer
+from app.api.ask import Asker, get_asker
 from app.api.deps import get_state, guard_questions
-from app.api.disconnect import ConnectionWatch, while_connected
 from app.api.errors import openai_error
 from app.api.openai_messages import ChatMessage, read_messages
 from app.api.schemas import (
@@ -50,15 +50,12 @@ from app.api.schemas import (
 from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.ask import (
     Answer,
-    AskBusy,
     AskRequest,
-    AskValidationError,
     DoneEvent,
     ErrorEvent,
     SourcesEvent,
     TokenDelta,
 )
-from app.services.conversation_service import ConversationNotFound
 from app.services.text_checks import INVALID_UNICODE, is_valid_utf8
 from app.state import AppState
 
@@ -203,8 +200,14 @@ _STREAM_EVENT_SCHEMA: dict[str, Any] = {
 }
 
 
-def _busy(message: str) -> JSONResponse:
-    return openai_error(503, message, code="engine_busy", headers={"Retry-After": "1"})
+def _refusal(refused: Refused) -> JSONResponse:
+    """The answer driver's refusals, OpenAI-style: 404 (conversation), 400 (invalid), 503 busy."""
+    match refused.reason:
+        case "conversation_not_found":
+            return openai_error(404, refused.message, code="conversation_not_found")
+        case "busy":
+            return openai_error(503, refused.message, code="engine_busy", headers=RETRY_AFTER)
+    return openai_error(400, refused.message)
 
 
 @router.post(
@@ -233,14 +236,9 @@ async def chat_completions(body: ChatCompletionIn, asker: Asker = Depends(get_as
     Only the collections the caller's key may read are searched (`collections` narrows them)."""
     request, state = asker.request, asker.state
     asked = asker.request_for(_ask_request(body), body.collections, body.conversation_id)
-    try:  # the admission /ask has; only the error shapes are OpenAI's
-        answer = await asker.service.admit(asked)
-    except ConversationNotFound as exc:
-        return openai_error(404, str(exc), code="conversation_not_found")
-    except AskValidationError as exc:
-        return openai_error(400, str(exc))
-    except AskBusy:
-        return _busy(BUSY_DETAIL)
+    answer = await admit(asker.service, asked)  # the admission /ask has; only the error shapes are OpenAI's
+    if isinstance(answer, Refused):
+        return _refusal(answer)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
     head = {"id": completion_id, "created": created, "model": SERVED_MODEL, "system_fingerprint": _fingerprint(state)}
@@ -248,36 +246,30 @@ async def chat_completions(body: ChatCompletionIn, asker: Asker = Depends(get_as
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return sse_response(_stream(answer, request, state, head, include_usage))
 
-    sources: list[dict[str, Any]] = []
-    watch = ConnectionWatch(request)
-    async with aclosing(answer.events()) as events:
-        async for event in watch.iterate(events):
-            if isinstance(event, SourcesEvent):
-                sources = [dataclasses.asdict(s) for s in event.sources]
-            elif isinstance(event, ErrorEvent):
-                return openai_error(500, event.message, code=event.code)
-            elif isinstance(event, DoneEvent):
-                record_answer(state.metrics, event)
-                return JSONResponse(
-                    {
-                        **head,
-                        "object": "chat.completion",
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": event.answer, "refusal": None},
-                                "logprobs": None,
-                                "finish_reason": finish_reason(event.finish_reason),
-                            }
-                        ],
-                        "usage": _usage(event),
-                        "sources": sources,
-                        "blendrag": _extras(event),
-                    }
-                )
-    if watch.disconnected:
-        return client_gone()
-    return openai_error(500, "the answer ended without a result")
+    collected = await collect_answer(answer, request, state.metrics)
+    if collected.error is not None:
+        return openai_error(500, collected.error.message, code=collected.error.code)
+    done = collected.done
+    if done is None:
+        return client_gone() if collected.disconnected else openai_error(500, "the answer ended without a result")
+    sources = [dataclasses.asdict(s) for s in collected.sources.sources] if collected.sources is not None else []
+    return JSONResponse(
+        {
+            **head,
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": done.answer, "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": finish_reason(done.finish_reason),
+                }
+            ],
+            "usage": _usage(done),
+            "sources": sources,
+            "blendrag": _extras(done),
+        }
+    )
 
 
 async def _stream(
@@ -294,8 +286,8 @@ async def _stream(
         body.update(extra)
         return sse_event(None, body)
 
-    async with aclosing(answer.events()) as events:
-        async for event in while_connected(request, events):
+    async with aclosing(answer_events(answer, request, state.metrics)) as events:
+        async for event in events:
             if isinstance(event, SourcesEvent):
                 yield chunk(
                     {"role": "assistant", "content": ""}, sources=[dataclasses.asdict(s) for s in event.sources]
@@ -303,7 +295,6 @@ async def _stream(
             elif isinstance(event, TokenDelta):
                 yield chunk({"content": event.text})
             elif isinstance(event, DoneEvent):
-                record_answer(state.metrics, event)
                 yield chunk({}, finish_reason(event.finish_reason), blendrag=_extras(event))
                 if include_usage:
                     yield sse_event(
