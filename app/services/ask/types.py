@@ -84,10 +84,11 @@ NO_MATCH = "no documents match"
 # The best match scored below the relevance floor (retrieval/relevance.py): the chunks stay out of the prompt.
 NOT_COVERED = "the documents do not cover this question"
 # What the model reads after such a question, so that it says so instead of inventing an answer that reads as
-# if it came from the documents.
+# if it came from the documents. The exact sentence to begin with is what a small model follows: asked only to
+# "say so in your first sentence", Qwen2.5-Coder-0.5B answered 3 of 3 such questions as if nothing were said.
 NOT_COVERED_NOTE = (
-    "Note: none of the user's documents is about this question. Say so in your first sentence; "
-    "anything you add after that is not from the documents, so say that too."
+    "Note: the user's documents do not cover this question. Begin your answer with exactly this sentence: "
+    '"Your documents do not cover this question."'
 )
 
 
