@@ -59,7 +59,7 @@ class AppState:
         return self.services.scheduler if self.services is not None else None
 
     def serving(self) -> ServingParts | None:
-        """What /api/stats and /metrics read of the started server (None before start-up finishes)."""
+        """What /api/stats reads of the started server (None before start-up finishes)."""
         s = self.services
         if s is None or s.engine is None or s.store is None or s.retriever is None:
             return None
