@@ -36,7 +36,8 @@ from bench import (
 
 NO_DATASET = Path("-")  # lookup, answers and calibrate make their own questions: --dataset goes unused
 
-# The subcommands, with the defaults of their common options; followup and scaleout have their own options only.
+# The subcommands, with the defaults of their common options; followup, relevance and scaleout have their own
+# options only.
 SUBCOMMANDS: tuple[harness.Command, ...] = (
     harness.Command(ttft, harness.DEFAULT_MUSIQUE, examples=5, passages=6, blend=True),
     harness.Command(quality, harness.DEFAULT_MUSIQUE, examples=20, passages=6, blend=True),
