@@ -93,7 +93,15 @@ class PromptBuilder:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _render(self, messages: list[dict[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # enable_thinking=False: a template with a thinking mode (Qwen3's) opens the answer with an empty
+        # <think></think> block instead of letting the model reason at length before it answers (minutes of
+        # decode on a CPU, and text that is no answer). Templates without one never read the variable.
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+            )
+        except TypeError:  # a tokenizer whose apply_chat_template takes no template variables
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     def _system_messages(self, system: str, user: str) -> list[list[dict[str, str]]]:
         return [

@@ -143,3 +143,28 @@ def test_the_gguf_and_checkpoint_architecture_lists_agree() -> None:
     from engine.model import SUPPORTED_MODEL_TYPES
 
     assert GGUF_ARCHITECTURES == SUPPORTED_MODEL_TYPES
+
+
+# Qwen3's chat template, cut to what the prompt layout reads: its generation prompt opens an empty thinking
+# block only when enable_thinking is false (by default the model reasons at length before it answers).
+QWEN3_STYLE_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+    "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% if enable_thinking is "
+    "defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}{% endif %}{% endif %}"
+)
+
+
+def test_a_thinking_template_opens_the_answer_with_an_empty_thinking_block(qwen3_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from engine.prompt import PromptBuilder, Turn
+
+    tokenizer = AutoTokenizer.from_pretrained(qwen3_dir)
+    tokenizer.chat_template = QWEN3_STYLE_TEMPLATE
+    builder = PromptBuilder(tokenizer, "Be brief.")
+    suffix = tokenizer.decode(builder.suffix_ids("who jumps?"))
+    assert suffix == "Question: who jumps?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert tokenizer.decode(builder.prefix_ids) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n"
+    # An earlier turn carries no thinking block: the template renders past answers without one.
+    turn = tokenizer.decode(builder.turn_ids(Turn("who?", "the fox")))
+    assert turn == "Question: who?<|im_end|>\n<|im_start|>assistant\nthe fox<|im_end|>\n<|im_start|>user\n"
