@@ -131,6 +131,24 @@ def make_facts(num: int, seed: int = 0) -> list[Fact]:
     return facts
 
 
+def similar_facts(num: int, seed: int, part: str) -> tuple[list[Fact], list[Passage]]:
+    """`num` look-ups among similar chunks (app/calibration/similar.py) and the corpus that holds them: every
+    document of every case, so retrieval returns the asked page among pages stating the same kind of value."""
+    from app.calibration.similar import similar_cases
+
+    cases = similar_cases(part, num, seed)  # type: ignore[arg-type]
+    facts = [Fact(c.docs[0].title, c.docs[0].text, c.question, c.answer) for c in cases]
+    return facts, [Passage(title=d.title, text=d.text) for c in cases for d in c.docs]
+
+
+def lookup_corpus(args: argparse.Namespace) -> tuple[list[Fact], list[Passage]]:
+    """The questions and the documents ingested for them (`--distractors`)."""
+    if args.distractors == "similar":
+        return similar_facts(args.examples, args.seed, args.part)
+    facts = make_facts(args.examples, args.seed)
+    return facts, [Passage(title=f.title, text=f.text) for f in facts]
+
+
 async def _ask(
     state: Any, question: str, mode: str, selector: str | None, ratio: float | None, max_tokens: int
 ) -> tuple[str, list[str], str | None]:
@@ -177,6 +195,16 @@ async def run_lookup(
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
+        "--distractors",
+        choices=("unique", "similar"),
+        default="unique",
+        help="unique: every document states a different kind of fact; similar: the asked value among 1-5 pages "
+        "stating the same kind of value with other characters (app/calibration/similar.py)",
+    )
+    parser.add_argument(
+        "--part", choices=("check", "tune"), default="check", help="similar: which part of the set (default check)"
+    )
+    parser.add_argument(
         "--selectors",
         default="query,deviation",
         type=parse_selectors,
@@ -204,7 +232,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     harness.save_figure(fig, path)
 
 
-async def _study(args: argparse.Namespace, facts: list[Fact], candidates: list[dict[str, Any]]) -> dict[str, Any]:
+async def _study(
+    args: argparse.Namespace, facts: list[Fact], passages: list[Passage], candidates: list[dict[str, Any]]
+) -> dict[str, Any]:
     """Each candidate's look-ups through an app whose engine settings set the candidate's values."""
     from bench.candidates import candidate_name, describe
 
@@ -216,7 +246,7 @@ async def _study(args: argparse.Namespace, facts: list[Fact], candidates: list[d
             async with running_app(settings) as state:
                 config = state.services.engine.settings.blend_config()
                 name = candidate_name(values, config)
-                ingest_passages(state, [Passage(title=f.title, text=f.text) for f in facts])
+                ingest_passages(state, passages)
                 outcome = await run_lookup(state, facts, [(name, "blend", None)], None, args.max_tokens)
         out["right"][name] = outcome["right"][name]
         out["candidates"][name] = {"candidate": values, "blend": describe(config)}
@@ -227,7 +257,7 @@ async def _study(args: argparse.Namespace, facts: list[Fact], candidates: list[d
 
 def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
-    facts = make_facts(args.examples, args.seed)
+    facts, passages = lookup_corpus(args)
     candidates = read_candidates(args.candidates) if args.candidates is not None else None
     with temp_settings(
         NAME, args, retrieval={"top_k": args.passages}, kvcache={"storage_dtype": args.kv_dtype}
@@ -241,12 +271,12 @@ def main(args: argparse.Namespace) -> int:
                 modes = [("full", "full", None), ("reuse", "reuse", None)]
                 if candidates is None:
                     modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
-                job, _ = ingest_passages(state, [Passage(title=f.title, text=f.text) for f in facts])
-                logger.info("ingested %d documents (%s)", len(facts), getattr(job, "status", "?"))
+                job, _ = ingest_passages(state, passages)
+                logger.info("ingested %d documents (%s)", len(passages), getattr(job, "status", "?"))
                 outcome = await run_lookup(state, facts, modes, ratio, args.max_tokens)
                 engine = state.services.engine
             if candidates is not None:
-                study = await _study(args, facts, candidates)
+                study = await _study(args, facts, passages, candidates)
                 outcome["right"] |= study["right"]
                 outcome["candidates"] = study["candidates"]
                 for row, asked in zip(outcome["per_question"], study["per_question"], strict=True):
@@ -256,6 +286,9 @@ def main(args: argparse.Namespace) -> int:
                 args,
                 engine,
                 questions=len(facts),
+                distractors=args.distractors,
+                part=args.part if args.distractors == "similar" else None,
+                documents=len(passages),
                 top_k=args.passages,
                 ratio=ratio,
                 default_selector=engine_settings.selector,

@@ -39,6 +39,13 @@ _NAMES: dict[Part, list[str]] = {
         "Vireo", "Wren", "Yarrow",
     ],
 }  # fmt: skip
+# A project is named by one word of its part's list and one of these: names never repeat across a part's cases,
+# so all of them can be ingested into one corpus, and projects of one word ("Arbor North", "Arbor Delta") are
+# near-identical names as well.
+_SECONDS: dict[Part, list[str]] = {
+    "tune": ["North", "South", "Delta", "Prime", "Nova", "Atlas"],
+    "check": ["Alpha", "Omega", "Sigma", "Kappa", "Lumen", "Vector"],
+}
 _LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 _OWNERS = ["infra", "payments", "search", "billing", "mobile", "data", "identity", "growth"]
 
@@ -106,8 +113,9 @@ def _table(rng: random.Random, part: Part, names: list[str], used: set[str]) -> 
     """Each document a table of its project and two more (several values per chunk, rows alike)."""
     ports = {n: _port(rng, used) for n in names}
     paragraphs = []
+    spare = [f"{a} {b}" for a in _NAMES[part] for b in _SECONDS[part] if f"{a} {b}" not in names]
     for n in names:
-        others = rng.sample([m for m in _NAMES[part] if m not in names], 2)
+        others = rng.sample(spare, 2)
         for m in others:
             ports.setdefault(m, _port(rng, used))
         rows = [n, *others]
@@ -129,17 +137,18 @@ def _table(rng: random.Random, part: Part, names: list[str], used: set[str]) -> 
 
 def _config(rng: random.Random, part: Part, names: list[str], used: set[str]) -> tuple[list[str], str, str]:
     values = [_version(rng, part) for _ in names]
+    slugs = [n.lower().replace(" ", "-") for n in names]
     paragraphs = []
-    for n, v in zip(names, values, strict=True):
+    for slug, v in zip(slugs, values, strict=True):
         port = _port(rng, used)
         if part == "tune":
-            paragraphs.append(f'```toml\n[project.{n.lower()}]\nversion = "{v}"\nport = {port}\n```')
+            paragraphs.append(f'```toml\n[project.{slug}]\nversion = "{v}"\nport = {port}\n```')
         else:
-            paragraphs.append(f"```yaml\nservice: {n.lower()}-api\nrelease: {v}\nreplicas: {rng.randint(2, 9)}\n```")
+            paragraphs.append(f"```yaml\nservice: {slug}-api\nrelease: {v}\nreplicas: {rng.randint(2, 9)}\n```")
     question = (
         f"Which version does the config of project {names[0]} pin?"
         if part == "tune"
-        else f"Which release does the {names[0].lower()}-api service run?"
+        else f"Which release does the {slugs[0]}-api service run?"
     )
     return paragraphs, question, values[0]
 
@@ -167,6 +176,8 @@ _MAKERS = {"sentence": _sentence, "table": _table, "code": _config, "multi": _mu
 def similar_cases(part: Part, num: int, seed: int = 0, max_similar: int = 5) -> list[SimilarCase]:
     """`num` cases of `part`, the kinds in turn, each a group of 2 … max_similar + 1 documents."""
     rng = random.Random(f"{part}-{seed}")
+    all_names = [f"{a} {b}" for a in _NAMES[part] for b in _SECONDS[part]]
+    rng.shuffle(all_names)
     prose = sections()
     # The parts read disjoint prose: tune the even sections, check the odd ones.
     pool = prose[0::2] if part == "tune" else prose[1::2]
@@ -176,7 +187,9 @@ def similar_cases(part: Part, num: int, seed: int = 0, max_similar: int = 5) -> 
     for i in range(num):
         kind = KINDS[i % len(KINDS)]
         size = rng.randint(2, max_similar + 1)
-        names = rng.sample(_NAMES[part], size)
+        names, all_names = all_names[:size], all_names[size:]
+        if len(names) < size:
+            raise ValueError(f"at most {len(_NAMES[part]) * len(_SECONDS[part])} projects per part")
         paragraphs, question, answer = _MAKERS[kind](rng, part, names, set())
         docs = []
         for name, paragraph in zip(names, paragraphs, strict=True):

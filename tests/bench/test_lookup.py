@@ -32,3 +32,17 @@ def test_lookup_study_asks_each_candidate_with_its_settings(run_bench, tmp_path)
         # Each candidate ran in an app of its own and recomputed everything: full prefill's greedy answer.
         assert modes[names[0]]["answer"] == modes[names[1]]["answer"] == modes["full"]["answer"]
         assert modes[names[1]]["selector"] == "query"
+
+
+def test_lookup_among_similar_chunks_ingests_every_page_of_each_case(run_bench) -> None:
+    from bench.lookup import similar_facts
+
+    facts, passages = similar_facts(2, 0, "check")
+    code, result, _ = run_bench(
+        "lookup", "--distractors", "similar", "--examples", "2", "--passages", "3", "--selectors", "query",
+        "--max-tokens", "3",
+    )  # fmt: skip
+    assert code == 0 and (result["distractors"], result["part"]) == ("similar", "check")
+    assert result["documents"] == len(passages) > 2 and result["questions"] == 2
+    assert [row["question"] for row in result["per_question"]] == [f.question for f in facts]
+    assert [row["answer"] for row in result["per_question"]] == [f.answer for f in facts]
