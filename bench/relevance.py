@@ -1,13 +1,14 @@
 """`python -m bench relevance`: how high does the embedder score a question the documents answer, and one
 they do not? The measurement behind `retrieval.relevance_floor` (retrieval/relevance.py).
 
-Two small corpora, embedded by the server's embedder (all-MiniLM-L6-v2) into an in-memory Retriever with
-the server's retrieval settings: the standard library docs of `bench answers` (bench/docs_corpus.py, one
-chunk per run of function sections up to about a 512-token chunk) and the made-up framework docs of `bench
-followup` (bench/framework_docs.py, one chunk per section). In-corpus questions: the docs answer key's 12
-and the first turn of each of the framework's 10 sessions. Out-of-corpus questions (below, written for
-this benchmark): 14 questions neither corpus answers, half of them Python questions close to the corpora's
-subjects (another library's timeout, argparse, asyncio …), where a floor is hardest to draw.
+Two small corpora, embedded by the server's embedder (all-MiniLM-L6-v2) into an in-memory Retriever with the
+server's retrieval settings: the standard library docs of `bench answers` (bench/docs_corpus.py, one chunk per
+run of function sections up to about a 512-token chunk) and the made-up framework docs of `bench followup`
+(bench/framework_docs.py, one chunk per section). In-corpus questions: the docs answer key's 12 and the first
+turn of each of the framework's 10 sessions; and the sessions' follow-ups ("And how do I write my own?"),
+searched with the query the server builds from the earlier turns (`concat`). Out-of-corpus questions (below,
+written for this benchmark): 14 questions neither corpus answers, half of them Python questions close to the
+corpora's subjects (another library's timeout, argparse, asyncio …), where a floor is hardest to draw.
 
 Reported: each question's best cosine similarity (the top source's `vector_score`, what the floor is
 compared with), the largest out-of-corpus and the smallest in-corpus score, and for the given floor how
@@ -24,7 +25,7 @@ from typing import Any
 
 from bench import harness
 from bench.docs_corpus import ANSWER_KEY, MODULES, module_page
-from bench.framework_docs import PAGES, SESSIONS
+from bench.framework_docs import PAGES, SESSIONS, SWITCHES
 from retrieval.config import RetrievalSettings
 from retrieval.retriever import Retriever
 from retrieval.types import IndexedChunk
@@ -107,6 +108,24 @@ def best_score(retriever: Retriever, question: str) -> float:
     return round(float(hits[0].vector_score), 4) if hits else -1.0
 
 
+def followup_scores(retriever: Retriever) -> dict[str, float]:
+    """The best score of each session's later turns ("<first question> → <follow-up>"), each searched with the
+    server's follow-up query (the earlier turns' questions and sources, `concat`) and its top_k."""
+    from bench.followup import query_for
+    from retrieval.followup import EarlierTurn
+
+    scores = {}
+    for session in (*SESSIONS, *SWITCHES):
+        earlier: list[EarlierTurn] = []
+        for turn in session:
+            query = query_for("concat", turn.question, earlier, retriever)
+            hits = retriever.search(query.text, top_k=retriever.settings.top_k, query_vector=query.vector)
+            if earlier:
+                scores[f"{session[0].question} → {turn.question}"] = round(max(h.vector_score for h in hits), 4)
+            earlier.append(EarlierTurn(turn.question, tuple(h.chunk_id for h in hits)))
+    return scores
+
+
 def main(args: argparse.Namespace) -> int:
     from retrieval.relevance import relevance_floor
 
@@ -115,6 +134,7 @@ def main(args: argparse.Namespace) -> int:
     retriever = build_retriever(settings)
     inside = {q: best_score(retriever, q) for q in in_corpus_questions()}
     outside = {q: best_score(retriever, q) for q in OUT_OF_CORPUS}
+    followups = followup_scores(retriever)
     result: dict[str, Any] = harness.result_header(
         NAME,
         args,
@@ -128,17 +148,24 @@ def main(args: argparse.Namespace) -> int:
         min_in_corpus=min(inside.values()),
         out_of_corpus_below_floor=None if floor is None else sum(s < floor for s in outside.values()),
         in_corpus_at_or_above_floor=None if floor is None else sum(s >= floor for s in inside.values()),
+        followups=followups,
+        min_followup=min(followups.values()),
+        followups_at_or_above_floor=None if floor is None else sum(s >= floor for s in followups.values()),
     )
     print(f"{retriever.count} chunks; best cosine per question ({result['embed_dtype']})")
     for label, scores in (("in corpus", inside), ("out of corpus", outside)):
         print(f"{label}:")
         for question, score in sorted(scores.items(), key=lambda kv: kv[1]):
             print(f"  {score:.3f}  {question}")
-    print(f"max out of corpus {result['max_out_of_corpus']:.3f}, min in corpus {result['min_in_corpus']:.3f}")
+    print(
+        f"max out of corpus {result['max_out_of_corpus']:.3f}, min in corpus {result['min_in_corpus']:.3f}, "
+        f"min of {len(followups)} follow-ups {result['min_followup']:.3f}"
+    )
     if floor is not None:
         print(
             f"floor {floor}: {result['out_of_corpus_below_floor']}/{len(outside)} out-of-corpus questions below it "
-            f"(notice), {result['in_corpus_at_or_above_floor']}/{len(inside)} in-corpus questions at or above it"
+            f"(notice), {result['in_corpus_at_or_above_floor']}/{len(inside)} in-corpus questions and "
+            f"{result['followups_at_or_above_floor']}/{len(followups)} follow-ups at or above it"
         )
     harness.write_json(args.out, result)
     print(f"wrote {args.out}")

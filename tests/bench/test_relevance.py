@@ -34,5 +34,8 @@ def test_the_shipped_floor_keeps_every_in_corpus_question_and_flags_the_far_ones
     below = [q for q in near if result["out_of_corpus"][q] < BUILTIN_EMBEDDER_FLOOR]
     assert below == [OUT_OF_CORPUS[3], OUT_OF_CORPUS[4]]
     assert result["out_of_corpus_below_floor"] == 9
+    # A conversation's follow-ups, searched as the server searches them, keep their sources too.
+    assert len(result["followups"]) == 25 and result["followups_at_or_above_floor"] == 25
+    assert result["min_followup"] == pytest.approx(0.473, abs=0.005)
     assert result["min_in_corpus"] == pytest.approx(0.422, abs=0.005)
     assert result["max_out_of_corpus"] == pytest.approx(0.475, abs=0.005)
