@@ -76,12 +76,23 @@ def test_without_the_qk_norms_the_logits_differ(qwen3_dir: Path, tmp_path: Path)
     assert (_logits(as_qwen2, ids) - _logits(qwen3_dir, ids)).abs().max() > 0.1
 
 
+@pytest.mark.parametrize("sync_free", [False, True], ids=["cpu-path", "device-path"])
 @pytest.mark.parametrize(
     "cfg",
     [BlendConfig(1.0, selector="query"), BlendConfig(1.0, selector="deviation", check_layers=(1,))],
     ids=["query", "deviation"],
 )
-def test_blend_ratio_one_equals_full_prefill(qwen3_engine: Engine, cfg: BlendConfig) -> None:
+def test_blend_ratio_one_equals_full_prefill(qwen3_engine: Engine, cfg: BlendConfig, sync_free: bool) -> None:
+    # device-path: the row sets an accelerator uses (no host reads), run on the CPU (engine/layers.py).
+    tf = qwen3_engine.transformer
+    before, tf.sync_free = tf.sync_free, sync_free
+    try:
+        _blend_equals_full(qwen3_engine, cfg)
+    finally:
+        tf.sync_free = before
+
+
+def _blend_equals_full(qwen3_engine: Engine, cfg: BlendConfig) -> None:
     chunks = random_chunks([23, 40, 17], seed=11)
     layout = qwen3_engine.prompt.layout(chunks, "who jumps over the lazy dog?")
     source = InMemoryLayerSource(qwen3_engine.precompute_chunks(chunks))
