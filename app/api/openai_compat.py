@@ -46,6 +46,7 @@ from app.api.schemas import (
     NotBool,
     OpenAIErrorOut,
     ServedModelOut,
+    UnsupportedIdentifierOut,
 )
 from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.ask import (
@@ -172,6 +173,21 @@ def _fingerprint(state: AppState) -> str | None:
     return f"fp_{state.services.engine.fingerprint[:12]}" if state.services is not None else None
 
 
+# The `blendrag` extension: the /ask `done` fields (AskDoneOut) OpenAI's own fields do not carry; the one a
+# client acting on the answer most needs is spelled out.
+_EXTRAS_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "blendrag's own fields of the answer: those of /ask's `done` event that OpenAI's fields do "
+    "not carry (mode, timings, notice, conversation_id, unsupported_identifiers …), usage counts flattened",
+    "properties": {
+        "unsupported_identifiers": {
+            "type": "array",
+            "description": "Code identifiers the answer names that none of the sources contains (possibly invented)",
+            "items": inline_schema(UnsupportedIdentifierOut),
+        },
+        "notice": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+    },
+}
 _CHUNK_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["id", "object", "created", "model", "choices"],
@@ -179,7 +195,7 @@ _CHUNK_SCHEMA: dict[str, Any] = {
         "object": {"const": "chat.completion.chunk"},
         "choices": {"type": "array"},
         "sources": {"type": "array"},
-        "blendrag": {"type": "object"},
+        "blendrag": _EXTRAS_SCHEMA,
     },
 }
 _STREAM_EVENT_SCHEMA: dict[str, Any] = {
@@ -224,7 +240,7 @@ def _refusal(refused: Refused) -> JSONResponse:
                     "schema": {
                         "type": "object",
                         "required": ["id", "object", "choices"],
-                        "properties": {"object": {"const": "chat.completion"}},
+                        "properties": {"object": {"const": "chat.completion"}, "blendrag": _EXTRAS_SCHEMA},
                     }
                 },
             },

@@ -6,10 +6,20 @@ how rare each word is among the sources, so "the" or the question's own subject 
 is high enough to mean something. The JSON answer and the `done` event carry them as `citations`; the chat
 page shows each as an [n] mark that opens source n. It is lexical, so a paraphrase with no shared
 words gets no mark; it never invents one.
+
+Shared words are not enough for a mark on a sentence that names code: a small model writes an invented
+`exclude_if` or `Field(field_name=...)` into a sentence whose other words a source does share. So a mark
+stands only where the cited passage contains every code identifier the sentence names (`code_identifiers`:
+backticked spans, snake_case names, dotted names, calls); the sentence goes to the best-sharing source that
+does, or gets no mark. An identifier that no source contains at all is reported (`unsupported_identifiers`):
+the API's answer lists it and the chat page shows it as unsupported. Fenced code blocks are not checked: an
+example's own variable names are the model's to choose.
 """
 
 from __future__ import annotations
 
+import builtins
+import keyword
 import math
 import re
 from collections.abc import Sequence
@@ -34,6 +44,18 @@ _STOPWORDS = frozenset((
 ))
 # fmt: on
 
+_BACKTICKED = re.compile(r"`([^`\n]+)`")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+# Outside backticks, what reads as code in prose: a name with an underscore inside or at its start
+# (`model_dump`, `__init__`), a dotted name (`BaseModel.model_dump`, `pydantic.Field`) or a name called
+# (`Field(`). Plain words, capitalised or not, are prose.
+_PROSE_CODE = re.compile(
+    r"(?<![\w.])(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|_*[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]*"
+    r"|[A-Za-z_][A-Za-z0-9_]*(?=\())"
+)
+# Names every Python text may use without a source saying so: keywords and builtins (`None`, `str`, `dict`).
+_COMMON_NAMES = frozenset(keyword.kwlist) | frozenset(n for n in dir(builtins) if not n.startswith("_"))
+
 
 @dataclass(frozen=True)
 class Citation:
@@ -43,6 +65,15 @@ class Citation:
     end: int
     rank: int
     score: float  # the weighted share of the sentence's content words found in that source
+
+
+@dataclass(frozen=True)
+class UnsupportedIdentifier:
+    """Answer characters [start, end) name `identifier`, which none of the answer's sources contains."""
+
+    start: int
+    end: int
+    identifier: str
 
 
 @dataclass(frozen=True)
@@ -77,11 +108,53 @@ def sentences(answer: str) -> list[tuple[int, int]]:
     return trimmed
 
 
+def _is_identifier(name: str) -> bool:
+    """A name worth checking: not a keyword or builtin, and not a dotted abbreviation such as "e.g"."""
+    parts = name.split(".")
+    return name not in _COMMON_NAMES and max(len(p) for p in parts) > 1
+
+
+def code_identifiers(sentence: str) -> list[tuple[int, int, str]]:
+    """(start, end, name) of each code identifier `sentence` names, in order, each span once: every name
+    inside a backticked span (`Field(field_name=...)` names `Field` and `field_name`), and outside
+    backticks the snake_case, dotted and called names (`_PROSE_CODE`)."""
+    found: list[tuple[int, int, str]] = []
+    covered: list[tuple[int, int]] = []
+    for span in _BACKTICKED.finditer(sentence):
+        covered.append(span.span())
+        for name in _NAME.finditer(span.group(1)):
+            if _is_identifier(name.group(0)):
+                start = span.start(1) + name.start()
+                found.append((start, start + len(name.group(0)), name.group(0)))
+    for name in _PROSE_CODE.finditer(sentence):
+        inside = any(a <= name.start() < b for a, b in covered)
+        if not inside and _is_identifier(name.group(0)):
+            found.append((name.start(), name.end(), name.group(0)))
+    return sorted(found)
+
+
+def _source_names(text: str) -> set[str]:
+    """Every name in a source and every part of its dotted names: what an identifier is looked up in."""
+    names: set[str] = set()
+    for match in _NAME.finditer(text):
+        names.add(match.group(0))
+        names.update(match.group(0).split("."))
+    return names
+
+
+def _contains(names: set[str], identifier: str) -> bool:
+    """A name is in a source as a whole name; a dotted one also when its last part is: in `Model.model_dump`
+    the attribute is the API, the object before it is often the answer's own (`user.model_dump`)."""
+    return identifier in names or identifier.rsplit(".", 1)[-1] in names
+
+
 def attribute(answer: str, sources: Sequence[SourceText]) -> list[Citation]:
-    """One citation per answer sentence that shares enough distinctive words with one source."""
+    """One citation per answer sentence that shares enough distinctive words with a source that also
+    contains every code identifier the sentence names."""
     if not sources or not answer.strip():
         return []
     vocabularies = [set(content_words(s.text)) for s in sources]
+    source_names = [_source_names(s.text) for s in sources]
     num_sources = len(sources)
 
     def weight(word: str) -> float:
@@ -93,11 +166,12 @@ def attribute(answer: str, sources: Sequence[SourceText]) -> list[Citation]:
         words = set(content_words(answer[start:end]))
         if len(words) < MIN_SENTENCE_WORDS:
             continue
+        identifiers = {name for _, _, name in code_identifiers(answer[start:end])}
         total = sum(weight(w) for w in words)
         best: tuple[float, int] | None = None
-        for source, vocabulary in zip(sources, vocabularies, strict=True):
+        for source, vocabulary, names in zip(sources, vocabularies, source_names, strict=True):
             shared = words & vocabulary
-            if len(shared) < MIN_SHARED_WORDS:
+            if len(shared) < MIN_SHARED_WORDS or not all(_contains(names, i) for i in identifiers):
                 continue
             share = sum(weight(w) for w in shared) / total
             if best is None or share > best[0] or (share == best[0] and source.rank < best[1]):
@@ -105,3 +179,17 @@ def attribute(answer: str, sources: Sequence[SourceText]) -> list[Citation]:
         if best is not None and best[0] >= MIN_SHARE:
             citations.append(Citation(start, end, best[1], round(best[0], 4)))
     return citations
+
+
+def unsupported_identifiers(answer: str, sources: Sequence[SourceText]) -> list[UnsupportedIdentifier]:
+    """Each code identifier in the answer's sentences (fenced blocks aside) that no source contains. With no
+    sources there is nothing to check against, and nothing is reported (the answer's notice says why)."""
+    if not sources:
+        return []
+    names = set().union(*(_source_names(s.text) for s in sources))
+    return [
+        UnsupportedIdentifier(start + a, start + b, name)
+        for start, end in sentences(answer)
+        for a, b, name in code_identifiers(answer[start:end])
+        if not _contains(names, name)
+    ]

@@ -33,6 +33,7 @@ from app.api.schemas.answers import (
     SourcesEventOut,
     TimingsOut,
     TokenEventOut,
+    UnsupportedIdentifierOut,
     UsageOut,
 )
 from app.api.schemas.common import (
@@ -151,6 +152,7 @@ __all__ = [
     "TopP",
     "TurnOut",
     "TurnSourceOut",
+    "UnsupportedIdentifierOut",
     "UsageOut",
     "ValidationErrorOut",
 ]

@@ -81,6 +81,12 @@ class CitationOut(RecordOut):
     score: float = Field(description="Weighted share of the sentence's distinctive words found in that source")
 
 
+class UnsupportedIdentifierOut(RecordOut):
+    start: int = Field(description="First character of the identifier in `answer`")
+    end: int = Field(description="One past its last character")
+    identifier: str = Field(description="The code identifier as the answer writes it")
+
+
 class AskDoneOut(RecordOut):
     """Data of the `done` SSE event (last): the AskOut fields except `sources`."""
 
@@ -114,8 +120,14 @@ class AskDoneOut(RecordOut):
     notice: str | None = Field(default=None, description="As in the `sources` event: why there are no sources")
     citations: list[CitationOut] = Field(
         default_factory=list,
-        description="Answer sentences and the source each draws on most (shared distinctive words); "
-        "the chat page shows them as [n] marks",
+        description="Answer sentences and the source each draws on most (shared distinctive words, and every "
+        "code identifier the sentence names is in that source); the chat page shows them as [n] marks",
+    )
+    unsupported_identifiers: list[UnsupportedIdentifierOut] = Field(
+        default_factory=list,
+        description="Code identifiers the answer names (backticked spans, snake_case, dotted and called names, "
+        "outside fenced code) that none of the sources contains: possibly invented; the chat page marks them "
+        "as unsupported",
     )
 
 

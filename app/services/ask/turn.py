@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from app.services.ask.recorder import AnswerRecorder, KVCounts
 from app.services.ask.types import AskPlan, AskRequest, DoneEvent, SourcesEvent
-from app.services.attribution import SourceText, attribute
+from app.services.attribution import SourceText, attribute, unsupported_identifiers
 from app.services.storage_faults import is_storage_full
 from engine.prompt import Turn
 
@@ -68,6 +68,7 @@ class TurnFinisher:
             )
             conversation_id, not_stored = await self._record(context, recorded)
         notice = " ".join(n for n in (sources.notice, not_stored) if n) or None
+        source_texts = [SourceText(s.rank, s.text) for s in sources.sources]
         return DoneEvent(
             answer=answer,
             mode=event.mode,
@@ -79,7 +80,8 @@ class TurnFinisher:
             kv_hits=kv.num_hits,
             kv_misses=kv.num_misses,
             notice=notice,
-            citations=attribute(answer, [SourceText(s.rank, s.text) for s in sources.sources]),
+            citations=attribute(answer, source_texts),
+            unsupported_identifiers=unsupported_identifiers(answer, source_texts),
             conversation_id=conversation_id,
             history_turns=plan.num_history_turns,
             history_dropped_turns=plan.num_dropped_turns,

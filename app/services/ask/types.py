@@ -11,7 +11,7 @@ from retrieval.types import SearchFilters
 
 if TYPE_CHECKING:
     from app.catalog.records import ChunkRecord
-    from app.services.attribution import Citation
+    from app.services.attribution import Citation, UnsupportedIdentifier
     from app.services.conversation_service import ConversationContext
     from engine.prompt import Turn
     from engine.types import Mode, PromptLayout, SelectorName
@@ -143,6 +143,8 @@ class DoneEvent:
     notice: str | None = None  # as in SourcesEvent: set when the answer had no sources
     # Which source each answer sentence draws on (app/services/attribution.py), for [n] marks.
     citations: list[Citation] = field(default_factory=list)
+    # Code identifiers the answer names that no source contains (app/services/attribution.py).
+    unsupported_identifiers: list[UnsupportedIdentifier] = field(default_factory=list)
     conversation_id: str | None = None
     history_turns: int = 0
     history_dropped_turns: int = 0

@@ -120,6 +120,7 @@ def test_non_streaming_answer_is_one_json_body(client: TestClient, corpus: dict[
         "total_ms",
         "notice",
         "citations",
+        "unsupported_identifiers",
     }
     # A one-off question (no `conversation_id`) is not stored.
     assert body["conversation_id"] is None and (body["history_turns"], body["history_dropped_turns"]) == (0, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from app.api.openai_compat import _extras, _usage
 from app.services.ask import DoneEvent
 from app.services.ask.types import Timings, Usage
-from app.services.attribution import Citation
+from app.services.attribution import Citation, UnsupportedIdentifier
 
 DONE = DoneEvent(
     answer="Quintaro.",
@@ -27,6 +27,7 @@ DONE = DoneEvent(
     kv_misses=1,
     notice=None,
     citations=[Citation(0, 9, 1, 0.5)],
+    unsupported_identifiers=[UnsupportedIdentifier(0, 8, "Quintaro")],
     conversation_id="c-1",
     history_turns=1,
     history_dropped_turns=0,
@@ -67,4 +68,5 @@ def test_the_blendrag_field_carries_every_other_done_field() -> None:
         "retrieval_query": "And its capital? Zorblat",
         "conversation_id": "c-1",
         "notice": None,
+        "unsupported_identifiers": [{"start": 0, "end": 8, "identifier": "Quintaro"}],
     }

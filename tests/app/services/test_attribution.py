@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from app.services.attribution import Citation, SourceText, attribute, sentences
+from app.services.attribution import (
+    Citation,
+    SourceText,
+    UnsupportedIdentifier,
+    attribute,
+    code_identifiers,
+    sentences,
+    unsupported_identifiers,
+)
 
 SOURCES = [
     SourceText(1, "Quintaro is the capital of the planet Zorblat. Its purple rivers flow into the Silver Sea."),
@@ -38,3 +46,51 @@ def test_code_blocks_are_not_sentences_and_empty_inputs_give_nothing() -> None:
         ("Sourdough needs a starter and flour.", 3)
     ]
     assert attribute("", SOURCES) == [] and attribute("Anything at all here.", []) == []
+
+
+PYDANTIC = [
+    SourceText(
+        1,
+        "Set `model_config = ConfigDict(extra='forbid')` and a field that is not declared raises a "
+        "ValidationError. Extra fields are ignored by default.",
+    ),
+    SourceText(2, "Use `Field(alias='userName')` to read a field under another name; `m.model_dump()` gives a dict."),
+]
+
+
+def test_code_identifiers_are_backticked_snake_case_dotted_and_called_names() -> None:
+    sentence = "Use `Field(field_name=x)` or exclude_if, call Model.model_dump() or json(), e.g. with str and `None`."
+    assert [name for _, _, name in code_identifiers(sentence)] == [
+        "Field",
+        "field_name",
+        "exclude_if",
+        "Model.model_dump",
+        "json",
+    ]  # one-letter names (`x`) and "e.g" are too short to tell; `str` and `None` are Python's own
+    assert [sentence[a:b] for a, b, _ in code_identifiers(sentence)][:2] == ["Field", "field_name"]
+    assert code_identifiers("Extra fields are rejected. Version 2.5 is out.") == []
+
+
+def test_a_mark_needs_every_identifier_of_its_sentence_in_the_cited_passage() -> None:
+    supported = "To reject extra fields, set `model_config = ConfigDict(extra='forbid')` on the model."
+    invented = "To reject extra fields, set `exclude_if` on the field."
+    assert [(c.rank, c.score) for c in attribute(supported, PYDANTIC)] == [(1, 0.7271)]
+    # Its shared words ("reject", "extra", "fields") alone gave it [1] (score 0.413) before the identifier check.
+    assert attribute(invented, PYDANTIC) == []
+    # A sentence whose identifiers are in another passage that shares enough words goes to that one.
+    answer = "A field can be read under another name with `Field(alias='userName')`."
+    assert [c.rank for c in attribute(answer, PYDANTIC)] == [2]
+
+
+def test_identifiers_no_source_contains_are_reported_where_they_stand() -> None:
+    answer = (
+        "Set `exclude_if` to reject extra fields. Use `Field(field_name='userName')` for aliases; "
+        "`user.model_dump()` gives a dict.\n\n```python\nmy_model = Model(my_field=1)\n```\n"
+    )
+    unsupported = unsupported_identifiers(answer, PYDANTIC)
+    assert [(u.identifier, answer[u.start : u.end]) for u in unsupported] == [
+        ("exclude_if", "exclude_if"),
+        ("field_name", "field_name"),
+    ]  # user.model_dump: the attribute is in source 2; the fenced example's own names are not checked
+    assert unsupported == [UnsupportedIdentifier(5, 15, "exclude_if"), UnsupportedIdentifier(52, 62, "field_name")]
+    assert unsupported_identifiers(answer, []) == []  # no sources: the notice says why, nothing to check
