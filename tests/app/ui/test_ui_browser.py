@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from apitools import BYPASS_CSP, LiveServer, server_settings, wait_for_job
 
 from app.main import create_app
+from app.services.attribution import SourceText, unsupported_identifiers
 
 pytestmark = pytest.mark.browser
 
@@ -188,7 +190,10 @@ HOSTILE_DOC = (
     '<img src="https://example.invalid/' + "a" * 300 + '.png" onerror="window.__pwned = 1">\n\n'
     "<script>window.__pwned = 2</script>\n"
 )
-CANNED_ANSWER = "### `timeout`\n\nSet it on the client.\n\n```python\nclient = httpx.Client(timeout=5)\n```\n"
+CANNED_ANSWER = (
+    "### `timeout`\n\nSet it on the client.\n\n```python\nclient = httpx.Client(timeout=5)\n```\n\n"
+    "Or pass `connect_timeout=5` to it.\n"
+)
 CITED = "Set it on the client."
 
 
@@ -222,7 +227,15 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
         + _sse(
             "done",
             {k: v for k, v in real.items() if k != "sources"}
-            | {"answer": CANNED_ANSWER, "citations": [_citation(CANNED_ANSWER, CITED, 1)]},
+            | {
+                "answer": CANNED_ANSWER,
+                "citations": [_citation(CANNED_ANSWER, CITED, 1)],
+                # The server's own check of this answer against this source: connect_timeout is in neither.
+                "unsupported_identifiers": [
+                    dataclasses.asdict(u)
+                    for u in unsupported_identifiers(CANNED_ANSWER, [SourceText(1, source["text"])])
+                ],
+            },
         )
     )
     for width in (1280, 390):
@@ -243,6 +256,11 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
         cite = answer.query_selector("button.cite")
         assert cite.inner_text() == "[1]"
         assert answer.query_selector("p:nth-of-type(1)").inner_text() == "Set it on the client [1]."
+        # An identifier no source contains is marked where it stands and named under the answer.
+        assert [m.inner_text() for m in answer.query_selector_all("mark.unsupported")] == ["connect_timeout"]
+        assert answer.query_selector("pre mark") is None  # `timeout=5` in the example is not checked
+        note = page.inner_text("article.turn [data-testid=unsupported]")
+        assert note == "Not in any source (may be invented): connect_timeout"
         shot(page, f"chat-markdown-{width}")
         cite.click()  # the [1] mark opens the source, itself rendered
         page.wait_for_selector("dialog#passage[open] #passage-text.markdown pre code")

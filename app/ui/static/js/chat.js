@@ -8,7 +8,7 @@
 
 import { api, apiKey, authHeaders, el, errorMessage, fmtMs, fmtPct, readSSE, setSessionKey, watchReadiness }
   from "./api.js";
-import { renderInto, StreamRenderer } from "./render.js";
+import { markUnsupported, renderInto, StreamRenderer } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -171,8 +171,16 @@ class Turn {
     this.finished = true;
     this.answer.classList.remove("streaming");
     const answer = withCitationMarks(result.answer || this.text, result.citations || []);
+    const unsupported = [...new Set((result.unsupported_identifiers || []).map((u) => u.identifier))];
     this.renderAnswer(answer).then(() => {
       if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+      if (unsupported.length) {
+        // Names the model wrote that no source holds: likely invented, so never shown as if sourced.
+        markUnsupported(this.answer, unsupported);
+        this.answer.after(el("div", { class: "unsupported-note", "data-testid": "unsupported" },
+          "Not in any source (may be invented): ",
+          ...unsupported.flatMap((n, i) => [i ? ", " : "", el("code", {}, n)])));
+      }
       if (result.finish_reason === "length") {
         // Beside the answer, not in it: the answer element holds the model's text alone.
         this.answer.after(el("div", { class: "muted", "data-testid": "cut-off" },

@@ -35,6 +35,37 @@ function linkCitations(root, sources, onCite) {
   }
 }
 
+// Each whole-name occurrence of `names` outside code blocks (inline code included: identifiers are often
+// backticked) is wrapped in <mark class="unsupported">: the server found it in none of the sources.
+export function markUnsupported(root, names) {
+  if (!names.length) return;
+  const escaped = [...new Set(names)].sort((a, b) => b.length - a.length)
+    .map((n) => n.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
+  const pattern = new RegExp(`(?<![\\w.])(${escaped.join("|")})(?![\\w])`, "g");
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT, {
+    acceptNode: (node) => (node.parentElement.closest("pre, mark") ? NodeFilter.FILTER_REJECT
+      : NodeFilter.FILTER_ACCEPT),
+  });
+  const nodes = [];
+  while (walker.nextNode()) nodes.push(walker.currentNode);
+  for (const node of nodes) {
+    const parts = node.nodeValue.split(pattern);
+    if (parts.length === 1) continue;
+    const fragment = document.createDocumentFragment();
+    // split() with one capture group: odd indices are the names.
+    parts.forEach((part, i) => {
+      if (i % 2) {
+        fragment.append(Object.assign(document.createElement("mark"), {
+          className: "unsupported", textContent: part, title: "None of the sources contains this name",
+        }));
+      } else if (part) {
+        fragment.append(part);
+      }
+    });
+    node.replaceWith(fragment);
+  }
+}
+
 // Renders `text` into `target` (replacing what is there), then links [n] citations to `sources`.
 export async function renderInto(target, text, sources = [], onCite = () => {}) {
   let html;
