@@ -35,10 +35,16 @@ def cut_off_note(done: dict[str, Any]) -> str | None:
     return f"answer cut off at {tokens} tokens (raise it with --max-tokens)"
 
 
+def unsupported_note(done: dict[str, Any]) -> str | None:
+    """The line that names the code identifiers the answer wrote and no source contains, else None."""
+    names = list(dict.fromkeys(u["identifier"] for u in done.get("unsupported_identifiers") or []))
+    return f"not in any source (may be invented): {', '.join(names)}" if names else None
+
+
 def _print_done(done: dict[str, Any]) -> None:
-    note = cut_off_note(done)
-    if note is not None:
-        print(f"\n[{note}]")
+    for note in (cut_off_note(done), unsupported_note(done)):
+        if note is not None:
+            print(f"\n[{note}]")
     t = done["timings"]
     how = f"{done['mode']} ({done['selector']})" if done.get("selector") else done["mode"]
     print(

@@ -47,3 +47,17 @@ def test_a_pipe_gets_the_marked_answer_once_and_a_terminal_sees_it_stream() -> N
     printer.token("Hello.")
     printer.done("Hello.", [])
     assert uncited.getvalue() == "Hello."  # nothing to mark: not repeated
+
+
+def test_the_done_line_names_identifiers_no_source_contains_once_each() -> None:
+    from app.cli.ask import unsupported_note
+
+    done = {
+        "unsupported_identifiers": [
+            {"start": 5, "end": 15, "identifier": "exclude_if"},
+            {"start": 40, "end": 50, "identifier": "field_name"},
+            {"start": 70, "end": 80, "identifier": "exclude_if"},
+        ]
+    }
+    assert unsupported_note(done) == "not in any source (may be invented): exclude_if, field_name"
+    assert unsupported_note({"unsupported_identifiers": []}) is None and unsupported_note({}) is None
