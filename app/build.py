@@ -88,7 +88,7 @@ class Services:
     engine: Engine | None = None
     kv_space: KVSpace | None = None  # the served model's entries in `store` (with engine and store)
     scheduler: Scheduler | None = None
-    blend: BlendInForce | None = None  # the blend settings in force and where they came from (app/calibration)
+    blend: BlendInForce | None = None  # where the blend settings in force came from; the engine holds them
     calibration: CalibrationRunner | None = None  # the background calibration, when the server runs one
     job_queue: PgJobQueue | None = None  # PostgreSQL catalog, server only
     keys: KeyService | None = None
@@ -105,7 +105,7 @@ class Services:
         assert self.engine is not None
         apply(self.engine, in_force)
         self.blend = in_force
-        logger.info("start-up: blend settings in force: %s", in_force.describe()["label"])
+        logger.info("start-up: blend settings in force: %s", in_force.origin)
 
     def doctor_parts(self) -> DoctorParts:
         """What `run_doctor` checks and repairs with (built with need "doctor")."""

@@ -105,9 +105,14 @@ class Engine:
     def use_blend_settings(self, settings: EngineSettings, origin: str) -> None:
         """Serve with the blend fields (BLEND_FIELDS) of `settings` from now on, which a caller measured or chose
         for this model; `origin` says where they came from. The engine's other settings stay. The default blend
-        of every later request (`settings.blend_config()`) is theirs; a request already running keeps its own."""
-        update = {name: getattr(settings, name) for name in BLEND_FIELDS}
-        settings.blend_config()  # a valid combination, or nothing changes
+        of every later request (`settings.blend_config()`) is theirs; a request already running keeps its own.
+        Raises pydantic's ValidationError (and nothing changes) for a value a settings file could not hold."""
+        # `settings` may be an unvalidated copy (model_copy(update=...) checks nothing), and so is the merge
+        # below: validate the blend fields as a settings file's would be (each field's bounds, then the
+        # combination). The other fields were validated when the engine was built (the model is not looked up
+        # again).
+        checked = EngineSettings.model_validate({name: getattr(settings, name) for name in BLEND_FIELDS})
+        update = {name: getattr(checked, name) for name in BLEND_FIELDS}
         self.settings, self.blend_origin = self.settings.model_copy(update=update), origin
 
     # ------------------------------------------------------------------------------------ properties

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from app.calibration.record import BlendSettingsRecord
 from engine.config import BLEND_FIELDS, EngineSettings
-from engine.types import BlendConfig, SelectorName
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -30,25 +29,28 @@ def safe_values(num_layers: int) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class BlendInForce:
-    """The engine settings with the blend fields in force, and their provenance."""
+    """What `resolve` chose for each blend field, and where it came from. Once `apply` has handed the values to
+    the engine, `Engine.settings` is the one copy in force: the engine, the services and /api/stats read it, and
+    this object is only their provenance."""
 
-    settings: EngineSettings
+    values: dict[str, Any]  # every blend field (BLEND_FIELDS), validated as a whole
     source: Source  # where the non-operator settings came from
     label: str  # "calibrated on …", "shipped for <model> …", "safe (not calibrated yet)"
     operator_fields: tuple[str, ...]  # blend settings the operator set (these win over any record)
     record: BlendSettingsRecord | None = None
 
-    def blend_config(self, recompute_ratio: float | None = None, selector: SelectorName | None = None) -> BlendConfig:
-        return self.settings.blend_config(recompute_ratio=recompute_ratio, selector=selector)
+    @property
+    def origin(self) -> str:
+        """The label, with the settings the operator set named (what `Engine.blend_origin` says)."""
+        return self.label + (f"; operator set {', '.join(self.operator_fields)}" if self.operator_fields else "")
 
-    def describe(self) -> dict[str, Any]:
-        """For /api/stats, the admin page and bench headers."""
-        values = {name: getattr(self.settings, name) for name in BLEND_FIELDS}
+    def describe(self, in_force: EngineSettings) -> dict[str, Any]:
+        """For /api/stats, the admin page and bench headers: the values of `in_force` (the engine's settings)."""
         return {
             "source": self.source,
-            "label": self.label + (f"; operator set {', '.join(self.operator_fields)}" if self.operator_fields else ""),
+            "label": self.origin,
             "operator_fields": list(self.operator_fields),
-            "values": values,
+            "values": {name: getattr(in_force, name) for name in BLEND_FIELDS},
             "measured": self.record.measured.get("chosen") if self.record is not None else None,
         }
 
@@ -74,7 +76,8 @@ def resolve(
     update = {name: value for name, value in values.items() if name not in operator}
     # Validate the combination as a whole (BlendConfig's rules), as a settings file would be.
     merged = EngineSettings.model_validate(engine_settings.model_dump(exclude_unset=True) | update)
-    return BlendInForce(merged, source, label, operator, record)  # type: ignore[arg-type]
+    chosen = {name: getattr(merged, name) for name in BLEND_FIELDS}
+    return BlendInForce(chosen, source, label, operator, record)  # type: ignore[arg-type]
 
 
 def blend_in_force(engine: Engine, engine_settings: EngineSettings, data_dir: Path | None) -> BlendInForce:
@@ -91,4 +94,4 @@ def blend_in_force(engine: Engine, engine_settings: EngineSettings, data_dir: Pa
 
 def apply(engine: Engine, in_force: BlendInForce) -> None:
     """Make `in_force` the engine's default blend (every request without its own ratio or selector)."""
-    engine.use_blend_settings(in_force.settings, in_force.describe()["label"])
+    engine.use_blend_settings(EngineSettings.model_validate(in_force.values), in_force.origin)

@@ -213,7 +213,7 @@ class StatsService:
             default_mode=engine_settings.mode,
             default_selector=engine_settings.selector,
             default_recompute_ratio=engine_settings.recompute_ratio,
-            blend_settings=in_force.describe() if in_force is not None else None,
+            blend_settings=in_force.describe(engine_settings) if in_force is not None else None,
             calibration=parts.calibration if parts is not None else None,
             queue_depth=queue_depth(scheduler),
             prefill_tokens_per_s=round(rate, 1) if rate is not None else None,
