@@ -30,11 +30,28 @@ UPLOAD_BLOCK = 1 << 20
 # The file names the default `ingest.allowed_extensions` accepts, as the spec's Content-Disposition pattern.
 _FILENAME_PATTERN = r'filename="[^"]*\.(' + "|".join(sorted(KNOWN_EXTENSIONS)) + ')"'
 _COLLECTION_SCHEMA = {
-    "type": "string",
+    "type": ["string", "null"],  # null (in a form: no part) is the default, as IngestIn reads it
     "pattern": COLLECTION_PATTERN,
-    "description": "The collection the documents join (default: the key's collection when it has exactly one, "
-    "else `default`); the key must be allowed to ingest there",
+    "description": "The collection the documents join (null or absent: the key's collection when it has exactly "
+    "one, else `default`); the key must be allowed to ingest there",
 }
+
+
+def _without_nullable_any_of(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with each property pydantic writes `anyOf: [{type: X}, {type: null}]` (an optional field) as
+    `type: [X, null]`: the same values, without a disjunction a generator breaks one branch of while the
+    other still holds (Schemathesis sent a null `source`, valid, and called it invalid)."""
+    properties = {}
+    for name, prop in schema.get("properties", {}).items():
+        branches = prop.get("anyOf", [])
+        others = [b for b in branches if b != {"type": "null"}]
+        if len(branches) == 2 and len(others) == 1 and isinstance(others[0].get("type"), str):
+            prop = {**{k: v for k, v in prop.items() if k != "anyOf"}, **others[0], "type": [others[0]["type"], "null"]}
+        properties[name] = prop
+    return {**schema, "properties": properties}
+
+
+_DOCUMENT_SCHEMA = _without_nullable_any_of(DocumentIn.model_json_schema())
 INGEST_OPENAPI = {
     "requestBody": {
         "content": {
@@ -45,7 +62,7 @@ INGEST_OPENAPI = {
                     "required": ["documents"],
                     "additionalProperties": False,
                     "properties": {
-                        "documents": {"type": "array", "minItems": 1, "items": DocumentIn.model_json_schema()},
+                        "documents": {"type": "array", "minItems": 1, "items": _DOCUMENT_SCHEMA},
                         "collection": _COLLECTION_SCHEMA,
                     },
                 }
@@ -61,10 +78,12 @@ INGEST_OPENAPI = {
                             "items": {"type": "string", "format": "binary"},
                             "description": "Files whose names end in .txt, .md, .html, .pdf, .docx, .json or .jsonl "
                             "(by default: `ingest.allowed_extensions`; the part's Content-Disposition `filename`); "
-                            "another extension answers 415",
+                            "another extension answers 415. The name picks the loader and the job reads the bytes: "
+                            "a file that is not what its name says (a PNG named .txt) is accepted (202) and fails "
+                            "in its job (`unreadable_document`, GET /ingest/jobs/{id})",
                         },
                         "tags": {
-                            "type": "string",
+                            "type": ["string", "null"],  # null: no part, no tags
                             "pattern": r"^$|^[^\[{]",
                             "description": "comma-separated tags for every file (plain text: a value starting "
                             "with [ or { is refused; inline documents carry their own `tags` list)",
@@ -73,12 +92,15 @@ INGEST_OPENAPI = {
                         "documents": {
                             "type": "array",
                             "minItems": 1,
-                            "items": DocumentIn.model_json_schema(),
+                            "items": _DOCUMENT_SCHEMA,
                             "description": "inline documents, as in the JSON body: one part holding the JSON "
                             "list (or one part per document, each a JSON object)",
                         },
                     },
-                    "anyOf": [{"required": ["files"]}, {"required": ["documents"]}],
+                    # At least one of files and documents: not (no files and no documents). A disjunction
+                    # (anyOf of the two `required`) reads the same, but a generator that breaks one branch of it
+                    # sends a body the other branch still accepts and calls it invalid.
+                    "not": {"properties": {"files": False, "documents": False}},
                 },
                 "encoding": {
                     "files": {
