@@ -7,6 +7,10 @@ pages + answer_key.json). Each look-up and each docs question is asked through t
 /ask calls, in `full` and in the server's default blend; an answer is right when it contains the fact (or
 one of the answer key's names), normalised. TTFT is the AskService's own (retrieval + KV load + prompt
 pass). One table and one plot compare the models.
+
+Each docs answer also records its citations (app/services/attribution.py): the [n] marks that stand,
+the marks shared words alone would have given (before the check that a cited passage holds every code
+identifier of its sentence), and the identifiers no source contains (`unsupported_identifiers`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from app.calibration.scoring import is_right
 from bench import harness
 from bench.data import Passage
 from bench.docs_corpus import read_corpus, write_corpus
-from bench.inprocess import ask_service, bench_settings, ingest_passages, running_app
+from bench.inprocess import bench_settings, ingest_passages, running_app
 from bench.lookup import make_facts
 
 logger = logging.getLogger(__name__)
@@ -33,13 +37,34 @@ HELP = "look-ups and real docs questions answered right, per model"
 DEFAULT_MODELS = "smollm2-135m,qwen2.5-coder-0.5b"
 
 
-async def _ask(state: Any, question: str, mode: str, max_tokens: int) -> tuple[str, float, list[str]]:
-    """(answer, TTFT ms, source titles best first) of one question through AskService."""
-    from app.services.ask.types import AskRequest
+async def _ask(state: Any, question: str, mode: str, max_tokens: int) -> tuple[Any, list[Any]]:
+    """(done event, sources best first) of one question through the AskService that POST /ask calls."""
+    from app.services.ask.types import AskRequest, DoneEvent, ErrorEvent, SourcesEvent
 
     request = AskRequest(question=question, mode=mode, max_tokens=max_tokens, temperature=0.0)  # type: ignore[arg-type]
-    done, titles, _ = await ask_service(state, request)
-    return done.answer, done.timings.ttft_ms, titles
+    sources: list[Any] = []
+    async for event in state.services.ask.ask(request):
+        match event:
+            case SourcesEvent():
+                sources = list(event.sources)
+            case DoneEvent():
+                return event, sources
+            case ErrorEvent():
+                raise RuntimeError(f"/ask failed: {event.message}")
+    raise RuntimeError("/ask ended without a done event")
+
+
+def citation_counts(done: Any, sources: list[Any]) -> dict[str, Any]:
+    """The [n] marks that stand on the answer (sentence, rank), the marks shared words alone give (before
+    the identifier check), and the code identifiers no source contains."""
+    from app.services.attribution import SourceText, attribute
+
+    lexical = attribute(done.answer, [SourceText(s.rank, s.text) for s in sources], check_identifiers=False)
+    return {
+        "marks": [[done.answer[c.start : c.end], c.rank] for c in done.citations],
+        "marks_lexical": [[done.answer[c.start : c.end], c.rank] for c in lexical],
+        "unsupported": [u.identifier for u in done.unsupported_identifiers],
+    }
 
 
 async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: list[str], max_tokens: int) -> dict:
@@ -47,7 +72,8 @@ async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: l
     for mode in modes:
         lookups, docs, ttfts = [], [], []
         for fact in facts:
-            answer, ttft, titles = await _ask(state, fact.question, mode, max_tokens)
+            done, sources = await _ask(state, fact.question, mode, max_tokens)
+            answer, ttft, titles = done.answer, done.timings.ttft_ms, [s.title for s in sources]
             lookups.append(
                 {
                     "question": fact.question,
@@ -59,9 +85,18 @@ async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: l
             ttfts.append(ttft)
             logger.info("%s look-up %r: %s", mode, fact.answer, "ok" if lookups[-1]["right"] else f"x {answer!r}")
         for q in questions:
-            answer, ttft, titles = await _ask(state, q.question, mode, max_tokens)
+            done, sources = await _ask(state, q.question, mode, max_tokens)
+            answer, ttft, titles = done.answer, done.timings.ttft_ms, [s.title for s in sources]
             right = any(is_right(answer, a) for a in q.answers)
-            docs.append({"question": q.question, "answer": answer, "right": right, "retrieved": q.page in titles})
+            docs.append(
+                {
+                    "question": q.question,
+                    "answer": answer,
+                    "right": right,
+                    "retrieved": q.page in titles,
+                    **citation_counts(done, sources),
+                }
+            )
             ttfts.append(ttft)
             logger.info("%s docs %r: %s", mode, q.answers[0], "ok" if right else f"x {answer!r}")
         out[mode] = {
@@ -69,18 +104,25 @@ async def run_model(state: Any, facts: list[Any], questions: list[Any], modes: l
             "docs_right": sum(r["right"] for r in docs),
             "lookups_retrieved": sum(r["retrieved"] for r in lookups),
             "docs_retrieved": sum(r["retrieved"] for r in docs),
+            "docs_marks": sum(len(r["marks"]) for r in docs),
+            "docs_marks_lexical": sum(len(r["marks_lexical"]) for r in docs),
+            "docs_unsupported_identifiers": sum(len(r["unsupported"]) for r in docs),
             "ttft_median_ms": round(statistics.median(ttfts), 1),
             "lookups": lookups,
             "docs": docs,
         }
         logger.info(
-            "%s: look-ups %d/%d, docs %d/%d, TTFT median %.0f ms",
+            "%s: look-ups %d/%d, docs %d/%d, TTFT median %.0f ms; docs marks %d standing of %d by shared words, "
+            "%d identifiers in no source",
             mode,
             out[mode]["lookups_right"],
             len(facts),
             out[mode]["docs_right"],
             len(questions),
             out[mode]["ttft_median_ms"],
+            out[mode]["docs_marks"],
+            out[mode]["docs_marks_lexical"],
+            out[mode]["docs_unsupported_identifiers"],
         )
     return out
 
@@ -89,6 +131,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=DEFAULT_MODELS, help="comma-separated engine.model values")
     parser.add_argument("--docs-dir", type=Path, default=None, help="Markdown pages + answer_key.json")
     parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
+    parser.add_argument(
+        "--modes", default="full,default", help="comma-separated modes to ask in; 'default': the server's engine.mode"
+    )
+    parser.add_argument(
+        "--docs-questions", type=int, default=None, help="ask only the first N docs questions (default: all)"
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -120,6 +168,7 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="blendrag-answers-") as tmp:
         docs_dir = args.docs_dir or write_corpus(Path(tmp) / "docs")
         pages, questions = read_corpus(docs_dir)
+        questions = questions[: args.docs_questions] if args.docs_questions is not None else questions
         passages = [Passage(title=f.title, text=f.text) for f in facts] + [Passage(title=t, text=x) for t, x in pages]
         models: dict[str, Any] = {}
         for i, model in enumerate(m.strip() for m in args.models.split(",") if m.strip()):
@@ -131,7 +180,8 @@ def main(args: argparse.Namespace) -> int:
                 async with running_app(settings) as state:
                     ingest_passages(state, passages)
                     engine = state.services.engine
-                    modes = await run_model(state, facts, questions, ["full", settings.engine.mode], args.max_tokens)
+                    modes = [settings.engine.mode if m == "default" else m for m in args.modes.split(",") if m]
+                    modes = await run_model(state, facts, questions, list(dict.fromkeys(modes)), args.max_tokens)
                     return {"served_model": harness.result_header(NAME, args, engine), "modes": modes}
 
             logger.info("model %s", model)

@@ -148,9 +148,10 @@ def _contains(names: set[str], identifier: str) -> bool:
     return identifier in names or identifier.rsplit(".", 1)[-1] in names
 
 
-def attribute(answer: str, sources: Sequence[SourceText]) -> list[Citation]:
+def attribute(answer: str, sources: Sequence[SourceText], *, check_identifiers: bool = True) -> list[Citation]:
     """One citation per answer sentence that shares enough distinctive words with a source that also
-    contains every code identifier the sentence names."""
+    contains every code identifier the sentence names (`check_identifiers=False`: shared words alone, as
+    before the check; `python -m bench answers` counts both)."""
     if not sources or not answer.strip():
         return []
     vocabularies = [set(content_words(s.text)) for s in sources]
@@ -166,7 +167,7 @@ def attribute(answer: str, sources: Sequence[SourceText]) -> list[Citation]:
         words = set(content_words(answer[start:end]))
         if len(words) < MIN_SENTENCE_WORDS:
             continue
-        identifiers = {name for _, _, name in code_identifiers(answer[start:end])}
+        identifiers = {name for _, _, name in code_identifiers(answer[start:end])} if check_identifiers else set()
         total = sum(weight(w) for w in words)
         best: tuple[float, int] | None = None
         for source, vocabulary, names in zip(sources, vocabularies, source_names, strict=True):

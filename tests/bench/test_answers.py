@@ -30,4 +30,8 @@ def test_answers_runs_per_model_and_mode(tmp_path: Path, tiny_llama_dir: Path) -
     for mode in row["modes"].values():
         assert (len(mode["lookups"]), len(mode["docs"])) == (3, 12)
         assert mode["ttft_median_ms"] > 0
+        # Every docs answer carries its marks (standing and by shared words alone) and unsupported names.
+        assert all({"marks", "marks_lexical", "unsupported"} <= set(row) for row in mode["docs"])
+        assert mode["docs_marks"] == sum(len(r["marks"]) for r in mode["docs"]) <= mode["docs_marks_lexical"]
+        assert mode["docs_unsupported_identifiers"] == sum(len(r["unsupported"]) for r in mode["docs"])
     assert out.with_suffix(".png").is_file()
