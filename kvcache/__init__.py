@@ -13,12 +13,12 @@ Typical use (the app builds one store from its settings and shares it across wor
     except KVEntryMissing as exc:
         ...  # space.ensure(..., missing_keys=exc.keys, keep_entries=True), open again with computed=
 
-Modules: config (settings), keys, format / reader (entry bytes of every storage dtype), quant (int8),
-quant_int4 (int4: grouped, asymmetric, packed), memory_tier, disk_tier (byte budget), eviction (which disk
-entry goes: retrieval frequency or LRU), redis_tier, atomic (atomic file writes), store, loader and hostcopy
-(layer-wise reads off torch's threads), space (a model's entries behind one prefix: key, ensure, open),
-writer (the one KV writer: compute what the store lacks and put it, one policy for a failed put), stats,
-coverage, admin (stats, verify, prune, convert), errors, types (the shared contract).
+Modules: config (settings), keys, format / reader (entry bytes of every storage dtype), quant (int8), quant_int4
+(int4: grouped, asymmetric, packed), held_tier (what the in-process tiers share), memory_tier, device_tier,
+disk_tier (byte budget), eviction (which disk entry goes: retrieval frequency or LRU), redis_tier, atomic (atomic
+file writes), store, loader and hostcopy (layer-wise reads off torch's threads), space (a model's entries behind
+one prefix: key, ensure, open), writer (the one KV writer: compute what the store lacks and put it, one policy for
+a failed put), stats, coverage, admin (stats, verify, prune, convert), errors, types (the shared contract).
 """
 
 from kvcache.config import KVCacheSettings, StorageDType

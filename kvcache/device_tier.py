@@ -10,13 +10,13 @@ admitted only by evicting chunks retrieved less often than it, so one sweep over
 hot set. A CPU server has no device tier.
 
 `DeviceTier(budget_bytes, device)`: `record_retrieval(keys)`, `get(key) -> DeviceEntry | None` (counts hit or
-miss), `contains`, `put(key, entry) -> bool`, `delete`, `keys()`, `stats()`. Thread-safe.
+miss), `contains`, `put(key, entry) -> bool`, `delete`, `keys()`, `stats()`. Thread-safe. The reads, the deletion
+and the statistics are `HeldTier`'s (kvcache/held_tier.py), shared with the memory tier.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -24,7 +24,7 @@ import torch
 
 from kvcache.eviction import FrequencyPolicy
 from kvcache.format import EntryMeta
-from kvcache.stats import TierCounters, TierStats
+from kvcache.held_tier import HeldTier
 
 logger = logging.getLogger(__name__)
 
@@ -58,34 +58,18 @@ def auto_budget(device: torch.device) -> int:
     return int(free * AUTO_SHARE)
 
 
-class DeviceTier:
+class DeviceTier(HeldTier[DeviceEntry]):
     name = "device"
 
     def __init__(self, budget_bytes: int, device: torch.device | str, half_life: float = 100_000.0) -> None:
-        if budget_bytes <= 0:
-            raise ValueError("device tier budget must be positive")
-        self.budget_bytes = budget_bytes
+        super().__init__(budget_bytes)
         self.device = torch.device(device)
-        self._entries: dict[str, DeviceEntry] = {}
-        self._num_bytes = 0
         self._policy = FrequencyPolicy(half_life)
-        self._lock = threading.Lock()
-        self.counters = TierCounters()
 
     def record_retrieval(self, keys: Iterable[str]) -> None:
         with self._lock:
             for key in keys:
                 self._policy.record_retrieval(key)
-
-    def get(self, key: str) -> DeviceEntry | None:
-        with self._lock:
-            entry = self._entries.get(key)
-        (self.counters.hit if entry is not None else self.counters.miss)()
-        return entry
-
-    def contains(self, key: str) -> bool:
-        with self._lock:
-            return key in self._entries
 
     def put(self, key: str, entry: DeviceEntry) -> bool:
         """Hold `entry` if it fits, evicting chunks retrieved less often than it; False if it does not earn
@@ -119,27 +103,5 @@ class DeviceTier:
             self.counters.evicted(len(victims))
         return True
 
-    def delete(self, key: str) -> bool:
-        with self._lock:
-            entry = self._entries.pop(key, None)
-            if entry is None:
-                return False
-            self._num_bytes -= entry.nbytes
-            self._policy.forget(key)
-            return True
-
-    def keys(self) -> list[str]:
-        with self._lock:
-            return list(self._entries)
-
-    def nbytes_of(self, key: str) -> int | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            return None if entry is None else entry.nbytes
-
-    def stats(self) -> TierStats:
-        with self._lock:
-            num_entries, num_bytes = len(self._entries), self._num_bytes
-        return self.counters.snapshot(
-            name=self.name, available=True, num_entries=num_entries, num_bytes=num_bytes, budget_bytes=self.budget_bytes
-        )
+    def _on_delete(self, key: str) -> None:
+        self._policy.forget(key)
