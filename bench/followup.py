@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 from typing import Any
 
 from bench import harness
@@ -43,18 +42,7 @@ TOP = 3
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=int, default=None, help="sources per turn (default: the server's top_k)")
-    parser.add_argument(
-        "--embed-dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16"],
-        help="embedder compute dtype (auto: the server's choice for this machine)",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=harness.DEFAULT_OUT_DIR / "followup.json",
-        help=f"JSON result file (default: {harness.DEFAULT_OUT_DIR / 'followup.json'})",
-    )
+    harness.add_retrieval_args(parser, out="followup.json")
 
 
 def build_retriever(settings: RetrievalSettings) -> Retriever:
@@ -126,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
         num_sessions=len(SESSIONS),
         num_switches=len(SWITCHES),
         top_k=top_k,
-        embed_dtype=retriever.embedder.dtype_choice.dtype if retriever.embedder.dtype_choice else "float32",
+        embed_dtype=harness.embed_dtype(retriever),
         settings={
             k: getattr(settings, k)
             for k in (

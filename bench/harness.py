@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine.engine import Engine
+    from retrieval.retriever import Retriever
 
 logger = logging.getLogger(__name__)
 
@@ -80,9 +81,7 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
     parser.add_argument("--examples", type=int, default=examples, help="number of examples (seeded sample)")
     parser.add_argument("--passages", type=int, default=passages, help="passages (chunks) per prompt")
     parser.add_argument("--seed", type=int, default=0, help="which examples (seeded shuffle)")
-    parser.add_argument(
-        "--out", type=Path, default=DEFAULT_OUT_DIR / out, help=f"JSON result file (default: {DEFAULT_OUT_DIR / out})"
-    )
+    add_out_arg(parser, out)
     parser.add_argument("--plot", type=Path, default=None, help="PNG plot (default: --out with .png)")
     parser.add_argument(
         "--model",
@@ -102,6 +101,31 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
         choices=["auto", "float32", "bfloat16", "float16"],
         help="model compute dtype (auto: the engine's choice for this machine, recorded in the result)",
     )
+
+
+def add_out_arg(parser: argparse.ArgumentParser, out: str) -> None:
+    """`--out`: the JSON result file (default: `out` under bench/out)."""
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT_DIR / out, help=f"JSON result file (default: {DEFAULT_OUT_DIR / out})"
+    )
+
+
+def add_retrieval_args(parser: argparse.ArgumentParser, out: str) -> None:
+    """The options of a benchmark of retrieval alone (no language model): the embedder's compute dtype and
+    the result file."""
+    parser.add_argument(
+        "--embed-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="embedder compute dtype (auto: the server's choice for this machine)",
+    )
+    add_out_arg(parser, out)
+
+
+def embed_dtype(retriever: Retriever) -> str:
+    """The compute dtype the retriever's embedder runs in, as a result file records it."""
+    choice = retriever.embedder.dtype_choice
+    return choice.dtype if choice is not None else "float32"
 
 
 def add_order_arg(parser: argparse.ArgumentParser) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 from typing import Any
 
 from bench import harness
@@ -60,18 +59,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--floor", type=float, default=None, help="the floor to evaluate (default: the embedder's shipped floor)"
     )
-    parser.add_argument(
-        "--embed-dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16"],
-        help="embedder compute dtype (auto: the server's choice for this machine)",
-    )
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=harness.DEFAULT_OUT_DIR / "relevance.json",
-        help=f"JSON result file (default: {harness.DEFAULT_OUT_DIR / 'relevance.json'})",
-    )
+    harness.add_retrieval_args(parser, out="relevance.json")
 
 
 def _stdlib_chunks() -> list[tuple[str, str]]:
@@ -140,7 +128,7 @@ def main(args: argparse.Namespace) -> int:
         args,
         num_chunks=retriever.count,
         embedder=settings.embedder,
-        embed_dtype=retriever.embedder.dtype_choice.dtype if retriever.embedder.dtype_choice else "float32",
+        embed_dtype=harness.embed_dtype(retriever),
         floor=floor,
         in_corpus=inside,
         out_of_corpus=outside,
