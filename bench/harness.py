@@ -176,6 +176,12 @@ def add_blend_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--score-layers", default=None, help="query selector: scoring layers, comma-separated")
     parser.add_argument("--check-layers", default=None, help="deviation selector: check layers, comma-separated")
+    parser.add_argument(
+        "--match-window",
+        type=int,
+        default=None,
+        help="up-front selectors: recompute the tokens the question names and this many after each (0: off)",
+    )
 
 
 def _layers(text: str | None) -> list[int] | None:
@@ -192,6 +198,8 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
         value = getattr(args, name, None)
         if value is not None:
             overrides.setdefault(name, value if name == "selector" else _layers(value))
+    if getattr(args, "match_window", None) is not None:
+        overrides.setdefault("match_window", args.match_window)
     settings = EngineSettings(model=args.model, num_threads=args.threads, dtype=args.dtype, **overrides)
     engine = Engine(settings, models_dir=args.models_dir)
     # The blend settings a server on this model starts with (shipped for it, else safe; the options above
