@@ -130,7 +130,7 @@ async def admitted(service: AskService, ask: AskRequest) -> Answer:
 
 _STREAM_DOC = (
     "With `stream: true` (default), Server-Sent Events in this order: one `sources` "
-    "`{sources: [{rank, chunk_id, document_id, title, page, score, snippet, text}], retrieval_ms, notice}`, "
+    "`{sources: [{rank, chunk_id, document_id, title, page, score, snippet, text, section}], retrieval_ms, notice}`, "
     "then `token` `{text}` deltas, then one `done` (the AskOut fields except `sources`) or one "
     "`error` `{message, code: busy|internal|cancelled}`. With `stream: false`, one AskOut JSON body."
 )

@@ -290,6 +290,19 @@ class DocumentStore(IndexLog):
             ).all()
             return {c.id: chunk_record(c, title) for c, title in rows}
 
+    def chunks_before(self, document_id: str, index: int, containing: str, limit: int) -> list[ChunkRecord]:
+        """Up to `limit` chunks of the document before chunk `index` whose text contains `containing`,
+        latest first (the section of a passage is the heading of the latest of them that has one)."""
+        with self._session() as s:
+            q = (
+                select(ChunkRow)
+                .where(ChunkRow.document_id == document_id, ChunkRow.index < index)
+                .where(ChunkRow.text.contains(containing, autoescape=True))
+                .order_by(ChunkRow.index.desc())
+                .limit(limit)
+            )
+            return [chunk_record(c) for c in s.scalars(q)]
+
     def chunks_of(self, document_id: str) -> list[ChunkRecord]:
         with self._session() as s:
             row = s.get(DocumentRow, document_id)

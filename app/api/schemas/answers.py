@@ -26,6 +26,11 @@ class SourceOut(TurnSourceOut):
     score: float
     snippet: str
     text: str = Field(description="The whole passage the model read")
+    section: str | None = Field(
+        default=None,
+        description="The Markdown heading the passage sits under (the nearest at or before its start); null "
+        "for a document without headings",
+    )
 
 
 class UsageOut(RecordOut):

@@ -44,6 +44,7 @@ from app.services.ask.types import (
 )
 from app.services.conversation_service import ConversationContext
 from app.services.estimates import PrefillRate
+from app.services.sections import section_of
 from retrieval.relevance import covers, relevance_floor
 
 if TYPE_CHECKING:
@@ -60,6 +61,9 @@ if TYPE_CHECKING:
     from retrieval.retriever import Retriever
 
 SNIPPET_CHARS = 240
+# Earlier chunks holding a '#' read to find a passage's heading: the first with a heading before the passage
+# decides, so more are read only when code comments or headings past its start come first.
+_LOOK_BACK = 8
 BUSY = "the engine is busy, retry shortly"
 
 
@@ -259,9 +263,18 @@ class AskService:
                     score=round(float(hit.score), 6),
                     snippet=_snippet(record.text),
                     text=record.text,
+                    section=self._section(record),
                 )
             )
         return chunks, sources, None if best is None else round(float(best), 6)
+
+    def _section(self, record: ChunkRecord) -> str | None:
+        """The heading the chunk sits under: its own opening heading, else the latest one of the chunks
+        before it (read only when the chunk does not open with one, and only those holding a '#')."""
+        section = section_of(record, [])
+        if section is not None or record.index == 0:
+            return section
+        return section_of(record, self._catalog.chunks_before(record.document_id, record.index, "#", _LOOK_BACK))
 
     def _sources(self, plan: AskPlan) -> SourcesEvent:
         if not plan.covered:

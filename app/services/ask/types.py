@@ -77,6 +77,7 @@ class Source:
     score: float
     snippet: str
     text: str
+    section: str | None = None  # the heading the passage sits under (app/services/sections.py), if any
 
 
 NOTHING_INGESTED = "nothing ingested yet"

@@ -35,7 +35,7 @@ def test_stream_is_sources_then_tokens_then_done(client: TestClient, corpus: dic
     assert len(sources["sources"]) == 2
     assert [s["rank"] for s in sources["sources"]] == [1, 2]
     top = sources["sources"][0]
-    assert set(top) == {"rank", "chunk_id", "document_id", "title", "page", "score", "snippet", "text"}
+    assert set(top) == {"rank", "chunk_id", "document_id", "title", "page", "score", "snippet", "text", "section"}
     assert top["document_id"] == corpus["Zorblat facts"]  # MiniLM ranks the right passage first
     assert top["title"] == "Zorblat facts"
     assert top["page"] is None

@@ -61,3 +61,15 @@ def test_the_done_line_names_identifiers_no_source_contains_once_each() -> None:
     }
     assert unsupported_note(done) == "not in any source (may be invented): exclude_if, field_name"
     assert unsupported_note({"unsupported_identifiers": []}) is None and unsupported_note({}) is None
+
+
+def test_sources_name_their_section_unless_it_is_the_title(capsys) -> None:
+    from app.cli.ask import _print_sources
+
+    page = {"rank": 1, "title": "models.md", "section": "Field aliases", "page": None, "score": 0.61234}
+    titled = {"rank": 2, "title": "Models", "section": "Models", "page": 3, "score": 0.5}
+    _print_sources([page, titled, {"rank": 3, "title": "notes.txt", "page": None, "score": 0.4}])
+    assert capsys.readouterr().out == (
+        "\n\nSources:\n  [1] models.md › Field aliases (score 0.612)\n  [2] Models, p. 3 (score 0.500)\n"
+        "  [3] notes.txt (score 0.400)\n"
+    )

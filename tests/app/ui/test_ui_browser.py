@@ -216,12 +216,14 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
         assert wait_for_job(http, accepted["job_id"])["status"] == "succeeded"
         real = http.post("/ask", json={"question": "How do I set a timeout?", "top_k": 1, "stream": False}).json()
     [source] = real["sources"]
-    assert source["title"] == "Timeouts"
+    assert (source["title"], source["section"]) == ("Timeouts", "Timeouts")  # the page's H1 opens the passage
+    # A second passage of the same page under another heading: the chips tell the two apart by it.
+    shown = [source, {**source, "rank": 2, "section": "Client options and their defaults in every transport"}]
     # The answer: a fixed Markdown stream (the tiny test model writes random tokens), split mid-fence so the
     # page renders an unclosed fence while streaming; sources and stats as the server sends them.
     half = CANNED_ANSWER.index("timeout=5")
     body = (
-        _sse("sources", {"sources": real["sources"], "retrieval_ms": 1.0})
+        _sse("sources", {"sources": shown, "retrieval_ms": 1.0})
         + _sse("token", {"text": CANNED_ANSWER[:half]})
         + _sse("token", {"text": CANNED_ANSWER[half:]})
         + _sse(
@@ -256,6 +258,13 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
         cite = answer.query_selector("button.cite")
         assert cite.inner_text() == "[1]"
         assert answer.query_selector("p:nth-of-type(1)").inner_text() == "Set it on the client [1]."
+        # A section equal to the title is not repeated; another one is shown beside the title, within the page.
+        chips = page.query_selector_all("article.turn button.source")
+        assert [c.query_selector(".t").inner_text() for c in chips] == ["Timeouts", "Timeouts"]
+        assert [c.inner_text() for c in page.query_selector_all("article.turn button.source .sec")] == [
+            "Client options and their defaults in every transport"
+        ]
+        assert all(c.bounding_box()["x"] + c.bounding_box()["width"] <= width for c in chips)
         # An identifier no source contains is marked where it stands and named under the answer.
         assert [m.inner_text() for m in answer.query_selector_all("mark.unsupported")] == ["connect_timeout"]
         assert answer.query_selector("pre mark") is None  # `timeout=5` in the example is not checked

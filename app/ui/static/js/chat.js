@@ -76,7 +76,7 @@ function syncControls() {
 }
 
 function openPassage(source) {
-  $("passage-title").textContent = `[${source.rank}] ${source.title}`;
+  $("passage-title").textContent = `[${source.rank}] ${source.title}${source.section && source.section !== source.title ? ` › ${source.section}` : ""}`;
   const meta = [];
   if (source.page) meta.push(`p. ${source.page}`);
   // A reopened conversation's sources are references only (no score, no text).
@@ -142,6 +142,9 @@ class Turn {
         el("button", { class: "source", type: "button", title: s.snippet || s.title, "data-rank": s.rank,
                        disabled: stored, onclick: stored ? null : () => openPassage(s) },
           el("span", { class: "n" }, `[${s.rank}]`), el("span", { class: "t" }, s.title + page),
+          // The heading the passage sits under: three passages of one page are told apart by it (a page's
+          // opening heading is usually its title already).
+          s.section && s.section !== s.title ? el("span", { class: "sec", "data-testid": "section" }, s.section) : null,
           stored ? null : el("span", { class: "s" }, s.score.toFixed(2)))));
     }
     this.sourceList.hidden = false;
