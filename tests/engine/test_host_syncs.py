@@ -18,7 +18,7 @@ from enginetest_tiny import random_chunks
 from engine.host_sync import HostSyncAudit
 from engine.prompt import Turn
 from engine.types import BlendConfig, Mode
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import ChunkKV, InMemoryLayerSource
 
 ATOL = 1e-5
 
@@ -112,12 +112,43 @@ def test_no_sync_in_any_prompt_pass_on_cuda(tiny_model_dir, tmp_path, name, mode
     chunks = random_chunks([37, 22, 41, 5], seed=11)
     history = [engine.prompt.turn_ids(Turn("which gate?", "the north gate, code 4471."))]
     layout = engine.prompt.layout(chunks, "what is the code of the north gate?", history)
-    stored = [kv for kv in engine.precompute_chunks([*chunks, *history])]
-    source = InMemoryLayerSource(stored, device="cuda", dtype=engine.dtype)
-    engine.prompt_pass(layout, source, mode, config)  # warm: the prefix KV, the allocators
+    # the chunks' KV resident on the device, as the device tier holds it
+    stored = [ChunkKV(k=kv.k.cuda(), v=kv.v.cuda()) for kv in engine.precompute_chunks([*chunks, *history])]
+    engine.prompt_pass(layout, InMemoryLayerSource(stored), mode, config)  # warm: the prefix KV, the allocators
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        engine.prompt_pass(layout, InMemoryLayerSource(stored, device="cuda", dtype=engine.dtype), mode, config)
+        engine.prompt_pass(layout, InMemoryLayerSource(stored), mode, config)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/device-check.sh runs it)")
+@pytest.mark.parametrize("storage", ["int4", "bf16"])
+def test_no_sync_in_a_blend_over_the_store_on_cuda(tiny_model_dir, tmp_path, storage: str) -> None:
+    """Stored chunks cross the bus through the staging path (pinned pool, side stream, events) with no sync."""
+    from engine.config import EngineSettings
+    from engine.engine import Engine
+    from kvcache.config import KVCacheSettings
+    from kvcache.space import KVSpace
+    from kvcache.store import TieredKVStore
+
+    engine = Engine(EngineSettings(model=str(tiny_model_dir), device="cuda", dtype="float32"), models_dir=tmp_path)
+    chunks = random_chunks([37, 22, 41, 5], seed=11)
+    layout = engine.prompt.layout(chunks, "what is the code of the north gate?")
+    store = TieredKVStore(KVCacheSettings(dir=None, storage_dtype=storage, device_bytes=0))
+    space = KVSpace.of_engine(store, engine)
+    keys = [space.key(c) for c in chunks]
+    for key, kv in zip(keys, engine.precompute_chunks(chunks), strict=True):
+        store.put(key, kv, model_fingerprint=engine.fingerprint)
+    config = BlendConfig(0.15, score_layers=(1, 2))
+    with store.open_layers(keys, engine.device, engine.dtype) as source:  # warm: prefix KV, pool, allocators
+        engine.prompt_pass(layout, source, "blend", config)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with store.open_layers(keys, engine.device, engine.dtype) as source:
+            engine.prompt_pass(layout, source, "blend", config)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert store.staging_pool(engine.device).num_allocated == 2
