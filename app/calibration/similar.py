@@ -165,7 +165,9 @@ def _multi(rng: random.Random, part: Part, names: list[str], used: set[str]) -> 
         if i == 0:
             asked = b
     question = (
-        f"What is the admin port of project {names[0]}?" if part == "tune" else f"On which port does {names[0]} serve gRPC?"
+        f"What is the admin port of project {names[0]}?"
+        if part == "tune"
+        else f"On which port does {names[0]} serve gRPC?"
     )
     return paragraphs, question, asked
 
