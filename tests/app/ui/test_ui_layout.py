@@ -183,3 +183,31 @@ def test_ttft_chart_never_joins_across_gaps_and_marks_answers_without_documents(
     }""")
     # full: one line over its last two answers only, never from the no-document answers across the blend ones.
     assert drawn == {"full": [2], "blend": [2], "hollow": 2}
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_admin_kv_tiers_and_serving_cards_read_as_rows(
+    ui_server: LiveServer, api_job: dict, browser: Any, console: Any, shot: Any, width: int
+) -> None:
+    """Each row of the KV-tiers and serving cards is a name and its value side by side, the value a line or
+    two, not a narrow right-aligned column many lines tall."""
+    context = browser.new_context(viewport={"width": width, "height": 900}, device_scale_factor=1, **BYPASS_CSP)
+    page = context.new_page()
+    page.on("pageerror", lambda exc: console.errors.append(str(exc)))
+    page.goto(f"{ui_server.url}/admin")
+    page.wait_for_selector("#card-serving tr", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#card-tiers tr[data-tier]", timeout=TIMEOUT_MS)
+    _no_sideways_scroll(page)
+    rows = page.evaluate("""() => [...document.querySelectorAll(
+        '#card-serving tr, #card-tiers tr, #card-footprint tr')].map((tr) => {
+          const cell = tr.lastElementChild;
+          const line = parseFloat(getComputedStyle(cell).lineHeight);
+          return [tr.firstElementChild.textContent, cell.getBoundingClientRect().height / line,
+                  getComputedStyle(cell).textAlign]; })""")
+    shot(page, f"admin-cards-{width}")
+    context.close()
+    assert len(rows) >= 14
+    # Before, at 1280 px: model 7.2 lines, disk budget and compute 4.2, format and default answer 3.2.
+    most_lines = 2 if width == 1280 else 3
+    tall = [(name, round(lines, 1)) for name, lines, _ in rows if lines > most_lines + 0.5]
+    assert tall == [], tall
