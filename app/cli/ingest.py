@@ -29,6 +29,22 @@ def _print_job(
     return 0 if status == "succeeded" else 1
 
 
+def _server_rate(remote: Any) -> float | None:
+    """The prefill rate the server measured (None: none yet, or a server that does not say)."""
+    try:
+        rate = remote.stats().get("prefill_tokens_per_s")
+    except Exception:  # the estimate is advice: the ingest goes on without it
+        return None
+    return float(rate) if rate else None
+
+
+def _print_estimate(paths: list[Path], settings: Any, server_rate: float | None, *, remote: bool) -> None:
+    """Before a folder's ingest starts: its token count and the time it takes at the measured rate."""
+    from app.cli.ingest_estimate import estimate
+
+    print(estimate(paths, settings, server_rate, remote).message(), flush=True)
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from app.cli.progress import IngestProgress
     from ingest.loaders import find_files
@@ -57,6 +73,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     progress = IngestProgress()
     if remote is not None:
         with remote:
+            _print_estimate(found.paths, settings, _server_rate(remote), remote=True)
             accepted = remote.ingest_files(found.paths, tags, names=found.names, collection=collection)
             job = remote.wait_job(accepted["job_id"], progress.update)
         progress.finish(job)
@@ -67,6 +84,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
         return code
     assert lock is not None
     with lock:
+        _print_estimate(found.paths, settings, None, remote=False)
         from app.build import build_services
         from app.catalog.models import DEFAULT_COLLECTION
         from app.services.ingest import IngestSource

@@ -112,6 +112,9 @@ def test_cli_sends_its_work_to_the_running_server(
     assert main(["ingest", str(docs), "--data-dir", str(data)]) == 0
     out, err = capsys.readouterr()
     assert re.search(r"succeeded; 2 of 2 file\(s\) ingested in \d+\.\d s\n", out), out
+    # Before it starts: the token count, and the time at the server's rate (none measured yet on a new server).
+    assert out.splitlines()[0].startswith("2 file(s), 32 tokens: the model reads every token once (KV precompute)")
+    assert "the server's" in out.splitlines()[0]
     assert f"the server at {server.url} owns {data}: sending the work to it" in err
     # Without a terminal: one plain line per stage, each at its total, then the files left out.
     stage_lines = [line.strip() for line in err.splitlines() if line.strip().split(":")[0] in STAGES]
