@@ -2,8 +2,9 @@
 state the same kind of value with the same words and other characters (config pages with other ports, release
 notes with other versions, price lists, API pages with near-identical signatures).
 
-Each case is a group of 2–6 documents built from one template, one document per made-up project, each its own
-real prose section (`app.calibration.prose`) with the project's facts inserted mid-passage. The question asks
+Each case is a group of 2–6 documents built from one template, one document per made-up project, each a short
+page of its own real prose (`app.calibration.prose`, ~700 characters) under the project's name, with the
+project's facts inserted mid-passage. The question asks
 for one project's value; a right answer contains it (normalised, as every look-up is checked). Four kinds:
 
 - sentence: one sentence per document, e.g. "The access code of project Arbor is K56-1950.";
@@ -175,6 +176,19 @@ def _multi(rng: random.Random, part: Part, names: list[str], used: set[str]) -> 
 _MAKERS = {"sentence": _sentence, "table": _table, "code": _config, "multi": _multi}
 
 
+def _short(section: str, max_chars: int = 700) -> str:
+    """The section's first paragraphs, about `max_chars` (at least two): a short page, as the pages users look a
+    value up in are, so its project and value are a large share of what retrieval embeds."""
+    parts = section.split("\n\n")
+    kept, size = parts[:2], sum(len(p) for p in parts[:2])
+    for part in parts[2:]:
+        if size + len(part) > max_chars:
+            break
+        kept.append(part)
+        size += len(part)
+    return "\n\n".join(kept)
+
+
 def similar_cases(part: Part, num: int, seed: int = 0, max_similar: int = 5) -> list[SimilarCase]:
     """`num` cases of `part`, the kinds in turn, each a group of 2 … max_similar + 1 documents."""
     rng = random.Random(f"{part}-{seed}")
@@ -195,7 +209,7 @@ def similar_cases(part: Part, num: int, seed: int = 0, max_similar: int = 5) -> 
         paragraphs, question, answer = _MAKERS[kind](rng, part, names, set())
         docs = []
         for name, paragraph in zip(names, paragraphs, strict=True):
-            section = pool[cursor % len(pool)]
+            section = _short(pool[cursor % len(pool)])
             cursor += 1
             title = f"Project {name}: {section.splitlines()[0].lstrip('# ').strip()}"
             # The page names its project at the top, as a real page does, and states the value mid-passage.
