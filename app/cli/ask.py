@@ -24,7 +24,7 @@ def _print_sources(sources: list[dict[str, Any]], notice: str | None = None) -> 
     print("Sources:")
     for s in sources:
         page = f", p. {s['page']}" if s.get("page") else ""
-        section = f" › {s['section']}" if s.get("section") and s["section"] != s["title"] else ""
+        section = f" · {s['section']}" if s.get("section") and s["section"] != s["title"] else ""
         print(f"  [{s['rank']}] {s['title']}{section}{page} (score {s['score']:.3f})")
 
 

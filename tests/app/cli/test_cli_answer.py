@@ -70,6 +70,6 @@ def test_sources_name_their_section_unless_it_is_the_title(capsys) -> None:
     titled = {"rank": 2, "title": "Models", "section": "Models", "page": 3, "score": 0.5}
     _print_sources([page, titled, {"rank": 3, "title": "notes.txt", "page": None, "score": 0.4}])
     assert capsys.readouterr().out == (
-        "\n\nSources:\n  [1] models.md › Field aliases (score 0.612)\n  [2] Models, p. 3 (score 0.500)\n"
+        "\n\nSources:\n  [1] models.md · Field aliases (score 0.612)\n  [2] Models, p. 3 (score 0.500)\n"
         "  [3] notes.txt (score 0.400)\n"
     )

@@ -76,7 +76,7 @@ function syncControls() {
 }
 
 function openPassage(source) {
-  $("passage-title").textContent = `[${source.rank}] ${source.title}${source.section && source.section !== source.title ? ` › ${source.section}` : ""}`;
+  $("passage-title").textContent = `[${source.rank}] ${source.title}${source.section && source.section !== source.title ? ` · ${source.section}` : ""}`;
   const meta = [];
   if (source.page) meta.push(`p. ${source.page}`);
   // A reopened conversation's sources are references only (no score, no text).
