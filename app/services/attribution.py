@@ -48,9 +48,10 @@ _BACKTICKED = re.compile(r"`([^`\n]+)`")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 # Outside backticks, what reads as code in prose: a name with an underscore inside or at its start
 # (`model_dump`, `__init__`), a dotted name (`BaseModel.model_dump`, `pydantic.Field`) or a name called
-# (`Field(`). Plain words, capitalised or not, are prose.
+# (`Field(`). Plain words, capitalised or not, are prose; so are a URL's host and path (after a "/") and an
+# address (after an "@").
 _PROSE_CODE = re.compile(
-    r"(?<![\w.])(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|_*[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]*"
+    r"(?<![\w./@])(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|_*[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]*"
     r"|[A-Za-z_][A-Za-z0-9_]*(?=\())"
 )
 # Names every Python text may use without a source saying so: keywords and builtins (`None`, `str`, `dict`).

@@ -69,6 +69,7 @@ def test_code_identifiers_are_backticked_snake_case_dotted_and_called_names() ->
     ]  # one-letter names (`x`) and "e.g" are too short to tell; `str` and `None` are Python's own
     assert [sentence[a:b] for a, b, _ in code_identifiers(sentence)][:2] == ["Field", "field_name"]
     assert code_identifiers("Extra fields are rejected. Version 2.5 is out.") == []
+    assert code_identifiers("See https://docs.pydantic.dev/latest/concepts/json_schema or me@mail.example.org") == []
 
 
 def test_a_mark_needs_every_identifier_of_its_sentence_in_the_cited_passage() -> None:
