@@ -15,9 +15,10 @@ import re
 from collections.abc import Iterable
 from typing import Protocol
 
+from ingest.loaders.text import outside_fences
+
 # Up to three spaces of indent, 1-6 `#`, the text (closing #s and an `{ #anchor }` attribute list dropped).
 _HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.+?)(?:[ \t]+#+)?(?:[ \t]*\{[^}\n]*\})?[ \t]*$")
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 MAX_SECTION_CHARS = 120
 
 
@@ -34,21 +35,10 @@ class ChunkText(Protocol):
 def headings(text: str) -> list[tuple[int, str]]:
     """(offset in `text`, heading) of each ATX heading line outside fenced code, in order."""
     found: list[tuple[int, str]] = []
-    fence: str | None = None
-    offset = 0
-    for line in text.split("\n"):
-        opening = _FENCE.match(line)
-        if fence is not None:
-            marker = opening.group(1) if opening else ""
-            if marker[:1] == fence[0] and len(marker) >= len(fence) and not line.strip().strip(fence[0]):
-                fence = None
-        elif opening:
-            fence = opening.group(1)
-        else:
-            heading = _HEADING.match(line)
-            if heading is not None and heading.group(1).strip("# \t"):
-                found.append((offset, _shorten(heading.group(1).strip())))
-        offset += len(line) + 1
+    for offset, line in outside_fences(text):
+        heading = _HEADING.match(line) if line is not None else None
+        if heading is not None and heading.group(1).strip("# \t"):
+            found.append((offset, _shorten(heading.group(1).strip())))
     return found
 
 

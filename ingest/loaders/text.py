@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 
 import yaml
 
@@ -76,14 +77,12 @@ def strip_heading_attributes(text: str) -> str:
     return _HEADING_ATTRS.sub(r"\1", text)
 
 
-def markdown_title(text: str) -> str | None:
-    """The first real level-1 heading (`# Title` or a `===`-underlined line), or None.
-
-    Lines inside fenced code blocks are code, not headings: a shell comment `# install it` in a
-    ```bash block must not title the document. Lower-level headings (`## Features`) never do.
-    """
+def outside_fences(text: str) -> Iterator[tuple[int, str | None]]:
+    """(offset, line) of every line of markdown `text`, None in place of the lines of fenced code blocks (their
+    fences included): lines inside a fence are code, a shell comment `# install it` in a ```bash block is no
+    heading. Titles (`markdown_title`) and sections (app/services/sections.py) read headings through it."""
     fence: str | None = None  # the opening fence's characters while inside a fenced block
-    previous = ""
+    offset = 0
     for line in text.split("\n"):
         opening = _FENCE.match(line)
         if fence is not None:
@@ -91,10 +90,21 @@ def markdown_title(text: str) -> str | None:
             marker = opening.group(1) if opening else ""
             if marker[:1] == fence[0] and len(marker) >= len(fence) and not line.strip().strip(fence[0]):
                 fence = None
-            previous = ""
-            continue
-        if opening:
+            yield offset, None
+        elif opening:
             fence = opening.group(1)
+            yield offset, None
+        else:
+            yield offset, line
+        offset += len(line) + 1
+
+
+def markdown_title(text: str) -> str | None:
+    """The first real level-1 heading (`# Title` or a `===`-underlined line) outside fenced code, or None.
+    Lower-level headings (`## Features`) never title a document."""
+    previous = ""
+    for _, line in outside_fences(text):
+        if line is None:
             previous = ""
             continue
         heading = _ATX_H1.match(line)

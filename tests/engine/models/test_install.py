@@ -4,41 +4,22 @@ every failure an error that names the package and the pip command."""
 from __future__ import annotations
 
 import hashlib
-import importlib
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fake_catalog import PART_BYTES, install_fake_entry
 
 from engine.models.catalog import CATALOG, DEFAULT_MODEL, CatalogEntry, ModelPart, catalog_entry, load_catalog
 from engine.models.install import ModelInstallError, joined_gguf, locate_part, part_paths
 from engine.models.status import model_status
 
-PART_BYTES = [b"GGUF" + bytes(range(256)) * 3, b"second part \x00\x01", b"end"]
-
 
 @pytest.fixture
 def fake_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CatalogEntry:
     """A three-part model whose packages sit on sys.path as installed packages do (importing one fails)."""
-    site = tmp_path / "site"
-    parts = []
-    for i, data in enumerate(PART_BYTES, start=1):
-        package = site / f"blendrag_fake_part{i}"
-        (package / "data").mkdir(parents=True)
-        (package / "__init__.py").write_text("raise ImportError('never imported')\n")
-        (package / "data" / f"part{i:02d}.bin").write_bytes(data)
-        parts.append(ModelPart(f"blendrag-fake-part{i}", "1.0", f"blendrag_fake_part{i}", f"data/part{i:02d}.bin"))
-    monkeypatch.syspath_prepend(str(site))
-    importlib.invalidate_caches()
-    joined = b"".join(PART_BYTES)
-    return replace(
-        CATALOG[DEFAULT_MODEL],
-        name="fake-model",
-        parts=tuple(parts),
-        num_bytes=len(joined),
-        sha256=hashlib.sha256(joined).hexdigest(),
-    )
+    return install_fake_entry(tmp_path, monkeypatch)
 
 
 def test_parts_join_in_order_into_the_models_dir_and_are_reused(fake_entry: CatalogEntry, tmp_path: Path) -> None:
