@@ -1,44 +1,91 @@
-"""Decode tokens/s of one client on a model (scripts/device-check.sh): one question over six passages, the
-answer's tokens after the first timed (EOS ignored). `python scripts/decode_rate.py --model DIR --out F.json`."""
+"""Decode tokens/s for 1 and N concurrent clients through the engine's scheduler (scripts/device-check.sh).
+
+Each client asks one question over six short passages (full prefill, EOS ignored); all N are submitted at
+once and their decode steps run batched, as the server runs them. The window opens when the last client has its
+first token and closes when the first client finishes: the aggregate rate is the tokens every client emitted in
+it over its length (prompt passes fall outside it). `python scripts/decode_rate.py --model DIR --out F.json`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
+import time
 from pathlib import Path
 
+from bench.decode_rate import answer_cap
 from engine.config import EngineSettings
 from engine.engine import Engine
-from engine.types import FinishEvent, GenerationRequest, SamplingParams
+from engine.scheduler import Scheduler
+from engine.types import GenerationRequest, SamplingParams, TokenEvent
+
+
+async def _client(scheduler: Scheduler, request: GenerationRequest) -> list[float]:
+    """The arrival time of each of the request's tokens."""
+    times = []
+    async for event in scheduler.submit(request):
+        if isinstance(event, TokenEvent):
+            times.append(time.perf_counter())
+    return times
+
+
+async def aggregate_rate(engine: Engine, num_clients: int, tokens: int) -> dict[str, float]:
+    passages = [f"Passage {i}: " + "the quick brown fox jumps over the lazy dog. " * 12 for i in range(6)]
+    chunks = [engine.tokenizer.encode(p, add_special_tokens=False) for p in passages]
+    layout = engine.prompt.layout(chunks, "What does the fox do?")
+    # The earlier clients decode while the later ones' prompt passes run: each cap leaves room for that on top
+    # of the window's `tokens` (bench/decode_rate.py answer_cap).
+    cap = answer_cap(tokens, num_clients, engine.transformer.cfg.num_layers)
+    scheduler = Scheduler(engine, max_queue=num_clients, max_running=num_clients)
+    scheduler.start()
+    try:
+        requests = [
+            GenerationRequest(
+                f"decode-{i}",
+                layout,
+                None,
+                "full",
+                engine.settings.blend_config(),
+                SamplingParams(cap, ignore_eos=True),
+            )
+            for i in range(num_clients)
+        ]
+        per_client = await asyncio.gather(*(_client(scheduler, r) for r in requests))
+    finally:
+        scheduler.stop()
+    opens = max(times[0] for times in per_client)
+    closes = min(times[-1] for times in per_client)
+    emitted = sum(sum(1 for t in times if opens < t <= closes) for times in per_client)
+    window = closes - opens
+    return {
+        "clients": num_clients,
+        "tokens_per_client": cap,
+        "window_s": round(window, 4),
+        "tokens_in_window": emitted,
+        "tokens_per_s": round(emitted / window, 1) if window > 0 else 0.0,
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", required=True)
     parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=128, help="tokens each client decodes inside the window")
+    parser.add_argument("--clients", default="1,8", help="client counts to measure, comma-separated")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     engine = Engine(EngineSettings(model=args.model, dtype=args.dtype), models_dir=Path(args.model).parent)
-    passages = [f"Passage {i}: " + "the quick brown fox jumps over the lazy dog. " * 60 for i in range(6)]
-    chunks = [engine.tokenizer.encode(p, add_special_tokens=False) for p in passages]
-    layout = engine.prompt.layout(chunks, "What does the fox do?")
-    results = []
-    for _ in range(2):  # the first run warms up the kernels
-        request = GenerationRequest(
-            "decode", layout, None, "full", engine.settings.blend_config(), SamplingParams(args.tokens, ignore_eos=True)
-        )
-        finish = [e for e in engine.generate(request) if isinstance(e, FinishEvent)][0]
-        decode_s = finish.total_s - finish.ttft_s
-        results.append({"tokens": finish.num_completion_tokens, "ttft_s": finish.ttft_s, "decode_s": decode_s})
-    last = results[-1]
-    rate = (last["tokens"] - 1) / last["decode_s"]
-    out = {"model": args.model, "device": str(engine.device), "dtype": str(engine.dtype), "runs": results}
-    out["decode_tokens_per_s"] = round(rate, 1)
+    asyncio.run(aggregate_rate(engine, 1, 8))  # warm-up: kernels, allocator, prefix KV
+    runs = [asyncio.run(aggregate_rate(engine, int(n), args.tokens)) for n in args.clients.split(",")]
+    out = {"model": args.model, "device": str(engine.device), "dtype": str(engine.dtype), "runs": runs}
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    logging.info("decode %.1f tokens/s (%s, %s)", rate, engine.device, engine.dtype)
+    for run in runs:
+        logging.info(
+            "%d client(s): %.1f tokens/s (%s, %s)", run["clients"], run["tokens_per_s"], engine.device, engine.dtype
+        )
     return 0
 
 

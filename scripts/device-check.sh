@@ -7,7 +7,7 @@
 #     copy per layer across the bus) and device-resident (the engine's tensors on the GPU, nothing crosses)
 #   - `bench quality` at ratio 1 in float32 (exactness: first-token KL of blend against full prefill)
 #   - `bench profile` (kernel launches, copies and host syncs per prompt pass)
-#   - decode tokens/s of one client
+#   - decode tokens/s of 1 and 8 concurrent clients (batched, through the scheduler)
 # Needs what scripts/device-prep.sh puts under .device/ (wheels, tokenizer, data): carry `.device`.
 # Results go to $OUT (or ./device-check-out), packed into one archive device-check.tgz.
 set -uo pipefail
@@ -53,8 +53,8 @@ for shape in $SHAPES; do
         step "exactness $shape (float32, ratio 1)"
         run python3 -m bench quality --model "$model" --dataset "$DATA" --examples 3 --passages 6 --dtype float32 \
             --ratios 1.0 --kv-dtype fp32 --max-tokens 4 --out "$OUT/quality-$shape-fp32.json"
-        step "decode $shape (one client)"
-        run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --out "$OUT/decode-$shape.json"
+        step "decode $shape (1 and 8 clients)"
+        run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 --out "$OUT/decode-$shape.json"
     fi
     rm -rf "$model"
 done
