@@ -3,6 +3,7 @@ jobs, and a real uvicorn server on 127.0.0.1."""
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -101,3 +102,18 @@ class LiveServer:
         self.server.should_exit = True
         self._thread.join(timeout=30)
         self._sock.close()
+
+
+def fuzz_settings(max_examples: int) -> Any:
+    """Hypothesis settings of the Schemathesis hunts: generated cases only, no deadline, no example database, and
+    the same cases every run (CI must not fail by chance); BLENDRAG_FUZZ_RANDOM=1 explores new ones."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=not os.environ.get("BLENDRAG_FUZZ_RANDOM"),
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apitools import server_settings
+from apitools import fuzz_settings, server_settings
 
 from app.main import create_app
 
@@ -73,20 +73,13 @@ def _valid_as_sent(case: Any, schema: dict[str, Any], failure: str) -> bool:
 
 
 def _hunt(operation: Any, mode: Any, media_type: str, schemas: dict[str, dict[str, Any]]) -> tuple[int, dict[str, str]]:
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import given
 
     failures: dict[str, str] = {}
     num_cases = 0
 
     @given(case=operation.as_strategy(generation_mode=mode, media_type=media_type))
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        derandomize=not os.environ.get("BLENDRAG_FUZZ_RANDOM"),
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(EXAMPLES)
     def run(case: Any) -> None:
         nonlocal num_cases
         num_cases += 1

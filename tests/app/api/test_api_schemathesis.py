@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from apitools import CORPUS, server_settings
+from apitools import CORPUS, fuzz_settings, server_settings
 
 from app.main import create_app
 
@@ -87,18 +87,10 @@ class Findings:
 
 def _hunt(operation: Any, mode: Any, examples: int, findings: Findings) -> None:
     """Run `examples` generated cases of one operation in one mode, recording what went wrong."""
-    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import given
 
     @given(case=operation.as_strategy(generation_mode=mode))
-    @settings(
-        max_examples=examples,
-        deadline=None,
-        database=None,
-        # The same cases every run (CI must not fail by chance); BLENDRAG_FUZZ_RANDOM=1 explores new ones.
-        derandomize=not os.environ.get("BLENDRAG_FUZZ_RANDOM"),
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-    )
+    @fuzz_settings(examples)
     def run(case: Any) -> None:
         _bounded(case)
         findings.cases[mode.value] += 1
