@@ -9,17 +9,23 @@
 #   - `bench profile` (kernel launches, copies and host syncs per prompt pass)
 #   - decode tokens/s of 1 and 8 concurrent clients (batched, through the scheduler)
 # Needs what scripts/device-prep.sh puts under .device/ (wheels, tokenizer, data): carry `.device`.
-# Results go to $OUT (or ./device-check-out), packed into one archive device-check.tgz.
+# Results are written under $RES and packed again after every step into one archive, $OUT/device-check.tgz (the
+# device tool brings back at most 8 files, and whatever is under $OUT when a run is cut short): a run stopped
+# at its time limit still returns every figure taken so far. The most wanted shape runs first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./device-check-out}
-mkdir -p "$OUT"
-LOG="$OUT/device-check.log"
-SHAPES=${SHAPES:-"qwen2.5-0.5b mistral-7b qwen2.5-7b"}
+RES=${RES:-/tmp/device-check-results}
+mkdir -p "$OUT" "$RES"
+LOG="$RES/device-check.log"
+SHAPES=${SHAPES:-"mistral-7b qwen2.5-0.5b qwen2.5-7b"}
 MODELS=${MODELS:-/tmp/blendrag-random-models}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export BLENDRAG_MODELS_DIR=${BLENDRAG_MODELS_DIR:-/tmp/blendrag-models}
-step() { echo "== $(date +%T) $*" | tee -a "$LOG"; }
+step() {
+    tar czf "$OUT/device-check.tgz" -C "$RES" . 2>/dev/null  # what is taken so far
+    echo "== $(date +%T) $*" | tee -a "$LOG"
+}
 run() { "$@" >>"$LOG" 2>&1 || echo "!! failed ($?): $*" | tee -a "$LOG"; }
 
 if [ -d .device/whl ]; then
@@ -29,7 +35,7 @@ else
     export PYTHONPATH=$PWD
 fi
 step "environment"
-{ nvidia-smi; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'; lscpu | head -20; } >"$OUT/env.txt" 2>&1
+{ nvidia-smi; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'; lscpu | head -20; } >"$RES/env.txt" 2>&1
 
 step "no host sync in any prompt pass (CUDA)"
 run python3 -m pytest -q -p no:cacheprovider tests/engine/test_host_syncs.py tests/kvcache/test_staging.py
@@ -42,22 +48,21 @@ for shape in $SHAPES; do
     for kv in int4 fp32; do
         step "ttft $shape kv=$kv"
         run python3 -m bench ttft --model "$model" --dataset "$DATA" --examples 5 --passages 6 --dtype bfloat16 \
-            --ratios 0.15,0.3 --kv-dtype "$kv" --no-rss --out "$OUT/ttft-$shape-$kv.json"
+            --ratios 0.15,0.3 --kv-dtype "$kv" --no-rss --out "$RES/ttft-$shape-$kv.json"
     done
     if [ "$shape" = "mistral-7b" ]; then
         step "profile $shape"
         run python3 -m bench profile --model "$model" --dataset "$DATA" --examples 1 --passages 6 --dtype bfloat16 \
-            --repeats 2 --kv-dtype int4 --out "$OUT/profile-$shape.json"
+            --repeats 2 --kv-dtype int4 --out "$RES/profile-$shape.json"
     fi
     if [ "$shape" = "qwen2.5-0.5b" ]; then
         step "exactness $shape (float32, ratio 1)"
         run python3 -m bench quality --model "$model" --dataset "$DATA" --examples 3 --passages 6 --dtype float32 \
-            --ratios 1.0 --kv-dtype fp32 --max-tokens 4 --out "$OUT/quality-$shape-fp32.json"
+            --ratios 1.0 --kv-dtype fp32 --max-tokens 4 --out "$RES/quality-$shape-fp32.json"
         step "decode $shape (1 and 8 clients)"
-        run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 --out "$OUT/decode-$shape.json"
+        run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 --out "$RES/decode-$shape.json"
     fi
     rm -rf "$model"
 done
 step "done"
-tar czf "$OUT/device-check.tgz" -C "$OUT" --exclude device-check.tgz . 2>/dev/null
-ls -la "$OUT"
+ls -la "$RES" "$OUT"
