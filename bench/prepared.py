@@ -111,8 +111,15 @@ class PreparedPrompt:
 
         if storage_dtype not in self._stores:
             budget = 2 * sum(kv.nbytes() for kv in self.kvs) + 1024 * 1024
-            # The server's settings (int4 groups, prefetch), memory tier only and large enough to keep all.
-            settings = KVCacheSettings(dir=None, storage_dtype=storage_dtype, memory_bytes=budget)  # type: ignore[arg-type]
+            # The server's settings (int4 groups, prefetch), memory tier only and large enough to keep all. No device
+            # tier: a storage dtype's figure is the chunks crossing from host memory every request (the device-
+            # resident figure is `fp32`, the engine's own tensors on the device).
+            settings = KVCacheSettings(
+                dir=None,
+                storage_dtype=storage_dtype,  # type: ignore[arg-type]
+                memory_bytes=budget,
+                device_bytes=0,
+            )
             store = TieredKVStore(settings)
             self._stores[storage_dtype] = (store, put_chunks(store, self.engine, self.chunk_ids, self.kvs))
         return self._stores[storage_dtype]
