@@ -95,6 +95,20 @@ def random_chunks(lengths: list[int], seed: int, vocab_size: int = 320) -> list[
     return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
 
 
+def engine_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
+    """The engine's logits at every position of `token_ids`, one forward on the CPU in float32 (to hold against
+    `hf_logits`)."""
+    from engine.layers import Transformer
+    from engine.model import load_model
+    from engine.phases import extend
+    from engine.working_cache import WorkingCache
+
+    tf = Transformer(load_model(model_dir, "float32", "cpu"))
+    cfg = tf.cfg
+    cache = WorkingCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(token_ids), tf.dtype, tf.device)
+    return extend(tf, cache, token_ids, all_logits=True)
+
+
 def hf_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     """Reference logits of every position from transformers' own forward pass: (T, vocab)."""
     from transformers import AutoModelForCausalLM

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from enginetest_tiny import ROPE_LINEAR, ROPE_LLAMA3, build_model, hf_logits, random_chunks
+from enginetest_tiny import ROPE_LINEAR, ROPE_LLAMA3, build_model, engine_logits, hf_logits, random_chunks
 
 from engine.layers import Transformer
 from engine.model import load_model
@@ -30,16 +30,9 @@ def variant_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
     return build_model(tmp_path_factory.mktemp(request.param), kind, seed=1, **overrides)
 
 
-def _all_logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
-    tf = Transformer(load_model(model_dir, "float32", "cpu"))
-    cfg = tf.cfg
-    cache = WorkingCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(ids), tf.dtype, tf.device)
-    return extend(tf, cache, ids, all_logits=True)
-
-
 def test_full_prefill_matches_transformers(variant_dir: Path) -> None:
     ids = random_chunks([150], seed=3)[0]  # > 64 positions: past llama3's original context
-    ours = _all_logits(variant_dir, ids)
+    ours = engine_logits(variant_dir, ids)
     ref = hf_logits(variant_dir, ids)
     assert ours.shape == ref.shape
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=0)

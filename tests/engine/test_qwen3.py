@@ -11,18 +11,15 @@ from pathlib import Path
 import gguf
 import pytest
 import torch
-from enginetest_tiny import build_model, hf_logits, random_chunks
+from enginetest_tiny import build_model, engine_logits, hf_logits, random_chunks
 from gguf_writer import write_gguf
 
 from engine.config import EngineSettings
 from engine.engine import Engine
-from engine.layers import Transformer
 from engine.model import ModelLoadError, load_model
 from engine.models.convert import GGUF_ARCHITECTURES, ConversionError, convert_gguf
 from engine.models.resolve import resolve_model
-from engine.phases import extend
 from engine.types import BlendConfig
-from engine.working_cache import WorkingCache
 from kvcache.types import InMemoryLayerSource
 
 HEAD_DIM = 24
@@ -40,13 +37,6 @@ def qwen3_engine(qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> E
     return Engine(settings, models_dir=tmp_path_factory.mktemp("models"))
 
 
-def _logits(model_dir: Path, ids: list[int]) -> torch.Tensor:
-    tf = Transformer(load_model(model_dir, "float32", "cpu"))
-    cfg = tf.cfg
-    cache = WorkingCache.allocate(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, len(ids), tf.dtype, tf.device)
-    return extend(tf, cache, ids, all_logits=True)
-
-
 def test_the_checkpoint_loads_with_qk_norms_no_bias_and_its_own_head_dim(qwen3_dir: Path) -> None:
     model = load_model(qwen3_dir, "float32", "cpu")
     cfg = model.config
@@ -61,7 +51,7 @@ def test_the_checkpoint_loads_with_qk_norms_no_bias_and_its_own_head_dim(qwen3_d
 
 def test_logits_match_transformers(qwen3_dir: Path) -> None:
     ids = random_chunks([120], seed=3)[0]
-    ours, ref = _logits(qwen3_dir, ids), hf_logits(qwen3_dir, ids)
+    ours, ref = engine_logits(qwen3_dir, ids), hf_logits(qwen3_dir, ids)
     torch.testing.assert_close(ours[0], ref[0], atol=ATOL, rtol=0)  # the first token's
     torch.testing.assert_close(ours, ref, atol=ATOL, rtol=0)  # and every later one's
 
@@ -73,7 +63,7 @@ def test_without_the_qk_norms_the_logits_differ(qwen3_dir: Path, tmp_path: Path)
     config = json.loads((as_qwen2 / "config.json").read_text())
     (as_qwen2 / "config.json").write_text(json.dumps(config | {"model_type": "qwen2"}))
     ids = random_chunks([30], seed=4)[0]
-    assert (_logits(as_qwen2, ids) - _logits(qwen3_dir, ids)).abs().max() > 0.1
+    assert (engine_logits(as_qwen2, ids) - engine_logits(qwen3_dir, ids)).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("sync_free", [False, True], ids=["cpu-path", "device-path"])
@@ -113,7 +103,7 @@ def test_a_qwen3_gguf_converts_to_the_same_model(qwen3_dir: Path, tmp_path: Path
     config = json.loads((resolved.path / "config.json").read_text())
     assert (config["model_type"], config["head_dim"]) == ("qwen3", HEAD_DIM)  # kept, not Qwen3's default 128
     ids = random_chunks([60], seed=6)[0]
-    torch.testing.assert_close(_logits(resolved.path, ids), hf_logits(qwen3_dir, ids), atol=ATOL, rtol=0)
+    torch.testing.assert_close(engine_logits(resolved.path, ids), hf_logits(qwen3_dir, ids), atol=ATOL, rtol=0)
     from transformers import AutoTokenizer
 
     text = "The quick brown fox: café 東京"
