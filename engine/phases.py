@@ -212,7 +212,6 @@ def _upfront_budget(config: BlendConfig, n_ctx: int, scores: torch.Tensor | None
 class _UpfrontGroup:
     """One budget of an up-front selection, planned on the host from the layout (context offsets 0…N-1)."""
 
-    budget: int
     forced: list[int]  # the segments' sink tokens kept first (at most `budget`), in priority order
     rest: list[int]  # the group's other tokens, ascending: the selector's candidates
     rest_sizes: list[int]  # how many of `rest` each segment of the group holds, in order
@@ -237,7 +236,7 @@ def _plan_group(
         members = [o for o in range(starts[i], starts[i] + sizes[i]) if o not in taken]
         rest.extend(members)
         rest_sizes.append(len(members))
-    return _UpfrontGroup(budget=budget, forced=forced, rest=rest, rest_sizes=rest_sizes)
+    return _UpfrontGroup(forced=forced, rest=rest, rest_sizes=rest_sizes)
 
 
 def _question_matches(layout: PromptLayout, window: int) -> set[int]:
