@@ -6,7 +6,7 @@ Public API (import from the modules; this package imports nothing eagerly):
                                           blend_config() (BLEND_FIELDS, 1:1), sampling_params()
     engine.engine.Engine                  Engine(settings, models_dir): prefix_kv, precompute_chunk(s),
                                           prompt_pass, score, generate, answer (decode from a pass
-                                          already done); step-wise new_run, prefill(run), decode(runs)
+                                          already done); step-wise new_run, run_prompt(run), decode(runs)
     engine.generation.RequestRun          one request's state (RequestStatus, sampler, working cache); no compute
     engine.scheduler.Scheduler            Scheduler(engine).submit(request) -> RequestStream (async iterator
                                           of events); precompute_chunks(chunks, priority=PrecomputePriority.…)

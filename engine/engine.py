@@ -9,7 +9,7 @@
 Step-wise, as the scheduler drives it (a `RequestRun` is the request's state, the engine does the compute):
 
     run = engine.new_run(request)
-    events = engine.prefill(run, between_layers=..., cancelled=...)  # prompt pass + first token
+    events = engine.run_prompt(run, between_layers=..., cancelled=...)  # prompt pass + first token
     events_per_run = engine.decode([run, other_run])                 # one (batched) decode step each
 
 Meant for one computing thread: in the server that is the scheduler's worker (engine/scheduler.py), which
@@ -274,10 +274,10 @@ class Engine:
 
     # ------------------------------------------------------------------------------------ generation
     def new_run(self, request: GenerationRequest, arrival_time: float | None = None) -> RequestRun:
-        """The state of one request (WAITING), to be driven by `prefill` and `decode`."""
+        """The state of one request (WAITING), to be driven by `run_prompt` and `decode`."""
         return RequestRun(request, self.tokenizer, self.eos_token_ids, self.device, arrival_time)
 
-    def prefill(
+    def run_prompt(
         self,
         run: RequestRun,
         *,
@@ -326,7 +326,7 @@ class Engine:
         """Synchronous generation: TokenEvent… then exactly one FinishEvent. Closes request.kv_source."""
         run = self.new_run(request)
         try:
-            yield from self.prefill(run)
+            yield from self.run_prompt(run)
             yield from self._decode_to_finish(run)
         finally:
             run.release()

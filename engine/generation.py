@@ -1,13 +1,13 @@
 """One request's state from submission to finish: plain state, no engine, no compute.
 
     run = RequestRun(request, tokenizer, eos_token_ids, device)   # WAITING
-    run.start_prompt()                        # PREFILLING: the engine runs the prompt pass of its mode
+    run.start_prompt()                        # PROMPT_PASS: the engine runs the prompt pass of its mode
     events = run.accept_prompt(result)        # DECODING: first token sampled from the pass's logits
     while not run.finished:
         # the engine feeds run.pending_token through the model against run.cache (alone or batched)
         events = run.accept_logits(logits)    # the next token; FINISHED on EOS, stop, length or repetition
 
-`Engine.prefill(run)` and `Engine.decode(runs)` do the compute and call these; the scheduler decides which
+`Engine.run_prompt(run)` and `Engine.decode(runs)` do the compute and call these; the scheduler decides which
 run goes next and hands the events to its consumer. A consumer that goes away sets `cancel_requested`;
 whoever executes the run notices it at the next layer boundary or decode step and calls `cancel()`.
 """
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
-    PREFILLING = "prefilling"
+    PROMPT_PASS = "prompt_pass"
     DECODING = "decoding"
     FINISHED = "finished"
     CANCELLED = "cancelled"
@@ -89,7 +89,7 @@ class RequestRun:
 
     # ------------------------------------------------------------------------------- transitions
     def start_prompt(self) -> None:
-        self.status = RequestStatus.PREFILLING
+        self.status = RequestStatus.PROMPT_PASS
 
     def accept_prompt(self, result: PromptResult) -> list[GenerationEvent]:
         """The prompt pass is done: keep its cache and sample the first token from its logits."""

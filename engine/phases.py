@@ -61,7 +61,7 @@ class LayerBoundary:
 
     `between_layers()` runs first: the scheduler uses it to give the requests already decoding their next
     step, so one long prompt does not stall every other answer. Then `cancelled()` is asked; True raises
-    RequestCancelled, which `Engine.prefill` turns into a cancelled finish. Neither is called elsewhere.
+    RequestCancelled, which `Engine.run_prompt` turns into a cancelled finish. Neither is called elsewhere.
     """
 
     between_layers: Callable[[], None] | None = None

@@ -11,7 +11,7 @@
 Three types carry a request through here: the caller's `GenerationRequest`, its `RequestRun` (status,
 sampler, working KV cache; engine/generation.py), created when it is submitted, and the `RequestStream`
 its consumer iterates. Nothing is shared between requests except the read-only weights and the engine's
-exact prefix KV. The scheduler decides; the engine executes (`Engine.prefill`, `Engine.decode`).
+exact prefix KV. The scheduler decides; the engine executes (`Engine.run_prompt`, `Engine.decode`).
 
 Policy, one iteration of the worker (pick → execute → deliver):
   1. at most one unit of prompt work, questions first: a unit of a chunk precompute that a question waits
@@ -432,7 +432,7 @@ class Scheduler:
                 last_round = time.perf_counter()
 
         try:
-            outcome: list[GenerationEvent] | EngineError = self.engine.prefill(
+            outcome: list[GenerationEvent] | EngineError = self.engine.run_prompt(
                 run, between_layers=between_layers, cancelled=lambda: self._cancelled(run)
             )
         except Exception as exc:

@@ -78,7 +78,7 @@ def test_request_run_steps_without_a_model(tiny_engine, layout) -> None:
     logits = torch.full_like(result.logits, -1e9)
     logits[42] = 0.0
     run.start_prompt()
-    assert run.status == RequestStatus.PREFILLING
+    assert run.status == RequestStatus.PROMPT_PASS
     (first,) = run.accept_prompt(result)
     assert isinstance(first, TokenEvent) and first.token_id == int(result.logits.argmax())
     assert run.status == RequestStatus.DECODING and run.pending_token == first.token_id
@@ -128,7 +128,7 @@ def test_prefill_of_a_cancelled_run_finishes_it_and_closes_the_source(tiny_engin
     source = RecordingSource(tiny_engine.precompute_chunks(chunks))
     run = tiny_engine.new_run(GenerationRequest("r", layout, source, "reuse"))
     asked: list[int] = []
-    events = tiny_engine.prefill(run, cancelled=lambda: asked.append(1) is None and len(asked) == 2)
+    events = tiny_engine.run_prompt(run, cancelled=lambda: asked.append(1) is None and len(asked) == 2)
     assert [type(e) for e in events] == [FinishEvent] and events[0].finish_reason == "cancelled"
     assert run.status == RequestStatus.CANCELLED
     assert source.layers_read == [] and source.closed  # asked before the pass, then before layer 0
@@ -137,7 +137,7 @@ def test_prefill_of_a_cancelled_run_finishes_it_and_closes_the_source(tiny_engin
 def test_prefill_closes_the_source_after_the_pass(tiny_engine, layout, chunks) -> None:
     source = RecordingSource(tiny_engine.precompute_chunks(chunks))
     run = tiny_engine.new_run(GenerationRequest("r", layout, source, "reuse", sampling=SamplingParams(max_tokens=3)))
-    events = tiny_engine.prefill(run)
+    events = tiny_engine.run_prompt(run)
     assert isinstance(events[0], TokenEvent) and run.status == RequestStatus.DECODING
     assert source.layers_read == list(range(tiny_engine.num_layers)) and source.closed
 
@@ -150,7 +150,7 @@ def test_decode_of_several_runs_equals_one_at_a_time(tiny_engine, chunks) -> Non
     alone = [[e.token_id for e in tiny_engine.generate(request(i)) if isinstance(e, TokenEvent)] for i in range(3)]
     runs = [tiny_engine.new_run(request(i)) for i in range(3)]
     tokens: list[list[int]] = [
-        [e.token_id for e in tiny_engine.prefill(run) if isinstance(e, TokenEvent)] for run in runs
+        [e.token_id for e in tiny_engine.run_prompt(run) if isinstance(e, TokenEvent)] for run in runs
     ]
     while not all(run.finished for run in runs):
         live = [i for i, run in enumerate(runs) if not run.finished]
