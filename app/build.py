@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from app.services.coverage_service import CoverageService
     from app.services.doctor import DoctorParts
     from app.services.document_service import DocumentService
-    from app.services.estimates import PrefillRate
+    from app.services.estimates import FullPassRate
     from app.services.ingest import IngestService
     from app.services.key_service import KeyService
     from app.services.storage_faults import StorageMonitor
@@ -70,7 +70,7 @@ class Hooks:
     monitor, and what a commit tells it. The CLI and the worker build without them."""
 
     metrics: Metrics | None = None
-    prefill_rate: PrefillRate | None = None
+    full_pass_rate: FullPassRate | None = None
     storage: StorageMonitor | None = None
     on_chunks_committed: Callable[[int, float], None] | None = None
 
@@ -305,7 +305,7 @@ def new_ask(s: Services, hooks: Hooks | None = None, *, scheduler: Scheduler | N
         **_engine_parts(s, scheduler),
         conversations=s.conversations,
         metrics=hooks.metrics,
-        prefill_rate=hooks.prefill_rate,
+        full_pass_rate=hooks.full_pass_rate,
         on_storage_fault=storage.record if storage is not None else None,
         on_storage_ok=storage.recovered if storage is not None else None,
     )
@@ -332,7 +332,7 @@ def new_ingest(
         settings=s.settings,
         **_engine_parts(s, scheduler),
         documents=s.documents,
-        prefill_rate=hooks.prefill_rate,
+        full_pass_rate=hooks.full_pass_rate,
         on_storage_fault=storage.record if storage is not None else None,
     )
     return IngestService(

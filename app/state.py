@@ -15,7 +15,7 @@ from app.datadir_lock import server_url
 from app.memory import IdleTrimmer, set_mmap_threshold
 from app.metrics import Metrics
 from app.rate_limit import RateLimiter
-from app.services.estimates import PrefillRate
+from app.services.estimates import FullPassRate
 from app.services.stats_service import ServingParts, StatsService
 from app.services.storage_faults import StorageMonitor
 from app.settings import Settings
@@ -27,14 +27,14 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PREFILL_RATE_FILE = "prefill_rate.json"  # the learned plain-prefill rate, kept across restarts
+PREFILL_RATE_FILE = "prefill_rate.json"  # the learned full-pass rate, kept across restarts (the name data dirs have)
 
 
 @dataclass
 class AppState:
     settings: Settings
     metrics: Metrics = field(default_factory=Metrics)
-    prefill_rate: PrefillRate = field(default_factory=PrefillRate)
+    full_pass_rate: FullPassRate = field(default_factory=FullPassRate)
     services: Services | None = None  # what start-up built (app/build.py); None until then
     kv_refresh: KVRefresh | None = None
     stats: StatsService = field(init=False)
@@ -46,7 +46,7 @@ class AppState:
     trimmer: IdleTrimmer | None = None
 
     def __post_init__(self) -> None:
-        self.stats = StatsService(self.settings.engine, self.metrics, self.prefill_rate, self.settings.kvcache)
+        self.stats = StatsService(self.settings.engine, self.metrics, self.full_pass_rate, self.settings.kvcache)
         self.storage = StorageMonitor(self.settings.data_dir)
         server = self.settings.server
         if server.ask_rate_per_minute is not None and self.rate_limiter is None:
@@ -80,7 +80,7 @@ class AppState:
             set_mmap_threshold(server.malloc_mmap_threshold_bytes)  # before the models allocate
         hooks = Hooks(
             metrics=self.metrics,
-            prefill_rate=self.prefill_rate,
+            full_pass_rate=self.full_pass_rate,
             storage=self.storage,
             on_chunks_committed=self._on_commit,
         )
@@ -93,7 +93,7 @@ class AppState:
         assert services.engine is not None and services.scheduler is not None and services.ingest is not None
         self.services = services
         engine = services.engine
-        self.prefill_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=engine.fingerprint)
+        self.full_pass_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=engine.fingerprint)
         scheduler = services.scheduler
         scheduler.start()
         if self.settings.calibration.auto:
@@ -152,6 +152,6 @@ class AppState:
             await asyncio.to_thread(self.services.calibration.stop)
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
-        self.prefill_rate.save()
+        self.full_pass_rate.save()
         if self.services is not None:
             self.services.close()

@@ -1,7 +1,9 @@
-"""How long a plain prefill of N tokens would take here, learned from prefills this process really ran.
+"""How long a full pass over N tokens (full mode: nothing reused) would take here, learned from the full
+passes this process really ran.
 
-The rate is kept in the data dir (`prefill_rate.json`, for the model it was measured with), so the first
-answer after a restart already carries a `full_prefill_estimate_ms` instead of null.
+The rate is kept in the data dir (`prefill_rate.json`, for the model it was measured with; the file keeps
+the name data dirs already have), so the first answer after a restart already carries a
+`full_prefill_estimate_ms` instead of null.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ logger = logging.getLogger(__name__)
 SAVE_INTERVAL_S = 5.0  # an ingest observes a rate per chunk: write the file at most this often
 
 
-class PrefillRate:
-    """Exponential moving average of prefill throughput (tokens/s), fed by full-mode answers and by
-    ingest's chunk precompute (both are plain prefills). Prefill cost grows a little faster than linearly
-    with length on CPU, so the estimate is a slight under-estimate for long prompts: it flatters full
-    prefill, never blending."""
+class FullPassRate:
+    """Exponential moving average of full-pass throughput (tokens/s), fed by full-mode answers and by
+    ingest's chunk precompute (both compute every token, nothing reused). A full pass costs a little more
+    than linearly in its length on CPU, so the estimate is a slight under-estimate for long prompts: it
+    flatters full mode, never blending."""
 
     def __init__(self, alpha: float = 0.2) -> None:
         self._alpha = alpha

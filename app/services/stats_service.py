@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.metrics import Metrics, RecentAsk
-from app.services.estimates import PrefillRate
+from app.services.estimates import FullPassRate
 
 if TYPE_CHECKING:
     from collections.abc import Collection
@@ -169,7 +169,7 @@ class StatsService:
         self,
         engine_settings: EngineSettings,
         metrics: Metrics,
-        prefill_rate: PrefillRate,
+        full_pass_rate: FullPassRate,
         kv_settings: KVCacheSettings | None = None,
     ) -> None:
         from kvcache.config import KVCacheSettings
@@ -177,7 +177,7 @@ class StatsService:
         self._engine = engine_settings
         self._kv_settings = kv_settings or KVCacheSettings()
         self._metrics = metrics
-        self._prefill_rate = prefill_rate
+        self._full_pass_rate = full_pass_rate
 
     def snapshot(
         self,
@@ -197,7 +197,7 @@ class StatsService:
         chunks = int(sample("blendrag_ingest_chunks_total") or 0)
         seconds = float(sample("blendrag_ingest_seconds_total") or 0.0)
         recent = self._metrics.recent.snapshot()
-        rate = self._prefill_rate.tokens_per_s
+        rate = self._full_pass_rate.tokens_per_s
         engine = parts.engine if parts is not None else None
         served = engine.served_model if engine is not None else None
         # The engine serves with the blend settings in force (app/calibration/in_force.py); before start-up,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.services.ask.types import Timings, Usage
-from app.services.estimates import PrefillRate
+from app.services.estimates import FullPassRate
 
 if TYPE_CHECKING:
     from app.metrics import Metrics
@@ -27,9 +27,9 @@ class KVCounts:
 class AnswerRecorder:
     """Counts answers by outcome and measures finished ones. One per AskService; the answers report through it."""
 
-    def __init__(self, metrics: Metrics | None, prefill_rate: PrefillRate) -> None:
+    def __init__(self, metrics: Metrics | None, full_pass_rate: FullPassRate) -> None:
         self._metrics = metrics
-        self.prefill_rate = prefill_rate
+        self.full_pass_rate = full_pass_rate
 
     def count(self, mode: str, outcome: str) -> None:
         if self._metrics is not None:
@@ -42,8 +42,8 @@ class AnswerRecorder:
         recorded."""
         ttft_ms = retrieval_ms + kv.load_ms + event.ttft_s * 1000
         if event.mode == "full":
-            self.prefill_rate.observe(event.num_prompt_tokens, event.ttft_s)
-        estimate = self.prefill_rate.estimate_ms(event.num_prompt_tokens)
+            self.full_pass_rate.observe(event.num_prompt_tokens, event.ttft_s)
+        estimate = self.full_pass_rate.estimate_ms(event.num_prompt_tokens)
         if self._metrics is not None:
             self._metrics.kv_lookups.labels("hit").inc(kv.num_hits)
             self._metrics.kv_lookups.labels("miss").inc(kv.num_misses)

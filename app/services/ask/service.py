@@ -43,7 +43,7 @@ from app.services.ask.types import (
     SourcesEvent,
 )
 from app.services.conversation_service import ConversationContext
-from app.services.estimates import PrefillRate
+from app.services.estimates import FullPassRate
 from app.services.sections import section_of
 from retrieval.relevance import covers, relevance_floor
 
@@ -79,18 +79,18 @@ class AskService:
         scheduler: Scheduler,
         conversations: ConversationService | None,
         metrics: Metrics | None = None,
-        prefill_rate: PrefillRate | None = None,
+        full_pass_rate: FullPassRate | None = None,
         on_storage_fault: Callable[[str], None] | None = None,
         on_storage_ok: Callable[[], None] | None = None,
     ) -> None:
         """`conversations` opens and records conversations (None: a request naming one is refused with
-        ConversationNotFound). `metrics` and `prefill_rate` hear of every answer (a server's);
+        ConversationNotFound). `metrics` and `full_pass_rate` hear of every answer (a server's);
         `on_storage_fault` / `on_storage_ok` whether a conversation turn could be stored."""
         self._settings = settings
         self._catalog, self._retriever, self._engine = catalog, retriever, engine
         self._scheduler = scheduler
         self._conversations = conversations
-        self._recorder = AnswerRecorder(metrics, prefill_rate or PrefillRate())
+        self._recorder = AnswerRecorder(metrics, full_pass_rate or FullPassRate())
         self._followup = FollowupService(settings.retrieval, retriever, engine, scheduler)
         self._turn_kv = TurnKV(engine, kv_space)
         self._kv = PromptKV(engine, kv_space, scheduler)
@@ -99,8 +99,8 @@ class AskService:
         )
 
     @property
-    def prefill_rate(self) -> PrefillRate:
-        return self._recorder.prefill_rate
+    def full_pass_rate(self) -> FullPassRate:
+        return self._recorder.full_pass_rate
 
     async def ask(self, request: AskRequest) -> AsyncIterator[AskEvent]:
         """Answer one question as a stream of events: sources, token deltas, then done (or error).

@@ -14,7 +14,7 @@ from app.services.ingest.types import IngestSource, JobError, WorkItem
 if TYPE_CHECKING:
     from app.catalog import Catalog
     from app.services.document_service import DocumentService
-    from app.services.estimates import PrefillRate
+    from app.services.estimates import FullPassRate
     from app.settings import Settings
     from engine.engine import Engine
     from engine.scheduler import Scheduler
@@ -36,7 +36,7 @@ class IngestEnv:
     kv_space: KVSpace
     scheduler: Scheduler
     documents: DocumentService
-    prefill_rate: PrefillRate | None = None
+    full_pass_rate: FullPassRate | None = None
     on_storage_fault: Callable[[str], None] | None = None
 
     def storage_fault(self, message: str) -> None:

@@ -238,7 +238,7 @@ def precompute_kv(ctx: JobContext) -> None:
         tracker.advance(num_done)
 
     tracker.check_cancel()
-    rate = env.prefill_rate
+    rate = env.full_pass_rate
     written = env.kv_space.ensure(
         token_ids,
         keys=[k for item in live for k in item.kv_keys],  # hashed once, above

@@ -11,23 +11,23 @@ from apitools import ingest_corpus, server_settings
 from fastapi.testclient import TestClient
 
 from app.main import create_app
-from app.services.estimates import PrefillRate
+from app.services.estimates import FullPassRate
 from app.state import PREFILL_RATE_FILE
 
 
 def test_rate_is_saved_and_read_back_for_the_same_model(tmp_path: Path) -> None:
     path = tmp_path / "rate.json"
-    first = PrefillRate()
+    first = FullPassRate()
     first.attach(path, key="model-a")
     first.observe(1000, 2.0)  # 500 tokens/s; the first observation is always saved
     assert json.loads(path.read_text()) == {"model": "model-a", "tokens_per_s": 500.0}
 
-    again = PrefillRate()
+    again = FullPassRate()
     again.attach(path, key="model-a")
     assert again.tokens_per_s == 500.0
     assert again.estimate_ms(250) == 500.0
 
-    other_model = PrefillRate()
+    other_model = FullPassRate()
     other_model.attach(path, key="model-b")
     assert other_model.tokens_per_s is None  # another model's rate says nothing about this one
 
@@ -35,7 +35,7 @@ def test_rate_is_saved_and_read_back_for_the_same_model(tmp_path: Path) -> None:
 def test_unreadable_file_is_ignored_with_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "rate.json"
     path.write_text("{not json")
-    rate = PrefillRate()
+    rate = FullPassRate()
     with caplog.at_level(logging.WARNING, logger="app.services.estimates"):
         rate.attach(path, key="m")
     assert rate.tokens_per_s is None
@@ -51,7 +51,7 @@ def test_a_full_disk_never_fails_an_observation(tmp_path: Path, monkeypatch: pyt
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(estimates, "write_file_atomic", full)
-    rate = PrefillRate()
+    rate = FullPassRate()
     rate.attach(tmp_path / "rate.json", key="m")
     rate.observe(100, 1.0)
     assert rate.tokens_per_s == 100.0
