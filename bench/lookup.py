@@ -82,6 +82,7 @@ class Fact:
     text: str  # the document
     question: str
     answer: str  # what a right answer contains
+    history: tuple[tuple[str, str], ...] = ()  # a follow-up's earlier turns (question, answer), oldest first
 
 
 def make_facts(num: int, seed: int = 0) -> list[Fact]:
@@ -137,7 +138,7 @@ def similar_facts(num: int, seed: int, part: str) -> tuple[list[Fact], list[Pass
     from app.calibration.similar import similar_cases
 
     cases = similar_cases(part, num, seed)  # type: ignore[arg-type]
-    facts = [Fact(c.docs[0].title, c.docs[0].text, c.question, c.answer) for c in cases]
+    facts = [Fact(c.docs[0].title, c.docs[0].text, c.question, c.answer, c.history) for c in cases]
     return facts, [Passage(title=d.title, text=d.text) for c in cases for d in c.docs]
 
 
@@ -150,13 +151,16 @@ def lookup_corpus(args: argparse.Namespace) -> tuple[list[Fact], list[Passage]]:
 
 
 async def _ask(
-    state: Any, question: str, mode: str, selector: str | None, ratio: float | None, max_tokens: int
+    state: Any, fact: Fact, mode: str, selector: str | None, ratio: float | None, max_tokens: int
 ) -> tuple[str, list[str], str | None]:
-    """(answer, source titles best first, selector that answered) of one question through AskService."""
+    """(answer, source titles best first, selector that answered) of one question through AskService; a
+    follow-up is asked with its earlier turns as a client's history (retrieval and the prompt read them)."""
     from app.services.ask.types import AskRequest
+    from engine.prompt import Turn
 
     request = AskRequest(
-        question=question,
+        question=fact.question,
+        history=tuple(Turn(question=q, answer=a) for q, a in fact.history),
         mode=mode,
         selector=selector,  # type: ignore[arg-type]
         recompute_ratio=ratio if mode == "blend" else None,
@@ -174,7 +178,7 @@ async def run_lookup(
     for n, fact in enumerate(facts, 1):
         row: dict[str, Any] = {"question": fact.question, "answer": fact.answer, "modes": {}}
         for name, mode, selector in modes:
-            answer, titles, used = await _ask(state, fact.question, mode, selector, ratio, max_tokens)
+            answer, titles, used = await _ask(state, fact, mode, selector, ratio, max_tokens)
             row["modes"][name] = {"answer": answer, "right": is_right(answer, fact.answer), "selector": used}
             row["retrieved_first"] = bool(titles) and titles[0] == fact.title
         per_question.append(row)

@@ -2,53 +2,51 @@
 state the same kind of value with the same words and other characters (config pages with other ports, release
 notes with other versions, price lists, API pages with near-identical signatures).
 
-Each case is a group of 2–6 documents built from one template, one document per made-up project, each a short
-page of its own real prose (`app.calibration.prose`, ~700 characters) under the project's name, with the
-project's facts inserted mid-passage. The question asks
-for one project's value; a right answer contains it (normalised, as every look-up is checked). Four kinds:
+Each case is a group of 2–6 documents built from one template, one short page (~500–700 characters) per made-up
+project. A page is about its project and about what the question asks (its licence, its services and ports, its
+release): the project's name is in the title, the heading and the prose, and the prose around the value talks
+about the same topic, as a real reference page does, so the embedder retrieves the page for the question and it
+clears the relevance floor. Project names are single made-up words, and the names of one case differ in both
+syllables ("Kalorn", "Bevex"), so the name alone tells the pages apart. The question asks for one project's value;
+a right answer contains it (normalised, as every look-up is checked). Five kinds:
 
-- sentence: one sentence per document, e.g. "The access code of project Arbor is K56-1950.";
-- table: a Markdown table of several projects per document (several values per chunk, rows alike);
-- code: a config block (TOML / YAML / JSON) per document;
-- multi: several values of one project in one sentence (its main, admin and metrics ports).
+- sentence: one sentence states the value, e.g. "The access code of project Kalorn is K56-1950.";
+- table: a Markdown table of the project's services (several values per chunk, rows alike across pages);
+- code: a config block (TOML / YAML) per page;
+- multi: several values of one project in one sentence (its main, admin and metrics ports);
+- followup: a conversation's second question, "… of that project?", after a first turn about the project (the
+  case's `history`); the value stands in a sentence.
 
-Two parts that share no template, no value form, no project name and no prose section: `tune` (what a
-calibration may be tuned on) and `check` (what a record must pass before it ships, and what
-`bench lookup --distractors similar` asks). Deterministic for a seed.
+Two parts that share no template, no value form and no project name: `tune` (what a calibration may be tuned on)
+and `check` (what a record must pass before it ships, and what `bench lookup --distractors similar` asks). Every
+project name is unique within a part, so all of a part's cases can be ingested into one corpus, where a question
+also retrieves the same kind of page from other cases. Deterministic for a seed.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from app.calibration.prose import insert_paragraph, sections
-
 Part = Literal["tune", "check"]
-KINDS = ("sentence", "table", "code", "multi")
+KINDS = ("sentence", "table", "code", "multi", "followup")
 
-_NAMES: dict[Part, list[str]] = {
-    "tune": [
-        "Arbor", "Basalt", "Cobalt", "Delphi", "Ember", "Falcon", "Garnet", "Harrow", "Indigo", "Juniper",
-        "Kestrel", "Lantern", "Marble", "Nimbus", "Onyx", "Pebble", "Quartz", "Raven", "Saffron", "Thistle",
-        "Umber", "Velvet", "Willow", "Zephyr",
-    ],
+# Names are an onset and an ending from the part's own lists: the parts' onsets differ, so no name is in both.
+_ONSETS: dict[Part, list[str]] = {
+    "tune": ["Ka", "Be", "Do", "Fi", "Ga", "Hu", "Jo", "Ke", "Lu", "Mo", "Ni", "Po", "Ra", "Si", "Tu", "Va"],
     "check": [
-        "Acorn", "Bramble", "Cinder", "Dune", "Egret", "Fjord", "Glacier", "Heron", "Iris", "Jasper", "Kelp",
-        "Lichen", "Meadow", "Nectar", "Orchid", "Prism", "Quill", "Ripple", "Sorrel", "Tundra", "Upland",
-        "Vireo", "Wren", "Yarrow",
+        "Al", "Bru", "Cre", "Dra", "El", "Fro", "Gli", "Gro", "Il", "Kri", "Or", "Pla", "Qui", "Ska", "Tre", "Ul",
     ],
 }  # fmt: skip
-# A project is named by one word of its part's list and one of these: names never repeat across a part's cases,
-# so all of them can be ingested into one corpus, and projects of one word ("Arbor North", "Arbor Delta") are
-# near-identical names as well.
-_SECONDS: dict[Part, list[str]] = {
-    "tune": ["North", "South", "Delta", "Prime", "Nova", "Atlas"],
-    "check": ["Alpha", "Omega", "Sigma", "Kappa", "Lumen", "Vector"],
+_ENDINGS: dict[Part, list[str]] = {
+    "tune": ["lorn", "vex", "drin", "mask", "tal", "venor", "rik", "zum", "barra", "nox", "pell", "dory"],
+    "check": ["anth", "esk", "ivo", "mont", "ora", "nyx", "ello", "andt", "ufel", "ison", "arek", "obo"],
 }
 _LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
-_OWNERS = ["infra", "payments", "search", "billing", "mobile", "data", "identity", "growth"]
+_TEAMS = ["infra", "payments", "search", "billing", "mobile", "data", "identity", "growth"]
+_REGIONS = ["Frankfurt", "Dublin", "Oregon", "Singapore", "Sydney", "Montreal", "Tokyo", "Sao Paulo"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +62,8 @@ class SimilarCase:
     docs: tuple[SimilarDoc, ...]  # the group; the asked project's document first
     question: str
     answer: str  # what a right answer contains
+    # A follow-up's earlier turn(s), oldest first: (question, answer) as a client sent and the server answered.
+    history: tuple[tuple[str, str], ...] = ()
 
     @property
     def num_similar(self) -> int:
@@ -71,150 +71,331 @@ class SimilarCase:
         return len(self.docs) - 1
 
 
+@dataclass(frozen=True)
+class _Template:
+    """One kind in one part: the topic's prose, the value paragraph and the question."""
+
+    title: str  # "{name}: …"
+    heading: str  # "# …{name}…"
+    prose: tuple[str, ...]  # topical sentences about {name}; {team}, {region}, {year}, {count} are filled in
+    # (rng, name, values used in the case) -> (the paragraph stating the project's value(s), the asked value)
+    value: Callable[[random.Random, str, set[str]], tuple[str, str]]
+    question: str  # about {name} ({slug}: its lower-case id)
+    first_turn: tuple[str, str] | None = None  # followup: the earlier turn (question, answer) about {name}
+
+
 # -- values: each part has its own forms ------------------------------------------------------------------
-def _code(rng: random.Random, part: Part) -> str:
-    if part == "tune":  # K56-1950
-        return f"{rng.choice(_LETTERS)}{rng.randint(10, 99)}-{rng.randint(1000, 9999)}"
-    return f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}{rng.randint(1, 9)}/{rng.randint(100, 999)}"  # QX4/512
-
-
-def _version(rng: random.Random, part: Part) -> str:
-    if part == "tune":
-        return f"{rng.randint(1, 9)}.{rng.randint(0, 30)}.{rng.randint(0, 20)}"
-    return f"{rng.randint(2019, 2026)}.{rng.randint(1, 12):02d}.{rng.randint(1, 9)}"  # calendar versions
-
-
-def _port(rng: random.Random, used: set[str]) -> str:
+def _unique(rng: random.Random, used: set[str], make: Callable[[random.Random], str]) -> str:
+    """A value no other value of the case equals or holds (so the asked one stands in one page only)."""
     while True:
-        port = str(rng.randint(1025, 65000))
-        if port not in used:
-            used.add(port)
-            return port
+        value = make(rng)
+        if not any(value in u or u in value for u in used):
+            used.add(value)
+            return value
 
 
-def _price(rng: random.Random) -> str:
-    return f"{rng.randint(1, 9)},{rng.randint(100, 999)}.{rng.choice(['00', '50', '90', '95'])}"
+def _port(rng: random.Random) -> str:
+    return str(rng.randint(3000, 9899))  # four digits, never a year of the prose
 
 
-# -- the four kinds, two templates each (tune / check) ---------------------------------------------------
-def _sentence(rng: random.Random, part: Part, names: list[str], used: set[str]) -> tuple[list[str], str, str]:
-    """(one paragraph per project, the question about names[0], its answer)."""
-    if part == "tune":
-        values = [_code(rng, part) for _ in names]
-        paragraphs = [f"The access code of project {n} is {v}." for n, v in zip(names, values, strict=True)]
-        return paragraphs, f"What is the access code of project {names[0]}?", values[0]
-    values = [_price(rng) for _ in names]
-    paragraphs = [
-        f"A yearly licence for the {n} suite costs ${v}, billed per seat." for n, v in zip(names, values, strict=True)
+def _access_code(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    code = _unique(rng, used, lambda r: f"{r.choice(_LETTERS)}{r.randint(10, 99)}-{r.randint(1000, 9999)}")
+    return f"The access code of project {name} is {code}.", code
+
+
+def _worker_table(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    ports = [_unique(rng, used, _port) for _ in range(3)]
+    owners = rng.sample(_TEAMS, 3)
+    rows = [
+        f"| {name} {part} | {port} | {owner} |"
+        for part, port, owner in zip(("API", "worker", "dashboard"), ports, owners, strict=True)
     ]
-    return paragraphs, f"How much does a yearly licence for the {names[0]} suite cost?", values[0]
+    return "\n".join(["| Component | Port | Owner |", "|---|---|---|", *rows]), ports[1]
 
 
-def _table(rng: random.Random, part: Part, names: list[str], used: set[str]) -> tuple[list[str], str, str]:
-    """Each document a table of its project and two more (several values per chunk, rows alike)."""
-    ports = {n: _port(rng, used) for n in names}
-    paragraphs = []
-    spare = [f"{a} {b}" for a in _NAMES[part] for b in _SECONDS[part] if f"{a} {b}" not in names]
-    for n in names:
-        others = rng.sample(spare, 2)
-        for m in others:
-            ports.setdefault(m, _port(rng, used))
-        rows = [n, *others]
-        rng.shuffle(rows)
-        if part == "tune":
-            lines = ["| Project | Port | Owner |", "|---|---|---|"]
-            lines += [f"| {r} | {ports[r]} | {rng.choice(_OWNERS)} |" for r in rows]
-        else:
-            lines = ["| Service | Team | Listens on |", "| --- | --- | --- |"]
-            lines += [f"| {r} gateway | {rng.choice(_OWNERS)} | `:{ports[r]}` |" for r in rows]
-        paragraphs.append("\n".join(lines))
-    question = (
-        f"Which port does project {names[0]} use?"
-        if part == "tune"
-        else f"On which port does the {names[0]} gateway listen?"
+def _toml(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    version = _unique(rng, used, lambda r: f"{r.randint(1, 9)}.{r.randint(0, 30)}.{r.randint(0, 20)}")
+    port = _unique(rng, used, _port)
+    return f'```toml\n[project.{name.lower()}]\nversion = "{version}"\nport = {port}\n```', version
+
+
+def _three_ports(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    a, b, c = (_unique(rng, used, _port) for _ in range(3))
+    return f"Project {name} serves on port {a}; its admin port is {b} and its metrics port is {c}.", b
+
+
+def _deploy_token(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    token = _unique(rng, used, lambda r: f"DT-{r.randint(10000, 99999)}-{r.choice(_LETTERS)}")
+    return f"The deploy token of project {name} is {token}.", token
+
+
+def _price(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    price = _unique(
+        rng, used, lambda r: f"{r.randint(1, 9)},{r.randint(100, 999)}.{r.choice(['00', '50', '90', '95'])}"
     )
-    return paragraphs, question, ports[names[0]]
+    return f"A yearly licence for the {name} suite costs ${price}, billed per seat.", price
 
 
-def _config(rng: random.Random, part: Part, names: list[str], used: set[str]) -> tuple[list[str], str, str]:
-    values = [_version(rng, part) for _ in names]
-    slugs = [n.lower().replace(" ", "-") for n in names]
-    paragraphs = []
-    for slug, v in zip(slugs, values, strict=True):
-        port = _port(rng, used)
-        if part == "tune":
-            paragraphs.append(f'```toml\n[project.{slug}]\nversion = "{v}"\nport = {port}\n```')
-        else:
-            paragraphs.append(f"```yaml\nservice: {slug}-api\nrelease: {v}\nreplicas: {rng.randint(2, 9)}\n```")
-    question = (
-        f"Which version does the config of project {names[0]} pin?"
-        if part == "tune"
-        else f"Which release does the {slugs[0]}-api service run?"
+def _gateway_table(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    ports = [_unique(rng, used, _port) for _ in range(3)]
+    teams = rng.sample(_TEAMS, 3)
+    rows = [
+        f"| {name} {service} | {team} | `:{port}` |"
+        for service, team, port in zip(("gateway", "scheduler", "indexer"), teams, ports, strict=True)
+    ]
+    return "\n".join(["| Service | Team | Listens on |", "| --- | --- | --- |", *rows]), ports[1]
+
+
+def _yaml(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    release = _unique(rng, used, lambda r: f"{r.randint(2019, 2026)}.{r.randint(1, 12):02d}.{r.randint(1, 9)}")
+    block = f"```yaml\nservice: {name.lower()}-api\nrelease: {release}\nreplicas: {rng.randint(2, 9)}\n```"
+    return block, release
+
+
+def _protocols(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    a, b, c = (_unique(rng, used, _port) for _ in range(3))
+    return f"{name} exposes HTTP on {a}, gRPC on {b} and Prometheus metrics on {c}.", b
+
+
+def _queue(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    queue = _unique(
+        rng, used, lambda r: f"{r.choice(_LETTERS)}{r.choice(_LETTERS)}{r.randint(1, 9)}/{r.randint(100, 999)}"
     )
-    return paragraphs, question, values[0]
+    return f"Support tickets for {name} go to queue {queue}.", queue
 
 
-def _multi(rng: random.Random, part: Part, names: list[str], used: set[str]) -> tuple[list[str], str, str]:
-    """Three values of one project per paragraph; the question asks for the middle one."""
-    paragraphs, asked = [], ""
-    for i, n in enumerate(names):
-        a, b, c = (_port(rng, used) for _ in range(3))
-        if part == "tune":
-            paragraphs.append(f"Project {n} serves on port {a}; its admin port is {b} and its metrics port is {c}.")
-        else:
-            paragraphs.append(f"{n} exposes HTTP on {a}, gRPC on {b} and Prometheus metrics on {c}.")
-        if i == 0:
-            asked = b
-    question = (
-        f"What is the admin port of project {names[0]}?"
-        if part == "tune"
-        else f"On which port does {names[0]} serve gRPC?"
-    )
-    return paragraphs, question, asked
+# -- the templates: five kinds per part, no sentence shared between the parts -------------------------------
+_TEMPLATES: dict[Part, dict[str, _Template]] = {
+    "tune": {
+        "sentence": _Template(
+            "{name}: access and security",
+            "# Project {name}",
+            (
+                "Project {name} is an internal tool of the {team} team, in service since {year}.",
+                "Access to project {name} is granted per person; the access code of the project changes every quarter.",
+                "The {name} servers stand in the {region} data centre and only accept staff on the office network.",
+                "Visitors to project {name} sign in at the front desk before they enter the code.",
+                "The security team reviews who may use project {name} once a year.",
+                "Lost access codes of project {name} are reported to the {team} team at once.",
+            ),
+            _access_code,
+            "What is the access code of project {name}?",
+        ),
+        "table": _Template(
+            "{name}: components and ports",
+            "# Project {name}",
+            (
+                "Project {name} runs as {count} processes on hosts of the {team} team.",
+                "Each component of project {name} listens on a port of its own; the worker handles background jobs.",
+                "The {name} worker picks jobs from the queue and reports to the dashboard.",
+                "Firewall rules in {region} open the ports of project {name} to the office network only.",
+                "The ports of project {name} were assigned in {year} and have not changed since.",
+                "Health checks call each {name} component on its port every ten seconds.",
+            ),
+            _worker_table,
+            "Which port does the {name} worker use?",
+        ),
+        "code": _Template(
+            "{name}: configuration",
+            "# Project {name}",
+            (
+                "The configuration of project {name} lives in one TOML file checked into its repository.",
+                "Project {name} pins the version it deploys in that config; upgrades change the pin.",
+                "The {team} team owns the config of project {name} and reviews every change to it.",
+                "Project {name} has been deployed from this configuration since {year}.",
+                "A pinned version keeps every {name} host in {region} on the same build.",
+                "The config of project {name} also sets the port the service binds.",
+            ),
+            _toml,
+            "Which version does the config of project {name} pin?",
+        ),
+        "multi": _Template(
+            "{name}: network ports",
+            "# Project {name}",
+            (
+                "Project {name} is a service of the {team} team with three network ports.",
+                "The admin port of project {name} is for operators only; it is closed to customers.",
+                "Monitoring scrapes the metrics port of project {name} every minute.",
+                "Project {name} moved to the {region} network in {year} and kept its ports.",
+                "Load balancers send customer traffic to the main port of project {name}.",
+                "Each port of project {name} is documented in the runbook of the {team} team.",
+            ),
+            _three_ports,
+            "What is the admin port of project {name}?",
+        ),
+        "followup": _Template(
+            "{name}: deployment",
+            "# Project {name}",
+            (
+                "Project {name} is deployed by the {team} team from its release pipeline.",
+                "The pipeline of project {name} authenticates with a deploy token, rotated every {count} months.",
+                "Project {name} ships to the {region} cluster first and to the other regions a day later.",
+                "Deployments of project {name} have been automated since {year}.",
+                "A failed deploy of project {name} is rolled back by the pipeline without a person.",
+                "The deploy token of project {name} is stored in the team's secret manager.",
+            ),
+            _deploy_token,
+            "And what is the deploy token of that project?",
+            first_turn=(
+                "Tell me about project {name}.",
+                "Project {name} is deployed by the {team} team from its release pipeline.",
+            ),
+        ),
+    },
+    "check": {
+        "sentence": _Template(
+            "{name} suite: licensing",
+            "# {name} suite pricing",
+            (
+                "The {name} suite is sold to companies as yearly licences, one per seat.",
+                "Licences for the {name} suite renew each year unless cancelled thirty days before.",
+                "Orders of more than {count} seats of the {name} suite get a volume discount.",
+                "The {name} suite has been on sale since {year}; prices are reviewed every January.",
+                "Invoices for the {name} suite are sent from the {region} office.",
+                "A licence for the {name} suite includes updates and support by email.",
+            ),
+            _price,
+            "How much does a yearly licence for the {name} suite cost?",
+        ),
+        "table": _Template(
+            "{name} services: where they listen",
+            "# {name} services",
+            (
+                "{name} runs three services, each owned by a team and listening on its own port.",
+                "The {name} scheduler plans the nightly jobs and listens on a port of its own.",
+                "Clients reach {name} through the gateway; the scheduler and the indexer are internal.",
+                "{name} was split into services in {year} by the {team} team.",
+                "The {name} hosts in {region} allow each service's port through the firewall.",
+                "Every {name} service answers a health check on the port it listens on.",
+            ),
+            _gateway_table,
+            "On which port does the {name} scheduler listen?",
+        ),
+        "code": _Template(
+            "{name} API: release and replicas",
+            "# {name} API deployment",
+            (
+                "The {slug}-api service is deployed from a YAML manifest that names its release.",
+                "Each release of the {slug}-api service is tagged by date, year first.",
+                "The {team} team rolls out a new {slug}-api release about every {count} weeks.",
+                "The {slug}-api service runs several replicas in {region} behind one load balancer.",
+                "Release notes of the {slug}-api service have been published since {year}.",
+                "The manifest of the {slug}-api service is the only place its release is set.",
+            ),
+            _yaml,
+            "Which release does the {slug}-api service run?",
+        ),
+        "multi": _Template(
+            "{name}: protocols and ports",
+            "# {name} network",
+            (
+                "{name} speaks HTTP to browsers, gRPC to other services and exports Prometheus metrics.",
+                "The gRPC port of {name} is what internal clients of the {team} team call.",
+                "{name} opened its gRPC interface in {year}; HTTP stayed for browsers.",
+                "Prometheus in {region} scrapes {name} on its metrics port.",
+                "Each protocol of {name} has a port of its own so they can be firewalled apart.",
+                "Client libraries for {name} default to its gRPC port.",
+            ),
+            _protocols,
+            "On which port does {name} serve gRPC?",
+        ),
+        "followup": _Template(
+            "{name}: support",
+            "# {name} support",
+            (
+                "Customers of {name} get support from the {team} team on working days.",
+                "Support tickets for {name} are sorted into a queue of their own and answered within {count} hours.",
+                "{name} has offered support in {region} business hours since {year}.",
+                "Urgent {name} problems go to the same ticket queue with a priority flag.",
+                "The support queue of {name} is named on every invoice.",
+                "A ticket about {name} sent to the wrong queue is moved by hand, which takes a day.",
+            ),
+            _queue,
+            "Which queue do support tickets for that one go to?",
+            first_turn=(
+                "What is {name}?",
+                "{name} is a product whose customers get support from the {team} team on working days.",
+            ),
+        ),
+    },
+}
 
 
-_MAKERS = {"sentence": _sentence, "table": _table, "code": _config, "multi": _multi}
+def _names(rng: random.Random, part: Part) -> list[str]:
+    """Every name of the part, shuffled."""
+    names = [onset + ending for onset in _ONSETS[part] for ending in _ENDINGS[part]]
+    rng.shuffle(names)
+    return names
 
 
-def _short(section: str, max_chars: int = 700) -> str:
-    """The section's first paragraphs, about `max_chars` (at least two): a short page, as the pages users look a
-    value up in are, so its project and value are a large share of what retrieval embeds."""
-    parts = section.split("\n\n")
-    kept, size = parts[:2], sum(len(p) for p in parts[:2])
-    for part in parts[2:]:
-        if size + len(part) > max_chars:
-            break
-        kept.append(part)
-        size += len(part)
-    return "\n\n".join(kept)
+def _take_group(pool: list[str], size: int, part: Part) -> list[str]:
+    """`size` names of `pool` (removed from it) that differ pairwise in onset and ending: clearly different."""
+    group: list[str] = []
+    for name in list(pool):
+        if all(not name.startswith(_onset(other, part)) and not name.endswith(_ending(other, part)) for other in group):
+            group.append(name)
+            pool.remove(name)
+            if len(group) == size:
+                return group
+    raise ValueError(f"too many similar cases for the {part} part's names ({len(_ONSETS[part]) * len(_ENDINGS[part])})")
+
+
+def _onset(name: str, part: Part) -> str:
+    return next(o for o in _ONSETS[part] if name.startswith(o))
+
+
+def _ending(name: str, part: Part) -> str:
+    return next(e for e in _ENDINGS[part] if name.endswith(e))
+
+
+def _slots(rng: random.Random, name: str) -> dict[str, str]:
+    """What a page says about its project besides the value (the prose's other numbers: a year, a count)."""
+    return {
+        "name": name,
+        "slug": name.lower(),
+        "team": rng.choice(_TEAMS),
+        "region": rng.choice(_REGIONS),
+        "year": str(rng.randint(2008, 2018)),
+        "count": str(rng.randint(2, 9)),
+    }
+
+
+def _page(rng: random.Random, template: _Template, slots: dict[str, str], paragraph: str) -> SimilarDoc:
+    """Topical prose about the project in two paragraphs, the value paragraph between them."""
+    sentences = [s.format(**slots) for s in rng.sample(template.prose, 5)]
+    before = " ".join(sentences[:2])
+    after = " ".join(sentences[2:])
+    text = f"{template.heading.format(**slots)}\n\n{before}\n\n{paragraph}\n\n{after}"
+    return SimilarDoc(title=template.title.format(**slots), text=text)
 
 
 def similar_cases(part: Part, num: int, seed: int = 0, max_similar: int = 5) -> list[SimilarCase]:
     """`num` cases of `part`, the kinds in turn, each a group of 2 … max_similar + 1 documents."""
+    if part not in _TEMPLATES:
+        raise ValueError(f"part must be 'tune' or 'check', got {part!r}")
     rng = random.Random(f"{part}-{seed}")
-    all_names = [f"{a} {b}" for a in _NAMES[part] for b in _SECONDS[part]]
-    rng.shuffle(all_names)
-    prose = sections()
-    # The parts read disjoint prose: tune the even sections, check the odd ones.
-    pool = prose[0::2] if part == "tune" else prose[1::2]
-    rng.shuffle(pool)
+    pool = _names(rng, part)
     cases = []
-    cursor = 0
     for i in range(num):
         kind = KINDS[i % len(KINDS)]
-        size = rng.randint(2, max_similar + 1)
-        names, all_names = all_names[:size], all_names[size:]
-        if len(names) < size:
-            raise ValueError(f"at most {len(_NAMES[part]) * len(_SECONDS[part])} projects per part")
-        paragraphs, question, answer = _MAKERS[kind](rng, part, names, set())
-        docs = []
-        for name, paragraph in zip(names, paragraphs, strict=True):
-            section = _short(pool[cursor % len(pool)])
-            cursor += 1
-            title = f"Project {name}: {section.splitlines()[0].lstrip('# ').strip()}"
-            # The page names its project at the top, as a real page does, and states the value mid-passage.
-            heading = f"# Project {name}" if part == "tune" else f"# {name} reference"
-            text = f"{heading}\n\n{insert_paragraph(section, paragraph, rng.uniform(0.3, 0.7))}"
-            docs.append(SimilarDoc(title=title, text=text))
-        cases.append(SimilarCase(kind=kind, part=part, docs=tuple(docs), question=question, answer=answer))
+        template = _TEMPLATES[part][kind]
+        names = _take_group(pool, rng.randint(2, max_similar + 1), part)
+        used: set[str] = set()
+        pages = [(_slots(rng, name), template.value(rng, name, used)) for name in names]
+        docs = tuple(_page(rng, template, slots, paragraph) for slots, (paragraph, _) in pages)
+        asked, (_, answer) = pages[0]
+        history: tuple[tuple[str, str], ...] = ()
+        if template.first_turn is not None:
+            first_question, first_answer = template.first_turn
+            history = ((first_question.format(**asked), first_answer.format(**asked)),)
+        cases.append(
+            SimilarCase(
+                kind=kind,
+                part=part,
+                docs=docs,
+                question=template.question.format(**asked),
+                answer=answer,
+                history=history,
+            )
+        )
     return cases

@@ -46,3 +46,14 @@ def test_lookup_among_similar_chunks_ingests_every_page_of_each_case(run_bench) 
     assert result["documents"] == len(passages) > 2 and result["questions"] == 2
     assert [row["question"] for row in result["per_question"]] == [f.question for f in facts]
     assert [row["answer"] for row in result["per_question"]] == [f.answer for f in facts]
+
+
+def test_a_follow_up_look_up_carries_its_earlier_turn() -> None:
+    from app.calibration.similar import similar_cases
+    from bench.lookup import similar_facts
+
+    facts, _ = similar_facts(5, 0, "check")
+    case = similar_cases("check", 5, 0)[4]
+    assert case.kind == "followup" and "that one" in facts[4].question
+    assert facts[4].history == case.history and len(case.history) == 1
+    assert [f.history for f in facts[:4]] == [()] * 4

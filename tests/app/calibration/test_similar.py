@@ -16,7 +16,7 @@ def _value_pattern(answer: str) -> str:
 
 def test_each_case_states_the_asked_value_once_and_the_same_kind_of_value_in_every_other_page() -> None:
     for part in ("tune", "check"):
-        cases = similar_cases(part, 16, seed=3)
+        cases = similar_cases(part, 20, seed=3)
         assert [c.kind for c in cases] == list(KINDS) * 4
         for case in cases:
             assert 2 <= len(case.docs) <= 6
@@ -26,6 +26,30 @@ def test_each_case_states_the_asked_value_once_and_the_same_kind_of_value_in_eve
             pattern = _value_pattern(case.answer)
             for text in texts[1:]:
                 assert re.search(pattern, text), (case.kind, case.answer)
+
+
+def test_each_page_is_about_its_project_and_the_names_of_a_case_differ_in_both_syllables() -> None:
+    for part in ("tune", "check"):
+        for case in similar_cases(part, 30, seed=5):
+            names = [d.title.split(":")[0].split()[0] for d in case.docs]
+            for name, doc in zip(names, case.docs, strict=True):
+                assert re.fullmatch(r"[A-Z][a-z]+", name)  # one word
+                heading, *paragraphs = doc.text.split("\n\n")
+                assert name in heading and all(name in p or name.lower() in p for p in paragraphs), doc.text
+                assert 380 <= len(doc.text) <= 700
+            assert len({n[:2] for n in names}) == len(names) and len({n[-3:] for n in names}) == len(names)
+            if case.kind == "followup":  # the question says "that one"; the earlier turn names the project
+                assert names[0] not in case.question and len(case.history) == 1 and names[0] in case.history[0][0]
+            else:
+                assert case.history == () and (names[0] in case.question or names[0].lower() in case.question)
+
+
+def test_sixty_cases_and_more_fit_in_one_corpus_per_part() -> None:
+    cases = {part: similar_cases(part, 30, seed=0) for part in ("tune", "check")}
+    assert sum(len(c) for c in cases.values()) == 60
+    for part_cases in cases.values():
+        titles = [d.title for c in part_cases for d in c.docs]
+        assert len(titles) == len(set(titles))
 
 
 def test_the_parts_share_no_project_no_template_and_no_prose() -> None:
