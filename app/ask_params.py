@@ -87,7 +87,7 @@ class AskParams(BaseModel):
     mode: Mode | None = Field(
         default=None,
         description="blend (CacheBlend), full (no reuse), prefix "
-        "(exact prefix reuse only), reuse (stale KV, r=0); default: settings",
+        "(exact prefix reuse only), reuse (stored KV unchanged, r=0); default: settings",
     )
     recompute_ratio: RecomputeRatio | None = Field(default=None, description="Share of context tokens blend recomputes")
     selector: SelectorName | None = Field(
