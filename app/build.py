@@ -66,7 +66,7 @@ _PARTS: dict[Need, frozenset[str]] = {
 
 @dataclass(frozen=True)
 class Hooks:
-    """What the server adds to the services it builds: its metrics, the learned prefill rate, the storage
+    """What the server adds to the services it builds: its metrics, the learned full-pass rate, the storage
     monitor, and what a commit tells it. The CLI and the worker build without them."""
 
     metrics: Metrics | None = None

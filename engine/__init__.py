@@ -1,4 +1,4 @@
-"""The LLM engine: Llama-family model loading, the layer loop, prefill / blend / decode, the scheduler.
+"""The LLM engine: Llama-family model loading, the layer loop, prompt passes and decode, the scheduler.
 
 Public API (import from the modules; this package imports nothing eagerly):
 

@@ -1,4 +1,4 @@
-"""AnswerRecorder: what every answer reports (metrics, the prefill-rate estimate), and an engine finish
+"""AnswerRecorder: what every answer reports (metrics, the full-pass rate estimate), and an engine finish
 measured as the `Usage` and `Timings` its `DoneEvent` carries."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class AnswerRecorder:
     def measure(
         self, event: FinishEvent, retrieval_ms: float, kv: KVCounts, num_history_tokens: int
     ) -> tuple[Usage, Timings]:
-        """The usage and timings of a finished answer; its metrics (and, in mode full, the prefill rate)
+        """The usage and timings of a finished answer; its metrics (and, in mode full, the full-pass rate)
         recorded."""
         ttft_ms = retrieval_ms + kv.load_ms + event.ttft_s * 1000
         if event.mode == "full":

@@ -220,8 +220,8 @@ def precompute_kv(ctx: JobContext) -> None:
     costs nothing. The rest is precomputed KV_BATCH_CHUNKS at a time (exactly the same KV as one at a
     time; on short chunks the per-layer overhead otherwise dominates), by the scheduler between
     questions' work, so ingest never delays an answer by more than one unit. A chunk precompute is a
-    plain prefill of the chunk behind the cached prefix, so its compute time feeds the full-prefill
-    estimate (short prompts prefill faster per token than long ones: until a full-mode answer is
+    full pass over the chunk behind the cached prefix, so its compute time feeds the full-pass rate
+    (`FullPassRate`; short prompts go faster per token than long ones: until a full-mode answer is
     observed it is on the low side)."""
     from engine.scheduler import PrecomputePriority
 
