@@ -44,7 +44,7 @@ from bench.candidates import candidate_specs, describe, read_candidates
 from bench.metrics import mean
 from bench.passes import mode_specs, parse_ratios, parse_selectors, run_pass
 from bench.prepared import PreparedPrompt, bench_prompts
-from bench.quality import evaluate
+from bench.quality import evaluate, run_fields
 
 if TYPE_CHECKING:
     from bench.data import BenchPrompt
@@ -269,14 +269,10 @@ def main(args: argparse.Namespace) -> int:
         NAME,
         args,
         engine,
-        examples=len(prompts),
-        ratios=ratios,
+        **run_fields(args, prompts, ratios),
         selectors=selectors,
         candidates=list(study_values) if candidates is not None else None,
         question_first=args.question_first,
-        kv_dtype=args.kv_dtype,
-        max_tokens=args.max_tokens,
-        mean_prompt_tokens=mean(p.layout.num_tokens for p in prompts),
         modes=modes,
         no_context=evaluated["no_context"],
         pareto=pareto(modes),

@@ -171,6 +171,18 @@ def summarize(per_example: list[dict[str, Any]], mode_names: list[str]) -> dict[
     return {"modes": modes, "no_context": no_context}
 
 
+def run_fields(args: argparse.Namespace, prompts: Sequence[PreparedPrompt], ratios: list[float]) -> dict[str, Any]:
+    """What an `evaluate` run was, as quality and frontier both report it: how many prompts and how long on
+    average, the blend ratios, the KV storage dtype and the answer cap."""
+    return {
+        "examples": len(prompts),
+        "ratios": ratios,
+        "kv_dtype": args.kv_dtype,
+        "max_tokens": args.max_tokens,
+        "mean_prompt_tokens": mean(p.layout.num_tokens for p in prompts),
+    }
+
+
 def _benefit_interval(per_example: list[dict[str, Any]], name: str) -> list[float]:
     """95% paired bootstrap interval of a mode's benefit retained (each resample means-first)."""
     no_context = [r["no_context"]["nll"] for r in per_example]
@@ -241,11 +253,7 @@ def main(args: argparse.Namespace) -> int:
         NAME,
         args,
         engine,
-        examples=len(prompts),
-        ratios=ratios,
-        kv_dtype=args.kv_dtype,
-        max_tokens=args.max_tokens,
-        mean_prompt_tokens=mean(p.layout.num_tokens for p in prompts),
+        **run_fields(args, prompts, ratios),
         repetition_control={
             k: getattr(engine.settings, k)
             for k in ("repetition_penalty", "no_repeat_ngram_size", "stop_on_repeated_line")
