@@ -25,6 +25,7 @@ BLEND_FIELDS: tuple[str, ...] = (
     "min_per_chunk",
     "sink_tokens",
     "match_window",
+    "match_span",
     "stale_key_bias",
     "history_ratio",
     "attention_share",
@@ -101,6 +102,11 @@ class EngineSettings(BaseModel):
         le=256,
         description="up-front selectors: recompute the context tokens the question names (a name or identifier "
         "found in at most a third of the chunks) and this many tokens after each, within the budget; 0: off",
+    )
+    match_span: Literal["window", "sentence"] = Field(
+        default="window",
+        description="match_window: how far after a matched token the recompute runs: window (match_window tokens) "
+        "or sentence (to the end of its sentence, table row or block, at most match_window tokens)",
     )
     stale_key_bias: float = Field(
         default=0.0,

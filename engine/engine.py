@@ -41,6 +41,7 @@ from engine.models.resolve import ModelIdentity, ServedModel, parameters_label, 
 from engine.packed_linear import can_pack, pack_weights
 from engine.phases import PrefixKV, decode, extend, precompute_chunks, precompute_prefix
 from engine.prompt import PromptBuilder
+from engine.spans import sentence_ends
 from engine.types import (
     BlendConfig,
     GenerationEvent,
@@ -90,6 +91,7 @@ class Engine:
         self.tokenizer = _load_tokenizer(path)
         self.eos_token_ids: frozenset[int] = _eos_ids(path, self.tokenizer)
         self.prompt = PromptBuilder(self.tokenizer, settings.system_prompt, settings.question_template)
+        self._pieces: dict[int, str] = {}  # token id -> its text (_token_piece)
         self._prefix_lock = threading.Lock()
         self._prefixes: OrderedDict[tuple[int, ...], PrefixKV] = OrderedDict()
         self.prefix_kv(self.prompt.prefix_ids)
@@ -227,17 +229,29 @@ class Engine:
         there with RequestCancelled (engine.phases.LayerBoundary).
         """
         prefix = self.prefix_kv(layout.prefix_ids) if mode != "full" and kv_source is not None else None
+        config = blend or self.settings.blend_config()
+        ends = None
+        if mode == "blend" and config.match_window > 0 and config.match_span == "sentence":
+            ends = sentence_ends(layout.chunk_ids, self._token_piece)
         return phases.prompt_pass(
             self.transformer,
             layout,
             kv_source,
             mode,
-            blend or self.settings.blend_config(),
+            config,
             prefix,
             capacity=layout.num_tokens + extra_capacity,
             between_layers=between_layers,
             cancelled=cancelled,
+            sentence_ends=ends,
         )
+
+    def _token_piece(self, token_id: int) -> str:
+        """The text one token spells (cached: a blend with `match_span: sentence` reads every context token's)."""
+        piece = self._pieces.get(token_id)
+        if piece is None:
+            piece = self._pieces[token_id] = self.tokenizer.decode([token_id])
+        return piece
 
     def score(
         self,

@@ -24,6 +24,7 @@ included) adds −stale_key_bias to its logits at the stored context keys not re
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -239,8 +240,10 @@ def _plan_group(
     return _UpfrontGroup(forced=forced, rest=rest, rest_sizes=rest_sizes)
 
 
-def _question_matches(layout: PromptLayout, window: int) -> set[int]:
-    """Context offsets of the tokens the question names, each with the `window` tokens after it.
+def _question_matches(layout: PromptLayout, window: int, ends: frozenset[int] | None = None) -> set[int]:
+    """Context offsets of the tokens the question names, each with the `window` tokens after it, or, with `ends`
+    (`engine.spans.sentence_ends`, `match_span: sentence`), with the tokens after it up to the end of its
+    sentence, table row or block (that end included), at most `window` after it.
 
     A question token "names" something when it stands in some of the prompt's segments but in at most a third of
     them: a project's name, an identifier, a rare word, not a word every page has ("port", "the"). Its
@@ -248,6 +251,7 @@ def _question_matches(layout: PromptLayout, window: int) -> set[int]:
     is K56-1950", "| Arbor | 8443 |", "[project.arbor]\nversion = …"). Among similar chunks the stored KV of those
     sentences looks alike in every chunk, so the blend copies from the wrong one; recomputed, the named chunk's
     sentence sees the context as full prefill does (docs/benchmarks.md, "Exact values among similar chunks").
+    A sentence span spends nothing past the value's sentence, where a fixed window runs on into the next one.
     """
     if window <= 0 or not layout.chunk_ids:
         return set()
@@ -256,12 +260,18 @@ def _question_matches(layout: PromptLayout, window: int) -> set[int]:
         num_segments.update(set(segment))
     limit = max(1, len(layout.chunk_ids) // 3)
     named = {t for t in layout.suffix_ids if 0 < num_segments[t] <= limit}
+    sorted_ends = sorted(ends) if ends is not None else []
     offsets: set[int] = set()
     start = 0
     for segment in layout.chunk_ids:
         for i, token in enumerate(segment):
             if token in named:
-                offsets.update(range(start + i, start + min(len(segment), i + 1 + window)))
+                stop = start + min(len(segment), i + 1 + window)  # one past the window, cut at the segment's end
+                if ends is not None:
+                    at = bisect.bisect_left(sorted_ends, start + i)
+                    if at < len(sorted_ends):
+                        stop = min(stop, sorted_ends[at] + 1)
+                offsets.update(range(start + i, stop))
         start += len(segment)
     return offsets
 
@@ -272,6 +282,7 @@ def _select_upfront(
     config: BlendConfig,
     scores: torch.Tensor | None,
     device: torch.device,
+    sentence_ends: frozenset[int] | None = None,
 ) -> torch.Tensor:
     """Context positions an up-front selector recomputes, ascending.
 
@@ -279,8 +290,9 @@ def _select_upfront(
     get a budget of their own (that share of their tokens), so a follow-up's turns never compete with six
     chunks for a few rows. In each group the first `config.sink_tokens` of every segment come first (a
     segment's opening was computed behind the prefix alone, the new context changes it most), then the tokens
-    the question names with `config.match_window` tokens after each (`_question_matches`), and the selector
-    picks the rest of the group's budget (sinks beyond the budget: each segment's first token first).
+    the question names with `config.match_window` tokens after each (`_question_matches`; with `match_span:
+    sentence`, to the end of the token's sentence in `sentence_ends`, at most that many), and the selector picks the
+    rest of the group's budget (sinks beyond the budget: each segment's first token first).
 
     Every count is planned on the host from the layout, so on a device nothing is read back (only the
     adaptive budget of `config.attention_share` reads the scores' total once).
@@ -299,7 +311,10 @@ def _select_upfront(
     else:
         budgets = [(range(len(sizes)), _upfront_budget(config, n, scores))]
     chunk_index = _chunk_index(layout, device)
-    matched = _question_matches(layout, config.match_window)
+    sentence = config.match_window > 0 and config.match_span == "sentence"
+    if sentence and sentence_ends is None:
+        raise EngineError("match_span 'sentence' needs the context's sentence ends (Engine.prompt_pass plans them)")
+    matched = _question_matches(layout, config.match_window, sentence_ends if sentence else None)
     forced: list[int] = []
     picked: list[torch.Tensor] = []
     for segments, budget in budgets:
@@ -376,12 +391,15 @@ def prompt_pass(
     *,
     between_layers: Callable[[], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
+    sentence_ends: frozenset[int] | None = None,
 ) -> PromptResult:
     """The prompt pass of any mode; returns last-token logits and the working cache decode continues.
 
     Every mode computes some rows fresh and keeps the stored KV of the others (module docstring);
     `config` only matters in mode `blend`. `capacity` sizes the working cache (prompt + decode room).
     At every layer boundary `between_layers()` runs, then `cancelled()` is asked (`LayerBoundary`).
+    `sentence_ends`: the context offsets ending a sentence (`engine.spans.sentence_ends`), which a blend with
+    `match_span: sentence` needs.
     """
     boundary = LayerBoundary(between_layers, cancelled)
     t0 = time.perf_counter()
@@ -410,7 +428,7 @@ def prompt_pass(
         selected = None
         if selector is not None and selector.upfront:
             scores = score_context(tf, layout, cache, stored, config, boundary) if selector.name == "query" else None  # type: ignore[arg-type]
-            selected = _select_upfront(selector, layout, config, scores, tf.device)
+            selected = _select_upfront(selector, layout, config, scores, tf.device, sentence_ends)
             if config.stale_key_bias > 0:
                 cache.key_bias = _stale_key_bias(layout, selected, config.stale_key_bias, cache.capacity, tf)
         select_s = time.perf_counter() - t0

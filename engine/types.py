@@ -21,6 +21,7 @@ SelectorName = Literal["query", "deviation", "first_k", "random"]
 SELECTORS: tuple[SelectorName, ...] = get_args(SelectorName)
 ScoreFuse = Literal["mean", "max"]
 ScoreBy = Literal["attention", "output"]
+MatchSpan = Literal["window", "sentence"]
 # "repetition": stop_on_repeated_line ended a loop before its first repeated sentence was sent.
 FinishReason = Literal["stop", "length", "cancelled", "repetition"]
 
@@ -131,6 +132,9 @@ class BlendConfig:
     # the segments: a name, an identifier) and the `match_window` tokens after each are recomputed before the
     # selector picks the rest of the budget; 0: off (engine.phases._question_matches).
     match_window: int = 0
+    # how far after a matched token the recompute runs: `window`, match_window tokens; `sentence`, to the end of
+    # the token's sentence, table row or block (engine/spans.py), at most match_window tokens.
+    match_span: MatchSpan = "window"
     # up-front selectors: subtracted from the attention logit every row computed over the pass's cache (the
     # question, the recomputed rows, every answer token) gives a stored context key that was not recomputed.
     # Such a key was computed behind the prefix alone, as if its segment opened the document, and draws more
@@ -169,6 +173,8 @@ class BlendConfig:
             raise ValueError(f"sink_tokens must be >= 0, got {self.sink_tokens}")
         if self.match_window < 0:
             raise ValueError(f"match_window must be >= 0, got {self.match_window}")
+        if self.match_span not in ("window", "sentence"):
+            raise ValueError(f"match_span must be 'window' or 'sentence', got {self.match_span!r}")
         if not 0.0 <= self.stale_key_bias <= 16.0:
             raise ValueError(f"stale_key_bias must be within [0, 16], got {self.stale_key_bias}")
         if self.history_ratio is not None and not 0.0 <= self.history_ratio <= 1.0:

@@ -1,0 +1,87 @@
+"""`match_span: sentence`: a matched name is recomputed with the rest of its sentence, table row or block
+(engine/spans.py `sentence_ends`, engine/phases.py `_question_matches`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineSettings
+from engine.phases import _question_matches
+from engine.spans import sentence_ends
+from engine.types import BlendConfig, EngineError, PromptLayout
+from kvcache.types import InMemoryLayerSource
+
+
+def test_sentence_ends_are_read_from_the_text_the_tokens_spell() -> None:
+    prose = ["The", " code", " is", " 4", ",", "123", ".", "50", ".", " Next", " one", "."]
+    # '.' of "123.50" is no end (a digit follows); '.' before " Next" is; the segment's last token is.
+    table = ["| Kalorn", " | ", "98", " |\n", "| Bevex", " |", " 1", " |\n\n", "```yaml\n", "a: 1\n", "```"]
+    # each row ends at its '|' + line break (" |\n", " |\n\n"), the block at the segment's end
+    pieces = {i: p for i, p in enumerate(prose + table)}
+    segments = [list(range(len(prose))), list(range(len(prose), len(prose) + len(table)))]
+    assert sentence_ends(segments, pieces.__getitem__) == {8, 11, 12 + 3, 12 + 7, 12 + 10}
+    # a blank line ends a paragraph; '!' and '?' end sentences; a segment's offsets follow the ones before it
+    pieces = {0: "Hi", 1: "!", 2: " Ok", 3: "?\n", 4: "\n", 5: "x", 6: "y"}
+    assert sentence_ends([[0, 1, 2], [3, 4, 5, 6]], pieces.__getitem__) == {1, 2, 3, 4, 6}
+
+
+def test_a_sentence_span_stops_at_the_first_end_after_the_name_and_within_the_window() -> None:
+    chunks = [[10, 11, 77, 12, 13, 14, 15, 16], [20, 21, 22], [30, 31, 32]]
+    layout = PromptLayout(prefix_ids=[1], chunk_ids=chunks, suffix_ids=[5, 77])
+    ends = frozenset({1, 5, 7, 10, 13})
+    assert _question_matches(layout, 8, ends) == {2, 3, 4, 5}  # 77 at offset 2, to the end at 5 (included)
+    assert _question_matches(layout, 2, ends) == {2, 3, 4}  # the window is the longest a span runs
+    assert _question_matches(layout, 8) == {2, 3, 4, 5, 6, 7}  # a window: to the segment's end
+    assert _question_matches(layout, 8, frozenset()) == {2, 3, 4, 5, 6, 7}  # no end in the segment
+
+
+def _layout(tiny_engine) -> tuple[PromptLayout, list[list[int]]]:
+    """Three segments of one-character tokens; 'Z' (the name) stands in the first and in the question."""
+    tok = tiny_engine.tokenizer
+    a, b, c, z, dot, space, one, two, three = (
+        tok.convert_tokens_to_ids(t) for t in ("a", "b", "c", "Z", ".", "Ġ", "1", "2", "3")
+    )
+    first = [a] * 5 + [b] * 5 + [z, a, one, two, dot, three, three, dot, space, b] + [c, a] * 10  # 40 tokens
+    # 'Z' at 10; the '.' at 14 stands between digits, the '.' at 17 before a space ends the sentence
+    second = [a, b, c, dot, space] * 6  # 30 tokens
+    third = [c, b, a] * 10  # 30 tokens
+    chunks = [first, second, third]
+    prefix = tiny_engine.prompt.layout(chunks, "q").prefix_ids
+    return PromptLayout(prefix, chunks, [a, z, b, c]), chunks
+
+
+@pytest.mark.parametrize(
+    ("span", "forced"),
+    [
+        # the name and its sentence (offsets 10…17), then first_k's 12 rows: the first 4 candidates of each chunk
+        ("sentence", [*range(0, 4), *range(10, 18), *range(40, 44), *range(70, 74)]),
+        # a window of 16: offsets 10…26, then the first candidate of each chunk
+        ("window", [0, *range(10, 27), 40, 70]),
+    ],
+)
+def test_the_blend_recomputes_the_sentence_of_the_name_within_the_budget(tiny_engine, span, forced) -> None:
+    layout, chunks = _layout(tiny_engine)
+    stored = tiny_engine.precompute_chunks(chunks)
+    config = BlendConfig(0.2, selector="first_k", match_window=16, match_span=span)
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", config)
+    p = layout.num_prefix_tokens
+    assert res.selected_positions.tolist() == [p + o for o in forced]
+    assert res.num_recomputed_tokens == 20  # round(0.2 · 100), the same rows either way
+
+
+def test_a_sentence_span_without_the_ends_is_refused_and_a_bad_span_is_a_clear_error(tiny_engine) -> None:
+    from engine import phases
+
+    layout, chunks = _layout(tiny_engine)
+    stored = tiny_engine.precompute_chunks(chunks)
+    config = BlendConfig(0.2, selector="first_k", match_window=16, match_span="sentence")
+    prefix = tiny_engine.prefix_kv(layout.prefix_ids)
+    with pytest.raises(EngineError, match="sentence ends"):
+        phases.prompt_pass(
+            tiny_engine.transformer, layout, InMemoryLayerSource(stored), "blend", config, prefix, layout.num_tokens
+        )
+    with pytest.raises(ValueError, match="match_span"):
+        BlendConfig(match_span="line")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="match_span"):
+        EngineSettings(match_span="line")  # type: ignore[arg-type]
+    assert EngineSettings(match_span="sentence").blend_config().match_span == "sentence"
