@@ -27,6 +27,7 @@ BLEND_FIELDS: tuple[str, ...] = (
     "match_window",
     "match_span",
     "stale_key_bias",
+    "stale_key_scope",
     "history_ratio",
     "attention_share",
     "ratio_min",
@@ -114,6 +115,12 @@ class EngineSettings(BaseModel):
         le=16.0,
         description="up-front selectors: attention-logit bias against the stored context keys a blend does not "
         "recompute (they over-attract the question); 0: off",
+    )
+    stale_key_scope: Literal["all", "unnamed"] = Field(
+        default="all",
+        description="stale_key_bias: on the stored keys of every segment (all), or only of the segments holding no "
+        "token the question names (unnamed: a name or identifier in at most a third of the chunks; none named: no "
+        "bias)",
     )
     history_ratio: float | None = Field(
         default=None,

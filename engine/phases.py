@@ -19,7 +19,8 @@ their real positions:
              check layer keep the context rows with the largest KV deviation plus all suffix rows
 
 With an up-front selector and `stale_key_bias` > 0, every row attending over the pass's cache (decode
-included) adds −stale_key_bias to its logits at the stored context keys not recomputed (`_stale_key_bias`).
+included) adds −stale_key_bias to its logits at the stored context keys not recomputed (`_stale_key_bias`); with
+`stale_key_scope: unnamed`, only at those of the segments the question does not name.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from engine.types import (
     PromptResult,
     PromptTimings,
     RequestCancelled,
+    StaleKeyScope,
 )
 from engine.working_cache import WorkingCache
 from kvcache.types import ChunkKV, LayerKVSource
@@ -240,6 +242,21 @@ def _plan_group(
     return _UpfrontGroup(forced=forced, rest=rest, rest_sizes=rest_sizes)
 
 
+def _named_tokens(layout: PromptLayout) -> set[int]:
+    """The question's tokens that stand in some of the prompt's segments but in at most a third of them."""
+    num_segments: Counter[int] = Counter()
+    for segment in layout.chunk_ids:
+        num_segments.update(set(segment))
+    limit = max(1, len(layout.chunk_ids) // 3)
+    return {t for t in layout.suffix_ids if 0 < num_segments[t] <= limit}
+
+
+def _named_segments(layout: PromptLayout) -> list[int]:
+    """The segments holding a token the question names (`_named_tokens`), in prompt order."""
+    named = _named_tokens(layout)
+    return [i for i, segment in enumerate(layout.chunk_ids) if named.intersection(segment)]
+
+
 def _question_matches(layout: PromptLayout, window: int, ends: frozenset[int] | None = None) -> set[int]:
     """Context offsets of the tokens the question names, each with the `window` tokens after it, or, with `ends`
     (`engine.spans.sentence_ends`, `match_span: sentence`), with the tokens after it up to the end of its
@@ -255,11 +272,7 @@ def _question_matches(layout: PromptLayout, window: int, ends: frozenset[int] | 
     """
     if window <= 0 or not layout.chunk_ids:
         return set()
-    num_segments: Counter[int] = Counter()
-    for segment in layout.chunk_ids:
-        num_segments.update(set(segment))
-    limit = max(1, len(layout.chunk_ids) // 3)
-    named = {t for t in layout.suffix_ids if 0 < num_segments[t] <= limit}
+    named = _named_tokens(layout)
     sorted_ends = sorted(ends) if ends is not None else []
     offsets: set[int] = set()
     start = 0
@@ -342,10 +355,16 @@ def _select_upfront(
 
 
 def _stale_key_bias(
-    layout: PromptLayout, selected: torch.Tensor, bias: float, capacity: int, tf: Transformer
-) -> torch.Tensor:
+    layout: PromptLayout,
+    selected: torch.Tensor,
+    bias: float,
+    capacity: int,
+    tf: Transformer,
+    scope: StaleKeyScope = "all",
+) -> torch.Tensor | None:
     """(capacity,) the working cache's key bias: −bias at the context keys that keep their stored KV (not
-    recomputed, not in the exact first segment), 0 elsewhere.
+    recomputed, not in the exact first segment), 0 elsewhere. With `scope` "unnamed" the segments the question
+    names (`_named_segments`) keep 0 too, and a question that names none gets no bias (None).
 
     A stored key was computed behind the prefix alone, as if its segment opened the document; in a prompt of
     several chunks the question pays such keys more attention than it pays the same keys in full prefill
@@ -353,8 +372,19 @@ def _stale_key_bias(
     passage far from the question loses the attention it should get. Recomputed keys are exact and keep 0.
     """
     p, n = layout.num_prefix_tokens, layout.num_context_tokens
+    spared: list[int] = []
+    if scope == "unnamed":
+        # Among similar chunks the stale keys of the other chunks' identical sentences draw 1.5-2x the attention
+        # they draw in full prefill, and the answer copies their values; the chunk the question names keeps its.
+        spared = _named_segments(layout)
+        if not spared:
+            return None
     key_bias = torch.zeros(capacity, dtype=tf.dtype, device=tf.device)
     key_bias[p + _exact_first_segment(layout) : p + n] = -bias
+    sizes = [len(c) for c in layout.chunk_ids]
+    for i in spared:
+        start = p + sum(sizes[:i])
+        key_bias[start : start + sizes[i]] = 0.0
     key_bias[selected] = 0.0
     return key_bias
 
@@ -430,7 +460,9 @@ def prompt_pass(
             scores = score_context(tf, layout, cache, stored, config, boundary) if selector.name == "query" else None  # type: ignore[arg-type]
             selected = _select_upfront(selector, layout, config, scores, tf.device, sentence_ends)
             if config.stale_key_bias > 0:
-                cache.key_bias = _stale_key_bias(layout, selected, config.stale_key_bias, cache.capacity, tf)
+                cache.key_bias = _stale_key_bias(
+                    layout, selected, config.stale_key_bias, cache.capacity, tf, config.stale_key_scope
+                )
         select_s = time.perf_counter() - t0
 
         # 2. The layer loop over the fresh rows; every other row's K/V comes from the prefix or the store.

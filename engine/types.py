@@ -22,6 +22,7 @@ SELECTORS: tuple[SelectorName, ...] = get_args(SelectorName)
 ScoreFuse = Literal["mean", "max"]
 ScoreBy = Literal["attention", "output"]
 MatchSpan = Literal["window", "sentence"]
+StaleKeyScope = Literal["all", "unnamed"]
 # "repetition": stop_on_repeated_line ended a loop before its first repeated sentence was sent.
 FinishReason = Literal["stop", "length", "cancelled", "repetition"]
 
@@ -141,6 +142,9 @@ class BlendConfig:
     # of the question's attention than it does in full prefill, the more so the later its segment sits; the
     # exact first segment keeps no bias. 0 leaves attention as it is (docs/benchmarks.md, "Stale keys").
     stale_key_bias: float = 0.0
+    # which stale keys get the bias: `all`, or `unnamed`: only those of the segments holding no token the question
+    # names (a name in at most a third of the segments, as match_window reads it); a question naming none: no bias.
+    stale_key_scope: StaleKeyScope = "all"
     # up-front selectors, conversations: the share of the earlier turns' tokens recomputed, on a budget of
     # its own (None: the turns' tokens compete with the chunks' for recompute_ratio · N).
     history_ratio: float | None = None
@@ -177,6 +181,8 @@ class BlendConfig:
             raise ValueError(f"match_span must be 'window' or 'sentence', got {self.match_span!r}")
         if not 0.0 <= self.stale_key_bias <= 16.0:
             raise ValueError(f"stale_key_bias must be within [0, 16], got {self.stale_key_bias}")
+        if self.stale_key_scope not in ("all", "unnamed"):
+            raise ValueError(f"stale_key_scope must be 'all' or 'unnamed', got {self.stale_key_scope!r}")
         if self.history_ratio is not None and not 0.0 <= self.history_ratio <= 1.0:
             raise ValueError(f"history_ratio must be within [0, 1], got {self.history_ratio}")
         if self.attention_share is not None and not 0.0 < self.attention_share <= 1.0:
