@@ -108,9 +108,9 @@ def _worker_table(rng: random.Random, name: str, used: set[str]) -> tuple[str, s
     owners = rng.sample(_TEAMS, 3)
     rows = [
         f"| {name} {part} | {port} | {owner} |"
-        for part, port, owner in zip(("API", "worker", "dashboard"), ports, owners, strict=True)
+        for part, port, owner in zip(("worker", "API", "dashboard"), ports, owners, strict=True)
     ]
-    return "\n".join(["| Component | Port | Owner |", "|---|---|---|", *rows]), ports[1]
+    return "\n".join(["| Component | Port | Owner |", "|---|---|---|", *rows]), ports[0]
 
 
 def _toml(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
@@ -141,9 +141,9 @@ def _gateway_table(rng: random.Random, name: str, used: set[str]) -> tuple[str, 
     teams = rng.sample(_TEAMS, 3)
     rows = [
         f"| {name} {service} | {team} | `:{port}` |"
-        for service, team, port in zip(("gateway", "scheduler", "indexer"), teams, ports, strict=True)
+        for service, team, port in zip(("scheduler", "gateway", "indexer"), teams, ports, strict=True)
     ]
-    return "\n".join(["| Service | Team | Listens on |", "| --- | --- | --- |", *rows]), ports[1]
+    return "\n".join(["| Service | Team | Listens on |", "| --- | --- | --- |", *rows]), ports[0]
 
 
 def _yaml(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
@@ -154,7 +154,7 @@ def _yaml(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
 
 def _protocols(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
     a, b, c = (_unique(rng, used, _port) for _ in range(3))
-    return f"{name} exposes HTTP on {a}, gRPC on {b} and Prometheus metrics on {c}.", b
+    return f"{name} serves gRPC on port {b}, HTTP on port {a} and Prometheus metrics on port {c}.", b
 
 
 def _queue(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
@@ -172,11 +172,11 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "# Project {name}",
             (
                 "Project {name} is an internal tool of the {team} team, in service since {year}.",
-                "Access to project {name} is granted per person; the access code of the project changes every quarter.",
+                "Access to project {name} is granted per person and reviewed once a year.",
                 "The {name} servers stand in the {region} data centre and only accept staff on the office network.",
-                "Visitors to project {name} sign in at the front desk before they enter the code.",
-                "The security team reviews who may use project {name} once a year.",
-                "Lost access codes of project {name} are reported to the {team} team at once.",
+                "Visitors to project {name} sign in at the front desk first.",
+                "The security team audits project {name} every {count} months.",
+                "Staff who leave the {team} team lose their access to project {name} on their last day.",
             ),
             _access_code,
             "What is the access code of project {name}?",
@@ -186,11 +186,11 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "# Project {name}",
             (
                 "Project {name} runs as {count} processes on hosts of the {team} team.",
-                "Each component of project {name} listens on a port of its own; the worker handles background jobs.",
-                "The {name} worker picks jobs from the queue and reports to the dashboard.",
-                "Firewall rules in {region} open the ports of project {name} to the office network only.",
-                "The ports of project {name} were assigned in {year} and have not changed since.",
-                "Health checks call each {name} component on its port every ten seconds.",
+                "The {name} worker handles background jobs and reports to the dashboard.",
+                "Firewall rules in {region} let only the office network reach project {name}.",
+                "The components of project {name} were set up in {year} and have not moved since.",
+                "Health checks call each {name} component every ten seconds.",
+                "Logs of project {name} are kept for {count} weeks.",
             ),
             _worker_table,
             "Which port does the {name} worker use?",
@@ -200,11 +200,11 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "# Project {name}",
             (
                 "The configuration of project {name} lives in one TOML file checked into its repository.",
-                "Project {name} pins the version it deploys in that config; upgrades change the pin.",
+                "Upgrades of project {name} change the pin in that file and nothing else.",
                 "The {team} team owns the config of project {name} and reviews every change to it.",
                 "Project {name} has been deployed from this configuration since {year}.",
                 "A pinned version keeps every {name} host in {region} on the same build.",
-                "The config of project {name} also sets the port the service binds.",
+                "Project {name} reads its config once, when it starts.",
             ),
             _toml,
             "Which version does the config of project {name} pin?",
@@ -213,12 +213,12 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "{name}: network ports",
             "# Project {name}",
             (
-                "Project {name} is a service of the {team} team with three network ports.",
-                "The admin port of project {name} is for operators only; it is closed to customers.",
-                "Monitoring scrapes the metrics port of project {name} every minute.",
-                "Project {name} moved to the {region} network in {year} and kept its ports.",
-                "Load balancers send customer traffic to the main port of project {name}.",
-                "Each port of project {name} is documented in the runbook of the {team} team.",
+                "Project {name} is a service of the {team} team.",
+                "Only operators may connect to the admin interface of project {name}.",
+                "Monitoring scrapes the metrics of project {name} every minute.",
+                "Project {name} moved to the {region} network in {year}.",
+                "Load balancers send customer traffic to project {name}.",
+                "The runbook of the {team} team describes how to restart project {name}.",
             ),
             _three_ports,
             "What is the admin port of project {name}?",
@@ -228,11 +228,11 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "# Project {name}",
             (
                 "Project {name} is deployed by the {team} team from its release pipeline.",
-                "The pipeline of project {name} authenticates with a deploy token, rotated every {count} months.",
+                "The pipeline of project {name} rotates its credentials every {count} months.",
                 "Project {name} ships to the {region} cluster first and to the other regions a day later.",
                 "Deployments of project {name} have been automated since {year}.",
                 "A failed deploy of project {name} is rolled back by the pipeline without a person.",
-                "The deploy token of project {name} is stored in the team's secret manager.",
+                "Secrets of project {name} are kept in the team's secret manager.",
             ),
             _deploy_token,
             "And what is the deploy token of that project?",
@@ -249,7 +249,7 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             (
                 "The {name} suite is sold to companies as yearly licences, one per seat.",
                 "Licences for the {name} suite renew each year unless cancelled thirty days before.",
-                "Orders of more than {count} seats of the {name} suite get a volume discount.",
+                "Orders of more than {count}0 seats of the {name} suite get a volume discount.",
                 "The {name} suite has been on sale since {year}; prices are reviewed every January.",
                 "Invoices for the {name} suite are sent from the {region} office.",
                 "A licence for the {name} suite includes updates and support by email.",
@@ -261,12 +261,12 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "{name} services: where they listen",
             "# {name} services",
             (
-                "{name} runs three services, each owned by a team and listening on its own port.",
-                "The {name} scheduler plans the nightly jobs and listens on a port of its own.",
+                "{name} runs three services, each owned by a team.",
+                "The {name} scheduler plans the nightly jobs.",
                 "Clients reach {name} through the gateway; the scheduler and the indexer are internal.",
                 "{name} was split into services in {year} by the {team} team.",
-                "The {name} hosts in {region} allow each service's port through the firewall.",
-                "Every {name} service answers a health check on the port it listens on.",
+                "The {name} hosts stand in {region}.",
+                "Every {name} service answers a health check once a minute.",
             ),
             _gateway_table,
             "On which port does the {name} scheduler listen?",
@@ -275,26 +275,26 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "{name} API: release and replicas",
             "# {name} API deployment",
             (
-                "The {slug}-api service is deployed from a YAML manifest that names its release.",
+                "The {slug}-api service is deployed from a YAML manifest.",
                 "Each release of the {slug}-api service is tagged by date, year first.",
-                "The {team} team rolls out a new {slug}-api release about every {count} weeks.",
-                "The {slug}-api service runs several replicas in {region} behind one load balancer.",
+                "The {team} team maintains the {slug}-api service.",
+                "Several replicas of the {slug}-api service stand in {region} behind one load balancer.",
                 "Release notes of the {slug}-api service have been published since {year}.",
-                "The manifest of the {slug}-api service is the only place its release is set.",
+                "The manifest is the only place where the release of the {slug}-api service is set.",
             ),
             _yaml,
-            "Which release does the {slug}-api service run?",
+            "Which release is the {slug}-api service on?",
         ),
         "multi": _Template(
             "{name}: protocols and ports",
             "# {name} network",
             (
                 "{name} speaks HTTP to browsers, gRPC to other services and exports Prometheus metrics.",
-                "The gRPC port of {name} is what internal clients of the {team} team call.",
+                "Internal clients of the {team} team call {name} over gRPC.",
                 "{name} opened its gRPC interface in {year}; HTTP stayed for browsers.",
-                "Prometheus in {region} scrapes {name} on its metrics port.",
-                "Each protocol of {name} has a port of its own so they can be firewalled apart.",
-                "Client libraries for {name} default to its gRPC port.",
+                "Prometheus in {region} scrapes the metrics of {name}.",
+                "Each protocol of {name} can be firewalled apart from the others.",
+                "Client libraries for {name} speak gRPC by default.",
             ),
             _protocols,
             "On which port does {name} serve gRPC?",
@@ -304,11 +304,11 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "# {name} support",
             (
                 "Customers of {name} get support from the {team} team on working days.",
-                "Support tickets for {name} are sorted into a queue of their own and answered within {count} hours.",
+                "Tickets about {name} are answered within {count} hours.",
                 "{name} has offered support in {region} business hours since {year}.",
-                "Urgent {name} problems go to the same ticket queue with a priority flag.",
-                "The support queue of {name} is named on every invoice.",
-                "A ticket about {name} sent to the wrong queue is moved by hand, which takes a day.",
+                "Urgent {name} problems carry a priority flag.",
+                "Customers of {name} can also ask for help by email.",
+                "The {team} team reviews the support of {name} every quarter.",
             ),
             _queue,
             "Which queue do support tickets for that one go to?",
