@@ -48,10 +48,12 @@ def _print_done(done: dict[str, Any]) -> None:
             print(f"\n[{note}]")
     t = done["timings"]
     how = f"{done['mode']} ({done['selector']})" if done.get("selector") else done["mode"]
+    rate = t.get("decode_tokens_per_s")  # null for a one-token answer (and absent from an older server)
+    decode = f", decode {rate:.1f} tokens/s" if rate is not None else ""
     print(
         f"\nmode {how}, recompute ratio {done['recompute_ratio']:.2f}; "
         f"retrieval {t['retrieval_ms']:.0f} ms, KV load {t['kv_load_ms']:.0f} ms, "
-        f"TTFT {t['ttft_ms']:.0f} ms, total {t['total_ms']:.0f} ms; "
+        f"TTFT {t['ttft_ms']:.0f} ms, total {t['total_ms']:.0f} ms{decode}; "
         f"KV hits {done['kv_hits']}, misses {done['kv_misses']}"
     )
     usage = done.get("usage") or {}

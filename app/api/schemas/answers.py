@@ -51,6 +51,10 @@ class TimingsOut(RecordOut):
     full_prefill_estimate_ms: float | None = Field(
         description="What a plain prefill of this prompt would take here (learned online); null until known"
     )
+    decode_tokens_per_s: float | None = Field(
+        description="The answer's decode rate: completion tokens after the first ÷ the time from the first token "
+        "to the last (total - TTFT, without retrieval and KV load); null for an answer of one token",
+    )
 
 
 class SourcesEventOut(RecordOut):

@@ -67,5 +67,16 @@ class AnswerRecorder:
             ttft_ms=round(ttft_ms, 2),
             total_ms=round(retrieval_ms + kv.load_ms + event.total_s * 1000, 2),
             full_prefill_estimate_ms=None if estimate is None else round(estimate, 1),
+            decode_tokens_per_s=decode_tokens_per_s(event),
         )
         return usage, timings
+
+
+def decode_tokens_per_s(event: FinishEvent) -> float | None:
+    """The answer's decode rate: the tokens after the first ÷ the time from the first token to the end (the
+    engine's clock: total - TTFT, both from the request's arrival at the scheduler). None when nothing was
+    decoded after the first token."""
+    decode_s = event.total_s - event.ttft_s
+    if event.num_completion_tokens < 2 or decode_s <= 0:
+        return None
+    return round((event.num_completion_tokens - 1) / decode_s, 2)

@@ -128,6 +128,7 @@ class Timings:
     ttft_ms: float
     total_ms: float
     full_prefill_estimate_ms: float | None  # what a plain (no-reuse) prefill of this prompt would take
+    decode_tokens_per_s: float | None  # the answer's tokens after the first ÷ their time; None below two tokens
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,17 @@ def test_stream_is_sources_then_tokens_then_done(client: TestClient, corpus: dic
     assert done["finish_reason"] in ("stop", "length")
     assert done["usage"]["completion_tokens"] <= 6
     assert done["usage"]["total_tokens"] == done["usage"]["prompt_tokens"] + done["usage"]["completion_tokens"]
-    assert set(done["timings"]) == {"retrieval_ms", "kv_load_ms", "ttft_ms", "total_ms", "full_prefill_estimate_ms"}
+    assert set(done["timings"]) == {
+        "retrieval_ms",
+        "kv_load_ms",
+        "ttft_ms",
+        "total_ms",
+        "full_prefill_estimate_ms",
+        "decode_tokens_per_s",
+    }
+    # The decode rate: the tokens after the first over the engine's time after it (None for one token).
+    rate = done["timings"]["decode_tokens_per_s"]
+    assert (rate is None) == (done["usage"]["completion_tokens"] < 2) and (rate is None or rate > 0)
     assert done["ttft_ms"] == done["timings"]["ttft_ms"] > 0
     assert done["total_ms"] == done["timings"]["total_ms"] >= done["ttft_ms"]
     assert done["kv_hits"] == 2 and done["kv_misses"] == 0

@@ -22,7 +22,14 @@ DONE = DoneEvent(
         history_tokens=20,
         history_reused_tokens=18,
     ),
-    timings=Timings(retrieval_ms=1.5, kv_load_ms=2.0, ttft_ms=30.0, total_ms=41.0, full_prefill_estimate_ms=None),
+    timings=Timings(
+        retrieval_ms=1.5,
+        kv_load_ms=2.0,
+        ttft_ms=30.0,
+        total_ms=41.0,
+        full_prefill_estimate_ms=None,
+        decode_tokens_per_s=181.82,  # 2 tokens after the first in 11 ms
+    ),
     kv_hits=2,
     kv_misses=1,
     notice=None,
@@ -58,6 +65,7 @@ def test_the_blendrag_field_carries_every_other_done_field() -> None:
             "ttft_ms": 30.0,
             "total_ms": 41.0,
             "full_prefill_estimate_ms": None,
+            "decode_tokens_per_s": 181.82,
         },
         "context_tokens": 90,
         "recomputed_tokens": 14,

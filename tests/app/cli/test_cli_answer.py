@@ -73,3 +73,19 @@ def test_sources_name_their_section_unless_it_is_the_title(capsys) -> None:
         "\n\nSources:\n  [1] models.md · Field aliases (score 0.612)\n  [2] Models, p. 3 (score 0.500)\n"
         "  [3] notes.txt (score 0.400)\n"
     )
+
+
+def test_the_timing_line_gives_the_answers_decode_rate(capsys) -> None:
+    from app.cli.ask import _print_done
+
+    timings = {"retrieval_ms": 12.3, "kv_load_ms": 4.0, "ttft_ms": 850.4, "total_ms": 4850.0}
+    done = {"mode": "blend", "selector": "query", "recompute_ratio": 0.15, "kv_hits": 3, "kv_misses": 0}
+    _print_done(done | {"timings": timings | {"decode_tokens_per_s": 12.75}})
+    assert capsys.readouterr().out == (
+        "\nmode blend (query), recompute ratio 0.15; retrieval 12 ms, KV load 4 ms, TTFT 850 ms, total 4850 ms, "
+        "decode 12.8 tokens/s; KV hits 3, misses 0\n"
+    )
+    # A one-token answer has no decode rate (null), nor has the answer of a server from before it was reported.
+    for without in (timings | {"decode_tokens_per_s": None}, timings):
+        _print_done(done | {"timings": without})
+        assert "total 4850 ms; KV hits 3" in capsys.readouterr().out
