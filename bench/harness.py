@@ -182,6 +182,21 @@ def add_blend_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="up-front selectors: recompute the tokens the question names and this many after each (0: off)",
     )
+    parser.add_argument(
+        "--match-span",
+        choices=("window", "sentence"),
+        default=None,
+        help="--match-window: a fixed window, or to the end of the matched token's sentence (at most the window)",
+    )
+    parser.add_argument(
+        "--stale-key-bias", type=float, default=None, help="attention-logit bias against the unrecomputed stored keys"
+    )
+    parser.add_argument(
+        "--stale-key-scope",
+        choices=("all", "unnamed"),
+        default=None,
+        help="--stale-key-bias on every segment's stale keys, or only on the segments the question does not name",
+    )
 
 
 def _layers(text: str | None) -> list[int] | None:
@@ -198,8 +213,9 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
         value = getattr(args, name, None)
         if value is not None:
             overrides.setdefault(name, value if name == "selector" else _layers(value))
-    if getattr(args, "match_window", None) is not None:
-        overrides.setdefault("match_window", args.match_window)
+    for name in ("match_window", "match_span", "stale_key_bias", "stale_key_scope"):
+        if getattr(args, name, None) is not None:
+            overrides.setdefault(name, getattr(args, name))
     settings = EngineSettings(model=args.model, num_threads=args.threads, dtype=args.dtype, **overrides)
     engine = Engine(settings, models_dir=args.models_dir)
     # The blend settings a server on this model starts with (shipped for it, else safe; the options above

@@ -140,10 +140,10 @@ def _gateway_table(rng: random.Random, name: str, used: set[str]) -> tuple[str, 
     ports = [_unique(rng, used, _port) for _ in range(3)]
     teams = rng.sample(_TEAMS, 3)
     rows = [
-        f"| {name} {service} | {team} | `:{port}` |"
+        f"| {name} {service} | `{port}` | {team} |"
         for service, team, port in zip(("scheduler", "gateway", "indexer"), teams, ports, strict=True)
     ]
-    return "\n".join(["| Service | Team | Listens on |", "| --- | --- | --- |", *rows]), ports[0]
+    return "\n".join(["| Service | Listens on | Team |", "| --- | --- | --- |", *rows]), ports[0]
 
 
 def _yaml(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
@@ -275,15 +275,15 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
             "{name} API: release and replicas",
             "# {name} API deployment",
             (
-                "The {slug}-api service is deployed from a YAML manifest.",
-                "Each release of the {slug}-api service is tagged by date, year first.",
-                "The {team} team maintains the {slug}-api service.",
-                "Several replicas of the {slug}-api service stand in {region} behind one load balancer.",
-                "Release notes of the {slug}-api service have been published since {year}.",
-                "The manifest is the only place where the release of the {slug}-api service is set.",
+                "The {slug}-api service belongs to the {team} team.",
+                "Its manifest pins one release of the {slug}-api service at a time.",
+                "Releases of the {slug}-api service are named by date, year first.",
+                "Replicas of the {slug}-api service stand in {region} behind one load balancer.",
+                "A new release of the {slug}-api service goes out once the {team} team has tested it.",
+                "A rollback of the {slug}-api service pins an earlier release in the same manifest.",
             ),
             _yaml,
-            "Which release is the {slug}-api service on?",
+            "Which release does the {slug}-api manifest pin?",
         ),
         "multi": _Template(
             "{name}: protocols and ports",

@@ -62,6 +62,22 @@ def test_bench_engines_run_on_the_blend_settings_in_force(tiny_llama_dir, tmp_pa
     assert header["blend_origin"] == engine.blend_origin and header["blend"]["recompute_ratio"] == 0.3
 
 
+def test_the_remedies_options_reach_the_engines_blend_settings(tiny_llama_dir, tmp_path) -> None:
+    from bench.harness import build_engine
+
+    args = argparse.Namespace(
+        model=str(tiny_llama_dir), threads=2, dtype="float32", models_dir=tmp_path, selector=None, score_layers=None,
+        match_window=16, match_span="sentence", stale_key_bias=1.0, stale_key_scope="unnamed",
+    )  # fmt: skip
+    config = build_engine(args).settings.blend_config()
+    assert (config.match_window, config.match_span, config.stale_key_bias, config.stale_key_scope) == (
+        16,
+        "sentence",
+        1.0,
+        "unnamed",
+    )
+
+
 def test_log_rows_logs_one_line_a_row_in_the_results_order(caplog) -> None:
     log = logging.getLogger("bench.example")
     rows = {"full": {"f1": 0.5, "nll": 1.25, "length_share": 1.0}, "blend@0.15": {"f1": 0.25}}
