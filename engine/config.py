@@ -63,6 +63,13 @@ class EngineSettings(BaseModel):
         "instead of on every call (same results; faster few-row GEMMs on one thread, no gain measured end to "
         "end on two: docs/benchmarks.md, 'Packed weights')",
     )
+    decode_weights: Literal["auto", "same", "int8", "int4"] = Field(
+        default="auto",
+        description="the weights decode reads (the prompt pass keeps the model's own): int8 or int4 weight-only "
+        "copies, made once and kept in the model cache, read a quarter or an eighth of float32's bytes per "
+        "token; auto: int8 on a CPU for models above 50M GEMM parameters, the model's own elsewhere; same: the "
+        "model's own (engine/decode_weights.py, docs/benchmarks.md 'Decode')",
+    )
     system_prompt: str = Field(
         default=DEFAULT_SYSTEM_PROMPT,
         description="The server's system prompt, part of every prompt's prefix (a change makes stored chunk KV stale)",

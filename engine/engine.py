@@ -33,13 +33,14 @@ import torch
 from engine import phases
 from engine.batched_decode import decode_batch
 from engine.config import BLEND_FIELDS, EngineSettings
+from engine.decode_weights import DECODE_WEIGHTS_DIR, DecodeWeights, build_decode_weights
 from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
 from engine.generation import RequestRun
 from engine.layers import Transformer
 from engine.model import LoadedModel, ModelConfig, load_model
 from engine.models.resolve import ModelIdentity, ServedModel, parameters_label, resolve_model
 from engine.packed_linear import can_pack, pack_weights
-from engine.phases import PrefixKV, decode, extend, precompute_chunks, precompute_prefix
+from engine.phases import PrefixKV, extend, precompute_chunks, precompute_prefix
 from engine.prompt import PromptBuilder
 from engine.spans import sentence_ends
 from engine.types import (
@@ -88,6 +89,10 @@ class Engine:
             self.num_packed_weights = pack_weights(self.model.weights)
             logger.info("%d GEMM weights packed for oneDNN's bf16 kernels", self.num_packed_weights)
         self.transformer = Transformer(self.model)
+        self.decode_weights: DecodeWeights = build_decode_weights(
+            self.model, settings.decode_weights, Path(models_dir) / DECODE_WEIGHTS_DIR
+        )
+        self.transformer.with_decode_weights(self.decode_weights.weights)
         self.tokenizer = _load_tokenizer(path)
         self.eos_token_ids: frozenset[int] = _eos_ids(path, self.tokenizer)
         self.prompt = PromptBuilder(self.tokenizer, settings.system_prompt, settings.question_template)
@@ -330,10 +335,9 @@ class Engine:
 
         Several runs go through the layers together (engine/batched_decode.py). Returns each run's events.
         """
-        if len(runs) == 1:
-            logits = decode(self.transformer, runs[0].cache, runs[0].pending_token)[None]  # (1, vocab)
-        else:
-            logits = decode_batch(self.transformer, [r.cache for r in runs], [r.pending_token for r in runs])
+        # Decode's compact weights for a few requests; a large batch reads the model's own (engine/decode_weights.py).
+        tf = self.transformer.decoder if len(runs) <= self.decode_weights.max_rows else self.transformer
+        logits = decode_batch(tf, [r.cache for r in runs], [r.pending_token for r in runs])
         return [run.accept_logits(row) for run, row in zip(runs, logits, strict=True)]
 
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:

@@ -9,17 +9,22 @@ a recomputed token never sees a later token, whichever subset of rows is being c
 
 from __future__ import annotations
 
+import copy
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from engine.model import LoadedModel
+from engine.model import LoadedModel, ModelWeights
 from engine.packed_linear import linear
 from engine.rope import RopeTable, apply_rope, rope_inv_freq
 from engine.threads import SERIAL_MAX_ELEMENTS, parallel, serial
 from engine.working_cache import WorkingCache
+
+if TYPE_CHECKING:
+    from engine.model import Weight
 
 # Selected rows are attended in blocks so that each block only reads keys up to its last position:
 # roughly halves attention work compared with one (rows × all keys) call, at a few calls per layer.
@@ -83,6 +88,20 @@ class Transformer:
         # at their first and last positions (which the host would have to read). On a CPU reading is free and
         # the blocks skip up to half the attention work. Tests switch it on to run the device path on a CPU.
         self.sync_free = self.device.type != "cpu"
+        # The transformer decode steps run on: this one, or a copy that reads decode's compact weights
+        # (engine/decode_weights.py) and shares everything else.
+        self.decoder: Transformer = self
+
+    def with_decode_weights(self, weights: ModelWeights) -> None:
+        """Decode steps read `weights` (the same layers with compact GEMM weights) from now on; the prompt
+        pass keeps the model's own."""
+        if weights is self.w:
+            self.decoder = self
+            return
+        decoder = copy.copy(self)
+        decoder.w = weights
+        decoder.decoder = decoder
+        self.decoder = decoder
 
     # ----------------------------------------------------------------------------------------- rows
     def rows(self, positions: torch.Tensor | range, kv_len: int, key_bias: torch.Tensor | None = None) -> Rows:
@@ -182,9 +201,12 @@ class Transformer:
         return serial(self.device.type == "cpu" and numel <= SERIAL_MAX_ELEMENTS)
 
     @staticmethod
-    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
         with parallel():
-            return linear(x, weight, bias)  # a plain or a oneDNN-packed weight (engine/packed_linear.py)
+            if isinstance(weight, torch.Tensor):
+                return linear(x, weight, bias)  # a plain or a oneDNN-packed weight (engine/packed_linear.py)
+            out = weight.matmul(x)  # decode's int8/int4 copy (engine/decode_weights.py)
+            return out if bias is None else out + bias
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Next-token logits (float32) for hidden states (…, hidden) after the last layer."""

@@ -12,9 +12,15 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.decode_weights import QuantizedWeight
+
+    # A GEMM's weight: the model's own (out, in) tensor, or decode's compact copy (engine/decode_weights.py).
+    Weight = torch.Tensor | QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
@@ -56,14 +62,14 @@ class ModelConfig:
 @dataclass
 class LayerWeights:
     attn_norm: torch.Tensor  # (hidden,)
-    wqkv: torch.Tensor  # (q_size + 2·kv_size, hidden)
+    wqkv: Weight  # (q_size + 2·kv_size, hidden)
     bqkv: torch.Tensor | None  # (q_size + 2·kv_size,)  Qwen2 / attention_bias
-    wo: torch.Tensor  # (hidden, q_size)
+    wo: Weight  # (hidden, q_size)
     bo: torch.Tensor | None
     mlp_norm: torch.Tensor  # (hidden,)
-    w_gate_up: torch.Tensor  # (2·intermediate, hidden)
+    w_gate_up: Weight  # (2·intermediate, hidden)
     b_gate_up: torch.Tensor | None
-    w_down: torch.Tensor  # (hidden, intermediate)
+    w_down: Weight  # (hidden, intermediate)
     b_down: torch.Tensor | None
     q_norm: torch.Tensor | None = None  # (head_dim,) Qwen3: RMSNorm weight over each head's queries, before RoPE
     k_norm: torch.Tensor | None = None  # (head_dim,) Qwen3: the same over each head's keys
@@ -74,7 +80,7 @@ class ModelWeights:
     embed: torch.Tensor  # (vocab, hidden)
     layers: list[LayerWeights]
     final_norm: torch.Tensor  # (hidden,)
-    lm_head: torch.Tensor  # (vocab, hidden); the same storage as `embed` when tied
+    lm_head: Weight  # (vocab, hidden); the same storage as `embed` when tied
 
 
 @dataclass

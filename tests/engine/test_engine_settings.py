@@ -82,6 +82,7 @@ NOT_BLEND_SETTINGS = {
     "dtype",
     "num_threads",
     "pack_weights",
+    "decode_weights",
     "system_prompt",
     "question_template",
     "mode",

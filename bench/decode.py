@@ -1,0 +1,222 @@
+"""`python -m bench decode`: decode speed and answer fidelity of each weight format decode can read.
+
+For every format in --formats (`engine.decode_weights`: same, int8, int4), in one run:
+
+- **Speed**, through the app as the server runs it (AppState on a throw-away data dir, the scheduler,
+  batched decode; bench/decode_rate.py): aggregate decode tokens/s of 1 and 8 concurrent clients, each a
+  question over its passages blended from stored KV, EOS ignored, the window where all decode together.
+- **Fidelity**, on the engine the speed run served with: each example's prompt (the server's layout and
+  default blend) is answered greedily with the model's own weights (the reference); the format then
+  decodes the reference's tokens teacher-forced (KL of its next-token distribution against the reference's
+  at every step, top-1 agreement) and on its own (whole answers equal to the reference's, the first step
+  where they part). The first token comes from the prompt pass, which every format shares.
+
+Formats are interleaved per client count and their order reversed every other round (--rounds), so drifting
+load hits all alike; ratios against `same` in one run are the figures to quote.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from bench import decode_rate, harness
+from bench.data import load_dataset, select_examples
+from bench.inprocess import running_app, temp_settings
+from bench.metrics import mean
+
+if TYPE_CHECKING:
+    from engine.engine import Engine
+    from engine.working_cache import WorkingCache
+
+logger = logging.getLogger(__name__)
+
+NAME = "decode"
+HELP = "decode tokens/s (1 and 8 clients) and answer fidelity per decode weight format"
+CHUNK_TOKENS = 1024  # a musique passage is one chunk, as in `throughput`
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--formats", default="same,int8,int4", help="engine.decode_weights values, comma-separated")
+    parser.add_argument("--clients", default="1,8", help="client counts for the decode rate, comma-separated")
+    parser.add_argument("--decode-tokens", type=int, default=96, help="tokens each client decodes in the window")
+    parser.add_argument("--fidelity-examples", type=int, default=6, help="examples answered for fidelity (0: none)")
+    parser.add_argument("--fidelity-tokens", type=int, default=48, help="answer length of the fidelity check")
+    parser.add_argument("--rounds", type=int, default=1, help="repeat the speed runs, alternating format order")
+
+
+def main(args: argparse.Namespace) -> int:
+    run = harness.RunRecord()
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    clients = [int(n) for n in args.clients.split(",") if n.strip()]
+    examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
+    speed: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
+    fidelity: dict[str, Any] = {}
+    header: dict[str, Any] = {}
+    for round_ in range(args.rounds):
+        order = formats if round_ % 2 == 0 else formats[::-1]
+        for fmt in order:
+            with temp_settings("decode", args, engine={"decode_weights": fmt}) as settings:
+                result = asyncio.run(_speed(settings, examples, clients, args))
+            speed[fmt].append(result["rate"])
+            header = header or result["header"]
+    if args.fidelity_examples > 0:
+        fidelity = _fidelity_all(args, formats, examples[: args.fidelity_examples])
+    summary = _summary(speed, fidelity, formats, clients)
+    out = header | {
+        "formats": formats,
+        "clients": clients,
+        "decode_tokens": args.decode_tokens,
+        "fidelity_tokens": args.fidelity_tokens,
+        "speed": speed,
+        "fidelity": fidelity,
+        "summary": summary,
+    }
+    harness.write_result(args, out, run)
+    for fmt in formats:
+        logger.info("%s: %s", fmt, summary[fmt])
+    return 0
+
+
+async def _speed(settings: Any, examples: list, clients: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    async with running_app(settings) as state:
+        engine = state.services.engine
+        # Warm-up: kernels, the allocator and the prompt prefix, outside any window.
+        await decode_rate.measure(state, examples[:1], [1], args.passages, CHUNK_TOKENS, _ratio(engine), 4)
+        rate = await decode_rate.measure(
+            state, examples, clients, args.passages, CHUNK_TOKENS, _ratio(engine), args.decode_tokens
+        )
+        rate["decode_weights"] = engine.decode_weights.format
+        rate["decode_weights_bytes"] = engine.decode_weights.num_bytes
+        header = harness.result_header(NAME, args, engine)
+        return {"rate": rate, "header": header}
+
+
+def _ratio(engine: Engine) -> float:
+    return engine.settings.blend_config().recompute_ratio
+
+
+# ---------------------------------------------------------------------------------------- fidelity
+def _fidelity_all(args: argparse.Namespace, formats: list[str], examples: list) -> dict[str, Any]:
+    """One engine, the reference answers with its own weights, then every format against them."""
+    from engine.decode_weights import DECODE_WEIGHTS_DIR, build_decode_weights
+
+    engine = harness.build_engine(args, decode_weights="same")
+    decoders = {}
+    for fmt in formats:
+        weights = build_decode_weights(engine.model, fmt, Path(args.models_dir) / DECODE_WEIGHTS_DIR)  # type: ignore[arg-type]
+        engine.transformer.with_decode_weights(weights.weights)
+        decoders[fmt] = engine.transformer.decoder
+    engine.transformer.with_decode_weights(engine.model.weights)
+    per_format: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
+    for example in examples:
+        result = _prompt_pass(engine, example, args)
+        reference_tokens, reference_logits = _greedy(engine.transformer, result.cache, _first(result), args)
+        for fmt, decoder in decoders.items():
+            per_format[fmt].append(_compare(decoder, result.cache, _first(result), reference_tokens, reference_logits))
+    return {fmt: {"per_example": rows, **_aggregate(rows)} for fmt, rows in per_format.items()}
+
+
+def _prompt_pass(engine: Engine, example: Any, args: argparse.Namespace):
+    """The server's prompt for one example (ranked layout, default blend, the passages' stored KV)."""
+    from kvcache.types import InMemoryLayerSource
+
+    chunks = [
+        engine.tokenizer.encode(p.text, add_special_tokens=False)[:CHUNK_TOKENS]
+        for p in example.passages[: args.passages]
+    ]
+    layout = engine.prompt.layout_ranked(chunks, example.question)
+    source = InMemoryLayerSource(engine.precompute_chunks(chunks))
+    return engine.prompt_pass(
+        layout, source, "blend", engine.settings.blend_config(), extra_capacity=args.fidelity_tokens + 1
+    )
+
+
+def _first(result: Any) -> int:
+    return int(result.logits.argmax())
+
+
+def _clone(cache: WorkingCache) -> WorkingCache:
+    from engine.working_cache import WorkingCache
+
+    bias = None if cache.key_bias is None else cache.key_bias.clone()
+    return WorkingCache(k=cache.k.clone(), v=cache.v.clone(), length=cache.length, key_bias=bias)
+
+
+@torch.no_grad()
+def _greedy(tf: Any, cache: WorkingCache, first: int, args: argparse.Namespace) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy answer of `fidelity_tokens` tokens after `first`, and the log-probs of every step (vocab,)."""
+    from engine.batched_decode import decode_batch
+
+    cache, tokens, logps = _clone(cache), [first], []
+    for _ in range(args.fidelity_tokens):
+        logits = decode_batch(tf, [cache], [tokens[-1]])[0]
+        logps.append(torch.log_softmax(logits, dim=-1))
+        tokens.append(int(logits.argmax()))
+    return tokens[1:], logps
+
+
+@torch.no_grad()
+def _compare(
+    decoder: Any, cache: WorkingCache, first: int, reference: list[int], reference_logps: list[torch.Tensor]
+) -> dict[str, Any]:
+    from engine.batched_decode import decode_batch
+
+    forced, kls, agree = _clone(cache), [], 0
+    inputs = [first, *reference[:-1]]
+    for token, ref_logp, want in zip(inputs, reference_logps, reference, strict=True):
+        logp = torch.log_softmax(decode_batch(decoder, [forced], [token])[0], dim=-1)
+        kls.append(float((ref_logp.exp() * (ref_logp - logp)).sum()))
+        agree += int(int(logp.argmax()) == want)
+    free, tokens = _clone(cache), [first]
+    for _ in reference:
+        tokens.append(int(decode_batch(decoder, [free], [tokens[-1]])[0].argmax()))
+    answer = tokens[1:]
+    parted = next((i for i, (a, b) in enumerate(zip(answer, reference, strict=True)) if a != b), None)
+    return {
+        "kl_mean": mean(kls),
+        "kl_max": max(kls),
+        "top1_agreement": agree / len(reference),
+        "same_answer": parted is None,
+        "first_difference": parted,
+    }
+
+
+def _aggregate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "kl_mean": mean([r["kl_mean"] for r in rows]),
+        "kl_max": max(r["kl_max"] for r in rows),
+        "top1_agreement": mean([r["top1_agreement"] for r in rows]),
+        "same_answers": sum(r["same_answer"] for r in rows),
+        "answers": len(rows),
+    }
+
+
+def _summary(
+    speed: dict[str, list[dict[str, Any]]], fidelity: dict[str, Any], formats: list[str], clients: list[int]
+) -> dict[str, Any]:
+    def rate(fmt: str, n: int) -> float | None:
+        values = [r["per_clients"][str(n)]["decode_tokens_per_s"] for r in speed[fmt]]
+        values = [v for v in values if v]
+        return mean(values) if values else None
+
+    base = {n: rate("same", n) if "same" in formats else None for n in clients}
+    out: dict[str, Any] = {}
+    for fmt in formats:
+        row: dict[str, Any] = {}
+        for n in clients:
+            value = rate(fmt, n)
+            row[f"tokens_per_s_{n}"] = value
+            if base[n] and value:
+                row[f"vs_same_{n}"] = value / base[n]
+        if 1 in clients and max(clients) > 1 and row.get("tokens_per_s_1") and row.get(f"tokens_per_s_{max(clients)}"):
+            row["batch_speedup"] = row[f"tokens_per_s_{max(clients)}"] / row["tokens_per_s_1"]
+        if fmt in fidelity:
+            row |= {k: v for k, v in fidelity[fmt].items() if k != "per_example"}
+        out[fmt] = row
+    return out

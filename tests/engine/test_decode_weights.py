@@ -1,0 +1,189 @@
+"""Decode's compact weights (engine/decode_weights.py): what the int8/int4 forms hold, that the CPU kernels
+compute with exactly them, that the cache in the models dir round-trips, and that the engine decodes with them
+while the prompt pass keeps the model's own weights."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from enginetest_tiny import random_chunks
+
+from engine.batched_decode import attend_one, decode_batch
+from engine.config import EngineSettings
+from engine.decode_weights import (
+    AUTO_MIN_PARAMETERS,
+    DECODE_WEIGHTS_DIR,
+    INT4_GROUP_SIZE,
+    Int4Weight,
+    Int8Weight,
+    _int4_weight,
+    build_decode_weights,
+    choose_format,
+    dequantize,
+    quantize_int4,
+    quantize_int8,
+)
+from engine.engine import Engine
+from engine.types import BlendConfig
+from kvcache.types import InMemoryLayerSource
+
+
+def _weight(out_features: int, in_features: int, seed: int) -> torch.Tensor:
+    return torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
+
+
+def test_int8_holds_a_matrix_on_its_grid_exactly_and_others_within_half_a_step() -> None:
+    scales = torch.tensor([0.5, 0.25, 2.0])  # bfloat16-exact
+    codes = torch.tensor([[127, -3, 0, 5], [-127, 1, 2, 127], [10, -127, 64, 0]], dtype=torch.int8)
+    on_grid = codes.float() * scales[:, None]
+    got_codes, got_scales = quantize_int8(on_grid)
+    assert torch.equal(got_codes, codes) and got_scales.dtype == torch.bfloat16
+    assert torch.equal(dequantize(Int8Weight(got_codes, got_scales)), on_grid)
+
+    w = _weight(40, 64, seed=1)
+    q = Int8Weight(*quantize_int8(w))
+    step = q.scales.float()[:, None]
+    assert bool(((dequantize(q) - w).abs() <= step / 2 + 1e-7).all())
+    assert int(q.qweight.abs().max()) == 127  # every row uses its whole range
+
+
+def test_int4_codes_and_error_per_group() -> None:
+    w = _weight(32, 4 * INT4_GROUP_SIZE, seed=2)
+    codes, scales_zeros = quantize_int4(w)
+    assert codes.shape == w.shape and codes.dtype == torch.uint8 and int(codes.max()) == 15 and int(codes.min()) == 0
+    assert scales_zeros.shape == (4, 32, 2) and scales_zeros.dtype == torch.bfloat16
+    step = scales_zeros[..., 0].float().t().repeat_interleave(INT4_GROUP_SIZE, dim=1)  # (out, in)
+    weight = _int4_weight(codes, scales_zeros)
+    err = (dequantize(weight, codes) - w).abs()
+    # Half a step, plus the bfloat16 rounding of each group's zero point.
+    assert bool((err <= step / 2 + w.abs().amax() * 2**-8).all())
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_int4(_weight(16, 48, seed=3))
+    with pytest.raises(ValueError, match="one of 16"):
+        quantize_int4(_weight(24, 64, seed=3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_kernels_compute_with_the_stored_values(dtype: torch.dtype, rows: int) -> None:
+    """The packed int8/int4 kernels give x @ dequantized(w)ᵀ, for activations in float32 and bfloat16 (cast
+    to bfloat16 for the kernel and back): the codes and the scale/zero convention are the kernels' own."""
+    w = _weight(96, 128, seed=4)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(5)).to(dtype)
+    x16 = x.to(torch.bfloat16).float()  # what the kernel reads
+    q8 = Int8Weight(*quantize_int8(w))
+    codes, scales_zeros = quantize_int4(w)
+    q4 = _int4_weight(codes, scales_zeros)
+    for weight, dense in ((q8, dequantize(q8)), (q4, dequantize(q4, codes))):
+        out = weight.matmul(x)
+        assert out.shape == (rows, 96) and out.dtype == dtype
+        expected = x16 @ dense.t()
+        torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-3 * float(expected.abs().max()))
+
+
+def test_attend_one_is_attention_over_every_key() -> None:
+    """The decode step's attention for one query row equals SDPA's (GQA, with and without a key bias)."""
+    gen = torch.Generator().manual_seed(6)
+    kv_heads, group, keys, d = 2, 3, 37, 16
+    q = torch.randn(kv_heads, group, d, generator=gen)
+    k = torch.randn(kv_heads, keys, d, generator=gen)
+    v = torch.randn(kv_heads, keys, d, generator=gen)
+    bias = torch.zeros(keys)
+    bias[5:20] = -1.5
+    for b in (None, bias):
+        got = attend_one(q, k, v, b)
+        ref = F.scaled_dot_product_attention(
+            q.reshape(1, kv_heads * group, 1, d),
+            k[None],
+            v[None],
+            attn_mask=None if b is None else b[None, None, None],
+            enable_gqa=True,
+        )
+        torch.testing.assert_close(got.reshape(1, kv_heads * group, 1, d), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_auto_keeps_a_small_model_own_weights_and_named_formats_need_a_cpu(tiny_engine: Engine) -> None:
+    model = tiny_engine.model
+    assert sum(t.numel() for t in (model.weights.lm_head,)) < AUTO_MIN_PARAMETERS
+    assert choose_format("auto", model) == "same" and tiny_engine.decode_weights.format == "same"
+    assert tiny_engine.transformer.decoder is tiny_engine.transformer
+    assert choose_format("int8", model) == "int8" and choose_format("int4", model) == "int4"
+    on_gpu = dataclasses.replace(model, device=torch.device("cuda"))
+    assert choose_format("auto", on_gpu) == "same"
+    with pytest.raises(ValueError, match="runs on a CPU only"):
+        choose_format("int8", on_gpu)
+
+
+def test_cache_round_trips_and_a_damaged_file_is_replaced(
+    tiny_engine: Engine, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model = tiny_engine.model
+    first = build_decode_weights(model, "int8", tmp_path)
+    assert not first.from_cache and first.format == "int8" and first.max_rows == 64  # float32 model
+    (cached,) = tmp_path.glob("*-int8-v2.safetensors")
+    assert cached.name.startswith(model.fingerprint[:32])
+    layer = first.weights.layers[0]
+    assert isinstance(layer.wqkv, Int8Weight) and isinstance(first.weights.lm_head, Int8Weight)
+    assert layer.attn_norm is model.weights.layers[0].attn_norm  # norms and biases are shared, not copied
+    num_gemm = sum(
+        getattr(layer, n).numel() for layer in model.weights.layers for n in ("wqkv", "wo", "w_gate_up", "w_down")
+    )
+    num_scales = sum(
+        getattr(layer, n).shape[0] for layer in model.weights.layers for n in ("wqkv", "wo", "w_gate_up", "w_down")
+    )
+    head = model.weights.lm_head
+    assert first.num_bytes == num_gemm + head.numel() + 2 * (num_scales + head.shape[0])
+
+    again = build_decode_weights(model, "int8", tmp_path)
+    assert again.from_cache
+    assert torch.equal(again.weights.layers[1].w_down.qweight, first.weights.layers[1].w_down.qweight)
+    assert torch.equal(again.weights.lm_head.scales, first.weights.lm_head.scales)
+
+    cached.write_bytes(b"not a safetensors file")
+    with caplog.at_level(logging.WARNING, logger="engine.decode_weights"):
+        repaired = build_decode_weights(model, "int8", tmp_path)
+    assert not repaired.from_cache and "unreadable decode-weights cache" in caplog.text
+    assert torch.equal(repaired.weights.layers[1].w_down.qweight, first.weights.layers[1].w_down.qweight)
+    assert build_decode_weights(model, "int8", tmp_path).from_cache  # the damaged file was replaced
+
+    int4 = build_decode_weights(model, "int4", None)  # no cache dir: nothing written
+    assert isinstance(int4.weights.layers[0].w_gate_up, Int4Weight) and not int4.from_cache
+    assert sorted(p.name.split("-")[-2] for p in tmp_path.glob("*.safetensors")) == ["int8"]
+
+
+@pytest.fixture(scope="module")
+def int8_engine(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    settings = EngineSettings(model=str(tiny_model_dir), device="cpu", dtype="float32", decode_weights="int8")
+    return Engine(settings, models_dir=tmp_path_factory.mktemp("models-int8"))
+
+
+def test_engine_decodes_with_int8_and_prompts_with_its_own_weights(tiny_engine: Engine, int8_engine: Engine) -> None:
+    assert int8_engine.decode_weights.format == "int8"
+    assert (int8_engine.settings.model, int8_engine.fingerprint) == (
+        tiny_engine.settings.model,
+        tiny_engine.fingerprint,
+    )
+    cache_file = int8_engine.decode_weights.cache_path
+    assert cache_file is not None and cache_file.parent.name == DECODE_WEIGHTS_DIR and cache_file.is_file()
+    assert cache_file.name == f"{int8_engine.fingerprint[:32]}-int8-v2.safetensors"
+    chunks = random_chunks([14, 9], seed=11)
+    layout = tiny_engine.prompt.layout(chunks, "what is it?")
+    results = []
+    for engine in (tiny_engine, int8_engine):
+        source = InMemoryLayerSource(engine.precompute_chunks(chunks))
+        results.append(engine.prompt_pass(layout, source, "blend", BlendConfig(0.3), extra_capacity=4))
+    own, compact = results
+    # The prompt pass (and so the first token) is the model's own in both engines, bit for bit.
+    assert torch.equal(own.logits, compact.logits)
+    token = int(own.logits.argmax())
+    step_own = decode_batch(tiny_engine.transformer.decoder, [own.cache], [token])[0]
+    step_int8 = decode_batch(int8_engine.transformer.decoder, [compact.cache], [token])[0]
+    assert not torch.equal(step_own, step_int8)  # the decode step really read other weights
+    kl = F.kl_div(torch.log_softmax(step_int8, -1), torch.log_softmax(step_own, -1), log_target=True, reduction="sum")
+    assert float(kl) < 1e-3
+    assert int(step_int8.argmax()) == int(step_own.argmax())
