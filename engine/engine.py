@@ -147,6 +147,7 @@ class Engine:
             num_layers=self.config.num_layers,
             origin_quantisation=self.identity.origin_quantisation,
             compute_dtype=dtype,
+            decode_weights=self.decode_weights.format,
         )
 
     @property

@@ -64,7 +64,8 @@ def _list(settings: Settings) -> int:
         print(f"{mark} {entry.name}{alias}: {entry.display_name}, {entry.architecture}, {entry.num_layers} layers")
         print(
             f"    {entry.num_parameters / 1e6:,.0f}M parameters from {entry.origin_quantisation}; "
-            f"RAM for weights {_gb(entry.ram_bytes(2))} in bfloat16, {_gb(entry.ram_bytes(4))} in float32"
+            f"RAM for weights {_gb(entry.ram_bytes(2))} in bfloat16, {_gb(entry.ram_bytes(4))} in float32, "
+            f"+{_gb(entry.ram_bytes(1))} for the int8 copy decode reads on a CPU"
         )
         print(
             f"    packages: {status.num_parts_installed}/{len(entry.parts)} installed ({_gb(status.installed_bytes)}"

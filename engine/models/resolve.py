@@ -52,14 +52,16 @@ class ServedModel:
     num_layers: int
     origin_quantisation: str | None
     compute_dtype: str  # "bfloat16" / "float32" / "float16"
+    decode_weights: str = "same"  # what decode reads: "same" (the model's own), "int8" or "int4"
 
     def describe(self) -> str:
         """One line for the log and the bench headers: "Qwen2.5-Coder-0.5B-Instruct (qwen2.5-coder-0.5b, 630M
         parameters, from Q4_K_M, computing in bfloat16)"."""
         origin = f", from {self.origin_quantisation}" if self.origin_quantisation else ""
+        decode = "" if self.decode_weights == "same" else f", decoding from {self.decode_weights} weights"
         return (
             f"{self.display_name} ({self.name}, {self.parameters_label} parameters{origin}, "
-            f"computing in {self.compute_dtype})"
+            f"computing in {self.compute_dtype}{decode})"
         )
 
 

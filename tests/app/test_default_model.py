@@ -44,6 +44,7 @@ def test_the_default_model_answers_a_look_up_from_the_documents(tmp_path: Path, 
         stats = client.get("/api/stats").json()
         assert stats["served_model"]["name"] == DEFAULT_MODEL
         assert (stats["served_model"]["source"], stats["served_model"]["origin_quantisation"]) == ("catalog", "Q4_K_M")
+        assert stats["served_model"]["decode_weights"] == "int8"  # auto on a CPU: decode reads int8 copies
         # The prompt is laid out by the model's own chat template (ChatML, carried over from its GGUF).
         engine = client.app.state.blendrag.services.engine  # type: ignore[attr-defined]
         # The model ships a blend settings record for this machine's compute dtype (bfloat16 where the CPU has

@@ -93,6 +93,9 @@ class ServedModelOut(BaseModel):
     num_layers: int
     origin_quantisation: str | None = Field(description="Of the GGUF it was converted from, e.g. Q4_K_M")
     compute_dtype: str = Field(description="What the engine computes in: bfloat16, float32 or float16")
+    decode_weights: str = Field(
+        description="What decode reads: same (the model's own weights), int8 or int4 (engine.decode_weights)"
+    )
 
 
 class BlendSettingsOut(BaseModel):

@@ -107,6 +107,7 @@ def test_stats_report_tiers_asks_and_ingest(client: TestClient, corpus: dict[str
         "num_layers": 2,
         "origin_quantisation": None,
         "compute_dtype": "float32",
+        "decode_weights": "same",  # a 3M model decodes from its own weights (engine.decode_weights: auto)
     }
     assert len(stats["fingerprint"]) == 12
     # Blend settings in force and where they came from: the tiny model is not calibrated (and the suite turns

@@ -18,7 +18,10 @@ def test_models_lists_the_catalogue_with_its_state(
     assert main(["models", "--data-dir", str(tmp_path / "data")]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "  smollm2-135m (alias builtin): SmolLM2-135M-Instruct, llama, 30 layers"
-    assert out[1] == "    135M parameters from Q4_1; RAM for weights 0.27 GB in bfloat16, 0.54 GB in float32"
+    assert out[1] == (
+        "    135M parameters from Q4_1; RAM for weights 0.27 GB in bfloat16, 0.54 GB in float32, "
+        "+0.13 GB for the int8 copy decode reads on a CPU"
+    )
     assert out[2] == "    packages: 1/1 installed (0.10 GB of 0.10 GB); not converted (converted: 0.54 GB)"
     assert "* qwen2.5-coder-0.5b: Qwen2.5-Coder-0.5B-Instruct, qwen2, 24 layers" in out  # * = engine.model
     assert "    packages: 6/6 installed (0.49 GB of 0.49 GB); not converted (converted: 2.53 GB)" in out

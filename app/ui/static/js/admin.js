@@ -102,6 +102,8 @@ function renderCards(coverage, stats) {
       ? `${stats.served_model.display_name} (${stats.served_model.name}) · ${stats.served_model.parameters_label} parameters`
         + (stats.served_model.origin_quantisation ? ` · from ${stats.served_model.origin_quantisation}` : "")
         + ` · ${stats.served_model.compute_dtype}`
+        + (stats.served_model.decode_weights && stats.served_model.decode_weights !== "same"
+          ? ` · decode ${stats.served_model.decode_weights}` : "")
       : "–"],
     ["compute", stats.compute ? `${stats.compute.dtype} (${stats.compute.requested}: ${stats.compute.reason})` : "–"],
     ["embedder", stats.embedder_compute ? `${stats.embedder_compute.dtype} (${stats.embedder_compute.requested})` : "–"],
