@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,9 @@ def test_chat_streams_an_answer_with_sources(
     assert "mode blend (query) · recompute" in stats
     # Ingest's chunk precompute taught the server its prefill rate, so the saving can be estimated.
     assert turn.query_selector("[data-k=saved]") is not None, stats
+    # The answer's decode rate (several tokens arrived: there is one).
+    decode = turn.query_selector("[data-k=decode]").inner_text()
+    assert re.fullmatch(r"\d+\.\d tokens/s", decode) and float(decode.split()[0]) > 0, decode
     shot(page, "chat-answer")
 
     sources[0].click()
@@ -119,13 +123,20 @@ def test_chat_streams_an_answer_with_sources(
     page.click("#passage-close")
     assert page.query_selector("dialog#passage[open]") is None
 
-    # Another mode: the ratio control hides, and the answer reports the mode.
+    # Another mode: the ratio control hides, and the answer reports the mode. Max tokens starts empty (the
+    # server's cap, shown greyed); a number typed there goes with the question as max_tokens.
     page.select_option("#mode", "full")
     assert not page.is_visible("#ratio-wrap")
+    assert page.input_value("#max-tokens") == "" and page.get_attribute("#max-tokens", "placeholder") == "16"
+    page.fill("#max-tokens", "3")
     page.fill("#question", "Where do the purple rivers flow?")
-    page.click("#ask-btn")
+    with page.expect_request("**/ask") as asked:
+        page.click("#ask-btn")
+    assert json.loads(asked.value.post_data)["max_tokens"] == 3
     page.wait_for_selector("article.turn:nth-of-type(2)[data-state=done]", timeout=TIMEOUT_MS)
-    assert "mode full" in page.inner_text("article.turn:nth-of-type(2) [data-testid=stats]")
+    stats = page.inner_text("article.turn:nth-of-type(2) [data-testid=stats]")
+    assert "mode full" in stats
+    assert int(re.search(r"in / (\d+) out", stats.replace("\n", " ")).group(1)) <= 3, stats
 
 
 def test_chat_shows_server_errors(ui_server: LiveServer, page: Any, console: Any) -> None:

@@ -19,6 +19,7 @@ const ratio = $("ratio");
 const ratioOut = $("ratio-out");
 const ratioWrap = $("ratio-wrap");
 const topK = $("top-k");
+const maxTokens = $("max-tokens");
 const thread = $("thread");
 const button = $("ask-btn");
 const dialog = $("passage");
@@ -187,7 +188,7 @@ class Turn {
       if (result.finish_reason === "length") {
         // Beside the answer, not in it: the answer element holds the model's text alone.
         this.answer.after(el("div", { class: "muted", "data-testid": "cut-off" },
-          `answer cut off at ${result.usage.completion_tokens} tokens`));
+          `answer cut off at ${result.usage.completion_tokens} tokens (ask again with a higher Max tokens for more)`));
       }
       // The rendered answer can be taller than the streamed text: keep the timing line above the composer.
       if (this.root === thread.lastElementChild) revealEnd(this);
@@ -210,6 +211,11 @@ class Turn {
       el("b", {}, result.kv_misses), " miss"));
     items.push(el("span", {}, "tokens ", el("b", {}, result.usage.prompt_tokens), " in / ",
       el("b", {}, result.usage.completion_tokens), " out"));
+    if (t.decode_tokens_per_s !== null && t.decode_tokens_per_s !== undefined) {
+      // The answer's decode alone (tokens after the first ÷ the time after it): the speed it was written at.
+      items.push(el("span", { "data-k": "decode", title: "decode: tokens after the first ÷ their time" },
+        el("b", {}, t.decode_tokens_per_s.toFixed(1)), " tokens/s"));
+    }
     const historyTokens = result.usage.history_tokens || 0;
     if (historyTokens > 0) {
       items.push(el("span", { "data-k": "history" }, "history ", el("b", {}, historyTokens), " tok, ",
@@ -239,6 +245,7 @@ async function ask(text, turn) {
   const body = { question: text, mode: mode.value, stream: true };
   if (mode.value === "blend") body.recompute_ratio = Number(ratio.value);
   if (topK.value) body.top_k = Number(topK.value);
+  if (maxTokens.value) body.max_tokens = Number(maxTokens.value); // empty: the server's engine.max_new_tokens
   body.conversation_id = conversationId || "new"; // the chat page keeps its conversations
   let response;
   try {
@@ -294,6 +301,7 @@ async function loadDefaults() {
     const defaults = await api("/api/defaults");
     topK.value = String(defaults.top_k);
     topK.placeholder = String(defaults.top_k);
+    maxTokens.placeholder = String(defaults.max_tokens); // left empty: an answer gets the server's cap
     mode.value = defaults.mode;
     ratio.value = String(defaults.recompute_ratio);
     syncControls();
