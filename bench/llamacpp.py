@@ -21,6 +21,7 @@ from typing import Any
 
 from bench import harness
 from bench.metrics import percentile
+from bench.peer_run import PeerRun
 
 logger = logging.getLogger(__name__)
 
@@ -65,11 +66,23 @@ class LlamaCppRunner:
 
     def ttft(self, token_ids: list[int]) -> tuple[float, int]:
         """(seconds to prefill token_ids from an empty cache and pick the first token, that token)."""
+        run = self.decode(token_ids, 1)
+        return run.ttft_s, run.first_token
+
+    def decode(self, token_ids: list[int], num_tokens: int) -> PeerRun:
+        """Prefill token_ids from an empty cache, then `num_tokens` tokens in all, greedy, EOS ignored: one
+        `eval` of the last token and one `sample` per step, as llama-cpp-python's own `generate` loops (n_ctx
+        must hold the prompt and the answer)."""
         self.llm.reset()  # n_tokens = 0: nothing of the previous prompt is reused
         t0 = time.perf_counter()
         self.llm.eval(token_ids)
-        token = int(self.llm.sample(temp=0.0))
-        return time.perf_counter() - t0, token
+        tokens = [int(self.llm.sample(temp=0.0))]  # temp 0: llama.cpp's greedy sampler
+        times = [time.perf_counter()]
+        while len(tokens) < num_tokens:
+            self.llm.eval([tokens[-1]])
+            tokens.append(int(self.llm.sample(temp=0.0)))
+            times.append(time.perf_counter())
+        return PeerRun(times[0] - t0, tuple(tokens), tuple(times))
 
 
 def ours_first_token(engine: Any, layout: Any, source: Any, mode: str, blend: Any) -> tuple[float, int]:

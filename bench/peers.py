@@ -1,8 +1,10 @@
-"""`python -m bench peers`: time to first token of what a CPU user would otherwise run, on the same token ids.
+"""`python -m bench peers`: time to first token and decode rate of what a CPU user would otherwise run, on the
+same token ids.
 
 Every example's prompt is /ask's (prefix, K passages of the dataset, question), as token ids; each peer
-prefills exactly those ids and picks the first token, interleaved per example (one round: every peer
-once, in the order below), so drifting machine load hits all of them alike:
+prefills exactly those ids and picks the first token, then (but blendrag_full) decodes greedily to
+--decode-tokens tokens in all, EOS ignored, interleaved per example (one round: every peer once, in the
+order below), so drifting machine load hits all of them alike:
 
   llamacpp_<q>    llama.cpp full prefill (llama-cpp-python) on the GGUF the model comes from, as shipped
                   (<q> its quantisation: q4_1 for SmolLM2, q4_k_m for Qwen2.5-Coder; --gguf for another)
@@ -12,10 +14,16 @@ once, in the order below), so drifting machine load hits all of them alike:
   hf_bfloat16     runs), in float32 and in bfloat16
   blendrag_full   our full prefill, in the engine's compute dtype
   blendrag_blend  our default blend (the server's selector and ratio) over the chunks' stored KV, read
-                  through the store in --kv-dtype as /ask reads it
+                  through the store in --kv-dtype as /ask reads it, then the engine's decode as the server
+                  runs it (`Engine.generate`: the server's `engine.decode_weights`, its sampler at
+                  temperature 0)
 
 Reported: TTFT median and p90 per peer, and how many times slower each is than the default blend (the
-ratio of medians and the median of per-example ratios). Threads: --threads for torch and llama.cpp alike.
+ratio of medians and the median of per-example ratios); decode tokens/s per peer (the tokens after the
+first ÷ the time from the first to the last, bench/peer_run.py; median over the examples) and blendrag's
+decode rate ÷ each other peer's. Threads: --threads for torch and llama.cpp alike. transformers decodes
+with its own KV cache, one `forward` of the last token per step (what `generate` runs, without its
+per-step logits processors).
 
 llama.cpp is optional (the `llamacpp` extra builds llama-cpp-python from source, ~10-20 min on two
 cores): without it, or with --no-llamacpp, its two rows are left out and the reason recorded. On an
@@ -40,14 +48,19 @@ from typing import Any
 from bench import harness
 from bench.llamacpp import LlamaCppRunner, llama_cpp_available, ours_first_token
 from bench.metrics import percentile
+from bench.peer_run import PeerRun
 from bench.prepared import PreparedPrompt, prepare_prompts
 
 logger = logging.getLogger(__name__)
 
 NAME = "peers"
-HELP = "TTFT of llama.cpp (the model's GGUF, F16), HF transformers (fp32, bf16), our full prefill and blend, same ids"
+HELP = (
+    "TTFT and decode tokens/s of llama.cpp (the model's GGUF, F16), HF transformers (fp32, bf16), our full prefill "
+    "and blend, same ids"
+)
 F16_DIR = harness.DEFAULT_OUT_DIR / "peers"
 BLEND = "blendrag_blend"
+DECODE_TOKENS = 64
 # llama.cpp's `general.file_type` (enum llama_ftype) for the files a user meets, as a peer's name suffix.
 _FILE_TYPES = {0: "f32", 1: "f16", 2: "q4_0", 3: "q4_1", 7: "q8_0", 15: "q4_k_m", 17: "q5_k_m", 18: "q6_k", 32: "bf16"}
 
@@ -71,6 +84,20 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="HF transformers dtypes ('' skips)")
     parser.add_argument("--n-batch", type=int, default=512, help="llama.cpp prompt batch size")
+    parser.add_argument(
+        "--decode-tokens",
+        type=_at_least_one,
+        default=DECODE_TOKENS,
+        help="tokens each peer generates per example, the first included (greedy, EOS ignored); its decode rate "
+        "is the tokens after the first ÷ their time (1: TTFT only)",
+    )
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 (the first token), got {value}")
+    return value
 
 
 class HFRunner:
@@ -83,13 +110,20 @@ class HFRunner:
         self.torch = torch
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
 
-    def ttft(self, token_ids: list[int]) -> tuple[float, int]:
+    def decode(self, token_ids: list[int], num_tokens: int) -> PeerRun:
+        """Prefill, then `num_tokens` tokens in all, greedy, EOS ignored: the last token through the model
+        with its KV cache (the `cache` each forward returns) per step."""
         torch = self.torch
         with torch.inference_mode():
             t0 = time.perf_counter()
             out = self.model(torch.tensor([token_ids]), use_cache=True, logits_to_keep=1)
-            token = int(out.logits[0, -1].argmax())
-            return time.perf_counter() - t0, token
+            tokens = [int(out.logits[0, -1].argmax())]
+            times = [time.perf_counter()]
+            while len(tokens) < num_tokens:
+                out = self.model(torch.tensor([[tokens[-1]]]), cache=out.cache, use_cache=True, logits_to_keep=1)
+                tokens.append(int(out.logits[0, -1].argmax()))
+                times.append(time.perf_counter())
+        return PeerRun(times[0] - t0, tuple(tokens), tuple(times))
 
 
 def _checkpoint_dir(args: argparse.Namespace) -> Path:
@@ -141,8 +175,37 @@ def llamacpp_peers(args: argparse.Namespace, n_ctx: int, threads: int) -> tuple[
     return runners, None
 
 
+def ours_decode(engine: Any, ex: PreparedPrompt, kv_dtype: str, num_tokens: int) -> PeerRun:
+    """The server's answer to one prompt: the default blend over the stored KV, then the engine's decode
+    (`Engine.generate`, the server's sampler at temperature 0, EOS and the repeated-line stop off) to
+    `num_tokens` tokens. TTFT as the engine reports it; each token timed as `generate` yields it."""
+    from engine.types import FinishEvent, GenerationRequest, TokenEvent
+
+    settings = engine.settings
+    request = GenerationRequest(
+        "bench",
+        ex.layout,
+        ex.source(kv_dtype),
+        "blend",
+        settings.blend_config(),
+        settings.sampling_params(max_tokens=num_tokens, temperature=0.0, ignore_eos=True, stop_on_repeated_line=False),
+    )
+    tokens: list[int] = []
+    times: list[float] = []
+    finish: FinishEvent | None = None
+    for event in engine.generate(request):
+        if isinstance(event, TokenEvent):
+            times.append(time.perf_counter())
+            tokens.append(event.token_id)
+        else:
+            finish = event
+    if finish is None or len(tokens) != num_tokens:
+        raise RuntimeError(f"blendrag answered {len(tokens)} of {num_tokens} tokens ({finish})")
+    return PeerRun(finish.ttft_s, tuple(tokens), tuple(times))
+
+
 def run_peers(
-    engine: Any, prepared: list[PreparedPrompt], peers: dict[str, Callable[[PreparedPrompt], tuple[float, int]]]
+    engine: Any, prepared: list[PreparedPrompt], peers: dict[str, Callable[[PreparedPrompt], PeerRun]]
 ) -> list[dict[str, Any]]:
     """One round per example, every peer once in order, after one untimed round on the first example."""
     for peer in peers.values():
@@ -150,16 +213,20 @@ def run_peers(
     rows = []
     for n, ex in enumerate(prepared, 1):
         row: dict[str, Any] = {"index": ex.prompt.example.index, "num_prompt_tokens": ex.layout.num_tokens}
-        row["ttft_s"], row["first_token"] = {}, {}
+        row["ttft_s"], row["first_token"], row["decode_tokens_per_s"] = {}, {}, {}
         for name, peer in peers.items():
-            row["ttft_s"][name], row["first_token"][name] = peer(ex)
+            run = peer(ex)
+            row["ttft_s"][name], row["first_token"][name] = run.ttft_s, run.first_token
+            if run.decode_tokens_per_s is not None:
+                row["decode_tokens_per_s"][name] = run.decode_tokens_per_s
         rows.append(row)
         logger.info(
-            "peers %d/%d (%d tokens): %s",
+            "peers %d/%d (%d tokens): %s; decode %s",
             n,
             len(prepared),
             ex.layout.num_tokens,
             "  ".join(f"{k}={v:.3f}s" for k, v in row["ttft_s"].items()),
+            "  ".join(f"{k}={v:.2f}/s" for k, v in row["decode_tokens_per_s"].items()),
         )
     return rows
 
@@ -181,23 +248,50 @@ def summarize(rows: list[dict[str, Any]], names: list[str]) -> dict[str, dict[st
                 float(r["first_token"][name] == r["first_token"]["blendrag_full"]) for r in rows
             ),
         }
+        rates = [r["decode_tokens_per_s"][name] for r in rows if name in r.get("decode_tokens_per_s", {})]
+        if rates:
+            out[name]["decode_tokens_per_s_median"] = round(statistics.median(rates), 3)
+            out[name]["decode_tokens_per_s_min"] = round(min(rates), 3)
     return out
+
+
+def decode_ratios(modes: dict[str, dict[str, float]]) -> dict[str, float]:
+    """blendrag's decode rate (the default blend's answer) ÷ each other decoding peer's, medians."""
+    ours = modes.get(BLEND, {}).get("decode_tokens_per_s_median")
+    if not ours:
+        return {}
+    return {
+        name: round(ours / m["decode_tokens_per_s_median"], 3)
+        for name, m in modes.items()
+        if name != BLEND and m.get("decode_tokens_per_s_median")
+    }
+
+
+def _color(name: str) -> str:
+    return "tab:green" if name.startswith("llamacpp") else "tab:orange" if name.startswith("hf") else "tab:blue"
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
     modes = result["modes"]
     names = list(modes)
-    fig, (ax,) = harness.new_figure(1, width_per_panel=7.0)
-    colors = [
-        "tab:green" if n.startswith("llamacpp") else "tab:orange" if n.startswith("hf") else "tab:blue" for n in names
-    ]
+    decoding = [n for n in names if "decode_tokens_per_s_median" in modes[n]]
+    fig, axes = harness.new_figure(2 if decoding else 1, width_per_panel=7.0)
+    ax = axes[0]
     medians = [modes[n]["ttft_s_median"] for n in names]
-    ax.bar(names, medians, color=colors)
+    ax.bar(names, medians, color=[_color(n) for n in names])
     ax.set_yscale("log")
     for i, name in enumerate(names):
         ax.annotate(f"{modes[name]['times_blend']:.1f}×", (i, medians[i]), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("TTFT (s), median; label: × the default blend")
     ax.tick_params(axis="x", rotation=30)
+    if decoding:
+        ax = axes[1]
+        rates = [modes[n]["decode_tokens_per_s_median"] for n in decoding]
+        ax.bar(decoding, rates, color=[_color(n) for n in decoding])
+        for i, rate in enumerate(rates):
+            ax.annotate(f"{rate:.1f}", (i, rate), ha="center", va="bottom", fontsize=8)
+        ax.set_ylabel(f"decode tokens/s, one client, median ({result['decode']['tokens']} tokens)")
+        ax.tick_params(axis="x", rotation=30)
     harness.finish_figure(
         fig, path, result, f"{result['prompt_tokens_mean']:.0f} tokens", f"{result['threads']} threads"
     )
@@ -210,21 +304,22 @@ def main(args: argparse.Namespace) -> int:
     engine = harness.build_engine(args)
     threads = args.threads or torch.get_num_threads()
     prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)
-    n_ctx = max(p.layout.num_tokens for p in prepared) + 16
+    num_tokens = args.decode_tokens
+    n_ctx = max(p.layout.num_tokens for p in prepared) + num_tokens + 16
     cpp, cpp_skipped = llamacpp_peers(args, n_ctx, threads)
     if cpp_skipped:
         logger.info("llama.cpp left out: %s", cpp_skipped)
-    peers: dict[str, Callable[[PreparedPrompt], tuple[float, int]]] = {
-        name: (lambda ex, r=runner: r.ttft(ex.layout.all_ids())) for name, runner in cpp.items()
+    peers: dict[str, Callable[[PreparedPrompt], PeerRun]] = {
+        name: (lambda ex, r=runner: r.decode(ex.layout.all_ids(), num_tokens)) for name, runner in cpp.items()
     }
     checkpoint = _checkpoint_dir(args)
     for dtype in [d for d in args.hf_dtypes.split(",") if d]:
         runner = HFRunner(checkpoint, dtype)
-        peers[f"hf_{dtype}"] = lambda ex, r=runner: r.ttft(ex.layout.all_ids())
-    blend = engine.settings.blend_config()
-    peers["blendrag_full"] = lambda ex: ours_first_token(engine, ex.layout, None, "full", None)
-    peers[BLEND] = lambda ex: ours_first_token(engine, ex.layout, ex.source(args.kv_dtype), "blend", blend)
+        peers[f"hf_{dtype}"] = lambda ex, r=runner: r.decode(ex.layout.all_ids(), num_tokens)
+    peers["blendrag_full"] = lambda ex: _first_token_only(*ours_first_token(engine, ex.layout, None, "full", None))
+    peers[BLEND] = lambda ex: ours_decode(engine, ex, args.kv_dtype, num_tokens)
     rows = run_peers(engine, prepared, peers)
+    modes = summarize(rows, list(peers))
     result = harness.result_header(
         NAME,
         args,
@@ -234,13 +329,29 @@ def main(args: argparse.Namespace) -> int:
         kv_dtype=args.kv_dtype,
         prompt_tokens_mean=statistics.fmean(r["num_prompt_tokens"] for r in rows),
         llamacpp={"skipped": cpp_skipped} if cpp_skipped else _llamacpp_facts(cpp),
-        modes=summarize(rows, list(peers)),
+        decode={
+            "tokens": num_tokens,
+            "decode_weights": engine.decode_weights.format,
+            "blendrag_vs": decode_ratios(modes),
+        },
+        modes=modes,
         per_example=rows,
     )
     harness.write_result(args, result, run, plot)
-    for name, m in result["modes"].items():
-        logger.info("%-15s median %.3fs  %.1f× the blend", name, m["ttft_s_median"], m["times_blend"])
+    for name, m in modes.items():
+        rate = m.get("decode_tokens_per_s_median")
+        logger.info(
+            "%-15s TTFT median %.3fs  %.1f× the blend%s",
+            name,
+            m["ttft_s_median"],
+            m["times_blend"],
+            "" if rate is None else f"; decode {rate:.2f} tokens/s",
+        )
     return 0
+
+
+def _first_token_only(ttft_s: float, token: int) -> PeerRun:
+    return PeerRun(ttft_s, (token,), ())
 
 
 def _llamacpp_facts(runners: dict[str, Any]) -> dict[str, Any]:

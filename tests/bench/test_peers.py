@@ -19,6 +19,89 @@ def test_peers_without_llamacpp_on_the_tiny_model(run_bench, dataset_path) -> No
     assert result["modes"]["hf_float32"]["same_first_token_as_blendrag_full"] == 1.0
     row = result["per_example"][0]
     assert set(row["ttft_s"]) == set(result["modes"]) and row["num_prompt_tokens"] > 0
+    # Decode: 64 tokens by default; every peer but our full prefill (TTFT only) decodes, and blendrag's rate
+    # is compared with each other decoding peer's.
+    assert result["decode"]["tokens"] == 64 and result["decode"]["decode_weights"] == "same"  # a tiny model
+    assert set(row["decode_tokens_per_s"]) == {"hf_float32", "hf_bfloat16", "blendrag_blend"}
+    assert "decode_tokens_per_s_median" not in result["modes"]["blendrag_full"]
+    ours = result["modes"]["blendrag_blend"]["decode_tokens_per_s_median"]
+    assert ours == round(row["decode_tokens_per_s"]["blendrag_blend"], 3) > 0
+    assert set(result["decode"]["blendrag_vs"]) == {"hf_float32", "hf_bfloat16"}
+    hf = result["modes"]["hf_float32"]["decode_tokens_per_s_median"]
+    assert result["decode"]["blendrag_vs"]["hf_float32"] == round(ours / hf, 3)
+
+
+def test_decode_rate_is_the_tokens_after_the_first_over_their_time() -> None:
+    from bench.peer_run import PeerRun, decode_tokens_per_s
+
+    # 3 tokens after the first, 2 s from the first token to the last: the prompt pass before it is not counted.
+    assert decode_tokens_per_s([10.0, 10.25, 11.5, 12.0]) == 1.5
+    assert decode_tokens_per_s([3.0, 3.5]) == 2.0
+    assert decode_tokens_per_s([7.0]) is None  # the first token alone: nothing decoded
+    assert decode_tokens_per_s([]) is None
+    assert decode_tokens_per_s([2.0, 2.0]) is None  # no time between the tokens: no rate
+    run = PeerRun(ttft_s=4.0, tokens=(5, 9, 9, 2), token_times=(104.0, 104.5, 105.0, 105.25))
+    assert (run.first_token, run.decode_tokens_per_s) == (5, 3 / 1.25)
+
+
+def test_decode_tokens_count_the_first_token(capsys) -> None:
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["peers", "--decode-tokens", "0"])
+    assert exc.value.code == 2 and "at least 1 (the first token), got 0" in capsys.readouterr().err
+
+
+def test_summary_gives_decode_medians_and_blendrag_over_each_peer() -> None:
+    from bench.peers import decode_ratios, summarize
+
+    names = ["llamacpp_q4_k_m", "hf_float32", "blendrag_full", "blendrag_blend"]
+    ttfts = [[30.0, 20.0, 20.0, 4.0], [36.0, 24.0, 25.0, 6.0], [33.0, 21.0, 22.0, 5.0]]
+    rates = [[40.0, 8.0, 20.0], [50.0, 10.0, 30.0], [44.0, 9.0, 22.0]]  # our full prefill does not decode
+    rows = [
+        {
+            "ttft_s": dict(zip(names, ttft, strict=True)),
+            "first_token": dict.fromkeys(names, 7) | ({"hf_float32": 3} if n == 1 else {}),
+            "decode_tokens_per_s": dict(zip(["llamacpp_q4_k_m", "hf_float32", "blendrag_blend"], rate, strict=True)),
+        }
+        for n, (ttft, rate) in enumerate(zip(ttfts, rates, strict=True))
+    ]
+    modes = summarize(rows, names)
+    assert modes["llamacpp_q4_k_m"] == {
+        "ttft_s_median": 33.0,
+        "ttft_s_p90": 35.4,  # between 33 and 36, numpy's way
+        "times_blend": 6.6,  # 33 / 5
+        "times_blend_paired_median": 6.6,  # median of 7.5, 6.0, 6.6
+        "same_first_token_as_blendrag_full": 1.0,
+        "decode_tokens_per_s_median": 44.0,
+        "decode_tokens_per_s_min": 40.0,
+    }
+    assert modes["hf_float32"]["same_first_token_as_blendrag_full"] == 2 / 3
+    assert modes["hf_float32"]["decode_tokens_per_s_median"] == 9.0
+    assert modes["blendrag_blend"]["decode_tokens_per_s_median"] == 22.0
+    assert "decode_tokens_per_s_median" not in modes["blendrag_full"]
+    assert decode_ratios(modes) == {"llamacpp_q4_k_m": 0.5, "hf_float32": 2.444}  # 22/44, 22/9
+    # Without blendrag's decode (--decode-tokens 1) there is no ratio.
+    assert decode_ratios({"hf_float32": {"decode_tokens_per_s_median": 9.0}, "blendrag_blend": {}}) == {}
+
+
+def test_transformers_peer_decodes_what_generate_does(tiny_llama_dir) -> None:
+    """The manual loop (the last token and the KV cache per step) picks transformers' own greedy `generate`
+    tokens, EOS ignored."""
+    import torch
+
+    from bench.peers import HFRunner
+
+    runner = HFRunner(tiny_llama_dir, "float32")
+    ids = list(range(5, 45))
+    run = runner.decode(ids, 12)
+    with torch.inference_mode():
+        want = runner.model.generate(
+            torch.tensor([ids]), max_new_tokens=12, min_new_tokens=12, do_sample=False, attention_mask=None
+        )
+    assert run.tokens == tuple(want[0, len(ids) :].tolist())
+    assert len(run.token_times) == 12 and run.ttft_s > 0 and run.decode_tokens_per_s is not None
+    assert runner.decode(ids, 1).tokens == run.tokens[:1]  # one token: the prompt pass alone
 
 
 def test_peers_records_why_llamacpp_is_left_out(run_bench, dataset_path) -> None:
@@ -125,6 +208,7 @@ def test_peers_runs_llamacpp_on_the_gguf_and_its_f16_copy(run_bench, dataset_pat
         "peers",
         *("--dataset", str(dataset_path), "--examples", "1", "--passages", "2", "--hf-dtypes", ""),
         *("--gguf", str(builtin_gguf_path()), "--f16-gguf", str(tmp_path / "smol.F16.gguf")),
+        *("--decode-tokens", "8"),
     )
     assert code == 0
     assert list(result["modes"]) == ["llamacpp_q4_1", "llamacpp_f16", "blendrag_full", "blendrag_blend"]
@@ -132,3 +216,24 @@ def test_peers_runs_llamacpp_on_the_gguf_and_its_f16_copy(run_bench, dataset_pat
     assert (facts["gguf"], facts["peer"]) == (builtin_gguf_path().name, "llamacpp_q4_1")
     assert facts["f16_gguf"] == "smol.F16.gguf"
     assert all(result["per_example"][0]["ttft_s"][name] > 0 for name in result["modes"])
+    # llama.cpp decodes the same 8 tokens as every peer; blendrag's rate is set against both files'.
+    assert set(result["per_example"][0]["decode_tokens_per_s"]) == {"llamacpp_q4_1", "llamacpp_f16", "blendrag_blend"}
+    assert set(result["decode"]["blendrag_vs"]) == {"llamacpp_q4_1", "llamacpp_f16"}
+
+
+@pytest.mark.skipif(not llama_cpp_available(), reason="needs the optional llama-cpp-python (llamacpp extra)")
+def test_llamacpp_decodes_greedily_from_the_prompt(tmp_path) -> None:
+    """llama.cpp's decode loop on SmolLM2's GGUF: the first token is the prompt pass's (`ttft`), each next one
+    llama.cpp's greedy pick after the previous, EOS ignored (the run is as long as asked)."""
+    from bench.llamacpp import LlamaCppRunner
+    from engine.builtin import builtin_gguf_path
+
+    runner = LlamaCppRunner(builtin_gguf_path(), n_ctx=128, n_threads=2, n_batch=64)
+    ids = [1, 504, 3458, 282, 4649, 314, 260, 3575, 30, 216]
+    run = runner.decode(ids, 10)
+    assert len(run.tokens) == len(run.token_times) == 10 and run.decode_tokens_per_s is not None
+    assert run.first_token == runner.ttft(ids)[1]
+    # Greedy and deterministic: the same prompt decodes the same tokens; a prompt that already holds the
+    # first five continues with the sixth.
+    assert runner.decode(ids, 10).tokens == run.tokens
+    assert runner.decode(ids + list(run.tokens[:5]), 5).tokens == run.tokens[5:]
