@@ -101,6 +101,12 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
         choices=["auto", "float32", "bfloat16", "float16"],
         help="model compute dtype (auto: the engine's choice for this machine, recorded in the result)",
     )
+    parser.add_argument(
+        "--decode-weights",
+        default=None,
+        choices=["auto", "same", "int8", "int4"],
+        help="the weights decode reads (engine.decode_weights; default: the server's, auto)",
+    )
 
 
 def add_out_arg(parser: argparse.ArgumentParser, out: str) -> None:
@@ -216,6 +222,8 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
     for name in ("match_window", "match_span", "stale_key_bias", "stale_key_scope"):
         if getattr(args, name, None) is not None:
             overrides.setdefault(name, getattr(args, name))
+    if getattr(args, "decode_weights", None) is not None:
+        overrides.setdefault("decode_weights", args.decode_weights)
     settings = EngineSettings(model=args.model, num_threads=args.threads, dtype=args.dtype, **overrides)
     engine = Engine(settings, models_dir=args.models_dir)
     # The blend settings a server on this model starts with (shipped for it, else safe; the options above
