@@ -43,7 +43,9 @@ CHUNK_TOKENS = 1024  # a musique passage is one chunk, as in `throughput`
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--formats", default="same,int8,int4", help="engine.decode_weights values, comma-separated")
-    parser.add_argument("--clients", default="1,8", help="client counts for the decode rate, comma-separated")
+    parser.add_argument(
+        "--clients", default="1,8", help="client counts for the decode rate, comma-separated ('': fidelity alone)"
+    )
     parser.add_argument("--decode-tokens", type=int, default=96, help="tokens each client decodes in the window")
     parser.add_argument("--fidelity-examples", type=int, default=6, help="examples answered for fidelity (0: none)")
     parser.add_argument("--fidelity-tokens", type=int, default=48, help="answer length of the fidelity check")
@@ -58,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     speed: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
     fidelity: dict[str, Any] = {}
     header: dict[str, Any] = {}
-    for round_ in range(args.rounds):
+    for round_ in range(args.rounds if clients else 0):  # --clients '': fidelity alone
         order = formats if round_ % 2 == 0 else formats[::-1]
         for fmt in order:
             with temp_settings("decode", args, engine={"decode_weights": fmt}) as settings:
@@ -67,6 +69,8 @@ def main(args: argparse.Namespace) -> int:
             header = header or result["header"]
     if args.fidelity_examples > 0:
         fidelity = _fidelity_all(args, formats, examples[: args.fidelity_examples])
+    if not header:  # no speed run: the fidelity engine's header
+        header = harness.result_header(NAME, args)
     summary = _summary(speed, fidelity, formats, clients)
     out = header | {
         "formats": formats,
