@@ -164,7 +164,12 @@ class EngineSettings(BaseModel):
     )
     max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
     max_new_tokens: int = Field(
-        default=512, ge=1, description="answer length cap when a request sets none (fits an answer with a code example)"
+        default=320,
+        ge=1,
+        description="answer length cap when a request sets none (its max_tokens, the chat page's Max tokens, asks "
+        "for more): holds an answer with a code example (the default model's how-to answers on the docs corpus "
+        "end by themselves after 107-190 tokens) and stops a looping answer after ~1 minute at the 5 tokens/s two "
+        "loaded cores decode, where 512 let it run ~2",
     )
     history_max_tokens: int = Field(
         default=1024,

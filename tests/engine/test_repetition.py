@@ -190,7 +190,7 @@ def test_without_the_stop_the_same_script_runs_to_length(tiny_engine, layout, mo
 
 def test_settings_turn_repetition_control_on_with_a_length_that_fits_a_code_example() -> None:
     params = EngineSettings().sampling_params()
-    assert params.max_tokens == 512
+    assert params.max_tokens == 320
     assert (params.repetition_penalty, params.no_repeat_ngram_size, params.stop_on_repeated_line) == (1.0, 0, True)
     request_values = EngineSettings(repetition_penalty=1.2).sampling_params(max_tokens=7, temperature=0.5)
     assert (request_values.max_tokens, request_values.temperature, request_values.repetition_penalty) == (7, 0.5, 1.2)
