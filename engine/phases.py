@@ -243,12 +243,21 @@ def _plan_group(
 
 
 def _named_tokens(layout: PromptLayout) -> set[int]:
-    """The question's tokens that stand in some of the prompt's segments but in at most a third of them."""
+    """The question's tokens that stand in some of the retrieved chunks but in at most a third of them.
+
+    In a conversation the latest earlier turn is read as part of the question: a follow-up ("… of that one?")
+    names its subject there, not in its own words."""
+    chunks = layout.retrieved_chunk_ids
+    if not chunks:
+        chunks = layout.chunk_ids
     num_segments: Counter[int] = Counter()
-    for segment in layout.chunk_ids:
+    for segment in chunks:
         num_segments.update(set(segment))
-    limit = max(1, len(layout.chunk_ids) // 3)
-    return {t for t in layout.suffix_ids if 0 < num_segments[t] <= limit}
+    limit = max(1, len(chunks) // 3)
+    asked = set(layout.suffix_ids)
+    if layout.num_history_segments and layout.retrieved_chunk_ids:
+        asked.update(layout.chunk_ids[-1])
+    return {t for t in asked if 0 < num_segments[t] <= limit}
 
 
 def _named_segments(layout: PromptLayout) -> list[int]:

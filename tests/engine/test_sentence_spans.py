@@ -85,3 +85,13 @@ def test_a_sentence_span_without_the_ends_is_refused_and_a_bad_span_is_a_clear_e
     with pytest.raises(ValueError, match="match_span"):
         EngineSettings(match_span="line")  # type: ignore[arg-type]
     assert EngineSettings(match_span="sentence").blend_config().match_span == "sentence"
+
+
+def test_a_follow_up_names_its_subject_in_the_earlier_turn() -> None:
+    # three retrieved chunks and one earlier turn; 77 (a name) stands in the second chunk and in the turn only
+    chunks = [[10, 11, 12], [20, 77, 21, 22], [30, 31, 32], [90, 77, 91]]
+    follow_up = PromptLayout(prefix_ids=[1], chunk_ids=chunks, suffix_ids=[5, 6], num_history_segments=1)
+    assert _question_matches(follow_up, 1) == {4, 5} | {11, 12}  # in the chunk, and in the turn itself
+    # the same prompt as a question with no history names nothing (77 is in no question token)
+    alone = PromptLayout(prefix_ids=[1], chunk_ids=chunks, suffix_ids=[5, 6])
+    assert _question_matches(alone, 1) == set()
