@@ -196,7 +196,7 @@ def _int4_weight(codes: torch.Tensor, scales_zeros: torch.Tensor) -> Int4Weight:
 
 # ------------------------------------------------------------------------------------------ build
 def build_decode_weights(model: LoadedModel, setting: DecodeWeightsName, cache_dir: Path | None) -> DecodeWeights:
-    """The weights decode reads for `setting`, read from `cache_dir` when a earlier start stored them, else
+    """The weights decode reads for `setting`, read from `cache_dir` when an earlier start stored them, else
     quantized now (and stored there when it is writable). `cache_dir` None: nothing is read or stored."""
     fmt = choose_format(setting, model)
     if fmt == "same":
@@ -206,12 +206,18 @@ def build_decode_weights(model: LoadedModel, setting: DecodeWeightsName, cache_d
     t0 = time.perf_counter()
     path = None if cache_dir is None else cache_dir / f"{model.fingerprint[:32]}-{fmt}-v{_CACHE_VERSION}.safetensors"
     tensors = _read_cache(path)
-    from_cache = tensors is not None
-    if tensors is None:
+    weights = None
+    if tensors is not None:
+        try:
+            weights = _assemble(model.weights, fmt, tensors)
+        except (KeyError, RuntimeError, ValueError) as exc:  # a file of another layout: quantize again
+            logger.warning("ignoring the decode-weights cache %s, which does not fit this model: %s", path, exc)
+    from_cache = weights is not None
+    if weights is None:
         tensors = _quantize_all(model.weights, fmt)
         if path is not None:
             _write_cache(path, tensors)
-    weights = _assemble(model.weights, fmt, tensors)
+        weights = _assemble(model.weights, fmt, tensors)
     num_bytes = sum(_nbytes(layer_weight) for layer_weight in _matrices(weights).values())
     seconds = time.perf_counter() - t0
     logger.info(

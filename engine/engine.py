@@ -84,14 +84,15 @@ class Engine:
             torch.set_num_threads(settings.num_threads)  # process-wide; the engine is the main CPU user
         t0 = time.perf_counter()
         self.model: LoadedModel = load_model(path, dtype=dtype, device=device)
+        # Decode's compact copies are made from the plain weights, before any packing below.
+        self.decode_weights: DecodeWeights = build_decode_weights(
+            self.model, settings.decode_weights, Path(models_dir) / DECODE_WEIGHTS_DIR
+        )
         self.num_packed_weights = 0
         if settings.pack_weights and can_pack(self.model.device, self.model.dtype):
             self.num_packed_weights = pack_weights(self.model.weights)
             logger.info("%d GEMM weights packed for oneDNN's bf16 kernels", self.num_packed_weights)
         self.transformer = Transformer(self.model)
-        self.decode_weights: DecodeWeights = build_decode_weights(
-            self.model, settings.decode_weights, Path(models_dir) / DECODE_WEIGHTS_DIR
-        )
         self.transformer.with_decode_weights(self.decode_weights.weights)
         self.tokenizer = _load_tokenizer(path)
         self.eos_token_ids: frozenset[int] = _eos_ids(path, self.tokenizer)

@@ -151,6 +151,16 @@ def test_cache_round_trips_and_a_damaged_file_is_replaced(
     assert torch.equal(repaired.weights.layers[1].w_down.qweight, first.weights.layers[1].w_down.qweight)
     assert build_decode_weights(model, "int8", tmp_path).from_cache  # the damaged file was replaced
 
+    # A readable file that does not fit (another layout under the same name) is quantized again, not trusted.
+    from safetensors.torch import save_file
+
+    save_file({"lm_head.codes": torch.zeros(2, 2, dtype=torch.int8)}, str(cached))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="engine.decode_weights"):
+        refit = build_decode_weights(model, "int8", tmp_path)
+    assert not refit.from_cache and "does not fit this model" in caplog.text
+    assert torch.equal(refit.weights.lm_head.qweight, first.weights.lm_head.qweight)
+
     int4 = build_decode_weights(model, "int4", None)  # no cache dir: nothing written
     assert isinstance(int4.weights.layers[0].w_gate_up, Int4Weight) and not int4.from_cache
     assert sorted(p.name.split("-")[-2] for p in tmp_path.glob("*.safetensors")) == ["int8"]
