@@ -282,7 +282,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_yscale("log")
     for i, name in enumerate(names):
         ax.annotate(f"{modes[name]['times_blend']:.1f}×", (i, medians[i]), ha="center", va="bottom", fontsize=8)
-    ax.set_ylabel("TTFT (s), median; label: × the default blend")
+    ax.set_ylabel("TTFT (s), median")
+    ax.set_title("time to first token (label: × the default blend)", fontsize=9)
     ax.tick_params(axis="x", rotation=30)
     if decoding:
         ax = axes[1]
@@ -290,7 +291,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.bar(decoding, rates, color=[_color(n) for n in decoding])
         for i, rate in enumerate(rates):
             ax.annotate(f"{rate:.1f}", (i, rate), ha="center", va="bottom", fontsize=8)
-        ax.set_ylabel(f"decode tokens/s, one client, median ({result['decode']['tokens']} tokens)")
+        ax.set_ylabel("decode tokens/s, median")
+        ax.set_title(f"decode, one client ({result['decode']['tokens']} tokens, greedy)", fontsize=9)
         ax.tick_params(axis="x", rotation=30)
     harness.finish_figure(
         fig, path, result, f"{result['prompt_tokens_mean']:.0f} tokens", f"{result['threads']} threads"
