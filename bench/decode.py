@@ -13,6 +13,11 @@ For every format in --formats (`engine.decode_weights`: same, int8, int4), in on
 
 Formats are interleaved per client count and their order reversed every other round (--rounds), so drifting
 load hits all alike; ratios against `same` in one run are the figures to quote.
+
+With --kernels, two measurements below the server come first, on the model's own shapes: one pass of a row
+(or --kernel-rows rows) through every layer's GEMMs and the LM head, per format (the weights stream from memory
+as in decode), and the engine's decode step alone (`decode_batch`, one request, a --context-token cache) per
+format beside `phases.decode`, the one-token prompt pass decode ran before it had a step of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +35,8 @@ from bench import decode_rate, harness
 from bench.data import load_dataset, select_examples
 from bench.inprocess import running_app, temp_settings
 from bench.metrics import mean
+from engine.batched_decode import decode_batch
+from engine.decode_weights import INT4_GROUP_SIZE
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -50,6 +58,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fidelity-examples", type=int, default=6, help="examples answered for fidelity (0: none)")
     parser.add_argument("--fidelity-tokens", type=int, default=48, help="answer length of the fidelity check")
     parser.add_argument("--rounds", type=int, default=1, help="repeat the speed runs, alternating format order")
+    parser.add_argument("--kernels", action="store_true", help="also time the GEMM pass and the bare decode step")
+    parser.add_argument("--kernel-rows", default="1,4,8", help="--kernels: rows per GEMM pass, comma-separated")
+    parser.add_argument("--context-tokens", type=int, default=3500, help="--kernels: the decode step's cache length")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     speed: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
     fidelity: dict[str, Any] = {}
     header: dict[str, Any] = {}
+    kernels = _kernels(args, formats) if args.kernels else None
     for round_ in range(args.rounds if clients else 0):  # --clients '': fidelity alone
         order = formats if round_ % 2 == 0 else formats[::-1]
         for fmt in order:
@@ -79,12 +91,86 @@ def main(args: argparse.Namespace) -> int:
         "fidelity_tokens": args.fidelity_tokens,
         "speed": speed,
         "fidelity": fidelity,
+        "kernels": kernels,
         "summary": summary,
     }
     harness.write_result(args, out, run)
     for fmt in formats:
         logger.info("%s: %s", fmt, summary[fmt])
+    if kernels is not None:
+        logger.info("kernels: %s", kernels)
     return 0
+
+
+# ----------------------------------------------------------------------------------------- kernels
+def _kernels(args: argparse.Namespace, formats: list[str]) -> dict[str, Any]:
+    """ms per GEMM pass (all layers + LM head) per format and row count; ms per decode step per format."""
+    from engine.decode_weights import DECODE_WEIGHTS_DIR, build_decode_weights
+    from engine.phases import decode, extend
+    from engine.working_cache import WorkingCache
+
+    engine = harness.build_engine(args, decode_weights="same")
+    tf, cfg = engine.transformer, engine.config
+    rows_list = [int(n) for n in args.kernel_rows.split(",") if n.strip()]
+    cache = WorkingCache.allocate(
+        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, args.context_tokens + 64, engine.dtype, engine.device
+    )
+    # Any tokens will do for a cache of the right length: the step's cost does not depend on what it holds.
+    with torch.no_grad():
+        extend(tf, cache, [(7 * i) % cfg.vocab_size for i in range(args.context_tokens)])
+    gemm: dict[str, dict[str, float]] = {}
+    step: dict[str, float] = {"before (phases.decode)": _step_ms(lambda c: decode(tf, c, 11)[None], cache)}
+    for fmt in formats:
+        weights = build_decode_weights(engine.model, fmt, Path(args.models_dir) / DECODE_WEIGHTS_DIR).weights  # type: ignore[arg-type]
+        gemm[fmt] = {str(n): _gemm_pass_ms(tf, weights, n) for n in rows_list}
+        tf.with_decode_weights(weights)
+        step[fmt] = _step_ms(lambda c, d=tf.decoder: decode_batch(d, [c], [11]), cache)
+        tf.with_decode_weights(engine.model.weights)
+        logger.info("%s: GEMM pass %s ms by rows, decode step %.1f ms", fmt, gemm[fmt], step[fmt])
+    return {
+        "gemm_pass_ms": gemm,
+        "decode_step_ms": step,
+        "context_tokens": args.context_tokens,
+        "load_avg": harness.load_avg(),
+    }
+
+
+@torch.no_grad()
+def _gemm_pass_ms(tf: Any, weights: Any, rows: int, repeats: int = 5) -> float:
+    from engine.decode_weights import GEMM_FIELDS
+
+    mats = [getattr(layer, name) for layer in weights.layers for name in GEMM_FIELDS] + [weights.lm_head]
+    inputs = {}
+    for m in mats:
+        in_features = _in_features(m)
+        inputs.setdefault(in_features, torch.randn(rows, in_features).to(tf.dtype))
+    run = [(m, inputs[_in_features(m)]) for m in mats]
+    for m, x in run:  # warm-up
+        tf.linear(x, m)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        for m, x in run:
+            tf.linear(x, m)
+    return (time.perf_counter() - t0) / repeats * 1e3
+
+
+def _in_features(weight: Any) -> int:
+    if isinstance(weight, torch.Tensor):
+        return weight.shape[1]
+    if hasattr(weight, "qweight"):
+        return weight.qweight.shape[1]
+    return weight.scales_zeros.shape[0] * INT4_GROUP_SIZE
+
+
+@torch.no_grad()
+def _step_ms(fn: Any, cache: WorkingCache, steps: int = 16) -> float:
+    work = _clone(cache)
+    for _ in range(3):
+        fn(work)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn(work)
+    return (time.perf_counter() - t0) / steps * 1e3
 
 
 async def _speed(settings: Any, examples: list, clients: list[int], args: argparse.Namespace) -> dict[str, Any]:
@@ -155,8 +241,6 @@ def _clone(cache: WorkingCache) -> WorkingCache:
 @torch.no_grad()
 def _greedy(tf: Any, cache: WorkingCache, first: int, args: argparse.Namespace) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy answer of `fidelity_tokens` tokens after `first`, and the log-probs of every step (vocab,)."""
-    from engine.batched_decode import decode_batch
-
     cache, tokens, logps = _clone(cache), [first], []
     for _ in range(args.fidelity_tokens):
         logits = decode_batch(tf, [cache], [tokens[-1]])[0]
@@ -169,8 +253,6 @@ def _greedy(tf: Any, cache: WorkingCache, first: int, args: argparse.Namespace) 
 def _compare(
     decoder: Any, cache: WorkingCache, first: int, reference: list[int], reference_logps: list[torch.Tensor]
 ) -> dict[str, Any]:
-    from engine.batched_decode import decode_batch
-
     forced, kls, agree = _clone(cache), [], 0
     inputs = [first, *reference[:-1]]
     for token, ref_logp, want in zip(inputs, reference_logps, reference, strict=True):
