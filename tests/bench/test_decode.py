@@ -87,3 +87,14 @@ def test_summary_ratios_and_aggregate() -> None:
         2,
         0.75,
     )
+
+
+def test_in_features_of_every_weight_form(engine: Engine, tmp_path: Path) -> None:
+    from bench.decode import _in_features
+
+    layer = engine.model.weights.layers[0]
+    hidden, intermediate = engine.config.hidden_size, engine.config.intermediate_size
+    assert (_in_features(layer.wqkv), _in_features(layer.w_down)) == (hidden, intermediate)
+    for fmt in ("int8", "int4"):
+        compact = build_decode_weights(engine.model, fmt, tmp_path).weights.layers[0]  # type: ignore[arg-type]
+        assert (_in_features(compact.wqkv), _in_features(compact.w_down)) == (hidden, intermediate)
