@@ -25,7 +25,7 @@ decode rate ÷ each other peer's. Threads: --threads for torch and llama.cpp ali
 with its own KV cache, one `forward` of the last token per step (what `generate` runs, without its
 per-step logits processors).
 
-llama.cpp is optional (the `llamacpp` extra builds llama-cpp-python from source, ~10-20 min on two
+llama.cpp is optional (the `llamacpp` extra builds llama-cpp-python from source, ~10-20 min on two quiet
 cores): without it, or with --no-llamacpp, its two rows are left out and the reason recorded. On an
 Intel CPU with AMX tiles a GGML_NATIVE=ON build of llama-cpp-python 0.3.36 segfaults in llama_decode
 (its AMX path); this non-native build works there:
