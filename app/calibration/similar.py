@@ -103,14 +103,23 @@ def _access_code(rng: random.Random, name: str, used: set[str]) -> tuple[str, st
     return f"The access code of project {name} is {code}.", code
 
 
-def _worker_table(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
-    ports = [_unique(rng, used, _port) for _ in range(3)]
-    owners = rng.sample(_TEAMS, 3)
+def _ports_table(
+    rng: random.Random, name: str, used: set[str], head: tuple[str, str], parts: tuple[str, ...], cell: str
+) -> tuple[str, str]:
+    """A Markdown table of the project's parts, each with a unique port (written as `cell`) and a team; the
+    first row's port is the value asked."""
+    ports = [_unique(rng, used, _port) for _ in parts]
+    teams = rng.sample(_TEAMS, len(parts))
     rows = [
-        f"| {name} {part} | {port} | {owner} |"
-        for part, port, owner in zip(("worker", "API", "dashboard"), ports, owners, strict=True)
+        f"| {name} {part} | {cell.format(port)} | {team} |"
+        for part, port, team in zip(parts, ports, teams, strict=True)
     ]
-    return "\n".join(["| Component | Port | Owner |", "|---|---|---|", *rows]), ports[0]
+    return "\n".join([*head, *rows]), ports[0]
+
+
+def _worker_table(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
+    head = ("| Component | Port | Owner |", "|---|---|---|")
+    return _ports_table(rng, name, used, head, ("worker", "API", "dashboard"), "{}")
 
 
 def _toml(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
@@ -137,13 +146,8 @@ def _price(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
 
 
 def _gateway_table(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
-    ports = [_unique(rng, used, _port) for _ in range(3)]
-    teams = rng.sample(_TEAMS, 3)
-    rows = [
-        f"| {name} {service} | `{port}` | {team} |"
-        for service, team, port in zip(("scheduler", "gateway", "indexer"), teams, ports, strict=True)
-    ]
-    return "\n".join(["| Service | Listens on | Team |", "| --- | --- | --- |", *rows]), ports[0]
+    head = ("| Service | Listens on | Team |", "| --- | --- | --- |")
+    return _ports_table(rng, name, used, head, ("scheduler", "gateway", "indexer"), "`{}`")
 
 
 def _yaml(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
