@@ -638,5 +638,7 @@ def extend(
 
 
 def decode(tf: Transformer, cache: WorkingCache, token_id: int) -> torch.Tensor:
-    """One decode step: feed the last sampled token, get the next-token logits (vocab,) float32."""
+    """One token through the prompt pass's layer path: the next-token logits (vocab,) float32. The engine
+    decodes with `batched_decode.decode_batch`; this is the reference its tests compare against (and what
+    `bench decode --kernels` times as the step before it)."""
     return extend(tf, cache, [token_id])
