@@ -36,7 +36,6 @@ from bench.data import load_dataset, select_examples
 from bench.inprocess import running_app, temp_settings
 from bench.metrics import mean
 from engine.batched_decode import decode_batch
-from engine.decode_weights import INT4_GROUP_SIZE
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -155,11 +154,7 @@ def _gemm_pass_ms(tf: Any, weights: Any, rows: int, repeats: int = 5) -> float:
 
 
 def _in_features(weight: Any) -> int:
-    if isinstance(weight, torch.Tensor):
-        return weight.shape[1]
-    if hasattr(weight, "qweight"):
-        return weight.qweight.shape[1]
-    return weight.scales_zeros.shape[0] * INT4_GROUP_SIZE
+    return weight.shape[1] if isinstance(weight, torch.Tensor) else weight.in_features
 
 
 @torch.no_grad()

@@ -68,6 +68,10 @@ class Int8Weight:
     def out_features(self) -> int:
         return self.qweight.shape[0]
 
+    @property
+    def in_features(self) -> int:
+        return self.qweight.shape[1]
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x (…, in) → x @ wᵀ (…, out), in x's dtype."""
         rows = x.reshape(-1, x.shape[-1]).to(_KERNEL_DTYPE)
@@ -82,6 +86,10 @@ class Int4Weight:
     packed: torch.Tensor  # the CPU kernel's packed layout (from `_convert_weight_to_int4pack_for_cpu`)
     scales_zeros: torch.Tensor  # (in / group, out, 2) bfloat16: scale and zero of each group
     out_features: int
+
+    @property
+    def in_features(self) -> int:
+        return self.scales_zeros.shape[0] * INT4_GROUP_SIZE
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).to(_KERNEL_DTYPE)
