@@ -26,6 +26,7 @@ BLEND_FIELDS: tuple[str, ...] = (
     "sink_tokens",
     "match_window",
     "match_span",
+    "match_extra",
     "stale_key_bias",
     "stale_key_scope",
     "history_ratio",
@@ -116,6 +117,13 @@ class EngineSettings(BaseModel):
         description="match_window: how far after a matched token the recompute runs: window (match_window tokens) "
         "or sentence (to the end of its sentence, table row or block, at most match_window tokens)",
     )
+    match_extra: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="match_window: the matched tokens' rows are recomputed on top of the budget, at most this share "
+        "of the context (the selector keeps its whole budget); 0: they come out of the budget",
+    )
     stale_key_bias: float = Field(
         default=0.0,
         ge=0.0,
@@ -163,6 +171,21 @@ class EngineSettings(BaseModel):
         description="requests waiting for their prompt pass before EngineBusy (running ones: max_running)",
     )
     max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
+    working_cache_pool_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="working caches kept for reuse, by size class (powers of two from 512 tokens; a request takes "
+        "the class of its prompt + max_tokens), in use or idle: at most this many bytes (engine/cache_pool.py); "
+        "null (auto): an eighth of the GPU's memory on CUDA, off on a CPU (a fresh cache costs milliseconds there "
+        "against a prompt pass of seconds: no gain measured end to end, docs/gpu.md); 0: off, every request "
+        "allocates its own",
+    )
+    decode_graphs: Literal["auto", "off"] = Field(
+        default="auto",
+        description="auto: on CUDA the decode step (single and batched) is captured in a CUDA graph per batch size "
+        "class and cache size class and replayed (needs the working cache pool; a failed capture falls back to "
+        "eager decode, logged once); off: eager decode, as on a CPU (engine/decode_graphs.py)",
+    )
     max_new_tokens: int = Field(
         default=320,
         ge=1,

@@ -32,7 +32,9 @@ import torch
 
 from engine import phases
 from engine.batched_decode import decode_batch
+from engine.cache_pool import CacheLayout, WorkingCachePool
 from engine.config import BLEND_FIELDS, EngineSettings
+from engine.decode_graphs import DecodeGraphs, use_decode_graphs
 from engine.decode_weights import DECODE_WEIGHTS_DIR, DecodeWeights, build_decode_weights
 from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
 from engine.generation import RequestRun
@@ -94,6 +96,14 @@ class Engine:
             logger.info("%d GEMM weights packed for oneDNN's bf16 kernels", self.num_packed_weights)
         self.transformer = Transformer(self.model)
         self.transformer.with_decode_weights(self.decode_weights.weights)
+        # Working caches by size class, reused (engine/cache_pool.py); decode captured in CUDA graphs over them.
+        graphs = use_decode_graphs(settings.decode_graphs, self.model.device)
+        self.cache_pool: WorkingCachePool | None = _cache_pool(settings, self.model, graphs)
+        self.decode_graphs: DecodeGraphs | None = None
+        if graphs and self.cache_pool is None:
+            logger.info("decode graphs need the working cache pool (engine.working_cache_pool_bytes > 0): eager decode")
+        elif graphs:
+            self.decode_graphs = DecodeGraphs(capture=True)
         self.tokenizer = _load_tokenizer(path)
         self.eos_token_ids: frozenset[int] = _eos_ids(path, self.tokenizer)
         self.prompt = PromptBuilder(self.tokenizer, settings.system_prompt, settings.question_template)
@@ -251,6 +261,7 @@ class Engine:
             between_layers=between_layers,
             cancelled=cancelled,
             sentence_ends=ends,
+            cache_pool=self.cache_pool,
         )
 
     def _token_piece(self, token_id: int) -> str:
@@ -330,16 +341,23 @@ class Engine:
         finally:
             if request.kv_source is not None:
                 request.kv_source.close()
+        if self.cache_pool is not None:  # the run owns the pass's cache: its slot goes back when the run ends
+            run.cache_release = self.cache_pool.release
         return run.accept_prompt(result)
 
     def decode(self, runs: list[RequestRun]) -> list[list[GenerationEvent]]:
         """One decode step of every run (decoding): its pending token through the model, the next sampled.
 
-        Several runs go through the layers together (engine/batched_decode.py). Returns each run's events.
+        Several runs go through the layers together (engine/batched_decode.py); on CUDA as a replayed graph
+        (engine/decode_graphs.py). Returns each run's events.
         """
         # Decode's compact weights for a few requests; a large batch reads the model's own (engine/decode_weights.py).
         tf = self.transformer.decoder if len(runs) <= self.decode_weights.max_rows else self.transformer
-        logits = decode_batch(tf, [r.cache for r in runs], [r.pending_token for r in runs])
+        caches, tokens = [r.cache for r in runs], [r.pending_token for r in runs]
+        if self.decode_graphs is not None:
+            logits = self.decode_graphs.decode(tf, caches, tokens, eager=decode_batch)
+        else:
+            logits = decode_batch(tf, caches, tokens)
         return [run.accept_logits(row) for run, row in zip(runs, logits, strict=True)]
 
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
@@ -367,6 +385,24 @@ class Engine:
         while not run.finished:
             (events,) = self.decode([run])
             yield from events
+
+
+def _cache_pool(settings: EngineSettings, model: LoadedModel, decode_graphs: bool) -> WorkingCachePool | None:
+    """The working cache pool of `settings.working_cache_pool_bytes` (auto: an eighth of the GPU's memory on
+    CUDA, none on a CPU); None when off. With decode graphs a slab holds every request the scheduler runs at
+    once (`max_running`) plus the scratch slot padding rows write to, so a decode batch is one slab's slots."""
+    max_bytes = settings.working_cache_pool_bytes
+    if max_bytes is None:
+        device = model.device
+        max_bytes = torch.cuda.get_device_properties(device).total_memory // 8 if device.type == "cuda" else 0
+    if max_bytes <= 0:
+        return None
+    cfg = model.config
+    layout = CacheLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, model.dtype, model.device)
+    slots = settings.max_running if decode_graphs else 1
+    return WorkingCachePool(
+        layout, max_bytes, slots=slots, scratch=decode_graphs, max_capacity=cfg.max_position_embeddings
+    )
 
 
 def _load_tokenizer(path: Path):

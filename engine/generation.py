@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from engine.sampling import IncrementalDetokenizer, RepeatedLineGuard, Sampler, StopStringFilter
@@ -69,6 +70,10 @@ class RequestRun:
         self.num_completion_tokens = 0
         self.first_token_time: float | None = None
         self._next_token: int | None = None  # sampled, not yet fed through the model
+        # Gives the working cache back to the pool it came from (engine/cache_pool.py) when the run is done; set by
+        # whoever ran the run's prompt pass into a pooled cache (`Engine.run_prompt`), None when the run does not
+        # own its cache (`Engine.answer` decodes from a caller's pass).
+        self.cache_release: Callable[[WorkingCache], None] | None = None
 
     # ------------------------------------------------------------------------------------ state
     @property
@@ -112,8 +117,11 @@ class RequestRun:
         self.release()
 
     def release(self) -> None:
-        """Drop the working cache (memory) once the request is done."""
-        self.result = None
+        """Drop the working cache (memory) once the request is done: a pooled one goes back to its size class
+        for the next request."""
+        result, self.result = self.result, None
+        if result is not None and self.cache_release is not None:
+            self.cache_release(result.cache)
 
     # --------------------------------------------------------------------------------- internals
     def _accept(self, token_id: int) -> list[GenerationEvent]:
@@ -146,7 +154,7 @@ class RequestRun:
         layout = self.request.layout
         self._next_token = None
         if res is not None and reason == "cancelled":
-            self.result = None
+            self.release()
         return FinishEvent(
             finish_reason=reason,
             num_prompt_tokens=layout.num_tokens,

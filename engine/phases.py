@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -56,6 +57,9 @@ from engine.types import (
 )
 from engine.working_cache import WorkingCache
 from kvcache.types import ChunkKV, LayerKVSource
+
+if TYPE_CHECKING:
+    from engine.cache_pool import WorkingCachePool
 
 
 @dataclass(frozen=True)
@@ -215,23 +219,32 @@ def _upfront_budget(config: BlendConfig, n_ctx: int, scores: torch.Tensor | None
 class _UpfrontGroup:
     """One budget of an up-front selection, planned on the host from the layout (context offsets 0…N-1)."""
 
+    budget: int  # the rows this group recomputes (the selector's budget, with match_extra's rows)
     forced: list[int]  # the segments' sink tokens kept first (at most `budget`), in priority order
     rest: list[int]  # the group's other tokens, ascending: the selector's candidates
     rest_sizes: list[int]  # how many of `rest` each segment of the group holds, in order
 
 
 def _plan_group(
-    sizes: list[int], starts: list[int], segments: range, budget: int, sink_tokens: int, matched: set[int]
+    sizes: list[int],
+    starts: list[int],
+    segments: range,
+    budget: int,
+    sink_tokens: int,
+    matched: set[int],
+    extra: int = 0,
 ) -> _UpfrontGroup:
     """The first `sink_tokens` of every segment are forced (over budget: every segment's first token before any
     segment's second, …), then the `matched` offsets (`_question_matches`) in prompt order; the rest are the
-    selector's candidates. Host lists: the layout holds every count."""
+    selector's candidates. `extra` more rows (`match_extra`) go to matched offsets on top of the budget, so the
+    selector keeps what they would have taken. Host lists: the layout holds every count."""
     sinks = [(rank, starts[i] + rank) for i in segments for rank in range(min(sink_tokens, sizes[i]))]
     sink_offsets = [offset for _, offset in sorted(sinks)]
     is_sink = set(sink_offsets)
     group_matched = sorted(
         o for i in segments for o in matched if starts[i] <= o < starts[i] + sizes[i] and o not in is_sink
     )
+    budget += min(extra, len(group_matched))
     forced = (sink_offsets + group_matched)[:budget]
     taken = is_sink | set(group_matched)
     rest, rest_sizes = [], []
@@ -239,7 +252,7 @@ def _plan_group(
         members = [o for o in range(starts[i], starts[i] + sizes[i]) if o not in taken]
         rest.extend(members)
         rest_sizes.append(len(members))
-    return _UpfrontGroup(forced=forced, rest=rest, rest_sizes=rest_sizes)
+    return _UpfrontGroup(budget=budget, forced=forced, rest=rest, rest_sizes=rest_sizes)
 
 
 def _named_tokens(layout: PromptLayout) -> set[int]:
@@ -339,10 +352,12 @@ def _select_upfront(
     matched = _question_matches(layout, config.match_window, sentence_ends if sentence else None)
     forced: list[int] = []
     picked: list[torch.Tensor] = []
+    extra = num_recompute_tokens(config.match_extra, n) if matched else 0  # match_extra's rows, over all groups
     for segments, budget in budgets:
-        group = _plan_group(sizes, starts, segments, budget, config.sink_tokens, matched)
+        group = _plan_group(sizes, starts, segments, budget, config.sink_tokens, matched, extra)
+        extra -= group.budget - budget
         forced.extend(group.forced)
-        num_rest = min(budget - len(group.forced), len(group.rest))
+        num_rest = min(group.budget - len(group.forced), len(group.rest))
         if num_rest <= 0:
             continue
         if num_rest == len(group.rest):  # the whole rest fits: nothing to choose
@@ -431,6 +446,7 @@ def prompt_pass(
     between_layers: Callable[[], None] | None = None,
     cancelled: Callable[[], bool] | None = None,
     sentence_ends: frozenset[int] | None = None,
+    cache_pool: WorkingCachePool | None = None,
 ) -> PromptResult:
     """The prompt pass of any mode; returns last-token logits and the working cache decode continues.
 
@@ -438,7 +454,8 @@ def prompt_pass(
     `config` only matters in mode `blend`. `capacity` sizes the working cache (prompt + decode room).
     At every layer boundary `between_layers()` runs, then `cancelled()` is asked (`LayerBoundary`).
     `sentence_ends`: the context offsets ending a sentence (`engine.spans.sentence_ends`), which a blend with
-    `match_span: sentence` needs.
+    `match_span: sentence` needs. `cache_pool`: where the working cache comes from (its size class's, reused;
+    engine/cache_pool.py); None: allocated for this pass.
     """
     boundary = LayerBoundary(between_layers, cancelled)
     t0 = time.perf_counter()
@@ -452,9 +469,12 @@ def prompt_pass(
         raise EngineError(f"check layer {config.check_layers[-1]} ≥ num_layers {cfg.num_layers}")
     selector = make_selector(config) if mode == "blend" and n_ctx else None
 
-    cache = WorkingCache.allocate(
-        cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(capacity, total), tf.dtype, tf.device
-    )
+    if cache_pool is not None:
+        cache = cache_pool.acquire(max(capacity, total))
+    else:
+        cache = WorkingCache.allocate(
+            cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, max(capacity, total), tf.dtype, tf.device
+        )
     stored = None
     if mode != "full":
         cache.k[:, 0, :, :p] = prefix.k  # type: ignore[union-attr]  # exact: reused as a true prefix

@@ -6,9 +6,13 @@ KV that comes from the store is rotated once when it is written here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.cache_pool import CacheSlot
 
 
 @dataclass
@@ -20,6 +24,9 @@ class WorkingCache:
     # over this cache adds to its logits (a blend's `stale_key_bias`); None: none. Positions a row writes
     # later (the suffix, decoded tokens) hold 0.
     key_bias: torch.Tensor | None = None
+    # The pool slot whose rows k and v are (engine/cache_pool.py); None: allocated on its own. A cache that grows
+    # (`ensure_capacity`) leaves its slot's rows but keeps the slot until it is released.
+    slot: CacheSlot | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def allocate(
@@ -39,6 +46,11 @@ class WorkingCache:
     @property
     def capacity(self) -> int:
         return self.k.shape[3]
+
+    @property
+    def in_slot(self) -> bool:
+        """k and v are still its pool slot's rows (it never grew): a captured decode step can address it."""
+        return self.slot is not None and self.capacity == self.slot.slab.capacity
 
     def ensure_capacity(self, needed: int) -> None:
         """Grow (by doubling) so positions up to needed-1 fit; amortised O(1) per decoded token."""

@@ -3,7 +3,8 @@
 Each client asks one question over six short passages (full prefill, EOS ignored); all N are submitted at
 once and their decode steps run batched, as the server runs them. The window opens when the last client has its
 first token and closes when the first client finishes: the aggregate rate is the tokens every client emitted in
-it over its length (prompt passes fall outside it). `python scripts/decode_rate.py --model DIR --out F.json`.
+it over its length (prompt passes fall outside it). `python scripts/decode_rate.py --model DIR --out F.json`;
+`--decode-graphs off` measures eager decode where CUDA graphs would be used (the device check runs both).
 """
 
 from __future__ import annotations
@@ -74,17 +75,37 @@ def main() -> int:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--tokens", type=int, default=128, help="tokens each client decodes inside the window")
     parser.add_argument("--clients", default="1,8", help="client counts to measure, comma-separated")
+    parser.add_argument(
+        "--decode-graphs", default="auto", choices=["auto", "off"], help="engine.decode_graphs (auto: captured on CUDA)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    engine = Engine(EngineSettings(model=args.model, dtype=args.dtype), models_dir=Path(args.model).parent)
-    asyncio.run(aggregate_rate(engine, 1, 8))  # warm-up: kernels, allocator, prefix KV
+    settings = EngineSettings(model=args.model, dtype=args.dtype, decode_graphs=args.decode_graphs)
+    engine = Engine(settings, models_dir=Path(args.model).parent)
+    # Warm-up at every client count: kernels, allocator, prefix KV, and on CUDA the decode graph of every batch
+    # size class the measured runs will step through (captured outside their windows).
+    for n in args.clients.split(","):
+        asyncio.run(aggregate_rate(engine, int(n), 8))
     runs = [asyncio.run(aggregate_rate(engine, int(n), args.tokens)) for n in args.clients.split(",")]
-    out = {"model": args.model, "device": str(engine.device), "dtype": str(engine.dtype), "runs": runs}
+    graphs = engine.decode_graphs
+    out = {
+        "model": args.model,
+        "device": str(engine.device),
+        "dtype": str(engine.dtype),
+        "decode_graphs": args.decode_graphs,
+        "captured": graphs is not None and graphs.enabled,  # False: eager (off, not CUDA, or a capture failed)
+        "runs": runs,
+    }
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     for run in runs:
         logging.info(
-            "%d client(s): %.1f tokens/s (%s, %s)", run["clients"], run["tokens_per_s"], engine.device, engine.dtype
+            "%d client(s): %.1f tokens/s (%s, %s, decode graphs %s)",
+            run["clients"],
+            run["tokens_per_s"],
+            engine.device,
+            engine.dtype,
+            "captured" if out["captured"] else "off",
         )
     return 0
 

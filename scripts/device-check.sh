@@ -7,7 +7,8 @@
 #     copy per layer across the bus) and device-resident (the engine's tensors on the GPU, nothing crosses)
 #   - `bench quality` at ratio 1 in float32 (exactness: first-token KL of blend against full prefill)
 #   - `bench profile` (kernel launches, copies and host syncs per prompt pass)
-#   - decode tokens/s of 1 and 8 concurrent clients (batched, through the scheduler)
+#   - decode tokens/s of 1 and 8 concurrent clients (batched, through the scheduler), captured in CUDA graphs and
+#     eager (engine.decode_graphs: off), with the graph decode's own tests (tests/engine/test_decode_graphs.py)
 # Needs what scripts/device-prep.sh puts under .device/ (wheels, tokenizer, data): carry `.device`.
 # Results are written under $RES and packed again after every step into one archive, $OUT/device-check.tgz (the
 # device tool brings back at most 8 files, and whatever is under $OUT when a run is cut short): a run stopped
@@ -37,8 +38,9 @@ fi
 step "environment"
 { nvidia-smi; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'; lscpu | head -20; } >"$RES/env.txt" 2>&1
 
-step "no host sync in any prompt pass (CUDA)"
-run python3 -m pytest -q -p no:cacheprovider tests/engine/test_host_syncs.py tests/kvcache/test_staging.py
+step "no host sync in any prompt pass; graph decode gives eager decode's tokens (CUDA)"
+run python3 -m pytest -q -p no:cacheprovider tests/engine/test_host_syncs.py tests/kvcache/test_staging.py \
+    tests/engine/test_decode_graphs.py
 
 DATA=.device/data/musique_dev.json
 for shape in $SHAPES; do
@@ -59,8 +61,11 @@ for shape in $SHAPES; do
         step "exactness $shape (float32, ratio 1)"
         run python3 -m bench quality --model "$model" --dataset "$DATA" --examples 3 --passages 6 --dtype float32 \
             --ratios 1.0 --kv-dtype fp32 --max-tokens 4 --out "$RES/quality-$shape-fp32.json"
-        step "decode $shape (1 and 8 clients)"
+        step "decode $shape (1 and 8 clients, CUDA graphs)"
         run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 --out "$RES/decode-$shape.json"
+        step "decode $shape (1 and 8 clients, eager)"
+        run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 \
+            --decode-graphs off --out "$RES/decode-$shape-eager.json"
     fi
     rm -rf "$model"
 done

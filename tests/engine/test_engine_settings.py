@@ -88,6 +88,8 @@ NOT_BLEND_SETTINGS = {
     "mode",
     "max_queue",
     "max_running",
+    "working_cache_pool_bytes",
+    "decode_graphs",
     "max_new_tokens",
     "history_max_tokens",
     "temperature",
