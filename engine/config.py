@@ -26,7 +26,6 @@ BLEND_FIELDS: tuple[str, ...] = (
     "sink_tokens",
     "match_window",
     "match_span",
-    "match_extra",
     "stale_key_bias",
     "stale_key_scope",
     "history_ratio",
@@ -116,13 +115,6 @@ class EngineSettings(BaseModel):
         default="window",
         description="match_window: how far after a matched token the recompute runs: window (match_window tokens) "
         "or sentence (to the end of its sentence, table row or block, at most match_window tokens)",
-    )
-    match_extra: float = Field(
-        default=0.0,
-        ge=0.0,
-        le=1.0,
-        description="match_window: the matched tokens' rows are recomputed on top of the budget, at most this share "
-        "of the context (the selector keeps its whole budget); 0: they come out of the budget",
     )
     stale_key_bias: float = Field(
         default=0.0,
