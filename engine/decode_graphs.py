@@ -99,8 +99,11 @@ class StaticDecode:
         self.key_bias = key_bias  # the slab's bias bank (_SlabState.key_bias)
         self.batch = batch
         self.inputs = torch.zeros(3, batch, dtype=torch.int64, device=tf.device)
-        # A pinned host copy of the inputs: each step's are written here and copied without a sync.
-        self._host_inputs = torch.zeros(3, batch, dtype=torch.int64, pin_memory=tf.device.type == "cuda")
+        # A pinned host copy of the inputs: each step's are written here and copied without a sync. The event
+        # marks the copy done, so the next step never overwrites the host buffer while it is still being read.
+        on_cuda = tf.device.type == "cuda"
+        self._host_inputs = torch.zeros(3, batch, dtype=torch.int64, pin_memory=on_cuda)
+        self._copied = torch.cuda.Event() if on_cuda else None
         self.key_positions = torch.arange(slab.capacity, device=tf.device)  # (capacity,)
         tf.rope.ensure(slab.capacity)
         self.cos, self.sin = tf.rope.cos, tf.rope.sin  # this table, even after the engine grows its own
@@ -109,8 +112,12 @@ class StaticDecode:
 
     def load(self, inputs: torch.Tensor) -> None:
         """Copy a step's inputs (`step_inputs`) into the static buffer, queued on the stream (no host wait)."""
+        if self._copied is not None:
+            self._copied.synchronize()  # long done in practice: the last step's logits were sampled since
         self._host_inputs.copy_(inputs)
         self.inputs.copy_(self._host_inputs, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
 
     def step(self) -> torch.Tensor:
         """One token for each row through the model against its slot: next-token logits (batch, vocab) float32.
@@ -153,7 +160,9 @@ class StaticDecode:
                 self.step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # thread_local: a capture between two layers of a prompt pass must not fail on what the pass's background
+        # thread (reading and rotating the next layer's stored KV) does on the device meanwhile.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             self.logits = self.step()
         self.graph = graph
 
