@@ -219,3 +219,27 @@ def test_the_setting_refuses_a_negative_cap(bad: int) -> None:
 
     with pytest.raises(ValidationError, match="working_cache_pool_bytes"):
         EngineSettings(working_cache_pool_bytes=bad)
+
+
+@pytest.mark.parametrize("mode", ["full", "reuse", "blend"])
+def test_slots_of_a_slab_keep_the_device_path_free_of_host_reads(tiny_model_dir, tmp_path, mode: str) -> None:
+    """The CUDA pool's caches (strided slots of a slab) through the sync-free prompt pass (engine/host_sync.py)."""
+    from engine.config import EngineSettings
+    from engine.engine import Engine
+    from engine.host_sync import HostSyncAudit
+
+    engine = Engine(EngineSettings(model=str(tiny_model_dir), device="cpu", dtype="float32"), models_dir=tmp_path)
+    cfg = engine.config
+    layout = CacheLayout(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, engine.dtype, engine.device)
+    engine.cache_pool = WorkingCachePool(layout, 1 << 26, slots=4, scratch=True)
+    chunks = random_chunks([37, 22, 41, 5], seed=11)
+    prompt = engine.prompt.layout(chunks, "what is the code of the north gate?")
+    stored = engine.precompute_chunks(chunks)
+    config = BlendConfig(0.15, score_layers=(1, 2), stale_key_bias=0.5)
+    reference = engine.prompt_pass(prompt, InMemoryLayerSource(stored), mode, config)
+    engine.transformer.sync_free = True
+    with HostSyncAudit() as audit:
+        result = engine.prompt_pass(prompt, InMemoryLayerSource(stored), mode, config)
+    assert audit.calls == []
+    assert result.cache.slot.index != reference.cache.slot.index  # another slot of the same slab
+    torch.testing.assert_close(result.logits, reference.logits, atol=1e-5, rtol=0)
