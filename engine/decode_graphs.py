@@ -91,11 +91,15 @@ class _SlabState:
 
 
 class StaticDecode:
-    """The decode step of `batch` rows over one slab, on static buffers: what a CUDA graph records."""
+    """The decode step of `batch` rows over one slab, on static buffers: what a CUDA graph records.
+
+    It holds the slab's tensors, never the `Slab` itself: the decode state of a slab lives as long as the pool
+    keeps the slab (`DecodeGraphs._slabs` is keyed weakly by it), and an evicted slab's graphs go with it."""
 
     def __init__(self, tf: Transformer, slab: Slab, key_bias: torch.Tensor, batch: int) -> None:
         self.tf = tf
-        self.slab = slab
+        self.k, self.v = slab.k, slab.v  # (layers, slots, kv_heads, capacity, D) each
+        self.scratch = slab.scratch
         self.key_bias = key_bias  # the slab's bias bank (_SlabState.key_bias)
         self.batch = batch
         self.inputs = torch.zeros(3, batch, dtype=torch.int64, device=tf.device)
@@ -125,7 +129,7 @@ class StaticDecode:
         Reads only `inputs`, the slab, its bias bank, the RoPE table and the weights; writes each row's K/V at its
         position in its slot. No value is read back to the host and every shape is fixed by (batch, capacity).
         """
-        tf, cfg, slab = self.tf, self.tf.cfg, self.slab
+        tf, cfg = self.tf, self.tf.cfg
         bsz, heads, kv_heads, d = self.batch, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         tokens, positions, slots = self.inputs[_TOKEN], self.inputs[_POSITION], self.inputs[_SLOT]  # (B,) each
         cos = self.cos.index_select(0, positions)[:, None, None]  # (B, 1, 1, D/2): over (B, 1, heads, D)
@@ -136,7 +140,7 @@ class StaticDecode:
         h = tf.embed(tokens)[:, None]  # (B, 1, hidden)
         for idx in range(cfg.num_layers):
             q, _, k, v = tf.qkv(idx, h, cos, sin)  # q (B, 1, heads, D); k (RoPE'd), v (B, 1, kv_heads, D)
-            slab_k, slab_v = slab.k[idx], slab.v[idx]  # (slots, kv_heads, capacity, D)
+            slab_k, slab_v = self.k[idx], self.v[idx]  # (slots, kv_heads, capacity, D)
             slab_k[slots, :, positions] = k[:, 0]  # row b's key at (slots[b], :, positions[b])
             slab_v[slots, :, positions] = v[:, 0]
             keys = slab_k.index_select(0, slots)  # (B, kv_heads, capacity, D)
@@ -151,7 +155,7 @@ class StaticDecode:
         """Record `step` in a CUDA graph. The warm-up runs and the capture see padding rows only (the scratch
         slot): they write nothing a request reads."""
         padding = torch.zeros(3, self.batch, dtype=torch.int64)
-        padding[_SLOT] = self.slab.scratch  # type: ignore[assignment]
+        padding[_SLOT] = self.scratch  # type: ignore[assignment]
         self.load(padding)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())

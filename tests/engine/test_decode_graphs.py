@@ -5,6 +5,7 @@ at the end run there (scripts/device-check.sh) and are skipped with their reason
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from pathlib import Path
 
@@ -129,6 +130,19 @@ async def test_requests_through_the_scheduler_share_one_slab(tiny_engine, tiny_m
     assert got == expected
     stats = engine.cache_pool.stats()
     assert (stats.num_slabs, stats.unpooled) == (1, 0) and stats.idle_bytes == stats.held_bytes
+
+
+def test_an_evicted_slab_takes_its_decode_state_with_it(tiny_model_dir, tmp_path) -> None:
+    engine = _static_engine(tiny_model_dir, tmp_path)
+    pool = engine.cache_pool
+    pool.max_bytes = 5 * pool.layout.slot_bytes(512)  # one 512-token slab of 4 slots + scratch
+    _decode_together(engine, _requests(engine, 2))
+    assert len(engine.decode_graphs._slabs) == 1
+    big = pool.acquire(600)  # the 1024 class evicts the idle 512 slab (and fits one slot + scratch)
+    assert big.slot.slab.num_slots == 1
+    gc.collect()
+    assert len(engine.decode_graphs._slabs) == 0
+    assert pool.stats().held_bytes == 4 * pool.layout.slot_bytes(512)
 
 
 def _prompt_caches(engine, requests: list[GenerationRequest]) -> tuple[list[WorkingCache], list[int]]:
