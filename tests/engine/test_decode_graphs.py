@@ -180,6 +180,23 @@ def test_static_logits_match_eager_logits_and_mixed_batches_keep_their_order(tin
         torch.testing.assert_close(got.k[:, :, :, : got.length], want.k[:, :, :, : want.length], rtol=0, atol=1e-5)
 
 
+def test_the_static_step_reads_nothing_back(tiny_model_dir, tmp_path) -> None:
+    """What a capture needs: the step never makes the host wait for the device (engine/host_sync.py)."""
+    from engine.decode_graphs import StaticDecode
+    from engine.host_sync import HostSyncAudit
+
+    engine = _static_engine(tiny_model_dir, tmp_path)
+    caches, tokens = _prompt_caches(engine, _requests(engine, 3))
+    slab = caches[0].slot.slab
+    bank = torch.zeros(slab.k.shape[1], slab.capacity, dtype=engine.dtype)
+    static = StaticDecode(engine.transformer, slab, bank, batch=4)
+    static.load(step_inputs(caches, tokens, 4, slab.scratch))
+    with HostSyncAudit() as audit:
+        logits = static.step()
+    assert audit.calls == []
+    assert logits.shape == (4, engine.config.vocab_size) and logits.dtype == torch.float32
+
+
 def test_a_failed_capture_falls_back_to_eager_decode_logged_once(tiny_engine, tiny_model_dir, tmp_path, caplog) -> None:
     """On a CPU a capture cannot start (no CUDA stream): decode goes on eagerly with the same tokens."""
     engine = _static_engine(tiny_model_dir, tmp_path, capture=True)
