@@ -25,8 +25,9 @@ past the request's length (masked), and masked rows must hold finite values (0 Â
 
 `max_bytes` caps every slab the pool holds, in use or idle: a new slab first evicts idle slabs (least recently
 released first), then takes as many slots as fit; a request that finds no room at all gets a plain, unpooled
-cache (decoded eagerly, dropped when it finishes). A cache goes back to its slot when its request releases it (`RequestRun.release`) or, for a cache
-nobody releases (a `score` or a bench caller's prompt pass), when the cache is garbage collected.
+cache (decoded eagerly, dropped when it finishes). A cache goes back to its slot when its request releases it
+(`RequestRun.release`) or, for a cache nobody releases (a `score` or a bench caller's prompt pass), when the
+cache is garbage collected.
 
 Nothing of an earlier request survives into the next one's answer: a cache is handed out with length 0 and no
 key bias, and every row below `length` is written before it is read (the prompt pass writes all its positions,
@@ -138,7 +139,9 @@ class WorkingCachePool:
         self.scratch = scratch
         self.max_capacity = max_capacity
         self.min_tokens = min_tokens
-        self._lock = threading.Lock()
+        # Reentrant: a collection that runs while the lock is held (allocating a slab allocates Python objects)
+        # may finalize a dropped cache of this thread, whose slot comes back through `_give_back`.
+        self._lock = threading.RLock()
         self._slabs: dict[int, list[Slab]] = {}  # by capacity
         self._tick = itertools.count(1)
         self._hits = 0
