@@ -154,6 +154,8 @@ class StaticDecode:
     def capture(self) -> None:
         """Record `step` in a CUDA graph. The warm-up runs and the capture see padding rows only (the scratch
         slot): they write nothing a request reads."""
+        if self.k.device.type != "cuda":  # a graph of work on another device would record nothing and replay nothing
+            raise RuntimeError(f"a CUDA graph records CUDA work; this step runs on {self.k.device.type}")
         padding = torch.zeros(3, self.batch, dtype=torch.int64)
         padding[_SLOT] = self.scratch  # type: ignore[assignment]
         self.load(padding)

@@ -198,7 +198,7 @@ def test_the_static_step_reads_nothing_back(tiny_model_dir, tmp_path) -> None:
 
 
 def test_a_failed_capture_falls_back_to_eager_decode_logged_once(tiny_engine, tiny_model_dir, tmp_path, caplog) -> None:
-    """On a CPU a capture cannot start (no CUDA stream): decode goes on eagerly with the same tokens."""
+    """A step on a CPU cannot be captured (on any machine): decode goes on eagerly with the same tokens."""
     engine = _static_engine(tiny_model_dir, tmp_path, capture=True)
     with caplog.at_level(logging.WARNING, logger="engine.decode_graphs"):
         answers = _decode_together(engine, _requests(engine, 2))
