@@ -26,6 +26,7 @@ BLEND_FIELDS: tuple[str, ...] = (
     "sink_tokens",
     "match_window",
     "match_span",
+    "match_extra",
     "stale_key_bias",
     "stale_key_scope",
     "history_ratio",
@@ -104,17 +105,27 @@ class EngineSettings(BaseModel):
     sink_tokens: int = Field(
         default=0, ge=0, description="up-front selectors: the first tokens of every segment, always recomputed"
     )
+    # The three match_* defaults are what look-ups among similar chunks need (a value copied from the chunk the
+    # question names, not from a near-identical neighbour): chosen on app/calibration/similar.py's tune part and
+    # checked on its check part (docs/benchmarks.md, "Exact values among similar chunks").
     match_window: int = Field(
-        default=0,
+        default=24,
         ge=0,
         le=256,
         description="up-front selectors: recompute the context tokens the question names (a name or identifier "
-        "found in at most a third of the chunks) and this many tokens after each, within the budget; 0: off",
+        "found in at most a third of the chunks) and at most this many tokens after each; 0: off",
     )
     match_span: Literal["window", "sentence"] = Field(
-        default="window",
+        default="sentence",
         description="match_window: how far after a matched token the recompute runs: window (match_window tokens) "
         "or sentence (to the end of its sentence, table row or block, at most match_window tokens)",
+    )
+    match_extra: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=1.0,
+        description="match_window: the matched tokens' rows are recomputed on top of the budget, at most this share "
+        "of the context (the selector keeps its whole budget); 0: they come out of the budget",
     )
     stale_key_bias: float = Field(
         default=0.0,

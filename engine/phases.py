@@ -219,23 +219,32 @@ def _upfront_budget(config: BlendConfig, n_ctx: int, scores: torch.Tensor | None
 class _UpfrontGroup:
     """One budget of an up-front selection, planned on the host from the layout (context offsets 0…N-1)."""
 
+    budget: int  # the rows this group recomputes (the selector's budget, with match_extra's rows)
     forced: list[int]  # the segments' sink tokens kept first (at most `budget`), in priority order
     rest: list[int]  # the group's other tokens, ascending: the selector's candidates
     rest_sizes: list[int]  # how many of `rest` each segment of the group holds, in order
 
 
 def _plan_group(
-    sizes: list[int], starts: list[int], segments: range, budget: int, sink_tokens: int, matched: set[int]
+    sizes: list[int],
+    starts: list[int],
+    segments: range,
+    budget: int,
+    sink_tokens: int,
+    matched: set[int],
+    extra: int = 0,
 ) -> _UpfrontGroup:
     """The first `sink_tokens` of every segment are forced (over budget: every segment's first token before any
     segment's second, …), then the `matched` offsets (`_question_matches`) in prompt order; the rest are the
-    selector's candidates. Host lists: the layout holds every count."""
+    selector's candidates. `extra` more rows (`match_extra`) go to matched offsets on top of the budget, so the
+    selector keeps what they would have taken. Host lists: the layout holds every count."""
     sinks = [(rank, starts[i] + rank) for i in segments for rank in range(min(sink_tokens, sizes[i]))]
     sink_offsets = [offset for _, offset in sorted(sinks)]
     is_sink = set(sink_offsets)
     group_matched = sorted(
         o for i in segments for o in matched if starts[i] <= o < starts[i] + sizes[i] and o not in is_sink
     )
+    budget += min(extra, len(group_matched))
     forced = (sink_offsets + group_matched)[:budget]
     taken = is_sink | set(group_matched)
     rest, rest_sizes = [], []
@@ -243,7 +252,7 @@ def _plan_group(
         members = [o for o in range(starts[i], starts[i] + sizes[i]) if o not in taken]
         rest.extend(members)
         rest_sizes.append(len(members))
-    return _UpfrontGroup(forced=forced, rest=rest, rest_sizes=rest_sizes)
+    return _UpfrontGroup(budget=budget, forced=forced, rest=rest, rest_sizes=rest_sizes)
 
 
 def _named_tokens(layout: PromptLayout) -> set[int]:
@@ -343,10 +352,12 @@ def _select_upfront(
     matched = _question_matches(layout, config.match_window, sentence_ends if sentence else None)
     forced: list[int] = []
     picked: list[torch.Tensor] = []
+    extra = num_recompute_tokens(config.match_extra, n) if matched else 0  # match_extra's rows, over all groups
     for segments, budget in budgets:
-        group = _plan_group(sizes, starts, segments, budget, config.sink_tokens, matched)
+        group = _plan_group(sizes, starts, segments, budget, config.sink_tokens, matched, extra)
+        extra -= group.budget - budget
         forced.extend(group.forced)
-        num_rest = min(budget - len(group.forced), len(group.rest))
+        num_rest = min(group.budget - len(group.forced), len(group.rest))
         if num_rest <= 0:
             continue
         if num_rest == len(group.rest):  # the whole rest fits: nothing to choose

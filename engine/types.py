@@ -136,6 +136,9 @@ class BlendConfig:
     # how far after a matched token the recompute runs: `window`, match_window tokens; `sentence`, to the end of
     # the token's sentence, table row or block (engine/spans.py), at most match_window tokens.
     match_span: MatchSpan = "window"
+    # the matched tokens' rows recomputed on top of the budget, at most this share of the context tokens (the
+    # selector keeps its whole budget for what the question attends); 0: they come out of the budget.
+    match_extra: float = 0.0
     # up-front selectors: subtracted from the attention logit every row computed over the pass's cache (the
     # question, the recomputed rows, every answer token) gives a stored context key that was not recomputed.
     # Such a key was computed behind the prefix alone, as if its segment opened the document, and draws more
@@ -179,6 +182,8 @@ class BlendConfig:
             raise ValueError(f"match_window must be >= 0, got {self.match_window}")
         if self.match_span not in ("window", "sentence"):
             raise ValueError(f"match_span must be 'window' or 'sentence', got {self.match_span!r}")
+        if not 0.0 <= self.match_extra <= 1.0:
+            raise ValueError(f"match_extra must be within [0, 1], got {self.match_extra}")
         if not 0.0 <= self.stale_key_bias <= 16.0:
             raise ValueError(f"stale_key_bias must be within [0, 16], got {self.stale_key_bias}")
         if self.stale_key_scope not in ("all", "unnamed"):

@@ -33,9 +33,11 @@ def test_frontier_end_to_end(run_bench, dataset_path) -> None:
         assert abs(result["modes"][name]["kl"]) < 1e-6 and result["modes"][name]["fidelity_f1"] == 1.0
     rows = result["per_example"]
     ctx = rows[0]["num_context_tokens"]
-    # Equal budgets: both selectors recompute round(0.3 · N) context tokens.
-    assert rows[0]["modes"]["query@0.3"]["num_recomputed_tokens"] == int(0.3 * ctx + 0.5)
-    assert rows[0]["modes"]["deviation@0.3"]["num_recomputed_tokens"] == int(0.3 * ctx + 0.5)
+    # Both selectors recompute round(0.3 · N) context tokens; the up-front query selector also the tokens the
+    # question names, at most match_extra's share (0.1) of N on top.
+    budget, extra = int(0.3 * ctx + 0.5), int(0.1 * ctx + 0.5)
+    assert budget <= rows[0]["modes"]["query@0.3"]["num_recomputed_tokens"] <= budget + extra
+    assert rows[0]["modes"]["deviation@0.3"]["num_recomputed_tokens"] == budget
     assert result["modes"]["full"]["speedup"] == 1.0
     assert set(result["pareto"]) <= set(result["modes"]) - {"full"}
 
@@ -155,12 +157,13 @@ def test_frontier_study_runs_each_candidate_on_the_same_prompts(run_bench, datas
     # The candidate changes only what it sets: the rest is the settings in force for the model.
     assert result["modes"]["query@0.3"]["blend"]["sink_tokens"] == 0
     assert sinks["blend"]["score_layers"] == result["blend"]["score_layers"]
-    # Recomputing everything is full prefill; sinks come out of the same budget, not on top of it.
+    # Recomputing everything is full prefill; sinks come out of the same budget, not on top of it (only the
+    # tokens the question names may add match_extra's share, 0.1, on top).
     assert abs(result["modes"]["query@1.0"]["kl"]) < 1e-6 and result["modes"]["query@1.0"]["fidelity_f1"] == 1.0
     for row in result["per_example"]:
-        budget = int(0.3 * row["num_context_tokens"] + 0.5)
-        assert row["modes"]["query@0.3 sink_tokens=2"]["num_recomputed_tokens"] == budget
-        assert row["modes"]["query@0.3"]["num_recomputed_tokens"] == budget
+        budget, extra = (int(r * row["num_context_tokens"] + 0.5) for r in (0.3, 0.1))
+        assert budget <= row["modes"]["query@0.3 sink_tokens=2"]["num_recomputed_tokens"] <= budget + extra
+        assert budget <= row["modes"]["query@0.3"]["num_recomputed_tokens"] <= budget + extra
 
 
 def test_frontier_question_first_states_the_question_before_the_chunks(run_bench, dataset_path, tiny_engine) -> None:

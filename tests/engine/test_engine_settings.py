@@ -119,7 +119,8 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
         min_per_chunk=2,
         sink_tokens=4,
         match_window=12,
-        match_span="sentence",
+        match_span="window",
+        match_extra=0.2,
         stale_key_bias=1.5,
         stale_key_scope="unnamed",
         history_ratio=0.5,
@@ -141,7 +142,8 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
         "min_per_chunk": 2,
         "sink_tokens": 4,
         "match_window": 12,
-        "match_span": "sentence",
+        "match_span": "window",
+        "match_extra": 0.2,
         "stale_key_bias": 1.5,
         "stale_key_scope": "unnamed",
         "history_ratio": 0.5,
@@ -153,7 +155,11 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
         "deviation_on": "k",
         "seed": 7,
     }
-    assert EngineSettings().blend_config() == BlendConfig()
+    # The defaults agree but for the look-up spans, which the server turns on and a bare BlendConfig leaves off
+    # (the engine's own tests read the selectors without them).
+    spans = {"match_window": 24, "match_span": "sentence", "match_extra": 0.1}
+    assert EngineSettings().blend_config() == BlendConfig(**spans)
+    assert (BlendConfig().match_window, BlendConfig().match_extra) == (0, 0.0)
     # A request's ratio replaces the schedule and the adaptive budget; its selector the configured one.
     fixed = s.blend_config(recompute_ratio=0.1, selector="query")
     assert (fixed.recompute_ratio, fixed.ratio_schedule, fixed.attention_share, fixed.selector) == (

@@ -95,3 +95,26 @@ def test_a_follow_up_names_its_subject_in_the_earlier_turn() -> None:
     # the same prompt as a question with no history names nothing (77 is in no question token)
     alone = PromptLayout(prefix_ids=[1], chunk_ids=chunks, suffix_ids=[5, 6])
     assert _question_matches(alone, 1) == set()
+
+
+def test_match_extra_recomputes_the_span_on_top_of_the_budget(tiny_engine) -> None:
+    layout, chunks = _layout(tiny_engine)
+    stored = tiny_engine.precompute_chunks(chunks)
+    p = layout.num_prefix_tokens
+    # the sentence's 8 rows come on top of round(0.2 · 100) = 20: the selector keeps all 20 for itself
+    config = BlendConfig(0.2, selector="first_k", match_window=16, match_span="sentence", match_extra=0.1)
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", config)
+    assert res.num_recomputed_tokens == 28
+    # first_k's 20 rows: 7, 7 and 6 of the three chunks' candidates, as without a span
+    forced = [*range(0, 7), *range(10, 18), *range(40, 47), *range(70, 76)]
+    assert res.selected_positions.tolist() == [p + o for o in forced]
+    # a cap below the span: 3 rows on top (round(0.03 · 100)), the rest of the span out of the budget
+    config = BlendConfig(0.2, selector="first_k", match_window=16, match_span="sentence", match_extra=0.03)
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", config)
+    assert res.num_recomputed_tokens == 23
+    # a question naming nothing: no rows on top
+    no_name = PromptLayout(layout.prefix_ids, chunks, layout.suffix_ids[:1])
+    res = tiny_engine.prompt_pass(no_name, InMemoryLayerSource(stored), "blend", config)
+    assert res.num_recomputed_tokens == 20
+    with pytest.raises(ValueError, match="match_extra"):
+        BlendConfig(0.2, match_extra=1.5)

@@ -77,7 +77,9 @@ def test_selector_is_chosen_per_request_at_equal_budget(
     done = ask_stream(client, mode="blend", selector=selector, recompute_ratio=0.5, top_k=2, max_tokens=1)[-1][1]
     assert done["selector"] == selector
     context = done["usage"]["context_tokens"]
-    assert done["usage"]["recomputed_tokens"] == int(0.5 * context + 0.5)
+    # the budget, and at most match_extra's share (0.1 by default) on top for the names the question matches
+    budget, extra = int(0.5 * context + 0.5), int(0.1 * context + 0.5)
+    assert budget <= done["usage"]["recomputed_tokens"] <= budget + extra
     # Modes that recompute by rule have no selector.
     assert ask_stream(client, mode="reuse", selector=selector, top_k=2, max_tokens=1)[-1][1]["selector"] is None
 
