@@ -223,6 +223,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="a JSON list of blend settings (a study): each asked with its values set as the operator's, "
         "instead of --selectors at --ratio",
     )
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help="similar, check part: write the check into the model's shipped record for its dtype "
+        "(app/calibration/similar_check.py), only when the default blend is within 1 of full prefill",
+    )
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
 
 
@@ -259,13 +265,44 @@ async def _study(
     return out
 
 
+def _ship_similar_check(result: dict[str, Any], engine: Any) -> int:
+    """`--ship`: the check part's figures into the shipped record of the model and dtype (exit 1 when refused)."""
+    from datetime import UTC, datetime
+
+    from app.calibration.shipped import model_name
+    from app.calibration.similar_check import SimilarCheck, SimilarCheckError, record_similar_check
+
+    default = f"{result['default_selector']}@{result['ratio']}"
+    check = SimilarCheck(
+        seed=result["seed"],
+        num_cases=result["questions"],
+        num_right_full=result["right"]["full"],
+        num_right_reuse=result["right"]["reuse"],
+        num_right_blend=result["right"][default],
+        blend=result["blend"],
+        checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    try:
+        path = record_similar_check(
+            check, model_name(engine.settings.model), result["compute_dtype"], engine.fingerprint
+        )
+    except SimilarCheckError as exc:
+        logger.error("%s", exc)
+        return 1
+    logger.info("similar check written to %s", path)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.ship and (args.distractors != "similar" or args.part != "check" or args.candidates is not None):
+        raise SystemExit("--ship records the check part of --distractors similar, without --candidates")
     run = harness.RunRecord()
     facts, passages = lookup_corpus(args)
     candidates = read_candidates(args.candidates) if args.candidates is not None else None
     with temp_settings(
         NAME, args, retrieval={"top_k": args.passages}, kvcache={"storage_dtype": args.kv_dtype}
     ) as settings:
+        shipped_engine: Any = None
 
         async def go() -> dict[str, Any]:
             async with running_app(settings) as state:
@@ -279,6 +316,8 @@ def main(args: argparse.Namespace) -> int:
                 logger.info("ingested %d documents (%s)", len(passages), getattr(job, "status", "?"))
                 outcome = await run_lookup(state, facts, modes, ratio, args.max_tokens)
                 engine = state.services.engine
+                nonlocal shipped_engine
+                shipped_engine = engine
             if candidates is not None:
                 study = await _study(args, facts, passages, candidates)
                 outcome["right"] |= study["right"]
@@ -306,4 +345,4 @@ def main(args: argparse.Namespace) -> int:
     for name, right in result["right"].items():
         logger.info("%-16s %d / %d right", name, right, len(facts))
     logger.info("retrieval put the fact's document first for %d / %d", result["retrieved_first"], len(facts))
-    return 0
+    return _ship_similar_check(result, shipped_engine) if args.ship else 0

@@ -1,0 +1,79 @@
+"""A shipped record's check on look-ups among similar chunks (app/calibration/similar.py's check part).
+
+The blend's defaults for those look-ups (`match_window`, `match_span`, `match_extra`: recompute the sentence of the
+name the question asks about, on top of the budget) were chosen on the set's tune part. A model's record ships
+them only once its check part, asked through /ask (`python -m bench lookup --distractors similar --part check
+--ship`), meets the target: the default blend within one right answer of full prefill. The record then says what
+it was tuned and checked on (`measured["similar_check"]`), so /api/stats' record and the file tell the same story.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from app.calibration.record import BlendSettingsRecord
+from app.calibration.shipped import shipped_path
+from kvcache.atomic import write_file_atomic
+
+# Where the match_* defaults were chosen (engine/config.py): the tune part, which shares no template, value form or
+# name with the check part (docs/benchmarks.md, "Exact values among similar chunks").
+TUNED_ON = "similar look-ups, tune part (seed 0, 12 and 30 cases): match_window, match_span, match_extra"
+TARGET = "default blend within 1 right answer of full prefill"
+MATCH_FIELDS = ("match_window", "match_span", "match_extra")
+
+
+@dataclass(frozen=True)
+class SimilarCheck:
+    """What one check run measured: right answers per mode on `num_cases` check cases drawn with `seed`."""
+
+    seed: int
+    num_cases: int
+    num_right_full: int
+    num_right_reuse: int
+    num_right_blend: int
+    blend: dict[str, Any]  # the default blend's settings (BlendConfig fields) the run asked with
+    checked_at: str  # ISO 8601 UTC
+
+    @property
+    def meets_target(self) -> bool:
+        return self.num_right_blend >= self.num_right_full - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tuned_on": TUNED_ON,
+            "checked_on": f"similar look-ups, check part (seed {self.seed}, {self.num_cases} cases, through /ask)",
+            "target": TARGET,
+            "meets_target": self.meets_target,
+            **asdict(self),
+        }
+
+
+class SimilarCheckError(ValueError):
+    """The check cannot be recorded: the target is missed, or no record of this model and dtype ships."""
+
+
+def record_similar_check(check: SimilarCheck, model: str, compute_dtype: str, fingerprint: str) -> Path:
+    """Write `check` into the shipped record of `model` in `compute_dtype` (its `measured["similar_check"]`).
+
+    Refused when the check misses the target (a record ships only a passing check), when no record ships for the
+    model and dtype, or when that record was measured on other weights (another fingerprint)."""
+    if not check.meets_target:
+        raise SimilarCheckError(
+            f"not recorded: the default blend answered {check.num_right_blend} of {check.num_cases} against full "
+            f"prefill's {check.num_right_full} ({TARGET})"
+        )
+    path = shipped_path(model, compute_dtype)
+    try:
+        record = BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SimilarCheckError(f"no shipped record for {model} in {compute_dtype} ({path}): calibrate first") from None
+    if record.fingerprint != fingerprint:
+        raise SimilarCheckError(
+            f"the shipped record {path.name} was measured on fingerprint {record.fingerprint[:12]}, this engine is "
+            f"{fingerprint[:12]}"
+        )
+    updated = replace(record, measured=record.measured | {"similar_check": check.to_dict()})
+    write_file_atomic(path, updated.to_json().encode())
+    return path

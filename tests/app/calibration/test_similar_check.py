@@ -1,0 +1,62 @@
+"""A shipped record takes a similar-chunks check only when it meets the target, on its own weights."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.calibration import shipped
+from app.calibration.record import BlendSettingsRecord
+from app.calibration.similar_check import SimilarCheck, SimilarCheckError, record_similar_check
+
+
+def _check(full: int, blend: int) -> SimilarCheck:
+    return SimilarCheck(
+        seed=0,
+        num_cases=12,
+        num_right_full=full,
+        num_right_reuse=3,
+        num_right_blend=blend,
+        blend={"recompute_ratio": 0.15, "match_window": 24, "match_span": "sentence", "match_extra": 0.1},
+        checked_at="2026-12-05T01:00:00+00:00",
+    )
+
+
+@pytest.fixture
+def shipped_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
+    record = BlendSettingsRecord(
+        model="m",
+        fingerprint="f" * 64,
+        compute_dtype="float32",
+        values={"recompute_ratio": 0.15},
+        calibrated_at="2026-12-04T00:00:00+00:00",
+        calibration_set="calset-3",
+        measured={"kl_ratio": 0.1},
+    )
+    (tmp_path / "m.float32.json").write_text(record.to_json())
+    return tmp_path
+
+
+def test_a_passing_check_is_written_into_the_record_beside_what_it_measured(shipped_dir) -> None:
+    path = record_similar_check(_check(11, 10), "m", "float32", "f" * 64)
+    assert path == shipped_dir / "m.float32.json"
+    record = BlendSettingsRecord.from_json(path.read_text())
+    assert record.values == {"recompute_ratio": 0.15} and record.measured["kl_ratio"] == 0.1
+    entry = record.measured["similar_check"]
+    assert entry["meets_target"] is True and (entry["num_right_full"], entry["num_right_blend"]) == (11, 10)
+    assert entry["checked_on"] == "similar look-ups, check part (seed 0, 12 cases, through /ask)"
+    assert entry["tuned_on"].startswith("similar look-ups, tune part")
+
+
+def test_a_missed_target_another_fingerprint_or_no_record_is_refused_and_nothing_changes(shipped_dir) -> None:
+    before = (shipped_dir / "m.float32.json").read_text()
+    with pytest.raises(SimilarCheckError, match="answered 9 of 12 against full prefill's 11"):
+        record_similar_check(_check(11, 9), "m", "float32", "f" * 64)
+    with pytest.raises(SimilarCheckError, match="fingerprint ffffffffffff"):
+        record_similar_check(_check(11, 11), "m", "float32", "e" * 64)
+    with pytest.raises(SimilarCheckError, match="no shipped record for m in bfloat16"):
+        record_similar_check(_check(11, 11), "m", "bfloat16", "f" * 64)
+    assert (shipped_dir / "m.float32.json").read_text() == before
+    assert "similar_check" not in json.loads(before)["measured"]
