@@ -201,6 +201,12 @@ def add_blend_args(parser: argparse.ArgumentParser) -> None:
         help="--match-window: the matched rows recomputed on top of the budget, at most this share of the context",
     )
     parser.add_argument(
+        "--match-scope",
+        choices=("any", "one"),
+        default=None,
+        help="--match-window: spans for any question naming a token, or one naming tokens of one chunk only",
+    )
+    parser.add_argument(
         "--stale-key-bias", type=float, default=None, help="attention-logit bias against the unrecomputed stored keys"
     )
     parser.add_argument(
@@ -225,7 +231,7 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
         value = getattr(args, name, None)
         if value is not None:
             overrides.setdefault(name, value if name == "selector" else _layers(value))
-    for name in ("match_window", "match_span", "match_extra", "stale_key_bias", "stale_key_scope"):
+    for name in ("match_window", "match_span", "match_extra", "match_scope", "stale_key_bias", "stale_key_scope"):
         if getattr(args, name, None) is not None:
             overrides.setdefault(name, getattr(args, name))
     if getattr(args, "decode_weights", None) is not None:

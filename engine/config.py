@@ -27,6 +27,7 @@ BLEND_FIELDS: tuple[str, ...] = (
     "match_window",
     "match_span",
     "match_extra",
+    "match_scope",
     "stale_key_bias",
     "stale_key_scope",
     "history_ratio",
@@ -126,6 +127,11 @@ class EngineSettings(BaseModel):
         le=1.0,
         description="match_window: the matched tokens' rows are recomputed on top of the budget, at most this share "
         "of the context (the selector keeps its whole budget); 0: they come out of the budget",
+    )
+    match_scope: Literal["any", "one"] = Field(
+        default="one",
+        description="match_window: which questions get the spans: any that names a token, or one: only those whose "
+        "named tokens stand in a single retrieved chunk (a look-up singling out one page, not an open question)",
     )
     stale_key_bias: float = Field(
         default=0.0,

@@ -279,7 +279,9 @@ def _named_segments(layout: PromptLayout) -> list[int]:
     return [i for i, segment in enumerate(layout.chunk_ids) if named.intersection(segment)]
 
 
-def _question_matches(layout: PromptLayout, window: int, ends: frozenset[int] | None = None) -> set[int]:
+def _question_matches(
+    layout: PromptLayout, window: int, ends: frozenset[int] | None = None, scope: str = "any"
+) -> set[int]:
     """Context offsets of the tokens the question names, each with the `window` tokens after it, or, with `ends`
     (`engine.spans.sentence_ends`, `match_span: sentence`), with the tokens after it up to the end of its
     sentence, table row or block (that end included), at most `window` after it.
@@ -295,6 +297,10 @@ def _question_matches(layout: PromptLayout, window: int, ends: frozenset[int] | 
     if window <= 0 or not layout.chunk_ids:
         return set()
     named = _named_tokens(layout)
+    if scope == "one":  # only a question singling out one retrieved chunk (its earlier turns not counted)
+        num_chunks = len(layout.chunk_ids) - layout.num_history_segments
+        if sum(1 for segment in layout.chunk_ids[:num_chunks] if named.intersection(segment)) != 1:
+            return set()
     sorted_ends = sorted(ends) if ends is not None else []
     offsets: set[int] = set()
     start = 0
@@ -349,7 +355,7 @@ def _select_upfront(
     sentence = config.match_window > 0 and config.match_span == "sentence"
     if sentence and sentence_ends is None:
         raise EngineError("match_span 'sentence' needs the context's sentence ends (Engine.prompt_pass plans them)")
-    matched = _question_matches(layout, config.match_window, sentence_ends if sentence else None)
+    matched = _question_matches(layout, config.match_window, sentence_ends if sentence else None, config.match_scope)
     forced: list[int] = []
     picked: list[torch.Tensor] = []
     extra = num_recompute_tokens(config.match_extra, n) if matched else 0  # match_extra's rows, over all groups

@@ -22,6 +22,7 @@ SELECTORS: tuple[SelectorName, ...] = get_args(SelectorName)
 ScoreFuse = Literal["mean", "max"]
 ScoreBy = Literal["attention", "output"]
 MatchSpan = Literal["window", "sentence"]
+MatchScope = Literal["any", "one"]
 StaleKeyScope = Literal["all", "unnamed"]
 # "repetition": stop_on_repeated_line ended a loop before its first repeated sentence was sent.
 FinishReason = Literal["stop", "length", "cancelled", "repetition"]
@@ -139,6 +140,10 @@ class BlendConfig:
     # the matched tokens' rows recomputed on top of the budget, at most this share of the context tokens (the
     # selector keeps its whole budget for what the question attends); 0: they come out of the budget.
     match_extra: float = 0.0
+    # which questions get the spans: `any` that names a token; `one`, only a question whose named tokens stand in
+    # one retrieved chunk (a look-up singling out one page among similar ones, not an open question whose words
+    # stand here and there in several passages).
+    match_scope: MatchScope = "any"
     # up-front selectors: subtracted from the attention logit every row computed over the pass's cache (the
     # question, the recomputed rows, every answer token) gives a stored context key that was not recomputed.
     # Such a key was computed behind the prefix alone, as if its segment opened the document, and draws more
@@ -182,6 +187,8 @@ class BlendConfig:
             raise ValueError(f"match_window must be >= 0, got {self.match_window}")
         if self.match_span not in ("window", "sentence"):
             raise ValueError(f"match_span must be 'window' or 'sentence', got {self.match_span!r}")
+        if self.match_scope not in ("any", "one"):
+            raise ValueError(f"match_scope must be 'any' or 'one', got {self.match_scope!r}")
         if not 0.0 <= self.match_extra <= 1.0:
             raise ValueError(f"match_extra must be within [0, 1], got {self.match_extra}")
         if not 0.0 <= self.stale_key_bias <= 16.0:

@@ -121,6 +121,7 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
         match_window=12,
         match_span="window",
         match_extra=0.2,
+        match_scope="any",
         stale_key_bias=1.5,
         stale_key_scope="unnamed",
         history_ratio=0.5,
@@ -144,6 +145,7 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
         "match_window": 12,
         "match_span": "window",
         "match_extra": 0.2,
+        "match_scope": "any",
         "stale_key_bias": 1.5,
         "stale_key_scope": "unnamed",
         "history_ratio": 0.5,
@@ -157,7 +159,7 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
     }
     # The defaults agree but for the look-up spans, which the server turns on and a bare BlendConfig leaves off
     # (the engine's own tests read the selectors without them).
-    spans = {"match_window": 24, "match_span": "sentence", "match_extra": 0.1}
+    spans = {"match_window": 24, "match_span": "sentence", "match_extra": 0.1, "match_scope": "one"}
     assert EngineSettings().blend_config() == BlendConfig(**spans)
     assert (BlendConfig().match_window, BlendConfig().match_extra) == (0, 0.0)
     # A request's ratio replaces the schedule and the adaptive budget; its selector the configured one.
