@@ -130,8 +130,9 @@ class EngineSettings(BaseModel):
     )
     match_scope: Literal["any", "one"] = Field(
         default="one",
-        description="match_window: which questions get the spans: any that names a token, or one: only those whose "
-        "named tokens stand in a single retrieved chunk (a look-up singling out one page, not an open question)",
+        description="match_window: where the spans go: any (every occurrence of a named token), or one: only in the "
+        "retrieved chunk holding more of the question's named tokens than any other (a look-up singling out one "
+        "page; a tie, as an open question's words give, gets none) and the conversation's earlier turns",
     )
     stale_key_bias: float = Field(
         default=0.0,

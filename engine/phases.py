@@ -279,6 +279,22 @@ def _named_segments(layout: PromptLayout) -> list[int]:
     return [i for i, segment in enumerate(layout.chunk_ids) if named.intersection(segment)]
 
 
+def _singled_out(layout: PromptLayout, named: set[int]) -> range | set[int]:
+    """`match_scope: one`: the one retrieved chunk holding more of the question's named tokens (distinct) than any
+    other, with the conversation's earlier turns; no chunk when two or more hold the most (an open question whose
+    words stand here and there). A name split into sub-word tokens ("Or" + "mont") shares a piece with other pages
+    ("Ul" + "mont"), so a chunk is singled out by holding more of the pieces, not by being the only one with any."""
+    num_chunks = len(layout.chunk_ids) - layout.num_history_segments
+    held = [len(named.intersection(segment)) for segment in layout.chunk_ids[:num_chunks]]
+    history = set(range(num_chunks, len(layout.chunk_ids)))
+    if not held:
+        return history
+    most = max(held)
+    if most == 0 or held.count(most) > 1:
+        return history
+    return {held.index(most)} | history
+
+
 def _question_matches(
     layout: PromptLayout, window: int, ends: frozenset[int] | None = None, scope: str = "any"
 ) -> set[int]:
@@ -297,16 +313,15 @@ def _question_matches(
     if window <= 0 or not layout.chunk_ids:
         return set()
     named = _named_tokens(layout)
-    if scope == "one":  # only a question singling out one retrieved chunk (its earlier turns not counted)
-        num_chunks = len(layout.chunk_ids) - layout.num_history_segments
-        if sum(1 for segment in layout.chunk_ids[:num_chunks] if named.intersection(segment)) != 1:
-            return set()
+    spanned = range(len(layout.chunk_ids))
+    if scope == "one":
+        spanned = _singled_out(layout, named)
     sorted_ends = sorted(ends) if ends is not None else []
     offsets: set[int] = set()
     start = 0
-    for segment in layout.chunk_ids:
+    for index, segment in enumerate(layout.chunk_ids):
         for i, token in enumerate(segment):
-            if token in named:
+            if token in named and index in spanned:
                 stop = start + min(len(segment), i + 1 + window)  # one past the window, cut at the segment's end
                 if ends is not None:
                     at = bisect.bisect_left(sorted_ends, start + i)

@@ -140,9 +140,9 @@ class BlendConfig:
     # the matched tokens' rows recomputed on top of the budget, at most this share of the context tokens (the
     # selector keeps its whole budget for what the question attends); 0: they come out of the budget.
     match_extra: float = 0.0
-    # which questions get the spans: `any` that names a token; `one`, only a question whose named tokens stand in
-    # one retrieved chunk (a look-up singling out one page among similar ones, not an open question whose words
-    # stand here and there in several passages).
+    # where the spans go: `any`, at every named token; `one`, only in the retrieved chunk holding more of the
+    # question's named tokens than any other (a look-up singling out one page among similar ones; a tie, as an open
+    # question whose words stand here and there gives, gets none) and in the earlier turns (engine.phases._singled_out).
     match_scope: MatchScope = "any"
     # up-front selectors: subtracted from the attention logit every row computed over the pass's cache (the
     # question, the recomputed rows, every answer token) gives a stored context key that was not recomputed.

@@ -28,13 +28,16 @@ def test_a_question_token_in_few_segments_is_matched_with_the_window_after_it() 
     assert _question_matches(layout, 0) == set()
 
 
-def test_scope_one_matches_only_a_question_that_singles_out_one_chunk() -> None:
+def test_scope_one_spans_only_the_chunk_the_question_singles_out() -> None:
     chunks = [[10, 11, 12, 13, 14], [20, 21, 77, 22, 23, 24], [30, 31, 32], [40, 10, 41], [50, 51], [60, 61]]
     # 77 (one segment) and 10 (two others): the question's names stand in three chunks, no span at all
     assert _question_matches(_layout(chunks, [5, 77, 10, 6]), 2, scope="one") == set()
     # 77 alone: one chunk singled out, its span as with scope "any"
     assert _question_matches(_layout(chunks, [5, 77, 6]), 2, scope="one") == {7, 8, 9}
     assert _question_matches(_layout(chunks, [5, 77, 6]), 2, scope="any") == {7, 8, 9}
+    # 77 and 20 in the second chunk, 10 in two others: the chunk holding more of the names is singled out, and
+    # only its occurrences get spans (20 at 5 and 77 at 7, two tokens after each)
+    assert _question_matches(_layout(chunks, [77, 20, 10]), 2, scope="one") == {5, 6, 7, 8, 9}
     # an earlier turn (the last segment, a history segment) naming the same token does not count as a chunk
     turn = PromptLayout(prefix_ids=[1, 2], chunk_ids=[*chunks, [77, 88]], suffix_ids=[5, 6], num_history_segments=1)
     assert _question_matches(turn, 2, scope="one") == {7, 8, 9, 21, 22}  # the turn starts at offset 21
