@@ -309,6 +309,8 @@ def _question_matches(
     sentences looks alike in every chunk, so the blend copies from the wrong one; recomputed, the named chunk's
     sentence sees the context as full prefill does (docs/benchmarks.md, "Exact values among similar chunks").
     A sentence span spends nothing past the value's sentence, where a fixed window runs on into the next one.
+    With `scope` "one" (`match_scope`) only the chunk the question singles out (`_singled_out`) and the earlier
+    turns get spans: spans in several passages of an open question pull its attention to them (nq6).
     """
     if window <= 0 or not layout.chunk_ids:
         return set()
