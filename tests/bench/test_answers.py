@@ -21,14 +21,23 @@ def test_the_docs_corpus_holds_every_answer(tmp_path: Path) -> None:
 def test_answers_runs_per_model_and_mode(tmp_path: Path, tiny_llama_dir: Path) -> None:
     out = tmp_path / "answers.json"
     args = ["answers", "--models", str(tiny_llama_dir), "--examples", "3", "--max-tokens", "2", "--threads", "2"]
+    args += ["--followups", "2"]
     assert main([*args, "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert (result["benchmark"], result["examples"], result["docs_questions"]) == ("answers", 3, 12)
+    assert (result["benchmark"], result["examples"], result["docs_questions"], result["followups"]) == (
+        "answers",
+        3,
+        12,
+        2,
+    )
     [(name, row)] = result["models"].items()
     assert name == str(tiny_llama_dir) and row["served_model"]["served_model"]["name"] == tiny_llama_dir.name
     assert list(row["modes"]) == ["full", "blend"]
     for mode in row["modes"].values():
-        assert (len(mode["lookups"]), len(mode["docs"])) == (3, 12)
+        assert (len(mode["lookups"]), len(mode["docs"]), len(mode["followups"])) == (3, 12, 2)
+        # A follow-up's second turn is scored on its own answer; the count is the rows' sum.
+        assert mode["followups_right"] == sum(r["right"] for r in mode["followups"])
+        assert {r["project"] for r in mode["followups"]} == {r["project"] for r in row["modes"]["full"]["followups"]}
         assert mode["ttft_median_ms"] > 0
         # Every docs answer carries its marks (standing and by shared words alone) and unsupported names.
         assert all({"marks", "marks_lexical", "unsupported"} <= set(row) for row in mode["docs"])
