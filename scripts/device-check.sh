@@ -13,6 +13,9 @@
 # Results are written under $RES and packed again after every step into one archive, $OUT/device-check.tgz (the
 # device tool brings back at most 8 files, and whatever is under $OUT when a run is cut short): a run stopped
 # at its time limit still returns every figure taken so far. The most wanted shape runs first.
+# Rehearse it on a CPU before a GPU is at hand (every command runs, the CUDA-only tests skip, figures mean nothing):
+#   PY=.venv/bin/python WHEELS=none SHAPES=tiny scripts/device-check.sh
+# (TOKENIZER= and DATASET= point elsewhere than .device/; tests/scripts/test_device_check.py does this in the suite)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-./device-check-out}
@@ -23,48 +26,51 @@ SHAPES=${SHAPES:-"mistral-7b qwen2.5-0.5b qwen2.5-7b"}
 MODELS=${MODELS:-/tmp/blendrag-random-models}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export BLENDRAG_MODELS_DIR=${BLENDRAG_MODELS_DIR:-/tmp/blendrag-models}
+PY=${PY:-python3}
+WHEELS=${WHEELS:-.device/whl}
 step() {
     tar czf "$OUT/device-check.tgz" -C "$RES" . 2>/dev/null  # what is taken so far
     echo "== $(date +%T) $*" | tee -a "$LOG"
 }
 run() { "$@" >>"$LOG" 2>&1 || echo "!! failed ($?): $*" | tee -a "$LOG"; }
 
-if [ -d .device/whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/whl/*.whl
+if [ -d "$WHEELS" ]; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl
     export PYTHONPATH=/tmp/site:$PWD
 else
     export PYTHONPATH=$PWD
 fi
 step "environment"
-{ nvidia-smi; python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'; lscpu | head -20; } >"$RES/env.txt" 2>&1
+{ nvidia-smi; "$PY" -c 'import torch; print(torch.__version__, torch.cuda.get_device_name(0))'; lscpu | head -20; } >"$RES/env.txt" 2>&1
 
 step "no host sync in any prompt pass; graph decode gives eager decode's tokens (CUDA)"
-run python3 -m pytest -q -p no:cacheprovider tests/engine/test_host_syncs.py tests/kvcache/test_staging.py \
+run "$PY" -m pytest -q -p no:cacheprovider tests/engine/test_host_syncs.py tests/kvcache/test_staging.py \
     tests/engine/test_decode_graphs.py
 
-DATA=.device/data/musique_dev.json
+DATASET=${DATASET:-.device/data/musique_dev.json}
+TOKENIZER=${TOKENIZER:-.device/tokenizer}
 for shape in $SHAPES; do
     model="$MODELS/$shape"
     step "write $shape"
-    run python3 -m bench random-model --shape "$shape" --tokenizer .device/tokenizer --out "$model"
+    run "$PY" -m bench random-model --shape "$shape" --tokenizer "$TOKENIZER" --out "$model"
     for kv in int4 fp32; do
         step "ttft $shape kv=$kv"
-        run python3 -m bench ttft --model "$model" --dataset "$DATA" --examples 5 --passages 6 --dtype bfloat16 \
+        run "$PY" -m bench ttft --model "$model" --dataset "$DATASET" --examples 5 --passages 6 --dtype bfloat16 \
             --ratios 0.15,0.3 --kv-dtype "$kv" --no-rss --out "$RES/ttft-$shape-$kv.json"
     done
-    if [ "$shape" = "mistral-7b" ]; then
+    if [ "$shape" = "mistral-7b" ] || [ "$shape" = "tiny" ]; then
         step "profile $shape"
-        run python3 -m bench profile --model "$model" --dataset "$DATA" --examples 1 --passages 6 --dtype bfloat16 \
+        run "$PY" -m bench profile --model "$model" --dataset "$DATASET" --examples 1 --passages 6 --dtype bfloat16 \
             --repeats 2 --kv-dtype int4 --out "$RES/profile-$shape.json"
     fi
-    if [ "$shape" = "qwen2.5-0.5b" ]; then
+    if [ "$shape" = "qwen2.5-0.5b" ] || [ "$shape" = "tiny" ]; then
         step "exactness $shape (float32, ratio 1)"
-        run python3 -m bench quality --model "$model" --dataset "$DATA" --examples 3 --passages 6 --dtype float32 \
+        run "$PY" -m bench quality --model "$model" --dataset "$DATASET" --examples 3 --passages 6 --dtype float32 \
             --ratios 1.0 --kv-dtype fp32 --max-tokens 4 --out "$RES/quality-$shape-fp32.json"
         step "decode $shape (1 and 8 clients, CUDA graphs)"
-        run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 --out "$RES/decode-$shape.json"
+        run "$PY" scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 --out "$RES/decode-$shape.json"
         step "decode $shape (1 and 8 clients, eager)"
-        run python3 scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 \
+        run "$PY" scripts/decode_rate.py --model "$model" --dtype bfloat16 --tokens 128 --clients 1,8 \
             --decode-graphs off --out "$RES/decode-$shape-eager.json"
     fi
     rm -rf "$model"
