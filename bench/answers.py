@@ -42,11 +42,21 @@ HELP = "look-ups and real docs questions answered right, per model"
 DEFAULT_MODELS = "smollm2-135m,qwen2.5-coder-0.5b"
 
 
-async def _ask(state: Any, question: str, mode: str, max_tokens: int) -> tuple[Any, list[Any]]:
-    """(done event, sources best first) of one question through the AskService that POST /ask calls."""
+async def _ask(
+    state: Any, question: str, mode: str, max_tokens: int, conversation: str | None = None
+) -> tuple[Any, list[Any]]:
+    """(done event, sources best first) of one question through the AskService that POST /ask calls; with
+    `conversation` ("new" or an id) the turn is recorded in that stored conversation."""
+    from app.services.ask import ConversationRef
     from app.services.ask.types import AskRequest, DoneEvent, ErrorEvent, SourcesEvent
 
-    request = AskRequest(question=question, mode=mode, max_tokens=max_tokens, temperature=0.0)  # type: ignore[arg-type]
+    request = AskRequest(
+        question=question,
+        mode=mode,  # type: ignore[arg-type]
+        max_tokens=max_tokens,
+        temperature=0.0,
+        conversation=ConversationRef(conversation) if conversation is not None else None,
+    )
     sources: list[Any] = []
     async for event in state.services.ask.ask(request):
         match event:
@@ -74,24 +84,11 @@ def citation_counts(done: Any, sources: list[Any]) -> dict[str, Any]:
 
 async def _ask_followup(state: Any, project: Project, mode: str, max_tokens: int) -> dict[str, Any]:
     """Two turns of one stored conversation (the /ask path), both in `mode`; right when turn 2 holds the code."""
-    from app.services.ask import ConversationRef
-    from app.services.ask.types import AskRequest, DoneEvent, ErrorEvent
-
     conversation, answers = "new", []
     for question in (f"Tell me about project {project.name}.", "What is the access code of that project?"):
-        request = AskRequest(
-            question=question,
-            mode=mode,  # type: ignore[arg-type]
-            max_tokens=max_tokens,
-            temperature=0.0,
-            conversation=ConversationRef(conversation),
-        )
-        async for event in state.services.ask.ask(request):
-            if isinstance(event, ErrorEvent):
-                raise RuntimeError(f"/ask failed: {event.message}")
-            if isinstance(event, DoneEvent):
-                conversation = event.conversation_id
-                answers.append(event.answer)
+        done, _ = await _ask(state, question, mode, max_tokens, conversation)
+        conversation = done.conversation_id
+        answers.append(done.answer)
     return {"project": project.name, "answer": answers[-1], "right": is_right(answers[-1], project.code)}
 
 
@@ -193,12 +190,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
             labels.append(f"{model}\n{mode}")
             lookups.append(row["lookups_right"])
             docs.append(row["docs_right"])
-            followups.append(row.get("followups_right", 0))
+            followups.append(row["followups_right"])
             ttft.append(row["ttft_median_ms"])
     xs = range(len(labels))
     ax.bar([x - 0.27 for x in xs], lookups, 0.27, label=f"look-ups of {result['examples']}")
     ax.bar(list(xs), docs, 0.27, label=f"docs questions of {result['docs_questions']}")
-    ax.bar([x + 0.27 for x in xs], followups, 0.27, label=f"follow-ups of {result.get('followups', 0)}")
+    ax.bar([x + 0.27 for x in xs], followups, 0.27, label=f"follow-ups of {result['followups']}")
     ax.set_xticks(list(xs), labels, fontsize=7)
     ax.set_ylabel("right answers")
     ax.legend(fontsize=7)
