@@ -70,21 +70,16 @@ SHAPES: dict[str, dict[str, Any]] = {
         # the Qwen tokenizer travels; the embedding is sized to it (8.2B parameters with its 152k vocab)
         "vocab_size": 151936,
     },
-    # Not a real model: the CPU rehearsal of scripts/device-check.sh (SHAPES=tiny), every command in seconds.
-    "tiny": {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 32768,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0,
-        "tie_word_embeddings": True,
-        "vocab_size": 151936,
-    },
+}
+
+# Not a real model: the CPU rehearsal of scripts/device-check.sh (SHAPES=tiny), the default model's architecture at a
+# size where every command takes seconds.
+SHAPES["tiny"] = {
+    **SHAPES["qwen2.5-0.5b"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
 }
 
 

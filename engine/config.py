@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.models.catalog import DEFAULT_MODEL, catalog_entry
 from engine.models.resolve import describe_model_setting
-from engine.types import BlendConfig, Mode, SamplingParams, SelectorName
+from engine.types import BlendConfig, MatchScope, MatchSpan, Mode, SamplingParams, SelectorName
 
 # Defaults that keep SmolLM2-135M from looping (see docs/benchmarks.md, `python -m bench quality`).
 REPETITION_PENALTY = 1.0  # the stop alone ends the loops without changing any token before it
@@ -116,7 +116,7 @@ class EngineSettings(BaseModel):
         description="up-front selectors: recompute the context tokens the question names (a name or identifier "
         "found in at most a third of the chunks) and at most this many tokens after each; 0: off",
     )
-    match_span: Literal["window", "sentence"] = Field(
+    match_span: MatchSpan = Field(
         default="sentence",
         description="match_window: how far after a matched token the recompute runs: window (match_window tokens) "
         "or sentence (to the end of its sentence, table row or block, at most match_window tokens)",
@@ -128,7 +128,7 @@ class EngineSettings(BaseModel):
         description="match_window: the matched tokens' rows are recomputed on top of the budget, at most this share "
         "of the context (the selector keeps its whole budget); 0: they come out of the budget",
     )
-    match_scope: Literal["any", "one"] = Field(
+    match_scope: MatchScope = Field(
         default="one",
         description="match_window: where the spans go: any (every occurrence of a named token), or one: only in the "
         "retrieved chunk holding more of the question's named tokens than any other (a look-up singling out one "

@@ -279,7 +279,7 @@ def _named_segments(layout: PromptLayout) -> list[int]:
     return [i for i, segment in enumerate(layout.chunk_ids) if named.intersection(segment)]
 
 
-def _singled_out(layout: PromptLayout, named: set[int]) -> range | set[int]:
+def _singled_out(layout: PromptLayout, named: set[int]) -> set[int]:
     """`match_scope: one`: the one retrieved chunk holding more of the question's named tokens (distinct) than any
     other, with the conversation's earlier turns; no chunk when two or more hold the most (an open question whose
     words stand here and there). A name split into sub-word tokens ("Or" + "mont") shares a piece with other pages
@@ -315,7 +315,7 @@ def _question_matches(
     if window <= 0 or not layout.chunk_ids:
         return set()
     named = _named_tokens(layout)
-    spanned = range(len(layout.chunk_ids))
+    spanned: range | set[int] = range(len(layout.chunk_ids))
     if scope == "one":
         spanned = _singled_out(layout, named)
     sorted_ends = sorted(ends) if ends is not None else []
