@@ -15,6 +15,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
+from app.settings_env import NullableEnvSource, field_at, takes_null
 from engine.config import EngineSettings
 from ingest.config import IngestSettings
 from kvcache.config import KVCacheSettings
@@ -236,8 +237,9 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Precedence: explicit arguments (CLI flags) > environment > settings.yaml > defaults.
-        return (init_settings, env_settings, _yaml_source(settings_cls))
+        # Precedence: explicit arguments (CLI flags) > environment > settings.yaml > defaults. The environment
+        # source reads null / none / off as None for the nullable settings (app/settings_env.py).
+        return (init_settings, NullableEnvSource(settings_cls), _yaml_source(settings_cls))
 
 
 def default_models_dir() -> Path:
@@ -276,5 +278,15 @@ def load_settings(**overrides: Any) -> Settings:
         lines = []
         for err in exc.errors():
             where = ".".join(str(p) for p in err["loc"]) or "settings"
-            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r})")
+            lines.append(f"  {where}: {err['msg']} (got {err.get('input')!r}){_null_hint(err['loc'])}")
         raise SettingsError("invalid settings:\n" + "\n".join(lines)) from exc
+
+
+def _null_hint(loc: tuple[int | str, ...]) -> str:
+    """For a setting that takes null: how to say so (a bad value for it was often meant as "no value")."""
+    path = [str(p) for p in loc]
+    # A union's error names the member too (relevance_floor.float): the longest prefix that is a field.
+    found = next((f for n in range(len(path), 0, -1) if (f := field_at(Settings, path[:n])) is not None), None)
+    if found is None or not takes_null(found.annotation):
+        return ""
+    return "; null (in the environment null, none or off) for no value"

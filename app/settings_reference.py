@@ -41,6 +41,10 @@ names joined by a double underscore), `settings.yaml` in the working directory (
 engine:
   recompute_ratio: 0.3
 ```
+
+A setting whose type includes null takes `null`, `none` or `off` (any case) from its environment variable too:
+`BLENDRAG_SERVER__ASK_RATE_PER_MINUTE=null` turns the rate limit off. A setting that has one of those words among
+its own values keeps it (`BLENDRAG_ENGINE__DECODE_GRAPHS=off`).
 """
 
 _SECTIONS = {
