@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.dtype_choice import DtypeChoice, choose_compute_dtype
+from fsio.atomic import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +43,10 @@ class DtypeRecord:
 
     def write(self, path: Path) -> None:
         """Atomically (a temp file, then rename); a failure (a full disk) is logged, never fatal."""
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            tmp.write_text(json.dumps({"dtype": self.dtype, "device": self.device}) + "\n", encoding="utf-8")
-            os.replace(tmp, path)
+            write_text_atomic(path, json.dumps({"dtype": self.dtype, "device": self.device}) + "\n")
         except OSError as exc:
             logger.warning("could not record the compute dtype in %s: %s", path, exc)
-            tmp.unlink(missing_ok=True)
 
 
 def _device_kind(device: str) -> str:

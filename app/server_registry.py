@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fsio.atomic import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 SERVERS_FILE = "servers.json"
@@ -78,9 +80,8 @@ def _locked(directory: Path) -> Iterator[Path]:
 
 
 def _write(path: Path, servers: list[Announced]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps([asdict(s) for s in servers], indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    # Owner-only, as its directory is: it names the user's data dirs.
+    write_text_atomic(path, json.dumps([asdict(s) for s in servers], indent=1), mode=0o600)
 
 
 def announce(directory: Path, url: str, data_dir: Path) -> Announced:

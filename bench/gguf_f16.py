@@ -10,8 +10,9 @@ data dir, never in the repository.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
+
+from fsio.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -31,27 +32,25 @@ def write_f16_gguf(source: Path, target: Path) -> Path:
         return target
     reader = GGUFReader(source)
     arch = reader.fields["general.architecture"].contents()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    writer = GGUFWriter(tmp, arch)
-    for name, field in reader.fields.items():
-        if name.startswith(_SKIP_FIELDS):
-            continue
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), vtype, sub_type)
-    writer.add_file_type(_MOSTLY_F16)
-    for tensor in reader.tensors:
-        shape = tuple(int(x) for x in reversed(tensor.shape))  # GGML lists ne0 first; numpy the other way
-        values = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
-        if len(shape) > 1:
-            writer.add_tensor(tensor.name, values.astype(np.float16), raw_dtype=GGMLQuantizationType.F16)
-        else:
-            writer.add_tensor(tensor.name, values.astype(np.float32), raw_dtype=GGMLQuantizationType.F32)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    os.replace(tmp, target)
+    with atomic_path(target) as tmp:  # a run stopped halfway leaves no file that looks done
+        writer = GGUFWriter(tmp, arch)
+        for name, field in reader.fields.items():
+            if name.startswith(_SKIP_FIELDS):
+                continue
+            vtype = field.types[0]
+            sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+            writer.add_key_value(name, field.contents(), vtype, sub_type)
+        writer.add_file_type(_MOSTLY_F16)
+        for tensor in reader.tensors:
+            shape = tuple(int(x) for x in reversed(tensor.shape))  # GGML lists ne0 first; numpy the other way
+            values = dequantize(tensor.data, tensor.tensor_type).reshape(shape)
+            if len(shape) > 1:
+                writer.add_tensor(tensor.name, values.astype(np.float16), raw_dtype=GGMLQuantizationType.F16)
+            else:
+                writer.add_tensor(tensor.name, values.astype(np.float32), raw_dtype=GGMLQuantizationType.F32)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
     logger.info("wrote %s (%.0f MB, F16 from %s)", target, target.stat().st_size / 1e6, Path(source).name)
     return target

@@ -16,10 +16,12 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from fsio.atomic import write_text_atomic
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -248,7 +250,7 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
 
 def blend_settings(engine: Engine) -> dict[str, Any]:
     """The engine's blend settings, recorded in every result file."""
-    return asdict(engine.settings.blend_config())
+    return engine.settings.blend_config().model_dump()
 
 
 def plot_path(args: argparse.Namespace) -> Path:
@@ -380,10 +382,7 @@ def _json_safe(value: Any) -> Any:
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_json_safe(data), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(_json_safe(data), indent=2, ensure_ascii=False) + "\n")
     logger.info("wrote %s", path)
 
 

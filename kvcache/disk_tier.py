@@ -1,7 +1,7 @@
 """Local-disk tier: one safetensors file per entry, within a byte budget that is never exceeded.
 
 Layout: `<root>/<key[:2]>/<key>.safetensors` (256 shards keep directories small). Files are written
-atomically (`kvcache.atomic`). The index (key -> size) is rebuilt by scanning `root` at start, which
+atomically (`fsio.atomic`). The index (key -> size) is rebuilt by scanning `root` at start, which
 also deletes temp files left by crashed writers: at once when the pid in the name no longer runs, else once
 older than `stale_tmp_age_s`.
 
@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from kvcache.atomic import is_temp_name, write_file_atomic, writer_is_gone
+from fsio.atomic import is_temp_name, write_bytes_atomic, writer_is_gone
 from kvcache.errors import KVEntryCorrupt
 from kvcache.eviction import EvictionPolicy, LRUPolicy
 from kvcache.format import StoredEntry
@@ -164,7 +164,7 @@ class DiskTier:
         if not counts:
             return
         try:
-            write_file_atomic(self.root / COUNTS_FILE, json.dumps(counts).encode(), fsync=False)
+            write_bytes_atomic(self.root / COUNTS_FILE, json.dumps(counts).encode(), fsync=False)
         except OSError as exc:
             logger.warning("disk tier: could not save eviction counts: %s", exc)
 
@@ -312,7 +312,7 @@ class DiskTier:
             self._num_bytes += size
         self._count_evicted(evicted)
         try:
-            write_file_atomic(path, data, fsync=self.fsync)
+            write_bytes_atomic(path, data, fsync=self.fsync)
         except OSError as exc:
             with self._lock:
                 self._num_bytes -= size

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsio.atomic import fsync_directory, is_temp_name, write_bytes_atomic
 from retrieval.bm25 import BM25Index
 from retrieval.index import VectorIndex
-from retrieval.persist import atomic_write_bytes, fsync_directory
 from retrieval.types import DEFAULT_COLLECTION, IndexedChunk, IndexMismatchError, RetrievalError
 
 MANIFEST_FILENAME = "MANIFEST.json"
@@ -95,8 +95,8 @@ def write_snapshot(directory: Path, snapshot: SnapshotFiles) -> None:
     """Write the generation's files, then switch the manifest to it (older generations stay until
     `delete_stale_files`)."""
     for name, data in snapshot.files.values():
-        atomic_write_bytes(directory / name, data)
-    atomic_write_bytes(directory / MANIFEST_FILENAME, json.dumps(snapshot.manifest, indent=1).encode())
+        write_bytes_atomic(directory / name, data)
+    write_bytes_atomic(directory / MANIFEST_FILENAME, json.dumps(snapshot.manifest, indent=1).encode())
 
 
 def read_snapshot(directory: Path, embedder: str, *, use_gpu: bool) -> Snapshot | None:
@@ -149,11 +149,7 @@ def delete_stale_files(directory: Path, generation: int) -> None:
     for path in directory.iterdir():
         match = _GENERATION_FILE.match(path.name)
         stale_generation = match is not None and int(match.group(2)) != generation
-        stale_temp = (
-            path.name.startswith(".")
-            and path.name.endswith(".tmp")
-            and now - path.stat().st_mtime > _STALE_TEMP_SECONDS
-        )
+        stale_temp = is_temp_name(path.name) and now - path.stat().st_mtime > _STALE_TEMP_SECONDS
         if stale_generation or stale_temp:
             try:
                 path.unlink()

@@ -15,7 +15,7 @@ from typing import Any
 
 from app.calibration.record import BlendSettingsRecord
 from app.calibration.shipped import shipped_path
-from kvcache.atomic import write_file_atomic
+from fsio.atomic import write_text_atomic
 
 # Where the match_* defaults were chosen (engine/config.py): the tune part, which shares no template, value form or
 # name with the check part (docs/benchmarks.md, "Exact values among similar chunks").
@@ -79,5 +79,5 @@ def record_similar_check(check: SimilarCheck, model: str, compute_dtype: str, fi
             f"{fingerprint[:12]}"
         )
     updated = replace(record, measured=record.measured | {"similar_check": check.to_dict()})
-    write_file_atomic(path, updated.to_json().encode())
+    write_text_atomic(path, updated.to_json())
     return path

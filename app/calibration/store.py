@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 from app.calibration.record import BlendSettingsRecord
+from fsio.atomic import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -42,15 +41,5 @@ class CalibrationStore:
     def save(self, record: BlendSettingsRecord) -> Path:
         """Write the record (temp file + rename: a reader sees the old file or the new one, never half)."""
         path = self.path(record.fingerprint)
-        self.dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".calibration-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(record.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_text_atomic(path, record.to_json())
         return path

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from kvcache.atomic import write_file_atomic
+from fsio.atomic import write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +70,9 @@ class FullPassRate:
             self._last_save = time.monotonic()
         if path is None or rate is None:
             return
-        body = json.dumps({"model": self._key, "tokens_per_s": rate}).encode()
+        body = json.dumps({"model": self._key, "tokens_per_s": rate})
         try:
-            write_file_atomic(path, body, fsync=False)
+            write_text_atomic(path, body, fsync=False)
         except OSError as exc:
             logger.warning("could not save the prefill estimate to %s: %s", path, exc)
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import logging
-import os
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from engine.models.catalog import CatalogEntry, ModelPart
+from fsio.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -120,11 +119,9 @@ def joined_gguf(entry: CatalogEntry, models_dir: Path) -> tuple[Path, bool]:
         return target, True
     models_dir.mkdir(parents=True, exist_ok=True)
     logger.info("joining %d parts of %s into %s", len(paths), entry.name, target)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{entry.name}-", suffix=".gguf.part", dir=models_dir)
-    tmp = Path(tmp_name)
-    try:
+    with atomic_path(target) as tmp:
         h = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
+        with tmp.open("wb") as out:
             for path in paths:
                 with path.open("rb") as fh:
                     while block := fh.read(_BLOCK):
@@ -132,8 +129,4 @@ def joined_gguf(entry: CatalogEntry, models_dir: Path) -> tuple[Path, bool]:
                         out.write(block)
         if h.hexdigest() != entry.sha256:
             raise _mismatch(entry, h.hexdigest())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return target, True

@@ -97,7 +97,7 @@ def test_prune_evicts_least_recently_used_first(tmp_path: Path) -> None:
 def test_convert_interrupted_and_resumed_leaves_every_entry_readable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import kvcache.atomic as atomic
+    import fsio.atomic as atomic
 
     store, _ = _store_with(tmp_path, 6, memory_bytes=0)  # fp16 entries
     disk = store.disk

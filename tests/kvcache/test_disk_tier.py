@@ -90,8 +90,8 @@ def test_hit_is_persisted_as_mtime(tmp_path: Path) -> None:
 def test_stale_temp_files_are_removed_at_start(tmp_path: Path) -> None:
     DiskTier(tmp_path, 100 * SIZE).put_bytes(key_of(0), _data(0))
     shard = tmp_path / key_of(0)[:2]
-    stale = shard / f".{key_of(0)}.safetensors.1.2.abcd.tmp"
-    fresh = shard / f".{key_of(0)}.safetensors.1.3.abce.tmp"
+    stale = shard / f".{key_of(0)}.safetensors.1.abcd1234.tmp"  # pid 1 runs: only its age makes it stale
+    fresh = shard / f".{key_of(0)}.safetensors.1.abce1234.tmp"
     stale.write_bytes(b"partial")
     fresh.write_bytes(b"partial")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))

@@ -25,7 +25,7 @@ from kvtest_helpers import (
     settings,
 )
 
-import kvcache.atomic
+import fsio.atomic
 from kvcache.disk_tier import DiskTier
 from kvcache.errors import KVEntryCorrupt, KVEntryMissing
 from kvcache.format import encode_entry, serialize_entry
@@ -158,7 +158,7 @@ def test_file_deleted_after_open_is_still_served(tmp_path: Path) -> None:
 def test_disk_full_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = TieredKVStore(settings(tmp_path))
     store.put(key_of(0), make_kv(0), model_fingerprint=FINGERPRINT)
-    real_write = kvcache.atomic._os_write
+    real_write = fsio.atomic._os_write
     calls = []
 
     def full_disk(fd: int, data: memoryview) -> int:
@@ -167,14 +167,14 @@ def test_disk_full_while_writing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
             return real_write(fd, data[: len(data) // 2])  # part of the file lands, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(kvcache.atomic, "_os_write", full_disk)
+    monkeypatch.setattr(fsio.atomic, "_os_write", full_disk)
     result = store.put(key_of(1), make_kv(1), model_fingerprint=FINGERPRINT)
     assert len(calls) == 2
     assert result.stored_in == ("memory",) and result.failed == ("disk",) and not result.persisted
     assert entry_files(tmp_path / "kv") == [store.disk.path_for(key_of(0))]  # type: ignore[union-attr]
     assert _faults(store, "disk") == {"disk_full": 1}
     assert store.stats().tier("disk").num_entries == 1  # type: ignore[union-attr]
-    monkeypatch.setattr(kvcache.atomic, "_os_write", real_write)
+    monkeypatch.setattr(fsio.atomic, "_os_write", real_write)
     # the disk has room again: the store still works
     assert store.put(key_of(1), make_kv(1), model_fingerprint=FINGERPRINT, overwrite=True).persisted
     fresh = _disk_store(tmp_path)
@@ -188,7 +188,7 @@ def test_other_write_errors_are_faults_too(tmp_path: Path, monkeypatch: pytest.M
     def eio(fd: int, data: memoryview) -> int:
         raise OSError(errno.EIO, "I/O error")
 
-    monkeypatch.setattr(kvcache.atomic, "_os_write", eio)
+    monkeypatch.setattr(fsio.atomic, "_os_write", eio)
     assert store.put(key_of(0), make_kv(0), model_fingerprint=FINGERPRINT).failed == ("disk",)
     assert _faults(store, "disk") == {"write_failed": 1}
     assert entry_files(tmp_path / "kv") == []
@@ -257,19 +257,19 @@ def test_two_writers_threads(tmp_path: Path) -> None:
     assert all(t.stats().num_faults == 0 for t in tiers)
 
 
-# The child processes load kvcache/atomic.py on its own (no torch import: starts in ~50 ms) and write
+# The child processes load fsio/atomic.py on its own (no torch import: starts in ~50 ms) and write
 # bytes the parent serialized: the atomic write is what makes concurrent writers safe.
 _WRITER = """
 import importlib.util, sys
 from pathlib import Path
-spec = importlib.util.spec_from_file_location("kv_atomic", sys.argv[1])
+spec = importlib.util.spec_from_file_location("fsio_atomic", sys.argv[1])
 atomic = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(atomic)
 target, data = Path(sys.argv[2]), Path(sys.argv[3]).read_bytes()
 print("ready", flush=True)
 sys.stdin.readline()
 for _ in range(40):
-    atomic.write_file_atomic(target, data, fsync=False)
+    atomic.write_bytes_atomic(target, data, fsync=False)
 """
 
 
@@ -283,7 +283,7 @@ def test_two_writers_processes(tmp_path: Path) -> None:
             serialize_entry(encode_entry(_variant(v), key=key, model_fingerprint=FINGERPRINT, storage_dtype="fp16"))
         )
         sources.append(src)
-    atomic_py = str(Path(kvcache.atomic.__file__))
+    atomic_py = str(Path(fsio.atomic.__file__))
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _WRITER, atomic_py, str(path), str(src)],
@@ -414,11 +414,11 @@ def test_corrupt_redis_value_and_fallback(tmp_path: Path, redis_server: RedisSer
 
 
 # A writer killed in the middle of an atomic write (as a killed `blendrag cache convert` is): the real
-# write_file_atomic, its os.write held after the first bytes until the process is killed.
+# write_bytes_atomic, its os.write held after the first bytes until the process is killed.
 _KILLED_WRITER = """
 import importlib.util, sys
 from pathlib import Path
-spec = importlib.util.spec_from_file_location("kv_atomic", sys.argv[1])
+spec = importlib.util.spec_from_file_location("fsio_atomic", sys.argv[1])
 atomic = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(atomic)
 real_write = atomic._os_write
@@ -428,7 +428,7 @@ def write_then_hang(fd, data):
     sys.stdin.readline()  # never answered: the parent kills this process here
     return written
 atomic._os_write = write_then_hang
-atomic.write_file_atomic(Path(sys.argv[2]), b"x" * (1 << 20), fsync=False)
+atomic.write_bytes_atomic(Path(sys.argv[2]), b"x" * (1 << 20), fsync=False)
 """
 
 
@@ -436,14 +436,14 @@ def test_a_killed_writers_temp_file_is_removed_at_the_next_scan(tmp_path: Path) 
     tier = DiskTier(tmp_path / "kv", 1 << 30)
     target = tier.path_for(key_of(0))
     writer = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_WRITER, str(Path(kvcache.atomic.__file__)), str(target)],
+        [sys.executable, "-c", _KILLED_WRITER, str(Path(fsio.atomic.__file__)), str(target)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         assert writer.stdout is not None and writer.stdout.readline().strip() == "writing"
-        [temp] = [p for p in target.parent.iterdir() if kvcache.atomic.is_temp_name(p.name)]
+        [temp] = [p for p in target.parent.iterdir() if fsio.atomic.is_temp_name(p.name)]
         assert tier.rescan() == 0 and temp.exists()  # its writer still runs: the file is left alone
     finally:
         writer.kill()

@@ -68,7 +68,7 @@ def test_kv_write_failure_fails_the_document_not_succeeded(http: TestClient, mon
     def no_space(*args: Any, **kwargs: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(kvcache.disk_tier, "write_file_atomic", no_space)
+    monkeypatch.setattr(kvcache.disk_tier, "write_bytes_atomic", no_space)
     accepted = http.post("/ingest", json={"documents": [{"title": "t", "text": "Kites fly in May over Quintaro."}]})
     assert accepted.status_code == 202
     job = wait_for_job(http, accepted.json()["job_id"])

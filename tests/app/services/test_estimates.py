@@ -50,7 +50,7 @@ def test_a_full_disk_never_fails_an_observation(tmp_path: Path, monkeypatch: pyt
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(estimates, "write_file_atomic", full)
+    monkeypatch.setattr(estimates, "write_text_atomic", full)
     rate = FullPassRate()
     rate.attach(tmp_path / "rate.json", key="m")
     rate.observe(100, 1.0)
