@@ -33,7 +33,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from engine.cache_pool import Slab
+from engine.cache_slab import Slab
 from engine.layers import Transformer
 from engine.working_cache import WorkingCache
 

@@ -21,19 +21,16 @@ The quantized tensors are computed once per model and dtype and cached in the mo
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import torch
 
-from engine.model import LayerWeights, LoadedModel, ModelWeights
-
-if TYPE_CHECKING:
-    from engine.model import Weight
+from engine.model import LayerWeights, LoadedModel, ModelWeights, Weight
+from engine.quantized_weights import INT4_GROUP_SIZE, KERNEL_DTYPE, Int4Weight, Int8Weight, QuantizedWeight
+from fsio.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -41,11 +38,9 @@ DecodeWeightsName = Literal["auto", "same", "int8", "int4"]
 WeightFormat = Literal["same", "int8", "int4"]
 # The layers' GEMMs and the LM head are quantized; norms, biases and the embedding table (a row lookup) are not.
 GEMM_FIELDS = ("wqkv", "wo", "w_gate_up", "w_down")
-INT4_GROUP_SIZE = 32  # inputs per scale/offset pair (what Q4_0 and Q4_K's sub-blocks use)
 # Below this many GEMM parameters a decode step is bound by its fixed costs, not by reading weights: compact
 # copies buy nothing and `auto` keeps the model's own (a tiny test model decodes exactly as it prefills).
 AUTO_MIN_PARAMETERS = 50_000_000
-_KERNEL_DTYPE = torch.bfloat16  # the activations' dtype the CPU kernels are fast in
 # The most requests one decode step feeds through the compact weights; a larger batch reads the model's own.
 # The CPU kernels compute row by row from the compact form, so their cost grows with the rows, while a
 # bfloat16 GEMM reads its weights once for all rows: with 8 rows over Qwen2.5-0.5B's layers on two AVX512-BF16
@@ -55,49 +50,6 @@ _MAX_ROWS = {("int8", torch.bfloat16): 4, ("int4", torch.bfloat16): 8}
 _MAX_ROWS_OTHERWISE = 64
 _CACHE_VERSION = "2"  # bump when the stored layout changes
 DECODE_WEIGHTS_DIR = ".decode-weights"  # under the models dir (the machine's model cache)
-
-
-@dataclass(frozen=True)
-class Int8Weight:
-    """Weight-only int8 with one scale per output channel: w ≈ qweight · scales[:, None]."""
-
-    qweight: torch.Tensor  # (out, in) int8
-    scales: torch.Tensor  # (out,) bfloat16
-
-    @property
-    def out_features(self) -> int:
-        return self.qweight.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.qweight.shape[1]
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """x (…, in) → x @ wᵀ (…, out), in x's dtype."""
-        rows = x.reshape(-1, x.shape[-1]).to(_KERNEL_DTYPE)
-        out = torch.ops.aten._weight_int8pack_mm(rows, self.qweight, self.scales)  # (rows, out) bf16
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
-
-
-@dataclass(frozen=True)
-class Int4Weight:
-    """Weight-only int4, asymmetric per group of INT4_GROUP_SIZE inputs: w ≈ (q - 8) · scale + zero."""
-
-    packed: torch.Tensor  # the CPU kernel's packed layout (from `_convert_weight_to_int4pack_for_cpu`)
-    scales_zeros: torch.Tensor  # (in / group, out, 2) bfloat16: scale and zero of each group
-    out_features: int
-
-    @property
-    def in_features(self) -> int:
-        return self.scales_zeros.shape[0] * INT4_GROUP_SIZE
-
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).to(_KERNEL_DTYPE)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, INT4_GROUP_SIZE, self.scales_zeros)
-        return out.to(x.dtype).view(*x.shape[:-1], self.out_features)
-
-
-QuantizedWeight = Int8Weight | Int4Weight
 
 
 @dataclass(frozen=True)
@@ -158,7 +110,7 @@ def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     The scale is rounded to bfloat16 first and the codes are computed against the rounded scale, so
     dequantizing with the stored scale is the best int8 fit it can give."""
     w = weight.float()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(_KERNEL_DTYPE)
+    scales = (w.abs().amax(dim=1) / 127.0).clamp(min=1e-12).to(KERNEL_DTYPE)
     codes = torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8)
     return codes, scales
 
@@ -176,10 +128,10 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         )
     groups = weight.float().reshape(out_features, in_features // INT4_GROUP_SIZE, INT4_GROUP_SIZE)
     low, high = groups.amin(dim=-1), groups.amax(dim=-1)  # (out, in / group)
-    scales = ((high - low) / 15.0).clamp(min=1e-12).to(_KERNEL_DTYPE).float()
+    scales = ((high - low) / 15.0).clamp(min=1e-12).to(KERNEL_DTYPE).float()
     codes = torch.round((groups - low[..., None]) / scales[..., None]).clamp_(0, 15).to(torch.uint8)
     zeros = low + 8.0 * scales
-    scales_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(_KERNEL_DTYPE)
+    scales_zeros = torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(KERNEL_DTYPE)
     return codes.reshape(out_features, in_features), scales_zeros
 
 
@@ -312,14 +264,7 @@ def _write_cache(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
 
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".safetensors")
-        os.close(fd)
-        try:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        with atomic_path(path) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp))
     except OSError as exc:  # a read-only models dir: serve without the cache, quantize again next start
         logger.warning("could not store the decode weights in %s (%s); they are quantized on every start", path, exc)

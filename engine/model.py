@@ -12,15 +12,14 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.decode_weights import QuantizedWeight
+from engine.quantized_weights import QuantizedWeight
 
-    # A GEMM's weight: the model's own (out, in) tensor, or decode's compact copy (engine/decode_weights.py).
-    Weight = torch.Tensor | QuantizedWeight
+# A GEMM's weight: the model's own (out, in) tensor, or decode's compact copy (engine/decode_weights.py).
+Weight = torch.Tensor | QuantizedWeight
 
 logger = logging.getLogger(__name__)
 

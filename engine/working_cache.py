@@ -7,12 +7,10 @@ KV that comes from the store is rotated once when it is written here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.cache_pool import CacheSlot
+from engine.cache_slab import CacheSlot
 
 
 @dataclass
