@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from atomic_writers import start_writers
 
 import fsio.atomic as atomic
 from fsio.atomic import atomic_path, is_temp_name, write_bytes_atomic, write_text_atomic, writer_is_gone
@@ -148,46 +149,19 @@ def test_threads_writing_one_path_never_interleave(tmp_path: Path) -> None:
     assert _names(tmp_path) == ["data.bin"]
 
 
-# Each child loads fsio/atomic.py on its own (the standard library only: it starts in ~50 ms), waits for the
-# parent's go, then rewrites the target 40 times with its own content.
-_WRITER = """
-import importlib.util, sys
-from pathlib import Path
-spec = importlib.util.spec_from_file_location("fsio_atomic", sys.argv[1])
-atomic = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(atomic)
-target, value = Path(sys.argv[2]), int(sys.argv[3])
-print("ready", flush=True)
-sys.stdin.readline()
-for _ in range(40):
-    atomic.write_bytes_atomic(target, bytes([value]) * (1 << 18), fsync=False)
-"""
-
-
 def test_processes_writing_one_path_never_interleave(tmp_path: Path) -> None:
     target = tmp_path / "data.bin"
     contents = {bytes([value]) * (1 << 18) for value in (1, 2)}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _WRITER, atomic.__file__, str(target), str(value)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for value in (1, 2)
-    ]
-    for proc in procs:
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    for proc in procs:  # both start at once
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
+    sources = [tmp_path / f"source{n}" for n in (1, 2)]
+    for source, content in zip(sources, sorted(contents), strict=True):
+        source.write_bytes(content)
+    procs = start_writers(target, sources)
     while any(proc.poll() is None for proc in procs):
         if target.exists():
             assert target.read_bytes() in contents
     assert [proc.wait(timeout=60) for proc in procs] == [0, 0]
     assert target.read_bytes() in contents
-    assert _names(tmp_path) == ["data.bin"]
+    assert _names(tmp_path) == ["data.bin", "source1", "source2"]
 
 
 def test_writer_is_gone_reads_the_pid_in_the_name(tmp_path: Path) -> None:

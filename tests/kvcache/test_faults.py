@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from atomic_writers import start_writers
 from kvtest_helpers import (
     FINGERPRINT,
     NUM_LAYERS,
@@ -257,22 +258,6 @@ def test_two_writers_threads(tmp_path: Path) -> None:
     assert all(t.stats().num_faults == 0 for t in tiers)
 
 
-# The child processes load fsio/atomic.py on its own (no torch import: starts in ~50 ms) and write
-# bytes the parent serialized: the atomic write is what makes concurrent writers safe.
-_WRITER = """
-import importlib.util, sys
-from pathlib import Path
-spec = importlib.util.spec_from_file_location("fsio_atomic", sys.argv[1])
-atomic = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(atomic)
-target, data = Path(sys.argv[2]), Path(sys.argv[3]).read_bytes()
-print("ready", flush=True)
-sys.stdin.readline()
-for _ in range(40):
-    atomic.write_bytes_atomic(target, data, fsync=False)
-"""
-
-
 def test_two_writers_processes(tmp_path: Path) -> None:
     key = key_of(0)
     path = DiskTier(tmp_path / "kv", 1 << 30).path_for(key)
@@ -283,22 +268,7 @@ def test_two_writers_processes(tmp_path: Path) -> None:
             serialize_entry(encode_entry(_variant(v), key=key, model_fingerprint=FINGERPRINT, storage_dtype="fp16"))
         )
         sources.append(src)
-    atomic_py = str(Path(fsio.atomic.__file__))
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", _WRITER, atomic_py, str(path), str(src)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for src in sources
-    ]
-    for p in procs:
-        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-    for p in procs:  # start both at once
-        assert p.stdin is not None
-        p.stdin.write("go\n")
-        p.stdin.flush()
+    procs = start_writers(path, sources)  # the atomic write is what makes concurrent writers safe
     num_complete = 0
     while any(p.poll() is None for p in procs):
         num_complete += _check_complete(path, key, {1.0, 2.0})
