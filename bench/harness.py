@@ -16,7 +16,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -250,7 +250,7 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
 
 def blend_settings(engine: Engine) -> dict[str, Any]:
     """The engine's blend settings, recorded in every result file."""
-    return engine.settings.blend_config().model_dump()
+    return asdict(engine.settings.blend_config())
 
 
 def plot_path(args: argparse.Namespace) -> Path:
