@@ -9,6 +9,10 @@ turn of each of the framework's 10 sessions; and the sessions' follow-ups ("And 
 searched with the query the server builds from the earlier turns (`concat`). Out-of-corpus questions (below,
 written for this benchmark): 14 questions neither corpus answers, half of them Python questions close to the
 corpora's subjects (another library's timeout, argparse, asyncio …), where a floor is hardest to draw.
+Each out-of-corpus question is also followed up (OUT_OF_CORPUS_FOLLOW_UP), searched as the server searches a
+/v1 follow-up (the first question's sources retrieved again, kept when they clear the floor) and judged as
+it judges one (retrieval/relevance.py `judged_score`): a conversation the documents do not hold must keep
+the notice at its second turn.
 
 Reported: each question's best cosine similarity (the top source's `vector_score`, what the floor is
 compared with), the largest out-of-corpus and the smallest in-corpus score, and for the given floor how
@@ -53,6 +57,7 @@ OUT_OF_CORPUS = (
     "What is the syntax of a LEFT JOIN in SQL?",
     "How do I change a flat tyre on a bicycle?",
 )
+OUT_OF_CORPUS_FOLLOW_UP = "Can you show me an example?"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
@@ -114,6 +119,29 @@ def followup_scores(retriever: Retriever) -> dict[str, float]:
     return scores
 
 
+def out_of_corpus_followup_scores(retriever: Retriever, floor: float | None) -> dict[str, float]:
+    """The judged score of OUT_OF_CORPUS_FOLLOW_UP after each out-of-corpus question, as AskService plans a /v1
+    follow-up (app/services/ask/followup.py): the first question retrieved, its sources kept only when that
+    retrieval is covered, the `concat` query of the follow-up, its retrieval judged by `judged_score`."""
+    from retrieval.followup import EarlierTurn, followup_query
+    from retrieval.relevance import covers, judged_score
+
+    top_k = retriever.settings.top_k
+    scores = {}
+    for question in OUT_OF_CORPUS:
+        first = retriever.search(question, top_k=top_k)
+        best = max((h.vector_score for h in first), default=None)
+        recalled = tuple(h.chunk_id for h in first) if covers(best, floor) else ()
+        query = followup_query(
+            OUT_OF_CORPUS_FOLLOW_UP, [EarlierTurn(question, recalled)], retriever, retriever.settings
+        )
+        hits = retriever.search(query.text, top_k=top_k, query_vector=query.vector)
+        best = round(float(max(h.vector_score for h in hits)), 6)
+        judged = judged_score(retriever, query, [h.chunk_id for h in hits], best, floor)
+        scores[question] = round(float(judged if judged is not None else -1.0), 4)
+    return scores
+
+
 def main(args: argparse.Namespace) -> int:
     from retrieval.relevance import relevance_floor
 
@@ -123,6 +151,7 @@ def main(args: argparse.Namespace) -> int:
     inside = {q: best_score(retriever, q) for q in in_corpus_questions()}
     outside = {q: best_score(retriever, q) for q in OUT_OF_CORPUS}
     followups = followup_scores(retriever)
+    outside_followups = out_of_corpus_followup_scores(retriever, floor)
     result: dict[str, Any] = harness.result_header(
         NAME,
         args,
@@ -139,6 +168,11 @@ def main(args: argparse.Namespace) -> int:
         followups=followups,
         min_followup=min(followups.values()),
         followups_at_or_above_floor=None if floor is None else sum(s >= floor for s in followups.values()),
+        out_of_corpus_followup=OUT_OF_CORPUS_FOLLOW_UP,
+        out_of_corpus_followups=outside_followups,
+        out_of_corpus_followups_below_floor=None
+        if floor is None
+        else sum(s < floor for s in outside_followups.values()),
     )
     print(f"{retriever.count} chunks; best cosine per question ({result['embed_dtype']})")
     for label, scores in (("in corpus", inside), ("out of corpus", outside)):
@@ -153,7 +187,9 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"floor {floor}: {result['out_of_corpus_below_floor']}/{len(outside)} out-of-corpus questions below it "
             f"(notice), {result['in_corpus_at_or_above_floor']}/{len(inside)} in-corpus questions and "
-            f"{result['followups_at_or_above_floor']}/{len(followups)} follow-ups at or above it"
+            f"{result['followups_at_or_above_floor']}/{len(followups)} follow-ups at or above it; "
+            f"{result['out_of_corpus_followups_below_floor']}/{len(outside_followups)} out-of-corpus conversations "
+            f"below it at their follow-up {OUT_OF_CORPUS_FOLLOW_UP!r}"
         )
     harness.write_json(args.out, result)
     print(f"wrote {args.out}")

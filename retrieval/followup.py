@@ -11,9 +11,12 @@
   subject moves to it. The mean is weighted by rank, 1, `followup_source_decay`, its square, …: the best
   source is what the turn was about, the next ones are often its neighbours in the corpus. A plain mean
   (decay 1) made "What is the access code of that project?", after "Tell me about project X.", land on
-  another project as often as on X in a corpus of similar project pages. Without sources (a /v1 messages
-  array), the weighted sum of the embeddings of the new question and the previous `followup_turns` user
-  questions, weights 1, decay, decay², …. BM25 and the reranker read the questions' text, newest first.
+  another project as often as on X in a corpus of similar project pages. Without sources (the previous turn
+  found none above the relevance floor), the weighted sum of the embeddings of the new question and the
+  previous `followup_turns` user questions, weights 1, decay, decay², …. A /v1 messages array carries no
+  sources: the ask service finds them by retrieving for the previous question once (app/services/ask/
+  followup.py), since that weighted sum, with no chunk in it, ranked the project's page below others and
+  scored under the floor. BM25 and the reranker read the questions' text, newest first.
 - `rewrite`: the model rewrites the question into a standalone one first (app/services, it needs the
   engine); that text is then the query. `REWRITE_SYSTEM_PROMPT` is the instruction it gets,
   `rewrite_request_text` the request built from the recent turns, `clean_rewrite` tidies the answer.
@@ -47,6 +50,9 @@ class FollowupQuery:
     vector: np.ndarray | None = None  # (dim,) float32, unit norm; None: embed `text`
     num_turns_used: int = 0  # earlier questions that went into the query
     num_sources_used: int = 0  # earlier sources whose mean vector went into the query
+    # The questions the query read, newest first (the new one, then the earlier ones): coverage is judged on
+    # them as well as on the query (retrieval/relevance.py `judged_score`). Empty: the question alone.
+    questions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,7 @@ def concat_query(
         vector=vector.astype(np.float32),
         num_turns_used=len(earlier),
         num_sources_used=num_sources,
+        questions=tuple(texts),
     )
 
 

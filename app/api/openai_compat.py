@@ -5,7 +5,8 @@ The whole `messages` array counts, as OpenAI clients expect:
 - the last `user` message is the question (unanswered user messages just before it are joined to it);
 - earlier `user` / `assistant` pairs are the conversation's history: placed in the prompt as the chat
   template renders them (their KV is stored by content, so a client resending the same history reuses
-  it), and retrieval reads their questions (`retrieval.followup`);
+  it), and retrieval reads their questions and the sources the last one retrieves when asked again, as a
+  stored conversation reads its turns' (`retrieval.followup`, app/services/ask/followup.py);
 - a `system` or `developer` message replaces the server's system prompt for this request (one more
   prefix, computed once; the chunks' stored KV is blended behind it);
 - `tool` / `function` messages are not read.

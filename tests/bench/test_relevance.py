@@ -39,3 +39,11 @@ def test_the_shipped_floor_keeps_every_in_corpus_question_and_flags_the_far_ones
     assert result["min_followup"] == pytest.approx(0.473, abs=0.005)
     assert result["min_in_corpus"] == pytest.approx(0.422, abs=0.005)
     assert result["max_out_of_corpus"] == pytest.approx(0.475, abs=0.005)
+    # Followed up as /v1 and /ask follow it up now (the first question's sources when it cleared the floor, the
+    # judged score): the nine conversations under the floor at their first question stay under it.
+    followed = result["out_of_corpus_followups"]
+    assert list(followed) == list(OUT_OF_CORPUS) and result["out_of_corpus_followups_below_floor"] == 9
+    assert [q for q in OUT_OF_CORPUS if followed[q] < BUILTIN_EMBEDDER_FLOOR] == [
+        q for q in OUT_OF_CORPUS if result["out_of_corpus"][q] < BUILTIN_EMBEDDER_FLOOR
+    ]
+    assert max(followed[q] for q in far) == pytest.approx(0.298, abs=0.005)  # nginx: its own first question

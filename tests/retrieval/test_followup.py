@@ -28,6 +28,7 @@ def test_concat_weights_the_latest_most() -> None:
     query = concat_query(" and the dog? ", ["who jumps?", "the fox"], emb, num_turns=2, decay=0.5)
     assert query.text == "and the dog? the fox who jumps?"
     assert query.num_turns_used == 2
+    assert query.questions == ("and the dog?", "the fox", "who jumps?")  # what coverage is judged on too
     e = emb.embed_queries(["and the dog?", "the fox", "who jumps?"])
     expected = e[0] + 0.5 * e[1] + 0.25 * e[2]
     np.testing.assert_allclose(query.vector, expected / np.linalg.norm(expected), rtol=1e-6)

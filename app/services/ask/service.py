@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from app.services.ask.answer import Answer
 from app.services.ask.budget import budget_prompt
-from app.services.ask.followup import FollowupService
+from app.services.ask.followup import FollowupService, Recalled
 from app.services.ask.kv import OpenedKV, PromptKV
 from app.services.ask.prompt import TurnKV, build_prompt
 from app.services.ask.recorder import AnswerRecorder
@@ -45,7 +45,7 @@ from app.services.ask.types import (
 from app.services.conversation_service import ConversationContext
 from app.services.estimates import FullPassRate
 from app.services.sections import section_of
-from retrieval.relevance import covers, relevance_floor
+from retrieval.relevance import covers, judged_score, relevance_floor
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
@@ -173,7 +173,12 @@ class AskService:
         # A stored conversation's turns carry their sources (a /v1 client's own messages replace them).
         same_history = conversation is not None and conversation.history == history
         source_ids = conversation.source_ids if conversation is not None and same_history else ()
-        query = await self._followup.query(request.question, history, request.followup, source_ids)
+
+        def recall(earlier: FollowupQuery) -> Recalled:  # a /v1 history's previous turn, retrieved again
+            found, _, best = self._retrieve(request, earlier)
+            return Recalled(tuple(c.id for c in found), best)
+
+        query = await self._followup.query(request.question, history, request.followup, source_ids, recall)
         chunks, sources, best_score = await asyncio.to_thread(self._retrieve, request, query)
         retrieval_ms = (time.perf_counter() - started) * 1000
         # Chunks that score below the relevance floor do not answer the question: left out, they cannot be
@@ -231,7 +236,8 @@ class AskService:
     def _retrieve(
         self, request: AskRequest, query: FollowupQuery
     ) -> tuple[list[ChunkRecord], list[Source], float | None]:
-        """The ready chunks retrieved, their sources (best first) and the best cosine similarity among them."""
+        """The ready chunks retrieved, their sources (best first) and the score their coverage is judged on: the
+        best cosine similarity among them, to the query or (a follow-up's) the questions it read."""
         settings = self._settings.retrieval
         hits = self._retriever.search(
             query.text,
@@ -266,7 +272,9 @@ class AskService:
                     section=self._section(record),
                 )
             )
-        return chunks, sources, None if best is None else round(float(best), 6)
+        best = None if best is None else round(float(best), 6)
+        floor = relevance_floor(settings)
+        return chunks, sources, judged_score(self._retriever, query, [c.id for c in chunks], best, floor)
 
     def _section(self, record: ChunkRecord) -> str | None:
         """The heading the chunk sits under: its own opening heading, else the latest one of the chunks

@@ -177,7 +177,8 @@ class AskPlan:
     history_keys: list[str]  # the store key of each earlier turn in the layout
     history: tuple[Turn, ...] = ()  # the earlier turns the prompt was laid out from (oldest first)
     conversation: ConversationContext | None = None  # the opened conversation the turn is recorded in
-    # Retrieval's best cosine similarity (None: nothing retrieved) and whether it reached the relevance floor;
-    # below it `sources` is empty and the prompt carries NOT_COVERED_NOTE.
+    # Retrieval's best cosine similarity (None: nothing retrieved; a follow-up's: the best of its query's, its
+    # question's and the earlier questions' it read, retrieval/relevance.py) and whether it reached the
+    # relevance floor; below it `sources` is empty and the prompt carries NOT_COVERED_NOTE.
     best_score: float | None = None
     covered: bool = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from app.build import Services, new_ask, new_ingest, new_scheduler
@@ -97,7 +98,7 @@ def test_turns_are_recorded_and_their_kv_stored_before_done(services: Services, 
 
 def test_a_stored_conversations_sources_join_the_follow_up_query(services: Services, ingested: None) -> None:
     """The previous turn's sources (stored with the turn) anchor the follow-up's query vector; a /v1
-    client's own messages have none, so its query reads the questions only."""
+    client's own messages have none, so they are retrieved again for the earlier question: the same query."""
     import dataclasses
 
     conversations = services.conversations
@@ -113,4 +114,9 @@ def test_a_stored_conversations_sources_join_the_follow_up_query(services: Servi
     assert plan.history == context.history and plan.conversation == context
     assert (plan.query.num_turns_used, plan.query.num_sources_used) == (1, 1)
     stateless = asyncio.run(service.plan(dataclasses.replace(request, history=context.history, conversation=None)))
-    assert (stateless.query.num_turns_used, stateless.query.num_sources_used) == (1, 0)
+    assert (stateless.query.num_turns_used, stateless.query.num_sources_used) == (1, 1)
+    np.testing.assert_array_equal(stateless.query.vector, plan.query.vector)
+    assert [s.chunk_id for s in stateless.sources] == [s.chunk_id for s in plan.sources]
+    # `followup: off` reads neither the history nor its sources.
+    alone = asyncio.run(service.plan(dataclasses.replace(request, history=context.history, followup="off")))
+    assert (alone.query.num_turns_used, alone.query.num_sources_used, alone.query.vector) == (0, 0, None)
