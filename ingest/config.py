@@ -71,6 +71,21 @@ class IngestSettings(BaseModel):
         description="Address space the parse process of one file may use (parse_in_subprocess); past it the "
         "document fails (document_too_large)",
     )
+    parse_workers: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="Files of larger jobs parsed at once, each in a parse process of its own, so one slow file "
+        "does not hold the jobs behind it; null: half the cores, at most 4, and no more than a quarter of the "
+        "memory holds at max_parse_memory_bytes each (app/services/ingest/lanes.py)",
+    )
+    quick_parse_bytes: int = Field(
+        1024 * 1024,
+        ge=0,
+        description="A job whose files together are at most this many bytes is parsed in a lane of its own (one "
+        "more parse process), never behind a larger file's parse; jobs of inline text need no parse process "
+        "and never wait for one. 0: no quick lane",
+    )
     max_records_per_file: int = Field(
         10_000, ge=1, description="JSON / JSONL: a file with more records (documents) is refused as a whole"
     )

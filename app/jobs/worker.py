@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from app.catalog import JobStatus
 from app.jobs.pg_queue import ENTRYPOINT, INSTALL_HINT, PgJobQueue, libpq_url
+from app.services.ingest.originals import WAITING_STAGE
 
 if TYPE_CHECKING:
     from app.catalog import Catalog
@@ -43,6 +44,10 @@ class JobRunner:
             return None
         if job.status.finished:  # e.g. cancelled while it waited in the queue
             return job.status
+        if job.status == JobStatus.RUNNING and job.stage == WAITING_STAGE:
+            # Its stages ran; it waits for the documents its duplicates are copies of, whose end settles it.
+            self._service.settle_waiting()
+            return job.status
         if job.status == JobStatus.RUNNING:
             logger.warning("ingest job %s was interrupted (its worker stopped); running it again", job_id)
             self._service.reset_interrupted(job)
@@ -51,7 +56,10 @@ class JobRunner:
         except Exception:  # run_job records failures itself; this is a bug or a lost database
             logger.exception("ingest job %s crashed", job_id)
             raise
-        logger.info("ingest job %s %s", job_id, finished.status.value)
+        if finished.stage == WAITING_STAGE:  # its end is written by whoever settles the originals it duplicates
+            logger.info("ingest job %s waits for the outcome of the documents it duplicates", job_id)
+        else:
+            logger.info("ingest job %s %s", job_id, finished.status.value)
         return finished.status
 
 

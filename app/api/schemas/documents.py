@@ -69,9 +69,15 @@ class JobOut(RecordOut):
     # Read from a `JobRecord`.
     job_id: str = Field(validation_alias="id")
     status: JobStatusName
-    stage: str | None = Field(description="parse | chunk | embed | kv | commit while running, else null")
+    stage: str | None = Field(
+        description="parse | chunk | embed | kv | commit while running; waiting: its stages are done and it waits "
+        "for the outcome of the documents its duplicates are copies of (other jobs are ingesting them); else null"
+    )
     progress: dict[str, StageProgress] = Field(description="done/total per stage")
-    errors: list[dict[str, Any]] = Field(description="Per-source failures: source, error, code")
+    errors: list[dict[str, Any]] = Field(
+        description="Per-source failures and duplicates: source, error, code, and for a duplicate document_id, the "
+        "document it is a copy of (a duplicate of a document that failed fails with its error and code)"
+    )
     document_ids: list[str]
     duplicate_ids: list[str] = Field(description="Submitted documents dropped as duplicates of stored ones")
     cancel_requested: bool = False

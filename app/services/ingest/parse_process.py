@@ -1,9 +1,8 @@
 """Parsing a file in a child process that can be killed, so that no file holds the ingest queue.
 
-Ingest runs one job at a time in one worker thread (worker.py: one job mutates the index at a time), and a
-parse runs inside that job. A loader that does not stop (a pathological PDF in pypdf, markup built to be slow)
-would hold every later job behind it, and a thread cannot be stopped from outside. So each file is parsed in
-a child process, and the ingest thread only waits for its documents:
+A loader that does not stop (a pathological PDF in pypdf, markup built to be slow) would hold its thread, and
+a thread cannot be stopped from outside. So each file is parsed in a child process, and the thread that
+parses the job only waits for its documents:
 
 - it looks for a cancel or a shutdown (`check`) every POLL_S while it waits, and kills the child at once;
 - it kills the child once `ingest.max_parse_seconds` (plus a grace for the child's own, clean stop) has
@@ -11,15 +10,15 @@ a child process, and the ingest thread only waits for its documents:
 - the child's address space is capped (`ingest.max_parse_memory_bytes`): a parse that needs more fails
   `document_too_large` instead of pushing the server toward an out-of-memory kill.
 
-So one file delays the jobs behind it by at most `max_parse_seconds` (and fails sooner on the character cap,
-which a DOCX counts while it streams). Parallel jobs were the other way: the parse stage would have to leave
-the worker's lock, two parses would race on duplicate detection, and a parse that never ends would still
-hold a thread and its memory for good.
+So one file holds its parse lane for at most `max_parse_seconds` (and fails sooner on the character cap, which
+a DOCX counts while it streams); other jobs are parsed in other lanes meanwhile (lanes.py), and the index
+thread takes them as they are parsed.
 
 The child is a parse server (`python -m ingest.parse_child`, started once and kept, so a file
 costs no interpreter start), reached over a pipe, one file at a time; a killed one is started again for the
-next file. It imports only the loaders, never the server's modules, threads or torch state. With
-`ingest.parse_in_subprocess` off, files are parsed in the calling thread.
+next file. Each parse lane has its own (`ParseServer`); a caller that names none (`blendrag ingest`, a
+PostgreSQL worker, bench) shares the module's one. It imports only the loaders, never the server's modules,
+threads or torch state. With `ingest.parse_in_subprocess` off, files are parsed in the calling thread.
 """
 
 from __future__ import annotations
@@ -48,18 +47,27 @@ Check = Callable[[], None]
 
 
 def iter_file_documents(
-    path: Path, settings: IngestSettings, check: Check | None = None, *, grace_s: float = GRACE_S
+    path: Path,
+    settings: IngestSettings,
+    check: Check | None = None,
+    *,
+    grace_s: float = GRACE_S,
+    server: ParseServer | None = None,
 ) -> Iterator[LoadedDocument]:
     """`ingest.loaders.iter_documents` of one file, in a child process when `settings.parse_in_subprocess`
-    (see the module docstring). Raises what it raises (LoaderError subclasses), ParseTimeLimit when the
-    child had to be killed (`grace_s` after the time limit), and passes through what `check` raises (the
-    child is killed first)."""
+    (see the module docstring): `server`'s (a parse lane's own, used by its thread only), else the module's
+    shared one. Raises what it raises (LoaderError subclasses), ParseTimeLimit when the child had to be
+    killed (`grace_s` after the time limit), and passes through what `check` raises (the child is killed
+    first)."""
     if not settings.parse_in_subprocess:
         from ingest.loaders import iter_documents
 
         yield from iter_documents(path, settings, check)
         return
-    with _SERVER_LOCK:  # one file at a time per server; ingest runs one job at a time anyway
+    if server is not None:
+        yield from server.parse(path, settings, check, grace_s)
+        return
+    with _SERVER_LOCK:  # one file at a time per server
         yield from _SERVER.parse(path, settings, check, grace_s)
 
 

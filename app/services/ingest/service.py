@@ -16,8 +16,9 @@ from app.catalog.models import DEFAULT_COLLECTION
 from app.catalog.records import JobUpdate
 from app.services.ingest import submission
 from app.services.ingest.context import IngestEnv
+from app.services.ingest.originals import WAITING_STAGE
 from app.services.ingest.progress import ProgressCallback
-from app.services.ingest.types import IngestSource, SubmitResult
+from app.services.ingest.types import IngestSource, JobError, SubmitResult
 from app.services.ingest.worker import IngestWorker
 
 if TYPE_CHECKING:
@@ -67,8 +68,9 @@ class IngestService:
         return self._worker.settled_view(job) if job is not None else None
 
     def cancel(self, job_id: str) -> JobRecord:
-        """Ask a job to stop (KeyError if unknown): a queued one is cancelled now, a running one at its
-        next cancel check (before the commit at the latest)."""
+        """Ask a job to stop (KeyError if unknown): a queued one is cancelled now, and so is one waiting for
+        its duplicates' originals (no thread runs it); a running one at its next cancel check (before the
+        commit at the latest)."""
         job = self._catalog.get_job(job_id)
         if job is None:
             raise KeyError(job_id)
@@ -76,6 +78,8 @@ class IngestService:
             self._catalog.update_job(job_id, JobUpdate(cancel_requested=True))
             if job.status == JobStatus.QUEUED:
                 self._worker.finish_cancelled(job_id, [])
+            elif job.stage == WAITING_STAGE:
+                self._worker.finish_cancelled(job_id, [JobError.from_row(row) for row in job.errors])
         return self._catalog.get_job(job_id)  # type: ignore[return-value]
 
     def start(self) -> None:
@@ -94,6 +98,10 @@ class IngestService:
 
     def reset_interrupted(self, job: JobRecord) -> None:
         self._worker.reset_interrupted(job)
+
+    def settle_waiting(self) -> None:
+        """Settle the jobs waiting for the documents their duplicates are copies of, where those are settled."""
+        self._worker.settle_waiting()
 
     def run_job(self, job_id: str, on_progress: ProgressCallback | None = None) -> JobRecord:
         """Run every stage of a job in this thread; returns the finished job."""

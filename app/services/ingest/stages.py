@@ -52,7 +52,8 @@ def parse(ctx: JobContext) -> None:
                 )
             else:
                 # In a child process that a cancel, a shutdown or the time limit kills (parse_process.py).
-                for loaded in iter_file_documents(Path(src.path or ""), settings, check=tracker.check_cancel):
+                path = Path(src.path or "")
+                for loaded in iter_file_documents(path, settings, check=tracker.check_cancel, server=ctx.parse_server):
                     loaded_docs.append(loaded)
                     if len(loaded_docs) > 1:
                         tracker.grow(1)  # one more document to parse
@@ -65,10 +66,12 @@ def parse(ctx: JobContext) -> None:
             tracker.advance(done)
             continue
         # A file's title comes from its content (heading, PDF metadata …); the file name was only the
-        # placeholder shown while the job was queued.
-        accept(ctx, item, loaded_docs[0])
-        if len(loaded_docs) > 1:
-            ctx.items.extend(accept_records(ctx, item, loaded_docs[1:]))
+        # placeholder shown while the job was queued. Under the lock: jobs in other parse lanes look for
+        # the same content at the same time.
+        with ctx.accept_lock:
+            accept(ctx, item, loaded_docs[0])
+            if len(loaded_docs) > 1:
+                ctx.items.extend(accept_records(ctx, item, loaded_docs[1:]))
         done += len(loaded_docs)
         tracker.advance(done)
 

@@ -83,7 +83,8 @@ class JobError:
     source: str | None
     error: str
     code: str
-    document_id: str | None = None  # duplicates only: the stored document the source duplicates
+    # Duplicates (and a duplicate that failed with its original, originals.py): the document it duplicates.
+    document_id: str | None = None
 
     @classmethod
     def duplicate(cls, source: str | None, of: str) -> JobError:
@@ -94,7 +95,8 @@ class JobError:
         return self.code == "duplicate"
 
     def to_row(self) -> dict[str, Any]:
-        """The job row's (and the API's) form: `document_id` only on duplicates, keys in this order."""
+        """The job row's (and the API's) form: `document_id` only on duplicates (failed ones too), keys in
+        this order."""
         row: dict[str, Any] = {"source": self.source, "error": self.error, "code": self.code}
         if self.document_id is not None:
             row["document_id"] = self.document_id

@@ -1,5 +1,10 @@
-"""Running ingest jobs: the worker thread and its queue, one job through the stages, a failure written
+"""Running ingest jobs: the parse lanes and the index thread, one job through the stages, a failure written
 down even on a full disk (the storage reserve, then retries), and recovery of interrupted jobs.
+
+A queued job is parsed in a lane (lanes.py: inline text on the index thread itself, small files in the quick
+lane, the rest by `ingest.parse_workers` parse processes at once), then chunked, embedded, given its KV and
+committed on the index thread, one job at a time (one job mutates the index at a time). A job whose
+duplicates' originals are still pending waits for them without holding any thread (originals.py).
 
 `recover()` (run at start-up) re-queues interrupted jobs after removing what they had half-written.
 """
@@ -12,20 +17,23 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from app.catalog import DocumentStatus, JobStatus
 from app.catalog.records import JobRecord, JobUpdate
 from app.services.ingest import stages
-from app.services.ingest.context import IngestEnv, JobContext
-from app.services.ingest.progress import Progress, ProgressCallback
+from app.services.ingest.context import IngestEnv, JobContext, job_context
+from app.services.ingest.lanes import Lane, ParseLanes, lane_of, num_parse_workers
+from app.services.ingest.originals import WAITING_STAGE, OutcomeWriter
+from app.services.ingest.parse_process import ParseServer
+from app.services.ingest.progress import ProgressCallback
 from app.services.ingest.types import (
     IngestError,
     IngestSource,
     JobCancelled,
     JobError,
     JobInterrupted,
-    WorkItem,
     error_rows,
 )
 from app.services.storage_faults import is_storage_full
@@ -33,6 +41,16 @@ from app.services.storage_faults import is_storage_full
 logger = logging.getLogger(__name__)
 
 UNSETTLED_RETRY_S = 5.0  # how often the worker retries marking a job failed that the catalog refused
+WAITING_POLL_S = 1.0  # how often the index thread looks at jobs waiting for their duplicates' originals
+STOP_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A job its lane has parsed, on its way to the index thread."""
+
+    ctx: JobContext
+    parse_seconds: float
 
 
 class IngestWorker:
@@ -52,23 +70,43 @@ class IngestWorker:
         # as failed (settled_view) and the worker writes them down as soon as the catalog takes writes again.
         self._unsettled: dict[str, str] = {}
         self._unsettled_lock = threading.Lock()
-        self._queue: queue.Queue[str | None] = queue.Queue()
+        # The index thread's queue: a job id (an inline job, parsed there too) or a job a lane has parsed.
+        self._queue: queue.Queue[str | Parsed | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # one job mutates the index at a time
+        self._accept_lock = threading.Lock()  # one parsed document at a time is checked for duplicates and kept
+        # Jobs being run (from their parse to their end): a job queued twice (submitted, then queued again by
+        # recover) must not run in two lanes at once.
+        self._running: set[str] = set()
+        self._running_lock = threading.Lock()
+        ingest = env.settings.ingest
+        self._lanes = ParseLanes(self._parse_in_lane, num_parse_workers(ingest), quick=ingest.quick_parse_bytes > 0)
         # Set by stop(): the running job stops at its next check (inside parse and chunk too) and is resumed
         # by the next start, so shutting down never waits for a long job to finish.
         self._stopping = threading.Event()
+        # Writes how jobs end; a duplicate may wait for a pending original once every unfinished job of the
+        # catalog will be run (this worker recovered and serves the queue, or the PostgreSQL workers do).
+        self._outcomes = OutcomeWriter(env.catalog, serving=env.settings.catalog.is_postgres)
 
     # ---- the thread ------------------------------------------------------------------------------
 
     def enqueue(self, job_id: str) -> None:
-        self._queue.put(job_id)
+        """Queue a job in the lane its sources go to (lanes.py)."""
+        job = self._catalog.get_job(job_id)
+        sources = [IngestSource.from_spec(s) for s in job.spec.get("sources", [])] if job is not None else []
+        lane = lane_of(sources, self._env.settings.ingest.quick_parse_bytes)
+        if lane == Lane.INLINE:
+            self._queue.put(job_id)
+        else:
+            self._lanes.put(lane, job_id)
 
     def start(self) -> None:
         if self._thread is None:
             self._stopping.clear()
+            self._outcomes.serving = True
             self._thread = threading.Thread(target=self._work, name="ingest-worker", daemon=True)
             self._thread.start()
+            self._lanes.start()
 
     def request_stop(self) -> None:
         """Tell the running job to stop at its next check (it resumes at the next start); `stop` waits."""
@@ -77,26 +115,65 @@ class IngestWorker:
     def stop(self) -> None:
         if self._thread is not None:
             self.request_stop()
+            self._lanes.stop(STOP_TIMEOUT_S)
             self._queue.put(None)
-            self._thread.join(timeout=60)
+            self._thread.join(timeout=STOP_TIMEOUT_S)
             self._thread = None
+            while not self._queue.empty():  # parsed jobs the index thread did not take: resumed at the next start
+                item = self._queue.get_nowait()
+                if isinstance(item, Parsed):
+                    self._release(item.ctx.job_id)
         self._settle()  # a failure reported but not yet written: last chance before a restart re-runs it
 
     def _work(self) -> None:
+        """The index thread: inline jobs whole, parsed jobs from chunk on; between them, the jobs waiting for
+        their duplicates' originals (a cancel or another worker may have settled those) and failures to write."""
         while True:
             try:
-                job_id = self._queue.get(timeout=UNSETTLED_RETRY_S if self._unsettled else None)
+                timeout = WAITING_POLL_S if self._outcomes.waiting else UNSETTLED_RETRY_S if self._unsettled else None
+                item = self._queue.get(timeout=timeout)
             except queue.Empty:
-                self._settle()
-                continue
-            if job_id is None:
+                item = ""
+            if item is None:
                 return
+            job_id = item.ctx.job_id if isinstance(item, Parsed) else item
             try:
-                self.run_job(job_id)
+                if isinstance(item, Parsed):
+                    try:
+                        self._index(item.ctx, item.parse_seconds)
+                    finally:
+                        self._release(item.ctx.job_id)
+                elif item:
+                    self._run_whole(item, None)
+                else:  # a cancel or another worker may have settled the originals a job waits for
+                    self._outcomes.settle_waiting()
             except Exception as exc:  # the worker must outlive any one job
                 logger.exception("ingest job %s crashed", job_id)
-                self._unsettle(job_id, f"{type(exc).__name__}: {exc}")
+                if job_id:
+                    self._unsettle(job_id, f"{type(exc).__name__}: {exc}")
             self._settle()
+
+    def _parse_in_lane(self, job_id: str, server: ParseServer) -> None:
+        """A lane thread's part of a job: its parse, with the lane's parse process; then on to the index thread."""
+        if self._stopping.is_set():
+            return  # left queued (or running): the next start's recovery runs it
+        try:
+            began = self._begin(job_id, None)
+            if isinstance(began, JobRecord):
+                return
+            began.parse_server = server  # the lane's own parse process: lanes parse at once
+            started = time.perf_counter()
+            parsed = False
+            try:
+                parsed = self._parse(began) is None
+            finally:
+                if not parsed:
+                    self._release(job_id)
+            if parsed:
+                self._queue.put(Parsed(began, time.perf_counter() - started))
+        except Exception as exc:  # the lane must outlive any one job
+            logger.exception("ingest job %s crashed while it was parsed", job_id)
+            self._unsettle(job_id, f"{type(exc).__name__}: {exc}")
 
     # ---- failures the catalog refused to record --------------------------------------------------
 
@@ -159,12 +236,13 @@ class IngestWorker:
     def recover(self) -> list[str]:
         """At start-up: undo what interrupted jobs half-wrote and queue them again. Returns their ids."""
         resumed = []
+        self._outcomes.serving = True  # every unfinished job runs again from here: a duplicate may wait
         for job in self._catalog.jobs_with_status([JobStatus.RUNNING, JobStatus.QUEUED]):
             if self.settle_if_done(job):
                 continue
             self.reset_interrupted(job)
             logger.warning("resuming interrupted ingest job %s", job.id)
-            self._queue.put(job.id)
+            self.enqueue(job.id)
             resumed.append(job.id)
         if resumed:
             self._env.retriever.save()
@@ -173,7 +251,11 @@ class IngestWorker:
     def settle_if_done(self, job: JobRecord) -> bool:
         """A job stopped after its last document was settled (committed or failed) but before its own
         status was written: nothing is left to run (and its uploads may already be gone), so write the
-        status it would have ended with instead of running it again. Returns whether it was settled."""
+        status it would have ended with instead of running it again (a job that was waiting for its duplicates'
+        originals waits again). Returns whether it was settled."""
+        if job.status == JobStatus.RUNNING and job.stage == WAITING_STAGE:
+            self._outcomes.settle_waiting()
+            return True
         if job.status != JobStatus.RUNNING or not job.document_ids:
             return False
         docs = [self._catalog.get_document(doc_id) for doc_id in job.document_ids]
@@ -188,12 +270,13 @@ class IngestWorker:
         for doc in ready:
             # The commit may have stopped between a new version going live and the old ones going.
             stages.replace_older_versions(self._env, doc)
-        failures = [e for e in errors if not e.is_duplicate]
-        status = JobStatus.SUCCEEDED if ready or not failures else JobStatus.FAILED
         remove_uploads(self._env.settings.uploads_dir, job)
-        self._catalog.update_job(job.id, JobUpdate(status=status, clear_stage=True, errors=error_rows(errors)))
-        logger.warning("ingest job %s had settled every document before it stopped: marked %s", job.id, status)
+        self._outcomes.conclude(job.id, errors, bool(ready), job.duplicate_ids)
+        logger.warning("ingest job %s had settled every document before it stopped: settled", job.id)
         return True
+
+    def settle_waiting(self) -> None:
+        self._outcomes.settle_waiting()
 
     def reset_interrupted(self, job: JobRecord) -> None:
         """Remove what an interrupted run of `job` half-wrote and mark it queued, ready to run again."""
@@ -214,50 +297,85 @@ class IngestWorker:
     # ---- one job ---------------------------------------------------------------------------------
 
     def run_job(self, job_id: str, on_progress: ProgressCallback | None = None) -> JobRecord:
-        """Run every stage of a job in this thread; returns the finished job."""
+        """Run every stage of a job in this thread (its files parsed by the shared parse process); returns the
+        job: finished, or `running` at stage `waiting` while the originals of its duplicates are being ingested
+        by other jobs, whose end settles it (originals.py)."""
+        return self._run_whole(job_id, on_progress)
+
+    def _run_whole(self, job_id: str, on_progress: ProgressCallback | None) -> JobRecord:
+        began = self._begin(job_id, on_progress)
+        if isinstance(began, JobRecord):
+            return began
+        try:
+            started = time.perf_counter()
+            ended = self._parse(began)
+            return ended if ended is not None else self._index(began, time.perf_counter() - started)
+        finally:
+            self._release(job_id)
+
+    def _begin(self, job_id: str, on_progress: ProgressCallback | None) -> JobContext | JobRecord:
+        """The context of a job about to run, marked running (and taken: `_release` when it ends); or the job
+        itself when there is nothing to run: finished already, or being run by another lane of this worker."""
         job = self._catalog.get_job(job_id)
         if job is None:
             raise IngestError(f"no ingest job {job_id}")
-        if job.status.finished:
-            return job
-        with self._lock:
-            ctx = job_context(self._env, job, on_progress, self._stopping)
+        with self._running_lock:
+            if job.status.finished or job_id in self._running:
+                return job
+            self._running.add(job_id)
+        try:
+            ctx = job_context(self._env, job, on_progress, self._stopping, self._accept_lock)
             self._catalog.update_job(job.id, JobUpdate(status=JobStatus.RUNNING, errors=error_rows(ctx.errors)))
-            try:
-                finished = self._run(ctx, time.perf_counter())
-            finally:
-                self._env.documents.kv_in_use.clear()
-            return finished
+        except BaseException:
+            self._release(job_id)
+            raise
+        return ctx
 
-    def _run(self, ctx: JobContext, started: float) -> JobRecord:
+    def _release(self, job_id: str) -> None:
+        with self._running_lock:
+            self._running.discard(job_id)
+
+    def _parse(self, ctx: JobContext) -> JobRecord | None:
+        """The parse stage, outside the index lock (jobs are parsed in several lanes at once); returns the job
+        if it ended there (cancelled, interrupted, failed as a whole), else None."""
         try:
             stages.parse(ctx)
-            stages.chunk(ctx)
-            stages.embed(ctx)
-            stages.precompute_kv(ctx)
-            num_chunks = stages.commit(ctx)
-        except JobCancelled:
-            self.finish_cancelled(ctx.job_id, ctx.errors)
-            return self._catalog.get_job(ctx.job_id)  # type: ignore[return-value]
-        except JobInterrupted:
-            logger.warning("ingest job %s interrupted by shutdown; it resumes at the next start", ctx.job_id)
-            return self._catalog.get_job(ctx.job_id)  # type: ignore[return-value]
         except Exception as exc:
-            logger.exception("ingest job %s failed", ctx.job_id)
-            return self._fail(ctx, exc)
-        drop_unused_kv(ctx, failed_only=True)
-        # A duplicate is not a failure: its content is stored, under the id the 202 gave.
-        failures = [e for e in ctx.errors if not e.is_duplicate]
-        status = JobStatus.SUCCEEDED if ctx.live() or not failures else JobStatus.FAILED
+            return self._ended(ctx, exc)
+        return None
+
+    def _index(self, ctx: JobContext, parse_seconds: float) -> JobRecord:
+        """The stages after parse, one job at a time, then the job's outcome."""
+        with self._lock:
+            started = time.perf_counter()
+            try:
+                try:
+                    stages.chunk(ctx)
+                    stages.embed(ctx)
+                    stages.precompute_kv(ctx)
+                    num_chunks = stages.commit(ctx)
+                except Exception as exc:
+                    return self._ended(ctx, exc)
+                drop_unused_kv(ctx, failed_only=True)
+            finally:
+                self._env.documents.kv_in_use.clear()
         # The uploads go before the status is written: whoever sees the job finished sees them gone.
         self._remove_uploads(ctx.job_id)
-        self._catalog.update_job(
-            ctx.job_id,
-            JobUpdate(status=status, clear_stage=True, errors=error_rows(ctx.errors), duplicate_ids=ctx.duplicates),
-        )
         if self._on_chunks_committed is not None:
-            self._on_chunks_committed(num_chunks, time.perf_counter() - started)
+            self._on_chunks_committed(num_chunks, parse_seconds + time.perf_counter() - started)
+        self._outcomes.conclude(ctx.job_id, ctx.errors, bool(ctx.live()), ctx.duplicates)
         return ctx.progress.emit()
+
+    def _ended(self, ctx: JobContext, exc: Exception) -> JobRecord:
+        """A job that stopped inside a stage: cancelled, interrupted by a shutdown, or failed as a whole."""
+        if isinstance(exc, JobCancelled):
+            self.finish_cancelled(ctx.job_id, ctx.errors)
+        elif isinstance(exc, JobInterrupted):
+            logger.warning("ingest job %s interrupted by shutdown; it resumes at the next start", ctx.job_id)
+        else:
+            logger.error("ingest job %s failed", ctx.job_id, exc_info=exc)
+            return self._fail(ctx, exc)
+        return self._catalog.get_job(ctx.job_id)  # type: ignore[return-value]
 
     def _fail(self, ctx: JobContext, exc: Exception) -> JobRecord:
         """The whole job failed: every document fails, and the failure is written down (or retried)."""
@@ -293,6 +411,7 @@ class IngestWorker:
             logger.error("could not mark ingest job %s failed: %s", ctx.job_id, handler_exc)
             self._unsettle(ctx.job_id, message)
             return self.settled_view(self._catalog.get_job(ctx.job_id))  # type: ignore[arg-type]
+        self._outcomes.settle_waiting()  # duplicates of this job's documents fail with them
         return ctx.progress.emit()
 
     def finish_cancelled(self, job_id: str, errors: list[JobError]) -> None:
@@ -303,35 +422,16 @@ class IngestWorker:
         if dropped:
             self._env.retriever.remove(dropped)
         remove_uploads(self._env.settings.uploads_dir, job)
-        self._catalog.update_job(job_id, JobUpdate(status=JobStatus.CANCELLED, errors=error_rows(errors)))
+        self._catalog.update_job(
+            job_id,
+            JobUpdate(status=JobStatus.CANCELLED, clear_stage=job.stage == WAITING_STAGE, errors=error_rows(errors)),
+        )
+        self._outcomes.settle_waiting()  # duplicates of this job's documents fail with them
 
     def _remove_uploads(self, job_id: str) -> None:
         job = self._catalog.get_job(job_id)
         if job is not None:
             remove_uploads(self._env.settings.uploads_dir, job)
-
-
-def job_context(
-    env: IngestEnv,
-    job: JobRecord,
-    on_progress: ProgressCallback | None = None,
-    stopping: threading.Event | None = None,
-) -> JobContext:
-    """A job's context before its first stage: an item per source, the duplicates submit answered."""
-    sources = [IngestSource.from_spec(s) for s in job.spec.get("sources", [])]
-    # document_ids may be longer than sources: records of a json/jsonl file fan out at parse time.
-    items = [WorkItem(doc_id, src) for doc_id, src in zip(job.document_ids, sources, strict=False)]
-    # Duplicates of stored documents were answered at submit; they stay reported.
-    errors = [JobError.from_row(d) for d in job.spec.get("duplicates", [])]
-    return JobContext(
-        env=env,
-        job_id=job.id,
-        items=items,
-        progress=Progress(env.catalog, job.id, on_progress, stopping),
-        collection=job.collection,
-        errors=errors,
-        duplicates=[e.document_id for e in errors if e.document_id is not None],
-    )
 
 
 def remove_uploads(uploads_dir: Path, job: JobRecord) -> None:

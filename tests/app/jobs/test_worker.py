@@ -18,6 +18,7 @@ from jobtools import worker_in_thread
 from app.build import Services, build_services, new_ingest
 from app.catalog import DocumentStatus, JobStatus
 from app.jobs.pg_queue import PgJobQueue
+from app.jobs.worker import JobRunner
 from app.services.doctor import run_doctor
 from app.services.ingest import IngestSource
 from app.settings import Settings
@@ -119,6 +120,35 @@ def test_cancel_reaches_the_worker_running_the_job(pg_settings: Settings, server
     assert {(d.status, d.error, d.num_chunks) for d in docs} == {(DocumentStatus.FAILED, "ingest cancelled", 0)}
     assert server_services.catalog.iter_chunks() == []
     queue.close()
+
+
+def test_a_duplicate_waits_on_its_worker_and_the_originals_worker_settles_it(
+    pg_settings: Settings, server_services: Services, tmp_path: Path
+) -> None:
+    """Two workers: the one given the duplicate first leaves it `running` at stage `waiting` (holding no job
+    slot); the one that runs the original settles it with the original's failure (issue 62)."""
+    fake = tmp_path / "report.docx"
+    fake.write_bytes(b"plain text pretending to be a DOCX")
+    upload = IngestSource(kind="file", title="report.docx", path=str(fake), source_path="upload:report.docx")
+    service = new_ingest(server_services, dispatch=lambda job_id: None)  # the API side records the jobs only
+    first = service.submit([upload])
+    second = service.submit([upload])
+    original = first.document_ids[0]
+    assert second.document_ids == [original]
+    duplicates_worker = JobRunner(server_services.catalog, new_ingest(server_services, dispatch=lambda job_id: None))
+    originals_worker = JobRunner(server_services.catalog, new_ingest(server_services, dispatch=lambda job_id: None))
+    assert duplicates_worker.run(second.job_id) == JobStatus.RUNNING
+    assert server_services.catalog.get_job(second.job_id).stage == "waiting"
+    assert duplicates_worker.run(second.job_id) == JobStatus.RUNNING  # queued again: not run again
+    assert originals_worker.run(first.job_id) == JobStatus.FAILED
+    failed = server_services.catalog.get_job(first.job_id)
+    assert [e["code"] for e in failed.errors] == ["unreadable_document"]
+    shared = server_services.catalog.get_job(second.job_id)
+    assert (shared.status, shared.stage, shared.errors) == (
+        JobStatus.FAILED,
+        None,
+        [{**failed.errors[0], "document_id": original}],
+    )
 
 
 def _worker_process(settings: Settings, name: str, log: Path) -> subprocess.Popen[bytes]:
