@@ -12,11 +12,14 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from app.sse_reader import iter_sse, sse_lines
+
+if TYPE_CHECKING:
+    from app.server_registry import Announced
 
 TIMEOUT_S = 30.0
 POLL_S = 1.0  # job polling when the event stream is unavailable: at most once a second
@@ -125,16 +128,37 @@ def find_server(host: str, port: int) -> str | None:
     return probe(f"http://{probe_host}:{port}")
 
 
-def discover(runtime_dir: Path, host: str, port: int) -> tuple[str, str] | None:
-    """A running server for a CLI command that has none named: (url, how it was found), or None.
+class SeveralServers(RuntimeError):
+    """Several announced servers answer and none is clearly the CLI's: it lists them instead of guessing."""
 
-    The servers that announced themselves, the most recently started first, then the configured port."""
-    from app.server_registry import announced
+    def __init__(self, servers: list[Announced], here: Path) -> None:
+        self.servers = servers
+        lines = [f"  {s.url}  data dir {s.data_dir}  pid {s.pid}" for s in servers]
+        mine = sum(s.started_in == str(here.resolve()) for s in servers)
+        which = f"{mine} of them started from this folder ({here})" if mine else f"none started from {here}"
+        super().__init__(
+            f"{len(servers)} blendrag servers are running, {which}; name one with --server URL (or "
+            "BLENDRAG_URL), or run the command from the folder its `make serve` ran in:\n" + "\n".join(lines)
+        )
 
-    for server in announced(runtime_dir):
-        url = probe(server.url)
-        if url is not None:
-            return url, f"the blendrag server at {url} (data dir {server.data_dir})"
+
+def discover(runtime_dir: Path, host: str, port: int, here: Path) -> tuple[str, str] | None:
+    """A running server for a CLI command in folder `here` that has none named: (url, how it was found), or
+    None. Raises SeveralServers when several answer and none is clearly this folder's.
+
+    Among the servers that announced themselves and answer: the one started from `here` (the checkout whose
+    `make serve DATA=…` it is, whatever data dir it serves), else the only one (app/server_registry.py
+    `choose`); with none announced, the one on the configured port."""
+    from app.server_registry import announced, choose
+
+    answering = [s for s in announced(runtime_dir) if probe(s.url) is not None]
+    chosen = choose(answering, here)
+    if chosen is not None:
+        url = chosen.url.rstrip("/")
+        origin = ", started from this folder" if chosen.started_in == str(here.resolve()) else ""
+        return url, f"the blendrag server at {url} (data dir {chosen.data_dir}{origin})"
+    if answering:
+        raise SeveralServers(answering, here)
     url = find_server(host, port)
     return None if url is None else (url, f"the blendrag server at {url}")
 

@@ -49,8 +49,8 @@ _CLIENT_OPTIONS = (
         "--server",
         "URL",
         "BLENDRAG_URL",
-        "send the work to the blendrag server at URL (default: $BLENDRAG_URL, the data dir's server, "
-        "else a running one)",
+        "send the work to the blendrag server at URL (default: $BLENDRAG_URL, the data dir's server, else the "
+        "running one started from this folder, or the only one running)",
     ),
     (
         "--api-key",
@@ -92,8 +92,9 @@ def take_data_dir(
     server_only: bool = False,
 ) -> tuple[RemoteServer | None, DataDirLock | None]:
     """Own the data dir for this command, or (remote=True) reach a server: the one `--server` names, the
-    one that owns the data dir, or (the data dir holding no catalog) one that announced itself or answers
-    on the configured port. `server_only`: never take (and so create) a data dir without a catalog.
+    one that owns the data dir, or (the data dir holding no catalog) one that announced itself (the one started
+    from this folder, else the only one; several and none of them this folder's: Refused, listing them) or
+    answers on the configured port. `server_only`: never take (and so create) a data dir without a catalog.
 
     Returns (server client, None) when the work goes to the running server over HTTP, else (None, lock).
     Raises Refused naming the owner and what to do when neither is possible.
@@ -111,10 +112,14 @@ def take_data_dir(
     if owner is None and remote and not _has_catalog(settings):
         # `blendrag ask` in another folder would create ./data and answer from nothing, while the user's
         # server runs elsewhere: a data dir without a catalog sends the work to a running server.
-        from app.remote import RemoteServer, discover
+        from app.remote import RemoteServer, SeveralServers, discover
         from app.server_registry import default_runtime_dir
 
-        found = discover(settings.runtime_dir or default_runtime_dir(), settings.server.host, settings.server.port)
+        runtime_dir = settings.runtime_dir or default_runtime_dir()
+        try:
+            found = discover(runtime_dir, settings.server.host, settings.server.port, Path.cwd())
+        except SeveralServers as exc:  # never the newest of several: it may serve another checkout's corpus
+            raise Refused(f"{settings.data_dir} holds no catalog and {exc}") from exc
         if found is not None:
             url, which = found
             print(f"{settings.data_dir} holds no catalog; sending the work to {which}", file=sys.stderr)

@@ -290,3 +290,53 @@ def test_cli_in_another_folder_finds_the_announced_server_and_sends_its_own_key(
         assert not (checkout / "data").exists()
     finally:
         server.stop()
+
+
+def test_with_two_servers_on_other_data_dirs_the_cli_asks_the_one_its_folder_started(
+    cli_env: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial: the checkout's server ran with `make serve DATA=/elsewhere`; `blendrag ask` there found no
+    catalog in ./data and asked the newest server announced on the machine, another data dir's (an answer about
+    Java, "Sources: none"). Now, from a folder neither was started in, the CLI lists both and exits non-zero;
+    from the checkout, it asks the checkout's server, though the other one started later."""
+    checkout, java, third = tmp_path / "checkout", tmp_path / "java-checkout", tmp_path / "third"
+    for folder in (checkout, java, third):
+        folder.mkdir()
+    elsewhere, java_data = tmp_path / "elsewhere", tmp_path / "java-data"
+    ours = Server(elsewhere, cli_env, checkout)
+    try:
+        newest = Server(java_data, cli_env, java)
+        try:
+            auth = {"Authorization": f"Bearer {API_KEY}"}
+            doc = {"title": "Zorblat", "text": "Quintaro is the capital of Zorblat."}
+            accepted = httpx.post(f"{ours.url}/ingest", headers=auth, json={"documents": [doc]}, timeout=30)
+            assert accepted.status_code == 202, accepted.text
+            job = f"{ours.url}/ingest/jobs/{accepted.json()['job_id']}"
+            deadline = time.monotonic() + 60
+            while httpx.get(job, headers=auth, timeout=10).json()["status"] != "succeeded":
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+
+            monkeypatch.chdir(third)
+            assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1"]) == EXIT_BUSY
+            assert capsys.readouterr().err == (
+                f"error: data holds no catalog and 2 blendrag servers are running, none started from {third}; "
+                "name one with --server URL (or BLENDRAG_URL), or run the command from the folder its "
+                "`make serve` ran in:\n"
+                f"  {newest.url}  data dir {java_data}  pid {newest.proc.pid}\n"
+                f"  {ours.url}  data dir {elsewhere}  pid {ours.proc.pid}\n"
+            )
+
+            monkeypatch.chdir(checkout)
+            assert main(["ask", "What is the capital of Zorblat?", "--top-k", "1"]) == 0
+            out, err = capsys.readouterr()
+            assert err.startswith(
+                f"data holds no catalog; sending the work to the blendrag server at {ours.url} (data dir "
+                f"{elsewhere}, started from this folder)\n"
+            )
+            assert "Sources:\n  [1] Zorblat (score" in out
+            assert [(f / "data").exists() for f in (checkout, java, third)] == [False, False, False]
+        finally:
+            newest.stop()
+    finally:
+        ours.stop()
