@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, YamlConfigSettingsSource
 
 from app.settings_env import NullableEnvSource, field_at, takes_null
-from engine.config import EngineSettings
+from engine.config import EngineSettings, nest_flat_blend_keys
 from ingest.config import IngestSettings
 from kvcache.config import KVCacheSettings
 from retrieval.config import RetrievalSettings
@@ -239,7 +239,30 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Precedence: explicit arguments (CLI flags) > environment > settings.yaml > defaults. The environment
         # source reads null / none / off as None for the nullable settings (app/settings_env.py).
-        return (init_settings, NullableEnvSource(settings_cls), _yaml_source(settings_cls))
+        sources = (init_settings, NullableEnvSource(settings_cls), _yaml_source(settings_cls))
+        return tuple(_NestedBlendKeys(settings_cls, source) for source in sources)
+
+
+class _NestedBlendKeys(PydanticBaseSettingsSource):
+    """One source's values with the old flat blend keys (engine.recompute_ratio …) read as engine.blend.*, before
+    the sources are merged: precedence then holds between an old key in one source and a new one in another."""
+
+    def __init__(self, settings_cls: type[BaseSettings], source: PydanticBaseSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self._source = source
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._source.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        values = self._source()
+        engine = values.get("engine")
+        if not isinstance(engine, dict):
+            return values
+        try:
+            return values | {"engine": nest_flat_blend_keys(engine)}
+        except ValueError as exc:
+            raise SettingsError(f"invalid settings: {exc}") from exc
 
 
 def default_models_dir() -> Path:

@@ -35,11 +35,12 @@ Generated from the settings models by `python -m app.settings_reference --write`
 Settings come from, in order of precedence: command-line flags, `BLENDRAG_*` environment variables (nested
 names joined by a double underscore), `settings.yaml` in the working directory (or the file named by
 `BLENDRAG_SETTINGS_FILE`), then the defaults below. In `settings.yaml` the dotted name is a nested key:
-`engine.recompute_ratio: 0.3` is
+`engine.blend.recompute_ratio: 0.3` is
 
 ```yaml
 engine:
-  recompute_ratio: 0.3
+  blend:
+    recompute_ratio: 0.3
 ```
 
 A setting whose type includes null takes `null`, `none` or `off` (any case) from its environment variable too:
@@ -61,7 +62,7 @@ _SECTIONS = {
 
 @dataclass(frozen=True)
 class SettingRow:
-    name: str  # dotted, e.g. engine.recompute_ratio
+    name: str  # dotted, e.g. engine.blend.recompute_ratio
     env: str  # BLENDRAG_ENGINE__RECOMPUTE_RATIO
     type: str
     default: str
@@ -84,6 +85,8 @@ def _type_name(annotation: Any) -> str:
         return " \\| ".join(f"`{v}`" for v in typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(_type_name(a) for a in typing.get_args(annotation))
+    if origin is tuple and typing.get_args(annotation)[-1:] == (Ellipsis,):  # a list in a settings file
+        return f"list[{_type_name(typing.get_args(annotation)[0])}]"
     if origin is not None:
         args = ", ".join(_type_name(a) for a in typing.get_args(annotation))
         return f"{getattr(origin, '__name__', str(origin))}[{args}]"
@@ -107,6 +110,8 @@ def _default(field: FieldInfo) -> str:
         value = value.value
     if isinstance(value, bool):
         return "`true`" if value else "`false`"
+    if isinstance(value, tuple):  # written as a list in a settings file
+        value = list(value)
     if isinstance(value, Path):
         return f"`{value}`"
     return f"`{value!r}`" if isinstance(value, str) else f"`{value}`"

@@ -12,7 +12,6 @@ them on the calibration set, `bench frontier` on held-out passages, `bench looku
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,7 +25,7 @@ if TYPE_CHECKING:
 def read_candidates(path: Path) -> list[dict[str, Any]]:
     """The study's blend settings, each validated as a blend configuration here, before any model loads
     (the calibration set's preparation alone takes minutes)."""
-    from engine.config import BLEND_FIELDS, EngineSettings
+    from engine.blend.config import BLEND_FIELDS, BlendConfig
 
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
@@ -39,7 +38,7 @@ def read_candidates(path: Path) -> list[dict[str, Any]]:
         if unknown:
             raise SystemExit(f"--candidates {path}: not blend settings: {', '.join(unknown)}")
         try:
-            EngineSettings.model_validate(v).blend_config()
+            BlendConfig.model_validate(v)
         except ValueError as exc:  # pydantic's ValidationError is one
             raise SystemExit(f"--candidates {path}: {v}: {exc}") from exc
     keys = [json.dumps(v, sort_keys=True) for v in values]
@@ -51,7 +50,7 @@ def read_candidates(path: Path) -> list[dict[str, Any]]:
 
 def apply_candidate(base: BlendConfig, values: dict[str, Any]) -> BlendConfig:
     """`base` (the settings in force) with the candidate's values set (lists as the config's tuples)."""
-    return replace(base, **{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    return base.replace(**values)
 
 
 def candidate_name(values: dict[str, Any], config: BlendConfig) -> str:
@@ -68,7 +67,7 @@ def candidate_name(values: dict[str, Any], config: BlendConfig) -> str:
 
 def describe(config: BlendConfig) -> dict[str, Any]:
     """The blend config a candidate ran with, JSON-ready (tuples as lists)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}
+    return config.model_dump(mode="json")
 
 
 def candidate_specs(engine: Engine, candidates: list[dict[str, Any]]) -> list[ModeSpec]:

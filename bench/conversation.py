@@ -160,9 +160,9 @@ async def _kl(state: Any, request: Any) -> dict[str, float]:
         for name, mode in (("default", "blend"), ("reuse", "reuse")):
             opened = state.services.ask.open_plan_kv(plan)
             try:
-                result = engine.prompt_pass(plan.layout, opened.source, mode, blend)
+                result = engine.prompt_pass(plan.layout, opened.reader, mode, blend)
             finally:
-                opened.source.close()
+                opened.reader.close()
             out[name] = kl_divergence(full.logits, result.logits)
         return out
 
@@ -431,9 +431,9 @@ def main(args: argparse.Namespace) -> int:
                     turns=args.turns,
                     top_k=args.passages,
                     mode=settings.engine.mode,
-                    selector=state.services.engine.settings.selector,
-                    ratio=state.services.engine.settings.recompute_ratio,
-                    history_ratio=state.services.engine.settings.history_ratio,
+                    selector=state.services.engine.settings.blend.selector,
+                    ratio=state.services.engine.settings.blend.recompute_ratio,
+                    history_ratio=state.services.engine.settings.blend.history_ratio,
                     followup_default=settings.retrieval.followup,
                     history_max_tokens=settings.engine.history_max_tokens,
                     client_system_prompt=CLIENT_SYSTEM_PROMPT,

@@ -105,7 +105,7 @@ def main(args: argparse.Namespace) -> int:
 def _kernels(args: argparse.Namespace, formats: list[str]) -> dict[str, Any]:
     """ms per GEMM pass (all layers + LM head) per format and row count; ms per decode step per format."""
     from engine.decode_weights import DECODE_WEIGHTS_DIR, build_decode_weights
-    from engine.phases import decode, extend
+    from engine.extend import decode, extend
     from engine.working_cache import WorkingCache
 
     engine = harness.build_engine(args, decode_weights="same")
@@ -209,14 +209,14 @@ def _fidelity_all(args: argparse.Namespace, formats: list[str], examples: list) 
 
 def _prompt_pass(engine: Engine, example: Any, args: argparse.Namespace):
     """The server's prompt for one example (ranked layout, default blend, the passages' stored KV)."""
-    from kvcache.types import InMemoryLayerSource
+    from kvcache.types import InMemoryLayerReader
 
     chunks = [
         engine.tokenizer.encode(p.text, add_special_tokens=False)[:CHUNK_TOKENS]
         for p in example.passages[: args.passages]
     ]
     layout = engine.prompt.layout_ranked(chunks, example.question)
-    source = InMemoryLayerSource(engine.precompute_chunks(chunks))
+    source = InMemoryLayerReader(engine.precompute_chunks(chunks))
     return engine.prompt_pass(
         layout, source, "blend", engine.settings.blend_config(), extra_capacity=args.fidelity_tokens + 1
     )

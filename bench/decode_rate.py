@@ -44,7 +44,7 @@ async def _request(
     """The GenerationRequest of one client, with room for `max_tokens` tokens (its chunks' KV computed first)."""
     from engine.scheduler import PrecomputePriority
     from engine.types import GenerationRequest
-    from kvcache.types import InMemoryLayerSource
+    from kvcache.types import InMemoryLayerReader
 
     engine, scheduler = state.services.engine, state.scheduler
     chunks = [
@@ -59,7 +59,7 @@ async def _request(
     return GenerationRequest(  # as AskService builds it (the passages in their rank order)
         request_id=str(uuid.uuid4()),
         layout=engine.prompt.layout_ranked(chunks, example.question),
-        kv_source=InMemoryLayerSource(kvs),
+        kv_reader=InMemoryLayerReader(kvs),
         mode="blend",
         blend=settings.blend_config(recompute_ratio=ratio),
         # A fixed answer length: no EOS and no repeated-line stop (a small model repeats itself within

@@ -98,7 +98,6 @@ def adaptive_specs(
     engine: Engine, shares: str | None, ratio_min: float | None, ratio_max: float | None
 ) -> list[ModeSpec]:
     """adaptive@τ: the server's blend config with the query selector's adaptive budget at share τ."""
-    from dataclasses import replace
 
     from bench.passes import ModeSpec
 
@@ -110,7 +109,7 @@ def adaptive_specs(
         "ratio_max": base.ratio_max if ratio_max is None else ratio_max,
     }
     return [
-        ModeSpec(f"adaptive@{float(tau)}", "blend", replace(base, attention_share=float(tau), **bounds))
+        ModeSpec(f"adaptive@{float(tau)}", "blend", base.replace(attention_share=float(tau), **bounds))
         for tau in parse_ratios(shares)
     ]
 

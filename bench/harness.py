@@ -16,7 +16,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -174,7 +174,7 @@ def add_kv_dtype_arg(
 
 def add_blend_args(parser: argparse.ArgumentParser) -> None:
     """Options that change the engine's blend settings (default: the server's own defaults)."""
-    from engine.types import SELECTORS
+    from engine.blend.config import SELECTORS
 
     parser.add_argument(
         "--selector",
@@ -250,7 +250,7 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
 
 def blend_settings(engine: Engine) -> dict[str, Any]:
     """The engine's blend settings, recorded in every result file."""
-    return asdict(engine.settings.blend_config())
+    return engine.settings.blend_config().model_dump()
 
 
 def plot_path(args: argparse.Namespace) -> Path:

@@ -308,7 +308,7 @@ def main(args: argparse.Namespace) -> int:
             async with running_app(settings) as state:
                 # The server's ratio is the one in force for its model (app/calibration), not the raw default.
                 engine_settings = state.services.engine.settings
-                ratio = args.ratio if args.ratio is not None else engine_settings.recompute_ratio
+                ratio = args.ratio if args.ratio is not None else engine_settings.blend.recompute_ratio
                 modes = [("full", "full", None), ("reuse", "reuse", None)]
                 if candidates is None:
                     modes += [(f"{s}@{ratio}", "blend", s) for s in args.selectors]
@@ -334,7 +334,7 @@ def main(args: argparse.Namespace) -> int:
                 documents=len(passages),
                 top_k=args.passages,
                 ratio=ratio,
-                default_selector=engine_settings.selector,
+                default_selector=engine_settings.blend.selector,
                 kv_dtype=settings.kvcache.storage_dtype,
                 max_tokens=args.max_tokens,
                 **outcome,

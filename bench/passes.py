@@ -26,7 +26,7 @@ from engine.types import (
 if TYPE_CHECKING:
     from engine.engine import Engine
     from engine.types import PromptLayout, PromptResult
-    from kvcache.types import LayerKVSource
+    from kvcache.types import LayerKVReader
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def parse_ratios(text: str) -> list[float]:
 
 
 def parse_selectors(text: str) -> list[SelectorName]:
-    from engine.types import SELECTORS
+    from engine.blend.config import SELECTORS
 
     names = [x.strip() for x in text.split(",") if x.strip()]
     if not names or any(n not in SELECTORS for n in names):
@@ -107,7 +107,7 @@ class PassOutcome:
 def run_pass(
     engine: Engine,
     layout: PromptLayout,
-    kv_source: LayerKVSource | None,
+    kv_reader: LayerKVReader | None,
     spec: ModeSpec,
     target_ids: list[int],
     max_tokens: int,
@@ -115,15 +115,15 @@ def run_pass(
 ) -> PassOutcome:
     """Prompt pass of `spec`, then teacher-forced NLL of target_ids, then an answer of up to max_tokens.
 
-    The answer is decoded as /ask decodes it (the engine's sampling settings). Closes kv_source. With no
-    kv_source the engine runs `full` whatever the spec says. With compare_uncontrolled the same pass is
+    The answer is decoded as /ask decodes it (the engine's sampling settings). Closes kv_reader. With no
+    kv_reader the engine runs `full` whatever the spec says. With compare_uncontrolled the same pass is
     decoded a second time without the repeated-line stop.
     """
     try:
-        scored = engine.score(layout, kv_source, spec.mode, spec.blend, target_ids, extra_capacity=max_tokens + 1)
+        scored = engine.score(layout, kv_reader, spec.mode, spec.blend, target_ids, extra_capacity=max_tokens + 1)
     finally:
-        if kv_source is not None:
-            kv_source.close()
+        if kv_reader is not None:
+            kv_reader.close()
     result = scored.prompt
     first = result.logits.detach().float().clone()
     prompt_len = result.cache.length

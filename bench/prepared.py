@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from engine.engine import Engine
     from engine.types import BlendConfig, Mode, PromptLayout
     from kvcache.store import TieredKVStore
-    from kvcache.types import ChunkKV, LayerKVSource
+    from kvcache.types import ChunkKV, LayerKVReader
 
 logger = logging.getLogger(__name__)
 
@@ -124,14 +124,14 @@ class PreparedPrompt:
             self._stores[storage_dtype] = (store, put_chunks(store, self.engine, self.chunk_ids, self.kvs))
         return self._stores[storage_dtype]
 
-    def source(self, storage_dtype: str) -> LayerKVSource:
+    def source(self, storage_dtype: str) -> LayerKVReader:
         """A fresh layer source over these chunks: through the store's loader, or the engine's tensors."""
-        from kvcache.types import InMemoryLayerSource
+        from kvcache.types import InMemoryLayerReader
 
         if storage_dtype == ENGINE_KV:
             # On an accelerator the engine's own tensors are moved there once: chunks resident on the device,
             # as the hot chunks a server keeps there would be (nothing crosses the bus per request).
-            return InMemoryLayerSource(self._resident_kvs(), device=self.engine.device, dtype=self.engine.dtype)
+            return InMemoryLayerReader(self._resident_kvs(), device=self.engine.device, dtype=self.engine.dtype)
         store, keys = self.store(storage_dtype)
         return store.open_layers(keys, device=self.engine.device, dtype=self.engine.dtype)
 
@@ -199,7 +199,7 @@ def prepare_prompts(
 
 
 def time_to_first_token(
-    engine: Engine, layout: PromptLayout, source: LayerKVSource | None, mode: Mode, blend: BlendConfig | None
+    engine: Engine, layout: PromptLayout, source: LayerKVReader | None, mode: Mode, blend: BlendConfig | None
 ) -> tuple[float, int]:
     """(TTFT seconds, recomputed context tokens) of one request generating a single token."""
     from engine.types import FinishEvent, GenerationRequest, SamplingParams

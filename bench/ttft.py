@@ -51,13 +51,13 @@ def _rss_probe(settings_json: str, models_dir: str, kv_file: str, ratio: float, 
 
     from engine.config import EngineSettings
     from engine.engine import Engine
-    from kvcache.types import ChunkKV, InMemoryLayerSource
+    from kvcache.types import ChunkKV, InMemoryLayerReader
 
     engine = Engine(EngineSettings.model_validate_json(settings_json), Path(models_dir))
     data = torch.load(kv_file, weights_only=False)
     kvs = [ChunkKV(k=k, v=v) for k, v in data["kvs"]]
     after_load = harness.peak_rss_bytes()
-    source = InMemoryLayerSource(kvs, device=engine.device, dtype=engine.dtype)
+    source = InMemoryLayerReader(kvs, device=engine.device, dtype=engine.dtype)
     config = engine.settings.blend_config(recompute_ratio=ratio)
     ttft, _ = time_to_first_token(engine, data["layout"], source, "blend", config)
     conn.send({"peak_rss_bytes": harness.peak_rss_bytes(), "rss_after_load_bytes": after_load, "ttft_s": ttft})

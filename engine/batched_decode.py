@@ -29,7 +29,7 @@ from engine.working_cache import WorkingCache
 def decode_batch(tf: Transformer, caches: list[WorkingCache], token_ids: list[int]) -> torch.Tensor:
     """Feed token_ids[b] after caches[b]'s last position; next-token logits (B, vocab) float32.
 
-    Each cache grows by one position, exactly as `phases.decode` would grow it. `tf` is the transformer whose
+    Each cache grows by one position, exactly as `engine.extend.decode` would grow it. `tf` is the transformer whose
     weights decode reads (`Transformer.decoder`).
     """
     if len(caches) != len(token_ids) or not caches:

@@ -3,42 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.blend.config import BLEND_FIELDS, BlendConfig, SelectorName
 from engine.models.catalog import DEFAULT_MODEL, catalog_entry
 from engine.models.resolve import describe_model_setting
-from engine.types import BlendConfig, MatchScope, MatchSpan, Mode, SamplingParams, SelectorName
+from engine.types import Mode, SamplingParams
 
 # Defaults that keep SmolLM2-135M from looping (see docs/benchmarks.md, `python -m bench quality`).
 REPETITION_PENALTY = 1.0  # the stop alone ends the loops without changing any token before it
 NO_REPEAT_NGRAM_SIZE = 0
-# The settings that are BlendConfig's fields, same names (a test holds the two sides equal).
-BLEND_FIELDS: tuple[str, ...] = (
-    "recompute_ratio",
-    "selector",
-    "score_layers",
-    "score_fuse",
-    "score_by",
-    "pool_window",
-    "min_per_chunk",
-    "sink_tokens",
-    "match_window",
-    "match_span",
-    "match_extra",
-    "match_scope",
-    "stale_key_bias",
-    "stale_key_scope",
-    "history_ratio",
-    "attention_share",
-    "ratio_min",
-    "ratio_max",
-    "check_layers",
-    "ratio_schedule",
-    "deviation_on",
-    "seed",
-)
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer the question using the documents. Be concise."
 
 
@@ -86,94 +62,11 @@ class EngineSettings(BaseModel):
         description="How a question reuses stored KV when a request names no mode: blend (recompute a share), "
         "full (plain prefill), prefix (the exact prefix and first chunk only), reuse (stored KV as is)",
     )
-    recompute_ratio: float = Field(
-        default=0.15,
-        description="blend: the share of context tokens recomputed; unless set here, the model's calibrated or "
-        "shipped value is in force (app/calibration)",
+    blend: BlendConfig = Field(
+        default_factory=BlendConfig,
+        description="how blend picks the context tokens it recomputes (engine/blend/config.py); the flat keys of "
+        "earlier releases (engine.recompute_ratio, …) are read as these",
     )
-    selector: SelectorName = Field(
-        default="query",
-        description="which context tokens blend recomputes: query (question attention, chosen before the pass), "
-        "deviation (CacheBlend, at the check layers), first_k, random",
-    )
-    score_layers: list[int] = Field(default_factory=lambda: [12], description="query: layers whose attention scores")
-    score_fuse: Literal["mean", "max"] = Field(default="mean", description="query: how several score layers combine")
-    score_by: Literal["attention", "output"] = Field(
-        default="attention", description="query: attention weight alone, or weight × ‖value‖ (what the key adds)"
-    )
-    pool_window: int = Field(default=1, ge=1, description="query: max-pool scores over this many neighbours")
-    min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
-    sink_tokens: int = Field(
-        default=0, ge=0, description="up-front selectors: the first tokens of every segment, always recomputed"
-    )
-    # The three match_* defaults are what look-ups among similar chunks need (a value copied from the chunk the
-    # question names, not from a near-identical neighbour): chosen on app/calibration/similar.py's tune part and
-    # checked on its check part (docs/benchmarks.md, "Exact values among similar chunks").
-    match_window: int = Field(
-        default=24,
-        ge=0,
-        le=256,
-        description="up-front selectors: recompute the context tokens the question names (a name or identifier "
-        "found in at most a third of the chunks) and at most this many tokens after each; 0: off",
-    )
-    match_span: MatchSpan = Field(
-        default="sentence",
-        description="match_window: how far after a matched token the recompute runs: window (match_window tokens) "
-        "or sentence (to the end of its sentence, table row or block, at most match_window tokens)",
-    )
-    match_extra: float = Field(
-        default=0.1,
-        ge=0.0,
-        le=1.0,
-        description="match_window: the matched tokens' rows are recomputed on top of the budget, at most this share "
-        "of the context (the selector keeps its whole budget); 0: they come out of the budget",
-    )
-    match_scope: MatchScope = Field(
-        default="one",
-        description="match_window: where the spans go: any (every occurrence of a named token), or one: only in the "
-        "retrieved chunk holding more of the question's named tokens than any other (a look-up singling out one "
-        "page; a tie, as an open question's words give, gets none) and the conversation's earlier turns",
-    )
-    stale_key_bias: float = Field(
-        default=0.0,
-        ge=0.0,
-        le=16.0,
-        description="up-front selectors: attention-logit bias against the stored context keys a blend does not "
-        "recompute (they over-attract the question); 0: off",
-    )
-    stale_key_scope: Literal["all", "unnamed"] = Field(
-        default="all",
-        description="stale_key_bias: on the stored keys of every segment (all), or only of the segments holding no "
-        "token the question names (unnamed: a name or identifier in at most a third of the chunks; none named: no "
-        "bias)",
-    )
-    history_ratio: float | None = Field(
-        default=None,
-        ge=0.0,
-        le=1.0,
-        description="up-front selectors: share of a conversation's earlier-turn tokens recomputed, on a budget of "
-        "its own (null: they share recompute_ratio with the chunks)",
-    )
-    attention_share: float | None = Field(
-        default=None,
-        gt=0.0,
-        le=1.0,
-        description="query, adaptive budget (off when null): recompute the fewest tokens holding this share of "
-        "the question's attention to the context, within [ratio_min, ratio_max]; a request's own ratio turns it off",
-    )
-    ratio_min: float = Field(default=0.05, ge=0.0, le=1.0, description="adaptive budget: least share recomputed")
-    ratio_max: float = Field(default=0.30, ge=0.0, le=1.0, description="adaptive budget: largest share recomputed")
-    check_layers: list[int] = Field(
-        default_factory=lambda: [1], description="deviation: the layers where KV deviation is measured and rows dropped"
-    )
-    ratio_schedule: list[float] | None = Field(
-        default=None,
-        description="deviation: the share kept at each check layer (gradual filtering); null: recompute_ratio at all",
-    )
-    deviation_on: Literal["v", "k"] = Field(
-        default="v", description="deviation: compare fresh and stored V (CacheBlend) or pre-RoPE K"
-    )
-    seed: int = Field(default=0, ge=0, description="random selector: the seed of its choice")
 
     max_queue: int = Field(
         default=16,
@@ -237,29 +130,15 @@ class EngineSettings(BaseModel):
             raise ValueError(problem)
         return str(Path(value).expanduser())
 
-    @field_validator("recompute_ratio")
+    @model_validator(mode="before")
     @classmethod
-    def _ratio_in_range(cls, value: float) -> float:
-        if not 0.0 <= value <= 1.0:
-            raise ValueError(f"recompute_ratio must be within [0, 1] (share of context tokens recomputed), got {value}")
-        return value
-
-    @model_validator(mode="after")
-    def _blend_consistent(self) -> EngineSettings:
-        # BlendConfig carries the real rules; building one here surfaces mistakes at start-up.
-        self.blend_config()
-        return self
+    def _flat_blend_keys(cls, data: Any) -> Any:
+        return nest_flat_blend_keys(data)
 
     def blend_config(self, recompute_ratio: float | None = None, selector: SelectorName | None = None) -> BlendConfig:
         """The blend configuration every caller uses (/ask, /v1, the CLI, bench): these settings, with a
-        request's own ratio and selector where it gives them. A request's ratio replaces a ratio schedule."""
-        values = {name: getattr(self, name) for name in BLEND_FIELDS}
-        values = {name: tuple(v) if isinstance(v, list) else v for name, v in values.items()}
-        if recompute_ratio is not None:  # a fixed share: no schedule, no adaptive budget
-            values |= {"recompute_ratio": recompute_ratio, "ratio_schedule": None, "attention_share": None}
-        if selector is not None:
-            values["selector"] = selector
-        return BlendConfig(**values)
+        request's own ratio and selector where it gives them (`BlendConfig.for_request`)."""
+        return self.blend.for_request(recompute_ratio, selector)
 
     def sampling_params(self, **overrides: object) -> SamplingParams:
         """Default sampling from settings; per-request values (max_tokens, temperature…) override."""
@@ -282,3 +161,27 @@ class EngineSettings(BaseModel):
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ValueError("engine.device is 'cuda' but torch sees no CUDA device")
         return self.device
+
+
+def nest_flat_blend_keys(data: Any) -> Any:
+    """The engine settings of one source (a settings file, the environment, a dict) with the flat blend keys of
+    earlier releases (`engine.recompute_ratio: 0.25`, BLENDRAG_ENGINE__SELECTOR=query) read as `engine.blend.*`.
+
+    Applied to each source before the sources are merged (app/settings.py), so precedence holds across them: an
+    old flat key in settings.yaml and BLENDRAG_ENGINE__BLEND__* in the environment, the environment wins. One
+    source setting a key both ways is refused: which was meant is not ours to guess."""
+    if not isinstance(data, dict):
+        return data
+    flat = {name: data[name] for name in BLEND_FIELDS if name in data}
+    if not flat:
+        return data
+    nested = data.get("blend") or {}
+    if isinstance(nested, BlendConfig):
+        nested = nested.model_dump(exclude_unset=True)
+    if not isinstance(nested, dict):
+        return data
+    both = sorted(set(flat) & set(nested))
+    if both:
+        raise ValueError(f"engine.{both[0]} and engine.blend.{both[0]} are both set; keep engine.blend.{both[0]}")
+    rest = {name: value for name, value in data.items() if name not in flat}
+    return rest | {"blend": nested | flat}

@@ -3,7 +3,7 @@
     engine = Engine(settings, models_dir)
     kv = engine.precompute_chunk(chunk_ids)                       # ingest: K (pre-RoPE) + V of one chunk
     layout = engine.prompt.layout(chunk_ids_list, question)    # [prefix][chunks…][suffix]
-    for event in engine.generate(GenerationRequest("r1", layout, InMemoryLayerSource(kvs))):
+    for event in engine.generate(GenerationRequest("r1", layout, InMemoryLayerReader(kvs))):
         ...                                                    # TokenEvent…, FinishEvent
 
 Step-wise, as the scheduler drives it (a `RequestRun` is the request's state, the engine does the compute):
@@ -30,21 +30,23 @@ from pathlib import Path
 
 import torch
 
-from engine import phases
 from engine.batched_decode import decode_batch
+from engine.blend.plan import BlendPlan, plan_blend
+from engine.blend.spans import sentence_ends
 from engine.cache_pool import CacheLayout, WorkingCachePool
-from engine.config import BLEND_FIELDS, EngineSettings
+from engine.config import EngineSettings
 from engine.decode_graphs import DecodeGraphs, use_decode_graphs
 from engine.decode_weights import DECODE_WEIGHTS_DIR, DecodeWeights, build_decode_weights
 from engine.dtype_choice import DtypeChoice, choose_compute_dtype, log_choice
+from engine.extend import extend
 from engine.generation import RequestRun
 from engine.layers import Transformer
 from engine.model import LoadedModel, ModelConfig, load_model
 from engine.models.resolve import ModelIdentity, ServedModel, parameters_label, resolve_model
 from engine.packed_linear import can_pack, pack_weights
-from engine.phases import PrefixKV, extend, precompute_chunks, precompute_prefix
+from engine.precompute import PrefixKV, precompute_chunks, precompute_prefix
 from engine.prompt import PromptBuilder
-from engine.spans import sentence_ends
+from engine.prompt_pass import LayerBoundary, prompt_pass
 from engine.types import (
     BlendConfig,
     GenerationEvent,
@@ -55,7 +57,7 @@ from engine.types import (
     RequestCancelled,
     ScoreResult,
 )
-from kvcache.types import ChunkKV, LayerKVSource
+from kvcache.types import ChunkKV, LayerKVReader
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +77,7 @@ class Engine:
         dtype decided by the caller (the app keeps the one a data dir was built with); by default
         `settings.dtype` resolved for the device (engine/dtype_choice.py)."""
         self.settings = settings
-        self.blend_origin = "engine settings"  # where the blend settings came from (use_blend_settings)
+        self.blend_origin = "engine settings"  # where the blend settings came from (use_blend)
         resolved = resolve_model(settings.model, Path(models_dir), read_also)
         path = resolved.path
         self.identity: ModelIdentity = resolved.identity
@@ -120,18 +122,11 @@ class Engine:
             self.fingerprint[:12],
         )
 
-    def use_blend_settings(self, settings: EngineSettings, origin: str) -> None:
-        """Serve with the blend fields (BLEND_FIELDS) of `settings` from now on, which a caller measured or chose
-        for this model; `origin` says where they came from. The engine's other settings stay. The default blend
-        of every later request (`settings.blend_config()`) is theirs; a request already running keeps its own.
-        Raises pydantic's ValidationError (and nothing changes) for a value a settings file could not hold."""
-        # `settings` may be an unvalidated copy (model_copy(update=...) checks nothing), and so is the merge
-        # below: validate the blend fields as a settings file's would be (each field's bounds, then the
-        # combination). The other fields were validated when the engine was built (the model is not looked up
-        # again).
-        checked = EngineSettings.model_validate({name: getattr(settings, name) for name in BLEND_FIELDS})
-        update = {name: getattr(checked, name) for name in BLEND_FIELDS}
-        self.settings, self.blend_origin = self.settings.model_copy(update=update), origin
+    def use_blend(self, blend: BlendConfig, origin: str) -> None:
+        """Serve with `blend` from now on, which a caller measured or chose for this model; `origin` says where it
+        came from. The engine's other settings stay. The default blend of every later request
+        (`settings.blend_config()`) is this one; a request already running keeps its own."""
+        self.settings, self.blend_origin = self.settings.model_copy(update={"blend": blend}), origin
 
     # ------------------------------------------------------------------------------------ properties
     @property
@@ -229,10 +224,19 @@ class Engine:
         return [results[i] for i in range(len(chunks))]
 
     # ----------------------------------------------------------------------------------- prompt pass
+    def plan(self, layout: PromptLayout, mode: Mode = "blend", blend: BlendConfig | None = None) -> BlendPlan:
+        """The plan of a prompt pass (engine/blend/plan.py): what bench and the calibration inspect, and what
+        `prompt_pass` carries out. `blend` None: the blend in force."""
+        config = blend or self.settings.blend_config()
+        ends = None
+        if mode == "blend" and config.match_window > 0 and config.match_span == "sentence":
+            ends = sentence_ends(layout.chunk_ids, self._token_piece)
+        return plan_blend(layout, mode, config, self.num_layers, ends)
+
     def prompt_pass(
         self,
         layout: PromptLayout,
-        kv_source: LayerKVSource | None,
+        kv_reader: LayerKVReader | None,
         mode: Mode = "blend",
         blend: BlendConfig | None = None,
         extra_capacity: int = 0,
@@ -242,25 +246,20 @@ class Engine:
     ) -> PromptResult:
         """The prompt pass of `mode`: last-token logits + working cache (room for extra_capacity more).
 
-        At every layer boundary `between_layers()` runs, then `cancelled()` is asked: True stops the pass
-        there with RequestCancelled (engine.phases.LayerBoundary).
+        Every mode but `full` needs `kv_reader`. At every layer boundary `between_layers()` runs, then
+        `cancelled()` is asked: True stops the pass there with RequestCancelled (engine.prompt_pass.LayerBoundary).
         """
-        prefix = self.prefix_kv(layout.prefix_ids) if mode != "full" and kv_source is not None else None
         config = blend or self.settings.blend_config()
-        ends = None
-        if mode == "blend" and config.match_window > 0 and config.match_span == "sentence":
-            ends = sentence_ends(layout.chunk_ids, self._token_piece)
-        return phases.prompt_pass(
+        plan = self.plan(layout, mode, config)
+        return prompt_pass(
             self.transformer,
             layout,
-            kv_source,
-            mode,
+            plan,
             config,
-            prefix,
+            kv_reader,
+            self.prefix_kv(layout.prefix_ids) if mode != "full" else None,
             capacity=layout.num_tokens + extra_capacity,
-            between_layers=between_layers,
-            cancelled=cancelled,
-            sentence_ends=ends,
+            boundary=LayerBoundary(between_layers, cancelled),
             cache_pool=self.cache_pool,
         )
 
@@ -274,7 +273,7 @@ class Engine:
     def score(
         self,
         layout: PromptLayout,
-        kv_source: LayerKVSource | None,
+        kv_reader: LayerKVReader | None,
         mode: Mode,
         blend: BlendConfig | None,
         target_ids: list[int],
@@ -285,7 +284,7 @@ class Engine:
         The pass's cache is rewound to the prompt's end afterwards (room for `extra_capacity` more tokens
         than the targets need), so `answer(request, score.prompt)` decodes from the same pass.
         """
-        result = self.prompt_pass(layout, kv_source, mode, blend, extra_capacity=max(len(target_ids), extra_capacity))
+        result = self.prompt_pass(layout, kv_reader, mode, blend, extra_capacity=max(len(target_ids), extra_capacity))
         prompt_len = result.cache.length
         nlls: list[float] = []
         if target_ids:
@@ -319,8 +318,8 @@ class Engine:
         """The prompt pass of the run's mode and its first token (gpt-fast's `prefill`, on a run).
 
         `cancelled()` is asked before the pass starts and, like `between_layers()`, at every layer boundary
-        (engine.phases.LayerBoundary); once it says True the run finishes "cancelled" there. Closes
-        `run.request.kv_source` whatever happens: whoever executes the prompt pass owns the source.
+        (engine.prompt_pass.LayerBoundary); once it says True the run finishes "cancelled" there. Closes
+        `run.request.kv_reader` whatever happens: whoever executes the prompt pass owns the source.
         """
         request = run.request
         try:
@@ -329,7 +328,7 @@ class Engine:
             run.start_prompt()
             result = self.prompt_pass(
                 request.layout,
-                request.kv_source,
+                request.kv_reader,
                 request.mode,
                 request.blend,
                 extra_capacity=request.sampling.max_tokens,
@@ -339,8 +338,8 @@ class Engine:
         except RequestCancelled:
             return [run.cancel()]
         finally:
-            if request.kv_source is not None:
-                request.kv_source.close()
+            if request.kv_reader is not None:
+                request.kv_reader.close()
         if self.cache_pool is not None:  # the run owns the pass's cache: its slot goes back when the run ends
             run.cache_release = self.cache_pool.release
         return run.accept_prompt(result)
@@ -361,7 +360,7 @@ class Engine:
         return [run.accept_logits(row) for run, row in zip(runs, logits, strict=True)]
 
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
-        """Synchronous generation: TokenEvent… then exactly one FinishEvent. Closes request.kv_source."""
+        """Synchronous generation: TokenEvent… then exactly one FinishEvent. Closes request.kv_reader."""
         run = self.new_run(request)
         try:
             yield from self.run_prompt(run)
@@ -372,7 +371,7 @@ class Engine:
     def answer(self, request: GenerationRequest, result: PromptResult) -> Iterator[GenerationEvent]:
         """Like `generate`, from a prompt pass already done (`result`, e.g. `score(...).prompt`): the same
         sampler, stops and repeated-line guard. Decode writes into `result.cache` from its current length;
-        request.kv_source is not read (the pass is done) and may be None."""
+        request.kv_reader is not read (the pass is done) and may be None."""
         run = self.new_run(request)
         try:
             run.start_prompt()

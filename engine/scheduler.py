@@ -25,7 +25,7 @@ decode step, at most every DECODE_DURING_PREFILL_S, so one long prompt delays ot
 instead of stopping them for its whole length.
 A consumer that stops iterating (breaks, is cancelled, or drops the stream) cancels its request; the
 worker notices between layers of the prompt pass and between decode steps.
-Once `submit` returns, the request's `kv_source` belongs to the worker, which closes it when the prompt
+Once `submit` returns, the request's `kv_reader` belongs to the worker, which closes it when the prompt
 pass ends (or when the request is cancelled or stopped before it); a `submit` that raises leaves it with
 the caller.
 
@@ -250,7 +250,7 @@ class Scheduler:
 
         The queue limit counts requests waiting for their prompt pass (`max_queue`); the ones in their
         prompt pass or decoding are limited by `max_running` instead. On success the worker owns
-        `request.kv_source` (module docstring).
+        `request.kv_reader` (module docstring).
 
         The check is synchronous, so a caller that submits before it answers its own client can turn a full
         queue into an honest "busy" reply instead of a stream that fails later. `readmit=True` skips the
@@ -484,8 +484,8 @@ class Scheduler:
             self._precompute_jobs = []
         for run in waiting:
             run.status = RequestStatus.CANCELLED
-            if run.request.kv_source is not None:
-                run.request.kv_source.close()
+            if run.request.kv_reader is not None:
+                run.request.kv_reader.close()
             self._deliver(run, SchedulerStopped("the engine scheduler stopped before this request ran"))
         for run in running:
             if not run.finished:

@@ -1,14 +1,14 @@
 """The context's stored KV in a prompt pass: read layer by layer and rotated into the working cache.
 
 Every cached prompt pass writes the stored K (pre-RoPE) of all context tokens into the working cache,
-rotated to their real positions, and their V beside it: per layer one read from the `LayerKVSource`
+rotated to their real positions, and their V beside it: per layer one read from the `LayerKVReader`
 (int4 dequantisation included) and a RoPE over (kv_heads × N × head_dim) values. In bfloat16 the GEMMs
 are fast enough that this is a large share of a blend's fixed cost, and most of the reuse floor.
 
 Where it runs depends on the device:
 
 - CPU (`overlap` off): on the request thread, with all of torch's threads, when `fill(l)` asks for layer l
-  (the source converts there too: `kvcache.loader`). A background thread reading ahead only moved the
+  (the reader converts there too: `kvcache.loader`). A background thread reading ahead only moved the
   work onto a third thread that competed with the compute's OpenMP team for the same cores: on a 2-core
   bf16 CPU, in paired runs, the reuse floor went 0.49 → 0.35 s and the shipped blends 1.92 → 1.66 s
   (SmolLM2) and 3.73 → 3.17 s (Qwen2.5-Coder-0.5B) when it moved back to the request thread
@@ -31,11 +31,11 @@ from engine.layers import Transformer
 from engine.rope import apply_rope
 from engine.threads import SERIAL_MAX_ELEMENTS, serial
 from engine.working_cache import WorkingCache
-from kvcache.types import LayerKVSource
+from kvcache.types import LayerKVReader
 
 
 class StoredContext:
-    """The context's stored KV: read from the source once per layer, in layer order, and written into the
+    """The context's stored KV: read from the reader once per layer, in layer order, and written into the
     working cache rotated to the context's real positions (rows the pass computes fresh overwrite theirs).
 
     With `overlap` the next layer is read and written on `tf.background` while the caller computes the
@@ -46,13 +46,13 @@ class StoredContext:
     def __init__(
         self,
         tf: Transformer,
-        source: LayerKVSource,
+        reader: LayerKVReader,
         cache: WorkingCache,
         start: int,
         stop: int,
         overlap: bool | None = None,
     ) -> None:
-        self.tf, self.source, self.cache = tf, source, cache
+        self.tf, self.reader, self.cache = tf, reader, cache
         self.span = slice(start, stop)  # the reused rows: all context rows, or the first chunk (mode prefix)
         self.cos, self.sin = tf.rope.at(self.span)  # one cos/sin lookup serves every layer
         self.num_layers_written = 0  # layers 0…num_layers_written-1 hold the rotated stored KV
@@ -63,7 +63,7 @@ class StoredContext:
         # Beside a background read, small copies run on one thread (see engine/threads.py). Without one the
         # request thread has the cores to itself between two layers, and a layer's context is one large
         # op per step: it uses all of them.
-        numel = cfg.num_kv_heads * source.num_tokens * cfg.head_dim
+        numel = cfg.num_kv_heads * reader.num_tokens * cfg.head_dim
         self._small = self.overlap and tf.device.type == "cpu" and numel <= SERIAL_MAX_ELEMENTS
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,7 +96,7 @@ class StoredContext:
             self.num_layers_written = layer + 1
         else:
             self.write(layer, *self.read(layer))
-        if self.overlap and layer + 1 < self.source.num_layers:
+        if self.overlap and layer + 1 < self.reader.num_layers:
             # Grad and inference mode are per thread: the background write runs in the caller's, or writing
             # into a cache made under torch.inference_mode() (bench/passes.py) would be refused.
             inference = torch.is_inference_mode_enabled()
@@ -109,14 +109,14 @@ class StoredContext:
     # -- internals -------------------------------------------------------------------------------------
 
     def _take_pending(self) -> tuple[int, Future[tuple[torch.Tensor, torch.Tensor]]] | None:
-        """The scheduled layer, finished (an out-of-order read must not share the source with it)."""
+        """The scheduled layer, finished (an out-of-order read must not share the reader with it)."""
         pending, self._pending = self._pending, None
         if pending is not None:
             pending[1].exception()  # wait; its error, if any, is re-raised by whoever uses its result
         return pending
 
     def _read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.source.layer(layer)
+        k, v = self.reader.layer(layer)
         return k.to(self.tf.device, self.tf.dtype), v.to(self.tf.device, self.tf.dtype)
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -15,10 +15,10 @@ Typical use (the app builds one store from its settings and shares it across wor
 
 Modules: config (settings), keys, format / reader (entry bytes of every storage dtype), quant (int8), quant_int4
 (int4: grouped, asymmetric, packed), held_tier (what the in-process tiers share), memory_tier, device_tier,
-disk_tier (byte budget), eviction (which disk entry goes: retrieval frequency or LRU), redis_tier, atomic (atomic
-file writes), store, loader and hostcopy (layer-wise reads off torch's threads), space (a model's entries behind
-one prefix: key, ensure, open), writer (the one KV writer: compute what the store lacks and put it, one policy for
-a failed put), stats, coverage, admin (stats, verify, prune, convert), errors, types (the shared contract).
+disk_tier (byte budget), eviction (which disk entry goes: retrieval frequency or LRU), redis_tier, store, loader
+and hostcopy (layer-wise reads off torch's threads), space (a model's entries behind one prefix: key, ensure, open),
+writer (the one KV writer: compute what the store lacks and put it, one policy for a failed put), stats, coverage,
+admin (stats, verify, prune, convert), errors, types (the shared contract). Files are replaced through fsio.atomic.
 """
 
 from kvcache.config import KVCacheSettings, StorageDType
@@ -26,11 +26,11 @@ from kvcache.coverage import ChunkRef, ChunkState, CoverageCounts, CoverageRepor
 from kvcache.errors import KVCacheError, KVEntryCorrupt, KVEntryMissing
 from kvcache.format import StoredEntry
 from kvcache.keys import chunk_key, is_valid_key
-from kvcache.loader import StoreLayerSource
+from kvcache.loader import StoreLayerReader
 from kvcache.space import KVSpace
 from kvcache.stats import StoreStats, TierStats
 from kvcache.store import EntryLocation, PutResult, TieredKVStore
-from kvcache.types import ChunkKV, InMemoryLayerSource, LayerKVSource
+from kvcache.types import ChunkKV, InMemoryLayerReader, LayerKVReader
 
 __all__ = [
     "ChunkKV",
@@ -39,16 +39,16 @@ __all__ = [
     "CoverageCounts",
     "CoverageReport",
     "EntryLocation",
-    "InMemoryLayerSource",
+    "InMemoryLayerReader",
     "KVCacheError",
     "KVCacheSettings",
     "KVEntryCorrupt",
     "KVEntryMissing",
     "KVSpace",
-    "LayerKVSource",
+    "LayerKVReader",
     "PutResult",
     "StorageDType",
-    "StoreLayerSource",
+    "StoreLayerReader",
     "StoreStats",
     "StoredEntry",
     "TierStats",

@@ -1,7 +1,7 @@
 """Layer-wise loading of a prompt's cached chunks, with a background prefetch of the next layer.
 
 `TieredKVStore.open_layers(keys, device, dtype)` resolves every key up front (raising `KVEntryMissing`
-for those no tier can serve) and returns a `StoreLayerSource`, the `LayerKVSource` the engine consumes:
+for those no tier can serve) and returns a `StoreLayerReader`, the `LayerKVReader` the engine consumes:
 
 - `layer(l) -> (k, v)`: K (pre-RoPE) and V of all chunks concatenated in prompt order, each
   (kv_heads, num_tokens, head_dim) in `dtype` on `device`. int8 / int4 entries are dequantized here,
@@ -87,8 +87,8 @@ PromoteHandler = Callable[[ResolvedChunk, "list[LayerData] | None"], None]
 ResidentHandler = Callable[[str, DeviceEntry], bool]  # DeviceTier.put
 
 
-class StoreLayerSource(Closing):
-    """A `LayerKVSource` over store entries; see the module docstring. Use as a context manager."""
+class StoreLayerReader(Closing):
+    """A `LayerKVReader` over store entries; see the module docstring. Use as a context manager."""
 
     def __init__(
         self,
@@ -179,7 +179,7 @@ class StoreLayerSource(Closing):
         self._lock = threading.Lock()
         self._schedule(0)
 
-    # -- LayerKVSource ---------------------------------------------------------------------------------
+    # -- LayerKVReader ---------------------------------------------------------------------------------
 
     @property
     def num_layers(self) -> int:
@@ -209,7 +209,7 @@ class StoreLayerSource(Closing):
 
     def _layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         if self._closed:
-            raise RuntimeError("layer source is closed")
+            raise RuntimeError("layer reader is closed")
         if not 0 <= layer_idx < self._num_layers:
             raise IndexError(f"layer {layer_idx} out of range (num_layers={self._num_layers})")
         if self._failed is not None:

@@ -8,7 +8,7 @@ chunk can be computed one way:
     space = KVSpace.of_engine(store, engine)       # the composition root makes one (app/build.py)
     key = space.key(chunk_ids)                       # what a catalog row records
     written = space.ensure(chunks, compute=...)      # compute and store what the store lacks (the one KV writer)
-    with space.open(written.keys, device, dtype) as source: ...  # layer-wise, as a question reads it
+    with space.open(written.keys, device, dtype) as reader: ...  # layer-wise, as a question reads it
 
 kvcache imports no engine: `of_engine` takes anything with a `fingerprint` and a `prompt.prefix_ids`.
 """
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvcache.format import StoredEntry
-    from kvcache.loader import StoreLayerSource
+    from kvcache.loader import StoreLayerReader
     from kvcache.store import TieredKVStore
 
 
@@ -118,7 +118,7 @@ class KVSpace:
         computed: Mapping[str, StoredEntry] | None = None,
         history_keys: Collection[str] = (),
         prefetch: bool | None = None,
-    ) -> StoreLayerSource:
+    ) -> StoreLayerReader:
         """Serve these entries layer by layer (`TieredKVStore.open_layers`; raises `KVEntryMissing`)."""
         return self.store.open_layers(
             keys, device=device, dtype=dtype, computed=computed, history_keys=history_keys, prefetch=prefetch

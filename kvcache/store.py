@@ -26,7 +26,7 @@ Public API (all methods thread-safe):
     store.open_layers(keys: list[str], device="cpu", dtype=None, *, prefetch: bool | None = None,
                       convert_on_device: bool | None = None, convert_in_caller: bool | None = None,
                       computed: Mapping[str, StoredEntry] | None = None, history_keys: Collection[str] = ())
-        -> StoreLayerSource                              # raises KVEntryMissing(keys) up front
+        -> StoreLayerReader                              # raises KVEntryMissing(keys) up front
     store.stats() -> StoreStats
     store.close()
 
@@ -57,7 +57,7 @@ from kvcache.format import (
     serialize_entry,
 )
 from kvcache.keys import check_key, chunk_key
-from kvcache.loader import ResolvedChunk, StoreLayerSource
+from kvcache.loader import ResolvedChunk, StoreLayerReader
 from kvcache.memory_tier import MemoryTier
 from kvcache.reader import BytesEntryReader, deserialize_entry
 from kvcache.redis_tier import RedisTier
@@ -349,7 +349,7 @@ class TieredKVStore:
         convert_in_caller: bool | None = None,
         computed: Mapping[str, StoredEntry] | None = None,
         history_keys: Collection[str] = (),
-    ) -> StoreLayerSource:
+    ) -> StoreLayerReader:
         """Serve the prompt's chunks (in this order) layer by layer; see `kvcache.loader`.
 
         Raises `KVEntryMissing` listing every key no tier could serve, before reading any layer, so
@@ -412,7 +412,7 @@ class TieredKVStore:
         def on_promote(chunk: ResolvedChunk, layers: list[LayerData] | None) -> None:
             self._on_promote(chunk, layers, history=chunk.key in history)
 
-        return StoreLayerSource(
+        return StoreLayerReader(
             [resolved[k] for k in keys],
             device=device,
             dtype=dtype or default_compute_dtype(first.storage_dtype),

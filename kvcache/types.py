@@ -30,7 +30,7 @@ class ChunkKV:
         return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
 
 
-class LayerKVSource(Protocol):
+class LayerKVReader(Protocol):
     """Cached KV of the prompt's context chunks (concatenated in prompt order), served layer by layer.
 
     The engine calls `layer(0)`, `layer(1)`, … in increasing order while it computes, so an
@@ -50,14 +50,14 @@ class LayerKVSource(Protocol):
     def close(self) -> None: ...
 
 
-class InMemoryLayerSource:
-    """A LayerKVSource over chunks already in memory (tests, benchmarks, the memory tier)."""
+class InMemoryLayerReader:
+    """A LayerKVReader over chunks already in memory (tests, benchmarks, the memory tier)."""
 
     def __init__(
         self, chunks: list[ChunkKV], device: torch.device | str = "cpu", dtype: torch.dtype | None = None
     ) -> None:
         if not chunks:
-            raise ValueError("InMemoryLayerSource needs at least one chunk")
+            raise ValueError("InMemoryLayerReader needs at least one chunk")
         self._chunks = chunks
         self._device = torch.device(device)
         self._dtype = dtype

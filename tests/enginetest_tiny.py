@@ -98,9 +98,9 @@ def random_chunks(lengths: list[int], seed: int, vocab_size: int = 320) -> list[
 def engine_logits(model_dir: Path, token_ids: list[int]) -> torch.Tensor:
     """The engine's logits at every position of `token_ids`, one forward on the CPU in float32 (to hold against
     `hf_logits`)."""
+    from engine.extend import extend
     from engine.layers import Transformer
     from engine.model import load_model
-    from engine.phases import extend
     from engine.working_cache import WorkingCache
 
     tf = Transformer(load_model(model_dir, "float32", "cpu"))

@@ -160,8 +160,8 @@ def ask_defaults(state: AppState = Depends(get_state)) -> AskDefaultsOut:
     return AskDefaultsOut(
         top_k=state.settings.retrieval.top_k,
         mode=engine.mode,
-        recompute_ratio=engine.recompute_ratio,
-        selector=engine.selector,
+        recompute_ratio=engine.blend.recompute_ratio,
+        selector=engine.blend.selector,
         max_tokens=engine.max_new_tokens,
     )
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from app.calibration.record import BlendSettingsRecord
-from engine.config import BLEND_FIELDS, EngineSettings
+from engine.blend.config import BlendConfig
+from engine.config import EngineSettings
 
 if TYPE_CHECKING:
     from engine.engine import Engine
@@ -33,7 +34,7 @@ class BlendInForce:
     the engine, `Engine.settings` is the one copy in force: the engine, the services and /api/stats read it, and
     this object is only their provenance."""
 
-    values: dict[str, Any]  # every blend field (BLEND_FIELDS), validated as a whole
+    values: dict[str, Any]  # every blend field (BlendConfig's), validated as a whole
     source: Source  # where the non-operator settings came from
     label: str  # "calibrated on …", "shipped for <model> …", "safe (not calibrated yet)"
     operator_fields: tuple[str, ...]  # blend settings the operator set (these win over any record)
@@ -50,7 +51,7 @@ class BlendInForce:
             "source": self.source,
             "label": self.origin,
             "operator_fields": list(self.operator_fields),
-            "values": {name: getattr(in_force, name) for name in BLEND_FIELDS},
+            "values": in_force.blend.model_dump(mode="json"),
             "measured": self.record.measured.get("chosen") if self.record is not None else None,
         }
 
@@ -63,7 +64,8 @@ def resolve(
     shipped: BlendSettingsRecord | None = None,
 ) -> BlendInForce:
     """The settings in force for a model with these records (either may be None)."""
-    operator = tuple(name for name in BLEND_FIELDS if name in engine_settings.model_fields_set)
+    # Declaration order, whichever way the operator wrote them (engine.blend.*, or the old flat keys).
+    operator = tuple(name for name in BlendConfig.model_fields if name in engine_settings.blend.model_fields_set)
     if calibrated is not None:
         record, source, values = calibrated, "calibrated", calibrated.values
         label = calibrated.label()
@@ -74,9 +76,8 @@ def resolve(
         record, source, values = None, "safe", safe_values(num_layers)
         label = "safe settings (this model is not calibrated yet)"
     update = {name: value for name, value in values.items() if name not in operator}
-    # Validate the combination as a whole (BlendConfig's rules), as a settings file would be.
-    merged = EngineSettings.model_validate(engine_settings.model_dump(exclude_unset=True) | update)
-    chosen = {name: getattr(merged, name) for name in BLEND_FIELDS}
+    # Validated as a whole (BlendConfig's rules), as a settings file would be.
+    chosen = engine_settings.blend.replace(**update).model_dump(mode="json")
     return BlendInForce(chosen, source, label, operator, record)  # type: ignore[arg-type]
 
 
@@ -94,4 +95,4 @@ def blend_in_force(engine: Engine, engine_settings: EngineSettings, data_dir: Pa
 
 def apply(engine: Engine, in_force: BlendInForce) -> None:
     """Make `in_force` the engine's default blend (every request without its own ratio or selector)."""
-    engine.use_blend_settings(EngineSettings.model_validate(in_force.values), in_force.origin)
+    engine.use_blend(BlendConfig.model_validate(in_force.values), in_force.origin)

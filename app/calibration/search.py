@@ -120,8 +120,6 @@ def calibrate(
     measured, in the order given, none skipped; the choice is the best KL among those meeting the targets, or
     among all when none does).
     """
-    from engine.config import EngineSettings
-
     targets = targets or Targets()
     cases = make_cases(*cases_per_kind)
     calset = CalibrationSet(engine, cases, kv_settings, execute=_stoppable(execute, stop))
@@ -131,7 +129,6 @@ def calibrate(
     passing: list[tuple[dict[str, Any], CandidateFigures]] = []
     last_ratio: list[tuple[dict[str, Any], CandidateFigures]] = []
     current_ratio = None
-    base = engine_settings.model_dump(exclude_unset=True)
     study = tried_values is not None
     for values in tried_values if study else candidates(engine.config.num_layers, ratios):
         if not study and current_ratio is not None and values["recompute_ratio"] != current_ratio:
@@ -139,7 +136,7 @@ def calibrate(
                 break
             last_ratio = []
         current_ratio = values.get("recompute_ratio")
-        blend = EngineSettings.model_validate(base | values).blend_config()
+        blend = engine_settings.blend.replace(**values)
         fig = calset.measure(blend)
         misses = targets.misses(fig)
         tried.append({"values": values, "figures": fig.to_dict(), "misses": misses})

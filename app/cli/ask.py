@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.cli.common import EXIT_USAGE, add_client, add_data_dir, settings_of, take_data_dir
 from app.settings import Settings
-from engine.types import MODES, SELECTORS
+from engine.blend.config import SELECTORS
+from engine.types import MODES
 
 if TYPE_CHECKING:
     from app.remote import RemoteServer

@@ -14,7 +14,7 @@ from engine.config import EngineSettings
 from engine.decode_weights import build_decode_weights
 from engine.engine import Engine
 from engine.types import BlendConfig
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +27,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 def test_fidelity_of_a_decoder_against_itself_and_against_int4(engine: Engine, tmp_path: Path) -> None:
     chunks = random_chunks([12, 10], seed=3)
     layout = engine.prompt.layout(chunks, "which one?")
-    source = InMemoryLayerSource(engine.precompute_chunks(chunks))
-    result = engine.prompt_pass(layout, source, "blend", BlendConfig(0.3), extra_capacity=9)
+    source = InMemoryLayerReader(engine.precompute_chunks(chunks))
+    result = engine.prompt_pass(layout, source, "blend", BlendConfig(recompute_ratio=0.3), extra_capacity=9)
     length = result.cache.length
     first = int(result.logits.argmax())
 
@@ -52,8 +52,8 @@ def test_fidelity_of_a_decoder_against_itself_and_against_int4(engine: Engine, t
 
 def test_clone_copies_the_cache_and_its_bias(engine: Engine) -> None:
     chunks = random_chunks([6], seed=4)
-    source = InMemoryLayerSource(engine.precompute_chunks(chunks))
-    result = engine.prompt_pass(engine.prompt.layout(chunks, "q?"), source, "full", BlendConfig(0.3))
+    source = InMemoryLayerReader(engine.precompute_chunks(chunks))
+    result = engine.prompt_pass(engine.prompt.layout(chunks, "q?"), source, "full", BlendConfig(recompute_ratio=0.3))
     result.cache.key_bias = torch.zeros(result.cache.capacity)
     copy = _clone(result.cache)
     assert copy.length == result.cache.length and torch.equal(copy.k, result.cache.k)

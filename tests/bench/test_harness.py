@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import asdict
 from pathlib import Path
 
 from bench.__main__ import build_parser
@@ -41,7 +40,7 @@ def test_result_header_records_model_data_dtype_blend_and_machine(tiny_engine) -
     assert header["compute_dtype"] == header["machine"]["compute_dtype"] == "float32"
     choice = tiny_engine.dtype_choice
     assert header["dtype_choice"] == {"dtype": "float32", "reason": choice.reason} and choice.dtype == "float32"
-    assert header["blend"] == asdict(tiny_engine.settings.blend_config())
+    assert header["blend"] == tiny_engine.settings.blend_config().model_dump()
     assert header["blend_origin"] == tiny_engine.blend_origin == "engine settings"
     assert header["machine"]["cpu_flags"] == cpu_facts()["cpu_flags"]
     assert list(header)[-1] == "machine"
@@ -56,8 +55,8 @@ def test_bench_engines_run_on_the_blend_settings_in_force(tiny_llama_dir, tmp_pa
     engine = build_engine(args)
     # No record for the tiny model: the safe settings, except the scoring layer the run's options set.
     assert engine.blend_origin == "safe settings (this model is not calibrated yet); operator set score_layers"
-    assert (engine.settings.recompute_ratio, engine.settings.history_ratio) == (0.3, 1.0)
-    assert engine.settings.score_layers == [2]
+    assert (engine.settings.blend.recompute_ratio, engine.settings.blend.history_ratio) == (0.3, 1.0)
+    assert engine.settings.blend.score_layers == (2,)
     header = result_header("x", argparse.Namespace(), engine)
     assert header["blend_origin"] == engine.blend_origin and header["blend"]["recompute_ratio"] == 0.3
 

@@ -32,7 +32,7 @@ def test_a_written_checkpoint_runs_in_the_engine(tmp_path: Path, tiny_llama_dir:
     from engine.config import EngineSettings
     from engine.engine import Engine
     from engine.types import BlendConfig
-    from kvcache.types import InMemoryLayerSource
+    from kvcache.types import InMemoryLayerReader
 
     out = write_random_model("qwen2.5-0.5b", tmp_path / "m", tiny_llama_dir, device="cpu")
     engine = Engine(EngineSettings(model=str(out), device="cpu", dtype="float32"), models_dir=tmp_path / "models")
@@ -41,5 +41,7 @@ def test_a_written_checkpoint_runs_in_the_engine(tmp_path: Path, tiny_llama_dir:
     layout = engine.prompt.layout(chunks, "what is it?")
     stored = engine.precompute_chunks(chunks)
     full = engine.prompt_pass(layout, None, "full")
-    blend = engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", BlendConfig(1.0, score_layers=(4,)))
+    blend = engine.prompt_pass(
+        layout, InMemoryLayerReader(stored), "blend", BlendConfig(recompute_ratio=1.0, score_layers=(4,))
+    )
     torch.testing.assert_close(blend.logits, full.logits, atol=1e-4, rtol=0)

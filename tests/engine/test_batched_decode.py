@@ -9,10 +9,10 @@ import torch
 from enginetest_tiny import random_chunks
 
 from engine.batched_decode import decode_batch
-from engine.phases import decode
+from engine.extend import decode
 from engine.scheduler import Scheduler
 from engine.types import BlendConfig, FinishEvent, GenerationRequest, SamplingParams, TokenEvent
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 def _prompt_caches(engine, n: int):
@@ -21,9 +21,9 @@ def _prompt_caches(engine, n: int):
     for i in range(n):
         chunks = random_chunks([8 + 5 * i, 13 + i], seed=200 + i)
         layout = engine.prompt.layout(chunks, "what is it?" + " really" * i)
-        source = InMemoryLayerSource(engine.precompute_chunks(chunks))
+        source = InMemoryLayerReader(engine.precompute_chunks(chunks))
         result = engine.prompt_pass(
-            layout, source, "blend", BlendConfig(0.3), extra_capacity=2
+            layout, source, "blend", BlendConfig(recompute_ratio=0.3), extra_capacity=2
         )  # small: decode must grow some caches
         caches.append(result.cache)
         tokens.append(int(result.logits.argmax()))
@@ -66,9 +66,9 @@ def _request(engine, i: int, mode: str) -> GenerationRequest:
     return GenerationRequest(
         f"b{i}",
         layout,
-        InMemoryLayerSource(engine.precompute_chunks(chunks)),
+        InMemoryLayerReader(engine.precompute_chunks(chunks)),
         mode,
-        BlendConfig(0.25),
+        BlendConfig(recompute_ratio=0.25),
         SamplingParams(max_tokens=12 + i, ignore_eos=True),  # different lengths: the batch shrinks as they end
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.phases import precompute_chunks
+from engine.precompute import precompute_chunks
 
 # Different lengths, so the shorter chunks carry padding after their last token.
 CHUNKS = [

@@ -7,8 +7,8 @@ import pytest
 import torch
 from enginetest_tiny import dense_attention, random_chunks
 
-from engine.types import BlendConfig, GenerationRequest, PromptLayout, SamplingParams, TokenEvent
-from kvcache.types import InMemoryLayerSource
+from engine.types import BlendConfig, EngineError, GenerationRequest, PromptLayout, SamplingParams, TokenEvent
+from kvcache.types import InMemoryLayerReader
 
 ATOL = 1e-4
 
@@ -29,7 +29,7 @@ def chunk_kvs(tiny_engine, chunks):
 
 
 def _source(kvs):
-    return InMemoryLayerSource(kvs)
+    return InMemoryLayerReader(kvs)
 
 
 def _full(engine, layout):
@@ -46,13 +46,15 @@ def test_full_matches_transformers(tiny_engine, tiny_model_dir, layout) -> None:
 @pytest.mark.parametrize(
     "cfg",
     [
-        BlendConfig(1.0, selector="query"),
-        BlendConfig(1.0, selector="query", score_layers=(0, 2), score_fuse="max", pool_window=3, min_per_chunk=2),
-        BlendConfig(1.0, selector="first_k"),
-        BlendConfig(1.0, selector="random"),
-        BlendConfig(1.0, selector="deviation", check_layers=(1,)),
-        BlendConfig(1.0, selector="deviation", check_layers=(0,)),
-        BlendConfig(1.0, selector="deviation", check_layers=(1, 2), ratio_schedule=(1.0, 1.0)),
+        BlendConfig(recompute_ratio=1.0, selector="query"),
+        BlendConfig(
+            recompute_ratio=1.0, selector="query", score_layers=(0, 2), score_fuse="max", pool_window=3, min_per_chunk=2
+        ),
+        BlendConfig(recompute_ratio=1.0, selector="first_k"),
+        BlendConfig(recompute_ratio=1.0, selector="random"),
+        BlendConfig(recompute_ratio=1.0, selector="deviation", check_layers=(1,)),
+        BlendConfig(recompute_ratio=1.0, selector="deviation", check_layers=(0,)),
+        BlendConfig(recompute_ratio=1.0, selector="deviation", check_layers=(1, 2), ratio_schedule=(1.0, 1.0)),
     ],
     ids=["query", "query-options", "first_k", "random", "deviation-c1", "deviation-c0", "deviation-c12"],
 )
@@ -70,7 +72,9 @@ def test_blend_ratio_one_equals_full(tiny_engine, layout, chunk_kvs, cfg) -> Non
 def test_blend_partial_is_neither_full_nor_reuse(tiny_engine, layout, chunk_kvs) -> None:
     full = _full(tiny_engine, layout).logits
     reuse = tiny_engine.prompt_pass(layout, _source(chunk_kvs), "reuse").logits
-    half = tiny_engine.prompt_pass(layout, _source(chunk_kvs), "blend", BlendConfig(0.5, selector="deviation"))
+    half = tiny_engine.prompt_pass(
+        layout, _source(chunk_kvs), "blend", BlendConfig(recompute_ratio=0.5, selector="deviation")
+    )
     assert (reuse - full).abs().max() > 1e-2  # stale cross-chunk KV matters on this model
     assert half.num_recomputed_tokens == round(0.5 * layout.num_context_tokens)
     # Recomputing half the context (the most deviating half) gets closer to full than reusing everything.
@@ -105,14 +109,15 @@ def test_prefix_mode_equals_full(tiny_engine, layout, chunks, chunk_kvs) -> None
     assert got.num_recomputed_tokens == layout.num_context_tokens - len(chunks[0])
 
 
-def test_no_chunks_and_no_source(tiny_engine, layout, chunk_kvs) -> None:
+def test_a_mode_that_reuses_kv_without_a_reader_is_refused_not_changed(tiny_engine) -> None:
+    # The mode is decided once, by the caller (app/services/ask/resolve.py: no chunks → full); the engine never
+    # turns one mode into another.
     bare = tiny_engine.prompt.layout([], "no documents at all")
     full = _full(tiny_engine, bare)
+    assert full.mode == "full" and full.recompute_ratio == 0.0
     for mode in ("blend", "prefix", "reuse"):
-        got = tiny_engine.prompt_pass(bare, None, mode)
-        assert got.mode == "full"  # nothing cached to reuse
-        torch.testing.assert_close(got.logits, full.logits, atol=ATOL, rtol=0)
-    assert full.recompute_ratio == 0.0
+        with pytest.raises(EngineError, match=f"mode '{mode}' reuses stored KV"):
+            tiny_engine.prompt_pass(bare, None, mode)
 
 
 def test_chunk_kv_does_not_depend_on_batching_or_order(tiny_engine, chunks, chunk_kvs) -> None:
@@ -157,7 +162,7 @@ def test_rerotated_k_equals_k_at_target_positions(variant, tmp_path_factory) -> 
     engine = Engine(EngineSettings(model=str(path), device="cpu", dtype="float32"), tmp_path_factory.mktemp("m"))
     chunks = random_chunks([50, 60, 45], seed=5)  # chunk 3 lands past position 64 (llama3's original ctx)
     layout = engine.prompt.layout(chunks, "where?")
-    reused = engine.prompt_pass(layout, InMemoryLayerSource(engine.precompute_chunks(chunks)), "reuse")
+    reused = engine.prompt_pass(layout, InMemoryLayerReader(engine.precompute_chunks(chunks)), "reuse")
     full = engine.prompt_pass(layout, None, "full")
     start = layout.num_prefix_tokens + 110
     span = slice(start, start + 45)
@@ -257,7 +262,7 @@ def test_score_matches_reference_nll(tiny_engine, tiny_model_dir, layout, chunk_
 def test_source_shape_mismatch_is_an_error(tiny_engine, layout, chunk_kvs) -> None:
     from engine.types import EngineError
 
-    with pytest.raises(EngineError, match="KV source"):
+    with pytest.raises(EngineError, match="KV reader"):
         tiny_engine.prompt_pass(layout, _source(chunk_kvs[:2]), "blend")
 
 

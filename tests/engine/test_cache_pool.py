@@ -3,6 +3,7 @@ answers that do not change when a cache is reused (no row or key bias of an earl
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from enginetest_tiny import random_chunks
 
 from engine.cache_pool import CacheLayout, WorkingCachePool, size_class
 from engine.types import BlendConfig, GenerationRequest, SamplingParams, TokenEvent
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 # 2 layers × 1 KV head × 4 dims in float32: 64 bytes a position for K and V, 32 KiB for a 512-token cache.
 LAYOUT = CacheLayout(num_layers=2, num_kv_heads=1, head_dim=4, dtype=torch.float32, device=torch.device("cpu"))
@@ -149,7 +150,7 @@ def _requests(engine) -> list[tuple[GenerationRequest, list[list[int]]]]:
     out = []
     for i, (sizes, mode, config) in enumerate(
         [
-            ([60, 45, 70], "blend", BlendConfig(0.3, score_layers=(1,), stale_key_bias=2.0)),
+            ([60, 45, 70], "blend", BlendConfig(recompute_ratio=0.3, score_layers=(1,), stale_key_bias=2.0)),
             ([12, 9], "reuse", BlendConfig()),
             ([20], "full", BlendConfig()),
         ]
@@ -157,14 +158,19 @@ def _requests(engine) -> list[tuple[GenerationRequest, list[list[int]]]]:
         chunks = random_chunks(sizes, seed=300 + i)
         layout = engine.prompt.layout(chunks, f"what is number {i}?")
         request = GenerationRequest(
-            f"r{i}", layout, None, mode, config, SamplingParams(12, ignore_eos=True, stop_on_repeated_line=False)
+            f"r{i}",
+            layout,
+            None if mode == "full" else InMemoryLayerReader(engine.precompute_chunks(chunks)),
+            mode,
+            config,
+            SamplingParams(12, ignore_eos=True, stop_on_repeated_line=False),
         )
         out.append((request, chunks))
     return out
 
 
 def _answer(engine, request: GenerationRequest, chunks: list[list[int]]) -> list[int]:
-    request.kv_source = InMemoryLayerSource(engine.precompute_chunks(chunks))
+    request = dataclasses.replace(request, kv_reader=InMemoryLayerReader(engine.precompute_chunks(chunks)))
     return [e.token_id for e in engine.generate(request) if isinstance(e, TokenEvent)]
 
 
@@ -181,11 +187,11 @@ def test_answers_with_the_pool_are_bit_identical_to_answers_without(tiny_engine,
     for (request, chunks), (ref_request, _) in zip(_requests(pooled), _requests(tiny_engine), strict=True):
         targets = [5, 17, 42, 7]
         got = pooled.score(
-            request.layout, InMemoryLayerSource(pooled.precompute_chunks(chunks)), request.mode, request.blend, targets
+            request.layout, InMemoryLayerReader(pooled.precompute_chunks(chunks)), request.mode, request.blend, targets
         )
         ref = tiny_engine.score(
             ref_request.layout,
-            InMemoryLayerSource(tiny_engine.precompute_chunks(chunks)),
+            InMemoryLayerReader(tiny_engine.precompute_chunks(chunks)),
             ref_request.mode,
             ref_request.blend,
             targets,
@@ -197,13 +203,13 @@ def test_answers_with_the_pool_are_bit_identical_to_answers_without(tiny_engine,
 def test_a_cancelled_or_failed_run_gives_its_cache_back(tiny_model_dir, tmp_path) -> None:
     pooled = _pooled_engine(tiny_model_dir, tmp_path)
     (request, chunks), *_ = _requests(pooled)
-    request.kv_source = InMemoryLayerSource(pooled.precompute_chunks(chunks))
+    request = dataclasses.replace(request, kv_reader=InMemoryLayerReader(pooled.precompute_chunks(chunks)))
     run = pooled.new_run(request)
     pooled.run_prompt(run)
     assert pooled.cache_pool.stats().idle_bytes == 0
     run.cancel()
     assert pooled.cache_pool.stats().idle_bytes == pooled.cache_pool.stats().held_bytes
-    request.kv_source = InMemoryLayerSource(pooled.precompute_chunks(chunks))
+    request = dataclasses.replace(request, kv_reader=InMemoryLayerReader(pooled.precompute_chunks(chunks)))
     run = pooled.new_run(request)
     pooled.run_prompt(run)
     assert pooled.cache_pool.stats().idle_bytes == 0
@@ -235,11 +241,11 @@ def test_slots_of_a_slab_keep_the_device_path_free_of_host_reads(tiny_model_dir,
     chunks = random_chunks([37, 22, 41, 5], seed=11)
     prompt = engine.prompt.layout(chunks, "what is the code of the north gate?")
     stored = engine.precompute_chunks(chunks)
-    config = BlendConfig(0.15, score_layers=(1, 2), stale_key_bias=0.5)
-    reference = engine.prompt_pass(prompt, InMemoryLayerSource(stored), mode, config)
+    config = BlendConfig(recompute_ratio=0.15, score_layers=(1, 2), stale_key_bias=0.5)
+    reference = engine.prompt_pass(prompt, InMemoryLayerReader(stored), mode, config)
     engine.transformer.sync_free = True
     with HostSyncAudit() as audit:
-        result = engine.prompt_pass(prompt, InMemoryLayerSource(stored), mode, config)
+        result = engine.prompt_pass(prompt, InMemoryLayerReader(stored), mode, config)
     assert audit.calls == []
     assert result.cache.slot.index != reference.cache.slot.index  # another slot of the same slab
     torch.testing.assert_close(result.logits, reference.logits, atol=1e-5, rtol=0)

@@ -9,7 +9,7 @@ from enginetest_tiny import random_chunks
 
 from engine.prompt import Turn
 from engine.types import BlendConfig
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 ATOL = 1e-4
 TURNS = [Turn("who jumps over the dog?", "the quick brown fox."), Turn("and the dog?", "it is lazy.")]
@@ -22,7 +22,10 @@ def chunks() -> list[list[int]]:
 
 @pytest.mark.parametrize(
     "cfg",
-    [BlendConfig(1.0, selector="query"), BlendConfig(1.0, selector="deviation", check_layers=(1,))],
+    [
+        BlendConfig(recompute_ratio=1.0, selector="query"),
+        BlendConfig(recompute_ratio=1.0, selector="deviation", check_layers=(1,)),
+    ],
     ids=["query", "deviation"],
 )
 @pytest.mark.parametrize("system", [None, "Start every answer with Arr!"], ids=["server-prompt", "client-prompt"])
@@ -34,7 +37,7 @@ def test_blend_r1_with_reused_history_equals_full(tiny_engine, chunks, cfg, syst
     # Every segment's KV computed behind the *server's* prefix, as the store holds it.
     stored = tiny_engine.precompute_chunks([*chunks, *history])
     full = tiny_engine.prompt_pass(layout, None, "full")
-    blended = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", cfg)
+    blended = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "blend", cfg)
     assert blended.num_context_tokens == layout.num_context_tokens
     assert blended.num_recomputed_tokens == layout.num_context_tokens
     torch.testing.assert_close(blended.logits, full.logits, atol=ATOL, rtol=0)
@@ -46,7 +49,7 @@ def test_reused_history_is_not_full_prefill(tiny_engine, chunks) -> None:
     layout = tiny_engine.prompt.layout(chunks, "what does the fox do?", history)
     stored = tiny_engine.precompute_chunks([*chunks, *history])
     full = tiny_engine.prompt_pass(layout, None, "full")
-    reuse = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "reuse")
+    reuse = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "reuse")
     assert (reuse.logits - full.logits).abs().max().item() > 1e-3
 
 
@@ -58,11 +61,11 @@ def test_prefix_mode_behind_a_client_prompt_reuses_the_prefix_alone(tiny_engine,
     assert not layout.segments_behind_prefix and tiny_engine.prompt.layout(chunks, "q").segments_behind_prefix
     stored = tiny_engine.precompute_chunks(chunks)
     full = tiny_engine.prompt_pass(layout, None, "full")
-    prefix = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "prefix")
+    prefix = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "prefix")
     torch.testing.assert_close(prefix.logits, full.logits, atol=ATOL, rtol=0)
     # Behind the server's own prefix, chunk 1 is reused as stored (exact too, by construction).
     server = tiny_engine.prompt.layout(chunks, "what does the fox do?")
-    server_prefix = tiny_engine.prompt_pass(server, InMemoryLayerSource(stored), "prefix")
+    server_prefix = tiny_engine.prompt_pass(server, InMemoryLayerReader(stored), "prefix")
     torch.testing.assert_close(
         server_prefix.logits, tiny_engine.prompt_pass(server, None, "full").logits, atol=ATOL, rtol=0
     )

@@ -18,7 +18,7 @@ from engine.cache_pool import CacheLayout, WorkingCachePool
 from engine.decode_graphs import DecodeGraphs, batch_class, step_inputs, use_decode_graphs
 from engine.types import BlendConfig, GenerationRequest, SamplingParams, TokenEvent
 from engine.working_cache import WorkingCache
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/device-check.sh)")
@@ -67,7 +67,10 @@ def _static_engine(tiny_model_dir: Path, models_dir: Path, capture: bool = False
 
 def _requests(engine, num: int) -> list[GenerationRequest]:
     """Prompts of different lengths; the first blends with a stale-key bias (a key bias in its slot's row)."""
-    configs = [BlendConfig(0.3, score_layers=(1,), stale_key_bias=2.0), BlendConfig(0.2, score_layers=(2,))]
+    configs = [
+        BlendConfig(recompute_ratio=0.3, score_layers=(1,), stale_key_bias=2.0),
+        BlendConfig(recompute_ratio=0.2, score_layers=(2,)),
+    ]
     requests = []
     for i in range(num):
         chunks = random_chunks([15 + 7 * i, 11 + 3 * i], seed=500 + i)
@@ -76,7 +79,7 @@ def _requests(engine, num: int) -> list[GenerationRequest]:
             GenerationRequest(
                 f"r{i}",
                 layout,
-                InMemoryLayerSource(engine.precompute_chunks(chunks)),
+                InMemoryLayerReader(engine.precompute_chunks(chunks)),
                 "blend",
                 configs[i % 2],
                 SamplingParams(10 + i, ignore_eos=True, stop_on_repeated_line=False),
@@ -148,7 +151,7 @@ def test_an_evicted_slab_takes_its_decode_state_with_it(tiny_model_dir, tmp_path
 def _prompt_caches(engine, requests: list[GenerationRequest]) -> tuple[list[WorkingCache], list[int]]:
     caches, first = [], []
     for request in requests:
-        result = engine.prompt_pass(request.layout, request.kv_source, request.mode, request.blend, extra_capacity=8)
+        result = engine.prompt_pass(request.layout, request.kv_reader, request.mode, request.blend, extra_capacity=8)
         caches.append(result.cache)
         first.append(int(result.logits.argmax()))
     return caches, first

@@ -31,7 +31,7 @@ from engine.decode_weights import (
 )
 from engine.engine import Engine
 from engine.types import BlendConfig
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 def _weight(out_features: int, in_features: int, seed: int) -> torch.Tensor:
@@ -186,8 +186,8 @@ def test_engine_decodes_with_int8_and_prompts_with_its_own_weights(tiny_engine: 
     layout = tiny_engine.prompt.layout(chunks, "what is it?")
     results = []
     for engine in (tiny_engine, int8_engine):
-        source = InMemoryLayerSource(engine.precompute_chunks(chunks))
-        results.append(engine.prompt_pass(layout, source, "blend", BlendConfig(0.3), extra_capacity=4))
+        source = InMemoryLayerReader(engine.precompute_chunks(chunks))
+        results.append(engine.prompt_pass(layout, source, "blend", BlendConfig(recompute_ratio=0.3), extra_capacity=4))
     own, compact = results
     # The prompt pass (and so the first token) is the model's own in both engines, bit for bit.
     assert torch.equal(own.logits, compact.logits)

@@ -12,7 +12,7 @@ from enginetest_tiny import random_chunks
 from engine import dtype_choice
 from engine.dtype_choice import CpuBf16Support, DtypeChoice, choose_compute_dtype
 from engine.types import BlendConfig
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 AMX = CpuBf16Support(amx_tile=True, avx512_bf16=True, onednn_bf16=True, capability="AVX512")
 AVX2 = CpuBf16Support(amx_tile=False, avx512_bf16=False, onednn_bf16=False, capability="AVX2")
@@ -110,7 +110,9 @@ def test_bf16_blend_at_ratio_one_matches_bf16_full_prefill(bf16_engine, selector
     kvs = bf16_engine.precompute_chunks(chunks)
     assert kvs[0].k.dtype == torch.bfloat16
     full = bf16_engine.prompt_pass(layout, None, "full")
-    blend = bf16_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(1.0, selector=selector))
+    blend = bf16_engine.prompt_pass(
+        layout, InMemoryLayerReader(kvs), "blend", BlendConfig(recompute_ratio=1.0, selector=selector)
+    )
     assert full.logits.dtype == torch.float32  # logits stay float32 whatever the compute dtype
     # Same rows, same kernels, but the stored K is rotated at question time instead of in the prefill:
     # one bf16 rounding apart at most (bf16 has 8 significant bits).

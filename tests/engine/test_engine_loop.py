@@ -11,12 +11,12 @@ from enginetest_tiny import random_chunks
 
 from engine.generation import RequestRun, RequestStatus
 from engine.types import BlendConfig, FinishEvent, GenerationRequest, RequestCancelled, SamplingParams, TokenEvent
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 ENGINE_DIR = Path(__file__).resolve().parents[2] / "engine"
 
 
-class RecordingSource(InMemoryLayerSource):
+class RecordingSource(InMemoryLayerReader):
     """Remembers which layers were read and whether it was closed."""
 
     def __init__(self, chunks) -> None:
@@ -56,7 +56,7 @@ def test_generation_imports_nothing_from_the_engine() -> None:
     imported = _imported_modules(ENGINE_DIR / "generation.py")  # TYPE_CHECKING imports included
     assert "engine.engine" not in imported
     assert "engine.scheduler" not in imported
-    assert not any(name in imported for name in ("engine.phases", "engine.layers", "engine.batched_decode"))
+    assert not any(name in imported for name in ("engine.prompt_pass", "engine.layers", "engine.batched_decode"))
 
 
 def test_request_run_holds_no_engine(tiny_engine, layout) -> None:
@@ -102,8 +102,8 @@ def test_callbacks_run_at_every_layer_boundary_between_layers_first(tiny_engine,
 
 def test_query_blend_asks_at_the_scoring_layers_too(tiny_engine, layout, chunks) -> None:
     calls: list[str] = []
-    config = BlendConfig(0.3, selector="query", score_layers=(1,))
-    source = InMemoryLayerSource(tiny_engine.precompute_chunks(chunks))
+    config = BlendConfig(recompute_ratio=0.3, selector="query", score_layers=(1,))
+    source = InMemoryLayerReader(tiny_engine.precompute_chunks(chunks))
     tiny_engine.prompt_pass(layout, source, "blend", config, between_layers=lambda: calls.append("between"))
     assert len(calls) == 2 + tiny_engine.num_layers  # scoring pass over layers 0…1, then the prompt pass
 

@@ -13,7 +13,8 @@ from engine.types import BlendConfig, PromptLayout, SamplingParams
 
 def test_defaults() -> None:
     s = EngineSettings()
-    assert s.model == "qwen2.5-coder-0.5b" and s.mode == "blend" and s.recompute_ratio == 0.15 and s.check_layers == [1]
+    assert s.model == "qwen2.5-coder-0.5b" and s.mode == "blend" and s.blend.recompute_ratio == 0.15
+    assert s.blend.check_layers == (1,)
     cfg = s.blend_config()
     assert cfg.ratios() == (0.15,) and cfg.selector == "query" and cfg.score_layers == (12,) and cfg.deviation_on == "v"
     assert s.sampling_params(max_tokens=5).max_tokens == 5
@@ -22,8 +23,8 @@ def test_defaults() -> None:
 
 @pytest.mark.parametrize("ratio", [-0.1, 1.5])
 def test_ratio_out_of_range(ratio: float) -> None:
-    with pytest.raises(ValidationError, match=r"recompute_ratio must be within \[0, 1\]"):
-        EngineSettings(recompute_ratio=ratio)
+    with pytest.raises(ValidationError, match=r"blend.recompute_ratio\n  Input should be (greater|less) than or equal"):
+        EngineSettings(blend={"recompute_ratio": ratio})
 
 
 def test_unknown_mode_and_selector() -> None:
@@ -54,9 +55,9 @@ def test_model_takes_catalogue_names_the_builtin_alias_and_gguf_files(tmp_path: 
 
 def test_schedule_rules() -> None:
     with pytest.raises(ValidationError, match="ratio_schedule has 1 entries"):
-        EngineSettings(check_layers=[1, 3], ratio_schedule=[0.3])
+        EngineSettings(blend={"check_layers": [1, 3], "ratio_schedule": [0.3]})
     with pytest.raises(ValidationError, match="must not increase"):
-        EngineSettings(check_layers=[1, 3], ratio_schedule=[0.1, 0.3])
+        EngineSettings(blend={"check_layers": [1, 3], "ratio_schedule": [0.1, 0.3]})
     with pytest.raises(ValueError, match="strictly increasing"):
         BlendConfig(check_layers=(3, 1))
     assert BlendConfig(check_layers=(1, 3), ratio_schedule=(0.3, 0.15)).ratios() == (0.3, 0.15)
@@ -75,65 +76,15 @@ def test_sampling_and_layout_validation() -> None:
     assert layout.all_ids() == [1, 2, 3, 4, 5, 6] and layout.num_context_tokens == 3 and layout.num_tokens == 6
 
 
-# Every EngineSettings field that is not one of BlendConfig's: a new setting lands in exactly one group.
-NOT_BLEND_SETTINGS = {
-    "model",
-    "device",
-    "dtype",
-    "num_threads",
-    "pack_weights",
-    "decode_weights",
-    "system_prompt",
-    "question_template",
-    "mode",
-    "max_queue",
-    "max_running",
-    "working_cache_pool_bytes",
-    "decode_graphs",
-    "max_new_tokens",
-    "history_max_tokens",
-    "temperature",
-    "top_p",
-    "repetition_penalty",
-    "no_repeat_ngram_size",
-    "stop_on_repeated_line",
-}
-
-
-def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
-    from dataclasses import asdict, fields
-
+def test_blend_settings_nest_one_blend_config_declared_once() -> None:
     from engine.config import BLEND_FIELDS
 
-    assert tuple(f.name for f in fields(BlendConfig)) == BLEND_FIELDS
-    assert set(EngineSettings.model_fields) - NOT_BLEND_SETTINGS == set(BLEND_FIELDS)
-    assert not NOT_BLEND_SETTINGS & set(BLEND_FIELDS)
-    # Every blend setting reaches the config unchanged (lists as tuples), and the defaults agree.
-    s = EngineSettings(
-        recompute_ratio=0.3,
-        selector="random",
-        score_layers=[2, 5],
-        score_fuse="max",
-        score_by="output",
-        pool_window=3,
-        min_per_chunk=2,
-        sink_tokens=4,
-        match_window=12,
-        match_span="window",
-        match_extra=0.2,
-        match_scope="any",
-        stale_key_bias=1.5,
-        stale_key_scope="unnamed",
-        history_ratio=0.5,
-        attention_share=0.6,
-        ratio_min=0.1,
-        ratio_max=0.4,
-        check_layers=[1, 3],
-        ratio_schedule=[0.5, 0.3],
-        deviation_on="k",
-        seed=7,
-    )
-    assert asdict(s.blend_config()) == {
+    assert tuple(BlendConfig.model_fields) == BLEND_FIELDS
+    assert not set(EngineSettings.model_fields) & set(BLEND_FIELDS)  # no second declaration of any knob
+    # The defaults are BlendConfig's own: what a bare config in a test gets is what a user runs.
+    assert EngineSettings().blend == BlendConfig() == EngineSettings().blend_config()
+    assert (BlendConfig().match_window, BlendConfig().match_span, BlendConfig().match_extra) == (24, "sentence", 0.1)
+    values = {
         "recompute_ratio": 0.3,
         "selector": "random",
         "score_layers": (2, 5),
@@ -157,16 +108,29 @@ def test_blend_settings_map_one_to_one_onto_blend_config() -> None:
         "deviation_on": "k",
         "seed": 7,
     }
-    # The defaults agree but for the look-up spans, which the server turns on and a bare BlendConfig leaves off
-    # (the engine's own tests read the selectors without them).
-    spans = {"match_window": 24, "match_span": "sentence", "match_extra": 0.1, "match_scope": "one"}
-    assert EngineSettings().blend_config() == BlendConfig(**spans)
-    assert (BlendConfig().match_window, BlendConfig().match_extra) == (0, 0.0)
+    assert set(values) == set(BLEND_FIELDS)
+    # Every blend setting reaches the config unchanged (lists as tuples), nested or as an old flat key.
+    listed = {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
+    nested = EngineSettings(blend=listed)
+    flat = EngineSettings(**listed)
+    assert nested.blend_config().model_dump() == flat.blend_config().model_dump() == values
     # A request's ratio replaces the schedule and the adaptive budget; its selector the configured one.
-    fixed = s.blend_config(recompute_ratio=0.1, selector="query")
+    fixed = nested.blend_config(recompute_ratio=0.1, selector="query")
     assert (fixed.recompute_ratio, fixed.ratio_schedule, fixed.attention_share, fixed.selector) == (
         0.1,
         None,
         None,
         "query",
     )
+
+
+def test_old_flat_blend_keys_are_aliases_and_a_key_set_both_ways_is_refused() -> None:
+    old = EngineSettings.model_validate({"recompute_ratio": 0.25, "selector": "first_k", "max_new_tokens": 9})
+    assert (old.blend.recompute_ratio, old.blend.selector, old.max_new_tokens) == (0.25, "first_k", 9)
+    assert old.blend.model_fields_set == {"recompute_ratio", "selector"}  # what the operator set, for app/calibration
+    mixed = EngineSettings.model_validate({"recompute_ratio": 0.25, "blend": {"match_window": 0}})
+    assert (mixed.blend.recompute_ratio, mixed.blend.match_window) == (0.25, 0)
+    with pytest.raises(ValidationError, match="engine.recompute_ratio and engine.blend.recompute_ratio are both set"):
+        EngineSettings.model_validate({"recompute_ratio": 0.25, "blend": {"recompute_ratio": 0.3}})
+    with pytest.raises(ValidationError, match="Extra inputs are not permitted"):
+        EngineSettings.model_validate({"blend": {"recompute": 0.3}})

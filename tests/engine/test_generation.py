@@ -8,7 +8,7 @@ from enginetest_tiny import random_chunks
 
 from engine.sampling import IncrementalDetokenizer, Sampler, StopStringFilter
 from engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 @pytest.fixture(scope="module")
@@ -96,13 +96,18 @@ def test_stop_filter_holds_back_partial_matches() -> None:
 def test_generate_with_cached_chunks_reports_recompute(tiny_engine) -> None:
     chunks = random_chunks([30, 30], seed=3)
     layout = tiny_engine.prompt.layout(chunks, "q")
-    source = InMemoryLayerSource(tiny_engine.precompute_chunks(chunks))
+    source = InMemoryLayerReader(tiny_engine.precompute_chunks(chunks))
     from engine.types import BlendConfig
 
     events = list(
         tiny_engine.generate(
             GenerationRequest(
-                "b", layout, source, "blend", BlendConfig(0.25), SamplingParams(max_tokens=3, ignore_eos=True)
+                "b",
+                layout,
+                source,
+                "blend",
+                BlendConfig(recompute_ratio=0.25, match_window=0),
+                SamplingParams(max_tokens=3, ignore_eos=True),
             )
         )
     )

@@ -18,7 +18,7 @@ from enginetest_tiny import random_chunks
 from engine.host_sync import HostSyncAudit
 from engine.prompt import Turn
 from engine.types import BlendConfig, Mode
-from kvcache.types import ChunkKV, InMemoryLayerSource
+from kvcache.types import ChunkKV, InMemoryLayerReader
 
 ATOL = 1e-5
 
@@ -28,18 +28,28 @@ CASES: list[tuple[str, Mode, BlendConfig]] = [
     ("full", "full", BlendConfig()),
     ("prefix", "prefix", BlendConfig()),
     ("reuse", "reuse", BlendConfig()),
-    ("query", "blend", BlendConfig(0.15, score_layers=(1, 2))),
-    ("query-max-output", "blend", BlendConfig(0.2, score_layers=(1, 3), score_fuse="max", score_by="output")),
+    ("query", "blend", BlendConfig(recompute_ratio=0.15, score_layers=(1, 2))),
+    (
+        "query-max-output",
+        "blend",
+        BlendConfig(recompute_ratio=0.2, score_layers=(1, 3), score_fuse="max", score_by="output"),
+    ),
     (
         "query-rules",
         "blend",
-        BlendConfig(0.2, score_layers=(2,), sink_tokens=2, min_per_chunk=3, pool_window=3, history_ratio=0.5),
+        BlendConfig(
+            recompute_ratio=0.2, score_layers=(2,), sink_tokens=2, min_per_chunk=3, pool_window=3, history_ratio=0.5
+        ),
     ),
-    ("query-bias", "blend", BlendConfig(0.15, score_layers=(1,), stale_key_bias=0.5)),
-    ("first_k", "blend", BlendConfig(0.2, selector="first_k", sink_tokens=1)),
-    ("random", "blend", BlendConfig(0.2, selector="random")),
-    ("deviation", "blend", BlendConfig(0.3, selector="deviation", check_layers=(1, 2), ratio_schedule=(0.5, 0.3))),
-    ("ratio-1", "blend", BlendConfig(1.0, score_layers=(1,))),
+    ("query-bias", "blend", BlendConfig(recompute_ratio=0.15, score_layers=(1,), stale_key_bias=0.5)),
+    ("first_k", "blend", BlendConfig(recompute_ratio=0.2, selector="first_k", sink_tokens=1)),
+    ("random", "blend", BlendConfig(recompute_ratio=0.2, selector="random")),
+    (
+        "deviation",
+        "blend",
+        BlendConfig(recompute_ratio=0.3, selector="deviation", check_layers=(1, 2), ratio_schedule=(0.5, 0.3)),
+    ),
+    ("ratio-1", "blend", BlendConfig(recompute_ratio=1.0, score_layers=(1,))),
 ]
 
 
@@ -63,7 +73,7 @@ def _sync_free(tiny_engine, on: bool) -> Iterator[None]:
 
 
 def _run(engine, layout, stored, mode: Mode, config: BlendConfig):
-    return engine.prompt_pass(layout, InMemoryLayerSource(stored), mode, config)
+    return engine.prompt_pass(layout, InMemoryLayerReader(stored), mode, config)
 
 
 @pytest.mark.parametrize(("name", "mode", "config"), CASES, ids=[c[0] for c in CASES])
@@ -82,7 +92,7 @@ def test_the_cpu_path_does_read_back(tiny_engine, case_data) -> None:
     """The audit finds what it is for: the CPU path cuts attention blocks at positions it reads back."""
     layout, stored = case_data
     with HostSyncAudit() as audit:
-        _run(tiny_engine, layout, stored, "blend", BlendConfig(0.15, score_layers=(1,)))
+        _run(tiny_engine, layout, stored, "blend", BlendConfig(recompute_ratio=0.15, score_layers=(1,)))
     assert "__int__" in audit.calls
 
 
@@ -114,11 +124,11 @@ def test_no_sync_in_any_prompt_pass_on_cuda(tiny_model_dir, tmp_path, name, mode
     layout = engine.prompt.layout(chunks, "what is the code of the north gate?", history)
     # the chunks' KV resident on the device, as the device tier holds it
     stored = [ChunkKV(k=kv.k.cuda(), v=kv.v.cuda()) for kv in engine.precompute_chunks([*chunks, *history])]
-    engine.prompt_pass(layout, InMemoryLayerSource(stored), mode, config)  # warm: the prefix KV, the allocators
+    engine.prompt_pass(layout, InMemoryLayerReader(stored), mode, config)  # warm: the prefix KV, the allocators
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        engine.prompt_pass(layout, InMemoryLayerSource(stored), mode, config)
+        engine.prompt_pass(layout, InMemoryLayerReader(stored), mode, config)
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -141,7 +151,7 @@ def test_no_sync_in_a_blend_over_the_store_on_cuda(tiny_model_dir, tmp_path, sto
     keys = [space.key(c) for c in chunks]
     for key, kv in zip(keys, engine.precompute_chunks(chunks), strict=True):
         store.put(key, kv, model_fingerprint=engine.fingerprint)
-    config = BlendConfig(0.15, score_layers=(1, 2))
+    config = BlendConfig(recompute_ratio=0.15, score_layers=(1, 2))
     with store.open_layers(keys, engine.device, engine.dtype) as source:  # warm: prefix KV, pool, allocators
         engine.prompt_pass(layout, source, "blend", config)
     torch.cuda.synchronize()

@@ -15,7 +15,7 @@ from enginetest_tiny import random_chunks
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.types import BlendConfig, Mode
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 class _Allocations(TorchDispatchMode):
@@ -43,11 +43,11 @@ def _per_boundary(engine, mode: Mode, config: BlendConfig, sync_free: bool) -> l
     tf = engine.transformer
     before, tf.sync_free = tf.sync_free, sync_free
     try:
-        engine.prompt_pass(layout, InMemoryLayerSource(stored), mode, config)  # the prefix KV, computed once
+        engine.prompt_pass(layout, InMemoryLayerReader(stored), mode, config)  # the prefix KV, computed once
         counter, marks = _Allocations(), []
         with counter:
             engine.prompt_pass(
-                layout, InMemoryLayerSource(stored), mode, config, between_layers=lambda: marks.append(counter.count)
+                layout, InMemoryLayerReader(stored), mode, config, between_layers=lambda: marks.append(counter.count)
             )
     finally:
         tf.sync_free = before
@@ -61,5 +61,5 @@ def test_allocations_per_layer_are_pinned(tiny_engine, sync_free: bool) -> None:
     # products). The blend's first two boundaries are the scoring pass (the selection falls in the second).
     assert _per_boundary(tiny_engine, "full", BlendConfig(), sync_free) == [28, 28, 28]
     assert _per_boundary(tiny_engine, "reuse", BlendConfig(), sync_free) == [32, 32, 32]
-    blend = _per_boundary(tiny_engine, "blend", BlendConfig(0.15, score_layers=(1,)), sync_free)
+    blend = _per_boundary(tiny_engine, "blend", BlendConfig(recompute_ratio=0.15, score_layers=(1,)), sync_free)
     assert blend[0] == 32 and blend[2:] == [28, 28, 32]

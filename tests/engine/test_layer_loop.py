@@ -9,9 +9,9 @@ import pytest
 import torch
 from enginetest_tiny import ROPE_LINEAR, ROPE_LLAMA3, build_model, engine_logits, hf_logits, random_chunks
 
+from engine.extend import extend
 from engine.layers import Transformer
 from engine.model import load_model
-from engine.phases import extend
 from engine.working_cache import WorkingCache
 
 VARIANTS = {

@@ -13,7 +13,7 @@ from enginetest_tiny import random_chunks
 
 from engine.packed_linear import can_pack, linear
 from engine.types import BlendConfig, GenerationRequest, SamplingParams, TokenEvent
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 BF16_UNITS = torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 needs_bf16_units = pytest.mark.skipif(not BF16_UNITS, reason="this CPU has no bf16 units: nothing is packed")
@@ -74,11 +74,15 @@ def test_every_mode_and_decode_are_bit_identical_packed_or_not(tiny_model_dir, t
         results = []
         tokens = []
         for engine in (packed, unpacked):
-            source = None if mode == "full" else InMemoryLayerSource(kvs_plain)
+            source = None if mode == "full" else InMemoryLayerReader(kvs_plain)
             result = engine.prompt_pass(layout, source, mode, blend if mode == "blend" else None)
             results.append(result)
             request = GenerationRequest(
-                "t", layout, None, result.mode, sampling=SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+                "t",
+                layout,
+                source,
+                result.mode,
+                sampling=SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True),
             )
             tokens.append([e.token_id for e in engine.answer(request, result) if isinstance(e, TokenEvent)])
         assert torch.equal(results[0].logits, results[1].logits), mode

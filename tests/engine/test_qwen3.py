@@ -20,7 +20,7 @@ from engine.model import ModelLoadError, load_model
 from engine.models.convert import GGUF_ARCHITECTURES, ConversionError, convert_gguf
 from engine.models.resolve import resolve_model
 from engine.types import BlendConfig
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 HEAD_DIM = 24
 ATOL = 1e-4  # the target is 1e-3; float32 on the CPU holds to this
@@ -69,7 +69,10 @@ def test_without_the_qk_norms_the_logits_differ(qwen3_dir: Path, tmp_path: Path)
 @pytest.mark.parametrize("sync_free", [False, True], ids=["cpu-path", "device-path"])
 @pytest.mark.parametrize(
     "cfg",
-    [BlendConfig(1.0, selector="query"), BlendConfig(1.0, selector="deviation", check_layers=(1,))],
+    [
+        BlendConfig(recompute_ratio=1.0, selector="query"),
+        BlendConfig(recompute_ratio=1.0, selector="deviation", check_layers=(1,)),
+    ],
     ids=["query", "deviation"],
 )
 def test_blend_ratio_one_equals_full_prefill(qwen3_engine: Engine, cfg: BlendConfig, sync_free: bool) -> None:
@@ -85,7 +88,7 @@ def test_blend_ratio_one_equals_full_prefill(qwen3_engine: Engine, cfg: BlendCon
 def _blend_equals_full(qwen3_engine: Engine, cfg: BlendConfig) -> None:
     chunks = random_chunks([23, 40, 17], seed=11)
     layout = qwen3_engine.prompt.layout(chunks, "who jumps over the lazy dog?")
-    source = InMemoryLayerSource(qwen3_engine.precompute_chunks(chunks))
+    source = InMemoryLayerReader(qwen3_engine.precompute_chunks(chunks))
     full = qwen3_engine.prompt_pass(layout, None, "full")
     blend = qwen3_engine.prompt_pass(layout, source, "blend", cfg)
     torch.testing.assert_close(blend.logits, full.logits, atol=ATOL, rtol=0)

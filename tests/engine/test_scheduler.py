@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 
@@ -21,7 +22,7 @@ from engine.types import (
     SamplingParams,
     TokenEvent,
 )
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 def _request(engine, i: int, max_tokens: int = 8, mode: str = "blend") -> GenerationRequest:
@@ -30,9 +31,9 @@ def _request(engine, i: int, max_tokens: int = 8, mode: str = "blend") -> Genera
     return GenerationRequest(
         f"r{i}",
         layout,
-        InMemoryLayerSource(engine.precompute_chunks(chunks)),
+        InMemoryLayerReader(engine.precompute_chunks(chunks)),
         mode,
-        BlendConfig(0.3),
+        BlendConfig(recompute_ratio=0.3),
         SamplingParams(max_tokens=max_tokens, ignore_eos=True),
     )
 
@@ -125,9 +126,11 @@ async def test_full_queue_raises_busy(tiny_engine) -> None:
 
 async def test_failed_request_reports_error_and_worker_survives(tiny_engine) -> None:
     bad = _request(tiny_engine, 0)
-    bad.kv_source = InMemoryLayerSource(tiny_engine.precompute_chunks(random_chunks([5], seed=1)))  # wrong size
+    bad = dataclasses.replace(
+        bad, kv_reader=InMemoryLayerReader(tiny_engine.precompute_chunks(random_chunks([5], seed=1)))
+    )  # wrong size
     async with Scheduler(tiny_engine) as scheduler:
-        with pytest.raises(EngineError, match="KV source"):
+        with pytest.raises(EngineError, match="KV reader"):
             await asyncio.wait_for(_collect(scheduler.submit(bad)), 30)
         events = await asyncio.wait_for(_collect(scheduler.submit(_request(tiny_engine, 1, max_tokens=2))), 30)
         assert events[-1].finish_reason == "length"
@@ -146,14 +149,14 @@ async def test_stop_cancels_running_and_refuses_new(tiny_engine) -> None:
 
 
 async def test_source_error_keeps_its_cause(tiny_engine) -> None:
-    class BrokenSource(InMemoryLayerSource):
+    class BrokenSource(InMemoryLayerReader):
         def layer(self, layer_idx: int):
             if layer_idx == 2:
                 raise OSError("disk read failed")
             return super().layer(layer_idx)
 
     req = _request(tiny_engine, 0)
-    req.kv_source = BrokenSource(req.kv_source._chunks)  # same chunks, fails mid-way
+    req = dataclasses.replace(req, kv_reader=BrokenSource(req.kv_reader._chunks))  # same chunks, fails mid-way
     async with Scheduler(tiny_engine) as scheduler:
         with pytest.raises(EngineError) as info:
             await asyncio.wait_for(_collect(scheduler.submit(req)), 30)
@@ -163,7 +166,7 @@ async def test_source_error_keeps_its_cause(tiny_engine) -> None:
 async def test_queue_depth_counts_the_request_in_its_prompt_pass(tiny_engine) -> None:
     release = threading.Event()
 
-    class GatedSource(InMemoryLayerSource):
+    class GatedSource(InMemoryLayerReader):
         """Blocks the prompt pass at its first layer until the test lets it go."""
 
         def layer(self, layer_idx: int):
@@ -171,7 +174,7 @@ async def test_queue_depth_counts_the_request_in_its_prompt_pass(tiny_engine) ->
             return super().layer(layer_idx)
 
     req = _request(tiny_engine, 0, max_tokens=2)
-    req.kv_source = GatedSource(req.kv_source._chunks)
+    req = dataclasses.replace(req, kv_reader=GatedSource(req.kv_reader._chunks))
     async with Scheduler(tiny_engine, max_queue=4, max_running=2) as scheduler:
         assert scheduler.queue_depth == 0
         stream = scheduler.submit(req)
@@ -203,7 +206,7 @@ async def test_decoding_requests_go_on_during_a_long_prompt_pass(tiny_engine) ->
     window: list[float] = []  # when the slow prompt pass read its first and its last layer
     lock = threading.Lock()
 
-    class SlowSource(InMemoryLayerSource):
+    class SlowSource(InMemoryLayerReader):
         """A prompt pass whose every layer takes 0.3 s (slow storage or a long prompt)."""
 
         def layer(self, layer_idx: int):
@@ -213,7 +216,7 @@ async def test_decoding_requests_go_on_during_a_long_prompt_pass(tiny_engine) ->
             return super().layer(layer_idx)
 
     slow = _request(tiny_engine, 1, max_tokens=1)
-    slow.kv_source = SlowSource(slow.kv_source._chunks)
+    slow = dataclasses.replace(slow, kv_reader=SlowSource(slow.kv_reader._chunks))
     async with Scheduler(tiny_engine, max_queue=4, max_running=4) as scheduler:
         running = scheduler.submit(_request(tiny_engine, 0, max_tokens=100_000))
         await running.__anext__()  # decoding
@@ -345,7 +348,7 @@ async def test_cancel_during_the_prompt_pass_stops_at_a_layer_and_the_worker_clo
     layers_read: list[int] = []
     closed_by: list[str] = []
 
-    class GatedSource(InMemoryLayerSource):
+    class GatedSource(InMemoryLayerReader):
         def layer(self, layer_idx: int):
             layers_read.append(layer_idx)
             if layer_idx == 1:
@@ -357,7 +360,7 @@ async def test_cancel_during_the_prompt_pass_stops_at_a_layer_and_the_worker_clo
             closed_by.append(threading.current_thread().name)
 
     req = _request(tiny_engine, 0, mode="reuse")
-    req.kv_source = GatedSource(req.kv_source._chunks)
+    req = dataclasses.replace(req, kv_reader=GatedSource(req.kv_reader._chunks))
     async with Scheduler(tiny_engine) as scheduler:
         stream = scheduler.submit(req)
         await asyncio.to_thread(inside.wait, 30)

@@ -7,7 +7,7 @@ import torch
 
 from engine.config import DEFAULT_SYSTEM_PROMPT
 from engine.types import BlendConfig, GenerationRequest, SamplingParams, TokenEvent
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 pytestmark = pytest.mark.slow
 
@@ -48,9 +48,9 @@ def test_full_matches_transformers_and_blend_one_equals_full(setup, smollm2_dir)
         ref = hf(torch.tensor([layout.all_ids()])).logits[0, -1].float()
     full = engine.prompt_pass(layout, None, "full").logits
     torch.testing.assert_close(full, ref, atol=1e-4, rtol=0)
-    blend = engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(recompute_ratio=1.0)).logits
+    blend = engine.prompt_pass(layout, InMemoryLayerReader(kvs), "blend", BlendConfig(recompute_ratio=1.0)).logits
     torch.testing.assert_close(blend, full, atol=1e-4, rtol=0)
-    prefix = engine.prompt_pass(layout, InMemoryLayerSource(kvs), "prefix").logits
+    prefix = engine.prompt_pass(layout, InMemoryLayerReader(kvs), "prefix").logits
     torch.testing.assert_close(prefix, full, atol=1e-4, rtol=0)
 
 
@@ -63,4 +63,4 @@ def test_greedy_decode_after_blend_equals_full(setup) -> None:
         )
         return [e.token_id for e in engine.generate(req) if isinstance(e, TokenEvent)]
 
-    assert greedy(InMemoryLayerSource(kvs), "blend") == greedy(None, "full")
+    assert greedy(InMemoryLayerReader(kvs), "blend") == greedy(None, "full")

@@ -9,10 +9,10 @@ from enginetest_tiny import dense_attention, random_chunks
 
 from engine.batched_decode import decode_batch
 from engine.config import EngineSettings
-from engine.phases import decode
+from engine.extend import decode
 from engine.types import BlendConfig, GenerationRequest, SamplingParams, TokenEvent
 from engine.working_cache import WorkingCache
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 ATOL = 1e-4
 
@@ -33,18 +33,18 @@ def chunk_kvs(tiny_engine, chunks):
 
 
 def _pass(engine, layout, kvs, config, mode="blend"):
-    return engine.prompt_pass(layout, InMemoryLayerSource(kvs), mode, config)
+    return engine.prompt_pass(layout, InMemoryLayerReader(kvs), mode, config)
 
 
 def _greedy(engine, layout, kvs, config, max_tokens=10) -> list[int]:
-    source = None if kvs is None else InMemoryLayerSource(kvs)
+    source = None if kvs is None else InMemoryLayerReader(kvs)
     mode = "full" if kvs is None else "blend"
     req = GenerationRequest("g", layout, source, mode, config, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
     return [e.token_id for e in engine.generate(req) if isinstance(e, TokenEvent)]
 
 
 def test_the_bias_sits_on_the_stored_keys_only(tiny_engine, layout, chunks, chunk_kvs) -> None:
-    got = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(0.3, stale_key_bias=1.5))
+    got = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(recompute_ratio=0.3, stale_key_bias=1.5))
     bias = got.cache.key_bias
     assert bias is not None and bias.numel() == got.cache.capacity and bias.dtype == tiny_engine.dtype
     p, n = layout.num_prefix_tokens, layout.num_context_tokens
@@ -58,7 +58,7 @@ def test_the_bias_sits_on_the_stored_keys_only(tiny_engine, layout, chunks, chun
 
 @pytest.mark.parametrize("bias", [0.5, 4.0])
 def test_ratio_one_with_a_bias_is_full_prefill(tiny_engine, layout, chunk_kvs, bias) -> None:
-    config = BlendConfig(1.0, stale_key_bias=bias)
+    config = BlendConfig(recompute_ratio=1.0, stale_key_bias=bias)
     full = tiny_engine.prompt_pass(layout, None, "full")
     blend = _pass(tiny_engine, layout, chunk_kvs, config)
     torch.testing.assert_close(blend.logits, full.logits, atol=ATOL, rtol=0)
@@ -67,16 +67,18 @@ def test_ratio_one_with_a_bias_is_full_prefill(tiny_engine, layout, chunk_kvs, b
 
 
 def test_no_bias_leaves_the_pass_as_it_was(tiny_engine, layout, chunk_kvs) -> None:
-    plain = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(0.3))
-    zero = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(0.3, stale_key_bias=0.0))
+    plain = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(recompute_ratio=0.3))
+    zero = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(recompute_ratio=0.3, stale_key_bias=0.0))
     assert plain.cache.key_bias is None and zero.cache.key_bias is None
     assert torch.equal(plain.logits, zero.logits)
-    biased = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(0.3, stale_key_bias=1.0))
+    biased = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(recompute_ratio=0.3, stale_key_bias=1.0))
     assert torch.equal(biased.selected_positions, plain.selected_positions)  # the choice is made before it
     assert (biased.logits - plain.logits).abs().max() > 1e-3
     # Only up-front selectors carry it; reuse has no blend config of its own.
-    dev = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(0.3, selector="deviation", stale_key_bias=1.0))
-    reuse = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(0.3, stale_key_bias=1.0), mode="reuse")
+    dev = _pass(
+        tiny_engine, layout, chunk_kvs, BlendConfig(recompute_ratio=0.3, selector="deviation", stale_key_bias=1.0)
+    )
+    reuse = _pass(tiny_engine, layout, chunk_kvs, BlendConfig(recompute_ratio=0.3, stale_key_bias=1.0), mode="reuse")
     assert dev.cache.key_bias is None and reuse.cache.key_bias is None
 
 
@@ -113,9 +115,9 @@ def test_decode_keeps_the_bias_one_request_or_a_batch(tiny_engine) -> None:
         layout = tiny_engine.prompt.layout(chunks, "what is it?" + " really" * i)
         result = tiny_engine.prompt_pass(
             layout,
-            InMemoryLayerSource(tiny_engine.precompute_chunks(chunks)),
+            InMemoryLayerReader(tiny_engine.precompute_chunks(chunks)),
             "blend",
-            BlendConfig(0.25, stale_key_bias=2.0 if i != 1 else 0.0),  # one cache without a bias
+            BlendConfig(recompute_ratio=0.25, stale_key_bias=2.0 if i != 1 else 0.0),  # one cache without a bias
             extra_capacity=1,  # decode grows the caches (and their bias)
         )
         caches.append(result.cache)

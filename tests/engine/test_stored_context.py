@@ -10,7 +10,7 @@ from engine.rope import apply_rope
 from engine.stored_context import StoredContext
 from engine.types import BlendConfig
 from engine.working_cache import WorkingCache
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def engine(request, tiny_engine, tiny_model_dir, tmp_path_factory):
     return Engine(settings, models_dir=tmp_path_factory.mktemp("models-bf16"))
 
 
-class _FailingSource(InMemoryLayerSource):
+class _FailingSource(InMemoryLayerReader):
     def layer(self, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         if layer_idx == 2:
             raise OSError("layer 2 unreadable")
@@ -47,7 +47,7 @@ def _cache(engine, num_tokens: int) -> WorkingCache:
 def _filled(engine, kvs, overlap: bool, order: list[int], start: int = 7) -> tuple[WorkingCache, StoredContext]:
     n = sum(kv.num_tokens for kv in kvs)
     cache = _cache(engine, start + n + 3)
-    stored = StoredContext(engine.transformer, InMemoryLayerSource(kvs), cache, start, start + n, overlap=overlap)
+    stored = StoredContext(engine.transformer, InMemoryLayerReader(kvs), cache, start, start + n, overlap=overlap)
     for layer in order:
         stored.fill(layer)
     return cache, stored
@@ -63,7 +63,7 @@ def test_layer_ahead_writes_the_same_bits_as_on_demand(engine, chunks) -> None:
     assert torch.equal(ahead.k, on_demand.k) and torch.equal(ahead.v, on_demand.v)
     assert stored.num_layers_written == num_layers
     # … and those bits are the stored K rotated to positions 7… and the stored V, every layer.
-    source = InMemoryLayerSource(kvs)
+    source = InMemoryLayerReader(kvs)
     tf, n = engine.transformer, source.num_tokens
     cos, sin = tf.rope.at(slice(7, 7 + n))
     for layer in range(num_layers):
@@ -79,7 +79,7 @@ def test_on_the_cpu_the_stored_kv_is_filled_on_demand_by_default(engine, chunks)
     kvs = engine.precompute_chunks(chunks)
     n = sum(kv.num_tokens for kv in kvs)
     cache = _cache(engine, n + 3)
-    source = InMemoryLayerSource(kvs)
+    source = InMemoryLayerReader(kvs)
     stored = StoredContext(engine.transformer, source, cache, 0, n)
     assert stored.overlap is False
     stored.fill(0)
@@ -90,7 +90,7 @@ def test_a_read_out_of_order_gets_its_own_layer(engine, chunks) -> None:
     # The deviation selector reads the check layer's stored KV itself, with the next layer scheduled or not.
     kvs = engine.precompute_chunks(chunks)
     cache, stored = _filled(engine, kvs, True, [0])  # layer 1 is being read in the background
-    expected = InMemoryLayerSource(kvs)
+    expected = InMemoryLayerReader(kvs)
     for layer in (1, 3, 0):
         k, v = stored.read(layer)
         ref_k, ref_v = expected.layer(layer)
@@ -115,7 +115,10 @@ def test_blend_at_ratio_one_still_equals_full_prefill(engine, chunks) -> None:
     layout = engine.prompt.layout(chunks, "what did the fox jump over?")
     full = engine.prompt_pass(layout, None, "full")
     blend = engine.prompt_pass(
-        layout, InMemoryLayerSource(engine.precompute_chunks(chunks)), "blend", BlendConfig(1.0, selector="query")
+        layout,
+        InMemoryLayerReader(engine.precompute_chunks(chunks)),
+        "blend",
+        BlendConfig(recompute_ratio=1.0, selector="query"),
     )
     atol = 1e-4 if engine.transformer.dtype == torch.float32 else 0.1
     torch.testing.assert_close(blend.logits, full.logits, atol=atol, rtol=0)
@@ -125,9 +128,9 @@ def test_a_pass_under_inference_mode_reads_ahead_into_its_inference_cache(engine
     # torch.inference_mode is per thread; the cache made under it (bench/passes.py runs the passes so) is
     # an inference tensor the background thread may only write in inference mode too.
     layout = engine.prompt.layout(chunks, "what did the fox jump over?")
-    source = InMemoryLayerSource(engine.precompute_chunks(chunks))
+    source = InMemoryLayerReader(engine.precompute_chunks(chunks))
     expected = engine.prompt_pass(layout, source, "reuse")
     with torch.inference_mode():
-        result = engine.prompt_pass(layout, InMemoryLayerSource(engine.precompute_chunks(chunks)), "reuse")
+        result = engine.prompt_pass(layout, InMemoryLayerReader(engine.precompute_chunks(chunks)), "reuse")
     assert result.cache.k.is_inference()
     torch.testing.assert_close(result.logits, expected.logits, atol=0, rtol=0)

@@ -1,38 +1,33 @@
-"""`Engine.use_blend_settings`: the blend settings in force are validated before the engine serves with them."""
+"""`Engine.use_blend`: the engine serves with a validated BlendConfig from then on; nothing else changes."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
+from engine.types import BlendConfig
 
-@pytest.mark.parametrize(
-    "bad",
-    [
-        {"match_window": 999},  # over its bound (256); BlendConfig does not check it
-        {"recompute_ratio": 1.5},
-        {"selector": "nobody"},
-    ],
-)
-def test_an_unvalidated_copy_is_refused_and_nothing_changes(tiny_engine, bad: dict[str, object]) -> None:
-    before, origin = tiny_engine.settings, tiny_engine.blend_origin
-    # model_copy(update=...) validates nothing, so the copy holds a value no settings file could.
+
+@pytest.mark.parametrize("bad", [{"match_window": 999}, {"recompute_ratio": 1.5}, {"selector": "nobody"}])
+def test_a_bad_value_never_reaches_the_engine(tiny_engine, bad: dict[str, object]) -> None:
+    before = tiny_engine.settings
+    # A BlendConfig cannot hold a value no settings file could: replace() validates the copy as a whole.
     with pytest.raises(ValidationError):
-        tiny_engine.use_blend_settings(before.model_copy(update=bad), "bad")
-    assert tiny_engine.settings is before and tiny_engine.blend_origin == origin
+        before.blend.replace(**bad)
+    assert tiny_engine.settings is before
 
 
-def test_only_the_blend_fields_change(tiny_engine) -> None:
+def test_only_the_blend_changes(tiny_engine) -> None:
     before, origin = tiny_engine.settings, tiny_engine.blend_origin
-    chosen = before.model_copy(update={"recompute_ratio": 0.4, "match_window": 8, "max_new_tokens": 7})
+    chosen = before.blend.replace(recompute_ratio=0.4, match_window=8)
     try:
-        tiny_engine.use_blend_settings(chosen, "chosen")
+        tiny_engine.use_blend(chosen, "chosen")
         now = tiny_engine.settings
-        assert (now.recompute_ratio, now.match_window, tiny_engine.blend_origin) == (0.4, 8, "chosen")
+        assert (now.blend.recompute_ratio, now.blend.match_window, tiny_engine.blend_origin) == (0.4, 8, "chosen")
         assert now.max_new_tokens == before.max_new_tokens and now.model == before.model
-        # The default blend of a request is the settings in force; a request's own ratio still wins.
-        assert now.blend_config().recompute_ratio == 0.4
+        # The default blend of a request is the one in force; a request's own ratio still wins.
+        assert now.blend_config() == chosen and isinstance(chosen, BlendConfig)
         assert now.blend_config(recompute_ratio=0.9).recompute_ratio == 0.9
     finally:
-        tiny_engine.use_blend_settings(before, origin)
-    assert tiny_engine.settings.recompute_ratio == before.recompute_ratio
+        tiny_engine.use_blend(before.blend, origin)
+    assert tiny_engine.settings.blend == before.blend

@@ -8,7 +8,7 @@ from kvtest_helpers import FINGERPRINT, NUM_LAYERS, key_of, make_kv, settings
 
 from kvcache.errors import KVEntryMissing
 from kvcache.store import TieredKVStore
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 def _open_fds() -> int:
@@ -36,7 +36,7 @@ def test_layers_are_the_chunks_concatenated_in_prompt_order(tmp_path: Path, wher
     else:
         keys = _fill(store, seeds[:1]) + _fill(store, seeds[1:], cache_in_memory=False)
     chunks = [make_kv(s, num_tokens=8 + s) for s in seeds]
-    expected = InMemoryLayerSource(chunks)
+    expected = InMemoryLayerReader(chunks)
     with store.open_layers(keys, "cpu", torch.float16) as src:
         assert src.num_layers == NUM_LAYERS and src.num_tokens == 11 + 9 + 10
         assert src.keys == keys
@@ -83,7 +83,7 @@ def test_out_of_order_and_repeated_access(tmp_path: Path) -> None:
     store = TieredKVStore(settings(tmp_path, memory_bytes=0))
     keys = _fill(store, [0, 1])
     chunks = [make_kv(s, num_tokens=8 + s) for s in (0, 1)]
-    expected = InMemoryLayerSource(chunks)
+    expected = InMemoryLayerReader(chunks)
     with store.open_layers(keys) as src:
         for layer in (2, 0, 0, 3, 1):
             assert torch.equal(src.layer(layer)[0], expected.layer(layer)[0])

@@ -20,9 +20,9 @@ from app.services.ask.types import AskEvent, AskPlan, AskRequest, ErrorEvent, So
 
 if TYPE_CHECKING:
     from app.services.ask.kv import PromptKV
+    from app.services.ask.resolve import SettledRequest
     from app.services.ask.turn import TurnFinisher
     from engine.scheduler import RequestStream, Scheduler
-    from engine.types import GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 class Answer:
     """A question the engine has accepted: `events()` streams sources, token deltas, then done or error.
 
-    `generation` is the engine request as planned (its mode the requested one); each submission is a copy
-    with a fresh id and the KV source just opened (`kv` None: no stored KV, mode full). Once a request is
+    `settled` is the engine request's every value (resolve.py); each submission adds a fresh id and the KV
+    reader just opened (only when the settled mode reads stored KV). Once a request is
     submitted its KV source belongs to the engine's worker, which closes it; this object only closes a
     source whose submit failed. An answer that is never iterated is cancelled when it is dropped.
     """
@@ -40,9 +40,9 @@ class Answer:
     request: AskRequest
     plan: AskPlan
     sources: SourcesEvent
-    generation: GenerationRequest
+    settled: SettledRequest
     _: KW_ONLY
-    kv: PromptKV | None
+    kv: PromptKV
     scheduler: Scheduler
     recorder: AnswerRecorder
     finisher: TurnFinisher
@@ -52,11 +52,11 @@ class Answer:
     async def open_and_submit(self, readmit: bool) -> None:
         """Open the prompt's KV (computing missing entries) and queue the request; EngineBusy if full."""
         started = time.perf_counter()
-        kv_source = None
+        kv_reader = None
         counts = self._kv_counts
-        if self.kv is not None:
+        if self.settled.opens_kv:
             opened = await asyncio.to_thread(self.kv.open, self.plan)
-            kv_source = opened.source
+            kv_reader = opened.reader
             counts = dataclasses.replace(
                 counts,
                 # A re-open after a corrupt entry adds what it computed to the first open's counts.
@@ -66,13 +66,12 @@ class Answer:
                 num_history_reused_tokens=opened.num_history_reused_tokens,
             )
         self._kv_counts = dataclasses.replace(counts, load_ms=counts.load_ms + (time.perf_counter() - started) * 1000)
-        mode = self.generation.mode if kv_source is not None else "full"
-        request = dataclasses.replace(self.generation, request_id=str(uuid.uuid4()), kv_source=kv_source, mode=mode)
+        request = self.settled.generation(str(uuid.uuid4()), kv_reader)
         try:
             self._stream = self.scheduler.submit(request, readmit=readmit)
         except BaseException:
-            if kv_source is not None:  # never handed over: still ours to close
-                kv_source.close()
+            if kv_reader is not None:  # never handed over: still ours to close
+                kv_reader.close()
             raise
 
     def cancel(self) -> None:
@@ -84,7 +83,7 @@ class Answer:
         from engine.types import EngineError, FinishEvent
         from kvcache.errors import KVEntryCorrupt
 
-        recorder, mode = self.recorder, self.generation.mode
+        recorder, mode = self.recorder, self.settled.mode
         pieces: list[str] = []
         yield self.sources
         try:

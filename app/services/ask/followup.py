@@ -129,7 +129,7 @@ class FollowupService:
         request = GenerationRequest(
             request_id=f"rewrite-{uuid.uuid4()}",
             layout=self._rewrite_builder.layout([], text),
-            kv_source=None,
+            kv_reader=None,
             mode="full",
             sampling=SamplingParams(max_tokens=REWRITE_MAX_TOKENS, temperature=0.0, stop=("\n",)),
         )

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from engine.engine import Engine
     from engine.scheduler import Scheduler
     from kvcache.space import KVSpace
-    from kvcache.types import LayerKVSource
+    from kvcache.types import LayerKVReader
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ class OpenedKV:
     """The prompt's KV (chunks, then earlier turns), ready to stream into a prompt pass, and how much of it
     the store had."""
 
-    source: LayerKVSource
+    reader: LayerKVReader
     num_hits: int  # retrieved chunks found in the store
     num_misses: int  # retrieved chunks computed now
     num_history_reused_tokens: int = 0  # earlier turns' tokens found in the store
@@ -46,7 +46,7 @@ class PromptKV:
         too (kvcache.writer), but served from what was computed, so a store that cannot keep it still
         answers. A missing or corrupt turn entry is computed like a missing chunk, never an error; outside a
         stored conversation it is kept in memory only (no stored record names it: see `TurnFinisher`).
-        Close `source` after.
+        Close `reader` after.
         """
         from engine.scheduler import PrecomputePriority
         from kvcache.errors import KVEntryMissing
@@ -66,10 +66,10 @@ class PromptKV:
         missed: set[str] = set()
         for _attempt in range(OPEN_ATTEMPTS):
             try:
-                source = space.open(keys, engine.device, engine.dtype, computed=computed, history_keys=history)
+                reader = space.open(keys, engine.device, engine.dtype, computed=computed, history_keys=history)
                 num_misses = len(missed - history)
                 return OpenedKV(
-                    source=source,
+                    reader=reader,
                     num_hits=len(set(chunk_keys)) - num_misses,
                     num_misses=num_misses,
                     num_history_reused_tokens=TurnKV.reused_tokens(plan.layout, plan.history_keys, missed),

@@ -4,7 +4,8 @@
 2. open the conversation the request names (`ConversationNotFound` for one the caller may not open);
 3. plan: the follow-up's retrieval query (`followup.py`), retrieval (ready chunks only), the prompt's
    layout with the earlier turns that fit (`prompt.py`) → `AskPlan`;
-4. open the plan's KV from the store, computing what is missing (`kv.py`), and
+4. settle the engine request once (`resolve.py`: mode, blend, sampling, token limits), open the plan's KV
+   from the store when the mode reads it, computing what is missing (`kv.py`), and
 5. submit the engine request → an `Answer` (`answer.py`), which
 6. streams sources, token deltas and
 7. finishes the turn (`turn.py`: its KV stored, the turn recorded, the one `DoneEvent` built).
@@ -27,6 +28,7 @@ from app.services.ask.followup import FollowupService, Recalled
 from app.services.ask.kv import OpenedKV, PromptKV
 from app.services.ask.prompt import TurnKV, build_prompt
 from app.services.ask.recorder import AnswerRecorder
+from app.services.ask.resolve import requested_mode, settle
 from app.services.ask.turn import TurnFinisher
 from app.services.ask.types import (
     NO_MATCH,
@@ -55,7 +57,6 @@ if TYPE_CHECKING:
     from app.settings import Settings
     from engine.engine import Engine
     from engine.scheduler import Scheduler
-    from engine.types import GenerationRequest
     from kvcache.space import KVSpace
     from retrieval.followup import FollowupQuery
     from retrieval.retriever import Retriever
@@ -126,26 +127,29 @@ class AskService:
         """
         from engine.types import EngineBusy
 
-        mode = request.mode or self._settings.engine.mode
         # 1. Not binding (requests race between it and the scheduler), but it spares retrieval and the
         # database; the scheduler's own check at submit is the binding one.
         if self._scheduler.num_waiting >= self._scheduler.max_queue:
             raise AskBusy(BUSY)
+        in_force = self._engine.settings  # the operator's settings with the blend in force (app/calibration)
+        settled = None
         try:
             plan = await self.plan(request)  # 2. and 3.
+            # Every value of the engine request, once: nothing after this decides the mode again.
+            settled = settle(request, plan, in_force, self._engine.model.config.max_position_embeddings)
             answer = Answer(
                 request,
                 plan,
                 self._sources(plan),
-                self._generation(request, plan, mode),
-                kv=self._kv if plan.layout.chunk_ids and mode != "full" else None,
+                settled,
+                kv=self._kv,
                 scheduler=self._scheduler,
                 recorder=self._recorder,
                 finisher=self._finisher,
             )
             await answer.open_and_submit(readmit=False)  # 4. and 5.
         except EngineBusy as exc:  # the scheduler's queue, or a follow-up's rewrite, found the engine full
-            self._recorder.count(mode, "busy")
+            self._recorder.count(settled.mode if settled is not None else requested_mode(request, in_force), "busy")
             raise AskBusy(f"{BUSY} ({exc})") from exc
         return answer
 
@@ -290,27 +294,6 @@ class AskService:
         else:
             notice = None if plan.sources else (NOTHING_INGESTED if self._retriever.count == 0 else NO_MATCH)
         return SourcesEvent(sources=plan.sources, retrieval_ms=round(plan.retrieval_ms, 2), notice=notice)
-
-    def _generation(self, request: AskRequest, plan: AskPlan, mode: str) -> GenerationRequest:
-        """The engine request as planned; `Answer` gives each submission its id and KV source."""
-        from engine.types import GenerationRequest
-
-        engine_settings = self._settings.engine
-        context = self._engine.model.config.max_position_embeddings
-        max_tokens = min(request.max_tokens or engine_settings.max_new_tokens, context - plan.layout.num_tokens)
-        # The engine's settings carry the blend settings in force (calibrated, shipped or safe; app/calibration).
-        blend = self._engine.settings.blend_config(recompute_ratio=request.recompute_ratio, selector=request.selector)
-        # The settings' sampling (repetition control included, the same in every mode); request values win.
-        sampling = engine_settings.sampling_params(
-            max_tokens=max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop=request.stop,
-        )
-        return GenerationRequest(
-            request_id="", layout=plan.layout, kv_source=None, mode=mode, blend=blend, sampling=sampling
-        )
 
 
 def _snippet(text: str) -> str:

@@ -210,7 +210,7 @@ def test_bench_builds_the_prompt_ask_serves(client: TestClient, corpus: dict[str
     bench = build_prompt(engine.prompt, engine.tokenizer, Example(0, QUESTION, ["x"], ranked), num_passages=3)
     assert request.layout.all_ids() == bench.layout.all_ids()
     assert request.layout.chunk_ids == bench.chunk_ids and len(bench.chunk_ids) == 3
-    [spec] = mode_specs(engine, [engine.settings.recompute_ratio], baselines=())
+    [spec] = mode_specs(engine, [engine.settings.blend.recompute_ratio], baselines=())
     assert request.blend == spec.blend and request.mode == spec.mode == "blend"
 
 

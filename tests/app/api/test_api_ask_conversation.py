@@ -131,7 +131,7 @@ def test_client_system_prompt_is_its_own_prefix(
     engine = client.app.state.blendrag.services.engine
     assert layout.prefix_ids == engine.prompt.for_system_prompt(system).prefix_ids != engine.prompt.prefix_ids
     assert layout.all_ids() == _expected_ids(client, system, layout, [Turn(QUESTIONS[0], "Quintaro.")], QUESTIONS[1])
-    assert submitted[-1].mode == "blend" and submitted[-1].kv_source is not None  # blended, not refused
+    assert submitted[-1].mode == "blend" and submitted[-1].kv_reader is not None  # blended, not refused
     plain = client.post("/v1/chat/completions", json={"messages": messages[1:], "top_k": 2, **SAMPLING}).json()
     # The client's prompt replaced the server's, and is restated after the question: the prompt differs by
     # the two prefixes' lengths and the restatement only.

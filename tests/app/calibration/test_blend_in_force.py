@@ -17,9 +17,9 @@ def test_stats_read_the_settings_the_engine_serves_with(fast_services: Services,
         assert stats.blend_settings is not None and stats.blend_settings["source"] == "safe"
         assert stats.blend_settings["values"]["recompute_ratio"] == 0.3 == stats.default_recompute_ratio
         # Whoever changes the engine's blend later (a bench, a test), the stats show what it serves with.
-        fast_engine.use_blend_settings(fast_engine.settings.model_copy(update={"recompute_ratio": 0.45}), "x")
+        fast_engine.use_blend(fast_engine.settings.blend.replace(recompute_ratio=0.45), "x")
         stats = state.stats.snapshot(state.serving(), None, None)
         assert stats.blend_settings is not None
         assert stats.blend_settings["values"]["recompute_ratio"] == 0.45 == stats.default_recompute_ratio
     finally:
-        fast_engine.use_blend_settings(before, origin)
+        fast_engine.use_blend(before.blend, origin)

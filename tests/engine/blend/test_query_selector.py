@@ -6,11 +6,12 @@ import pytest
 import torch
 from enginetest_tiny import random_chunks
 
-from engine.phases import _StoredContext, score_context
-from engine.selectors import QuerySelector, SelectionInput, num_recompute_tokens
+from engine.blend.scoring import score_context
+from engine.blend.selectors import QuerySelector, SelectionInput, num_recompute_tokens
+from engine.stored_context import StoredContext
 from engine.types import BlendConfig
 from engine.working_cache import WorkingCache
-from kvcache.types import ChunkKV, InMemoryLayerSource
+from kvcache.types import ChunkKV, InMemoryLayerReader
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +36,8 @@ def _scores(engine, layout, kvs, cfg: BlendConfig) -> torch.Tensor:
     cache.k[:, 0, :, : layout.num_prefix_tokens] = prefix.k
     cache.v[:, 0, :, : layout.num_prefix_tokens] = prefix.v
     p, n = layout.num_prefix_tokens, layout.num_context_tokens
-    stored = _StoredContext(tf, InMemoryLayerSource(kvs), cache, p, p + n)
-    return score_context(tf, layout, cache, stored, cfg)
+    stored = StoredContext(tf, InMemoryLayerReader(kvs), cache, p, p + n)
+    return score_context(tf, engine.plan(layout, "blend", cfg), layout.suffix_ids, cache, stored, cfg)
 
 
 def _inp(scores: list[float], chunk_index: list[int], num_keep: int) -> SelectionInput:
@@ -133,15 +134,17 @@ def test_attention_probs_exact_mask(tiny_engine) -> None:
 def test_scoring_never_changes_stored_kv(tiny_engine, layout, chunk_kvs) -> None:
     before = [(kv.k.clone(), kv.v.clone()) for kv in chunk_kvs]
     for ratio in (0.1, 0.5):
-        tiny_engine.prompt_pass(layout, InMemoryLayerSource(chunk_kvs), "blend", BlendConfig(ratio, score_layers=(2,)))
+        tiny_engine.prompt_pass(
+            layout, InMemoryLayerReader(chunk_kvs), "blend", BlendConfig(recompute_ratio=ratio, score_layers=(2,))
+        )
     for kv, (k, v) in zip(chunk_kvs, before, strict=True):
         assert torch.equal(kv.k, k) and torch.equal(kv.v, v)
 
 
 def test_query_selection_is_deterministic_and_follows_scores(tiny_engine, layout, chunk_kvs) -> None:
-    cfg = BlendConfig(0.25, score_layers=(1,))
-    a = tiny_engine.prompt_pass(layout, InMemoryLayerSource(chunk_kvs), "blend", cfg)
-    b = tiny_engine.prompt_pass(layout, InMemoryLayerSource(chunk_kvs), "blend", cfg)
+    cfg = BlendConfig(recompute_ratio=0.25, score_layers=(1,))
+    a = tiny_engine.prompt_pass(layout, InMemoryLayerReader(chunk_kvs), "blend", cfg)
+    b = tiny_engine.prompt_pass(layout, InMemoryLayerReader(chunk_kvs), "blend", cfg)
     assert torch.equal(a.selected_positions, b.selected_positions) and torch.equal(a.logits, b.logits)
     scores = _scores(tiny_engine, layout, chunk_kvs, cfg)
     n_keep = num_recompute_tokens(0.25, layout.num_context_tokens)
@@ -154,7 +157,9 @@ def test_upfront_rows_are_fresh_in_every_layer_and_others_stored(tiny_engine, la
     """Unselected context rows hold the stored KV (re-rotated) in every layer; selected rows hold fresh KV."""
     from engine.rope import apply_rope
 
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(chunk_kvs), "blend", BlendConfig(0.3, selector="first_k"))
+    res = tiny_engine.prompt_pass(
+        layout, InMemoryLayerReader(chunk_kvs), "blend", BlendConfig(recompute_ratio=0.3, selector="first_k")
+    )
     tf, p, n = tiny_engine.transformer, layout.num_prefix_tokens, layout.num_context_tokens
     cos, sin = tf.rope.at(slice(p, p + n))
     selected = set(res.selected_positions.tolist())
@@ -172,7 +177,7 @@ def test_upfront_rows_are_fresh_in_every_layer_and_others_stored(tiny_engine, la
 
 
 def test_adaptive_budget_takes_the_fewest_tokens_holding_the_share() -> None:
-    from engine.selectors import adaptive_num_keep
+    from engine.blend.selectors import adaptive_num_keep
 
     scores = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15])  # sorted: 0.4 0.3 0.15 0.1 0.05 → cumulative 0.4 0.7 0.85 0.95 1
     assert [adaptive_num_keep(scores, share, 0, 5) for share in (0.3, 0.4, 0.5, 0.7, 0.8, 0.9, 1.0)] == [
@@ -191,14 +196,14 @@ def test_adaptive_budget_takes_the_fewest_tokens_holding_the_share() -> None:
 
 
 def test_adaptive_budget_in_the_prompt_pass(tiny_engine, layout, chunk_kvs) -> None:
-    from engine.selectors import adaptive_num_keep
+    from engine.blend.selectors import adaptive_num_keep
 
     n = layout.num_context_tokens
-    scores = _scores(tiny_engine, layout, chunk_kvs, BlendConfig(0.15))
+    scores = _scores(tiny_engine, layout, chunk_kvs, BlendConfig(recompute_ratio=0.15))
     expected = adaptive_num_keep(scores, 0.5, num_recompute_tokens(0.05, n), num_recompute_tokens(0.6, n))
     assert num_recompute_tokens(0.05, n) < expected < num_recompute_tokens(0.6, n)  # not at a bound
-    cfg = BlendConfig(0.15, attention_share=0.5, ratio_min=0.05, ratio_max=0.6)
-    result = tiny_engine.prompt_pass(layout, InMemoryLayerSource(chunk_kvs), "blend", cfg)
+    cfg = BlendConfig(recompute_ratio=0.15, attention_share=0.5, ratio_min=0.05, ratio_max=0.6)
+    result = tiny_engine.prompt_pass(layout, InMemoryLayerReader(chunk_kvs), "blend", cfg)
     assert result.num_recomputed_tokens == expected
     # The adaptive pick is the same top-scored set a fixed budget of that size picks.
     p = layout.num_prefix_tokens
@@ -206,7 +211,10 @@ def test_adaptive_budget_in_the_prompt_pass(tiny_engine, layout, chunk_kvs) -> N
     assert result.selected_positions.tolist() == (top + p).tolist()
     # All of the attention, all tokens allowed: the blend is the full prefill.
     whole = tiny_engine.prompt_pass(
-        layout, InMemoryLayerSource(chunk_kvs), "blend", BlendConfig(0.15, attention_share=1.0, ratio_max=1.0)
+        layout,
+        InMemoryLayerReader(chunk_kvs),
+        "blend",
+        BlendConfig(recompute_ratio=0.15, attention_share=1.0, ratio_max=1.0),
     )
     full = tiny_engine.prompt_pass(layout, None, "full")
     torch.testing.assert_close(whole.logits, full.logits, atol=1e-4, rtol=0)
@@ -221,6 +229,6 @@ def test_adaptive_settings_map_and_a_request_ratio_turns_them_off() -> None:
     assert settings.blend_config(recompute_ratio=0.2).attention_share is None
     assert EngineSettings().blend_config().attention_share is None  # off by default
     with pytest.raises(ValueError, match="ratio_min <= ratio_max"):
-        BlendConfig(0.15, attention_share=0.5, ratio_min=0.4, ratio_max=0.2)
-    with pytest.raises(ValueError, match="attention_share must be within"):
-        BlendConfig(0.15, attention_share=0.0)
+        BlendConfig(recompute_ratio=0.15, attention_share=0.5, ratio_min=0.4, ratio_max=0.2)
+    with pytest.raises(ValueError, match="attention_share\n  Input should be greater than 0"):
+        BlendConfig(recompute_ratio=0.15, attention_share=0.0)

@@ -8,10 +8,10 @@ import torch
 from enginetest_tiny import random_chunks
 from test_query_selector import _scores
 
+from engine.blend.selectors import num_recompute_tokens
 from engine.prompt import Turn
-from engine.selectors import num_recompute_tokens
 from engine.types import BlendConfig
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 ATOL = 1e-4
 TURNS = [Turn("who holds the key?", "the keeper of the north gate."), Turn("and the code?", "it is 4471.")]
@@ -42,8 +42,8 @@ def _top(scores: torch.Tensor, k: int) -> list[int]:
 
 
 def test_history_budget_of_its_own(tiny_engine, layout, stored) -> None:
-    cfg = BlendConfig(0.2, score_layers=(1,), history_ratio=0.5)
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", cfg)
+    cfg = BlendConfig(recompute_ratio=0.2, match_window=0, score_layers=(1,), history_ratio=0.5)
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "blend", cfg)
     p, n = layout.num_prefix_tokens, layout.num_context_tokens
     n_chunks, n_hist = n - layout.num_history_tokens, layout.num_history_tokens
     scores = _scores(tiny_engine, layout, stored, cfg)
@@ -53,18 +53,31 @@ def test_history_budget_of_its_own(tiny_engine, layout, stored) -> None:
     assert res.selected_positions.tolist() == [p + i for i in expected_chunks + expected_hist]
     assert res.num_recomputed_tokens == num_recompute_tokens(0.2, n_chunks) + num_recompute_tokens(0.5, n_hist)
     # Without the rule the turns compete with the chunks for round(0.2 · N) tokens.
-    shared = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", BlendConfig(0.2, score_layers=(1,)))
+    shared = tiny_engine.prompt_pass(
+        layout,
+        InMemoryLayerReader(stored),
+        "blend",
+        BlendConfig(recompute_ratio=0.2, match_window=0, score_layers=(1,)),
+    )
     assert shared.selected_positions.tolist() == [p + i for i in _top(scores, num_recompute_tokens(0.2, n))]
 
 
 def test_history_ratio_1_recomputes_every_turn_token_and_r1_equals_full(tiny_engine, layout, stored) -> None:
     p, n = layout.num_prefix_tokens, layout.num_context_tokens
     n_chunks = n - layout.num_history_tokens
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", BlendConfig(0.0, history_ratio=1.0))
+    res = tiny_engine.prompt_pass(
+        layout,
+        InMemoryLayerReader(stored),
+        "blend",
+        BlendConfig(recompute_ratio=0.0, match_window=0, history_ratio=1.0),
+    )
     assert res.selected_positions.tolist() == list(range(p + n_chunks, p + n))
     full = tiny_engine.prompt_pass(layout, None, "full")
     r1 = tiny_engine.prompt_pass(
-        layout, InMemoryLayerSource(stored), "blend", BlendConfig(1.0, history_ratio=1.0, sink_tokens=3)
+        layout,
+        InMemoryLayerReader(stored),
+        "blend",
+        BlendConfig(recompute_ratio=1.0, match_window=0, history_ratio=1.0, sink_tokens=3),
     )
     assert r1.num_recomputed_tokens == n
     torch.testing.assert_close(r1.logits, full.logits, atol=ATOL, rtol=0)
@@ -72,8 +85,8 @@ def test_history_ratio_1_recomputes_every_turn_token_and_r1_equals_full(tiny_eng
 
 def test_sink_tokens_come_first_in_every_segment(tiny_engine, layout, stored) -> None:
     p, n = layout.num_prefix_tokens, layout.num_context_tokens
-    cfg = BlendConfig(0.25, score_layers=(1,), sink_tokens=2)
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", cfg)
+    cfg = BlendConfig(recompute_ratio=0.25, match_window=0, score_layers=(1,), sink_tokens=2)
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "blend", cfg)
     starts, offset = [], 0
     for segment in layout.chunk_ids:
         starts.append(offset)
@@ -90,7 +103,10 @@ def test_sink_tokens_come_first_in_every_segment(tiny_engine, layout, stored) ->
 def test_sinks_beyond_the_budget_take_each_segment_s_first_token_first(tiny_engine, layout, stored) -> None:
     p = layout.num_prefix_tokens
     res = tiny_engine.prompt_pass(
-        layout, InMemoryLayerSource(stored), "blend", BlendConfig(0.03, selector="random", sink_tokens=4)
+        layout,
+        InMemoryLayerReader(stored),
+        "blend",
+        BlendConfig(recompute_ratio=0.03, match_window=0, selector="random", sink_tokens=4),
     )
     assert num_recompute_tokens(0.03, layout.num_context_tokens) == 6
     starts = [0, 31, 55, 93, 93 + len(layout.chunk_ids[3])]  # chunks of 31, 24, 38 tokens, then two turns

@@ -1,15 +1,15 @@
 """`match_span: sentence`: a matched name is recomputed with the rest of its sentence, table row or block
-(engine/spans.py `sentence_ends`, engine/phases.py `_question_matches`)."""
+(engine/blend/spans.py `sentence_ends`, engine/blend/named.py `question_matches`)."""
 
 from __future__ import annotations
 
 import pytest
 
+from engine.blend.named import question_matches
+from engine.blend.spans import sentence_ends
 from engine.config import EngineSettings
-from engine.phases import _question_matches
-from engine.spans import sentence_ends
 from engine.types import BlendConfig, EngineError, PromptLayout
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 def test_sentence_ends_are_read_from_the_text_the_tokens_spell() -> None:
@@ -29,10 +29,10 @@ def test_a_sentence_span_stops_at_the_first_end_after_the_name_and_within_the_wi
     chunks = [[10, 11, 77, 12, 13, 14, 15, 16], [20, 21, 22], [30, 31, 32]]
     layout = PromptLayout(prefix_ids=[1], chunk_ids=chunks, suffix_ids=[5, 77])
     ends = frozenset({1, 5, 7, 10, 13})
-    assert _question_matches(layout, 8, ends) == {2, 3, 4, 5}  # 77 at offset 2, to the end at 5 (included)
-    assert _question_matches(layout, 2, ends) == {2, 3, 4}  # the window is the longest a span runs
-    assert _question_matches(layout, 8) == {2, 3, 4, 5, 6, 7}  # a window: to the segment's end
-    assert _question_matches(layout, 8, frozenset()) == {2, 3, 4, 5, 6, 7}  # no end in the segment
+    assert question_matches(layout, 8, ends) == {2, 3, 4, 5}  # 77 at offset 2, to the end at 5 (included)
+    assert question_matches(layout, 2, ends) == {2, 3, 4}  # the window is the longest a span runs
+    assert question_matches(layout, 8) == {2, 3, 4, 5, 6, 7}  # a window: to the segment's end
+    assert question_matches(layout, 8, frozenset()) == {2, 3, 4, 5, 6, 7}  # no end in the segment
 
 
 def _layout(tiny_engine) -> tuple[PromptLayout, list[list[int]]]:
@@ -62,24 +62,22 @@ def _layout(tiny_engine) -> tuple[PromptLayout, list[list[int]]]:
 def test_the_blend_recomputes_the_sentence_of_the_name_within_the_budget(tiny_engine, span, forced) -> None:
     layout, chunks = _layout(tiny_engine)
     stored = tiny_engine.precompute_chunks(chunks)
-    config = BlendConfig(0.2, selector="first_k", match_window=16, match_span=span)
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", config)
+    config = BlendConfig(
+        recompute_ratio=0.2, selector="first_k", match_window=16, match_span=span, match_extra=0.0, match_scope="any"
+    )
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "blend", config)
     p = layout.num_prefix_tokens
     assert res.selected_positions.tolist() == [p + o for o in forced]
     assert res.num_recomputed_tokens == 20  # round(0.2 · 100), the same rows either way
 
 
 def test_a_sentence_span_without_the_ends_is_refused_and_a_bad_span_is_a_clear_error(tiny_engine) -> None:
-    from engine import phases
+    from engine.blend.plan import plan_blend
 
-    layout, chunks = _layout(tiny_engine)
-    stored = tiny_engine.precompute_chunks(chunks)
-    config = BlendConfig(0.2, selector="first_k", match_window=16, match_span="sentence")
-    prefix = tiny_engine.prefix_kv(layout.prefix_ids)
+    layout, _ = _layout(tiny_engine)
+    config = BlendConfig(recompute_ratio=0.2, selector="first_k", match_window=16, match_span="sentence")
     with pytest.raises(EngineError, match="sentence ends"):
-        phases.prompt_pass(
-            tiny_engine.transformer, layout, InMemoryLayerSource(stored), "blend", config, prefix, layout.num_tokens
-        )
+        plan_blend(layout, "blend", config, tiny_engine.num_layers)
     with pytest.raises(ValueError, match="match_span"):
         BlendConfig(match_span="line")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="match_span"):
@@ -91,10 +89,10 @@ def test_a_follow_up_names_its_subject_in_the_earlier_turn() -> None:
     # three retrieved chunks and one earlier turn; 77 (a name) stands in the second chunk and in the turn only
     chunks = [[10, 11, 12], [20, 77, 21, 22], [30, 31, 32], [90, 77, 91]]
     follow_up = PromptLayout(prefix_ids=[1], chunk_ids=chunks, suffix_ids=[5, 6], num_history_segments=1)
-    assert _question_matches(follow_up, 1) == {4, 5} | {11, 12}  # in the chunk, and in the turn itself
+    assert question_matches(follow_up, 1) == {4, 5} | {11, 12}  # in the chunk, and in the turn itself
     # the same prompt as a question with no history names nothing (77 is in no question token)
     alone = PromptLayout(prefix_ids=[1], chunk_ids=chunks, suffix_ids=[5, 6])
-    assert _question_matches(alone, 1) == set()
+    assert question_matches(alone, 1) == set()
 
 
 def test_match_extra_recomputes_the_span_on_top_of_the_budget(tiny_engine) -> None:
@@ -102,19 +100,33 @@ def test_match_extra_recomputes_the_span_on_top_of_the_budget(tiny_engine) -> No
     stored = tiny_engine.precompute_chunks(chunks)
     p = layout.num_prefix_tokens
     # the sentence's 8 rows come on top of round(0.2 · 100) = 20: the selector keeps all 20 for itself
-    config = BlendConfig(0.2, selector="first_k", match_window=16, match_span="sentence", match_extra=0.1)
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", config)
+    config = BlendConfig(
+        recompute_ratio=0.2,
+        selector="first_k",
+        match_window=16,
+        match_span="sentence",
+        match_extra=0.1,
+        match_scope="any",
+    )
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "blend", config)
     assert res.num_recomputed_tokens == 28
     # first_k's 20 rows: 7, 7 and 6 of the three chunks' candidates, as without a span
     forced = [*range(0, 7), *range(10, 18), *range(40, 47), *range(70, 76)]
     assert res.selected_positions.tolist() == [p + o for o in forced]
     # a cap below the span: 3 rows on top (round(0.03 · 100)), the rest of the span out of the budget
-    config = BlendConfig(0.2, selector="first_k", match_window=16, match_span="sentence", match_extra=0.03)
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", config)
+    config = BlendConfig(
+        recompute_ratio=0.2,
+        selector="first_k",
+        match_window=16,
+        match_span="sentence",
+        match_extra=0.03,
+        match_scope="any",
+    )
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "blend", config)
     assert res.num_recomputed_tokens == 23
     # a question naming nothing: no rows on top
     no_name = PromptLayout(layout.prefix_ids, chunks, layout.suffix_ids[:1])
-    res = tiny_engine.prompt_pass(no_name, InMemoryLayerSource(stored), "blend", config)
+    res = tiny_engine.prompt_pass(no_name, InMemoryLayerReader(stored), "blend", config)
     assert res.num_recomputed_tokens == 20
     with pytest.raises(ValueError, match="match_extra"):
-        BlendConfig(0.2, match_extra=1.5)
+        BlendConfig(recompute_ratio=0.2, match_extra=1.5)

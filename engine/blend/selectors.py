@@ -5,7 +5,7 @@ Two kinds of selector, told apart by `upfront`:
 - up-front selectors decide before the prompt pass; the chosen rows are then fresh from layer 0 to the
   last layer and every other context row keeps its stored (re-rotated) KV in every layer:
   - `query` (ProphetKV / A³ / InfoFlow-style): the tokens the question attends to most over the reused
-    cache, scored by a cheap pass of the suffix rows alone (`engine.phases.score_context`);
+    cache, scored by a cheap pass of the suffix rows alone (`engine.blend.scoring.score_context`);
   - `first_k` (EPIC-like): the first tokens of every chunk;
   - `random`: a uniform sample, the floor any policy should beat.
 - check-layer selectors decide inside the layer loop, after every non-prefix row went through layers
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from engine.host_sync import to_device
 
 if TYPE_CHECKING:
-    from engine.types import BlendConfig
+    from engine.blend.config import BlendConfig
 
 
 def num_recompute_tokens(ratio: float, num_context_tokens: int) -> int:
@@ -38,7 +38,7 @@ def num_recompute_tokens(ratio: float, num_context_tokens: int) -> int:
 def adaptive_num_keep(scores: torch.Tensor, share: float, num_min: int, num_max: int) -> int:
     """The fewest top-scored tokens whose scores hold `share` of the total, clamped to [num_min, num_max].
 
-    `scores` (N,) are the question's attention to each context token (`engine.phases.score_context`), so the
+    `scores` (N,) are the question's attention to each context token (`engine.blend.scoring.score_context`), so the
     share is of the attention the question pays the context (the prefix's attention sink is not counted).
     A question that looks at a few tokens gets a small budget, one that spreads its attention a larger one.
     """
@@ -114,7 +114,7 @@ class DeviationSelector:
 
 
 class QuerySelector:
-    """Keep the tokens the question attends to most (scores from `engine.phases.score_context`).
+    """Keep the tokens the question attends to most (scores from `engine.blend.scoring.score_context`).
 
     `pool_window` > 1 max-pools the scores over that many neighbours first (SnapKV-style), so a token next
     to a strongly attended one can be kept too; `min_per_chunk` guarantees every chunk that many tokens

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.selectors import DeviationSelector, FirstKSelector, RandomSelector, SelectionInput, kv_deviation
+from engine.blend.selectors import DeviationSelector, FirstKSelector, RandomSelector, SelectionInput, kv_deviation
 
 
 def _input(num_keep: int, fresh: torch.Tensor, cached: torch.Tensor, chunk_index: list[int]) -> SelectionInput:
@@ -55,7 +55,7 @@ def test_equal_budget_across_selectors_in_engine(tiny_engine) -> None:
     from enginetest_tiny import random_chunks
 
     from engine.types import BlendConfig
-    from kvcache.types import InMemoryLayerSource
+    from kvcache.types import InMemoryLayerReader
 
     chunks = random_chunks([20, 30, 25], seed=9)
     layout = tiny_engine.prompt.layout(chunks, "q")
@@ -63,12 +63,16 @@ def test_equal_budget_across_selectors_in_engine(tiny_engine) -> None:
     counts = {}
     for ratio, expected in ((0.2, 15), (0.02, 2), (0.1, 8), (0.5, 38)):  # round(r · 75), halves up
         for name in ("query", "deviation", "first_k", "random"):
-            res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(ratio, selector=name))
+            res = tiny_engine.prompt_pass(
+                layout, InMemoryLayerReader(kvs), "blend", BlendConfig(recompute_ratio=ratio, selector=name)
+            )
             counts[(ratio, name)] = res.num_recomputed_tokens
             assert res.selector == name
         assert {counts[(ratio, name)] for name in ("query", "deviation", "first_k", "random")} == {expected}
     p = layout.num_prefix_tokens
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", BlendConfig(0.2, selector="first_k"))
+    res = tiny_engine.prompt_pass(
+        layout, InMemoryLayerReader(kvs), "blend", BlendConfig(recompute_ratio=0.2, selector="first_k")
+    )
     assert res.selected_positions.tolist() == [p + i for i in range(5)] + [p + 20 + i for i in range(5)] + [
         p + 50 + i for i in range(5)
     ]
@@ -78,17 +82,17 @@ def test_gradual_filtering_shrinks_selection(tiny_engine) -> None:
     from enginetest_tiny import random_chunks
 
     from engine.types import BlendConfig
-    from kvcache.types import InMemoryLayerSource
+    from kvcache.types import InMemoryLayerReader
 
     chunks = random_chunks([20, 30], seed=10)
     layout = tiny_engine.prompt.layout(chunks, "q")
     kvs = tiny_engine.precompute_chunks(chunks)
     cfg = BlendConfig(selector="deviation", check_layers=(0, 1, 2), ratio_schedule=(0.6, 0.4, 0.2))
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(kvs), "blend", cfg)
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerReader(kvs), "blend", cfg)
     assert res.num_recomputed_tokens == 10
     wide = tiny_engine.prompt_pass(
         layout,
-        InMemoryLayerSource(kvs),
+        InMemoryLayerReader(kvs),
         "blend",
         BlendConfig(selector="deviation", check_layers=(0, 1), ratio_schedule=(0.6, 0.4)),
     )

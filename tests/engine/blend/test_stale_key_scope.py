@@ -1,5 +1,5 @@
 """`stale_key_scope: unnamed`: the stale-key bias lands on the segments the question does not name only
-(engine/phases.py `_stale_key_bias`)."""
+(engine/blend/plan.py `_key_bias`, engine/blend/key_bias.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from engine.config import EngineSettings
 from engine.types import BlendConfig, PromptLayout
-from kvcache.types import InMemoryLayerSource
+from kvcache.types import InMemoryLayerReader
 
 
 def _layout(tiny_engine, question: list[str]) -> tuple[PromptLayout, list[list[int]]]:
@@ -23,8 +23,10 @@ def _biased(tiny_engine, question: list[str], scope: str) -> dict[int, float] | 
     """{position: bias} of the keys the pass biases, None when it biases none."""
     layout, chunks = _layout(tiny_engine, question)
     stored = tiny_engine.precompute_chunks(chunks)
-    config = BlendConfig(0.2, selector="first_k", stale_key_bias=1.5, stale_key_scope=scope)  # type: ignore[arg-type]
-    res = tiny_engine.prompt_pass(layout, InMemoryLayerSource(stored), "blend", config)
+    config = BlendConfig(
+        recompute_ratio=0.2, selector="first_k", match_window=0, stale_key_bias=1.5, stale_key_scope=scope
+    )  # type: ignore[arg-type]
+    res = tiny_engine.prompt_pass(layout, InMemoryLayerReader(stored), "blend", config)
     p = layout.num_prefix_tokens
     # first_k's 20 rows of 100: each chunk's first 6, then the 7th of the first two
     assert res.selected_positions.tolist() == [p + o for o in (*range(0, 7), *range(30, 37), *range(70, 76))]

@@ -1,7 +1,7 @@
 """Where a sentence, a table row or a block of the context ends, in token offsets, planned on the host.
 
 A blend with `match_span: sentence` recomputes a name the question matches together with the rest of its
-sentence (engine.phases._question_matches): the value a look-up asks for follows its name in the same sentence
+sentence (engine.blend.named.question_matches): the value a look-up asks for follows its name in the same sentence
 ("The access code of project Kalorn is K56-1950."), table row ("| Kalorn worker | 9847 | search |") or config block
 ("service: kalorn-api\\nrelease: 2021.03.4"), and a fixed window after the name either stops inside a long value or
 spends the budget on the next sentence. The ends are found in the text the tokens spell, so every tokenizer is

@@ -1,0 +1,91 @@
+"""The tokens a question names, and the context spans recomputed around them (`match_window`, `match_span`,
+`match_scope`). Host-side rules over token ids: no tensor, no model.
+
+A question token "names" something when it stands in some of the retrieved chunks but in at most a third of
+them: a project's name, an identifier, a rare word, not a word every page has ("port", "the"). Its occurrences
+are where the answer's value is stated (a value follows the name it belongs to: "project Arbor is K56-1950",
+"| Arbor | 8443 |", "[project.arbor]\\nversion = …"). Among similar chunks the stored KV of those sentences looks
+alike in every chunk, so the blend copies from the wrong one; recomputed, the named chunk's sentence sees the
+context as full prefill does (docs/benchmarks.md, "Exact values among similar chunks").
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+
+from engine.blend.config import MatchScope
+from engine.types import PromptLayout
+
+
+def named_tokens(layout: PromptLayout) -> set[int]:
+    """The question's tokens that stand in some of the retrieved chunks but in at most a third of them.
+
+    In a conversation the latest earlier turn is read as part of the question: a follow-up ("… of that one?")
+    names its subject there, not in its own words."""
+    chunks = layout.retrieved_chunk_ids
+    if not chunks:
+        chunks = layout.chunk_ids
+    num_segments: Counter[int] = Counter()
+    for segment in chunks:
+        num_segments.update(set(segment))
+    limit = max(1, len(chunks) // 3)
+    asked = set(layout.suffix_ids)
+    if layout.num_history_segments and layout.retrieved_chunk_ids:
+        asked.update(layout.chunk_ids[-1])
+    return {t for t in asked if 0 < num_segments[t] <= limit}
+
+
+def named_segments(layout: PromptLayout) -> list[int]:
+    """The segments holding a token the question names (`named_tokens`), in prompt order."""
+    named = named_tokens(layout)
+    return [i for i, segment in enumerate(layout.chunk_ids) if named.intersection(segment)]
+
+
+def singled_out(layout: PromptLayout, named: set[int]) -> set[int]:
+    """`match_scope: one`: the one retrieved chunk holding more of the question's named tokens (distinct) than any
+    other, with the conversation's earlier turns; no chunk when two or more hold the most (an open question whose
+    words stand here and there). A name split into sub-word tokens ("Or" + "mont") shares a piece with other pages
+    ("Ul" + "mont"), so a chunk is singled out by holding more of the pieces, not by being the only one with any."""
+    num_chunks = len(layout.chunk_ids) - layout.num_history_segments
+    held = [len(named.intersection(segment)) for segment in layout.chunk_ids[:num_chunks]]
+    history = set(range(num_chunks, len(layout.chunk_ids)))
+    if not held:
+        return history
+    most = max(held)
+    if most == 0 or held.count(most) > 1:
+        return history
+    return {held.index(most)} | history
+
+
+def question_matches(
+    layout: PromptLayout, window: int, ends: frozenset[int] | None = None, scope: MatchScope = "any"
+) -> set[int]:
+    """Context offsets of the tokens the question names, each with the `window` tokens after it, or, with `ends`
+    (`engine.blend.spans.sentence_ends`, `match_span: sentence`), with the tokens after it up to the end of its
+    sentence, table row or block (that end included), at most `window` after it.
+
+    A sentence span spends nothing past the value's sentence, where a fixed window runs on into the next one.
+    With `scope` "one" (`match_scope`) only the chunk the question singles out (`singled_out`) and the earlier
+    turns get spans: spans in several passages of an open question pull its attention to them (nq6).
+    """
+    if window <= 0 or not layout.chunk_ids:
+        return set()
+    named = named_tokens(layout)
+    spanned: range | set[int] = range(len(layout.chunk_ids))
+    if scope == "one":
+        spanned = singled_out(layout, named)
+    sorted_ends = sorted(ends) if ends is not None else []
+    offsets: set[int] = set()
+    start = 0
+    for index, segment in enumerate(layout.chunk_ids):
+        for i, token in enumerate(segment):
+            if token in named and index in spanned:
+                stop = start + min(len(segment), i + 1 + window)  # one past the window, cut at the segment's end
+                if ends is not None:
+                    at = bisect.bisect_left(sorted_ends, start + i)
+                    if at < len(sorted_ends):
+                        stop = min(stop, sorted_ends[at] + 1)
+                offsets.update(range(start + i, stop))
+        start += len(segment)
+    return offsets
