@@ -315,12 +315,13 @@ class IngestWorker:
 
     def _begin(self, job_id: str, on_progress: ProgressCallback | None) -> JobContext | JobRecord:
         """The context of a job about to run, marked running (and taken: `_release` when it ends); or the job
-        itself when there is nothing to run: finished already, or being run by another lane of this worker."""
+        itself when there is nothing to run: finished already, waiting for its duplicates' originals (its
+        stages ran), or being run by another lane of this worker (a job queued twice)."""
         job = self._catalog.get_job(job_id)
         if job is None:
             raise IngestError(f"no ingest job {job_id}")
         with self._running_lock:
-            if job.status.finished or job_id in self._running:
+            if job.status.finished or job.stage == WAITING_STAGE or job_id in self._running:
                 return job
             self._running.add(job_id)
         try:

@@ -137,9 +137,10 @@ def test_a_job_waiting_when_the_server_stopped_waits_again_after_the_restart(
     make_fast_settings, make_fast_services, tmp_path: Path
 ) -> None:
     services = make_fast_services(make_fast_settings(ingest={"max_parse_seconds": NEVER_S}))
-    service, (first, second, _), original = sent_three_times(services, write_slow_pdf(tmp_path / "big.pdf"))
+    service, (first, second, third), original = sent_three_times(services, write_slow_pdf(tmp_path / "big.pdf"))
     try:
-        wait_for("the duplicate waits", lambda: job(service, second).stage == "waiting")
+        # Each was queued twice (at submit, then by recover): the second time finds it waiting, and leaves it so.
+        wait_for("the duplicates wait", lambda: [job(service, j).stage for j in (second, third)] == ["waiting"] * 2)
     finally:
         service.stop()
     assert (job(service, first).status, job(service, second).status) == (JobStatus.RUNNING, JobStatus.RUNNING)
