@@ -105,7 +105,7 @@ class Services:
         assert self.engine is not None
         apply(self.engine, in_force)
         self.blend = in_force
-        logger.info("start-up: blend settings in force: %s", in_force.origin)
+        logger.info("start-up: blend settings in force: %s", in_force.described)
 
     def doctor_parts(self) -> DoctorParts:
         """What `run_doctor` checks and repairs with (built with need "doctor")."""

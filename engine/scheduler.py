@@ -21,7 +21,7 @@ Policy, one iteration of the worker (pick → execute → deliver):
   2. one decode step for every running request, batched into one pass over the weights
      (engine/batched_decode.py).
 A prompt pass is split at its layers: between two layers the running requests take their next (batched)
-decode step, at most every DECODE_DURING_PREFILL_S, so one long prompt delays other answers a little
+decode step, at most every DECODE_DURING_PROMPT_S, so one long prompt delays other answers a little
 instead of stopping them for its whole length.
 A consumer that stops iterating (breaks, is cancelled, or drops the stream) cancels its request; the
 worker notices between layers of the prompt pass and between decode steps.
@@ -60,7 +60,7 @@ DEFAULT_PRECOMPUTE_UNIT_TOKENS = 2048
 # the decode steps it delays are milliseconds.
 DEVICE_PRECOMPUTE_UNIT_TOKENS = 32768
 # While a prompt pass runs, the decoding requests take one step each at most this often (between layers).
-DECODE_DURING_PREFILL_S = 0.05
+DECODE_DURING_PROMPT_S = 0.05
 
 
 class SchedulerStopped(EngineError):
@@ -426,7 +426,7 @@ class Scheduler:
             # The prompt pass is split at its layers: the requests already decoding take their next step
             # in between, so one long prompt does not stall every other answer.
             nonlocal last_round
-            if self._running and time.perf_counter() - last_round >= DECODE_DURING_PREFILL_S:
+            if self._running and time.perf_counter() - last_round >= DECODE_DURING_PROMPT_S:
                 for other, outcome in self._decode_step():
                     self._deliver(other, outcome)
                 last_round = time.perf_counter()

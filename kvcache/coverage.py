@@ -37,8 +37,12 @@ class ChunkRef:
 
 
 class ChunkState(StrEnum):
+    """A chunk's stored KV. OUTDATED: an entry exists, under a key this engine no longer reads (another model,
+    system prompt or template). Its wire value stays "stale", as the API and admin page have always said; inside
+    the code "stale" names only the blend's stored keys left unrecomputed (engine/blend)."""
+
     FRESH = "fresh"
-    STALE = "stale"
+    OUTDATED = "stale"
     MISSING = "missing"
 
 
@@ -54,7 +58,7 @@ class ChunkCoverage:
 class CoverageCounts:
     num_chunks: int = 0
     num_fresh: int = 0
-    num_stale: int = 0
+    num_outdated: int = 0
     num_missing: int = 0
     fresh_by_tier: dict[str, int] = field(default_factory=dict)
     bytes_by_tier: dict[str, int] = field(default_factory=dict)
@@ -92,7 +96,7 @@ class _Tally:
         return CoverageCounts(
             num_chunks=sum(self.states.values()),
             num_fresh=self.states[ChunkState.FRESH],
-            num_stale=self.states[ChunkState.STALE],
+            num_outdated=self.states[ChunkState.OUTDATED],
             num_missing=self.states[ChunkState.MISSING],
             fresh_by_tier=dict(self.fresh_by_tier),
             bytes_by_tier=dict(self.bytes_by_tier),
@@ -106,7 +110,7 @@ def classify(ref: ChunkRef, locations: dict[str, EntryLocation]) -> ChunkCoverag
             ref=ref, state=ChunkState.FRESH, tier=fresh.tier, num_bytes=fresh.num_bytes_by_tier[fresh.tier]
         )
     if ref.recorded_key is not None and ref.recorded_key != ref.expected_key and ref.recorded_key in locations:
-        return ChunkCoverage(ref=ref, state=ChunkState.STALE, tier=None, num_bytes=0)
+        return ChunkCoverage(ref=ref, state=ChunkState.OUTDATED, tier=None, num_bytes=0)
     return ChunkCoverage(ref=ref, state=ChunkState.MISSING, tier=None, num_bytes=0)
 
 

@@ -19,7 +19,7 @@ from engine.config import EngineSettings
 if TYPE_CHECKING:
     from engine.engine import Engine
 
-Source = Literal["operator", "calibrated", "shipped", "safe"]
+Origin = Literal["operator", "calibrated", "shipped", "safe"]  # where a blend setting in force came from
 
 
 def safe_values(num_layers: int) -> dict[str, Any]:
@@ -35,21 +35,21 @@ class BlendInForce:
     this object is only their provenance."""
 
     values: dict[str, Any]  # every blend field (BlendConfig's), validated as a whole
-    source: Source  # where the non-operator settings came from
+    origin: Origin  # where the non-operator settings came from
     label: str  # "calibrated on …", "shipped for <model> …", "safe (not calibrated yet)"
     operator_fields: tuple[str, ...]  # blend settings the operator set (these win over any record)
     record: BlendSettingsRecord | None = None
 
     @property
-    def origin(self) -> str:
+    def described(self) -> str:
         """The label, with the settings the operator set named (what `Engine.blend_origin` says)."""
         return self.label + (f"; operator set {', '.join(self.operator_fields)}" if self.operator_fields else "")
 
     def describe(self, in_force: EngineSettings) -> dict[str, Any]:
         """For /api/stats, the admin page and bench headers: the values of `in_force` (the engine's settings)."""
         return {
-            "source": self.source,
-            "label": self.origin,
+            "source": self.origin,  # the wire name /api/stats has always had
+            "label": self.described,
             "operator_fields": list(self.operator_fields),
             "values": in_force.blend.model_dump(mode="json"),
             "measured": self.record.measured.get("chosen") if self.record is not None else None,
@@ -67,18 +67,18 @@ def resolve(
     # Declaration order, whichever way the operator wrote them (engine.blend.*, or the old flat keys).
     operator = tuple(name for name in BlendConfig.model_fields if name in engine_settings.blend.model_fields_set)
     if calibrated is not None:
-        record, source, values = calibrated, "calibrated", calibrated.values
+        record, origin, values = calibrated, "calibrated", calibrated.values
         label = calibrated.label()
     elif shipped is not None:
-        record, source, values = shipped, "shipped", shipped.values
+        record, origin, values = shipped, "shipped", shipped.values
         label = f"shipped for {shipped.model} ({shipped.label()})"
     else:
-        record, source, values = None, "safe", safe_values(num_layers)
+        record, origin, values = None, "safe", safe_values(num_layers)
         label = "safe settings (this model is not calibrated yet)"
     update = {name: value for name, value in values.items() if name not in operator}
     # Validated as a whole (BlendConfig's rules), as a settings file would be.
     chosen = engine_settings.blend.replace(**update).model_dump(mode="json")
-    return BlendInForce(chosen, source, label, operator, record)  # type: ignore[arg-type]
+    return BlendInForce(chosen, origin, label, operator, record)  # type: ignore[arg-type]
 
 
 def blend_in_force(engine: Engine, engine_settings: EngineSettings, data_dir: Path | None) -> BlendInForce:
@@ -95,4 +95,4 @@ def blend_in_force(engine: Engine, engine_settings: EngineSettings, data_dir: Pa
 
 def apply(engine: Engine, in_force: BlendInForce) -> None:
     """Make `in_force` the engine's default blend (every request without its own ratio or selector)."""
-    engine.use_blend(BlendConfig.model_validate(in_force.values), in_force.origin)
+    engine.use_blend(BlendConfig.model_validate(in_force.values), in_force.described)

@@ -115,7 +115,7 @@ class CoverageService:
                 DocumentCoverage(
                     counts.num_chunks,
                     counts.num_fresh,
-                    counts.num_stale,
+                    counts.num_outdated,
                     counts.num_missing,
                     round(counts.coverage, 6),
                     document_id=doc.id,
@@ -128,7 +128,7 @@ class CoverageService:
         return CoverageView(
             t.num_chunks,
             t.num_fresh,
-            t.num_stale,
+            t.num_outdated,
             t.num_missing,
             round(t.coverage, 6),
             bytes_by_tier=dict(t.bytes_by_tier),

@@ -138,7 +138,7 @@ def server_wide_left_out(stats: ServingStats) -> ServingStats:
 
 def queue_depth(scheduler: Scheduler | None) -> int | None:
     """Requests waiting or running in the engine scheduler (None before start-up)."""
-    # Waiting, in the prompt pass, or decoding: a request being prefilled is neither waiting nor running.
+    # Waiting, in the prompt pass, or decoding: a request in its prompt pass is neither waiting nor running.
     return None if scheduler is None else scheduler.queue_depth
 
 

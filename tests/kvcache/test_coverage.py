@@ -31,7 +31,7 @@ def test_fresh_stale_missing_per_document_and_tier(tmp_path: Path) -> None:
     report = compute_coverage(store, refs)
     assert [c.state for c in report.chunks] == [
         ChunkState.FRESH,
-        ChunkState.STALE,
+        ChunkState.OUTDATED,
         ChunkState.MISSING,
         ChunkState.FRESH,
         ChunkState.MISSING,
@@ -42,7 +42,7 @@ def test_fresh_stale_missing_per_document_and_tier(tmp_path: Path) -> None:
     assert report.total == CoverageCounts(
         num_chunks=6,
         num_fresh=2,
-        num_stale=1,
+        num_outdated=1,
         num_missing=3,
         fresh_by_tier={"memory": 1, "disk": 2},
         bytes_by_tier={"memory": ENTRY_TENSOR_BYTES, "disk": sizes[0] + sizes[3]},
@@ -50,11 +50,11 @@ def test_fresh_stale_missing_per_document_and_tier(tmp_path: Path) -> None:
     assert report.total.coverage == pytest.approx(2 / 6)
     assert list(report.documents) == ["A", "B"]
     a, b = report.documents["A"], report.documents["B"]
-    assert (a.num_chunks, a.num_fresh, a.num_stale, a.num_missing) == (3, 1, 1, 1)
-    assert (b.num_chunks, b.num_fresh, b.num_stale, b.num_missing) == (3, 1, 0, 2)
+    assert (a.num_chunks, a.num_fresh, a.num_outdated, a.num_missing) == (3, 1, 1, 1)
+    assert (b.num_chunks, b.num_fresh, b.num_outdated, b.num_missing) == (3, 1, 0, 2)
     assert a.fresh_by_tier == {"memory": 1, "disk": 1} and b.fresh_by_tier == {"disk": 1}
     assert b.bytes_by_tier == {"disk": sizes[3]}
-    assert report.chunk_ids(ChunkState.STALE) == [11]
+    assert report.chunk_ids(ChunkState.OUTDATED) == [11]
     assert report.chunk_ids(ChunkState.MISSING) == [12, 14, 15]
 
 
@@ -64,7 +64,7 @@ def test_fresh_wins_even_if_recorded_key_differs(tmp_path: Path) -> None:
     store.put(new[0], make_kv(0), model_fingerprint="v2")
     store.put(old[0], make_kv(0), model_fingerprint="v1")
     report = compute_coverage(store, [ChunkRef(1, 1, new[0], old[0])])
-    assert report.total.num_fresh == 1 and report.total.num_stale == 0 and report.total.coverage == 1.0
+    assert report.total.num_fresh == 1 and report.total.num_outdated == 0 and report.total.coverage == 1.0
 
 
 def test_empty_library() -> None:

@@ -12,7 +12,7 @@ def test_stats_read_the_settings_the_engine_serves_with(fast_services: Services,
     state = AppState(settings=fast_services.settings, services=fast_services)
     try:
         fast_services.adopt_blend(resolve(fast_services.settings.engine, fast_engine.config.num_layers))
-        assert fast_services.blend is not None and fast_engine.blend_origin == fast_services.blend.origin
+        assert fast_services.blend is not None and fast_engine.blend_origin == fast_services.blend.described
         stats = state.stats.snapshot(state.serving(), None, None)
         assert stats.blend_settings is not None and stats.blend_settings["source"] == "safe"
         assert stats.blend_settings["values"]["recompute_ratio"] == 0.3 == stats.default_recompute_ratio

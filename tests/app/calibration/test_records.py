@@ -61,22 +61,22 @@ def test_record_names_only_blend_settings() -> None:
 def test_resolution_order_and_labels() -> None:
     defaults = EngineSettings()
     safe = resolve(defaults, 24)
-    assert safe.source == "safe" and safe.values["recompute_ratio"] == 0.3 and safe.values["history_ratio"] == 1.0
+    assert safe.origin == "safe" and safe.values["recompute_ratio"] == 0.3 and safe.values["history_ratio"] == 1.0
     assert safe.values["score_layers"] == [10] == safe_values(24)["score_layers"]
     shipped = resolve(defaults, 24, shipped=_record(recompute_ratio=0.25))
-    assert shipped.source == "shipped" and shipped.values["recompute_ratio"] == 0.25
+    assert shipped.origin == "shipped" and shipped.values["recompute_ratio"] == 0.25
     assert shipped.label.startswith("shipped for m (calibrated on m (bfloat16, fingerprint ab12ab12ab12) 2026-12-01")
     calibrated = resolve(defaults, 24, calibrated=_record(), shipped=_record(recompute_ratio=0.25))
-    assert calibrated.source == "calibrated" and calibrated.values["score_layers"] == [8, 16]
+    assert calibrated.origin == "calibrated" and calibrated.values["score_layers"] == [8, 16]
     assert set(calibrated.values) == set(BLEND_FIELDS)
     # An operator's explicit setting wins over every record, and is named.
     operator = resolve(EngineSettings(recompute_ratio=0.5), 24, calibrated=_record())
     assert operator.values["recompute_ratio"] == 0.5 and operator.values["score_layers"] == [8, 16]
     assert operator.operator_fields == ("recompute_ratio",)
-    assert operator.origin == operator.label + "; operator set recompute_ratio"
+    assert operator.described == operator.label + "; operator set recompute_ratio"
     # The values described are those of the settings given (the engine's, in a server), not a copy of its own.
     described = operator.describe(EngineSettings(recompute_ratio=0.75))
-    assert described["label"] == operator.origin and described["values"]["recompute_ratio"] == 0.75
+    assert described["label"] == operator.described and described["values"]["recompute_ratio"] == 0.75
     assert set(described["values"]) == set(BLEND_FIELDS) and described["measured"] == {"kl_x_reuse": 0.2}
 
 

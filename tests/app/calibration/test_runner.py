@@ -64,7 +64,7 @@ def test_runner_calibrates_once_and_puts_the_record_in_force(
     services = make_fast_services(settings)
     original = fast_engine.settings
     services.adopt_blend(resolve(settings.engine, fast_engine.config.num_layers))
-    assert services.blend is not None and services.blend.source == "safe"
+    assert services.blend is not None and services.blend.origin == "safe"
     assert needs_calibration(fast_engine, settings) is not None
     scheduler = Scheduler(fast_engine)
     scheduler.start()
@@ -79,7 +79,7 @@ def test_runner_calibrates_once_and_puts_the_record_in_force(
         assert status["candidates_done"] == 4  # two scoring-layer choices at the one ratio, each ± the bias
         record = CalibrationStore(settings.data_dir).load(fast_engine.fingerprint)
         assert record is not None and status["record_path"].endswith(f"{fast_engine.fingerprint}.json")
-        assert services.blend.source == "calibrated" and fast_engine.settings.blend.recompute_ratio == 1.0
+        assert services.blend.origin == "calibrated" and fast_engine.settings.blend.recompute_ratio == 1.0
         assert fast_engine.blend_origin == services.blend.label and "calibrated on" in fast_engine.blend_origin
         # Once per fingerprint: the next start finds the record and does not calibrate again.
         assert needs_calibration(fast_engine, settings) is None
