@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.services.ask.types import AskPlan, AskRequest
+    from app.services.ask.types import AskRequest
     from engine.config import EngineSettings
     from engine.types import BlendConfig, GenerationRequest, Mode, PromptLayout, SamplingParams
     from kvcache.types import LayerKVReader
@@ -48,11 +48,11 @@ def requested_mode(request: AskRequest, in_force: EngineSettings) -> Mode:
     return request.mode or in_force.mode  # type: ignore[return-value]
 
 
-def settle(request: AskRequest, plan: AskPlan, in_force: EngineSettings, context_tokens: int) -> SettledRequest:
+def settle(request: AskRequest, layout: PromptLayout, in_force: EngineSettings, context_tokens: int) -> SettledRequest:
     """The request's engine values from the request (its own values win) and the settings in force.
 
-    `context_tokens`: the model's context; the answer may take what the prompt leaves of it."""
-    layout = plan.layout
+    `layout`: the planned prompt (`AskPlan.layout`); `context_tokens`: the model's context, of which the answer
+    may take what the prompt leaves."""
     asked = requested_mode(request, in_force)
     mode: Mode = asked if layout.chunk_ids else "full"
     max_tokens = min(request.max_tokens or in_force.max_new_tokens, context_tokens - layout.num_tokens)

@@ -136,7 +136,7 @@ class AskService:
         try:
             plan = await self.plan(request)  # 2. and 3.
             # Every value of the engine request, once: nothing after this decides the mode again.
-            settled = settle(request, plan, in_force, self._engine.model.config.max_position_embeddings)
+            settled = settle(request, plan.layout, in_force, self._engine.model.config.max_position_embeddings)
             answer = Answer(
                 request,
                 plan,
