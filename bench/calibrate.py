@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 
 from bench import harness
 from bench.candidates import read_candidates
@@ -31,10 +30,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--cases", default=",".join(map(str, CASES_PER_KIND)), help="look-ups,two-hop,follow-ups in the set"
     )
     parser.add_argument("--ship", action="store_true", help="write the record to app/calibration/shipped/")
-    parser.add_argument(
-        "--candidates",
-        type=Path,
-        help="a JSON list of blend settings to measure instead of the search's (a study: every one is measured)",
+    harness.add_candidates_arg(
+        parser, "a JSON list of blend settings to measure instead of the search's (a study: every one is measured)"
     )
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
 

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 from bench import harness
 from bench.candidates import candidate_specs, describe, read_candidates
 from bench.metrics import mean
-from bench.passes import mode_specs, parse_ratios, parse_selectors, run_pass
+from bench.passes import mode_specs, parse_ratios, run_pass
 from bench.prepared import PreparedPrompt, bench_prompts
 from bench.quality import evaluate, run_fields
 
@@ -61,12 +61,7 @@ SELECTOR_COLORS = {"query": "tab:blue", "deviation": "tab:red", "first_k": "tab:
 def add_args(parser: argparse.ArgumentParser) -> None:
     harness.add_order_arg(parser)
     parser.add_argument("--ratios", default="0.02,0.05,0.1,0.15,0.3", help="recompute ratios, comma-separated")
-    parser.add_argument(
-        "--selectors",
-        default="query,deviation,first_k,random",
-        type=parse_selectors,
-        help="selectors to compare at every ratio",
-    )
+    harness.add_selectors_arg(parser, "query,deviation,first_k,random", "selectors to compare at every ratio")
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length (fidelity, F1)")
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of each selector before timing")
@@ -85,11 +80,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         help="state the question before the chunks too (every mode, full prefill included): a study of the "
         "question's position, not /ask's layout",
     )
-    parser.add_argument(
-        "--candidates",
-        type=Path,
-        default=None,
-        help="a JSON list of blend settings (a study, as `bench calibrate --candidates`): full, reuse and one "
+    harness.add_candidates_arg(
+        parser,
+        "a JSON list of blend settings (a study, as `bench calibrate --candidates`): full, reuse and one "
         "blend per candidate instead of the --selectors × --ratios grid",
     )
 

@@ -13,17 +13,19 @@ import math
 import os
 import platform
 import resource
+import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple, get_args
 
 from fsio.atomic import write_text_atomic
 
 if TYPE_CHECKING:
+    from bench.prepared import PreparedPrompt
     from engine.engine import Engine
     from retrieval.retriever import Retriever
 
@@ -156,6 +158,18 @@ def server_kv_dtype() -> str:
     return str(KVCacheSettings().storage_dtype)
 
 
+def add_selectors_arg(parser: argparse.ArgumentParser, default: str | None, help: str) -> None:
+    """`--selectors`: the blend selectors a run compares, comma-separated (`bench.passes.parse_selectors`)."""
+    from bench.passes import parse_selectors
+
+    parser.add_argument("--selectors", default=default, type=parse_selectors, help=help)
+
+
+def add_candidates_arg(parser: argparse.ArgumentParser, help: str) -> None:
+    """`--candidates`: a study, a JSON list of blend settings (`bench.candidates.read_candidates`)."""
+    parser.add_argument("--candidates", type=Path, default=None, help=help)
+
+
 def add_kv_dtype_arg(
     parser: argparse.ArgumentParser,
     choices: tuple[str, ...] = ("fp32", "fp16", "bf16", "int8", "int4"),
@@ -172,51 +186,63 @@ def add_kv_dtype_arg(
     )
 
 
+class _BlendOption(NamedTuple):
+    """One blend setting a run may change: its BlendConfig field (the option is `--field-name`, default None:
+    the server's own) and its `add_argument` keywords."""
+
+    name: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    choices: tuple[str, ...] | None = None
+
+
+def _blend_options() -> tuple[_BlendOption, ...]:
+    """The blend options, in the order `build_engine` applies them; their choices are BlendConfig's own."""
+    from engine.blend.config import SELECTORS, MatchScope, MatchSpan, StaleKeyScope
+
+    return (
+        _BlendOption("selector", "blend token selector (default: the engine's default selector)", choices=SELECTORS),
+        _BlendOption("score_layers", "query selector: scoring layers, comma-separated"),
+        _BlendOption("check_layers", "deviation selector: check layers, comma-separated"),
+        _BlendOption(
+            "match_window",
+            "up-front selectors: recompute the tokens the question names and this many after each (0: off)",
+            int,
+        ),
+        _BlendOption(
+            "match_span",
+            "--match-window: a fixed window, or to the end of the matched token's sentence (at most the window)",
+            choices=get_args(MatchSpan),
+        ),
+        _BlendOption(
+            "match_extra",
+            "--match-window: the matched rows recomputed on top of the budget, at most this share of the context",
+            float,
+        ),
+        _BlendOption(
+            "match_scope",
+            "--match-window: spans for any question naming a token, or one naming tokens of one chunk only",
+            choices=get_args(MatchScope),
+        ),
+        _BlendOption("stale_key_bias", "attention-logit bias against the unrecomputed stored keys", float),
+        _BlendOption(
+            "stale_key_scope",
+            "--stale-key-bias on every segment's stale keys, or only on the segments the question does not name",
+            choices=get_args(StaleKeyScope),
+        ),
+    )
+
+
 def add_blend_args(parser: argparse.ArgumentParser) -> None:
     """Options that change the engine's blend settings (default: the server's own defaults)."""
-    from engine.blend.config import SELECTORS
-
-    parser.add_argument(
-        "--selector",
-        default=None,
-        choices=SELECTORS,
-        help="blend token selector (default: the engine's default selector)",
-    )
-    parser.add_argument("--score-layers", default=None, help="query selector: scoring layers, comma-separated")
-    parser.add_argument("--check-layers", default=None, help="deviation selector: check layers, comma-separated")
-    parser.add_argument(
-        "--match-window",
-        type=int,
-        default=None,
-        help="up-front selectors: recompute the tokens the question names and this many after each (0: off)",
-    )
-    parser.add_argument(
-        "--match-span",
-        choices=("window", "sentence"),
-        default=None,
-        help="--match-window: a fixed window, or to the end of the matched token's sentence (at most the window)",
-    )
-    parser.add_argument(
-        "--match-extra",
-        type=float,
-        default=None,
-        help="--match-window: the matched rows recomputed on top of the budget, at most this share of the context",
-    )
-    parser.add_argument(
-        "--match-scope",
-        choices=("any", "one"),
-        default=None,
-        help="--match-window: spans for any question naming a token, or one naming tokens of one chunk only",
-    )
-    parser.add_argument(
-        "--stale-key-bias", type=float, default=None, help="attention-logit bias against the unrecomputed stored keys"
-    )
-    parser.add_argument(
-        "--stale-key-scope",
-        choices=("all", "unnamed"),
-        default=None,
-        help="--stale-key-bias on every segment's stale keys, or only on the segments the question does not name",
-    )
+    for option in _blend_options():
+        parser.add_argument(
+            "--" + option.name.replace("_", "-"),
+            default=None,
+            type=option.type,
+            choices=option.choices,
+            help=option.help,
+        )
 
 
 def _layers(text: str | None) -> list[int] | None:
@@ -229,13 +255,10 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
     from engine.config import EngineSettings
     from engine.engine import Engine
 
-    for name in ("selector", "score_layers", "check_layers"):
+    for name in (option.name for option in _blend_options()):
         value = getattr(args, name, None)
         if value is not None:
-            overrides.setdefault(name, value if name == "selector" else _layers(value))
-    for name in ("match_window", "match_span", "match_extra", "match_scope", "stale_key_bias", "stale_key_scope"):
-        if getattr(args, name, None) is not None:
-            overrides.setdefault(name, getattr(args, name))
+            overrides.setdefault(name, _layers(value) if name in ("score_layers", "check_layers") else value)
     if getattr(args, "decode_weights", None) is not None:
         overrides.setdefault("decode_weights", args.decode_weights)
     settings = EngineSettings(model=args.model, num_threads=args.threads, dtype=args.dtype, **overrides)
@@ -323,6 +346,11 @@ def result_header(name: str, args: argparse.Namespace, engine: Engine | None = N
     header |= extra
     header.setdefault("machine", machine_info(engine))  # a server's own engine may have given them
     return header
+
+
+def prompt_facts(prompts: Sequence[PreparedPrompt]) -> dict[str, Any]:
+    """How many prepared prompts a run measured and their mean length in tokens, as its result records them."""
+    return {"examples": len(prompts), "prompt_tokens_mean": statistics.fmean(p.layout.num_tokens for p in prompts)}
 
 
 def write_result(

@@ -39,6 +39,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     harness.add_kv_dtype_arg(parser)
     parser.add_argument("--ratio", type=float, default=0.15, help="our blend ratio shown beside the full prefills")
     parser.add_argument("--gguf", type=Path, default=None, help="GGUF file (default: the built-in model's)")
+    add_n_batch_arg(parser)
+
+
+def add_n_batch_arg(parser: argparse.ArgumentParser) -> None:
+    """`--n-batch`: the prompt batch size of every `LlamaCppRunner` a run builds."""
     parser.add_argument("--n-batch", type=int, default=512, help="llama.cpp prompt batch size")
 
 

@@ -24,7 +24,6 @@ from bench import harness
 from bench.candidates import read_candidates
 from bench.data import Passage
 from bench.inprocess import ask_service, ingest_passages, running_app, temp_settings
-from bench.passes import parse_selectors
 
 logger = logging.getLogger(__name__)
 
@@ -208,19 +207,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--part", choices=("check", "tune"), default="check", help="similar: which part of the set (default check)"
     )
-    parser.add_argument(
-        "--selectors",
-        default="query,deviation",
-        type=parse_selectors,
-        help="blend selectors to ask with (each at --ratio)",
-    )
+    harness.add_selectors_arg(parser, "query,deviation", "blend selectors to ask with (each at --ratio)")
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
-    parser.add_argument(
-        "--candidates",
-        type=Path,
-        default=None,
-        help="a JSON list of blend settings (a study): each asked with its values set as the operator's, "
+    harness.add_candidates_arg(
+        parser,
+        "a JSON list of blend settings (a study): each asked with its values set as the operator's, "
         "instead of --selectors at --ratio",
     )
     parser.add_argument(

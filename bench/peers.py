@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
-from bench.llamacpp import LlamaCppRunner, llama_cpp_available, ours_first_token
+from bench.llamacpp import LlamaCppRunner, add_n_batch_arg, llama_cpp_available, ours_first_token
 from bench.metrics import percentile
 from bench.peer_run import PeerRun
 from bench.prepared import PreparedPrompt, prepare_prompts
@@ -83,7 +83,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-llamacpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--hf-dtypes", default="float32,bfloat16", help="HF transformers dtypes ('' skips)")
-    parser.add_argument("--n-batch", type=int, default=512, help="llama.cpp prompt batch size")
+    add_n_batch_arg(parser)
     parser.add_argument(
         "--decode-tokens",
         type=_at_least_one,

@@ -149,10 +149,9 @@ def main(args: argparse.Namespace) -> int:
         NAME,
         args,
         engine,
-        examples=len(prepared),
+        **harness.prompt_facts(prepared),
         kv_dtype=args.kv_dtype,
         repeats=args.repeats,
-        prompt_tokens_mean=statistics.fmean(p.layout.num_tokens for p in prepared),
         modes=modes,
     )
     harness.write_result(args, result, run)

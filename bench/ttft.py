@@ -19,7 +19,7 @@ from typing import Any
 
 from bench import harness
 from bench.metrics import percentile
-from bench.passes import mode_specs, parse_ratios, parse_selectors
+from bench.passes import mode_specs, parse_ratios
 from bench.prepared import PreparedPrompt, prepare_prompts, time_to_first_token
 from engine.types import SelectorName
 
@@ -34,11 +34,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     harness.add_order_arg(parser)
     parser.add_argument("--ratios", default="0.05,0.15,0.3", help="blend recompute ratios, comma-separated")
     harness.add_kv_dtype_arg(parser)
-    parser.add_argument(
-        "--selectors",
-        default=None,
-        type=parse_selectors,
-        help="time these selectors at every ratio, named selector@r (default: blend@r, the engine's)",
+    harness.add_selectors_arg(
+        parser, None, "time these selectors at every ratio, named selector@r (default: blend@r, the engine's)"
     )
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes of every mode before timing")
     parser.add_argument("--rss-ratio", type=float, default=0.15, help="blend ratio of the peak-RSS probe")
@@ -169,10 +166,9 @@ def main(args: argparse.Namespace) -> int:
         NAME,
         args,
         engine,
-        examples=len(prepared),
+        **harness.prompt_facts(prepared),
         ratios=ratios,
         kv_dtype=args.kv_dtype,
-        prompt_tokens_mean=statistics.fmean(p.layout.num_tokens for p in prepared),
     )
     result.update(run_ttft(engine, prepared, args.kv_dtype, ratios, args.warmup, args.selectors))
     if not args.no_rss:
