@@ -1,0 +1,155 @@
+"""`python -m bench long-answers`: whole answers of a few hundred tokens, the default blend against full prefill.
+
+First-token KL and 32-token look-ups do not see an answer that starts right and drifts: into pasted documentation,
+into a loop the repetition stop ends. This benchmark asks the docs questions (the standard library's reference
+pages of bench/docs_corpus.py, or --docs-dir) through the AskService that POST /ask calls, greedy, up to
+--max-tokens, in full prefill and in the server's default blend, and reports per mode:
+
+- finish reasons (stop, length, repetition), with the line each repetition stop withheld when the engine reports it;
+- against full prefill's answer to the same question: identical answers, the divergence point (the first token,
+  in the engine tokenizer's ids of the two answers, where they differ), the token-level F1 of the whole answers,
+  and "agrees": identical, or F1 ≥ --agree-f1 with the same finish reason;
+- the right answers (the answer key's names, as bench answers reads them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from app.calibration.scoring import is_right
+from bench import harness
+from bench.answers import _ask
+from bench.data import Passage
+from bench.docs_corpus import read_corpus, write_corpus
+from bench.inprocess import args_settings, ingest_passages, running_app
+from bench.metrics import f1_score
+
+logger = logging.getLogger(__name__)
+
+NAME = "long-answers"
+HELP = "whole answers (finish reasons, divergence from full prefill) of the default blend on the docs questions"
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--docs-dir", type=Path, default=None, help="Markdown pages + answer_key.json")
+    parser.add_argument("--max-tokens", type=int, default=300, help="answer length cap")
+    parser.add_argument("--questions", type=int, default=None, help="ask only the first N questions (default: all)")
+    parser.add_argument("--agree-f1", type=float, default=0.8, help="token F1 from which two answers agree")
+
+
+def divergence(full_ids: list[int], other_ids: list[int]) -> int | None:
+    """The first token index where two answers differ; None when they are the same."""
+    for i, (a, b) in enumerate(zip(full_ids, other_ids, strict=False)):
+        if a != b:
+            return i
+    return None if len(full_ids) == len(other_ids) else min(len(full_ids), len(other_ids))
+
+
+def compare(full: dict[str, Any], other: dict[str, Any], agree_f1: float) -> dict[str, Any]:
+    """One question's answer against full prefill's."""
+    at = divergence(full["token_ids"], other["token_ids"])
+    f1 = f1_score(other["answer"], full["answer"])
+    same_finish = other["finish_reason"] == full["finish_reason"]
+    return {
+        "identical": at is None,
+        "divergence_token": at,
+        "f1_vs_full": round(f1, 4),
+        "agrees": at is None or (f1 >= agree_f1 and same_finish),
+    }
+
+
+def summarize(rows: list[dict[str, Any]], num_questions: int) -> dict[str, Any]:
+    """A mode's counts over its questions (rows carry `compare`'s fields for modes other than full)."""
+    finishes: dict[str, int] = {}
+    for row in rows:
+        finishes[row["finish_reason"]] = finishes.get(row["finish_reason"], 0) + 1
+    out: dict[str, Any] = {
+        "questions": num_questions,
+        "finish_reasons": dict(sorted(finishes.items())),
+        "repetition_stops": finishes.get("repetition", 0),
+        "right": sum(r["right"] for r in rows),
+        "answer_tokens_mean": round(statistics.fmean(len(r["token_ids"]) for r in rows), 1),
+    }
+    if rows and "agrees" in rows[0]:
+        points = [r["divergence_token"] for r in rows if r["divergence_token"] is not None]
+        out |= {
+            "identical": sum(r["identical"] for r in rows),
+            "agrees": sum(r["agrees"] for r in rows),
+            "f1_vs_full_mean": round(statistics.fmean(r["f1_vs_full"] for r in rows), 4),
+            "divergence_token_median": statistics.median(points) if points else None,
+        }
+    return out
+
+
+async def run_modes(
+    state: Any, questions: list[Any], modes: list[str], max_tokens: int, agree_f1: float
+) -> dict[str, Any]:
+    tokenizer = state.services.engine.tokenizer
+    per_mode: dict[str, list[dict[str, Any]]] = {}
+    for mode in modes:
+        rows = []
+        for q in questions:
+            done, _ = await _ask(state, q.question, mode, max_tokens)
+            rows.append(
+                {
+                    "question": q.question,
+                    "answer": done.answer,
+                    "token_ids": tokenizer.encode(done.answer, add_special_tokens=False),
+                    "finish_reason": done.finish_reason,
+                    "repeated_line": getattr(done, "repeated_line", None),
+                    "right": any(is_right(done.answer, a) for a in q.answers),
+                    "ttft_ms": done.timings.ttft_ms,
+                }
+            )
+            logger.info("%s %r: %s, %d tokens", mode, q.question[:50], done.finish_reason, len(rows[-1]["token_ids"]))
+        per_mode[mode] = rows
+    full = per_mode.get("full")
+    out = {}
+    for mode, rows in per_mode.items():
+        if full is not None and mode != "full":
+            rows = [r | compare(f, r, agree_f1) for f, r in zip(full, rows, strict=True)]
+        out[mode] = {**summarize(rows, len(questions)), "answers": rows}
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    run = harness.RunRecord()
+    with tempfile.TemporaryDirectory(prefix="blendrag-long-answers-") as tmp:
+        docs_dir = args.docs_dir or write_corpus(Path(tmp) / "docs")
+        pages, questions = read_corpus(docs_dir)
+        questions = questions[: args.questions] if args.questions is not None else questions
+        settings = args_settings(Path(tmp) / "data", args, retrieval={"top_k": args.passages})
+
+        async def go() -> dict[str, Any]:
+            async with running_app(settings) as state:
+                ingest_passages(state, [Passage(title=t, text=x) for t, x in pages])
+                modes = list(dict.fromkeys(["full", settings.engine.mode]))
+                result = await run_modes(state, questions, modes, args.max_tokens, args.agree_f1)
+                return {**harness.result_header(NAME, args, state.services.engine), "modes": result}
+
+        result = asyncio.run(go())
+    result |= {
+        "docs_corpus": "--docs-dir" if args.docs_dir else "bench/docs_corpus.py (standard library docstrings)",
+        "max_tokens": args.max_tokens,
+        "agree_f1": args.agree_f1,
+        "top_k": args.passages,
+    }
+    harness.write_result(args, result, run)
+    harness.log_rows(logger, result["modes"], _line)
+    return 0
+
+
+def _line(mode: str, row: dict[str, Any]) -> str:
+    line = f"{mode:6s} finish {row['finish_reasons']}  right {row['right']}/{row['questions']}"
+    if "agrees" in row:
+        line += (
+            f"  identical to full {row['identical']}  agree {row['agrees']}/{row['questions']}"
+            f"  F1 vs full {row['f1_vs_full_mean']:.2f}  diverges at token {row['divergence_token_median']}"
+        )
+    return line
