@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from app.calibration.calset import access_code
 from app.calibration.scoring import is_right
 from bench import harness
 from bench.data import Example, Passage, load_dataset, select_examples
@@ -69,7 +70,6 @@ _PROJECTS = [
     "Kestrelbay",
     "Duskvale",
 ]
-_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 _CITIES = ["Lisbon", "Tampere", "Gdansk", "Porto", "Leeds", "Graz", "Turku", "Brno", "Bergen", "Ghent", "Kaunas"]
 
 
@@ -117,7 +117,7 @@ def make_projects(num: int, seed: int = 0) -> list[Project]:
     rng = random.Random(seed)
     projects = []
     for name in rng.sample(_PROJECTS, num):
-        code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
+        code = access_code(rng)
         city, year, staff = rng.choice(_CITIES), rng.randint(1995, 2022), rng.randint(4, 90)
         text = (
             f"Project {name} is a research programme run from {city}. It started in {year} and has {staff} "

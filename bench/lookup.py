@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.calibration.calset import access_code
 from app.calibration.scoring import is_right
 from bench import harness
 from bench.candidates import read_candidates
@@ -58,7 +59,6 @@ _PLACES = [
 ]
 _FIRST = ["Mirela", "Tomas", "Ines", "Odile", "Kasper", "Leona", "Ruben", "Sanne", "Viktor", "Yara", "Emil", "Noor"]
 _LAST = ["Kovac", "Hallberg", "Moreau", "Okafor", "Lindqvist", "Barros", "Dvorak", "Nakamura", "Petrescu", "Vance"]
-_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 _MONTHS = [
     "January",
     "February",
@@ -99,7 +99,7 @@ def make_facts(num: int, seed: int = 0) -> list[Fact]:
         )
         match i % 3:
             case 0:
-                code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
+                code = access_code(rng)
                 facts.append(
                     Fact(
                         place,

@@ -57,7 +57,7 @@ _FIRST = ["Alma", "Bruno", "Celia", "Dario", "Elin", "Farid", "Greta", "Hugo", "
 _LAST = ["Abara", "Berg", "Castell", "Dunmore", "Eklund", "Ferro", "Gallo", "Haas", "Ibsen", "Jovic", "Kaur", "Lund"]
 _CITIES = ["Arendal", "Bruges", "Coimbra", "Debrecen", "Esbjerg", "Florina", "Girona", "Hamar", "Izmir", "Jena"]
 _MONTHS = ["January", "March", "April", "June", "July", "August", "October", "November"]
-_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
+LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"  # of made-up codes: no I or O
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,12 @@ class CalibrationCase:
     first_question: str | None = None  # follow-ups: turn 1
 
 
+def access_code(rng: random.Random) -> str:
+    """A made-up access code, two letters and four digits (`KX-4821`): the form every generated set and look-up
+    corpus gives them."""
+    return f"{rng.choice(LETTERS)}{rng.choice(LETTERS)}-{rng.randint(1000, 9999)}"
+
+
 def _name(rng: random.Random) -> str:
     return f"{rng.choice(_STEMS)}{rng.choice(_ENDS)} {rng.choice(_KINDS)}"
 
@@ -80,7 +86,7 @@ def _fact(rng: random.Random, place: str, i: int) -> tuple[str, str, str]:
     """(sentence, question, answer) of one unique fact about `place`."""
     match i % 3:
         case 0:
-            code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
+            code = access_code(rng)
             return f"The access code of the {place} is {code}.", f"What is the access code of the {place}?", code
         case 1:
             date = f"{rng.randint(1, 28)} {rng.choice(_MONTHS)} {rng.randint(1995, 2024)}"
@@ -163,7 +169,7 @@ def make_cases(
         docs = []
         for j in range(NUM_PASSAGES):
             place = new_place()
-            code = f"{rng.choice(_LETTERS)}{rng.choice(_LETTERS)}-{rng.randint(1000, 9999)}"
+            code = access_code(rng)
             # Every other page holds a code too (three in the prompt): with a code on all six, a 0.5B model's
             # full prefill read another page's code for the place it had just described.
             listed = code if j % 2 == 0 else None

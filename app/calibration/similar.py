@@ -30,6 +30,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from app.calibration.calset import LETTERS
+
 Part = Literal["tune", "check"]
 KINDS = ("sentence", "table", "code", "multi", "followup")
 
@@ -44,7 +46,6 @@ _ENDINGS: dict[Part, list[str]] = {
     "tune": ["lorn", "vex", "drin", "mask", "tal", "venor", "rik", "zum", "barra", "nox", "pell", "dory"],
     "check": ["anth", "esk", "ivo", "mont", "ora", "nyx", "ello", "andt", "ufel", "ison", "arek", "obo"],
 }
-_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ"
 _TEAMS = ["infra", "payments", "search", "billing", "mobile", "data", "identity", "growth"]
 _REGIONS = ["Frankfurt", "Dublin", "Oregon", "Singapore", "Sydney", "Montreal", "Tokyo", "Sao Paulo"]
 
@@ -99,7 +100,7 @@ def _port(rng: random.Random) -> str:
 
 
 def _access_code(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
-    code = _unique(rng, used, lambda r: f"{r.choice(_LETTERS)}{r.randint(10, 99)}-{r.randint(1000, 9999)}")
+    code = _unique(rng, used, lambda r: f"{r.choice(LETTERS)}{r.randint(10, 99)}-{r.randint(1000, 9999)}")
     return f"The access code of project {name} is {code}.", code
 
 
@@ -134,7 +135,7 @@ def _three_ports(rng: random.Random, name: str, used: set[str]) -> tuple[str, st
 
 
 def _deploy_token(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
-    token = _unique(rng, used, lambda r: f"DT-{r.randint(10000, 99999)}-{r.choice(_LETTERS)}")
+    token = _unique(rng, used, lambda r: f"DT-{r.randint(10000, 99999)}-{r.choice(LETTERS)}")
     return f"The deploy token of project {name} is {token}.", token
 
 
@@ -163,7 +164,7 @@ def _protocols(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]
 
 def _queue(rng: random.Random, name: str, used: set[str]) -> tuple[str, str]:
     queue = _unique(
-        rng, used, lambda r: f"{r.choice(_LETTERS)}{r.choice(_LETTERS)}{r.randint(1, 9)}/{r.randint(100, 999)}"
+        rng, used, lambda r: f"{r.choice(LETTERS)}{r.choice(LETTERS)}{r.randint(1, 9)}/{r.randint(100, 999)}"
     )
     return f"Support tickets for {name} go to queue {queue}.", queue
 
