@@ -22,6 +22,8 @@ def _print_sources(sources: list[dict[str, Any]], notice: str | None = None) -> 
     if not sources:
         print(f"Sources: none ({notice or 'no documents match'}: the answer comes from the model alone)")
         return
+    if notice:  # with sources, what the answer's reader must know about it (e.g. names mostly invented)
+        print(f"[{notice}]\n")
     print("Sources:")
     for s in sources:
         page = f", p. {s['page']}" if s.get("page") else ""

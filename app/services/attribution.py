@@ -14,6 +14,11 @@ backticked spans, snake_case names, dotted names, calls); the sentence goes to t
 does, or gets no mark. An identifier that no source contains at all is reported (`unsupported_identifiers`):
 the API's answer lists it and the chat page shows it as unsupported. Fenced code blocks are not checked: an
 example's own variable names are the model's to choose.
+
+When most of the names an answer writes are in no source (`invention_notice`: at least `MIN_UNSUPPORTED_NAMES`
+distinct names unsupported, and more than half of the distinct names it writes), the answer is likely made up
+around a question its sources only seemed to match: the `done` event's notice says so, which the chat page,
+the CLI and /v1's `blendrag` extension show with the answer.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from dataclasses import dataclass
 MIN_SHARE = 0.34  # of the sentence's weighted content words found in the source
 MIN_SHARED_WORDS = 2
 MIN_SENTENCE_WORDS = 3
+# One invented name in a sourced answer is common (a variable, a guess at a keyword); two or more, and more than
+# half of the names written, mean the answer stands on names the sources do not have.
+MIN_UNSUPPORTED_NAMES = 2
 
 _WORD = re.compile(r"[^\W_]+", re.UNICODE)
 _FENCE = re.compile(r"^ {0,3}(```|~~~).*?(?:^ {0,3}\1[^\n]*$|\Z)", re.MULTILINE | re.DOTALL)
@@ -195,3 +203,24 @@ def unsupported_identifiers(answer: str, sources: Sequence[SourceText]) -> list[
         for a, b, name in code_identifiers(answer[start:end])
         if not _contains(names, name)
     ]
+
+
+def answer_identifiers(answer: str) -> list[str]:
+    """The distinct code identifiers the answer's sentences name (fenced blocks aside), in order of first use."""
+    return list(
+        dict.fromkeys(name for start, end in sentences(answer) for _, _, name in code_identifiers(answer[start:end]))
+    )
+
+
+def invention_notice(answer: str, unsupported: Sequence[UnsupportedIdentifier]) -> str | None:
+    """The notice for an answer whose code names are mostly in no source (`unsupported`, from
+    `unsupported_identifiers` of the same answer): at least `MIN_UNSUPPORTED_NAMES` distinct names unsupported
+    and more than half of the distinct names it writes; else None."""
+    missing = len({u.identifier for u in unsupported})
+    named = len(answer_identifiers(answer))
+    if missing < MIN_UNSUPPORTED_NAMES or 2 * missing <= named:
+        return None
+    return (
+        f"{missing} of the {named} code names in this answer are in none of its sources: "
+        "it is likely invented, not drawn from your documents"
+    )

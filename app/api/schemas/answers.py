@@ -126,7 +126,13 @@ class AskDoneOut(RecordOut):
     retrieval_ms: float = Field(validation_alias=AliasChoices("retrieval_ms", AliasPath("timings", "retrieval_ms")))
     ttft_ms: float = Field(validation_alias=AliasChoices("ttft_ms", AliasPath("timings", "ttft_ms")))
     total_ms: float = Field(validation_alias=AliasChoices("total_ms", AliasPath("timings", "total_ms")))
-    notice: str | None = Field(default=None, description="As in the `sources` event: why there are no sources")
+    notice: str | None = Field(
+        default=None,
+        description='What the reader of the answer is told beside it, notices joined by "; ": the `sources` '
+        "event's (why there are no sources); that most code names the answer writes are in none of its sources "
+        '("N of the M code names in this answer are in none of its sources: it is likely invented, …": at least '
+        "2 such names and over half of those it writes); that the turn was not stored",
+    )
     citations: list[CitationOut] = Field(
         default_factory=list,
         description="Answer sentences and the source each draws on most (shared distinctive words, and every "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from app.services.ask.recorder import AnswerRecorder, KVCounts
 from app.services.ask.types import AskPlan, AskRequest, DoneEvent, SourcesEvent
-from app.services.attribution import SourceText, attribute, unsupported_identifiers
+from app.services.attribution import SourceText, attribute, invention_notice, unsupported_identifiers
 from app.services.storage_faults import is_storage_full
 from engine.prompt import Turn
 
@@ -67,8 +67,11 @@ class TurnFinisher:
                 usage={**dataclasses.asdict(usage), "kv_hits": kv.num_hits, "kv_misses": kv.num_misses},
             )
             conversation_id, not_stored = await self._record(context, recorded)
-        notice = " ".join(n for n in (sources.notice, not_stored) if n) or None
         source_texts = [SourceText(s.rank, s.text) for s in sources.sources]
+        unsupported = unsupported_identifiers(answer, source_texts)
+        # An answer written mostly in names no source has is said to be so where it is read, not only listed.
+        invented = invention_notice(answer, unsupported)
+        notice = "; ".join(n for n in (sources.notice, invented, not_stored) if n) or None
         return DoneEvent(
             answer=answer,
             mode=event.mode,
@@ -81,7 +84,7 @@ class TurnFinisher:
             kv_misses=kv.num_misses,
             notice=notice,
             citations=attribute(answer, source_texts),
-            unsupported_identifiers=unsupported_identifiers(answer, source_texts),
+            unsupported_identifiers=unsupported,
             conversation_id=conversation_id,
             history_turns=plan.num_history_turns,
             history_dropped_turns=plan.num_dropped_turns,

@@ -142,7 +142,9 @@ class DoneEvent:
     timings: Timings
     kv_hits: int
     kv_misses: int
-    notice: str | None = None  # as in SourcesEvent: set when the answer had no sources
+    # What the answer's reader is told beside it, joined by "; ": SourcesEvent's (no sources), that most of the
+    # answer's code names are in no source (attribution.invention_notice), that the turn was not stored.
+    notice: str | None = None
     # Which source each answer sentence draws on (app/services/attribution.py), for [n] marks.
     citations: list[Citation] = field(default_factory=list)
     # Code identifiers the answer names that no source contains (app/services/attribution.py).

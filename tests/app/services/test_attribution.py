@@ -95,3 +95,42 @@ def test_identifiers_no_source_contains_are_reported_where_they_stand() -> None:
     ]  # user.model_dump: the attribute is in source 2; the fenced example's own names are not checked
     assert unsupported == [UnsupportedIdentifier(5, 15, "exclude_if"), UnsupportedIdentifier(52, 62, "field_name")]
     assert unsupported_identifiers(answer, []) == []  # no sources: the notice says why, nothing to check
+
+
+def test_an_answer_whose_names_are_mostly_in_no_source_gets_a_notice() -> None:
+    from app.services.attribution import answer_identifiers, invention_notice
+
+    # Over the Pydantic passages, an SQLAlchemy answer: 3 of its 4 distinct names are in no source.
+    answer = (
+        "Declare it with `relationship(back_populates=x)` and load it with `selectinload`. "
+        "Then `Field` works as before; `selectinload` again."
+    )
+    assert answer_identifiers(answer) == ["relationship", "back_populates", "selectinload", "Field"]
+    unsupported = unsupported_identifiers(answer, PYDANTIC)
+    assert [u.identifier for u in unsupported] == ["relationship", "back_populates", "selectinload", "selectinload"]
+    assert invention_notice(answer, unsupported) == (
+        "3 of the 4 code names in this answer are in none of its sources: "
+        "it is likely invented, not drawn from your documents"
+    )
+
+
+def test_half_or_one_unsupported_name_is_no_notice() -> None:
+    from app.services.attribution import invention_notice
+
+    # Exactly half (exclude_if and field_name of 4 names): not "most".
+    half = (
+        "Set `exclude_if` to reject extra fields. Use `Field(field_name='userName')` for aliases; "
+        "`user.model_dump()` gives a dict."
+    )
+    assert invention_notice(half, unsupported_identifiers(half, PYDANTIC)) is None
+    # One name, and it is unsupported: a single guess is not an invented answer.
+    one = "Set `exclude_if` to reject extra fields."
+    assert [u.identifier for u in unsupported_identifiers(one, PYDANTIC)] == ["exclude_if"]
+    assert invention_notice(one, unsupported_identifiers(one, PYDANTIC)) is None
+    # Two of two: the smallest answer that gets it. Names inside a fenced example are not counted.
+    two = "Use `exclude_if` with `skip_none`.\n\n```python\nmodel_config = ConfigDict(extra='forbid')\n```\n"
+    assert invention_notice(two, unsupported_identifiers(two, PYDANTIC)) == (
+        "2 of the 2 code names in this answer are in none of its sources: "
+        "it is likely invented, not drawn from your documents"
+    )
+    assert invention_notice("Quintaro is the capital.", []) is None

@@ -132,6 +132,7 @@ class Turn {
 
   setSources(sources, notice) {
     this.sources = sources;
+    this.sourcesNotice = notice || ""; // shown in the source list; `done` repeats it in its own notice
     this.sourceList.replaceChildren(el("li", { class: "label" }, sources.length
       ? `Sources (${sources.length})` : el("span", { class: "notice", "data-testid": "notice" },
         `${NOTICES[notice] || "No documents match"}: the answer comes from the model alone, not from your documents`)));
@@ -171,6 +172,18 @@ class Turn {
     this.root.dataset.rendered = "true";
   }
 
+  // The done event's notice above the answer, where it is read first (e.g. that most of the code names it
+  // writes are in no source: likely invented). The sources' own notice, which the done's begins with, is
+  // already shown in the source list.
+  showNotice(notice) {
+    let text = notice || "";
+    if (this.sourcesNotice && text.startsWith(this.sourcesNotice)) {
+      text = text.slice(this.sourcesNotice.length).replace(/^; /, "");
+    }
+    if (!text) return;
+    this.answer.before(el("div", { class: "answer-notice", role: "note", "data-testid": "answer-notice" }, text));
+  }
+
   done(result) {
     this.finished = true;
     this.answer.classList.remove("streaming");
@@ -178,6 +191,7 @@ class Turn {
     const unsupported = [...new Set((result.unsupported_identifiers || []).map((u) => u.identifier))];
     this.renderAnswer(answer).then(() => {
       if (!answer) this.answer.append(el("span", { class: "muted" }, "(empty answer)"));
+      this.showNotice(result.notice);
       if (unsupported.length) {
         // Names the model wrote that no source holds: likely invented, so never shown as if sourced.
         markUnsupported(this.answer, unsupported);
