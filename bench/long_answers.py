@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import statistics
 import tempfile
@@ -102,7 +103,8 @@ async def run_modes(
                     "answer": done.answer,
                     "token_ids": tokenizer.encode(done.answer, add_special_tokens=False),
                     "finish_reason": done.finish_reason,
-                    "repeated_line": getattr(done, "repeated_line", None),
+                    # What the repetition stop withheld (text, and where what it repeats begins), as JSON.
+                    "repeated_line": dataclasses.asdict(done.repeated_line) if done.repeated_line else None,
                     "right": any(is_right(done.answer, a) for a in q.answers),
                     "ttft_ms": done.timings.ttft_ms,
                 }

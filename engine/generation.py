@@ -15,18 +15,30 @@ whoever executes the run notices it at the next layer boundary or decode step an
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from engine.sampling import IncrementalDetokenizer, RepeatedLineGuard, Sampler, StopStringFilter
-from engine.types import FinishEvent, FinishReason, GenerationEvent, GenerationRequest, PromptResult, TokenEvent
+from engine.repetition import RepeatedLineGuard
+from engine.sampling import IncrementalDetokenizer, Sampler, StopStringFilter
+from engine.types import (
+    FinishEvent,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    PromptResult,
+    RepeatedLine,
+    TokenEvent,
+)
 
 if TYPE_CHECKING:
     import torch
 
     from engine.working_cache import WorkingCache
+
+logger = logging.getLogger(__name__)
 
 
 class RequestStatus(enum.Enum):
@@ -131,9 +143,17 @@ class RequestRun:
             return [self._token(self.lines.flush() + self.stops.flush(), token_id), self._finish("stop")]
         released = self.stops.push(self.detok.add(token_id))
         text, repeated = self.lines.push(released.text)
-        if repeated:
-            # The model began to loop: end before the repeated sentence is sent, closing an open code fence.
-            return [self._token(text + self.lines.closing_fence(), token_id), self._finish("repetition")]
+        if repeated is not None:
+            # The model began to loop: end before the repeat is sent, closing an open code fence, and say what
+            # was withheld (the answer itself never shows what tripped the stop).
+            logger.info(
+                "request %s: repetition stop after %d tokens, withheld %r (repeats the answer from character %d)",
+                self.request.request_id,
+                self.num_completion_tokens,
+                repeated.text,
+                repeated.earlier_start,
+            )
+            return [self._token(text + self.lines.closing_fence(), token_id), self._finish("repetition", repeated)]
         if released.stopped:
             return [self._token(text + self.lines.flush(), token_id), self._finish("stop")]
         if self.num_completion_tokens >= sampling.max_tokens:
@@ -146,7 +166,7 @@ class RequestRun:
         self.text_parts.append(text)
         return TokenEvent(text=text, token_id=token_id)
 
-    def _finish(self, reason: FinishReason) -> FinishEvent:
+    def _finish(self, reason: FinishReason, repeated: RepeatedLine | None = None) -> FinishEvent:
         if self.status != RequestStatus.CANCELLED:
             self.status = RequestStatus.FINISHED
         now = time.perf_counter()
@@ -167,4 +187,5 @@ class RequestRun:
             selector=res.selector if res else None,
             num_context_tokens=layout.num_context_tokens,
             text="".join(self.text_parts),
+            repeated_line=repeated,
         )

@@ -3,8 +3,9 @@ streamed detokenization.
 
 Repetition control (RepetitionControl) is what keeps a small model from looping one sentence until
 max_tokens: a repetition penalty on the tokens already generated, a ban on generating any n-gram twice,
-and a stop once a completed sentence or line repeats an earlier one. It acts on the generated tokens
-only (never the prompt, whose words an answer should be free to copy), so it is the same in every mode.
+and a stop once the answer loops (engine/repetition.py tells a loop from a legitimate repeat). It acts on
+the generated tokens only (never the prompt, whose words an answer should be free to copy), so it is the
+same in every mode.
 
 Text is produced incrementally from token ids: a delta is only released once it decodes to complete
 characters (a multi-byte character split over several byte-level tokens shows up as U+FFFD until its
@@ -14,85 +15,14 @@ last byte arrives), and text that could still turn out to be the start of a stop
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from engine.repetition import ends_in_loop
 from engine.types import SamplingParams
-
-# A sentence ends at . ! or ? followed by white space; a line at a newline.
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\s*\n\s*")
-_SPACES = re.compile(r"\s+")
-MIN_REPEATED_LINE_CHARS = 8  # shorter repeats ("Yes.", list markers) are not treated as a loop …
-SHORT_LINE_RUN = 4  # … unless one of them comes this many times in a row ("Ç¨\n\n" × 363 ran to the token cap)
-# A loop inside one line ("`test_client.get` and `test_client.get` and …"): the line ends with one unit
-# repeated back to back. Its smallest period must be this long and hold a letter or digit, so table rules
-# ("| --- | --- |"), rows of zeros ("| 0 | 0 | 0 |") and "....." are never loops; and it must come this many
-# times, so a value written out three times in a list ("[1, 2, 3, 1, 2, 3, 1, 2, 3]") is not one either.
-MIN_LOOP_UNIT_CHARS = 8
-MIN_LOOP_COPIES = 4
-# Held from this many characters of a possible second copy: at most three characters of a loop's repeats are
-# sent; ordinary text is delayed only while its last characters echo the line so far.
-_HOLD_REPEATED_CHARS = 4
-_LOOP_WINDOW_CHARS = 2048  # of the current line searched (a loop is found long before it grows past this)
-
-
-def _normalize(sentence: str) -> str:
-    return _SPACES.sub(" ", sentence.strip().lower())
-
-
-def ends_with_repeated_line(text: str, min_chars: int = MIN_REPEATED_LINE_CHARS) -> bool:
-    """True when the sentence or line that `text` has just completed already occurred earlier in it."""
-    stripped = text.rstrip(" \t")
-    if not stripped or (stripped[-1] not in ".!?" and not stripped.endswith("\n")):
-        return False  # the last sentence is still being written
-    parts = [_normalize(p) for p in _SENTENCE_BREAK.split(stripped)]
-    parts = [p for p in parts if p]
-    if len(parts) >= 2 and len(parts[-1]) < min_chars:
-        return _ends_with_short_run(parts)
-    if len(parts) < 2:
-        return False
-    return parts[-1] in parts[:-1]
-
-
-def _ends_with_short_run(parts: list[str], run: int = SHORT_LINE_RUN) -> bool:
-    """True when the last `run` completed sentences or lines are one and the same short one: a loop, however
-    short its line (a short line repeated once or twice, "Yes." or a list marker, is not)."""
-    return len(parts) >= run and len(set(parts[-run:])) == 1
-
-
-@dataclass(frozen=True)
-class InlineLoop:
-    start: int  # index in the text where the first copy of the unit begins
-    period: int  # the unit's length in characters
-    num_copies: float  # how many times it occurs back to back (the last copy may be partial)
-
-
-def find_inline_loop(text: str, min_copies: float = MIN_LOOP_COPIES, min_repeated_chars: int = 0) -> InlineLoop | None:
-    """The loop the current line of `text` ends in: its smallest period p repeated at least `min_copies`
-    times with at least `min_repeated_chars` after the first copy (p ≥ MIN_LOOP_UNIT_CHARS, the unit
-    holding a letter or digit), else None."""
-    line_start = max(text.rfind("\n") + 1, len(text) - _LOOP_WINDOW_CHARS)
-    line = text[line_start:]
-    n = len(line)
-    for p in range(MIN_LOOP_UNIT_CHARS, min(int(n // min_copies), n - min_repeated_chars) + 1):
-        i = n - 1
-        while i >= p and line[i] == line[i - p]:
-            i -= 1
-        total = n - 1 - i + p  # the periodic tail: one unit plus every character equal to the one p before it
-        if total / p < min_copies or total - p < min_repeated_chars:
-            continue
-        unit = line[n - p :]
-        # Found at the smallest p ≥ MIN_LOOP_UNIT_CHARS; a unit that is itself a shorter repeat ("0 | 0 | ")
-        # or holds no letter or digit ("--------") is a rule or a row of values, not a loop.
-        shortest = next(q for q in range(1, p + 1) if p % q == 0 and unit == unit[:q] * (p // q))
-        if shortest < MIN_LOOP_UNIT_CHARS or not any(c.isalnum() for c in unit):
-            return None
-        return InlineLoop(start=line_start + n - total, period=p, num_copies=total / p)
-    return None
 
 
 class RepetitionControl:
@@ -124,86 +54,7 @@ class RepetitionControl:
         return out
 
     def should_stop(self, text: str) -> bool:
-        return self.stop_on_repeated_line and (ends_with_repeated_line(text) or find_inline_loop(text) is not None)
-
-
-_BOUNDARY = re.compile(r"[.!?](?=\s|$)|\n")
-_FENCE_LINE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
-
-
-def _could_become_a_repeat(text: str) -> bool:
-    """Whether the sentence `text` is in the middle of is, so far, the start of an earlier sentence (only
-    then can it still turn out to repeat one)."""
-    parts = [_normalize(p) for p in _SENTENCE_BREAK.split(text)]
-    current = parts[-1] if parts else ""
-    if not current:
-        return False
-    return any(earlier.startswith(current) for earlier in parts[:-1] if len(earlier) >= MIN_REPEATED_LINE_CHARS)
-
-
-class RepeatedLineGuard:
-    """Holds back the sentence or line being written until it is known not to repeat an earlier one, and
-    a line's repeated tail until it is known not to be a loop inside the line.
-
-    With `stop_on_repeated_line`, a loop must end *before* its first repeated line reaches the client. A
-    sentence in progress can only become a repeat while it is the start of an earlier sentence, so only
-    then is it held (until it completes or departs from every earlier one): new text streams at once, and
-    a loop lags by at most the sentence being checked.
-    `push` returns the text that may be sent and whether the sentence just completed repeats an earlier one
-    (the caller then finishes with reason "repetition" and never sends it). Disabled, it passes text through.
-    Inside one line, once its tail repeats what came a unit earlier (a second copy may have begun) that
-    copy is held; at MIN_LOOP_COPIES copies the answer ends after the first copy, so of a loop's repeats
-    at most their first character is ever sent.
-    """
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self._sent = ""  # every character released so far
-        self._held = ""  # written but not yet released: the sentence in progress
-
-    def push(self, text: str) -> tuple[str, bool]:
-        if not self.enabled:
-            return text, False
-        self._held += text
-        release = 0
-        for boundary in _BOUNDARY.finditer(self._held):
-            end = boundary.end()
-            if ends_with_repeated_line(self._sent + self._held[:end]):
-                out = self._held[:release]
-                self._sent += out
-                self._held = ""
-                return out, True
-            if end < len(self._held) or self._held[end - 1] == "\n":
-                release = end  # a confirmed boundary (followed by white space, or a line break)
-        text = self._sent + self._held
-        loop = find_inline_loop(text)
-        if loop is not None:  # the line loops: keep its first copy, drop the rest
-            out = self._held[: max(0, loop.start + loop.period - len(self._sent))]
-            self._sent += out
-            self._held = ""
-            return out, True
-        if not _could_become_a_repeat(text):
-            release = len(self._held)  # new words stream at once; only a possible repeat waits
-        maybe = find_inline_loop(text, min_copies=1, min_repeated_chars=_HOLD_REPEATED_CHARS)
-        if maybe is not None:  # a second copy may have begun: hold it until it departs or the loop is found
-            release = min(release, max(0, maybe.start + maybe.period - len(self._sent)))
-        out, self._held = self._held[:release], self._held[release:]
-        self._sent += out
-        return out, False
-
-    def flush(self) -> str:
-        """What is held, at a finish that is not a repetition (EOS, a stop string, max_tokens)."""
-        out, self._held = self._held, ""
-        self._sent += out
-        return out
-
-    def closing_fence(self) -> str:
-        """Text that closes a code fence the released answer left open (empty if none is open), so a
-        repetition stop inside a code block does not leave the rest of a rendered page in code."""
-        fences = _FENCE_LINE.findall(self._sent)
-        if len(fences) % 2 == 0:
-            return ""
-        return ("" if self._sent.endswith("\n") else "\n") + fences[-1]
+        return self.stop_on_repeated_line and ends_in_loop(text)
 
 
 def banned_ngram_tokens(generated: Sequence[int], n: int) -> set[int]:

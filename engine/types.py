@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 Mode = Literal["blend", "full", "prefix", "reuse"]
 MODES: tuple[Mode, ...] = get_args(Mode)
-# "repetition": stop_on_repeated_line ended a loop before its first repeated sentence was sent.
+# "repetition": stop_on_repeated_line ended a loop before its repeat was sent (FinishEvent.repeated_line).
 FinishReason = Literal["stop", "length", "cancelled", "repetition"]
 
 
@@ -172,6 +172,15 @@ class TokenEvent:
 
 
 @dataclass(frozen=True)
+class RepeatedLine:
+    """What the repeated-line stop withheld when it ended an answer (engine/repetition.py): the repeat the
+    answer began, never sent, and where what it repeats begins in the answer, so a reader can see both."""
+
+    text: str  # the withheld sentence, line(s) or in-line unit, white space at its ends stripped
+    earlier_start: int  # character index into the answer (FinishEvent.text) of the earlier occurrence
+
+
+@dataclass(frozen=True)
 class FinishEvent:
     """Always the last event of a request."""
 
@@ -186,6 +195,7 @@ class FinishEvent:
     selector: SelectorName | None = None  # which selector chose the recomputed tokens (mode blend)
     num_context_tokens: int = 0
     text: str = ""  # the whole answer, as streamed
+    repeated_line: RepeatedLine | None = None  # set when finish_reason is "repetition": what was withheld
 
 
 GenerationEvent = TokenEvent | FinishEvent

@@ -46,6 +46,7 @@ from app.api.schemas import (
     MaxTokens,
     NotBool,
     OpenAIErrorOut,
+    RepeatedLineOut,
     ServedModelOut,
     UnsupportedIdentifierOut,
 )
@@ -147,8 +148,9 @@ def finish_reason(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-# DoneEvent fields the OpenAI body carries in its own fields (`choices`, `usage`), or not at all.
-_OPENAI_OWN = ("answer", "finish_reason", "usage", "citations")
+# DoneEvent fields the OpenAI body carries in its own fields (`choices`, `usage`), or not at all. finish_reason is
+# not among them: OpenAI's has no "repetition" (nor "cancelled"), so the extension carries blendrag's own.
+_OPENAI_OWN = ("answer", "usage", "citations")
 _OPENAI_USAGE = ("prompt_tokens", "completion_tokens")
 
 
@@ -187,6 +189,16 @@ _EXTRAS_SCHEMA: dict[str, Any] = {
             "items": inline_schema(UnsupportedIdentifierOut),
         },
         "notice": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "finish_reason": {
+            "type": "string",
+            "description": 'blendrag\'s own finish reason: "stop", "length", "repetition" (which OpenAI\'s '
+            'finish_reason reports as "stop") or "cancelled"',
+        },
+        "repeated_line": {
+            "anyOf": [inline_schema(RepeatedLineOut), {"type": "null"}],
+            "description": 'With finish_reason "repetition": the repeat the stop withheld and where what it repeats '
+            "begins in the answer",
+        },
     },
 }
 _CHUNK_SCHEMA: dict[str, Any] = {

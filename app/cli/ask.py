@@ -31,12 +31,25 @@ def _print_sources(sources: list[dict[str, Any]], notice: str | None = None) -> 
         print(f"  [{s['rank']}] {s['title']}{section}{page} (score {s['score']:.3f})")
 
 
-def cut_off_note(done: dict[str, Any]) -> str | None:
-    """The line that says an answer hit its length cap (finish_reason "length"), else None."""
-    if done.get("finish_reason") != "length":
-        return None
-    tokens = (done.get("usage") or {}).get("completion_tokens")
-    return f"answer cut off at {tokens} tokens (raise it with --max-tokens)"
+MAX_REPEAT_CHARS = 160  # of the withheld repeat a note shows (a loop of code lines can be long)
+
+
+def finish_note(done: dict[str, Any]) -> str | None:
+    """The line that says why an answer ended when it did not end by itself (cut at its length cap, stopped
+    on a repeat, cancelled), else None: a stop is never silent, or the answer seems to end mid-sentence."""
+    match done.get("finish_reason"):
+        case "length":
+            tokens = (done.get("usage") or {}).get("completion_tokens")
+            return f"answer cut off at {tokens} tokens (raise it with --max-tokens)"
+        case "repetition":
+            line = (done.get("repeated_line") or {}).get("text")
+            if not line:  # a server from before the withheld repeat was reported
+                return "stopped: the answer started repeating itself"
+            shown = line if len(line) <= MAX_REPEAT_CHARS else line[:MAX_REPEAT_CHARS] + "…"
+            return f"stopped: the answer started repeating: «{shown}»"
+        case "cancelled":
+            return "stopped: the server stopped before the answer was done"
+    return None
 
 
 def unsupported_note(done: dict[str, Any]) -> str | None:
@@ -46,7 +59,7 @@ def unsupported_note(done: dict[str, Any]) -> str | None:
 
 
 def _print_done(done: dict[str, Any]) -> None:
-    for note in (cut_off_note(done), unsupported_note(done)):
+    for note in (finish_note(done), unsupported_note(done)):
         if note is not None:
             print(f"\n[{note}]")
     t = done["timings"]

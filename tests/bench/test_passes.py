@@ -85,7 +85,8 @@ def test_blend_at_one_is_full_and_storage_dtypes_serve_rounded_kv(tiny_engine, p
 def test_the_repeated_line_stop_ends_the_answer_and_compare_keeps_the_uncontrolled_one(
     tiny_engine, prompt, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.sampling import RepeatedLineGuard
+    from engine.repetition import RepeatedLineGuard
+    from engine.types import RepeatedLine
 
     spec = ModeSpec("full", "full")
     monkeypatch.setattr(tiny_engine, "eos_token_ids", frozenset())  # the random model never ends by itself
@@ -94,11 +95,11 @@ def test_the_repeated_line_stop_ends_the_answer_and_compare_keeps_the_uncontroll
     # Pretend the third token completed a repeated line (the engine's guard sees each token's text once).
     calls: list[str] = []
 
-    def push(self: RepeatedLineGuard, text: str) -> tuple[str, bool]:
+    def push(self: RepeatedLineGuard, text: str) -> tuple[str, RepeatedLine | None]:
         if not self.enabled:
-            return text, False
+            return text, None
         calls.append(text)
-        return ("", True) if len(calls) == 3 else (text, False)
+        return ("", RepeatedLine(text, 0)) if len(calls) == 3 else (text, None)
 
     monkeypatch.setattr(RepeatedLineGuard, "push", push)
     stopped = run_pass(tiny_engine, prompt.layout, None, spec, [], max_tokens=8)

@@ -3,22 +3,23 @@ request run, and from the engine settings into every mode alike."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from enginetest_tiny import random_chunks
 
 from engine.config import EngineSettings
-from engine.sampling import (
-    IncrementalDetokenizer,
+from engine.repetition import (
     InlineLoop,
+    LineLoop,
     RepeatedLineGuard,
-    RepetitionControl,
-    Sampler,
-    banned_ngram_tokens,
-    ends_with_repeated_line,
+    ends_in_loop,
     find_inline_loop,
+    find_line_loop,
 )
-from engine.types import FinishEvent, GenerationRequest, SamplingParams, TokenEvent
+from engine.sampling import IncrementalDetokenizer, RepetitionControl, Sampler, banned_ngram_tokens
+from engine.types import FinishEvent, GenerationRequest, RepeatedLine, SamplingParams, TokenEvent
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +54,8 @@ def _ngrams(ids: list[int], n: int) -> list[tuple[int, ...]]:
         ("", False),
     ],
 )
-def test_ends_with_repeated_line(text: str, repeated: bool) -> None:
-    assert ends_with_repeated_line(text) is repeated
+def test_ends_in_loop(text: str, repeated: bool) -> None:
+    assert ends_in_loop(text) is repeated
 
 
 def test_banned_ngram_tokens() -> None:
@@ -109,6 +110,8 @@ def test_a_repeated_sentence_is_never_sent_and_finishes_with_repetition(tiny_eng
     # it completes as a repeat, is never sent.
     assert [e.text for e in events[:-1]] == ["The launch", " is on 3 March.", " It is soon.", "", ""]
     assert fin.text == "The launch is on 3 March. It is soon."
+    # What was withheld is reported, with where the sentence it repeats begins in the answer.
+    assert fin.repeated_line == RepeatedLine("The launch is on 3 March.", 0)
 
 
 def test_a_repetition_stop_inside_a_code_block_closes_the_fence(tiny_engine, layout, monkeypatch) -> None:
@@ -117,6 +120,7 @@ def test_a_repetition_stop_inside_a_code_block_closes_the_fence(tiny_engine, lay
     _, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=5, ignore_eos=True, stop_on_repeated_line=True))
     assert fin.finish_reason == "repetition"
     assert fin.text == "Run:\n```python\nvalue = compute(1)\n```"
+    assert fin.repeated_line == RepeatedLine("value = compute(1)", 15)  # the same line twice in a row
 
 
 LOOP_SCRIPT = ["Use", " `", "test", "_client", ".get", "`", " and"] * 6  # a 135M model's answer, as tokens
@@ -132,6 +136,7 @@ def test_a_loop_inside_one_line_ends_after_its_first_copy(tiny_engine, layout, m
     assert (fin.finish_reason, fin.num_completion_tokens) == ("repetition", 28)
     assert fin.text == "Use `test_client.get` andUse"
     assert "".join(e.text for e in events[:-1]) == fin.text
+    assert fin.repeated_line == RepeatedLine("Use `test_client.get` and", 0)  # the unit the line repeats
 
 
 # Legitimate repetition inside a line: rules, rows of values, a value list written out three times, code.
@@ -172,13 +177,110 @@ def test_find_inline_loop(text: str, loop: InlineLoop | None) -> None:
 
 def test_held_text_is_released_at_the_end_of_a_run() -> None:
     guard = RepeatedLineGuard(enabled=True)
-    assert guard.push("First sentence here. Second one. First sent") == ("First sentence here. Second one.", False)
-    assert guard.push("ence") == ("", False)  # still the start of the first sentence: held
-    assert guard.push(" is new") == (" First sentence is new", False)  # departed from it: released
+    assert guard.push("First sentence here. Second one. First sent") == ("First sentence here. Second one.", None)
+    assert guard.push("ence") == ("", None)  # still the start of the first sentence: held
+    assert guard.push(" is new") == (" First sentence is new", None)  # departed from it: released
     # ". First sentence" also echoes the line a unit back (the ". First sentence" 23 characters earlier): held.
-    assert guard.push(". First sentence") == ("", False)
+    assert guard.push(". First sentence") == ("", None)
     assert guard.flush() == ". First sentence"
-    assert RepeatedLineGuard(enabled=False).push("A b c d. A b c d.") == ("A b c d. A b c d.", False)
+    assert RepeatedLineGuard(enabled=False).push("A b c d. A b c d.") == ("A b c d. A b c d.", None)
+
+
+# Answers with code as a coder model writes them, a line a token: a second example that starts like the first,
+# and a loop of two lines.
+SECOND_EXAMPLE = [
+    "Define a model:\n",
+    "```python\n",
+    "from pydantic import BaseModel\n",
+    "\n",
+    "class User(BaseModel):\n",
+    "    name: str\n",
+    "```\n",
+    "Then validate it:\n",
+    "```python\n",
+    "from pydantic import BaseModel\n",
+    "\n",
+    "class Item(BaseModel):\n",
+    "    price: float\n",
+    "```\n",
+]
+CODE_CYCLE = [
+    "Run it:\n",
+    "```python\n",
+    "x = compute(1)\n",
+    "y = compute(2)\n",
+    "x = compute(1)\n",
+    "y = compute(2)\n",
+    "more",
+]
+BRACES = "```js\nif (a) {\n  if (b) {\n    f();\n  }\n}\nif (c) {\n  g();\n}\n```\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "loop"),
+    [
+        # Prose says a sentence once: its repeat is a loop.
+        (
+            "The launch is on 3 March. It is soon. The launch is on 3 March.",
+            LineLoop(start=38, earlier_start=0, rule="sentence"),
+        ),
+        ("- Define `User`.\n- Validate it.\n- Define `User`.\n", LineLoop(32, 0, "sentence")),  # a list item
+        # Code that recurs for a reason: the same import and fences in a second example, closing braces after
+        # other lines or after each other, `return x` in two functions, a heading or a label said again.
+        ("".join(SECOND_EXAMPLE[:10]), None),
+        ("".join(SECOND_EXAMPLE), None),
+        (BRACES, None),
+        ("```js\n      }\n    }\n  }\n}\n", None),  # four closing braces in a row: nested code, not a run
+        ("```python\ndef f(x):\n    return x\n\ndef g(x):\n    print(x)\n    return x\n", None),
+        ("## Example\nUse it.\n## Example\n", None),
+        ("Example:\n```python\nprint(user.name)\n```\nExample:\n", None),
+        ("It checks types. For example:\n```python\nUser(name=1)\n```\nIt also coerces values. For example:\n", None),
+        # A loop in code: a line right after itself, two lines then the same two again (not before the second).
+        ("```python\nvalue = compute(1)\nvalue = compute(1)\n", LineLoop(29, 10, "cycle")),
+        ("".join(CODE_CYCLE[:5]), None),
+        ("".join(CODE_CYCLE[:6]), LineLoop(48, 18, "cycle")),
+        # Short units and markers loop only as a run of four copies.
+        ("Yes. Yes. Yes. Yes.", LineLoop(15, 10, "run")),
+        ("```python\n```\n" * 3, None),
+        ("```python\n```\n" * 4, LineLoop(42, 28, "run")),  # an empty code block, again and again
+    ],
+)
+def test_find_line_loop(text: str, loop: LineLoop | None) -> None:
+    assert find_line_loop(text) == loop
+
+
+def test_the_same_import_in_a_second_example_streams_and_does_not_stop(tiny_engine, layout, monkeypatch) -> None:
+    script = iter(SECOND_EXAMPLE)
+    monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
+    sampling = SamplingParams(max_tokens=len(SECOND_EXAMPLE), ignore_eos=True, stop_on_repeated_line=True)
+    events = list(tiny_engine.generate(GenerationRequest("t", layout, None, "full", sampling=sampling)))
+    fin = events[-1]
+    assert (fin.finish_reason, fin.repeated_line, fin.text) == ("length", None, "".join(SECOND_EXAMPLE))
+    # The second example's fence and import start like the first example's lines: held until its next line
+    # departs from them, then sent.
+    held = ["", "", "", "```python\nfrom pydantic import BaseModel\n\nclass Item(BaseModel):\n"]
+    assert [e.text for e in events[:-1]] == [*SECOND_EXAMPLE[:8], *held, *SECOND_EXAMPLE[12:]]
+
+
+def test_a_two_line_cycle_in_code_stops_before_its_repeat_and_reports_it(
+    tiny_engine, layout, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    script = iter(CODE_CYCLE)
+    monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
+    sampling = SamplingParams(max_tokens=len(CODE_CYCLE), ignore_eos=True, stop_on_repeated_line=True)
+    with caplog.at_level(logging.INFO, logger="engine.generation"):
+        events = list(tiny_engine.generate(GenerationRequest("req-7", layout, None, "full", sampling=sampling)))
+    fin = events[-1]
+    assert (fin.finish_reason, fin.num_completion_tokens) == ("repetition", 6)
+    # The cycle's first repeated line was held, never sent; the open fence is closed.
+    assert [e.text for e in events[:-1]] == [*CODE_CYCLE[:4], "", "```"]
+    assert fin.text == "Run it:\n```python\nx = compute(1)\ny = compute(2)\n```"
+    assert fin.repeated_line == RepeatedLine("x = compute(1)\ny = compute(2)", 18)
+    assert fin.text[18:].startswith("x = compute(1)")
+    assert [r.getMessage() for r in caplog.records if r.name == "engine.generation"] == [
+        "request req-7: repetition stop after 6 tokens, withheld 'x = compute(1)\\ny = compute(2)' "
+        "(repeats the answer from character 18)"
+    ]
 
 
 def test_without_the_stop_the_same_script_runs_to_length(tiny_engine, layout, monkeypatch) -> None:

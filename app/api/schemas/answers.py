@@ -96,6 +96,11 @@ class UnsupportedIdentifierOut(RecordOut):
     identifier: str = Field(description="The code identifier as the answer writes it")
 
 
+class RepeatedLineOut(RecordOut):
+    text: str = Field(description="The repeat the stop withheld (a sentence, line(s) or in-line unit), never sent")
+    earlier_start: int = Field(description="Where what it repeats begins in `answer` (a character index)")
+
+
 class AskDoneOut(RecordOut):
     """Data of the `done` SSE event (last): the AskOut fields except `sources`."""
 
@@ -105,8 +110,14 @@ class AskDoneOut(RecordOut):
     recompute_ratio: float
     finish_reason: str = Field(
         description='"stop" (end of answer or a stop string), "length" (max_tokens: the answer was cut off), '
-        '"repetition" (the model began to repeat a sentence or looped inside a line: the answer ends before '
-        'it; /v1 reports it as "stop") or "cancelled"'
+        '"repetition" (the model began to loop: a sentence said again, lines repeated right after themselves, '
+        "or a loop inside a line; the answer ends before the repeat, which `repeated_line` holds; /v1 reports "
+        'it as "stop") or "cancelled" (the server stopped before the answer was done)'
+    )
+    repeated_line: RepeatedLineOut | None = Field(
+        default=None,
+        description='With finish_reason "repetition": what the stop withheld and where what it repeats begins; '
+        "the chat page and `blendrag ask` show it",
     )
     usage: UsageOut
     timings: TimingsOut

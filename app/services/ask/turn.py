@@ -89,6 +89,7 @@ class TurnFinisher:
             history_turns=plan.num_history_turns,
             history_dropped_turns=plan.num_dropped_turns,
             retrieval_query=plan.query.text if plan.query.num_turns_used else None,
+            repeated_line=event.repeated_line,
         )
 
     async def _store_turn_kv(self, turn: Turn, *, persist: bool) -> None:

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from app.services.attribution import Citation, UnsupportedIdentifier
     from app.services.conversation_service import ConversationContext
     from engine.prompt import Turn
-    from engine.types import Mode, PromptLayout, SelectorName
+    from engine.types import Mode, PromptLayout, RepeatedLine, SelectorName
     from retrieval.config import FollowupMode
     from retrieval.followup import FollowupQuery
 
@@ -153,6 +153,8 @@ class DoneEvent:
     history_turns: int = 0
     history_dropped_turns: int = 0
     retrieval_query: str | None = None  # what retrieval searched when it was not the question alone
+    # finish_reason "repetition": the repeat the stop withheld and where what it repeats begins in `answer`.
+    repeated_line: RepeatedLine | None = None
 
 
 @dataclass(frozen=True)

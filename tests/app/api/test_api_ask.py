@@ -119,6 +119,7 @@ def test_non_streaming_answer_is_one_json_body(client: TestClient, corpus: dict[
         "selector",
         "recompute_ratio",
         "finish_reason",
+        "repeated_line",
         "usage",
         "timings",
         "kv_hits",

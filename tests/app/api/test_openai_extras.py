@@ -1,12 +1,17 @@
 """/v1's `usage` and `blendrag` fields from a DoneEvent: every field the OpenAI body does not carry itself,
-derived from the dataclass (a field added to DoneEvent reaches /v1 without a hand-kept list)."""
+derived from the dataclass (a field added to DoneEvent reaches /v1 without a hand-kept list), and blendrag's
+own finish reason, which OpenAI's finish_reason cannot say."""
 
 from __future__ import annotations
 
-from app.api.openai_compat import _extras, _usage
+import dataclasses
+
+from app.api.ask import done_payload
+from app.api.openai_compat import _extras, _usage, finish_reason
 from app.services.ask import DoneEvent
 from app.services.ask.types import Timings, Usage
 from app.services.attribution import Citation, UnsupportedIdentifier
+from engine.types import RepeatedLine
 
 DONE = DoneEvent(
     answer="Quintaro.",
@@ -77,4 +82,31 @@ def test_the_blendrag_field_carries_every_other_done_field() -> None:
         "conversation_id": "c-1",
         "notice": None,
         "unsupported_identifiers": [{"start": 0, "end": 8, "identifier": "Quintaro"}],
+        "finish_reason": "stop",
+        "repeated_line": None,
     }
+
+
+def test_a_repetition_stop_is_stop_to_openai_and_repetition_with_its_withheld_line_in_the_extension() -> None:
+    answer = "Quintaro is the capital. Its rivers are purple."
+    done = dataclasses.replace(
+        DONE,
+        answer=answer,
+        finish_reason="repetition",
+        repeated_line=RepeatedLine("Quintaro is the capital.", 0),
+        citations=[],
+        unsupported_identifiers=[],
+    )
+    assert finish_reason(done.finish_reason) == "stop"
+    extras = _extras(done)
+    assert (extras["finish_reason"], extras["repeated_line"]) == (
+        "repetition",
+        {"text": "Quintaro is the capital.", "earlier_start": 0},
+    )
+    # /ask's done event carries the same, validated by its schema.
+    payload = done_payload(done)
+    assert (payload["finish_reason"], payload["repeated_line"]) == (
+        "repetition",
+        {"text": "Quintaro is the capital.", "earlier_start": 0},
+    )
+    assert done_payload(DONE)["repeated_line"] is None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 
+import pytest
+
 from app.cli.answer import AnswerPrinter, with_citation_marks
 
 ANSWER = "Quintaro is the capital. Its rivers are purple! Kites fly in May"
@@ -89,3 +91,62 @@ def test_the_timing_line_gives_the_answers_decode_rate(capsys) -> None:
     for without in (timings | {"decode_tokens_per_s": None}, timings):
         _print_done(done | {"timings": without})
         assert "total 4850 ms; KV hits 3" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("done", "note"),
+    [
+        ({"finish_reason": "stop"}, None),
+        (
+            {"finish_reason": "length", "usage": {"completion_tokens": 320}},
+            "answer cut off at 320 tokens (raise it with --max-tokens)",
+        ),
+        (
+            {
+                "finish_reason": "repetition",
+                "repeated_line": {"text": "x = compute(1)\ny = compute(2)", "earlier_start": 8},
+            },
+            "stopped: the answer started repeating: «x = compute(1)\ny = compute(2)»",
+        ),
+        (
+            {"finish_reason": "repetition", "repeated_line": {"text": "ab" * 100, "earlier_start": 0}},
+            "stopped: the answer started repeating: «" + "ab" * 80 + "…»",
+        ),
+        # A server from before the withheld repeat was reported.
+        ({"finish_reason": "repetition"}, "stopped: the answer started repeating itself"),
+        ({"finish_reason": "cancelled"}, "stopped: the server stopped before the answer was done"),
+    ],
+)
+def test_every_end_but_the_answers_own_has_a_note(done: dict, note: str | None) -> None:
+    from app.cli.ask import finish_note
+
+    assert finish_note(done) == note
+
+
+def test_a_repetition_stop_is_said_under_the_answer_with_what_was_withheld(capsys) -> None:
+    from app.cli.ask import _AnswerOutput
+
+    answer = "Define the model first. Then validate it."
+    done = {
+        "answer": answer,
+        "mode": "full",
+        "selector": None,
+        "recompute_ratio": 1.0,
+        "kv_hits": 0,
+        "kv_misses": 0,
+        "finish_reason": "repetition",
+        "repeated_line": {"text": "Define the model first.", "earlier_start": 0},
+        "usage": {"completion_tokens": 14},
+        "timings": {"retrieval_ms": 2.0, "kv_load_ms": 0.0, "ttft_ms": 300.0, "total_ms": 900.0},
+    }
+    output = _AnswerOutput()  # prints as `blendrag ask` does, from the events the server sends
+    output.event("sources", {"sources": []})
+    output.event("token", {"text": answer})
+    output.event("done", done)
+    assert capsys.readouterr().out == (
+        f"{answer}\n\nSources: none (no documents match: the answer comes from the model alone)\n"
+        "\n[stopped: the answer started repeating: «Define the model first.»]\n"
+        "\nmode full, recompute ratio 1.00; retrieval 2 ms, KV load 0 ms, TTFT 300 ms, total 900 ms; "
+        "KV hits 0, misses 0\n"
+    )
+    assert output.code == 0

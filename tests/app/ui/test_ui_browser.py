@@ -248,6 +248,9 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
                     dataclasses.asdict(u)
                     for u in unsupported_identifiers(CANNED_ANSWER, [SourceText(1, source["text"])])
                 ],
+                # The answer ended on the repeated-line stop: the page says so, with what was withheld.
+                "finish_reason": "repetition",
+                "repeated_line": {"text": CITED, "earlier_start": CANNED_ANSWER.index(CITED)},
             },
         )
     )
@@ -281,6 +284,8 @@ def test_answers_and_passages_render_as_markdown_and_nothing_executes(
         assert answer.query_selector("pre mark") is None  # `timeout=5` in the example is not checked
         note = page.inner_text("article.turn [data-testid=unsupported]")
         assert note == "Not in any source (may be invented): connect_timeout"
+        stopped = page.inner_text("article.turn [data-testid=finish-note]")
+        assert stopped == "stopped: the answer started repeating: «Set it on the client.»"
         shot(page, f"chat-markdown-{width}")
         cite.click()  # the [1] mark opens the source, itself rendered
         page.wait_for_selector("dialog#passage[open] #passage-text.markdown pre code")

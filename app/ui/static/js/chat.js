@@ -12,6 +12,28 @@ import { markUnsupported, renderInto, StreamRenderer } from "./render.js";
 
 const $ = (id) => document.getElementById(id);
 
+const MAX_REPEAT_CHARS = 160; // of the withheld repeat shown in the note (a loop of code lines can be long)
+
+// Why an answer ended when it did not end by itself, as the note's parts (null: it did). A stop is never
+// silent: an answer cut off or stopped mid-way otherwise looks like one that ended mid-sentence.
+function finishNote(result) {
+  switch (result.finish_reason) {
+    case "length":
+      return [`answer cut off at ${result.usage.completion_tokens} tokens`
+        + " (ask again with a higher Max tokens for more)"];
+    case "repetition": {
+      const line = result.repeated_line ? result.repeated_line.text : "";
+      if (!line) return ["stopped: the answer started repeating itself"];
+      const shown = line.length > MAX_REPEAT_CHARS ? `${line.slice(0, MAX_REPEAT_CHARS)}…` : line;
+      return ["stopped: the answer started repeating: «", el("span", { class: "repeat" }, shown), "»"];
+    }
+    case "cancelled":
+      return ["stopped: the server stopped before the answer was done"];
+    default:
+      return null;
+  }
+}
+
 const form = $("ask-form");
 const question = $("question");
 const mode = $("mode");
@@ -199,10 +221,11 @@ class Turn {
           "Not in any source (may be invented): ",
           ...unsupported.flatMap((n, i) => [i ? ", " : "", el("code", {}, n)])));
       }
-      if (result.finish_reason === "length") {
+      const note = finishNote(result);
+      if (note) {
         // Beside the answer, not in it: the answer element holds the model's text alone.
-        this.answer.after(el("div", { class: "muted", "data-testid": "cut-off" },
-          `answer cut off at ${result.usage.completion_tokens} tokens (ask again with a higher Max tokens for more)`));
+        this.answer.after(el("div", { class: "muted finish-note", "data-testid": "finish-note",
+                                      "data-reason": result.finish_reason }, ...note));
       }
       // The rendered answer can be taller than the streamed text: keep the timing line above the composer.
       if (this.root === thread.lastElementChild) revealEnd(this);

@@ -57,6 +57,23 @@ def test_events_come_in_order_and_tokens_make_the_answer(services: Services, ing
     assert (done.finish_reason, done.usage.completion_tokens) == ("length", 6)
 
 
+def test_a_repetition_stop_reaches_done_with_what_it_withheld(
+    services: Services, ingested, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.sampling import IncrementalDetokenizer
+    from engine.types import RepeatedLine
+
+    # The tiny model writes random tokens: the text they decode to is scripted, the engine's stop is real.
+    script = iter(["Quintaro is the capital.", " It has purple rivers.", " Quintaro is the capital.", " More"])
+    monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
+    events = ask(services, AskRequest(question="What is the capital of Zorblat?", top_k=2, max_tokens=4))
+    done = events[-1]
+    assert isinstance(done, DoneEvent)
+    assert (done.finish_reason, done.usage.completion_tokens) == ("repetition", 3)
+    assert done.answer == "Quintaro is the capital. It has purple rivers."
+    assert done.repeated_line == RepeatedLine("Quintaro is the capital.", 0)
+
+
 def test_blend_at_ratio_one_answers_exactly_like_full(services: Services, ingested) -> None:
     q = "When is the kite festival?"
     full = ask(services, AskRequest(question=q, top_k=3, mode="full", max_tokens=8))[-1]
