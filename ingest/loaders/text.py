@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import yaml
 
 from ingest.errors import UnreadableDocument
+from ingest.loaders.markup import clean_markup
 from ingest.normalize import normalize_text
 from ingest.types import MetadataValue
 
@@ -21,12 +22,6 @@ _SETEXT_H1_UNDERLINE = re.compile(r"^ {0,3}=+[ \t]*$")
 # A fenced code block opens and closes with 3+ backticks or tildes (CommonMark): `#` lines inside are code.
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})")
 _NUL_PROBE_BYTES = 8192
-# A heading's attribute list (mkdocs / Pandoc / kramdown): `## Query Parameters { #query-parameters }`,
-# `# Title {.class key=value}`. Only at the end of an ATX heading line.
-_ATTR = r"""(?:[#.][\w:-]+|[\w:-]+=(?:"[^"]*"|'[^']*'|[^\s}]+))"""
-_HEADING_ATTRS = re.compile(
-    rf"^(#{{1,6}}[ \t]+.*?)[ \t]*\{{[ \t]*{_ATTR}(?:[ \t]+{_ATTR})*[ \t]*\}}[ \t]*$", re.MULTILINE
-)
 
 
 def decode_text(data: bytes, path: str | None) -> str:
@@ -70,11 +65,6 @@ def split_front_matter(text: str) -> tuple[dict[str, MetadataValue], str]:
         str(key): value for key, value in parsed.items() if isinstance(value, str | int | float | bool)
     }
     return metadata, text[match.end() :]
-
-
-def strip_heading_attributes(text: str) -> str:
-    """Drop `{ #anchor .class key=value }` attribute lists from the ends of markdown headings."""
-    return _HEADING_ATTRS.sub(r"\1", text)
 
 
 def outside_fences(text: str) -> Iterator[tuple[int, str | None]]:
@@ -126,7 +116,8 @@ def parse_markdown(data: bytes, path: str | None, strip_front_matter: bool) -> t
     metadata: dict[str, MetadataValue] = {}
     if strip_front_matter:
         metadata, raw = split_front_matter(raw)
-    text = normalize_text(strip_heading_attributes(raw))
+    # Heading anchors, reference links, admonition markers …: what the page's reader never sees (markup.py).
+    text = normalize_text(clean_markup(raw))
     title = metadata.get("title")
     title = title if isinstance(title, str) and title.strip() else markdown_title(text)
     return title, text, metadata
