@@ -59,6 +59,12 @@ class Progress:
         kv["bytes"] = kv.get("bytes", 0) + num_bytes
         kv["tokens"] = kv.get("tokens", 0) + num_tokens
 
+    def set_ready(self, num_documents: int) -> None:
+        """The documents the commit made ready: the commit stage's `ready`, what the job added to the library
+        (its duplicates and failures aside, which its errors list)."""
+        self._progress["commit"]["ready"] = num_documents
+        self._write(force=True)
+
     def grow(self, extra: int) -> None:
         """The current stage has `extra` more items than announced (records found while parsing)."""
         self._progress[self._stage]["total"] += extra

@@ -326,6 +326,7 @@ def commit(ctx: JobContext) -> int:
     for item, doc in committed:
         catalog.set_document_status(item.document_id, DocumentStatus.READY)
         replace_older_versions(ctx.env, doc)
+    tracker.set_ready(len(committed))
     return num_chunks
 
 

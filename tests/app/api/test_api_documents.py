@@ -54,7 +54,7 @@ def test_json_ingest_is_accepted_and_its_job_succeeds(client: TestClient, corpus
     [chunk] = services.catalog.chunks_of(body["document_ids"][0])
     located = services.store.locate_many([chunk.kv_key])[chunk.kv_key]
     assert (kv["bytes"], kv["tokens"]) == (located.num_bytes_by_tier["disk"], len(chunk.token_ids))
-    assert job["progress"]["commit"] == {"done": 1, "total": 1}
+    assert job["progress"]["commit"] == {"done": 1, "total": 1, "ready": 1}
 
     stored = client.get(f"/documents/{body['document_ids'][0]}").json()
     assert stored["title"] == "Kite festival"

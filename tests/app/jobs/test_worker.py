@@ -60,7 +60,7 @@ def test_api_only_enqueues_and_a_worker_runs_the_job(pg_settings: Settings, serv
     with worker_in_thread(pg_settings) as worker:
         job = wait_for(lambda: finished(server_services, submitted.job_id), 120, "the job to finish")
         assert job.status == JobStatus.SUCCEEDED and job.errors == []
-        assert job.progress["commit"] == {"done": 2, "total": 2}
+        assert job.progress["commit"] == {"done": 2, "total": 2, "ready": 2}
         # the worker indexes nothing itself: the catalog (with embeddings) is what replicas read
         assert worker.retriever.count == 0
     assert server_services.catalog.get_job(cancelled.job_id).status == JobStatus.CANCELLED

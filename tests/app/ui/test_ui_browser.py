@@ -65,7 +65,7 @@ def test_admin_upload_shows_progress_then_full_coverage(ui_server: LiveServer, p
     job = page.wait_for_selector(".job", timeout=TIMEOUT_MS)
     assert job.query_selector(".name").inner_text() == "festival.txt"
     page.wait_for_selector(".job[data-status=succeeded]", timeout=TIMEOUT_MS)
-    assert page.inner_text(".job .stage").startswith("done: 1 document(s), 1 chunk(s)")
+    assert page.inner_text(".job .stage").startswith("done: 1 new document(s), 1 chunk(s)")
     assert page.eval_on_selector(".job .progress > span", "e => e.style.width") == "100%"
 
     with httpx.Client(base_url=ui_server.url) as http:

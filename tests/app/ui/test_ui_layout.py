@@ -108,7 +108,7 @@ def test_admin_counts_agree_lists_api_jobs_and_purges_failed_documents(
         f"li.job[data-job-id='{api_job['job_id']}'][data-status=succeeded]", timeout=TIMEOUT_MS
     )
     assert card.query_selector(".name").inner_text() == f"job {api_job['job_id'][:8]} · 5 documents"
-    assert card.query_selector(".stage").inner_text().startswith("done: 5 document(s)")
+    assert card.query_selector(".stage").inner_text().startswith("done: 5 new document(s)")
     page.wait_for_function("document.getElementById('docs-sub').textContent.endsWith('total')")
     total = int(page.inner_text("#docs-sub").split()[0])
     assert page.inner_text("#card-docs") == str(total)

@@ -13,6 +13,8 @@ const PAGE_SIZE = 20;
 const STAGES = ["parse", "chunk", "embed", "kv", "commit"];
 const STAGE_NAMES = { parse: "Parsing", chunk: "Chunking", embed: "Embedding", kv: "Precomputing KV cache",
   commit: "Committing" };
+// A running job's stage after its own stages: its duplicates wait for the outcome of their originals.
+const WAITING = "waiting";
 const MAX_JOB_CARDS = 6;
 
 let offset = 0;
@@ -228,15 +230,34 @@ $("next").addEventListener("click", () => { offset += PAGE_SIZE; refresh(); });
 // ---- ingest jobs -------------------------------------------------------------------------------
 
 function jobFraction(job) {
-  if (job.status === "succeeded") return 1;
+  if (job.status === "succeeded" || job.stage === WAITING) return 1;
   const index = STAGES.indexOf(job.stage);
   if (index < 0) return 0;
   const p = job.progress[job.stage] || { done: 0, total: 0 };
   return (index + (p.total ? p.done / p.total : 0)) / STAGES.length;
 }
 
+// A job's errors split: duplicates (content already stored, or being stored by another job: not a failure)
+// and the failures.
+function jobErrors(job) {
+  const duplicates = job.errors.filter((e) => e.code === "duplicate");
+  return { duplicates, failures: job.errors.filter((e) => e.code !== "duplicate") };
+}
+
+// The documents a job added: its commit's count; a job that does not report it (one from an older server)
+// counts its own documents that were neither dropped as duplicates nor failed.
+function documentsAdded(job) {
+  const ready = job.progress.commit ? job.progress.commit.ready : undefined;
+  if (ready !== undefined) return ready;
+  const kept = job.document_ids.filter((id) => !job.duplicate_ids.includes(id)).length;
+  return Math.max(kept - jobErrors(job).failures.length, 0);
+}
+
 function stageText(job) {
   if (job.status === "queued") return "waiting for the ingest worker";
+  if (job.status === "running" && job.stage === WAITING && !job.cancel_requested) {
+    return "waiting for the originals of its duplicates (other jobs are ingesting them)";
+  }
   if (job.status === "running") {
     const p = job.progress[job.stage] || { done: 0, total: 0 };
     const name = STAGE_NAMES[job.stage] || job.stage || "starting";
@@ -245,7 +266,11 @@ function stageText(job) {
   }
   const chunks = job.progress.kv ? job.progress.kv.total : 0;
   const kvBytes = job.progress.kv && job.progress.kv.bytes ? `, KV cache +${fmtBytes(job.progress.kv.bytes)}` : "";
-  if (job.status === "succeeded") return `done: ${job.document_ids.length - job.duplicate_ids.length} document(s), ${chunks} chunk(s)${kvBytes}`;
+  const { duplicates } = jobErrors(job);
+  const copies = duplicates.length ? `, ${duplicates.length} duplicate(s) of stored documents` : "";
+  if (job.status === "succeeded") {
+    return `done: ${documentsAdded(job)} new document(s)${copies}, ${chunks} chunk(s)${kvBytes}`;
+  }
   return job.status;
 }
 
@@ -256,8 +281,15 @@ function updateJobCard(card, job) {
   badge.textContent = job.status;
   card.querySelector(".progress > span").style.width = `${Math.round(jobFraction(job) * 100)}%`;
   card.querySelector(".stage").textContent = stageText(job);
+  const { duplicates, failures } = jobErrors(job);
   const errors = card.querySelector(".errors");
-  errors.replaceChildren(...job.errors.map((e) => el("li", {}, `${e.source ?? "job"}: ${e.error}`)));
+  errors.replaceChildren(...failures.map((e) => el("li", {}, `${e.source ?? "job"}: ${e.error}`)));
+  // Duplicates are no failure: their content is stored, under the document each names.
+  const copies = card.querySelector(".duplicates");
+  copies.hidden = !duplicates.length;
+  copies.querySelector("summary").textContent = `${duplicates.length} duplicate(s): already stored`;
+  copies.querySelector("ul").replaceChildren(...duplicates.map((e) => el("li", {},
+    `${e.source ?? "document"}: same content as document ${(e.document_id || "").slice(0, 8)}`)));
   const cancel = card.querySelector("[data-action=cancel]");
   cancel.hidden = !(job.status === "queued" || job.status === "running") || job.cancel_requested;
   // The matching document rows show the same stage inline.
@@ -267,7 +299,8 @@ function updateJobCard(card, job) {
 }
 
 function jobName(job) {
-  const n = job.document_ids.length;
+  // Its documents and the duplicates submit answered with a stored document (those are not among them).
+  const n = job.document_ids.length + job.duplicate_ids.filter((id) => !job.document_ids.includes(id)).length;
   return `job ${job.job_id.slice(0, 8)} · ${n} document${n === 1 ? "" : "s"}`;
 }
 
@@ -288,7 +321,8 @@ function addJobCard(jobId, name) {
       el("span", { class: "badge queued" }, "queued"), cancel),
     el("div", { class: "progress" }, el("span", { style: "width:0%" })),
     el("div", { class: "stage" }, "submitted"),
-    el("ul", { class: "errors" }));
+    el("ul", { class: "errors" }),
+    el("details", { class: "duplicates", hidden: true }, el("summary", {}), el("ul", {})));
   cancel.addEventListener("click", async () => {
     try {
       updateJobCard(card, await api(`/ingest/jobs/${jobId}/cancel`, { method: "POST" }));

@@ -53,7 +53,7 @@ def test_the_stages_in_order_commit_exact_chunk_ids_with_their_progress(services
     assert services.retriever.chunk_ids() == []
     assert all(services.store.contains(k) is not None for i in ctx.items for k in i.kv_keys)
     assert stages.commit(ctx) == 2
-    assert counts(ctx, "commit") == {"done": 2, "total": 2}
+    assert counts(ctx, "commit") == {"done": 2, "total": 2, "ready": 2}  # the documents it made ready
     assert [c.id for c in services.catalog.chunks_of(doc_a)] == [1]
     assert [c.id for c in services.catalog.chunks_of(doc_b)] == [2]
     assert sorted(services.retriever.chunk_ids()) == [1, 2]
