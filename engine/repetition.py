@@ -54,8 +54,9 @@ LoopRule = Literal["sentence", "cycle", "run", "inline"]
 
 _SPACES = re.compile(r"\s+")
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")  # between two sentences of one line
-_FENCE = re.compile(r"^ {0,3}(```|~~~)")
-_FENCE_LINE = re.compile(r"^ {0,3}(```|~~~)", re.MULTILINE)
+# A fence at any indent: a model nests an example in a list item by four spaces or more.
+_FENCE = re.compile(r"^[ \t]*(```|~~~)")
+_FENCE_LINE = re.compile(r"^[ \t]*(```|~~~)", re.MULTILINE)
 # A heading or a bold label line ("## Example", "**Output:**"); a sentence ending in ":" is a label too.
 _HEADING = re.compile(r"^ {0,3}(#{1,6}(\s|$)|\*\*[^*]+\*\*:?\s*$)")
 _LIST_MARKER = re.compile(r"^\s*([-*+]|\d{1,3}[.)])\s*$")

@@ -229,6 +229,12 @@ BRACES = "```js\nif (a) {\n  if (b) {\n    f();\n  }\n}\nif (c) {\n  g();\n}\n``
         # other lines or after each other, `return x` in two functions, a heading or a label said again.
         ("".join(SECOND_EXAMPLE[:10]), None),
         ("".join(SECOND_EXAMPLE), None),
+        # The same, each example nested in a list item (its fences indented by four spaces).
+        (
+            "1. Define it:\n    ```python\n    from pydantic import BaseModel\n    ```\n"
+            "2. Use it:\n    ```python\n    from pydantic import BaseModel\n",
+            None,
+        ),
         (BRACES, None),
         ("```js\n      }\n    }\n  }\n}\n", None),  # four closing braces in a row: nested code, not a run
         ("```python\ndef f(x):\n    return x\n\ndef g(x):\n    print(x)\n    return x\n", None),
