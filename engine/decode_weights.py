@@ -15,11 +15,14 @@ decoded tokens come from the compact copy (their K/V too). What that costs in an
 `python -m bench decode` (per-token KL against the same-weights decode, greedy agreement, look-ups).
 
 The quantized tensors are computed once per model and dtype and cached in the model cache
-(`<models dir>/.decode-weights/<fingerprint>-<format>.safetensors`); a later start reads them back.
+(`<models dir>/.decode-weights/<fingerprint>-<format>.safetensors`); a later start reads them back. Two
+processes starting on one model cache quantize once: the one that finds no file quantizes under the cache's file
+lock (engine/models/cache.py), the other waits on it and reads the file the first stored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, replace
@@ -29,6 +32,7 @@ from typing import Literal
 import torch
 
 from engine.model import LayerWeights, LoadedModel, ModelWeights, Weight
+from engine.models.cache import conversion_lock
 from engine.quantized_weights import INT4_GROUP_SIZE, KERNEL_DTYPE, Int4Weight, Int8Weight, QuantizedWeight
 from fsio.atomic import atomic_path
 
@@ -165,19 +169,22 @@ def build_decode_weights(model: LoadedModel, setting: DecodeWeightsName, cache_d
         )
     t0 = time.perf_counter()
     path = None if cache_dir is None else cache_dir / f"{model.fingerprint[:32]}-{fmt}-v{_CACHE_VERSION}.safetensors"
-    tensors = _read_cache(path)
-    weights = None
-    if tensors is not None:
-        try:
-            weights = _assemble(model.weights, fmt, tensors)
-        except (KeyError, RuntimeError, ValueError) as exc:  # a file of another layout: quantize again
-            logger.warning("ignoring the decode-weights cache %s, which does not fit this model: %s", path, exc)
+    seen = _stamp(path)
+    weights = _from_cache(model.weights, fmt, path)
     from_cache = weights is not None
     if weights is None:
-        tensors = _quantize_all(model.weights, fmt)
-        if path is not None:
-            _write_cache(path, tensors)
-        weights = _assemble(model.weights, fmt, tensors)
+        with contextlib.ExitStack() as held:
+            if path is not None:
+                _lock(held, path)
+                # Another process may have stored the file while this one waited for the lock: read that one.
+                if _stamp(path) != seen:
+                    weights = _from_cache(model.weights, fmt, path)
+                    from_cache = weights is not None
+            if weights is None:
+                tensors = _quantize_all(model.weights, fmt)
+                if path is not None:
+                    _write_cache(path, tensors)
+                weights = _assemble(model.weights, fmt, tensors)
     num_bytes = sum(_nbytes(layer_weight) for layer_weight in _matrices(weights).values())
     seconds = time.perf_counter() - t0
     logger.info(
@@ -244,6 +251,39 @@ def _assemble(weights: ModelWeights, fmt: WeightFormat, tensors: dict[str, torch
         for i, layer in enumerate(weights.layers)
     ]
     return replace(weights, layers=layers, lm_head=weight("lm_head"))
+
+
+def _stamp(path: Path | None) -> tuple[int, int] | None:
+    """(modification time, size) of the cache file, None when there is none: tells a file another process
+    stored from the one looked at before."""
+    try:
+        info = path.stat() if path is not None else None
+    except OSError:
+        return None
+    return (info.st_mtime_ns, info.st_size) if info is not None else None
+
+
+def _lock(held: contextlib.ExitStack, path: Path) -> None:
+    """Hold the model cache's lock on `path` in `held`: waits while another process quantizes into it. A cache
+    dir that cannot hold the lock (read-only) quantizes without it, as it then stores nothing either."""
+    try:
+        held.enter_context(
+            conversion_lock(path.parent, path.stem, doing=f"decode weights {path.name} are being quantized")
+        )
+    except OSError as exc:
+        logger.warning("could not lock the decode-weights cache %s (%s); quantizing without it", path, exc)
+
+
+def _from_cache(weights: ModelWeights, fmt: WeightFormat, path: Path | None) -> ModelWeights | None:
+    """The compact weights read from the cache file, None when there is none that fits."""
+    tensors = _read_cache(path)
+    if tensors is None:
+        return None
+    try:
+        return _assemble(weights, fmt, tensors)
+    except (KeyError, RuntimeError, ValueError) as exc:  # a file of another layout: quantize again
+        logger.warning("ignoring the decode-weights cache %s, which does not fit this model: %s", path, exc)
+        return None
 
 
 def _read_cache(path: Path | None) -> dict[str, torch.Tensor] | None:

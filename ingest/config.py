@@ -71,6 +71,19 @@ class IngestSettings(BaseModel):
         description="Address space the parse process of one file may use (parse_in_subprocess); past it the "
         "document fails (document_too_large)",
     )
+    parse_recycle_bytes: int | None = Field(
+        200 * 1024 * 1024,
+        ge=0,
+        description="A parse process whose resident memory is over this many bytes after a file is replaced for "
+        "the next one: a big file's parse leaves the process as large as it grew (a 5 MB HTML page: 318 MB, "
+        "where a fresh one holds about 60 MB). null: kept whatever it holds",
+    )
+    parse_idle_s: float | None = Field(
+        300.0,
+        gt=0,
+        description="A parse process that parsed nothing for this many seconds is stopped (the next file starts "
+        "one again, in well under a second), so an idle server holds no parse processes. null: kept",
+    )
     parse_workers: int | None = Field(
         None,
         ge=1,

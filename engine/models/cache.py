@@ -45,9 +45,11 @@ def dir_bytes(path: Path) -> int:
 
 
 @contextlib.contextmanager
-def conversion_lock(models_dir: Path, name: str) -> Iterator[None]:
+def conversion_lock(models_dir: Path, name: str, *, doing: str | None = None) -> Iterator[None]:
     """Hold the cache's lock on `name` (exclusive across threads and processes: each holder opens its own file
-    description, which is what `flock` locks); waits, and says so in the log, while another holder converts."""
+    description, which is what `flock` locks); waits, and says so in the log, while another holder converts.
+    `doing`: what the log says the other holder does (default "model `name` is being converted"); decode's
+    compact weights (engine/decode_weights.py) are made once under the same kind of lock."""
     locks = Path(models_dir) / LOCKS_DIR
     locks.mkdir(parents=True, exist_ok=True)
     with open(locks / f"{name}.lock", "a+b") as fh:
@@ -55,7 +57,8 @@ def conversion_lock(models_dir: Path, name: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             # A warning, so that a CLI command (which logs warnings only) says why it sits still for minutes.
-            logger.warning("model %s is being converted by another process into %s; waiting for it", name, models_dir)
+            doing = doing or f"model {name} is being converted"
+            logger.warning("%s by another process into %s; waiting for it", doing, models_dir)
             t0 = time.perf_counter()
             fcntl.flock(fh, fcntl.LOCK_EX)
             logger.info("waited %.1f s for the other conversion of %s", time.perf_counter() - t0, name)

@@ -19,6 +19,10 @@ costs no interpreter start), reached over a pipe, one file at a time; a killed o
 next file. Each parse lane has its own (`ParseServer`); a caller that names none (`blendrag ingest`, a
 PostgreSQL worker, bench) shares the module's one. It imports only the loaders, never the server's modules,
 threads or torch state. With `ingest.parse_in_subprocess` off, files are parsed in the calling thread.
+
+A child keeps the memory a big file made it grow to (Python gives little back: a 5 MB HTML page left one at
+318 MB, idle), so it is replaced after a file that left it over `ingest.parse_recycle_bytes` resident, and
+stopped once it has parsed nothing for `ingest.parse_idle_s`; the next file starts a fresh one either way.
 """
 
 from __future__ import annotations
@@ -72,13 +76,39 @@ def iter_file_documents(
 
 
 class ParseServer:
-    """The child process and the two pipes to it; started when first needed and after a kill."""
+    """The child process and the two pipes to it; started when first needed and after a kill, replaced after
+    a file that left it large, stopped when idle (module docstring)."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen[bytes] | None = None
         self._requests: Connection | None = None
         self._replies: Connection | None = None
         self._memory_bytes = 0
+        # The child is shared by its user's thread and the idle timer's: the timer stops it only between files.
+        self._lock = threading.RLock()
+        self._busy = False
+        self._idle_timer: threading.Timer | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The running child's process id (None: none running)."""
+        with self._lock:
+            process = self._process
+            return process.pid if process is not None and process.poll() is None else None
+
+    def rss_bytes(self) -> int | None:
+        """The running child's resident memory (None: none running, or a system without /proc)."""
+        pid = self.pid
+        if pid is None:
+            return None
+        try:
+            with open(f"/proc/{pid}/status", encoding="ascii") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024  # reported in kB
+        except (OSError, ValueError, IndexError):
+            return None
+        return None
 
     def _ensure(self, memory_bytes: int) -> tuple[Connection, Connection]:
         alive = self._process is not None and self._process.poll() is None
@@ -111,20 +141,57 @@ class ParseServer:
 
     def close(self) -> None:
         """Kill the child (if any) and forget it: the next file starts a fresh one."""
-        for connection in (self._requests, self._replies):
-            if connection is not None:
-                connection.close()
-        self._requests = self._replies = None
-        if self._process is not None:
-            if self._process.poll() is None:
-                self._process.kill()
-            self._process.wait(timeout=5)
-            self._process = None
+        with self._lock:
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            for connection in (self._requests, self._replies):
+                if connection is not None:
+                    connection.close()
+            self._requests = self._replies = None
+            if self._process is not None:
+                if self._process.poll() is None:
+                    self._process.kill()
+                self._process.wait(timeout=5)
+                self._process = None
+
+    def _after_file(self, settings: IngestSettings) -> None:
+        """A file is parsed and the child is idle: replace it if the file left it large, else stop it once it
+        has been idle for `settings.parse_idle_s`."""
+        with self._lock:
+            self._busy = False
+            threshold = settings.parse_recycle_bytes
+            rss = self.rss_bytes() if threshold is not None else None
+            if threshold is not None and rss is not None and rss > threshold:
+                logger.info(
+                    "parse process %s holds %d MiB after a file (over ingest.parse_recycle_bytes, %d MiB): "
+                    "replaced for the next file",
+                    self.pid,
+                    rss // 2**20,
+                    threshold // 2**20,
+                )
+                self.close()
+                return
+            if settings.parse_idle_s is not None and self._process is not None:
+                self._idle_timer = threading.Timer(settings.parse_idle_s, self._stop_idle)
+                self._idle_timer.daemon = True
+                self._idle_timer.start()
+
+    def _stop_idle(self) -> None:
+        with self._lock:
+            if not self._busy and self._process is not None:
+                logger.debug("parse process %s idle: stopped", self.pid)
+                self.close()
 
     def parse(
         self, path: Path, settings: IngestSettings, check: Check | None, grace_s: float
     ) -> Iterator[LoadedDocument]:
-        requests, replies = self._ensure(settings.max_parse_memory_bytes)
+        with self._lock:
+            self._busy = True
+            if self._idle_timer is not None:
+                self._idle_timer.cancel()
+                self._idle_timer = None
+            requests, replies = self._ensure(settings.max_parse_memory_bytes)
         requests.send((str(path), settings.model_dump()))
         deadline = time.monotonic() + settings.max_parse_seconds + grace_s
         finished = False
@@ -154,6 +221,7 @@ class ParseServer:
         finally:
             if not finished:  # cancelled, out of time, or the reader stopped early: the child may still parse
                 self.close()
+            self._after_file(settings)
 
 
 _SERVER = ParseServer()
