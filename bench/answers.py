@@ -43,7 +43,12 @@ DEFAULT_MODELS = "smollm2-135m,qwen2.5-coder-0.5b"
 
 
 async def _ask(
-    state: Any, question: str, mode: str, max_tokens: int, conversation: str | None = None
+    state: Any,
+    question: str,
+    mode: str,
+    max_tokens: int,
+    conversation: str | None = None,
+    recompute_ratio: float | None = None,
 ) -> tuple[Any, list[Any]]:
     """(done event, sources best first) of one question through the AskService that POST /ask calls; with
     `conversation` ("new" or an id) the turn is recorded in that stored conversation."""
@@ -54,6 +59,7 @@ async def _ask(
         question=question,
         mode=mode,  # type: ignore[arg-type]
         max_tokens=max_tokens,
+        recompute_ratio=recompute_ratio,
         temperature=0.0,
         conversation=ConversationRef(conversation) if conversation is not None else None,
     )

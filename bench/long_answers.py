@@ -42,6 +42,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=300, help="answer length cap")
     parser.add_argument("--questions", type=int, default=None, help="ask only the first N questions (default: all)")
     parser.add_argument("--agree-f1", type=float, default=0.8, help="token F1 from which two answers agree")
+    parser.add_argument(
+        "--ratios", default="", help="also ask in blend at these recompute ratios (blend@r), comma-separated"
+    )
 
 
 def divergence(full_ids: list[int], other_ids: list[int]) -> int | None:
@@ -91,12 +94,14 @@ def summarize(rows: list[dict[str, Any]], num_questions: int) -> dict[str, Any]:
 async def run_modes(
     state: Any, questions: list[Any], modes: list[str], max_tokens: int, agree_f1: float
 ) -> dict[str, Any]:
+    """Every question in every mode (`blend@r`: the default blend at ratio r), then each against full's."""
     tokenizer = state.services.engine.tokenizer
     per_mode: dict[str, list[dict[str, Any]]] = {}
     for mode in modes:
         rows = []
+        name, _, ratio = mode.partition("@")
         for q in questions:
-            done, _ = await _ask(state, q.question, mode, max_tokens)
+            done, _ = await _ask(state, q.question, name, max_tokens, recompute_ratio=float(ratio) if ratio else None)
             rows.append(
                 {
                     "question": q.question,
@@ -131,7 +136,8 @@ def main(args: argparse.Namespace) -> int:
         async def go() -> dict[str, Any]:
             async with running_app(settings) as state:
                 ingest_passages(state, [Passage(title=t, text=x) for t, x in pages])
-                modes = list(dict.fromkeys(["full", settings.engine.mode]))
+                ratios = [f"blend@{float(r)}" for r in args.ratios.split(",") if r.strip()]
+                modes = list(dict.fromkeys(["full", settings.engine.mode, *ratios]))
                 result = await run_modes(state, questions, modes, args.max_tokens, args.agree_f1)
                 return {**harness.result_header(NAME, args, state.services.engine), "modes": result}
 

@@ -47,10 +47,12 @@ def test_agreement_needs_the_same_finish_when_the_answers_differ() -> None:
 
 def test_long_answers_runs_both_modes_over_the_docs_questions(tmp_path: Path, tiny_llama_dir: Path) -> None:
     out = tmp_path / "long.json"
-    args = ["long-answers", "--model", str(tiny_llama_dir), "--questions", "2", "--max-tokens", "6"]
+    args = ["long-answers", "--model", str(tiny_llama_dir), "--questions", "2", "--max-tokens", "6", "--ratios", "1.0"]
     assert main([*args, "--threads", "2", "--dtype", "float32", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert result["benchmark"] == "long-answers" and list(result["modes"]) == ["full", "blend"]
+    assert result["benchmark"] == "long-answers" and list(result["modes"]) == ["full", "blend", "blend@1.0"]
+    # A blend that recomputes everything answers as full prefill does, token for token.
+    assert result["modes"]["blend@1.0"]["identical"] == 2
     full, blend = result["modes"]["full"], result["modes"]["blend"]
     assert full["questions"] == blend["questions"] == 2 and "agrees" not in full
     assert sum(blend["finish_reasons"].values()) == 2
