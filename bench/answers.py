@@ -43,15 +43,11 @@ DEFAULT_MODELS = "smollm2-135m,qwen2.5-coder-0.5b"
 
 
 async def _ask(
-    state: Any,
-    question: str,
-    mode: str,
-    max_tokens: int,
-    conversation: str | None = None,
-    recompute_ratio: float | None = None,
+    state: Any, question: str, mode: str, max_tokens: int, conversation: str | None = None, **fields: Any
 ) -> tuple[Any, list[Any]]:
     """(done event, sources best first) of one question through the AskService that POST /ask calls; with
-    `conversation` ("new" or an id) the turn is recorded in that stored conversation."""
+    `conversation` ("new" or an id) the turn is recorded in that stored conversation. `fields`: more of the
+    request's own values (e.g. recompute_ratio)."""
     from app.services.ask import ConversationRef
     from app.services.ask.types import AskRequest, DoneEvent, ErrorEvent, SourcesEvent
 
@@ -59,9 +55,9 @@ async def _ask(
         question=question,
         mode=mode,  # type: ignore[arg-type]
         max_tokens=max_tokens,
-        recompute_ratio=recompute_ratio,
         temperature=0.0,
         conversation=ConversationRef(conversation) if conversation is not None else None,
+        **fields,
     )
     sources: list[Any] = []
     async for event in state.services.ask.ask(request):
