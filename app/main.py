@@ -26,6 +26,7 @@ from app.api import (
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.cross_site import CrossSiteGuardMiddleware
 from app.api.errors import install_error_handlers
+from app.api.mcp import mount_mcp
 from app.api.security_headers import SecurityHeadersMiddleware
 from app.datadir_lock import DataDirBusy, DataDirLock, server_url
 from app.metrics import RequestMetricsMiddleware
@@ -46,6 +47,8 @@ RAG server that answers from precomputed, blended KV caches (CacheBlend).
 * **openai**: `/v1/chat/completions` and `/v1/models` for OpenAI clients (the whole `messages` history
   counts; sources in an extra field).
 * **admin**: KV cache coverage, serving stats and Prometheus `/metrics`.
+* **MCP**: the tools `search`, `ask`, `list_collections` and `get_document` for agents, over streamable HTTP at
+  `/mcp` (not in this schema; the same keys and collections as these routes).
 
 * **collections**: every document belongs to a collection; the admin key (`server.api_key`) makes collection
   keys (`/admin/keys`) that see only their collections on every route.
@@ -76,7 +79,8 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         if not load_in_background:
             await task
         try:
-            yield
+            async with mcp_endpoint.run():
+                yield
         finally:
             try:
                 if not task.done():
@@ -112,6 +116,7 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         render.router,
     ):
         app.include_router(router)
+    mcp_endpoint = mount_mcp(app, app.version)
     mount_ui(app)
     if docs_assets is not None:
         mount_docs(app, docs_assets)

@@ -90,11 +90,14 @@ def take_data_dir(
     remote: bool,
     args: argparse.Namespace | None = None,
     server_only: bool = False,
+    local: bool = True,
 ) -> tuple[RemoteServer | None, DataDirLock | None]:
     """Own the data dir for this command, or (remote=True) reach a server: the one `--server` names, the
     one that owns the data dir, or (the data dir holding no catalog) one that announced itself (the one started
     from this folder, else the only one; several and none of them this folder's: Refused, listing them) or
     answers on the configured port. `server_only`: never take (and so create) a data dir without a catalog.
+    `local=False` (with remote=True): never take the data dir, and look for a server as if it held no catalog
+    (`blendrag mcp`, which relays a server's tools).
 
     Returns (server client, None) when the work goes to the running server over HTTP, else (None, lock).
     Raises Refused naming the owner and what to do when neither is possible.
@@ -109,24 +112,27 @@ def take_data_dir(
             raise Refused(f"no blendrag server answers at {named} (check --server / BLENDRAG_URL)")
         return RemoteServer(url, key), None
     owner = lock_owner(settings.data_dir)
-    if owner is None and remote and not _has_catalog(settings):
+    if owner is None and remote and not (local and _has_catalog(settings)):
         # `blendrag ask` in another folder would create ./data and answer from nothing, while the user's
         # server runs elsewhere: a data dir without a catalog sends the work to a running server.
         from app.remote import RemoteServer, SeveralServers, discover
         from app.server_registry import default_runtime_dir
 
+        why = f"{settings.data_dir} holds no catalog" if local else f"`{then}` needs a running server"
         runtime_dir = settings.runtime_dir or default_runtime_dir()
         try:
             found = discover(runtime_dir, settings.server.host, settings.server.port, Path.cwd())
         except SeveralServers as exc:  # never the newest of several: it may serve another checkout's corpus
-            raise Refused(f"{settings.data_dir} holds no catalog and {exc}") from exc
+            raise Refused(f"{why} and {exc}") from exc
         if found is not None:
             url, which = found
-            print(f"{settings.data_dir} holds no catalog; sending the work to {which}", file=sys.stderr)
+            print(f"{why}; sending the work to {which}", file=sys.stderr)
             return RemoteServer(url, key), None
+        if not local:
+            raise Refused(f"{NO_SERVER}; `{then}` works through a running server only")
         if server_only:
             raise Refused(f"{NO_SERVER}; {settings.data_dir} holds no catalog to answer from")
-    if owner is None:
+    if owner is None and local:
         lock = DataDirLock(settings.data_dir)
         try:
             lock.acquire(command)
