@@ -15,7 +15,7 @@ from app.datadir_lock import server_url
 from app.memory import IdleTrimmer, set_mmap_threshold
 from app.metrics import Metrics
 from app.rate_limit import RateLimiter
-from app.services.estimates import FullPassRate
+from app.services.estimates import FullPassRate, RateProbe
 from app.services.stats_service import ServingParts, StatsService
 from app.services.storage_faults import StorageMonitor
 from app.settings import Settings
@@ -44,6 +44,7 @@ class AppState:
     wrong_key_limiter: RateLimiter = field(init=False)
     storage: StorageMonitor = field(init=False)
     trimmer: IdleTrimmer | None = None
+    rate_probe: RateProbe | None = None  # measures the prefill rate at start when none is known for the model
 
     def __post_init__(self) -> None:
         self.stats = StatsService(self.settings.engine, self.metrics, self.full_pass_rate, self.settings.kvcache)
@@ -96,6 +97,11 @@ class AppState:
         self.full_pass_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=engine.fingerprint)
         scheduler = services.scheduler
         scheduler.start()
+        if self.full_pass_rate.tokens_per_s is None:
+            # No rate for this model yet: measured now, on the worker, behind any question and off the path to
+            # ready, so that the first ingest is announced with a time estimate.
+            self.rate_probe = RateProbe(self.full_pass_rate, scheduler, engine.tokenizer)
+            self.rate_probe.start()
         if self.settings.calibration.auto:
             from app.calibration.runner import CalibrationRunner
 
@@ -152,6 +158,8 @@ class AppState:
             await asyncio.to_thread(self.services.calibration.stop)
         if self.scheduler is not None:
             await asyncio.to_thread(self.scheduler.stop)
+        if self.rate_probe is not None:
+            await asyncio.to_thread(self.rate_probe.join, 5.0)  # the stopped scheduler ended its work
         self.full_pass_rate.save()
         if self.services is not None:
             self.services.close()

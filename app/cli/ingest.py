@@ -16,7 +16,12 @@ def _print_kv_added(progress: dict[str, Any]) -> None:
     kv = progress.get("kv") or {}
     num_bytes, num_tokens = kv.get("bytes") or 0, kv.get("tokens") or 0
     per_token = f", {human_bytes(round(num_bytes / num_tokens))} per token" if num_tokens else ""
-    print(f"KV cache: +{human_bytes(num_bytes)} for {num_tokens} new chunk tokens{per_token}")
+    # Chunk tokens, not text tokens: each chunk repeats the overlap of the one before, so they are more than the
+    # estimate's tokens of text; chunks the store held already are not computed, nor counted.
+    print(
+        f"KV cache: +{human_bytes(num_bytes)} for {num_tokens:,} chunk tokens new to the store (overlap "
+        f"included){per_token}"
+    )
 
 
 def _print_job(

@@ -57,7 +57,8 @@ class IngestAccepted(BaseModel):
 
 class StageProgress(BaseModel):
     """done/total; the kv stage also has `bytes` (of the KV entries the job added, as stored) and `tokens`
-    (the tokens those entries hold): what the job adds to the KV store's bill; the commit stage has `ready`
+    (the chunk tokens those entries hold: the text's, and the overlap each chunk repeats of the one before, so
+    more than the text's own): what the job adds to the KV store's bill; the commit stage has `ready`
     once it is done (the documents it made ready: what the job added, its duplicates and failures aside)."""
 
     model_config = ConfigDict(extra="allow")

@@ -65,3 +65,33 @@ def test_first_answer_after_a_restart_has_an_estimate(tmp_path: Path, tiny_llama
     with TestClient(create_app(settings, load_in_background=False)) as client:
         body = client.post("/ask", json={"question": "Where do purple rivers flow?", "stream": False}).json()
     assert body["timings"]["full_prefill_estimate_ms"] is not None
+
+
+def test_probe_ids_are_prose_of_the_asked_length(tiny_llama_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from app.services.estimates import PROBE_TEXT, probe_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_llama_dir, local_files_only=True)
+    ids = probe_ids(tokenizer, 300)
+    unit = tokenizer.encode(PROBE_TEXT, add_special_tokens=False)
+    assert len(ids) == 300 and ids[: len(unit)] == unit and ids[len(unit) : 2 * len(unit)] == unit[: 300 - len(unit)]
+
+
+def test_a_server_without_a_rate_measures_one_at_start(tmp_path: Path, tiny_llama_dir: Path) -> None:
+    """No ingest and no answer: the start-up probe alone teaches the rate, and saves it for the next start,
+    which then measures nothing."""
+    settings = server_settings(tmp_path / "data", tiny_llama_dir)
+    with TestClient(create_app(settings, load_in_background=False)) as client:
+        state = client.app.state.blendrag
+        assert state.rate_probe is not None
+        state.rate_probe.join(60.0)
+        rate = client.get("/api/stats").json()["prefill_tokens_per_s"]
+        assert rate is not None and rate > 0
+        fingerprint = state.services.engine.fingerprint
+    saved = json.loads((settings.data_dir / PREFILL_RATE_FILE).read_text())
+    assert saved["model"] == fingerprint and saved["tokens_per_s"] > 0
+    (settings.data_dir / PREFILL_RATE_FILE).write_text(json.dumps({"model": fingerprint, "tokens_per_s": 123.0}))
+    with TestClient(create_app(settings, load_in_background=False)) as client:
+        assert client.app.state.blendrag.rate_probe is None  # the stored rate is this model's: nothing measured
+        assert client.get("/api/stats").json()["prefill_tokens_per_s"] == 123.0
