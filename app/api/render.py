@@ -13,6 +13,11 @@ router = APIRouter(tags=["ui"])
 
 class RenderIn(BaseModel):
     text: str = Field(max_length=MAX_RENDER_CHARS, description="Markdown")
+    passage: bool = Field(
+        default=False,
+        description="The text is a passage cut from a document: one that starts inside a code block (its first "
+        "fence closes a block the passage does not show opening) renders its code as code, not inverted",
+    )
 
 
 class RenderOut(BaseModel):
@@ -29,6 +34,6 @@ class RenderOut(BaseModel):
 def render(body: RenderIn) -> RenderOut:
     """Render Markdown the way the chat page shows answers and passages."""
     try:
-        return RenderOut(html=render_markdown(body.text))
+        return RenderOut(html=render_markdown(body.text, passage=body.passage))
     except ValueError as exc:
         raise HTTPException(422, str(exc)) from exc

@@ -6,7 +6,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from app.services.render import MAX_RENDER_CHARS, render_markdown
+from app.services.render import MAX_RENDER_CHARS, render_markdown, reopen_fence
 
 
 def test_fences_headings_and_inline_code_render_as_html() -> None:
@@ -82,3 +82,41 @@ def test_images_of_this_server_stay() -> None:
         render_markdown("![x](/\\tracker.example/p.gif)").strip()
         == '<p><img src="/%5Ctracker.example/p.gif" alt="x"></p>'
     )
+
+
+# A passage cut from a document may start inside a code block (issue 62, item 7b).
+STARTS_INSIDE = "    return client\n```\n\nThen call it:\n\n```python\nclient.get(url)\n```\n"
+STARTS_INSIDE_LONE = "client = httpx.Client()\nclient.get(url)\n```\n\nThe client keeps connections open.\n"
+
+
+def test_a_passage_that_starts_inside_a_code_block_renders_its_code_as_code() -> None:
+    # As plain Markdown the first fence opens a block: code reads as prose and the prose after it as code.
+    assert render_markdown(STARTS_INSIDE_LONE) == (
+        "<p>client = httpx.Client()\nclient.get(url)</p>\n<pre><code>\nThe client keeps connections open.\n"
+        "</code></pre>\n"
+    )
+    assert render_markdown(STARTS_INSIDE_LONE, passage=True) == (
+        "<pre><code>client = httpx.Client()\nclient.get(url)\n</code></pre>\n"
+        "<p>The client keeps connections open.</p>\n"
+    )
+    # The fence after the first names a language: the first one closes a block, never opens one.
+    assert render_markdown(STARTS_INSIDE, passage=True) == (
+        "<pre><code>    return client\n</code></pre>\n<p>Then call it:</p>\n"
+        '<pre><code class="language-python">client.get(url)\n</code></pre>\n'
+    )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Use a client:\n```\nclient = httpx.Client()\n",  # ends inside a block it opens after a colon
+        "Use a client\n\n```\nclient = httpx.Client()\n",  # ... or after a blank line
+        "Install it with pip\n```\npip install httpx\n",  # code right after the fence: it opens the block
+        "Text\n```\ncode\n```\n\nMore\n",  # a block opened and closed
+        "```\ncode\n```\n",  # nothing before the first fence
+        "```python\nclient.get(url)\n",  # a fence with a language opens
+    ],
+)
+def test_a_passage_whose_fences_open_their_blocks_is_left_as_it_is(text: str) -> None:
+    assert reopen_fence(text) == text
+    assert render_markdown(text, passage=True) == render_markdown(text)

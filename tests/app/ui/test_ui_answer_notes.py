@@ -1,5 +1,6 @@
-"""What the chat page shows beside an answer, in headless chromium, on canned answer streams (the tiny test
-model writes random tokens): the `done` notice above the answer (issue 62, item 8)."""
+"""What the chat page shows with an answer, in headless chromium, on canned answer streams (the tiny test
+model writes random tokens): the `done` notice above the answer (issue 62, item 8), and a source passage that
+starts inside a code block rendered with its code as code (item 7b)."""
 
 from __future__ import annotations
 
@@ -88,3 +89,19 @@ def test_the_sources_notice_is_not_repeated_above_the_answer(
     assert turn.query_selector("[data-testid=notice]").inner_text() == (
         "Your documents do not cover this question: the answer comes from the model alone, not from your documents"
     )
+
+
+def test_a_passage_that_starts_inside_a_code_block_opens_with_its_code_as_code(
+    ui_server: LiveServer, real_done: dict[str, Any], page: Any, shot: Any
+) -> None:
+    # The chunk before this one opened the block: this passage starts in its code and closes it.
+    text = "client = httpx.Client()\nclient.get(url)\n```\n\nThe client keeps connections open.\n"
+    source = SOURCE | {"text": text, "snippet": text[:40]}
+    turn = _ask(page, ui_server.url, _stream(real_done, "Keep one client.", [source], (None, None)))
+    turn.query_selector("button.source").click()
+    page.wait_for_selector("dialog#passage[open] #passage-text.markdown pre code")
+    assert page.inner_text("#passage-text pre code").strip() == "client = httpx.Client()\nclient.get(url)"
+    assert [p.inner_text() for p in page.query_selector_all("#passage-text p")] == [
+        "The client keeps connections open."
+    ]
+    shot(page, "chat-passage-starts-in-code")

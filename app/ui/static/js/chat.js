@@ -110,7 +110,8 @@ function openPassage(source) {
   const text = source.text || source.snippet || "The passage text is not stored with the conversation.";
   body.textContent = text;
   dialog.showModal();
-  renderInto(body, text);
+  // A passage may start inside a code block its chunk does not show opening: rendered as its document reads.
+  renderInto(body, text, [], undefined, { passage: true });
 }
 
 const NOTICES = {

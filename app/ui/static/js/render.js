@@ -3,8 +3,9 @@
 
 import { api } from "./api.js";
 
-async function renderHtml(text) {
-  const { html } = await api("/api/render", { method: "POST", json: { text } });
+// `passage`: a passage cut from a document, which may start inside a code block (the server reopens it).
+async function renderHtml(text, passage = false) {
+  const { html } = await api("/api/render", { method: "POST", json: { text, passage } });
   return html;
 }
 
@@ -67,10 +68,11 @@ export function markUnsupported(root, names) {
 }
 
 // Renders `text` into `target` (replacing what is there), then links [n] citations to `sources`.
-export async function renderInto(target, text, sources = [], onCite = () => {}) {
+// `passage`: `text` is a source passage (see renderHtml).
+export async function renderInto(target, text, sources = [], onCite = () => {}, { passage = false } = {}) {
   let html;
   try {
-    html = await renderHtml(text);
+    html = await renderHtml(text, passage);
   } catch {
     target.textContent = text; // the server cannot render: plain text is still right
     return;
