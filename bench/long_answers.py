@@ -2,8 +2,9 @@
 
 First-token KL and 32-token look-ups do not see an answer that starts right and drifts: into pasted documentation,
 into a loop the repetition stop ends. This benchmark asks the docs questions (the standard library's reference
-pages of bench/docs_corpus.py, or --docs-dir) through the AskService that POST /ask calls, greedy, up to
---max-tokens, in full prefill and in the server's default blend, and reports per mode:
+pages of bench/docs_corpus.py, or --docs-dir), each followed by a how-to request (HOWTO) unless --as-written,
+through the AskService that POST /ask calls, greedy, up to --max-tokens, in full prefill and in the server's
+default blend (and at --ratios), and reports per mode:
 
 - finish reasons (stop, length, repetition), with the line each repetition stop withheld when the engine reports it;
 - against full prefill's answer to the same question: identical answers, the divergence point (the first token,
@@ -34,6 +35,9 @@ from bench.metrics import f1_score
 logger = logging.getLogger(__name__)
 
 NAME = "long-answers"
+# What turns a look-up ("Which shlex function returns a shell-escaped version of a string?") into a question whose
+# answer runs to a few hundred tokens, as a developer's how-to question does: the answer key still scores the name.
+HOWTO = "Explain how to use it, with a short code example."
 HELP = "whole answers (finish reasons, divergence from full prefill) of the default blend on the docs questions"
 
 
@@ -44,6 +48,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agree-f1", type=float, default=0.8, help="token F1 from which two answers agree")
     parser.add_argument(
         "--ratios", default="", help="also ask in blend at these recompute ratios (blend@r), comma-separated"
+    )
+    parser.add_argument(
+        "--as-written",
+        action="store_true",
+        help=f"ask the questions as written (short look-ups) instead of with the how-to request {HOWTO!r}",
     )
 
 
@@ -131,6 +140,8 @@ def main(args: argparse.Namespace) -> int:
         docs_dir = args.docs_dir or write_corpus(Path(tmp) / "docs")
         pages, questions = read_corpus(docs_dir)
         questions = questions[: args.questions] if args.questions is not None else questions
+        if not args.as_written:
+            questions = [dataclasses.replace(q, question=f"{q.question} {HOWTO}") for q in questions]
         settings = args_settings(Path(tmp) / "data", args, retrieval={"top_k": args.passages})
 
         async def go() -> dict[str, Any]:
@@ -146,6 +157,7 @@ def main(args: argparse.Namespace) -> int:
         "docs_corpus": "--docs-dir" if args.docs_dir else "bench/docs_corpus.py (standard library docstrings)",
         "max_tokens": args.max_tokens,
         "agree_f1": args.agree_f1,
+        "questions_as": "written" if args.as_written else f"question + {HOWTO!r}",
         "top_k": args.passages,
     }
     harness.write_result(args, result, run)
