@@ -7,25 +7,25 @@ The text is read as units: outside a fenced code block each sentence of a line i
 or sentence ending in ":" such as "Example:", is a label); inside one each non-blank line is; a fence line
 is a marker, as is a bare list marker. A small model loops by writing again what it has just written, but an
 answer with code repeats lines for good reasons: the same import in a second example, a closing brace,
-`return x` in two functions, a fence. So a unit just completed ends a loop only when:
+`return x` in two functions, a fence, the same call made three times in a row to show a cache at work (the
+default model's `print(expensive_function(3))  # Output: 9` × 3, which the former rule, any line equal to an
+earlier one, cut off). So a unit just completed ends a loop only when:
 
 1. (sentence) it is a prose sentence of at least MIN_REPEATED_LINE_CHARS that an earlier prose sentence
    already said: prose has no reason to say a sentence twice (a label or heading may: "Example:");
-2. (cycle) the last p units (p ≥ 1) repeat the p units right before them, and one of them is a sentence,
-   label or code line of at least MIN_REPEATED_LINE_CHARS: `print(x)` twice in a row, two lines then the same
-   two again; never `}` after `}`;
-3. (run) the last p units are the SHORT_LINE_RUN-th copy in a row of the same p units ("Yes." four times,
-   an empty code block four times), unless all of them are code syntax (closing brackets, `else:`, `pass`:
-   nested code closes four brackets in a row).
+2. (run) the last units are back-to-back copies of the same p units (p ≥ 1) whose copies after the first hold
+   at least MIN_REPEATED_UNITS units, not all of them code syntax (closing brackets, `else:`, `pass`): one
+   line on its fourth copy in a row ("Yes." four times), two lines on their third, three lines or more (a
+   whole example pasted again) on their second; never `}` after `}` after `}`.
 
-A code line that comes back after other lines is never a loop by itself: only as part of a cycle or a run.
+A code line that comes back after other lines is never a loop by itself: only as part of a run.
 A loop inside one line (`find_inline_loop`) is the other stop: a line that ends in one unit repeated back to
 back, "`test_client.get` and `test_client.get` and …".
 
 `RepeatedLineGuard` applies both to a stream: it holds back the completed units that repeat the units a
-period before them (a cycle may have begun), the unit being written while it is the start of an earlier one,
-and a line's repeated tail, and releases them once they depart. A loop is thus found before its repeat is
-sent; what it withheld is reported (`RepeatedLine`), so a reader can see what the stop judged repeated.
+period before them (another copy may have begun), the unit being written while it is the start of an earlier
+one, and a line's repeated tail, and releases them once they depart. A loop is thus found before its last
+copy is sent; what it withheld is reported (`RepeatedLine`), so a reader can see what the stop judged repeated.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ from typing import Literal
 
 from engine.types import RepeatedLine
 
-MIN_REPEATED_LINE_CHARS = 8  # shorter repeats ("Yes.", "- a", `x = 1`) are not a loop …
-SHORT_LINE_RUN = 4  # … unless they come this many times in a row ("Ç¨\n\n" × 363 ran to the token cap)
+MIN_REPEATED_LINE_CHARS = 8  # a shorter prose sentence said again ("Yes.", "- a") is not a loop by itself
+# Back-to-back copies are a loop once the copies after the first hold this many units: a short line's fourth copy
+# ("Ç¨\n\n" × 363 ran to the token cap), two lines' third, a longer block's second.
+MIN_REPEATED_UNITS = 3
 # A loop inside one line ("`test_client.get` and `test_client.get` and …"): the line ends with one unit
 # repeated back to back. Its smallest period must be this long and hold a letter or digit, so table rules
 # ("| --- | --- |"), rows of zeros ("| 0 | 0 | 0 |") and "....." are never loops; and it must come this many
@@ -50,7 +52,7 @@ _HOLD_REPEATED_CHARS = 4
 _LOOP_WINDOW_CHARS = 2048  # of the current line searched (a loop is found long before it grows past this)
 
 UnitKind = Literal["prose", "label", "code", "syntax", "marker"]
-LoopRule = Literal["sentence", "cycle", "run", "inline"]
+LoopRule = Literal["sentence", "run", "inline"]
 
 _SPACES = re.compile(r"\s+")
 _SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+")  # between two sentences of one line
@@ -77,11 +79,6 @@ class Unit:
     end: int  # one past its last character (trailing white space excluded)
     key: str  # what is compared: lower case, white space collapsed
     kind: UnitKind
-
-    @property
-    def substantive(self) -> bool:
-        """Long enough, and more than syntax, for one repeat of it right after itself to be a loop."""
-        return self.kind in ("prose", "label", "code") and len(self.key) >= MIN_REPEATED_LINE_CHARS
 
 
 @dataclass(frozen=True)
@@ -157,7 +154,7 @@ def split_units(text: str) -> Units:
 
 
 def _loop_at_end(units: list[Unit]) -> LineLoop | None:
-    """The loop the last unit completes, by the three rules of the module doc, else None."""
+    """The loop the last unit completes, by the rules of the module doc, else None."""
     last, n = units[-1], len(units)
     if last.kind == "prose" and len(last.key) >= MIN_REPEATED_LINE_CHARS:
         earlier = next((u for u in units[:-1] if u.kind == "prose" and u.key == last.key), None)
@@ -166,14 +163,12 @@ def _loop_at_end(units: list[Unit]) -> LineLoop | None:
     keys = [u.key for u in units]
     for p in range(1, n // 2 + 1):
         period = keys[n - p :]
-        if keys[n - 2 * p : n - p] != period:
+        copies = 1
+        while n >= (copies + 1) * p and keys[n - (copies + 1) * p : n - copies * p] == period:
+            copies += 1
+        if copies == 1 or (copies - 1) * p < MIN_REPEATED_UNITS:
             continue
-        if any(u.substantive for u in units[n - p :]):
-            return LineLoop(units[n - p].start, units[n - 2 * p].start, "cycle")
-        is_run = n >= SHORT_LINE_RUN * p and all(
-            keys[n - k * p : n - (k - 1) * p] == period for k in range(3, SHORT_LINE_RUN + 1)
-        )
-        if is_run and not all(u.kind == "syntax" for u in units[n - p :]):
+        if not all(u.kind == "syntax" for u in units[n - p :]):
             return LineLoop(units[n - p].start, units[n - 2 * p].start, "run")
     return None
 

@@ -115,12 +115,13 @@ def test_a_repeated_sentence_is_never_sent_and_finishes_with_repetition(tiny_eng
 
 
 def test_a_repetition_stop_inside_a_code_block_closes_the_fence(tiny_engine, layout, monkeypatch) -> None:
-    script = iter(["Run:\n", "```python\n", "value = compute(1)\n", "value = compute(1)\n", "more"])
+    script = iter(["Run:\n", "```python\n", *["value = compute(1)\n"] * 4, "more"])
     monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token_id: next(script))
-    _, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=5, ignore_eos=True, stop_on_repeated_line=True))
+    _, fin = _run(tiny_engine, layout, SamplingParams(max_tokens=7, ignore_eos=True, stop_on_repeated_line=True))
     assert fin.finish_reason == "repetition"
-    assert fin.text == "Run:\n```python\nvalue = compute(1)\n```"
-    assert fin.repeated_line == RepeatedLine("value = compute(1)", 15)  # the same line twice in a row
+    # A line three times in a row may be an example; its fourth copy is withheld, reported, and the fence closed.
+    assert fin.text == "Run:\n```python\n" + "value = compute(1)\n" * 3 + "```"
+    assert fin.repeated_line == RepeatedLine("value = compute(1)", 53)  # the copy before it begins at 53
 
 
 LOOP_SCRIPT = ["Use", " `", "test", "_client", ".get", "`", " and"] * 6  # a 135M model's answer, as tokens
@@ -204,15 +205,15 @@ SECOND_EXAMPLE = [
     "    price: float\n",
     "```\n",
 ]
-CODE_CYCLE = [
-    "Run it:\n",
-    "```python\n",
-    "x = compute(1)\n",
-    "y = compute(2)\n",
-    "x = compute(1)\n",
-    "y = compute(2)\n",
-    "more",
-]
+CODE_CYCLE = ["Run it:\n", "```python\n", *["x = compute(1)\n", "y = compute(2)\n"] * 3, "more"]
+# The default model's answer to "How do I cache the results of an expensive function with functools?": the same
+# call three times in a row shows the cache at work (the former rule stopped it at the second call).
+CACHE_EXAMPLE = (
+    "```python\nimport functools\n\n@functools.lru_cache(maxsize=128)\ndef expensive_function(x):\n"
+    "    return x * x\n\n# Call the function multiple times\n"
+    + "print(expensive_function(3))  # Output: 9\n" * 3
+    + "```\n"
+)
 BRACES = "```js\nif (a) {\n  if (b) {\n    f();\n  }\n}\nif (c) {\n  g();\n}\n```\n"
 
 
@@ -241,14 +242,18 @@ BRACES = "```js\nif (a) {\n  if (b) {\n    f();\n  }\n}\nif (c) {\n  g();\n}\n``
         ("## Example\nUse it.\n## Example\n", None),
         ("Example:\n```python\nprint(user.name)\n```\nExample:\n", None),
         ("It checks types. For example:\n```python\nUser(name=1)\n```\nIt also coerces values. For example:\n", None),
-        # A loop in code: a line right after itself, two lines then the same two again (not before the second).
-        ("```python\nvalue = compute(1)\nvalue = compute(1)\n", LineLoop(29, 10, "cycle")),
-        ("".join(CODE_CYCLE[:5]), None),
-        ("".join(CODE_CYCLE[:6]), LineLoop(48, 18, "cycle")),
-        # Short units and markers loop only as a run of four copies.
+        (CACHE_EXAMPLE, None),
+        # A loop: back-to-back copies whose repeat holds three lines: a line's fourth copy, two lines' third,
+        # a longer block's second (an example pasted again).
+        ("```python\n" + "value = compute(1)\n" * 3, None),
+        ("```python\n" + "value = compute(1)\n" * 4, LineLoop(start=67, earlier_start=48, rule="run")),
+        ("".join(CODE_CYCLE[:6]), None),
+        ("".join(CODE_CYCLE[:8]), LineLoop(78, 48, "run")),
+        ("Example:\n```python\nfoo(1)\n```\n```python\nfoo(1)\n```\n", LineLoop(30, 9, "run")),
+        ("Yes. Yes. Yes.", None),
         ("Yes. Yes. Yes. Yes.", LineLoop(15, 10, "run")),
-        ("```python\n```\n" * 3, None),
-        ("```python\n```\n" * 4, LineLoop(42, 28, "run")),  # an empty code block, again and again
+        ("```python\n```\n" * 2, None),
+        ("```python\n```\n" * 3, LineLoop(28, 14, "run")),  # an empty code block, again and again
     ],
 )
 def test_find_line_loop(text: str, loop: LineLoop | None) -> None:
@@ -268,7 +273,7 @@ def test_the_same_import_in_a_second_example_streams_and_does_not_stop(tiny_engi
     assert [e.text for e in events[:-1]] == [*SECOND_EXAMPLE[:8], *held, *SECOND_EXAMPLE[12:]]
 
 
-def test_a_two_line_cycle_in_code_stops_before_its_repeat_and_reports_it(
+def test_a_two_line_loop_in_code_stops_before_its_third_copy_and_reports_it(
     tiny_engine, layout, monkeypatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     script = iter(CODE_CYCLE)
@@ -277,15 +282,17 @@ def test_a_two_line_cycle_in_code_stops_before_its_repeat_and_reports_it(
     with caplog.at_level(logging.INFO, logger="engine.generation"):
         events = list(tiny_engine.generate(GenerationRequest("req-7", layout, None, "full", sampling=sampling)))
     fin = events[-1]
-    assert (fin.finish_reason, fin.num_completion_tokens) == ("repetition", 6)
-    # The cycle's first repeated line was held, never sent; the open fence is closed.
-    assert [e.text for e in events[:-1]] == [*CODE_CYCLE[:4], "", "```"]
-    assert fin.text == "Run it:\n```python\nx = compute(1)\ny = compute(2)\n```"
-    assert fin.repeated_line == RepeatedLine("x = compute(1)\ny = compute(2)", 18)
-    assert fin.text[18:].startswith("x = compute(1)")
+    assert (fin.finish_reason, fin.num_completion_tokens) == ("repetition", 8)
+    # A copy's first line is held until the copy departs or completes; the third copy is never sent, and the
+    # open fence is closed.
+    pair = "x = compute(1)\ny = compute(2)\n"
+    assert [e.text for e in events[:-1]] == [*CODE_CYCLE[:4], "", pair, "", "```"]
+    assert fin.text == "Run it:\n```python\n" + pair * 2 + "```"
+    assert fin.repeated_line == RepeatedLine("x = compute(1)\ny = compute(2)", 48)
+    assert fin.text[48:].startswith(pair)  # the copy before the withheld one
     assert [r.getMessage() for r in caplog.records if r.name == "engine.generation"] == [
-        "request req-7: repetition stop after 6 tokens, withheld 'x = compute(1)\\ny = compute(2)' "
-        "(repeats the answer from character 18)"
+        "request req-7: repetition stop after 8 tokens, withheld 'x = compute(1)\\ny = compute(2)' "
+        "(repeats the answer from character 48)"
     ]
 
 
