@@ -110,9 +110,10 @@ class AskDoneOut(RecordOut):
     recompute_ratio: float
     finish_reason: str = Field(
         description='"stop" (end of answer or a stop string), "length" (max_tokens: the answer was cut off), '
-        '"repetition" (the model began to loop: a sentence said again, lines repeated right after themselves, '
-        "or a loop inside a line; the answer ends before the repeat, which `repeated_line` holds; /v1 reports "
-        'it as "stop") or "cancelled" (the server stopped before the answer was done)'
+        '"repetition" (the model began to loop: a sentence said again, the same lines back to back until the '
+        "copies hold three more lines, or a loop inside a line; the answer ends before the last copy, which "
+        '`repeated_line` holds; /v1 reports it as "stop") or "cancelled" (the server stopped before the answer '
+        "was done)"
     )
     repeated_line: RepeatedLineOut | None = Field(
         default=None,
