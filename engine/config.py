@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from engine.blend.config import BLEND_FIELDS, BlendConfig, SelectorName
 from engine.models.catalog import DEFAULT_MODEL, catalog_entry
+from engine.models.ollama import is_ollama_value
 from engine.models.resolve import describe_model_setting
 from engine.types import Mode, SamplingParams
 
@@ -24,7 +25,8 @@ class EngineSettings(BaseModel):
     model: str = Field(
         default=DEFAULT_MODEL,
         description="a catalogue name (`blendrag models`: qwen2.5-coder-0.5b, smollm2-135m alias builtin, "
-        "qwen2.5-coder-1.5b), a local GGUF file (llama, mistral, qwen2, qwen3) or a local Hugging Face checkpoint dir",
+        "qwen2.5-coder-1.5b), ollama:NAME[:TAG] (a model pulled with Ollama, read from its store: ~/.ollama/models or "
+        "$OLLAMA_MODELS), a local GGUF file (llama, mistral, qwen2, qwen3) or a local Hugging Face checkpoint dir",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="auto: cuda when torch sees a GPU, else cpu"
@@ -128,6 +130,8 @@ class EngineSettings(BaseModel):
         problem = describe_model_setting(value)
         if problem is not None:
             raise ValueError(problem)
+        if is_ollama_value(value):
+            return value  # a name in Ollama's store, not a path
         return str(Path(value).expanduser())
 
     @model_validator(mode="before")

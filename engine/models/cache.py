@@ -36,7 +36,8 @@ class CachedModel:
     name: str  # the directory's name: a catalogue entry's converted_dir, or gguf-<stem>-<key>
     path: Path
     num_bytes: int
-    source: str  # the catalogue name or the GGUF file it was converted from ("" when the marker is unreadable)
+    # the catalogue name, GGUF file or ollama:NAME:TAG it was converted from ("" when the marker is unreadable)
+    source: str
 
 
 def dir_bytes(path: Path) -> int:
@@ -101,7 +102,8 @@ def cached_models(models_dir: Path) -> list[CachedModel]:
         if not is_converted(path):
             continue
         marker = read_marker(path)
-        source = str(marker.get("model") or Path(str(marker.get("gguf_path") or "")).name)
+        ollama = f"ollama:{marker['ollama_model']}" if marker.get("ollama_model") else ""
+        source = str(marker.get("model") or ollama or Path(str(marker.get("gguf_path") or "")).name)
         found.append(CachedModel(path.name, path, dir_bytes(path), source))
     return found
 

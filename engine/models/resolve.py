@@ -1,10 +1,11 @@
 """`engine.model` → a checkpoint directory the engine loads, and what model it is.
 
-Three kinds of value: a catalogue name (or the alias `builtin`): its packages' GGUF file joined, checked
+Four kinds of value: a catalogue name (or the alias `builtin`): its packages' GGUF file joined, checked
 and converted once into the machine's model cache (engine/models/cache.py); a local GGUF file (what Ollama,
-LM Studio and llama.cpp keep on disk): converted once the same way; a local Hugging Face checkpoint
-directory: loaded as it is. `read_also` names older models dirs (a data dir's own models/ from before the
-cache) where a conversion already made is found and loaded instead.
+LM Studio and llama.cpp keep on disk): converted once the same way; `ollama:NAME[:TAG]`, a model pulled with
+Ollama: its GGUF blob read from Ollama's store (engine/models/ollama.py), hash-checked and converted the same
+way; a local Hugging Face checkpoint directory: loaded as it is. `read_also` names older models dirs (a data
+dir's own models/ from before the cache) where a conversion already made is found and loaded instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from engine.models.cache import ensure_converted
 from engine.models.catalog import CATALOG, CatalogEntry, catalog_entry
 from engine.models.convert import convert_gguf, is_converted, read_marker
 from engine.models.install import joined_gguf
+from engine.models.ollama import OllamaModel, describe_ollama_setting, is_ollama_value, locate, verify_blob
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +82,8 @@ def describe_model_setting(value: str) -> str | None:
     """Why `value` cannot be an engine.model, or None when it can (checked at settings time, loads nothing)."""
     if catalog_entry(value) is not None:
         return None
+    if is_ollama_value(value):
+        return describe_ollama_setting(value)
     path = Path(value).expanduser()
     names = ", ".join(CATALOG)
     if path.is_file():
@@ -88,8 +92,8 @@ def describe_model_setting(value: str) -> str | None:
         return None
     if not path.is_dir():
         return (
-            f"engine.model {value!r} is neither a catalogue model ({names}), a local .gguf file nor a "
-            "directory; `blendrag models` lists the catalogue"
+            f"engine.model {value!r} is neither a catalogue model ({names}), ollama:NAME[:TAG], a local .gguf "
+            "file nor a directory; `blendrag models` lists the catalogue"
         )
     if not (path / "config.json").is_file():
         return f"engine.model {value!r} has no config.json; is it a Hugging Face checkpoint dir?"
@@ -101,21 +105,27 @@ def resolve_model(value: str, models_dir: Path, read_also: Sequence[Path] = ()) 
     entry = catalog_entry(value)
     if entry is not None:
         return ResolvedModel(ensure_catalog_model(entry, models_dir, read_also), catalog_identity(entry))
+    if is_ollama_value(value):
+        model = locate(value)
+        target = ensure_ollama_model(model, models_dir, read_also)
+        return ResolvedModel(target, _converted_gguf_identity(target, f"ollama:{model.ref.short}", model.ref.name))
     path = Path(value).expanduser()
     if path.is_file():
         target = ensure_gguf_model(path, models_dir, read_also)
-        marker = read_marker(target)
-        return ResolvedModel(
-            target,
-            ModelIdentity(
-                name=path.name,
-                display_name=str(marker.get("gguf_name") or path.stem),
-                source="gguf",
-                architecture=str(marker.get("architecture", "")),
-                origin_quantisation=str(marker.get("origin_quantisation") or "") or None,
-            ),
-        )
+        return ResolvedModel(target, _converted_gguf_identity(target, path.name, path.stem))
     return ResolvedModel(path, checkpoint_identity(path))
+
+
+def _converted_gguf_identity(target: Path, name: str, fallback_display_name: str) -> ModelIdentity:
+    """A converted GGUF's identity (a user's file or an Ollama blob): named by its header, read from its marker."""
+    marker = read_marker(target)
+    return ModelIdentity(
+        name=name,
+        display_name=str(marker.get("gguf_name") or fallback_display_name),
+        source="gguf",
+        architecture=str(marker.get("architecture", "")),
+        origin_quantisation=str(marker.get("origin_quantisation") or "") or None,
+    )
 
 
 def catalog_identity(entry: CatalogEntry) -> ModelIdentity:
@@ -205,5 +215,28 @@ def ensure_gguf_model(path: Path, models_dir: Path, read_also: Sequence[Path] = 
         models_dir,
         is_ready=is_converted,
         make=lambda target: convert_gguf(path, target, source),
+        read_also=read_also,
+    )
+
+
+def ensure_ollama_model(model: OllamaModel, models_dir: Path, read_also: Sequence[Path] = ()) -> Path:
+    """An Ollama blob's converted directory. The blob is hashed against its digest before the model cache is
+    touched (a damaged blob leaves no lock, staging dir or conversion behind) and only when no conversion is
+    there yet: the directory's name carries the digest, so a later start trusts the conversion it finds."""
+    name = model.converted_dir
+    if not any(is_converted(Path(d) / name) for d in (*read_also, models_dir)):
+        logger.info("checking %s's GGUF blob %s against its digest", model.ref.short, model.blob)
+        verify_blob(model)
+    source = {
+        "ollama_model": model.ref.short,
+        "gguf_path": str(model.blob),
+        "sha256": model.sha256,
+        "num_bytes": model.blob.stat().st_size,
+    }
+    return ensure_converted(
+        name,
+        models_dir,
+        is_ready=is_converted,
+        make=lambda target: convert_gguf(model.blob, target, source),
         read_also=read_also,
     )
