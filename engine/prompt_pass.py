@@ -83,7 +83,7 @@ def prompt_pass(
         _check_reused_kv(layout, plan, kv_reader, prefix, cfg.num_layers)
     selector = make_selector(config) if plan.selector is not None else None
 
-    size = max(capacity, total + plan.num_draft_tokens)  # drafted answer tokens are written past the prompt
+    size = max(capacity, total)
     if cache_pool is not None:
         cache = cache_pool.acquire(size)
     else:

@@ -53,14 +53,6 @@ class BlendConfig(BaseModel):
         default="attention", description="query: attention weight alone, or weight × ‖value‖ (what the key adds)"
     )
     pool_window: int = Field(default=1, ge=1, description="query: max-pool scores over this many neighbours (odd)")
-    # ProphetKV's idea, answer-aware selection: the tokens the answer will attend to, predicted from a draft.
-    score_drafts: int = Field(
-        default=0,
-        ge=0,
-        le=16,
-        description="query: greedy-draft this many answer tokens over the stored context (mode reuse) and score the "
-        "context by their attention too, beside the question's; 0: the question's alone",
-    )
     min_per_chunk: int = Field(default=0, ge=0, description="query: tokens every chunk keeps at least")
     # EPIC's attention sinks: a segment's opening tokens were computed behind the prefix alone.
     sink_tokens: int = Field(

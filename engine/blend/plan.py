@@ -98,7 +98,6 @@ class BlendPlan:
     fresh: range | None  # None: an up-front blend (its context rows are chosen, then the suffix rows)
     selector: SelectorName | None = None  # which selector picks (mode blend with context)
     score_layers: tuple[int, ...] = ()  # query: the scoring pass's layers; empty: no scoring pass
-    num_draft_tokens: int = 0  # query: answer tokens drafted over the stored context, scored beside the question
     groups: tuple[UpfrontGroup, ...] = ()
     checks: tuple[CheckLayer, ...] = ()
     key_bias: KeyBiasPlan | None = None
@@ -148,17 +147,15 @@ def plan_blend(
     if sentence and sentence_ends is None:
         raise EngineError("match_span 'sentence' needs the context's sentence ends (engine.blend.spans)")
     matched = question_matches(layout, config.match_window, sentence_ends if sentence else None, config.match_scope)
-    score_layers, num_drafts = (), 0
+    score_layers = ()
     if config.selector == "query":
         score_layers = tuple(sorted({min(layer, num_layers - 1) for layer in config.score_layers}))
-        num_drafts = config.score_drafts
     return BlendPlan(
         **common,  # type: ignore[arg-type]
         num_stored_tokens=n,
         fresh=None,
         selector=config.selector,
         score_layers=score_layers,
-        num_draft_tokens=num_drafts,
         groups=_upfront_groups(layout, config, matched),
         key_bias=_key_bias(layout, config),
     )

@@ -16,36 +16,6 @@ from engine.working_cache import WorkingCache
 
 
 @torch.no_grad()
-def draft_answer(
-    tf: Transformer,
-    plan: BlendPlan,
-    suffix_ids: list[int],
-    cache: WorkingCache,
-    stored: StoredContext,
-    boundary: Callable[[], None] = lambda: None,
-) -> list[int]:
-    """The answer's first `plan.num_draft_tokens` tokens, greedy, over the stored context as it is (mode reuse:
-    the suffix rows through every layer, then one row per drafted token). Written into the cache past the
-    prompt (the pass overwrites the suffix rows; decode overwrites the rest); every layer then holds the stored
-    context KV."""
-    total = plan.num_tokens
-    rows = tf.rows(plan.suffix, kv_len=total)
-    h = tf.embed(ids_on(suffix_ids, tf.device))[None]  # (1, S, hidden)
-    for layer in range(tf.cfg.num_layers):
-        boundary()
-        stored.fill(layer)
-        h, _, _ = tf.layer(layer, h, rows, cache)
-    drafts = [int(tf.logits(h[0, -1]).argmax())]  # a host read: drafting is sequential by nature
-    for position in range(total, total + plan.num_draft_tokens - 1):
-        rows = tf.rows(range(position, position + 1), kv_len=position + 1)
-        h = tf.embed(ids_on(drafts[-1:], tf.device))[None]  # (1, 1, hidden)
-        for layer in range(tf.cfg.num_layers):
-            h, _, _ = tf.layer(layer, h, rows, cache)
-        drafts.append(int(tf.logits(h[0, -1]).argmax()))
-    return drafts
-
-
-@torch.no_grad()
 def score_context(
     tf: Transformer,
     plan: BlendPlan,
@@ -61,15 +31,10 @@ def score_context(
     at each score layer the softmax attention of every suffix row is summed over heads and rows for each context
     key, and the layers are fused by `config.score_fuse`. The cache's layers 0…ℓ keep the stored context KV for
     the prompt pass (the suffix rows written here are recomputed there). `boundary()` runs before every layer.
-    With `plan.num_draft_tokens`, the answer's drafted first tokens (`draft_answer`) are rows after the suffix,
-    and their attention counts beside the question's.
     """
-    p, n = plan.num_prefix_tokens, plan.num_context_tokens
-    if plan.num_draft_tokens:
-        suffix_ids = suffix_ids + draft_answer(tf, plan, suffix_ids, cache, stored, boundary)
-    total = p + n + len(suffix_ids)
+    p, n, total = plan.num_prefix_tokens, plan.num_context_tokens, plan.num_tokens
     score_layers = plan.score_layers
-    rows = tf.rows(range(p + n, total), kv_len=total)
+    rows = tf.rows(plan.suffix, kv_len=total)
     h = tf.embed(ids_on(suffix_ids, tf.device))[None]  # (1, S, hidden)
     per_layer = []
     for layer in range(score_layers[-1] + 1):

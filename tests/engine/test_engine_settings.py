@@ -91,7 +91,6 @@ def test_blend_settings_nest_one_blend_config_declared_once() -> None:
         "score_fuse": "max",
         "score_by": "output",
         "pool_window": 3,
-        "score_drafts": 2,
         "min_per_chunk": 2,
         "sink_tokens": 4,
         "match_window": 12,

@@ -31,8 +31,7 @@ def chunk_kvs(tiny_engine, chunks) -> list[ChunkKV]:
 
 def _scores(engine, layout, kvs, cfg: BlendConfig) -> torch.Tensor:
     tf, c = engine.transformer, engine.config
-    size = layout.num_tokens + cfg.score_drafts  # drafted answer tokens are written past the prompt
-    cache = WorkingCache.allocate(c.num_layers, c.num_kv_heads, c.head_dim, size, tf.dtype, tf.device)
+    cache = WorkingCache.allocate(c.num_layers, c.num_kv_heads, c.head_dim, layout.num_tokens, tf.dtype, tf.device)
     prefix = engine.prefix_kv(layout.prefix_ids)
     cache.k[:, 0, :, : layout.num_prefix_tokens] = prefix.k
     cache.v[:, 0, :, : layout.num_prefix_tokens] = prefix.v
@@ -233,36 +232,3 @@ def test_adaptive_settings_map_and_a_request_ratio_turns_them_off() -> None:
         BlendConfig(recompute_ratio=0.15, attention_share=0.5, ratio_min=0.4, ratio_max=0.2)
     with pytest.raises(ValueError, match="attention_share\n  Input should be greater than 0"):
         BlendConfig(recompute_ratio=0.15, attention_share=0.0)
-
-
-def test_drafted_answer_tokens_are_reuse_modes_greedy_answer_and_join_the_scores(
-    tiny_engine, layout, chunk_kvs
-) -> None:
-    from engine.blend.scoring import draft_answer
-    from engine.types import GenerationRequest, SamplingParams, TokenEvent
-
-    config = BlendConfig(recompute_ratio=0.25, score_layers=(1,), match_window=0, score_drafts=3)
-    plan = tiny_engine.plan(layout, "blend", config)
-    assert plan.num_draft_tokens == 3
-    tf, c = tiny_engine.transformer, tiny_engine.config
-    p, n, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
-    cache = WorkingCache.allocate(c.num_layers, c.num_kv_heads, c.head_dim, total + 3, tf.dtype, tf.device)
-    prefix = tiny_engine.prefix_kv(layout.prefix_ids)
-    cache.k[:, 0, :, :p], cache.v[:, 0, :, :p] = prefix.k, prefix.v
-    stored = StoredContext(tf, InMemoryLayerReader(chunk_kvs), cache, p, p + n)
-    drafts = draft_answer(tf, plan, layout.suffix_ids, cache, stored)
-    # The drafts are what mode reuse answers, greedy: the same rows over the same stored KV.
-    request = GenerationRequest(
-        "r", layout, InMemoryLayerReader(chunk_kvs), "reuse", sampling=SamplingParams(max_tokens=3, ignore_eos=True)
-    )
-    assert drafts == [e.token_id for e in tiny_engine.generate(request) if isinstance(e, TokenEvent)]
-    # Their attention counts beside the question's: more rows, more attention mass on the context.
-    without = _scores(tiny_engine, layout, chunk_kvs, config.replace(score_drafts=0))
-    with_drafts = _scores(tiny_engine, layout, chunk_kvs, config)
-    assert with_drafts.shape == without.shape and float(with_drafts.sum()) > float(without.sum())
-    # And a blend that recomputes everything is still full prefill.
-    full = tiny_engine.prompt_pass(layout, None, "full")
-    every = tiny_engine.prompt_pass(
-        layout, InMemoryLayerReader(chunk_kvs), "blend", config.replace(recompute_ratio=1.0)
-    )
-    torch.testing.assert_close(every.logits, full.logits, atol=1e-4, rtol=0)
