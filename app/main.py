@@ -22,6 +22,7 @@ from app.api import (
     keys,
     openai_compat,
     render,
+    syncs,
 )
 from app.api.body_limit import BodySizeLimitMiddleware
 from app.api.cross_site import CrossSiteGuardMiddleware
@@ -114,6 +115,7 @@ def create_app(settings: Settings, *, load_in_background: bool = True) -> FastAP
         collections.router,
         index_status.router,
         render.router,
+        syncs.router,
     ):
         app.include_router(router)
     mcp_endpoint = mount_mcp(app, app.version)

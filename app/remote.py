@@ -28,6 +28,11 @@ POLL_S = 1.0  # job polling when the event stream is unavailable: at most once a
 class RemoteError(RuntimeError):
     """The server answered with an error (message from its `detail`) or could not be reached."""
 
+    def __init__(self, message: str, status: int | None = None, detail: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status; None: no answer
+        self.detail = detail  # the answer's `detail` message, when it had one
+
 
 class RemoteServer:
     def __init__(self, url: str, api_key: str | None = None, timeout_s: float = TIMEOUT_S) -> None:
@@ -98,6 +103,18 @@ class RemoteServer:
             if job["status"] in ("succeeded", "failed", "cancelled"):
                 return job
             time.sleep(POLL_S)
+
+    def sync_plan(self, body: dict[str, Any]) -> dict[str, Any]:
+        """What a sync of a folder must ingest and remove (`blendrag sync`; a refusal is a RemoteError)."""
+        return self._request("POST", "/syncs/plan", json=body)
+
+    def sync_remove(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Delete the documents of the files a synced folder no longer has."""
+        return self._request("POST", "/syncs/remove", json=body, timeout=None)
+
+    def sync_finish(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Remove what the folder no longer has and record the sync, once its files were ingested."""
+        return self._request("POST", "/syncs/finish", json=body, timeout=None)
 
     def purge_failed(self) -> int:
         return int(self._request("DELETE", "/documents", params={"status": "failed"})["deleted"])
@@ -183,4 +200,8 @@ def _raise_for_status(response: httpx.Response) -> None:
         detail = response.json().get("detail")
     except ValueError:
         detail = None
-    raise RemoteError(f"server answered {response.status_code}: {detail or response.text[:200]}")
+    raise RemoteError(
+        f"server answered {response.status_code}: {detail or response.text[:200]}",
+        response.status_code,
+        detail if isinstance(detail, str) else None,
+    )

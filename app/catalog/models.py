@@ -209,3 +209,17 @@ class ApiKeyRow(Base):
     can_ingest: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[datetime] = created_at_column()
     last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class FolderSyncRow(Base):
+    """A folder `blendrag sync` keeps a collection equal to (one folder per collection): where it is and what
+    the last sync changed, for the admin page."""
+
+    __tablename__ = "folder_syncs"
+
+    collection: Mapped[str] = mapped_column(String(64), primary_key=True)
+    folder: Mapped[str] = mapped_column(String(4096))
+    # {"added": n, "changed": n, "removed": n, "unchanged": n, "failed": n, "skipped": n}
+    changes: Mapped[dict[str, int]] = mapped_column(JSON, default=dict)
+    synced_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    created_at: Mapped[datetime] = created_at_column()

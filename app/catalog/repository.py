@@ -1,8 +1,8 @@
 """`Catalog`: every read and write of the SQL catalog, returning typed records (never live ORM rows).
 
 One object, stored things apart: documents and chunks (`documents.py`), ingest jobs (`jobs.py`), the
-index change log (`index_log.py`), conversations (`Catalog.conversations`) and keys (`Catalog.keys`);
-the records they return are in `records.py`."""
+index change log (`index_log.py`), conversations (`Catalog.conversations`), keys (`Catalog.keys`) and synced
+folders (`Catalog.syncs`); the records they return are in `records.py`."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from app.catalog.records import (
     encode_embedding,
     encode_token_ids,
 )
+from app.catalog.syncs import SyncStore
 
 __all__ = [
     "Catalog",
@@ -85,6 +86,7 @@ class Catalog(DocumentStore, JobStore):
         self._sessions = sessionmaker(self._engine, expire_on_commit=False)
         self.conversations = ConversationStore(self._sessions)
         self.keys = KeyStore(self._sessions)
+        self.syncs = SyncStore(self._sessions)
         from app.catalog import migrate as migrations
 
         if migrate:

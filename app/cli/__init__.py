@@ -1,4 +1,4 @@
-"""`blendrag` command line: serve, ingest, ask, mcp, cache, doctor, db, worker, keys, models.
+"""`blendrag` command line: serve, ingest, sync, ask, mcp, cache, doctor, db, worker, keys, models.
 
 One module per command group; each registers its subcommands (`add_parsers`) and builds what it needs
 through `app.build.build_services`.
@@ -17,7 +17,7 @@ __all__ = ["EXIT_BUSY", "EXIT_USAGE", "NO_SERVER", "build_parser", "human_bytes"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from app.cli import ask, cache, calibrate, doctor, ingest, keys, mcp, models, scaleout, serve
+    from app.cli import ask, cache, calibrate, doctor, ingest, keys, mcp, models, scaleout, serve, sync
 
     parser = argparse.ArgumentParser(prog="blendrag", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     # In the order `blendrag --help` lists them.
     serve.add_parsers(sub)  # serve
     ingest.add_parsers(sub)  # ingest
+    sync.add_parsers(sub)  # sync
     ask.add_parsers(sub)  # ask
     mcp.add_parsers(sub)  # mcp
     cache.add_parsers(sub)  # cache stats|verify|prune|convert

@@ -74,5 +74,6 @@ class CollectionService:
             )
         for doc in documents:
             self._documents.delete(doc.id)
+        self._catalog.syncs.forget(name)  # a folder synced into it again starts afresh, as any folder may
         logger.info("collection %s deleted: %d documents", name, len(documents))
         return len(documents)

@@ -53,11 +53,15 @@ class Progress:
         self._progress[self._stage]["done"] = done
         self._write(force=done >= self._progress[self._stage]["total"])
 
-    def add_kv(self, num_bytes: int, num_tokens: int) -> None:
-        """KV bytes (as stored) and tokens this job added: the kv stage's `bytes` and `tokens`."""
+    def add_kv(self, num_bytes: int, num_tokens: int, num_computed: int = 0, seconds: float = 0.0) -> None:
+        """KV bytes (as stored) and tokens this job added: the kv stage's `bytes` and `tokens`; `computed`, the
+        chunks whose KV it computed (the others the store held: content-addressed), and `seconds`, the stage's
+        time: what a re-ingest of a changed file pays."""
         kv = self._progress["kv"]
         kv["bytes"] = kv.get("bytes", 0) + num_bytes
         kv["tokens"] = kv.get("tokens", 0) + num_tokens
+        kv["computed"] = kv.get("computed", 0) + num_computed
+        kv["seconds"] = round(kv.get("seconds", 0.0) + seconds, 3)
 
     def set_ready(self, num_documents: int) -> None:
         """The documents the commit made ready: the commit stage's `ready`, what the job added to the library

@@ -9,6 +9,7 @@ written while the document is still pending, the index is saved, and only then i
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -242,6 +243,7 @@ def precompute_kv(ctx: JobContext) -> None:
 
     tracker.check_cancel()
     rate = env.full_pass_rate
+    started = time.perf_counter()
     written = env.kv_space.ensure(
         token_ids,
         keys=[k for item in live for k in item.kv_keys],  # hashed once, above
@@ -252,7 +254,9 @@ def precompute_kv(ctx: JobContext) -> None:
         on_batch=on_batch,
     )
     tracker.advance(len(token_ids))
-    tracker.add_kv(written.num_bytes_written, written.num_tokens_written)  # the cache's bill
+    tracker.add_kv(  # the cache's bill
+        written.num_bytes_written, written.num_tokens_written, written.num_computed, time.perf_counter() - started
+    )
     if written.unwritten:
         _fail_unstored(ctx, live, set(written.unwritten))
 

@@ -55,6 +55,10 @@ COLLECTION_SCOPED = {
     ("GET", "/conversations"),
     ("GET", "/conversations/{conversation_id}"),
     ("DELETE", "/conversations/{conversation_id}"),
+    ("GET", "/syncs"),
+    ("POST", "/syncs/plan"),
+    ("POST", "/syncs/remove"),
+    ("POST", "/syncs/finish"),
 }
 # Public by design: liveness, readiness and text rendering (Markdown of the caller's own text) show no
 # document, chunk or conversation.

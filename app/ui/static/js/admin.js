@@ -429,6 +429,33 @@ function renderCollections(collections, isAdmin) {
   labelCells(body);
 }
 
+// What a sync changed, by file: "+3 added · 1 changed · −2 removed · 194 unchanged" (zeros left out but the
+// unchanged count, so a sync that changed nothing still says what it compared).
+function syncChanges(c) {
+  const parts = [];
+  if (c.added) parts.push(`+${c.added} added`);
+  if (c.changed) parts.push(`${c.changed} changed`);
+  if (c.removed) parts.push(`−${c.removed} removed`);
+  parts.push(`${c.unchanged || 0} unchanged`);
+  if (c.failed) parts.push(`${c.failed} failed`);
+  if (c.skipped) parts.push(`${c.skipped} skipped`);
+  return parts.join(" · ");
+}
+
+function renderSyncs(syncs) {
+  $("syncs-panel").hidden = !syncs.length;
+  const body = $("syncs-body");
+  body.replaceChildren();
+  for (const s of syncs) {
+    body.append(el("tr", { "data-collection": s.collection },
+      el("td", { class: "title" }, el("div", { class: "t", title: s.folder }, s.folder)),
+      el("td", {}, s.collection),
+      el("td", {}, fmtDate(s.synced_at)),
+      el("td", {}, syncChanges(s.changes))));
+  }
+  labelCells(body);
+}
+
 function renderKeys(keys) {
   $("keys-panel").hidden = keys === null;
   if (keys === null) return;
@@ -496,13 +523,15 @@ async function refresh() {
 async function load() {
   try {
     const filter = $("status-filter").value;
-    const [page, coverage, stats, jobs, collections, keys] = await Promise.all([
+    const [page, coverage, stats, jobs, collections, syncs, keys] = await Promise.all([
       api(`/documents?offset=${offset}&limit=${PAGE_SIZE}${filter ? `&status=${filter}` : ""}`),
       api("/api/coverage"), api("/api/stats"), api(`/ingest/jobs?limit=${MAX_JOB_CARDS}`), api("/collections"),
+      api("/syncs"),
       // Only the admin key manages keys: a collection key gets a 403 here, and the panel stays hidden.
       api("/admin/keys").catch((err) => (err instanceof ApiError && err.status === 403 ? null : Promise.reject(err)))]);
     showError("");
     renderCollections(collections.collections, keys !== null);
+    renderSyncs(syncs.syncs);
     renderKeys(keys);
     renderCards(coverage, stats);
     renderDocuments(page, coverage);

@@ -19,8 +19,8 @@ def test_a_stage_start_and_end_are_written_and_heard(services: Services) -> None
     progress.grow(1)  # a records file: one more document than announced
     progress.advance(3)  # done == total: written now, however soon after the last write
     progress.stage("kv", 4)
-    progress.add_kv(1000, 12)
-    progress.add_kv(24, 3)
+    progress.add_kv(1000, 12, 2, 0.5)
+    progress.add_kv(24, 3, 1, 0.25)
     progress.advance(4)
     row = services.catalog.get_job(job.id)
     assert row.stage == "kv"
@@ -28,7 +28,7 @@ def test_a_stage_start_and_end_are_written_and_heard(services: Services) -> None
         "parse": {"done": 3, "total": 3},
         "chunk": {"done": 0, "total": 0},
         "embed": {"done": 0, "total": 0},
-        "kv": {"done": 4, "total": 4, "bytes": 1024, "tokens": 15},
+        "kv": {"done": 4, "total": 4, "bytes": 1024, "tokens": 15, "computed": 3, "seconds": 0.75},
         "commit": {"done": 0, "total": 0},
     }
     assert [(j.stage, j.progress[j.stage]["done"]) for j in heard] == [("parse", 0), ("parse", 3), ("kv", 0), ("kv", 4)]

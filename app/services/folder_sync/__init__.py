@@ -1,0 +1,1 @@
+"""`blendrag sync`: a collection kept equal to a folder (scan, plan, ingest what changed, remove what is gone)."""
