@@ -40,22 +40,31 @@ def decode_batch(tf: Transformer, caches: list[WorkingCache], token_ids: list[in
     positions = [c.length for c in caches]
     for cache in caches:
         cache.ensure_capacity(cache.length + 1)
-    cos, sin = tf.rope.at(torch.tensor(positions, device=tf.device), bound=max(positions) + 1)  # (B, D/2) each
-    cos, sin = cos[:, None, None], sin[:, None, None]  # (B, 1, 1, D/2): broadcasts over (B, 1, heads, D)
+    on_device = torch.tensor(positions, device=tf.device)
+    # Per RoPE table (a sliding-window layer's own, else the model's): (B, 1, 1, D/2), over (B, 1, heads, D).
+    rotations: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for rope in {id(tf.layer_rope(idx)): tf.layer_rope(idx) for idx in range(cfg.num_layers)}.values():
+        cos, sin = rope.at(on_device, bound=max(positions) + 1)  # (B, D/2) each
+        rotations[id(rope)] = (cos[:, None, None], sin[:, None, None])
 
     # A blend's stale-key bias (WorkingCache.key_bias) holds for every token it decodes: one (keys,) row per
     # request, added to its scores in every layer.
     biases = [None if c.key_bias is None else c.key_bias[: pos + 1] for c, pos in zip(caches, positions, strict=True)]
     h = tf.embed(torch.tensor(token_ids, device=tf.device))[:, None]  # (B, 1, hidden)
     for idx in range(cfg.num_layers):
-        q, _, k, v = tf.qkv(idx, h, cos, sin)  # q (B, 1, heads, D); k (RoPE'd), v (B, 1, kv_heads, D)
+        window = tf.windows[idx]
+        # q (B, 1, heads, D); k (RoPE'd), v (B, 1, kv_heads, D)
+        q, _, k, v = tf.qkv(idx, h, *rotations[id(tf.layer_rope(idx))])
         # The query heads that share a KV head are consecutive (HF's repeat_interleave order).
         q = q.view(bsz, kv_heads, heads // kv_heads, d)  # (B, kv_heads, group, D)
         o = torch.empty(bsz, kv_heads, heads // kv_heads, d, dtype=q.dtype, device=q.device)
         for b, (cache, pos, bias) in enumerate(zip(caches, positions, biases, strict=True)):
             cache.k[idx][0, :, pos] = k[b, 0]
             cache.v[idx][0, :, pos] = v[b, 0]
-            o[b] = attend_one(q[b], cache.k[idx][0, :, : pos + 1], cache.v[idx][0, :, : pos + 1], bias)
+            # A sliding-window layer reads the last `window` keys only: the others are outside the row's window.
+            lo = 0 if window is None else max(0, pos + 1 - window)
+            keys, values = cache.k[idx][0, :, lo : pos + 1], cache.v[idx][0, :, lo : pos + 1]
+            o[b] = attend_one(q[b], keys, values, None if bias is None else bias[lo:], cfg.attn_scale)
         h = tf.output_and_mlp(idx, h, o.view(bsz, 1, heads * d))
     for cache in caches:
         cache.length += 1
@@ -63,7 +72,11 @@ def decode_batch(tf: Transformer, caches: list[WorkingCache], token_ids: list[in
 
 
 def attend_one(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor | None = None
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """One query row per head, q (kv_heads, group, D), against keys/values (kv_heads, T, D), the row's position
     the last key's (it sees every key): → (kv_heads, group, D).
@@ -71,7 +84,7 @@ def attend_one(
     The query heads that share a KV head attend as `group` rows of that one head: none is masked (each sees
     every key), so SDPA's kernel runs without its GQA path, which repeats K and V for every query head (2.9 ms
     a layer at 3.5k keys in bfloat16 on two cores, against 0.26 ms this way; docs/benchmarks.md, "Decode").
-    `bias` (T,), added to every head's scores.
+    `bias` (T,), added to every head's scores; `scale`: of q·k (None: head_dim^-½).
     """
     mask = None if bias is None else bias.to(q.dtype)[None, None, None].expand(1, 1, q.shape[1], bias.shape[0])
-    return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask)[0]
+    return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask, scale=scale)[0]

@@ -26,7 +26,8 @@ class EngineSettings(BaseModel):
         default=DEFAULT_MODEL,
         description="a catalogue name (`blendrag models`: qwen2.5-coder-0.5b, smollm2-135m alias builtin, "
         "qwen2.5-coder-1.5b), ollama:NAME[:TAG] (a model pulled with Ollama, read from its store: ~/.ollama/models or "
-        "$OLLAMA_MODELS), a local GGUF file (llama, mistral, qwen2, qwen3) or a local Hugging Face checkpoint dir",
+        "$OLLAMA_MODELS), a local GGUF file (llama, mistral, qwen2, qwen3, gemma3) or a local Hugging Face "
+        "checkpoint dir",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="auto: cuda when torch sees a GPU, else cpu"
@@ -119,7 +120,10 @@ class EngineSettings(BaseModel):
         default=NO_REPEAT_NGRAM_SIZE, ge=0, description="never generate the same n-gram twice (0 = off)"
     )
     stop_on_repeated_line: bool = Field(
-        default=True, description="finish the answer once a sentence or line repeats an earlier one"
+        default=True,
+        description="finish the answer once it loops: a prose sentence said again, or the same lines back to back "
+        "with the copies after the first adding up to three lines (code that rightly recurs, an import in a second "
+        "example or a closing bracket, does not stop it; engine/repetition.py); the withheld line is reported",
     )
 
     @field_validator("model")

@@ -109,8 +109,13 @@ class StaticDecode:
         self._host_inputs = torch.zeros(3, batch, dtype=torch.int64, pin_memory=on_cuda)
         self._copied = torch.cuda.Event() if on_cuda else None
         self.key_positions = torch.arange(slab.capacity, device=tf.device)  # (capacity,)
-        tf.rope.ensure(slab.capacity)
-        self.cos, self.sin = tf.rope.cos, tf.rope.sin  # this table, even after the engine grows its own
+        # The tables at capture time, kept even after the engine grows its own: the model's, and the sliding-window
+        # layers' (Gemma 3) when they rotate with another base.
+        self.tables: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for idx in range(tf.cfg.num_layers):
+            rope = tf.layer_rope(idx)
+            rope.ensure(slab.capacity)
+            self.tables.setdefault(id(rope), (rope.cos, rope.sin))
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None  # (batch, vocab) float32: the captured step's output
 
@@ -132,14 +137,24 @@ class StaticDecode:
         tf, cfg = self.tf, self.tf.cfg
         bsz, heads, kv_heads, d = self.batch, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         tokens, positions, slots = self.inputs[_TOKEN], self.inputs[_POSITION], self.inputs[_SLOT]  # (B,) each
-        cos = self.cos.index_select(0, positions)[:, None, None]  # (B, 1, 1, D/2): over (B, 1, heads, D)
-        sin = self.sin.index_select(0, positions)[:, None, None]
-        # Row b sees its slot's keys 0…positions[b] (its own included), each with the slot's key bias.
+        # (B, 1, 1, D/2) per table: over (B, 1, heads, D)
+        rotations = {
+            key: (cos.index_select(0, positions)[:, None, None], sin.index_select(0, positions)[:, None, None])
+            for key, (cos, sin) in self.tables.items()
+        }
+        # Row b sees its slot's keys 0…positions[b] (its own included), each with the slot's key bias; in a
+        # sliding-window layer only those after positions[b] - window.
         later = self.key_positions[None, :] > positions[:, None]  # (B, capacity)
-        mask = self.key_bias.index_select(0, slots).masked_fill(later, float("-inf"))[:, None, None]  # (B,1,1,cap)
+        bias = self.key_bias.index_select(0, slots)
+        # (B, 1, 1, capacity) by window
+        masks: dict[int | None, torch.Tensor] = {None: bias.masked_fill(later, float("-inf"))[:, None, None]}
+        for window in {w for w in tf.windows if w is not None}:
+            old = self.key_positions[None, :] <= positions[:, None] - window
+            masks[window] = bias.masked_fill(later | old, float("-inf"))[:, None, None]
         h = tf.embed(tokens)[:, None]  # (B, 1, hidden)
         for idx in range(cfg.num_layers):
-            q, _, k, v = tf.qkv(idx, h, cos, sin)  # q (B, 1, heads, D); k (RoPE'd), v (B, 1, kv_heads, D)
+            rope, mask = tf.layer_rope(idx), masks[tf.windows[idx]]
+            q, _, k, v = tf.qkv(idx, h, *rotations[id(rope)])  # q (B, 1, heads, D); k (RoPE'd), v (B, 1, kv_heads, D)
             slab_k, slab_v = self.k[idx], self.v[idx]  # (slots, kv_heads, capacity, D)
             slab_k[slots, :, positions] = k[:, 0]  # row b's key at (slots[b], :, positions[b])
             slab_v[slots, :, positions] = v[:, 0]
@@ -147,7 +162,8 @@ class StaticDecode:
             values = slab_v.index_select(0, slots)
             # As `batched_decode.attend_one`: the query heads of a KV head attend as rows of that head.
             q = q.view(bsz, kv_heads, heads // kv_heads, d)  # (B, kv_heads, group, D)
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (B, kv_heads, group, D)
+            # (B, kv_heads, group, D)
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=cfg.attn_scale)
             h = tf.output_and_mlp(idx, h, o.reshape(bsz, 1, heads * d))
         return tf.logits(h[:, 0])
 

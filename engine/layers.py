@@ -1,10 +1,12 @@
-"""The transformer itself: RMSNorm, RoPE, GQA attention with an exact causal mask, SwiGLU MLP.
+"""The transformer itself: RMSNorm, RoPE, GQA attention with an exact causal mask, SwiGLU MLP (GeGLU for Gemma).
 
 One function per layer, readable top to bottom. A layer runs for an arbitrary, ascending set of rows
 (`Rows`): all prompt tokens (full prefill), a chunk (ingest), the tokens selected for recompute
 (blend), or one new token (decode). Keys are whatever the working cache holds in 0…kv_len-1, and
 whether a query may see a key is decided from their absolute positions alone (key_pos <= query_pos), so
-a recomputed token never sees a later token, whichever subset of rows is being computed.
+a recomputed token never sees a later token, whichever subset of rows is being computed. A sliding-window
+layer (Gemma 3's local layers) also hides the keys at or before query_pos - window, in every row set, and
+rotates with a RoPE base of its own: `Rows.local` carries those layers' cos/sin and blocks.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from engine.model import LoadedModel, ModelWeights
+from engine.model import SLIDING_ATTENTION, LoadedModel, ModelWeights
 from engine.packed_linear import linear
 from engine.rope import RopeTable, apply_rope, rope_inv_freq
 from engine.threads import SERIAL_MAX_ELEMENTS, parallel, serial
@@ -38,10 +40,11 @@ _MAX_PAD_SHARE = 0.1
 @dataclass
 class AttentionBlock:
     rows: slice  # which of the Rows' queries
-    kv_len: int  # keys 0…kv_len-1
-    mask: torch.Tensor | None  # (num_rows, kv_len) additive: 0 may attend, -inf may not; None: all keys
+    kv_len: int  # keys kv_start…kv_len-1
+    mask: torch.Tensor | None  # (num_rows, kv_len - kv_start) additive: 0 may attend, -inf may not; None: all keys
     is_causal: bool = False  # rows are exactly positions pad_rows…kv_len-1: SDPA's own causal kernel
     pad_rows: int = 0  # zero query rows put in front so that the rows line up with SDPA's causal mask
+    kv_start: int = 0  # keys before it are outside every row's sliding window: not read at all
 
 
 @dataclass
@@ -54,6 +57,9 @@ class Rows:
     cos: torch.Tensor  # (n, 1, head_dim/2): broadcasts over heads in the (B, n, heads, D) layout
     sin: torch.Tensor  # (n, 1, head_dim/2)
     blocks: list[AttentionBlock]
+    # The same rows as the sliding-window layers see them (their RoPE base, their window in the masks); None for
+    # a model without such layers, and in the `local` itself.
+    local: Rows | None = None
 
     @property
     def num_rows(self) -> int:
@@ -76,9 +82,24 @@ class Transformer:
         self.w = model.weights
         self.device = model.device
         self.dtype = model.dtype
-        inv_freq, scaling = rope_inv_freq(model.hf_config, self.cfg.head_dim)
-        self.rope = RopeTable(
-            inv_freq, scaling, model.dtype, model.device, initial_positions=min(self.cfg.max_position_embeddings, 8192)
+        cfg = self.cfg
+        initial = min(cfg.max_position_embeddings, 8192)
+        # Per layer: its sliding window, None for full attention (every layer of a Llama-family model).
+        self.windows: tuple[int | None, ...] = cfg.layer_windows or (None,) * cfg.num_layers
+        # A model with sliding-window layers (Gemma 3) keeps a RoPE per layer type: the full layers' in `rope`,
+        # the sliding layers' in `rope_local`.
+        typed = bool(cfg.layer_windows)
+        inv_freq, scaling = rope_inv_freq(model.hf_config, cfg.head_dim, "full_attention" if typed else None)
+        self.rope = RopeTable(inv_freq, scaling, model.dtype, model.device, initial_positions=initial)
+        self.rope_local: RopeTable | None = None
+        if any(w is not None for w in self.windows):
+            local_freq, local_scaling = rope_inv_freq(model.hf_config, cfg.head_dim, SLIDING_ATTENTION)
+            self.rope_local = RopeTable(local_freq, local_scaling, model.dtype, model.device, initial_positions=initial)
+        # Gemma scales embeddings by √hidden, rounded to the model dtype as Gemma3TextScaledWordEmbedding does.
+        self.embed_scale = (
+            None
+            if cfg.embed_scale is None
+            else torch.tensor(cfg.embed_scale, dtype=torch.float32).to(device=model.device, dtype=model.dtype)
         )
         # One thread beside the compute that reads and rotates the next layer's stored context KV while a
         # layer computes (engine/stored_context.py); shared by the requests, it starts on first use.
@@ -103,25 +124,48 @@ class Transformer:
         decoder.decoder = decoder
         self.decoder = decoder
 
+    def layer_rope(self, idx: int) -> RopeTable:
+        """The RoPE table layer `idx` rotates with (a sliding-window layer's own, else the model's)."""
+        return self.rope_local if self.windows[idx] is not None and self.rope_local is not None else self.rope
+
+    def layer_rows(self, idx: int, rows: Rows) -> Rows:
+        """`rows` as layer `idx` sees them: a sliding-window layer's RoPE and window masks, else as they are."""
+        return rows.local if self.windows[idx] is not None and rows.local is not None else rows
+
     # ----------------------------------------------------------------------------------------- rows
     def rows(self, positions: torch.Tensor | range, kv_len: int, key_bias: torch.Tensor | None = None) -> Rows:
         """Describe the query rows at `positions` (ascending) attending to keys 0…kv_len-1.
 
         `key_bias` (≥ kv_len,), a working cache's `key_bias`, is folded into every block's additive mask
         once here, so each row adds it to its attention logits in every layer at no extra cost per layer.
+        A model with sliding-window layers gets their view of the same rows in `Rows.local`.
         """
+        rows = self._rows(positions, kv_len, key_bias, self.rope, None)
+        if self.rope_local is not None:
+            window = self.cfg.sliding_window
+            rows.local = self._rows(positions, kv_len, key_bias, self.rope_local, window)
+        return rows
+
+    def _rows(
+        self,
+        positions: torch.Tensor | range,
+        kv_len: int,
+        key_bias: torch.Tensor | None,
+        rope: RopeTable,
+        window: int | None,
+    ) -> Rows:
         if isinstance(positions, range):
             span: slice | None = slice(positions.start, positions.stop)
             pos = torch.arange(positions.start, positions.stop, device=self.device)
         elif self.sync_free:
             pos = positions.to(self.device, torch.int64)
-            cos, sin = self.rope.at(pos, bound=kv_len)  # every query position is below kv_len
+            cos, sin = rope.at(pos, bound=kv_len)  # every query position is below kv_len
             return Rows(
                 positions=pos,
                 span=None,
                 cos=cos[:, None],
                 sin=sin[:, None],
-                blocks=[self._one_masked_block(pos, kv_len, key_bias)] if pos.numel() else [],
+                blocks=[self._one_masked_block(pos, kv_len, key_bias, window)] if pos.numel() else [],
             )
         else:
             pos = positions.to(self.device, torch.int64)
@@ -129,20 +173,25 @@ class Transformer:
             first = int(pos[0]) if n else 0
             contiguous = n > 0 and int(pos[-1]) - first + 1 == n
             span = slice(first, first + n) if contiguous else None
-        cos, sin = self.rope.at(span if span is not None else pos)
+        cos, sin = rope.at(span if span is not None else pos)
         return Rows(
             positions=pos,
             span=span,
             cos=cos[:, None],
             sin=sin[:, None],
-            blocks=self._attention_blocks(pos, span, kv_len, key_bias),
+            blocks=self._attention_blocks(pos, span, kv_len, key_bias, window),
         )
 
-    def _one_masked_block(self, pos: torch.Tensor, kv_len: int, key_bias: torch.Tensor | None) -> AttentionBlock:
+    def _one_masked_block(
+        self, pos: torch.Tensor, kv_len: int, key_bias: torch.Tensor | None, window: int | None = None
+    ) -> AttentionBlock:
         """All rows at device positions `pos` against keys 0…kv_len-1 in one attention call, with the exact
-        causal mask from absolute positions (and the key bias) built on the device: (rows, kv_len) additive."""
+        causal mask from absolute positions (and the key bias) built on the device: (rows, kv_len) additive.
+        A sliding `window` also hides the keys at or before each row's position - window."""
         key_pos = torch.arange(kv_len, device=self.device)
         later = key_pos[None, :] > pos[:, None]  # (rows, kv_len): may not see
+        if window is not None and kv_len > window:
+            later |= key_pos[None, :] <= pos[:, None] - window  # outside the window: may not see either
         if key_bias is None:
             base = torch.zeros(later.shape, dtype=self.dtype, device=self.device)
         else:
@@ -150,13 +199,26 @@ class Transformer:
         return AttentionBlock(rows=slice(0, pos.numel()), kv_len=kv_len, mask=base.masked_fill_(later, float("-inf")))
 
     def _attention_blocks(
-        self, pos: torch.Tensor, span: slice | None, kv_len: int, key_bias: torch.Tensor | None = None
+        self,
+        pos: torch.Tensor,
+        span: slice | None,
+        kv_len: int,
+        key_bias: torch.Tensor | None = None,
+        window: int | None = None,
     ) -> list[AttentionBlock]:
         n = pos.numel()
         if n == 0:
             return []
+        if window is not None and kv_len <= window:
+            window = None  # no query is `window` positions past any key: the window hides nothing
         bias = None if key_bias is None else key_bias[:kv_len].to(self.device, self.dtype)  # (kv_len,)
-        if bias is None and span is not None and span.stop == kv_len and span.start**2 <= _MAX_PAD_SHARE * kv_len**2:
+        if (
+            bias is None
+            and window is None
+            and span is not None
+            and span.stop == kv_len
+            and span.start**2 <= _MAX_PAD_SHARE * kv_len**2
+        ):
             # Contiguous rows that end at the last key (full prefill, chunk prefill behind the prefix, the
             # early blend layers): SDPA's causal kernel skips the masked half and builds no mask. Its mask
             # is top-left aligned, so the rows are shifted down by `start` zero rows whose output is dropped.
@@ -172,27 +234,37 @@ class Transformer:
                 else (span.start + start, span.start + start + q_pos.numel() - 1)
             )
             block_kv = min(kv_len, last + 1)
+            # A sliding window: keys at or before the first row's position - window are hidden from every row.
+            kv_start = 0 if window is None else max(0, first - window + 1)
             # Exact causal mask from absolute positions (never "bottom-right aligned").
             # A biased cache gives every block a mask (the bias plus the causal part), even one row that sees
             # every key.
             mask = None
-            if bias is not None or first + 1 < block_kv:
+            windowed = window is not None and last - window >= kv_start  # some key of the range is too old
+            if bias is not None or first + 1 < block_kv or windowed:
                 # Additive float mask, built once per row set: SDPA would convert a bool mask per call. A few
                 # element-wise passes over (rows × keys): on one thread, like the layers' small ops.
-                small = q_pos.numel() * block_kv <= SERIAL_MAX_ELEMENTS
+                small = q_pos.numel() * (block_kv - kv_start) <= SERIAL_MAX_ELEMENTS
                 with serial(self.device.type == "cpu" and small):
-                    later = key_pos[:block_kv][None, :] > q_pos[:, None]  # (rows, block_kv): may not see
+                    keys = key_pos[kv_start:block_kv][None, :]
+                    later = keys > q_pos[:, None]  # (rows, block_kv - kv_start): may not see
+                    if windowed:
+                        later |= keys <= q_pos[:, None] - window  # outside the row's window
                     base = (
                         torch.zeros(later.shape, dtype=self.dtype, device=self.device)
                         if bias is None
-                        else bias[None, :block_kv].expand(later.shape).clone()
+                        else bias[None, kv_start:block_kv].expand(later.shape).clone()
                     )
                     mask = base.masked_fill_(later, float("-inf"))
-            blocks.append(AttentionBlock(rows=slice(start, start + q_pos.numel()), kv_len=block_kv, mask=mask))
+            blocks.append(
+                AttentionBlock(rows=slice(start, start + q_pos.numel()), kv_len=block_kv, mask=mask, kv_start=kv_start)
+            )
         return blocks
 
     # ------------------------------------------------------------------------------------- helpers
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        if self.embed_scale is not None:
+            return self.w.embed[token_ids] * self.embed_scale  # (…, hidden)
         return self.w.embed[token_ids]  # (…, hidden)
 
     def serial_small(self, h: torch.Tensor):
@@ -219,18 +291,19 @@ class Transformer:
         assembled with one copy.
         """
         gqa = self.cfg.num_heads != self.cfg.num_kv_heads
+        scale = self.cfg.attn_scale  # None: SDPA's head_dim^-½
         outs = []
         for b in rows.blocks:
-            k, v = cache_k[:, :, : b.kv_len], cache_v[:, :, : b.kv_len]
+            k, v = cache_k[:, :, b.kv_start : b.kv_len], cache_v[:, :, b.kv_start : b.kv_len]
             if b.pad_rows:
                 padded = torch.cat([q.new_zeros(q.shape[0], q.shape[1], b.pad_rows, q.shape[3]), q], dim=2)
                 with parallel():
-                    out = F.scaled_dot_product_attention(padded, k, v, is_causal=True, enable_gqa=gqa)
+                    out = F.scaled_dot_product_attention(padded, k, v, is_causal=True, enable_gqa=gqa, scale=scale)
                 out = out[:, :, b.pad_rows :]
             else:
                 with parallel():
                     out = F.scaled_dot_product_attention(
-                        q[:, :, b.rows], k, v, attn_mask=b.mask, is_causal=b.is_causal, enable_gqa=gqa
+                        q[:, :, b.rows], k, v, attn_mask=b.mask, is_causal=b.is_causal, enable_gqa=gqa, scale=scale
                     )
             outs.append(out.transpose(1, 2))  # (B, rows, heads, D)
         return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs, dim=1)
@@ -240,7 +313,9 @@ class Transformer:
         (B, kv_heads, capacity, D), exact causal mask from absolute positions: (B, heads, n, kv_len) float32.
 
         Only the query selector's scoring pass needs the weights themselves (SDPA never returns them);
-        it runs for the few suffix rows, so the explicit (n × kv_len) matrix is small.
+        it runs for the few suffix rows, so the explicit (n × kv_len) matrix is small. The mask is the full
+        layers' (the caller names no layer): on a sliding-window layer these are scores over every key, what
+        the selector ranks the context by, not what the layer attends to.
         """
         cfg = self.cfg
         bsz, heads, n, d = q.shape
@@ -249,7 +324,8 @@ class Transformer:
         # repeat_interleave order), so they stack into the rows of one GEMM against that head's keys.
         qg = q.float().reshape(bsz, cfg.num_kv_heads, (heads // cfg.num_kv_heads) * n, d)
         with parallel():
-            scores = torch.matmul(qg, k.transpose(-1, -2)).view(bsz, heads, n, kv_len) * cfg.head_dim**-0.5
+            scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
+            scores = torch.matmul(qg, k.transpose(-1, -2)).view(bsz, heads, n, kv_len) * scale
         key_pos = torch.arange(kv_len, device=self.device)
         scores.masked_fill_(key_pos[None, :] > rows.positions[:, None], float("-inf"))
         return torch.softmax(scores, dim=-1)
@@ -283,7 +359,8 @@ class Transformer:
     def _project_qkv(
         self, idx: int, h: torch.Tensor, rows: Rows, cache: WorkingCache
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        q, k, k_rot, v = self.qkv(idx, h, rows.cos, rows.sin)
+        seen = self.layer_rows(idx, rows)
+        q, k, k_rot, v = self.qkv(idx, h, seen.cos, seen.sin)
         where = rows.span if rows.span is not None else rows.positions
         cache.k[idx][:, :, where] = k_rot.transpose(1, 2)
         cache.v[idx][:, :, where] = v.transpose(1, 2)
@@ -312,7 +389,7 @@ class Transformer:
         k = k.view(bsz, n, kv_heads, d)  # before RoPE
         v = v.view(bsz, n, kv_heads, d)
         if w.q_norm is not None and w.k_norm is not None:
-            # Qwen3: an RMSNorm over each head's queries and keys before RoPE; the stored K is the normed one.
+            # Qwen3, Gemma 3: an RMSNorm over each head's queries and keys before RoPE; the stored K is the normed one.
             q = rms_norm(q, w.q_norm, cfg.rms_norm_eps)
             k = rms_norm(k, w.k_norm, cfg.rms_norm_eps)
         k_rot = apply_rope(k, cos, sin)
@@ -320,12 +397,20 @@ class Transformer:
         return q, k, k_rot, v
 
     def output_and_mlp(self, idx: int, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
-        """Output projection of the attention output o (B, n, heads·D), residual, SwiGLU MLP, residual."""
+        """Output projection of the attention output o (B, n, heads·D), residual, gated MLP (SwiGLU; GeGLU with
+        tanh GELU for Gemma), residual. Gemma norms each branch's output before its residual too."""
         cfg, w = self.cfg, self.w.layers[idx]
-        h = h + self.linear(o, w.wo, w.bo)
+        attn = self.linear(o, w.wo, w.bo)
+        if w.post_attn_norm is not None:
+            attn = rms_norm(attn, w.post_attn_norm, cfg.rms_norm_eps)
+        h = h + attn
         x = rms_norm(h, w.mlp_norm, cfg.rms_norm_eps)
         gate, up = self.linear(x, w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)  # (B, n, intermediate) each
-        return h + self.linear(F.silu(gate) * up, w.w_down, w.b_down)
+        act = F.silu(gate) if cfg.activation == "silu" else F.gelu(gate, approximate="tanh")
+        mlp = self.linear(act * up, w.w_down, w.b_down)
+        if w.post_mlp_norm is not None:
+            mlp = rms_norm(mlp, w.post_mlp_norm, cfg.rms_norm_eps)
+        return h + mlp
 
     def attend_and_mlp(
         self, idx: int, h: torch.Tensor, q: torch.Tensor, rows: Rows, cache: WorkingCache
@@ -334,5 +419,5 @@ class Transformer:
         cfg = self.cfg
         bsz, n, _ = h.shape
         with self.serial_small(h):
-            o = self.attend(q, cache.k[idx], cache.v[idx], rows)  # (B, n, heads, D)
+            o = self.attend(q, cache.k[idx], cache.v[idx], self.layer_rows(idx, rows))  # (B, n, heads, D)
             return self.output_and_mlp(idx, h, o.view(bsz, n, cfg.num_heads * cfg.head_dim))

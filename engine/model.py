@@ -1,4 +1,4 @@
-"""Llama-family checkpoints (Llama 2/3, Mistral, Qwen2, Qwen3 dense, SmolLM2) loaded into plain tensors.
+"""Llama-family checkpoints (Llama 2/3, Mistral, Qwen2, Qwen3 dense, SmolLM2, Gemma 3 text) loaded into plain tensors.
 
 transformers is only used to read the config and to compute RoPE inverse frequencies; the weights are
 read straight from the safetensors files and the forward pass lives in engine/layers.py. Per layer the
@@ -23,8 +23,13 @@ Weight = torch.Tensor | QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-QK_NORM_MODEL_TYPES = ("qwen3",)  # an RMSNorm over each head's queries and keys before RoPE
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+QK_NORM_MODEL_TYPES = ("qwen3", "gemma3_text")  # an RMSNorm over each head's queries and keys before RoPE
+# Gemma 3 (text): RMSNorms scale by (1 + weight), embeddings by √hidden, a norm after attention and after the MLP,
+# GELU-tanh gates, queries scaled by query_pre_attn_scalar^-½, and sliding-window layers with a RoPE base of their own.
+GEMMA_MODEL_TYPES = ("gemma3_text",)
+SLIDING_ATTENTION = "sliding_attention"
+_ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
 # Bump when the numerics of the forward pass change, so stored chunk KV is recomputed, never reused stale.
 ENGINE_NUMERICS_VERSION = "blendrag-engine-1"
 
@@ -48,6 +53,16 @@ class ModelConfig:
     rms_norm_eps: float
     tie_word_embeddings: bool
     max_position_embeddings: int
+    activation: str = "silu"  # of the MLP's gate: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU)
+    embed_scale: float | None = None  # Gemma: embeddings × √hidden (None: as stored)
+    attn_scale: float | None = None  # Gemma: query_pre_attn_scalar^-½ (None: SDPA's default, head_dim^-½)
+    # Per layer: the sliding window (a query sees keys q - window < k <= q) or None for full attention.
+    layer_windows: tuple[int | None, ...] = ()
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The one window the sliding layers share (None: every layer attends to all keys)."""
+        return next((w for w in self.layer_windows if w is not None), None)
 
     @property
     def q_size(self) -> int:
@@ -72,6 +87,8 @@ class LayerWeights:
     b_down: torch.Tensor | None
     q_norm: torch.Tensor | None = None  # (head_dim,) Qwen3: RMSNorm weight over each head's queries, before RoPE
     k_norm: torch.Tensor | None = None  # (head_dim,) Qwen3: the same over each head's keys
+    post_attn_norm: torch.Tensor | None = None  # (hidden,) Gemma: RMSNorm of the attention output, before the residual
+    post_mlp_norm: torch.Tensor | None = None  # (hidden,) Gemma: RMSNorm of the MLP output, before the residual
 
 
 @dataclass
@@ -106,12 +123,19 @@ def _read_config(path: Path) -> tuple[Any, ModelConfig]:
             f"{path}: architecture (model_type) {hf.model_type!r} is not supported; the engine computes "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    act = getattr(hf, "hidden_act", "silu")
-    if act != "silu":
-        raise ModelLoadError(f"{path}: hidden_act {act!r} is not supported (SwiGLU with silu only)")
+    gemma = hf.model_type in GEMMA_MODEL_TYPES
+    act = getattr(hf, "hidden_activation", None) if gemma else getattr(hf, "hidden_act", "silu")
+    if act not in _ACTIVATIONS:
+        raise ModelLoadError(
+            f"{path}: hidden activation {act!r} is not supported (gated MLPs with {', '.join(_ACTIVATIONS)})"
+        )
     layer_types = getattr(hf, "layer_types", None) or []
     window = getattr(hf, "sliding_window", None)
-    if "sliding_attention" in layer_types or (hf.model_type == "mistral" and window):
+    layer_windows: tuple[int | None, ...] = ()
+    if gemma:
+        _check_gemma(path, hf)
+        layer_windows = tuple(int(window) if t == SLIDING_ATTENTION else None for t in layer_types)
+    elif SLIDING_ATTENTION in layer_types or (hf.model_type == "mistral" and window):
         # Full attention is exact for prompts within the window; beyond it the model was trained otherwise.
         logger.warning(
             "%s: sliding-window attention (window %s) is not implemented; attending to all "
@@ -133,8 +157,29 @@ def _read_config(path: Path) -> tuple[Any, ModelConfig]:
         rms_norm_eps=float(hf.rms_norm_eps),
         tie_word_embeddings=bool(getattr(hf, "tie_word_embeddings", False)),
         max_position_embeddings=int(getattr(hf, "max_position_embeddings", 4096)),
+        activation=_ACTIVATIONS[act],
+        embed_scale=float(hf.hidden_size) ** 0.5 if gemma else None,
+        attn_scale=float(hf.query_pre_attn_scalar) ** -0.5 if gemma else None,
+        layer_windows=layer_windows,
     )
     return hf, cfg
+
+
+def _check_gemma(path: Path, hf: Any) -> None:
+    """What Gemma 3 text configs may set that the layer loop does not compute: refused, never approximated."""
+    unsupported = {
+        "final_logit_softcapping": getattr(hf, "final_logit_softcapping", None),
+        "attn_logit_softcapping": getattr(hf, "attn_logit_softcapping", None),
+        "use_bidirectional_attention": getattr(hf, "use_bidirectional_attention", None) or None,
+    }
+    for name, value in unsupported.items():
+        if value is not None:
+            raise ModelLoadError(f"{path}: {hf.model_type} with {name}={value!r} is not supported")
+    layer_types = getattr(hf, "layer_types", None) or []
+    if len(layer_types) != hf.num_hidden_layers or not set(layer_types) <= {SLIDING_ATTENTION, "full_attention"}:
+        raise ModelLoadError(f"{path}: layer_types {layer_types!r} are not one of full/sliding_attention per layer")
+    if SLIDING_ATTENTION in layer_types and not getattr(hf, "sliding_window", None):
+        raise ModelLoadError(f"{path}: sliding-attention layers without a sliding_window")
 
 
 def _safetensors_files(path: Path) -> list[Path]:
@@ -219,6 +264,15 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Loade
     layers: list[LayerWeights] = []
     qkv_sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
     qk_norm = cfg.model_type in QK_NORM_MODEL_TYPES
+    gemma = cfg.model_type in GEMMA_MODEL_TYPES
+
+    def norm(name: str) -> torch.Tensor:
+        """An RMSNorm's weight as the layers multiply by it: Gemma's stored w scales by (1 + w), added here in
+        float32 as Gemma3RMSNorm adds it (exact in float32; in a 16-bit dtype 1 + w is rounded once)."""
+        t = _take(tensors, name)
+        assert t is not None
+        return cvt(t.float() + 1.0 if gemma else t)  # type: ignore[return-value]
+
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         wq, wk, wv = (_take(tensors, p + f"self_attn.{n}_proj.weight") for n in "qkv")
@@ -230,18 +284,21 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Loade
         assert wq is not None and wk is not None and wv is not None and wgate is not None and wup is not None
         layers.append(
             LayerWeights(
-                attn_norm=cvt(_take(tensors, p + "input_layernorm.weight")),  # type: ignore[arg-type]
+                attn_norm=norm(p + "input_layernorm.weight"),
                 wqkv=cvt(torch.cat([wq, wk, wv], dim=0)),  # type: ignore[arg-type]
                 bqkv=cvt(_cat_optional([bq, bk, bv], qkv_sizes, wq)),
                 wo=cvt(_take(tensors, p + "self_attn.o_proj.weight")),  # type: ignore[arg-type]
                 bo=cvt(_take(tensors, p + "self_attn.o_proj.bias", required=False)),
-                mlp_norm=cvt(_take(tensors, p + "post_attention_layernorm.weight")),  # type: ignore[arg-type]
+                # Gemma's post_attention_layernorm norms the attention output; its pre-MLP norm has its own name.
+                mlp_norm=norm(p + ("pre_feedforward_layernorm.weight" if gemma else "post_attention_layernorm.weight")),
                 w_gate_up=cvt(torch.cat([wgate, wup], dim=0)),  # type: ignore[arg-type]
                 b_gate_up=cvt(_cat_optional([bgate, bup], [cfg.intermediate_size] * 2, wgate)),
                 w_down=cvt(_take(tensors, p + "mlp.down_proj.weight")),  # type: ignore[arg-type]
                 b_down=cvt(_take(tensors, p + "mlp.down_proj.bias", required=False)),
-                q_norm=cvt(_take(tensors, p + "self_attn.q_norm.weight")) if qk_norm else None,
-                k_norm=cvt(_take(tensors, p + "self_attn.k_norm.weight")) if qk_norm else None,
+                q_norm=norm(p + "self_attn.q_norm.weight") if qk_norm else None,
+                k_norm=norm(p + "self_attn.k_norm.weight") if qk_norm else None,
+                post_attn_norm=norm(p + "post_attention_layernorm.weight") if gemma else None,
+                post_mlp_norm=norm(p + "post_feedforward_layernorm.weight") if gemma else None,
             )
         )
     embed = cvt(_take(tensors, "model.embed_tokens.weight"))
@@ -250,7 +307,7 @@ def load_model(path: Path, dtype: str = "float32", device: str = "cpu") -> Loade
     weights = ModelWeights(
         embed=embed,
         layers=layers,  # type: ignore[arg-type]
-        final_norm=cvt(_take(tensors, "model.norm.weight")),  # type: ignore[arg-type]
+        final_norm=norm("model.norm.weight"),
         lm_head=lm_head,
     )  # type: ignore[arg-type]
     leftover = [n for n in tensors if "rotary_emb" not in n]

@@ -15,9 +15,13 @@ import torch
 _UNSUPPORTED = ("dynamic", "longrope")  # their frequencies depend on the sequence length
 
 
-def rope_inv_freq(hf_config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
-    """(inv_freq (head_dim/2,) float32, attention_scaling) for a transformers config."""
+def rope_inv_freq(hf_config: Any, head_dim: int, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """(inv_freq (head_dim/2,) float32, attention_scaling) for a transformers config. `layer_type`: for a config
+    whose RoPE differs per layer type (Gemma 3: `rope_parameters` keyed by "full_attention" / "sliding_attention"),
+    that type's."""
     params = getattr(hf_config, "rope_parameters", None) or {}
+    if layer_type is not None:
+        params = params[layer_type]
     if "rope_theta" not in params and hasattr(hf_config, "rope_theta"):  # transformers 4.x configs
         params = {
             "rope_type": "default",
@@ -36,7 +40,8 @@ def rope_inv_freq(hf_config: Any, head_dim: int) -> tuple[torch.Tensor, float]:
         return inv_freq, 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"))
+    kwargs = {} if layer_type is None else {"layer_type": layer_type}
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](hf_config, torch.device("cpu"), **kwargs)
     if inv_freq.numel() * 2 != head_dim:
         raise ValueError("partial rotary embeddings are not supported")
     return inv_freq.float(), float(scaling)

@@ -54,7 +54,8 @@ class StoredContext:
     ) -> None:
         self.tf, self.reader, self.cache = tf, reader, cache
         self.span = slice(start, stop)  # the reused rows: all context rows, or the first chunk (mode prefix)
-        self.cos, self.sin = tf.rope.at(self.span)  # one cos/sin lookup serves every layer
+        # One cos/sin lookup per RoPE table serves every layer (Gemma 3's sliding-window layers have their own).
+        self.rotations = {id(rope): rope.at(self.span) for rope in (tf.rope, tf.rope_local) if rope is not None}
         self.num_layers_written = 0  # layers 0…num_layers_written-1 hold the rotated stored KV
         self.wait_s = 0.0  # time the pass waited for stored KV: storage not hidden behind compute
         self.overlap = tf.device.type != "cpu" if overlap is None else overlap
@@ -121,7 +122,8 @@ class StoredContext:
 
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         n = self.span.stop - self.span.start
-        apply_rope(k[:, :n], self.cos, self.sin, out=self.cache.k[layer, 0, :, self.span])
+        cos, sin = self.rotations[id(self.tf.layer_rope(layer))]
+        apply_rope(k[:, :n], cos, sin, out=self.cache.k[layer, 0, :, self.span])
         self.cache.v[layer, 0, :, self.span] = v[:, :n]
 
     def _read_and_write(self, layer: int, inference: bool) -> tuple[torch.Tensor, torch.Tensor]:

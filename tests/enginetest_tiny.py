@@ -125,14 +125,20 @@ def dense_attention(
     positions: torch.Tensor,
     kv_len: int,
     key_bias: torch.Tensor | None = None,
+    window: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """The reference for `Transformer.attend`: softmax(q·kᵀ/√d (+ key_bias), exact causal mask from the rows'
     absolute positions) · v over keys 0…kv_len-1, GQA heads repeated. q (1, heads, n, D), k/v (1, kv_heads,
-    ≥ kv_len, D) → (1, heads, n, D)."""
+    ≥ kv_len, D) → (1, heads, n, D). `window`: a sliding window (a row sees keys q - window < k <= q);
+    `scale`: of q·k instead of 1/√d."""
     group = q.shape[1] // k.shape[1]
     ke, ve = k[:, :, :kv_len].repeat_interleave(group, 1), v[:, :, :kv_len].repeat_interleave(group, 1)
-    scores = q @ ke.transpose(-1, -2) / q.shape[-1] ** 0.5
+    scores = q @ ke.transpose(-1, -2)
+    scores = scores / q.shape[-1] ** 0.5 if scale is None else scores * scale
     if key_bias is not None:
         scores = scores + key_bias[:kv_len]
     allowed = torch.arange(kv_len)[None, :] <= positions[:, None]
+    if window is not None:
+        allowed &= torch.arange(kv_len)[None, :] > positions[:, None] - window
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ ve

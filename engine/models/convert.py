@@ -20,7 +20,10 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 # What the engine's layer loop computes (engine.model.SUPPORTED_MODEL_TYPES, not imported: it needs torch).
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
+# A GGUF architecture's Hugging Face model_type where the two differ: transformers converts a gemma3 GGUF into
+# its text-only model.
+GGUF_MODEL_TYPES = {"gemma3": "gemma3_text"}
 MARKER = "blendrag-model.json"
 
 
@@ -36,6 +39,7 @@ class GGUFFacts:
     num_layers: int
     num_parameters: int  # weights stored in the file
     head_dim: int | None = None  # `<arch>.attention.key_length`, when the file records it
+    rope_scaling_factor: float | None = None  # `<arch>.rope.scaling.factor`, when the file records it
 
 
 def read_gguf_facts(path: Path) -> GGUFFacts:
@@ -64,6 +68,7 @@ def read_gguf_facts(path: Path) -> GGUFFacts:
         num_layers=int(field(f"{arch}.block_count") or 0),
         num_parameters=sum(int(t.n_elements) for t in reader.tensors),
         head_dim=int(key_length) if (key_length := field(f"{arch}.attention.key_length")) is not None else None,
+        rope_scaling_factor=float(factor) if (factor := field(f"{arch}.rope.scaling.factor")) is not None else None,
     )
 
 
@@ -102,6 +107,13 @@ def convert_gguf(gguf: Path, target: Path, source: dict[str, object]) -> Path:
         raise ConversionError(
             f"{gguf.name}: architecture {facts.architecture!r} is not supported; the engine computes "
             f"{', '.join(GGUF_ARCHITECTURES)}"
+        )
+    if facts.architecture == "gemma3" and facts.rope_scaling_factor not in (None, 1.0):
+        # transformers' gemma3 GGUF mapping has no rope.scaling keys: the converted model would rotate its full
+        # layers unscaled and answer otherwise than the file's model (Gemma 3 4B and larger scale them ×8).
+        raise ConversionError(
+            f"{gguf.name}: a gemma3 GGUF with RoPE scaling (factor {facts.rope_scaling_factor:g}) is not supported: "
+            "transformers' conversion drops the scaling, which would change every answer"
         )
     target.parent.mkdir(parents=True, exist_ok=True)
     logger.info(

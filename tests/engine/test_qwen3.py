@@ -17,7 +17,7 @@ from gguf_writer import write_gguf
 from engine.config import EngineSettings
 from engine.engine import Engine
 from engine.model import ModelLoadError, load_model
-from engine.models.convert import GGUF_ARCHITECTURES, ConversionError, convert_gguf
+from engine.models.convert import GGUF_ARCHITECTURES, GGUF_MODEL_TYPES, ConversionError, convert_gguf
 from engine.models.resolve import resolve_model
 from engine.types import BlendConfig
 from kvcache.types import InMemoryLayerReader
@@ -126,7 +126,8 @@ def test_an_unknown_architecture_is_named_with_the_supported_ones(qwen3_dir: Pat
     with pytest.raises(ModelLoadError) as err:
         load_model(other, "float32", "cpu")
     assert str(err.value) == (
-        f"{other}: architecture (model_type) 'olmo2' is not supported; the engine computes llama, mistral, qwen2, qwen3"
+        f"{other}: architecture (model_type) 'olmo2' is not supported; the engine computes llama, mistral, qwen2, "
+        "qwen3, gemma3_text"
     )
     phi = tmp_path / "phi3.gguf"
     writer = gguf.GGUFWriter(str(phi), "phi3")
@@ -138,7 +139,7 @@ def test_an_unknown_architecture_is_named_with_the_supported_ones(qwen3_dir: Pat
     with pytest.raises(ConversionError) as gguf_err:
         convert_gguf(phi, tmp_path / "models" / "phi3", {})
     assert str(gguf_err.value) == (
-        "phi3.gguf: architecture 'phi3' is not supported; the engine computes llama, mistral, qwen2, qwen3"
+        "phi3.gguf: architecture 'phi3' is not supported; the engine computes llama, mistral, qwen2, qwen3, gemma3"
     )
     assert not (tmp_path / "models").exists()
 
@@ -146,7 +147,7 @@ def test_an_unknown_architecture_is_named_with_the_supported_ones(qwen3_dir: Pat
 def test_the_gguf_and_checkpoint_architecture_lists_agree() -> None:
     from engine.model import SUPPORTED_MODEL_TYPES
 
-    assert GGUF_ARCHITECTURES == SUPPORTED_MODEL_TYPES
+    assert tuple(GGUF_MODEL_TYPES.get(a, a) for a in GGUF_ARCHITECTURES) == SUPPORTED_MODEL_TYPES
 
 
 # Qwen3's chat template, cut to what the prompt layout reads: its generation prompt opens an empty thinking
