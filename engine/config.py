@@ -120,7 +120,10 @@ class EngineSettings(BaseModel):
         default=NO_REPEAT_NGRAM_SIZE, ge=0, description="never generate the same n-gram twice (0 = off)"
     )
     stop_on_repeated_line: bool = Field(
-        default=True, description="finish the answer once a sentence or line repeats an earlier one"
+        default=True,
+        description="finish the answer once it loops: a prose sentence said again, or the same lines back to back "
+        "with the copies after the first adding up to three lines (code that rightly recurs, an import in a second "
+        "example or a closing bracket, does not stop it; engine/repetition.py); the withheld line is reported",
     )
 
     @field_validator("model")
