@@ -124,6 +124,10 @@ def test_openapi_documents_every_route(client: TestClient) -> None:
         "/collections/{name}",
         "/admin/keys",
         "/admin/keys/{key_id}",
+        "/syncs",
+        "/syncs/plan",
+        "/syncs/remove",
+        "/syncs/finish",
     }
     ask = spec["paths"]["/ask"]["post"]
     assert set(ask["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
