@@ -27,6 +27,7 @@ router = guarded_router(
     "syncs",
     require_reader,
     {
+        400: "A body that is not valid JSON",
         401: API_KEY_REQUIRED,
         403: "The key may not ingest into this collection",
         409: "The collection follows another folder, or would lose documents the folder lacks",
