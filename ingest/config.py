@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Extension (lower case, no dot) -> loader format. The single source of truth for what can be parsed.
@@ -66,7 +68,9 @@ class IngestSettings(BaseModel):
         "JSON stop early there)",
     )
     max_parse_memory_bytes: int = Field(
-        1024 * 1024 * 1024,
+        # OCR (onnxruntime and OpenCV) addresses about 1.4 GB for a page (0.8 GB resident): 2 GiB lets pdf_ocr read
+        # scans under the cap; a parse without OCR stays far below it.
+        2 * 1024 * 1024 * 1024,
         ge=64 * 1024 * 1024,
         description="Address space the parse process of one file may use (parse_in_subprocess); past it the "
         "document fails (document_too_large)",
@@ -115,6 +119,17 @@ class IngestSettings(BaseModel):
     allowed_extensions: list[str] = Field(
         default_factory=lambda: sorted(KNOWN_EXTENSIONS),
         description="File extensions ingest accepts (each has a loader)",
+    )
+    pdf_tables: bool = Field(
+        True,
+        description="PDF tables as Markdown tables (pdfplumber), in blocks that each repeat the header row, so a "
+        "value is retrieved with its row and column headers; a page with over 2,000 ruling lines is read as plain text",
+    )
+    pdf_ocr: Literal["off", "auto", "on"] = Field(
+        "auto",
+        description="OCR of PDF pages (RapidOCR, its model inside its package): auto reads the pages without a text "
+        "layer (scans), on every page (a text layer that is wrong), off none; in the parse process, within "
+        "max_parse_seconds and max_parse_memory_bytes (about 2-6 s a page on 2 cores)",
     )
     md_strip_front_matter: bool = Field(
         True,

@@ -58,6 +58,7 @@ _HINTS = {
     "odt": "save it as .docx",
 }
 _MAX_DERIVED_TITLE_CHARS = 80
+TABLE_BLOCK_MARGIN = 16  # tokens of a chunk a table block leaves free (the separator the chunker appends)
 
 Check = Callable[[], None]  # called between steps of a parse; raises (e.g. Interrupted) to stop it
 
@@ -163,7 +164,12 @@ def _parse(
         title, text, metadata = parse_html(data)
         return _single(fmt, title, name, [Section(text)], source, metadata, max_chars)
     if fmt == "pdf":
-        title, sections, metadata = parse_pdf(data, source)
+        # A table block's characters (header included), no more than a chunk's tokens past its overlap: a block
+        # fits one chunk even when every character is a token, so every chunk of a table holds its header row.
+        block_chars = max(settings.chunk_tokens - settings.chunk_overlap - TABLE_BLOCK_MARGIN, 64)
+        title, sections, metadata = parse_pdf(
+            data, source, tables=settings.pdf_tables, ocr=settings.pdf_ocr, table_block_chars=block_chars
+        )
         return _single(fmt, title, name, sections, source, metadata, max_chars)
     if fmt == "docx":
         title, text, metadata = parse_docx(
