@@ -48,17 +48,19 @@ def table_markdown(rows: list[list[Any]], block_chars: int = BLOCK_CHARS) -> str
     width = max(len(row) for row in cleaned)
     cleaned = [row + [""] * (width - len(row)) for row in cleaned]
     header = _row(cleaned[0]) + "\n" + _row(["---"] * width)
-    blocks: list[str] = []
-    lines: list[str] = []
-    size = len(header)
-    for row in cleaned[1:]:
-        line = _row(row)
-        if lines and size + 1 + len(line) > block_chars:
-            blocks.append("\n".join([header, *lines]))
-            lines, size = [], len(header)
-        lines.append(line)
-        size += 1 + len(line)
-    blocks.append("\n".join([header, *lines]))
+    lines = [_row(row) for row in cleaned[1:]]
+    # As few blocks as fit, of even size: a last block of one row would be a chunk of little but the header, the
+    # nearest chunk to every question about the table.
+    room = max(block_chars - len(header), 1)
+    num_blocks = max(1, -(-sum(len(line) + 1 for line in lines) // room))
+    per_block = -(-len(lines) // num_blocks) if lines else 0
+    while num_blocks < len(lines) and any(
+        len(header) + sum(len(line) + 1 for line in lines[i : i + per_block]) > block_chars
+        for i in range(0, len(lines), per_block)
+    ):
+        num_blocks += 1
+        per_block = -(-len(lines) // num_blocks)
+    blocks = ["\n".join([header, *lines[i : i + per_block]]) for i in range(0, len(lines), per_block or 1)] or [header]
     return "\n\n".join(blocks)
 
 
