@@ -112,8 +112,12 @@ def test_cli_sends_its_work_to_the_running_server(
     assert main(["ingest", str(docs), "--data-dir", str(data)]) == 0
     out, err = capsys.readouterr()
     assert re.search(r"succeeded; 2 of 2 file\(s\) ingested in \d+\.\d s\n", out), out
-    # Before it starts: the token count, and the time at the server's rate (none measured yet on a new server).
-    assert out.splitlines()[0].startswith("2 file(s), 32 tokens: the model reads every token once (KV precompute)")
+    # Before it starts: the text's and the chunks' token counts (chunks repeat some text), and the time at the
+    # server's rate (a new server measures one at start-up).
+    assert out.splitlines()[0].startswith(
+        "2 file(s), 32 tokens of text, 34 in its chunks (each repeats up to 64 tokens of the one before): the model "
+        "reads every chunk token once (KV precompute)"
+    )
     assert "the server's" in out.splitlines()[0]
     assert f"the server at {server.url} owns {data}: sending the work to it" in err
     # Without a terminal: one plain line per stage, each at its total, then the files left out.

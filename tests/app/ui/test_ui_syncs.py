@@ -37,7 +37,7 @@ def test_a_synced_folder_is_listed(
         row = page.wait_for_selector(f"#syncs-body tr[data-collection='handbook-{width}']", timeout=TIMEOUT_MS)
         text = row.inner_text()
         assert str(folder.resolve()) in text and f"handbook-{width}" in text
-        assert "−1 removed · 1 unchanged" in text
+        assert "-1 removed · 1 unchanged" in text
         assert page.evaluate("document.documentElement.scrollWidth") <= width  # nothing sticks out sideways
         shot(page, f"admin-syncs-{width}")
     finally:

@@ -429,13 +429,13 @@ function renderCollections(collections, isAdmin) {
   labelCells(body);
 }
 
-// What a sync changed, by file: "+3 added · 1 changed · −2 removed · 194 unchanged" (zeros left out but the
+// What a sync changed, by file: "+3 added · 1 changed · -2 removed · 194 unchanged" (zeros left out but the
 // unchanged count, so a sync that changed nothing still says what it compared).
 function syncChanges(c) {
   const parts = [];
   if (c.added) parts.push(`+${c.added} added`);
   if (c.changed) parts.push(`${c.changed} changed`);
-  if (c.removed) parts.push(`−${c.removed} removed`);
+  if (c.removed) parts.push(`-${c.removed} removed`);
   parts.push(`${c.unchanged || 0} unchanged`);
   if (c.failed) parts.push(`${c.failed} failed`);
   if (c.skipped) parts.push(`${c.skipped} skipped`);
