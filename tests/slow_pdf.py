@@ -6,6 +6,8 @@ itself (a CPU ten times as fast still needs over a minute and a half)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 PAGE_TEXT = "Slow."
@@ -38,3 +40,17 @@ def write_slow_pdf(path: Path, num_pages: int = 2000, num_operators: int = 20_00
     out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, xref)
     path.write_bytes(bytes(out))
     return path
+
+
+# What the tests that race a small job against slow PDFs wait for.
+WAIT_S = 120.0  # generous: what a loaded 2-core machine may need for a small job's own work
+NEVER_S = 600.0  # a parse limit the slow PDFs never reach within a test (they are cancelled first)
+
+
+def wait_for(what: str, done: Callable[[], bool]) -> None:
+    """Poll `done` until it holds; fail naming `what` after WAIT_S."""
+    deadline = time.monotonic() + WAIT_S
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        time.sleep(0.05)

@@ -9,12 +9,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from slow_pdf import write_slow_pdf
+from slow_pdf import NEVER_S, wait_for, write_slow_pdf
 
 from app.build import new_ingest
 from app.catalog import DocumentStatus, JobStatus
@@ -22,17 +20,6 @@ from app.catalog.records import JobRecord
 from app.services.ingest import IngestService, IngestSource
 from app.services.ingest.lanes import Lane, lane_of, num_parse_workers
 from ingest import IngestSettings
-
-WAIT_S = 120.0  # generous: what a loaded 2-core machine may need for a small job's own work
-NEVER_S = 600.0  # a parse limit the slow PDFs never reach within a test (they are cancelled first)
-
-
-def wait_for(what: str, done: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.05)
 
 
 def upload(path: Path, name: str) -> IngestSource:

@@ -5,27 +5,14 @@ reason where nothing will ingest the original."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-from slow_pdf import write_slow_pdf
+from slow_pdf import NEVER_S, wait_for, write_slow_pdf
 
 from app.build import Services, new_ingest
 from app.catalog import DocumentStatus, JobStatus
 from app.catalog.records import JobRecord
 from app.services.ingest import IngestService, IngestSource
-
-WAIT_S = 120.0
-NEVER_S = 600.0  # a parse limit the slow PDF never reaches within a test (it is cancelled first)
-
-
-def wait_for(what: str, done: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {WAIT_S} s: {what}")
-        time.sleep(0.05)
 
 
 def upload(path: Path) -> IngestSource:
