@@ -142,3 +142,26 @@ def dense_attention(
     if window is not None:
         allowed &= torch.arange(kv_len)[None, :] > positions[:, None] - window
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ ve
+
+
+def assert_blend_at_ratio_one_is_full(engine, config, sync_free: bool, atol: float = 1e-4) -> None:  # noqa: ANN001
+    """A blend recomputing every row equals full prefill (logits and K), which equals transformers' logits; with
+    `sync_free` the row sets an accelerator uses (no host reads), run on the CPU (engine/layers.py)."""
+    from kvcache.types import InMemoryLayerReader
+
+    tf = engine.transformer
+    before, tf.sync_free = tf.sync_free, sync_free
+    try:
+        chunks = random_chunks([23, 40, 17], seed=11)
+        layout = engine.prompt.layout(chunks, "who jumps over the lazy dog?")
+        reader = InMemoryLayerReader(engine.precompute_chunks(chunks))
+        full = engine.prompt_pass(layout, None, "full")
+        blend = engine.prompt_pass(layout, reader, "blend", config)
+    finally:
+        tf.sync_free = before
+    torch.testing.assert_close(blend.logits, full.logits, atol=atol, rtol=0)
+    n = layout.num_tokens
+    torch.testing.assert_close(blend.cache.k[:, :, :, :n], full.cache.k[:, :, :, :n], atol=atol, rtol=0)
+    assert blend.num_recomputed_tokens == layout.num_context_tokens
+    ref = hf_logits(Path(engine.settings.model), layout.all_ids())[-1]
+    torch.testing.assert_close(full.logits, ref, atol=atol, rtol=0)

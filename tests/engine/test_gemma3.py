@@ -11,7 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from enginetest_tiny import build_model, dense_attention, engine_logits, hf_logits, random_chunks
+from enginetest_tiny import (
+    assert_blend_at_ratio_one_is_full,
+    build_model,
+    dense_attention,
+    engine_logits,
+    hf_logits,
+    random_chunks,
+)
 
 from engine.batched_decode import decode_batch
 from engine.cache_pool import CacheLayout, WorkingCachePool
@@ -129,23 +136,7 @@ def test_unsupported_gemma_settings_are_refused(gemma3_dir: Path, tmp_path: Path
     ids=["query", "deviation"],
 )
 def test_blend_ratio_one_equals_full_prefill(gemma3_engine: Engine, cfg: BlendConfig, sync_free: bool) -> None:
-    # device-path: the row sets an accelerator uses (one masked block, no host reads), run on the CPU.
-    tf = gemma3_engine.transformer
-    before, tf.sync_free = tf.sync_free, sync_free
-    try:
-        chunks = random_chunks([23, 40, 17], seed=11)
-        layout = gemma3_engine.prompt.layout(chunks, "who jumps over the lazy dog?")
-        source = InMemoryLayerReader(gemma3_engine.precompute_chunks(chunks))
-        full = gemma3_engine.prompt_pass(layout, None, "full")
-        blend = gemma3_engine.prompt_pass(layout, source, "blend", cfg)
-    finally:
-        tf.sync_free = before
-    torch.testing.assert_close(blend.logits, full.logits, atol=ATOL, rtol=0)
-    n = layout.num_tokens
-    torch.testing.assert_close(blend.cache.k[:, :, :, :n], full.cache.k[:, :, :, :n], atol=ATOL, rtol=0)
-    assert blend.num_recomputed_tokens == layout.num_context_tokens
-    ref = hf_logits(Path(gemma3_engine.settings.model), layout.all_ids())[-1]
-    torch.testing.assert_close(full.logits, ref, atol=ATOL, rtol=0)
+    assert_blend_at_ratio_one_is_full(gemma3_engine, cfg, sync_free, ATOL)
 
 
 def test_a_blend_with_stored_rows_rotates_each_layer_with_its_own_rope(gemma3_engine: Engine) -> None:

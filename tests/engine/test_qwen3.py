@@ -11,7 +11,7 @@ from pathlib import Path
 import gguf
 import pytest
 import torch
-from enginetest_tiny import build_model, engine_logits, hf_logits, random_chunks
+from enginetest_tiny import assert_blend_at_ratio_one_is_full, build_model, engine_logits, hf_logits, random_chunks
 from gguf_writer import write_gguf
 
 from engine.config import EngineSettings
@@ -20,7 +20,6 @@ from engine.model import ModelLoadError, load_model
 from engine.models.convert import GGUF_ARCHITECTURES, GGUF_MODEL_TYPES, ConversionError, convert_gguf
 from engine.models.resolve import resolve_model
 from engine.types import BlendConfig
-from kvcache.types import InMemoryLayerReader
 
 HEAD_DIM = 24
 ATOL = 1e-4  # the target is 1e-3; float32 on the CPU holds to this
@@ -76,27 +75,7 @@ def test_without_the_qk_norms_the_logits_differ(qwen3_dir: Path, tmp_path: Path)
     ids=["query", "deviation"],
 )
 def test_blend_ratio_one_equals_full_prefill(qwen3_engine: Engine, cfg: BlendConfig, sync_free: bool) -> None:
-    # device-path: the row sets an accelerator uses (no host reads), run on the CPU (engine/layers.py).
-    tf = qwen3_engine.transformer
-    before, tf.sync_free = tf.sync_free, sync_free
-    try:
-        _blend_equals_full(qwen3_engine, cfg)
-    finally:
-        tf.sync_free = before
-
-
-def _blend_equals_full(qwen3_engine: Engine, cfg: BlendConfig) -> None:
-    chunks = random_chunks([23, 40, 17], seed=11)
-    layout = qwen3_engine.prompt.layout(chunks, "who jumps over the lazy dog?")
-    source = InMemoryLayerReader(qwen3_engine.precompute_chunks(chunks))
-    full = qwen3_engine.prompt_pass(layout, None, "full")
-    blend = qwen3_engine.prompt_pass(layout, source, "blend", cfg)
-    torch.testing.assert_close(blend.logits, full.logits, atol=ATOL, rtol=0)
-    n = layout.num_tokens
-    torch.testing.assert_close(blend.cache.k[:, :, :, :n], full.cache.k[:, :, :, :n], atol=ATOL, rtol=0)
-    assert blend.num_recomputed_tokens == layout.num_context_tokens
-    ref = hf_logits(Path(qwen3_engine.settings.model), layout.all_ids())[-1]
-    torch.testing.assert_close(full.logits, ref, atol=ATOL, rtol=0)
+    assert_blend_at_ratio_one_is_full(qwen3_engine, cfg, sync_free, ATOL)
 
 
 def test_a_qwen3_gguf_converts_to_the_same_model(qwen3_dir: Path, tmp_path: Path) -> None:
