@@ -11,6 +11,10 @@ default blend (and at --ratios), and reports per mode:
   in the engine tokenizer's ids of the two answers, where they differ), the token-level F1 of the whole answers,
   and "agrees": identical, or F1 ≥ --agree-f1 with the same finish reason;
 - the right answers (the answer key's names, as bench answers reads them).
+
+`--ship` makes the run the record's check part (app/calibration/long_answers_check.py): the default blend's
+repetition stops and unfinished (length) answers each within full prefill's + 1, written into the shipped record
+of the model and dtype as `measured["long_answers_check"]`, refused (exit 1) when missed.
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agree-f1", type=float, default=0.8, help="token F1 from which two answers agree")
     parser.add_argument(
         "--ratios", default="", help="also ask in blend at these recompute ratios (blend@r), comma-separated"
+    )
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help="write the check into the model's shipped record for its dtype (measured.long_answers_check; "
+        "app/calibration/long_answers_check.py), only when the default blend's repetition stops and unfinished "
+        "answers are each within full prefill's + 1; the built-in docs questions with the how-to request only",
     )
     parser.add_argument(
         "--as-written",
@@ -134,7 +145,47 @@ async def run_modes(
     return out
 
 
+def _ship(result: dict[str, Any], model: str) -> int:
+    """`--ship`: the default blend against full prefill into the shipped record of the model and dtype (exit 1 when
+    refused: the target missed, no record, or another fingerprint's record)."""
+    from datetime import UTC, datetime
+
+    from app.calibration.long_answers_check import (
+        LongAnswersCheck,
+        LongAnswersCheckError,
+        record_long_answers_check,
+    )
+    from app.calibration.shipped import model_name
+
+    full, blend = result["modes"]["full"], result["modes"]["blend"]
+    check = LongAnswersCheck(
+        num_questions=full["questions"],
+        max_tokens=result["max_tokens"],
+        questions_as=result["questions_as"],
+        finish_full=full["finish_reasons"],
+        finish_blend=blend["finish_reasons"],
+        identical=blend["identical"],
+        agrees=blend["agrees"],
+        agree_f1=result["agree_f1"],
+        f1_vs_full_mean=blend["f1_vs_full_mean"],
+        divergence_token_median=blend["divergence_token_median"],
+        right_full=full["right"],
+        right_blend=blend["right"],
+        blend=result["blend"],
+        checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+    )
+    try:
+        path = record_long_answers_check(check, model_name(model), result["compute_dtype"], result["fingerprint"])
+    except LongAnswersCheckError as exc:
+        logger.error("%s", exc)
+        return 1
+    logger.info("long-answers check written to %s", path)
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.ship and (args.docs_dir is not None or args.as_written or args.questions is not None):
+        raise SystemExit("--ship records the built-in docs questions, all of them, with the how-to request")
     run = harness.RunRecord()
     with tempfile.TemporaryDirectory(prefix="blendrag-long-answers-") as tmp:
         docs_dir = args.docs_dir or write_corpus(Path(tmp) / "docs")
@@ -146,11 +197,15 @@ def main(args: argparse.Namespace) -> int:
 
         async def go() -> dict[str, Any]:
             async with running_app(settings) as state:
+                if args.ship and settings.engine.mode != "blend":
+                    raise SystemExit(f"--ship checks the default blend; this server's mode is {settings.engine.mode}")
                 ingest_passages(state, [Passage(title=t, text=x) for t, x in pages])
                 ratios = [f"blend@{float(r)}" for r in args.ratios.split(",") if r.strip()]
                 modes = list(dict.fromkeys(["full", settings.engine.mode, *ratios]))
                 result = await run_modes(state, questions, modes, args.max_tokens, args.agree_f1)
-                return {**harness.result_header(NAME, args, state.services.engine), "modes": result}
+                engine = state.services.engine
+                header = harness.result_header(NAME, args, engine, fingerprint=engine.fingerprint)
+                return {**header, "modes": result}
 
         result = asyncio.run(go())
     result |= {
@@ -162,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
     }
     harness.write_result(args, result, run)
     harness.log_rows(logger, result["modes"], _line)
-    return 0
+    return _ship(result, settings.engine.model) if args.ship else 0
 
 
 def _line(mode: str, row: dict[str, Any]) -> str:

@@ -131,12 +131,13 @@ def make_facts(num: int, seed: int = 0) -> list[Fact]:
     return facts
 
 
-def similar_facts(num: int, seed: int, part: str) -> tuple[list[Fact], list[Passage]]:
+def similar_facts(num: int, seed: int, part: str, shape: str = "one") -> tuple[list[Fact], list[Passage]]:
     """`num` look-ups among similar chunks (app/calibration/similar.py) and the corpus that holds them: every
-    document of every case, so retrieval returns the asked page among pages stating the same kind of value."""
+    document of every case, so retrieval returns the asked page among pages stating the same kind of value (one
+    value a page, or several named values a page: `shape`)."""
     from app.calibration.similar import similar_cases
 
-    cases = similar_cases(part, num, seed)  # type: ignore[arg-type]
+    cases = similar_cases(part, num, seed, shape=shape)  # type: ignore[arg-type]
     facts = [Fact(c.docs[0].title, c.docs[0].text, c.question, c.answer, c.history) for c in cases]
     return facts, [Passage(title=d.title, text=d.text) for c in cases for d in c.docs]
 
@@ -144,7 +145,7 @@ def similar_facts(num: int, seed: int, part: str) -> tuple[list[Fact], list[Pass
 def lookup_corpus(args: argparse.Namespace) -> tuple[list[Fact], list[Passage]]:
     """The questions and the documents ingested for them (`--distractors`)."""
     if args.distractors == "similar":
-        return similar_facts(args.examples, args.seed, args.part)
+        return similar_facts(args.examples, args.seed, args.part, args.shape)
     facts = make_facts(args.examples, args.seed)
     return facts, [Passage(title=f.title, text=f.text) for f in facts]
 
@@ -207,6 +208,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--part", choices=("check", "tune"), default="check", help="similar: which part of the set (default check)"
     )
+    parser.add_argument(
+        "--shape",
+        choices=("one", "several"),
+        default="one",
+        help="similar: one value a page, or several named values a page (an access code, a budget, a contact; "
+        "the question asks for one by the project's name)",
+    )
     harness.add_selectors_arg(parser, "query,deviation", "blend selectors to ask with (each at --ratio)")
     parser.add_argument("--ratio", type=float, default=None, help="blend recompute ratio (default: the server's)")
     parser.add_argument("--max-tokens", type=int, default=24, help="answer length cap")
@@ -219,7 +227,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--ship",
         action="store_true",
         help="similar, check part: write the check into the model's shipped record for its dtype "
-        "(app/calibration/similar_check.py), only when the default blend is within 1 of full prefill",
+        "(app/calibration/similar_check.py; measured.similar_check, or similar_several_check with --shape several), "
+        "only when the default blend is within 1 of full prefill",
     )
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
 
@@ -273,6 +282,7 @@ def _ship_similar_check(result: dict[str, Any], engine: Any) -> int:
         num_right_blend=result["right"][default],
         blend=result["blend"],
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        shape=result["shape"],
     )
     try:
         path = record_similar_check(
@@ -323,6 +333,7 @@ def main(args: argparse.Namespace) -> int:
                 questions=len(facts),
                 distractors=args.distractors,
                 part=args.part if args.distractors == "similar" else None,
+                shape=args.shape if args.distractors == "similar" else None,
                 documents=len(passages),
                 top_k=args.passages,
                 ratio=ratio,

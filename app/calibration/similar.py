@@ -17,10 +17,20 @@ a right answer contains it (normalised, as every look-up is checked). Five kinds
 - followup: a conversation's second question, "… of that project?", after a first turn about the project (the
   case's `history`); the value stands in a sentence.
 
+A second shape, `several` (`similar_cases(..., shape="several")`): every page of a case holds three different
+named values of its project (an access code, a budget and a contact person; a rack position, a serial number and
+a renewal date), and the question asks for one of them by the project's name, so a right answer takes the asked
+value from the asked page among the same three labels on every page, and not its neighbour on the same page. Two
+kinds in turn, the asked value's label moving through the three:
+
+- prose: the three values in three sentences of one paragraph;
+- list: a bulleted list of the three, after a line naming the project.
+
 Two parts that share no template, no value form and no project name: `tune` (what a calibration may be tuned on)
-and `check` (what a record must pass before it ships, and what `bench lookup --distractors similar` asks). Every
-project name is unique within a part, so all of a part's cases can be ingested into one corpus, where a question
-also retrieves the same kind of page from other cases. Deterministic for a seed.
+and `check` (what a record must pass before it ships, and what `bench lookup --distractors similar` asks). The
+shapes share no project name either (their names end differently). Every project name is unique within a part and
+shape, so all of its cases can be ingested into one corpus, where a question also retrieves the same kind of page
+from other cases. Deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -33,7 +43,10 @@ from typing import Literal
 from app.calibration.calset import LETTERS
 
 Part = Literal["tune", "check"]
+Shape = Literal["one", "several"]
 KINDS = ("sentence", "table", "code", "multi", "followup")
+SEVERAL_KINDS = ("prose", "list")
+SHAPES: tuple[Shape, ...] = ("one", "several")
 
 # Names are an onset and an ending from the part's own lists: the parts' onsets differ, so no name is in both.
 _ONSETS: dict[Part, list[str]] = {
@@ -45,6 +58,11 @@ _ONSETS: dict[Part, list[str]] = {
 _ENDINGS: dict[Part, list[str]] = {
     "tune": ["lorn", "vex", "drin", "mask", "tal", "venor", "rik", "zum", "barra", "nox", "pell", "dory"],
     "check": ["anth", "esk", "ivo", "mont", "ora", "nyx", "ello", "andt", "ufel", "ison", "arek", "obo"],
+}
+# The several-values shape's endings: no name of one shape is a name of the other.
+_SEVERAL_ENDINGS: dict[Part, list[str]] = {
+    "tune": ["quist", "bane", "ford", "mire", "tock", "wyn", "zar", "dell", "grim", "holt", "pax", "rune"],
+    "check": ["ard", "ebb", "isk", "oon", "umb", "yre", "alf", "enz", "ock", "urst", "ilt", "aph"],
 }
 _TEAMS = ["infra", "payments", "search", "billing", "mobile", "data", "identity", "growth"]
 _REGIONS = ["Frankfurt", "Dublin", "Oregon", "Singapore", "Sydney", "Montreal", "Tokyo", "Sao Paulo"]
@@ -65,6 +83,7 @@ class SimilarCase:
     answer: str  # what a right answer contains
     # A follow-up's earlier turn(s), oldest first: (question, answer) as a client sent and the server answered.
     history: tuple[tuple[str, str], ...] = ()
+    shape: Shape = "one"
 
     @property
     def num_similar(self) -> int:
@@ -326,31 +345,33 @@ _TEMPLATES: dict[Part, dict[str, _Template]] = {
 }
 
 
-def _names(rng: random.Random, part: Part) -> list[str]:
-    """Every name of the part, shuffled."""
-    names = [onset + ending for onset in _ONSETS[part] for ending in _ENDINGS[part]]
+def _names(rng: random.Random, part: Part, endings: list[str]) -> list[str]:
+    """Every name of the part with these endings, shuffled."""
+    names = [onset + ending for onset in _ONSETS[part] for ending in endings]
     rng.shuffle(names)
     return names
 
 
-def _take_group(pool: list[str], size: int, part: Part) -> list[str]:
+def _take_group(pool: list[str], size: int, part: Part, endings: list[str]) -> list[str]:
     """`size` names of `pool` (removed from it) that differ pairwise in onset and ending: clearly different."""
     group: list[str] = []
     for name in list(pool):
-        if all(not name.startswith(_onset(other, part)) and not name.endswith(_ending(other, part)) for other in group):
+        if all(
+            not name.startswith(_onset(other, part)) and not name.endswith(_ending(other, endings)) for other in group
+        ):
             group.append(name)
             pool.remove(name)
             if len(group) == size:
                 return group
-    raise ValueError(f"too many similar cases for the {part} part's names ({len(_ONSETS[part]) * len(_ENDINGS[part])})")
+    raise ValueError(f"too many similar cases for the {part} part's names ({len(_ONSETS[part]) * len(endings)})")
 
 
 def _onset(name: str, part: Part) -> str:
     return next(o for o in _ONSETS[part] if name.startswith(o))
 
 
-def _ending(name: str, part: Part) -> str:
-    return next(e for e in _ENDINGS[part] if name.endswith(e))
+def _ending(name: str, endings: list[str]) -> str:
+    return next(e for e in endings if name.endswith(e))
 
 
 def _slots(rng: random.Random, name: str) -> dict[str, str]:
@@ -365,29 +386,39 @@ def _slots(rng: random.Random, name: str) -> dict[str, str]:
     }
 
 
-def _page(rng: random.Random, template: _Template, slots: dict[str, str], paragraph: str) -> SimilarDoc:
+def _page(
+    rng: random.Random, title: str, heading: str, prose: tuple[str, ...], slots: dict[str, str], paragraph: str,
+    num_sentences: int = 5,
+) -> SimilarDoc:  # fmt: skip
     """Topical prose about the project in two paragraphs, the value paragraph between them."""
-    sentences = [s.format(**slots) for s in rng.sample(template.prose, 5)]
+    sentences = [s.format(**slots) for s in rng.sample(prose, num_sentences)]
     before = " ".join(sentences[:2])
     after = " ".join(sentences[2:])
-    text = f"{template.heading.format(**slots)}\n\n{before}\n\n{paragraph}\n\n{after}"
-    return SimilarDoc(title=template.title.format(**slots), text=text)
+    text = f"{heading.format(**slots)}\n\n{before}\n\n{paragraph}\n\n{after}"
+    return SimilarDoc(title=title.format(**slots), text=text)
 
 
-def similar_cases(part: Part, num: int, seed: int = 0, max_similar: int = 5) -> list[SimilarCase]:
-    """`num` cases of `part`, the kinds in turn, each a group of 2 … max_similar + 1 documents."""
+def similar_cases(part: Part, num: int, seed: int = 0, max_similar: int = 5, shape: Shape = "one") -> list[SimilarCase]:
+    """`num` cases of `part` in `shape`, the kinds in turn, each a group of 2 … max_similar + 1 documents."""
     if part not in _TEMPLATES:
         raise ValueError(f"part must be 'tune' or 'check', got {part!r}")
+    if shape == "several":
+        return _several_cases(part, num, seed, max_similar)
+    if shape != "one":
+        raise ValueError(f"shape must be 'one' or 'several', got {shape!r}")
     rng = random.Random(f"{part}-{seed}")
-    pool = _names(rng, part)
+    pool = _names(rng, part, _ENDINGS[part])
     cases = []
     for i in range(num):
         kind = KINDS[i % len(KINDS)]
         template = _TEMPLATES[part][kind]
-        names = _take_group(pool, rng.randint(2, max_similar + 1), part)
+        names = _take_group(pool, rng.randint(2, max_similar + 1), part, _ENDINGS[part])
         used: set[str] = set()
         pages = [(_slots(rng, name), template.value(rng, name, used)) for name in names]
-        docs = tuple(_page(rng, template, slots, paragraph) for slots, (paragraph, _) in pages)
+        docs = tuple(
+            _page(rng, template.title, template.heading, template.prose, slots, paragraph)
+            for slots, (paragraph, _) in pages
+        )
         asked, (_, answer) = pages[0]
         history: tuple[tuple[str, str], ...] = ()
         if template.first_turn is not None:
@@ -401,6 +432,168 @@ def similar_cases(part: Part, num: int, seed: int = 0, max_similar: int = 5) -> 
                 question=template.question.format(**asked),
                 answer=answer,
                 history=history,
+            )
+        )
+    return cases
+
+
+# -- the several-values shape ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Field:
+    """One named value of a several-values page: its form and the question asking for it by the project's name."""
+
+    make: Callable[[random.Random], str]
+    question: str
+
+
+@dataclass(frozen=True)
+class _SeveralTemplate:
+    title: str
+    heading: str
+    prose: tuple[str, ...]  # four of them on a page, two before the values and two after
+    values: str  # the paragraph stating the three values: {name}, {v0}, {v1}, {v2}
+    fields: tuple[_Field, _Field, _Field]
+
+
+_PEOPLE_FIRST = ["Mirela", "Tomas", "Ines", "Odile", "Kasper", "Leona", "Ruben", "Sanne", "Viktor", "Yara", "Emil"]
+_PEOPLE_LAST = ["Kovac", "Hallberg", "Moreau", "Okafor", "Lindqvist", "Barros", "Dvorak", "Nakamura", "Petrescu"]
+_MONTH_NAMES = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October")
+
+_SEVERAL: dict[Part, dict[str, _SeveralTemplate]] = {
+    "tune": {
+        "prose": _SeveralTemplate(
+            "{name}: project facts",
+            "# Project {name} at a glance",
+            (
+                "Project {name} is run by the {team} team from the {region} office.",
+                "Project {name} started in {year} and has {count} people on it.",
+                "The steering group of project {name} meets once a month.",
+                "Project {name} reports to the {team} lead every quarter.",
+                "Changes to the plan of project {name} go through its steering group.",
+                "New staff on project {name} get a week of onboarding.",
+            ),
+            "The access code of project {name} is {v0}. Its budget for this year is {v1}. The contact person for "
+            "project {name} is {v2}.",
+            (
+                _Field(
+                    lambda r: f"{r.choice(LETTERS)}{r.randint(10, 99)}-{r.randint(1000, 9999)}",
+                    "What is the access code of project {name}?",
+                ),
+                _Field(lambda r: f"€{r.randint(100, 999)},000", "What is the budget of project {name} this year?"),
+                _Field(
+                    lambda r: f"{r.choice(_PEOPLE_FIRST)} {r.choice(_PEOPLE_LAST)}",
+                    "Who is the contact person for project {name}?",
+                ),
+            ),
+        ),
+        "list": _SeveralTemplate(
+            "{name}: office details",
+            "# Project {name}: where to find it",
+            (
+                "Project {name} has worked from the {region} office since {year}.",
+                "Visitors to project {name} ask at the reception first.",
+                "The {team} team shares its floor with project {name}.",
+                "Invoices of project {name} are approved by the {team} lead.",
+                "Calls to project {name} are answered on working days.",
+                "Project {name} has {count} desks by the windows.",
+            ),
+            "Office details of project {name}:\n\n- Room: {v0}\n- Phone extension: {v1}\n- Cost centre: {v2}",
+            (
+                _Field(lambda r: f"{r.choice(LETTERS)}-{r.randint(100, 999)}", "Which room is project {name} in?"),
+                _Field(lambda r: str(r.randint(10000, 99999)), "What is the phone extension of project {name}?"),
+                _Field(lambda r: f"CC-{r.randint(1000, 9999)}", "Which cost centre does project {name} book to?"),
+            ),
+        ),
+    },
+    "check": {
+        "prose": _SeveralTemplate(
+            "{name} programme: key figures",
+            "# The {name} programme",
+            (
+                "The {name} programme is run by the {team} team.",
+                "The {name} programme began in {year} and funds {count} projects.",
+                "Progress of the {name} programme is reported to the board each quarter.",
+                "The {name} programme is managed from the {region} office.",
+                "Spending of the {name} programme is audited once a year.",
+                "The {name} programme publishes a summary of its results every spring.",
+            ),
+            "The {name} programme runs under purchase order {v0}. It has a grant of {v1} for the year. Questions "
+            "about the {name} programme go to {v2}.",
+            (
+                _Field(
+                    lambda r: f"PO {r.randint(10000, 99999)}",
+                    "Which purchase order does the {name} programme run under?",
+                ),
+                _Field(
+                    lambda r: f"£{r.randint(11, 99)},{r.randint(100, 999)}",
+                    "How large is the grant of the {name} programme?",
+                ),
+                _Field(
+                    lambda r: f"+44 20 {r.randint(1000, 9999)} {r.randint(1000, 9999)}",
+                    "Which phone number do questions about the {name} programme go to?",
+                ),
+            ),
+        ),
+        "list": _SeveralTemplate(
+            "{name} appliance: inventory record",
+            "# {name} appliance",
+            (
+                "The {name} appliance stores backups for the {team} team.",
+                "The {name} appliance was installed in {region} in {year}.",
+                "Firmware on the {name} appliance is updated every {count} months.",
+                "The {name} appliance is monitored around the clock.",
+                "Only the {team} team may open the case of the {name} appliance.",
+                "The {name} appliance replaced an older model of the same make.",
+            ),
+            "Inventory of the {name} appliance:\n\n- Rack position: {v0}\n- Serial number: {v1}\n- Support "
+            "renewal: {v2}",
+            (
+                _Field(
+                    lambda r: f"R{r.randint(10, 48)}-U{r.randint(1, 42):02d}",
+                    "In which rack position is the {name} appliance?",
+                ),
+                _Field(
+                    lambda r: f"{r.choice(LETTERS)}{r.randint(0, 9)}{r.choice(LETTERS)}{r.randint(100000, 999999)}",
+                    "What is the serial number of the {name} appliance?",
+                ),
+                _Field(
+                    lambda r: f"{r.randint(1, 28)} {r.choice(_MONTH_NAMES)} {r.randint(2027, 2031)}",
+                    "When is the support of the {name} appliance renewed?",
+                ),
+            ),
+        ),
+    },
+}
+
+
+def _several_cases(part: Part, num: int, seed: int, max_similar: int) -> list[SimilarCase]:
+    """The several-values shape: case i is kind i mod 2 and asks the value of label (i div 2) mod 3."""
+    rng = random.Random(f"{part}-several-{seed}")
+    endings = _SEVERAL_ENDINGS[part]
+    pool = _names(rng, part, endings)
+    cases = []
+    for i in range(num):
+        kind = SEVERAL_KINDS[i % len(SEVERAL_KINDS)]
+        template = _SEVERAL[part][kind]
+        asked_field = (i // len(SEVERAL_KINDS)) % len(template.fields)
+        names = _take_group(pool, rng.randint(2, max_similar + 1), part, endings)
+        used: set[str] = set()
+        pages = []
+        for name in names:
+            values = [_unique(rng, used, f.make) for f in template.fields]
+            slots = _slots(rng, name)
+            paragraph = template.values.format(name=name, v0=values[0], v1=values[1], v2=values[2])
+            pages.append((slots, values, _page(rng, template.title, template.heading, template.prose, slots,
+                                               paragraph, num_sentences=4)))  # fmt: skip
+        asked, values, _ = pages[0]
+        cases.append(
+            SimilarCase(
+                kind=kind,
+                part=part,
+                docs=tuple(doc for _, _, doc in pages),
+                question=template.fields[asked_field].question.format(**asked),
+                answer=values[asked_field],
+                shape="several",
             )
         )
     return cases

@@ -5,17 +5,18 @@ name the question asks about, on top of the budget) were chosen on the set's tun
 them only once its check part, asked through /ask (`python -m bench lookup --distractors similar --part check
 --ship`), meets the target: the default blend within one right answer of full prefill. The record then says what
 it was tuned and checked on (`measured["similar_check"]`), so /api/stats' record and the file tell the same story.
+
+The second shape, pages holding several named values (`--shape several`), is a check part of its own with the same
+target, recorded as `measured["similar_several_check"]`; nothing was tuned on it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.calibration.record import BlendSettingsRecord
-from app.calibration.shipped import shipped_path
-from fsio.atomic import write_text_atomic
+from app.calibration.check_record import write_check
 
 # Where the match_* defaults were chosen (engine/config.py): the tune part, which shares no template, value form or
 # name with the check part (docs/benchmarks.md, "Exact values among similar chunks").
@@ -24,8 +25,13 @@ TUNED_ON = (
     "nq6 (20 dev examples) and this check part, where its first form (spans only when one chunk holds any named "
     "token) answered 6 of 12"
 )
+# The several-values shape came after those choices: nothing was tuned on it, in either part.
+TUNED_ON_SEVERAL = "nothing tuned on pages holding several values (the match_* defaults: " + TUNED_ON + ")"
 TARGET = "default blend within 1 right answer of full prefill"
 MATCH_FIELDS = ("match_window", "match_span", "match_extra")
+# The record key of each shape's check.
+MEASURED_KEYS = {"one": "similar_check", "several": "similar_several_check"}
+_SHAPE_WORDS = {"one": "one value a page", "several": "several named values a page"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class SimilarCheck:
     num_right_blend: int
     blend: dict[str, Any]  # the default blend's settings (BlendConfig fields) the run asked with
     checked_at: str  # ISO 8601 UTC
+    shape: str = "one"  # app/calibration/similar.py's shapes: "one" or "several" values a page
 
     @property
     def meets_target(self) -> bool:
@@ -46,8 +53,13 @@ class SimilarCheck:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "tuned_on": TUNED_ON,
-            "checked_on": f"similar look-ups, check part (seed {self.seed}, {self.num_cases} cases, through /ask)",
+            "tuned_on": TUNED_ON if self.shape == "one" else TUNED_ON_SEVERAL,
+            "checked_on": (
+                f"similar look-ups, check part (seed {self.seed}, {self.num_cases} cases, through /ask)"
+                if self.shape == "one"
+                else f"similar look-ups, {_SHAPE_WORDS[self.shape]}, check part (seed {self.seed}, "
+                f"{self.num_cases} cases, through /ask)"
+            ),
             "target": TARGET,
             "meets_target": self.meets_target,
             **asdict(self),
@@ -59,25 +71,18 @@ class SimilarCheckError(ValueError):
 
 
 def record_similar_check(check: SimilarCheck, model: str, compute_dtype: str, fingerprint: str) -> Path:
-    """Write `check` into the shipped record of `model` in `compute_dtype` (its `measured["similar_check"]`).
+    """Write `check` into the shipped record of `model` in `compute_dtype` (its `measured["similar_check"]`, or
+    `measured["similar_several_check"]` for pages holding several values).
 
     Refused when the check misses the target (a record ships only a passing check), when no record ships for the
     model and dtype, or when that record was measured on other weights (another fingerprint)."""
+    if check.shape not in MEASURED_KEYS:
+        raise SimilarCheckError(f"unknown shape {check.shape!r}")
     if not check.meets_target:
         raise SimilarCheckError(
             f"not recorded: the default blend answered {check.num_right_blend} of {check.num_cases} against full "
-            f"prefill's {check.num_right_full} ({TARGET})"
+            f"prefill's {check.num_right_full} ({TARGET}; {_SHAPE_WORDS[check.shape]})"
         )
-    path = shipped_path(model, compute_dtype)
-    try:
-        record = BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SimilarCheckError(f"no shipped record for {model} in {compute_dtype} ({path}): calibrate first") from None
-    if record.fingerprint != fingerprint:
-        raise SimilarCheckError(
-            f"the shipped record {path.name} was measured on fingerprint {record.fingerprint[:12]}, this engine is "
-            f"{fingerprint[:12]}"
-        )
-    updated = replace(record, measured=record.measured | {"similar_check": check.to_dict()})
-    write_text_atomic(path, updated.to_json())
-    return path
+    return write_check(
+        MEASURED_KEYS[check.shape], check.to_dict(), model, compute_dtype, fingerprint, SimilarCheckError
+    )

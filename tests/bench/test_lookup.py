@@ -57,3 +57,21 @@ def test_a_follow_up_look_up_carries_its_earlier_turn() -> None:
     assert case.kind == "followup" and "that one" in facts[4].question
     assert facts[4].history == case.history and len(case.history) == 1
     assert [f.history for f in facts[:4]] == [()] * 4
+
+
+def test_lookup_among_pages_holding_several_values_asks_the_several_values_shape(run_bench) -> None:
+    from bench.lookup import similar_facts
+
+    facts, passages = similar_facts(3, 0, "check", "several")
+    assert [(f.question, f.answer) for f in facts] == [
+        ("Which purchase order does the Kriard programme run under?", "PO 45437"),
+        ("In which rack position is the Elisk appliance?", "R47-U39"),
+        ("How large is the grant of the Grourst programme?", "£23,506"),
+    ]
+    code, result, _ = run_bench(
+        "lookup", "--distractors", "similar", "--shape", "several", "--examples", "3", "--passages", "3",
+        "--selectors", "query", "--max-tokens", "3",
+    )  # fmt: skip
+    assert code == 0 and (result["distractors"], result["part"], result["shape"]) == ("similar", "check", "several")
+    assert result["documents"] == len(passages) == 9 and result["questions"] == 3
+    assert [row["answer"] for row in result["per_question"]] == ["PO 45437", "R47-U39", "£23,506"]

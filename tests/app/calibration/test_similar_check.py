@@ -11,7 +11,7 @@ from app.calibration.record import BlendSettingsRecord
 from app.calibration.similar_check import SimilarCheck, SimilarCheckError, record_similar_check
 
 
-def _check(full: int, blend: int) -> SimilarCheck:
+def _check(full: int, blend: int, shape: str = "one") -> SimilarCheck:
     return SimilarCheck(
         seed=0,
         num_cases=12,
@@ -20,6 +20,7 @@ def _check(full: int, blend: int) -> SimilarCheck:
         num_right_blend=blend,
         blend={"recompute_ratio": 0.15, "match_window": 24, "match_span": "sentence", "match_extra": 0.1},
         checked_at="2026-12-05T01:00:00+00:00",
+        shape=shape,
     )
 
 
@@ -60,3 +61,26 @@ def test_a_missed_target_another_fingerprint_or_no_record_is_refused_and_nothing
         record_similar_check(_check(11, 11), "m", "bfloat16", "f" * 64)
     assert (shipped_dir / "m.float32.json").read_text() == before
     assert "similar_check" not in json.loads(before)["measured"]
+
+
+def test_the_several_values_check_is_a_part_of_its_own_beside_the_one_value_check(shipped_dir) -> None:
+    record_similar_check(_check(11, 10), "m", "float32", "f" * 64)
+    path = record_similar_check(_check(9, 8, "several"), "m", "float32", "f" * 64)
+    measured = BlendSettingsRecord.from_json(path.read_text()).measured
+    one, several = measured["similar_check"], measured["similar_several_check"]
+    assert (one["shape"], one["num_right_blend"], several["shape"], several["num_right_blend"]) == (
+        "one",
+        10,
+        "several",
+        8,
+    )
+    assert several["checked_on"] == (
+        "similar look-ups, several named values a page, check part (seed 0, 12 cases, through /ask)"
+    )
+    assert several["tuned_on"].startswith("nothing tuned on pages holding several values")
+    assert several["target"] == one["target"] == "default blend within 1 right answer of full prefill"
+    with pytest.raises(
+        SimilarCheckError, match=r"answered 7 of 12 against full prefill's 9 \(.*; several named values"
+    ):
+        record_similar_check(_check(9, 7, "several"), "m", "float32", "f" * 64)
+    assert BlendSettingsRecord.from_json(path.read_text()).measured["similar_several_check"] == several

@@ -1,0 +1,34 @@
+"""A check part's figures written into a shipped record (`measured[key]`), only on the weights it was measured on.
+
+Shared by the record's check parts (similar_check.py, long_answers_check.py): each decides whether its check meets
+its target and refuses to record one that misses; this writes a passing one beside what the calibration measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from app.calibration.record import BlendSettingsRecord
+from app.calibration.shipped import shipped_path
+from fsio.atomic import write_text_atomic
+
+
+def write_check(
+    key: str, entry: dict[str, Any], model: str, compute_dtype: str, fingerprint: str, error: type[ValueError]
+) -> Path:
+    """Set `measured[key]` of the shipped record of `model` in `compute_dtype` to `entry`; `error` (the check's
+    own exception) when no record ships for the model and dtype or that record was measured on other weights."""
+    path = shipped_path(model, compute_dtype)
+    try:
+        record = BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"no shipped record for {model} in {compute_dtype} ({path}): calibrate first") from None
+    if record.fingerprint != fingerprint:
+        raise error(
+            f"the shipped record {path.name} was measured on fingerprint {record.fingerprint[:12]}, this engine is "
+            f"{fingerprint[:12]}"
+        )
+    write_text_atomic(path, replace(record, measured=record.measured | {key: entry}).to_json())
+    return path
