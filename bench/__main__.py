@@ -16,6 +16,7 @@ from pathlib import Path
 from bench import (
     answers,
     calibrate,
+    capacity,
     conversation,
     decode,
     followup,
@@ -52,6 +53,7 @@ SUBCOMMANDS: tuple[harness.Command, ...] = (
     harness.Command(followup),
     harness.Command(relevance),
     harness.Command(throughput, harness.DEFAULT_MUSIQUE, examples=8, passages=6),
+    harness.Command(capacity),
     harness.Command(decode, harness.DEFAULT_MUSIQUE, examples=8, passages=6),
     harness.Command(ingest_rate, harness.DEFAULT_NQ6, examples=0, passages=0),
     harness.Command(kv_dtypes, harness.DEFAULT_MUSIQUE, examples=10, passages=6),
