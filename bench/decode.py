@@ -9,7 +9,10 @@ For every format in --formats (`engine.decode_weights`: same, int8, int4), in on
   default blend) is answered greedily with the model's own weights (the reference); the format then
   decodes the reference's tokens teacher-forced (KL of its next-token distribution against the reference's
   at every step, top-1 agreement) and on its own (whole answers equal to the reference's, the first step
-  where they part). The first token comes from the prompt pass, which every format shares.
+  where they part). The first token comes from the prompt pass, which every format shares. Where int8's
+  steps of many requests run W8A8 (`Int8Weight.matmul_w8a8`: the rows quantized too), `int8-w8a8` is that path
+  at every step: a row's result there does not depend on the rows beside it, so one request decoded this way
+  is what each request of a large step gets.
 
 Formats are interleaved per client count and their order reversed every other round (--rounds), so drifting
 load hits all alike; ratios against `same` in one run are the figures to quote.
@@ -197,14 +200,35 @@ def _fidelity_all(args: argparse.Namespace, formats: list[str], examples: list) 
         weights = build_decode_weights(engine.model, fmt, Path(args.models_dir) / DECODE_WEIGHTS_DIR)  # type: ignore[arg-type]
         engine.transformer.with_decode_weights(weights.weights)
         decoders[fmt] = engine.transformer.decoder
+        if weights.w8a8_min_rows is not None:
+            engine.transformer.with_decode_weights(_w8a8_every_step(weights.weights))
+            decoders[f"{fmt}-w8a8"] = engine.transformer.decoder
     engine.transformer.with_decode_weights(engine.model.weights)
-    per_format: dict[str, list[dict[str, Any]]] = {f: [] for f in formats}
+    per_format: dict[str, list[dict[str, Any]]] = {f: [] for f in decoders}
     for example in examples:
         result = _prompt_pass(engine, example, args)
         reference_tokens, reference_logits = _greedy(engine.transformer, result.cache, _first(result), args)
         for fmt, decoder in decoders.items():
             per_format[fmt].append(_compare(decoder, result.cache, _first(result), reference_tokens, reference_logits))
     return {fmt: {"per_example": rows, **_aggregate(rows)} for fmt, rows in per_format.items()}
+
+
+def _w8a8_every_step(weights: Any) -> Any:
+    """The same int8 weights with their W8A8 path taken from one row on."""
+    import dataclasses
+
+    from engine.decode_weights import GEMM_FIELDS
+    from engine.quantized_weights import Int8Weight
+
+    def every(w: Any) -> Any:
+        if not isinstance(w, Int8Weight) or w.batched is None:
+            return w
+        return dataclasses.replace(w, batched=dataclasses.replace(w.batched, min_rows=1))
+
+    layers = [
+        dataclasses.replace(layer, **{n: every(getattr(layer, n)) for n in GEMM_FIELDS}) for layer in weights.layers
+    ]
+    return dataclasses.replace(weights, layers=layers, lm_head=every(weights.lm_head))
 
 
 def _prompt_pass(engine: Engine, example: Any, args: argparse.Namespace):
@@ -288,9 +312,9 @@ def _summary(
 
     base = {n: rate("same", n) if "same" in formats else None for n in clients}
     out: dict[str, Any] = {}
-    for fmt in formats:
+    for fmt in [*formats, *(f for f in fidelity if f not in formats)]:
         row: dict[str, Any] = {}
-        for n in clients:
+        for n in clients if fmt in speed else []:
             value = rate(fmt, n)
             row[f"tokens_per_s_{n}"] = value
             if base[n] and value:

@@ -33,7 +33,15 @@ import torch
 
 from engine.model import LayerWeights, LoadedModel, ModelWeights, Weight
 from engine.models.cache import conversion_lock
-from engine.quantized_weights import INT4_GROUP_SIZE, KERNEL_DTYPE, Int4Weight, Int8Weight, QuantizedWeight
+from engine.quantized_weights import (
+    INT4_GROUP_SIZE,
+    KERNEL_DTYPE,
+    Int4Weight,
+    Int8Weight,
+    QuantizedWeight,
+    int8_gemm_exact,
+    pack_int8,
+)
 from fsio.atomic import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -46,12 +54,19 @@ GEMM_FIELDS = ("wqkv", "wo", "w_gate_up", "w_down")
 # copies buy nothing and `auto` keeps the model's own (a tiny test model decodes exactly as it prefills).
 AUTO_MIN_PARAMETERS = 50_000_000
 # The most requests one decode step feeds through the compact weights; a larger batch reads the model's own.
-# The CPU kernels compute row by row from the compact form, so their cost grows with the rows, while a
-# bfloat16 GEMM reads its weights once for all rows: with 8 rows over Qwen2.5-0.5B's layers on two AVX512-BF16
-# cores, int8 took 72 ms, int4 40 ms and bfloat16 59 ms; with 4 rows 32, 22 and 52 ms; with 16 rows int4 76 and
-# bfloat16 72 (docs/benchmarks.md, "Decode"). float32 GEMMs are slower than either form at every batch measured.
+# The weight-only CPU kernels compute in float32 from the codes, so their cost grows with the rows beyond four,
+# while a bfloat16 GEMM reads its weights once for all rows. Over Qwen2.5-0.5B's 24 layers on two AVX512-BF16
+# cores (scripts/decode_kernels.py; docs/benchmarks.md, "Decode"), ms for 1 / 4 / 8 / 16 rows: int8 20.4 / 19.8
+# / 40.4 / 69.1, int4 10.5 / 15.7 / 39.0 / 67.0, bfloat16 50.5 / 52.6 / 53.4 / 64.4. float32 GEMMs are slower
+# than either form at every batch measured. Where the int8 GEMM is exact (`int8_gemm_exact`: VNNI), int8 steps
+# of W8A8_MIN_ROWS rows or more quantize the rows too and run one int8 GEMM on a packed copy of the codes
+# (`Int8Weight.matmul_w8a8`, +1 byte a parameter): 19.9 / 23.2 / 34.5 / 37.1 ms, and the LM head at 8 and 16
+# rows 5.6 and 6.8 ms against int8's 13.5 and 26.6 and bfloat16's 18.4 and 22.9. It wins from 5 rows on (the
+# weight-only kernel's second block of four) and so int8 then reads no bfloat16 weights at any batch.
 _MAX_ROWS = {("int8", torch.bfloat16): 4, ("int4", torch.bfloat16): 8}
 _MAX_ROWS_OTHERWISE = 64
+# The fewest rows of an int8 step that quantizes its rows (W8A8), per engine dtype, where the int8 GEMM is exact.
+W8A8_MIN_ROWS = {torch.bfloat16: 5, torch.float32: 5}
 _CACHE_VERSION = "2"  # bump when the stored layout changes
 DECODE_WEIGHTS_DIR = ".decode-weights"  # under the models dir (the machine's model cache)
 
@@ -63,6 +78,7 @@ class DecodeWeights:
     weights: ModelWeights  # the layers' GEMMs and the LM head as QuantizedWeight, or the model's own tensors
     format: WeightFormat
     max_rows: int  # decode steps of more requests than this read the model's own weights (faster there)
+    w8a8_min_rows: int | None  # int8 steps of this many requests or more quantize their rows too (None: never)
     num_bytes: int  # what the compact copies add to the model's memory (0 for "same")
     seconds: float  # quantizing or reading the cache
     from_cache: bool
@@ -165,12 +181,19 @@ def build_decode_weights(model: LoadedModel, setting: DecodeWeightsName, cache_d
     fmt = choose_format(setting, model)
     if fmt == "same":
         return DecodeWeights(
-            weights=model.weights, format="same", max_rows=0, num_bytes=0, seconds=0.0, from_cache=False
+            weights=model.weights,
+            format="same",
+            max_rows=0,
+            w8a8_min_rows=None,
+            num_bytes=0,
+            seconds=0.0,
+            from_cache=False,
         )
     t0 = time.perf_counter()
+    w8a8_min_rows = w8a8_rows(fmt, model.dtype)
     path = None if cache_dir is None else cache_dir / f"{model.fingerprint[:32]}-{fmt}-v{_CACHE_VERSION}.safetensors"
     seen = _stamp(path)
-    weights = _from_cache(model.weights, fmt, path)
+    weights = _from_cache(model.weights, fmt, path, w8a8_min_rows)
     from_cache = weights is not None
     if weights is None:
         with contextlib.ExitStack() as held:
@@ -178,26 +201,30 @@ def build_decode_weights(model: LoadedModel, setting: DecodeWeightsName, cache_d
                 _lock(held, path)
                 # Another process may have stored the file while this one waited for the lock: read that one.
                 if _stamp(path) != seen:
-                    weights = _from_cache(model.weights, fmt, path)
+                    weights = _from_cache(model.weights, fmt, path, w8a8_min_rows)
                     from_cache = weights is not None
             if weights is None:
                 tensors = _quantize_all(model.weights, fmt)
                 if path is not None:
                     _write_cache(path, tensors)
-                weights = _assemble(model.weights, fmt, tensors)
+                weights = _assemble(model.weights, fmt, tensors, w8a8_min_rows)
     num_bytes = sum(_nbytes(layer_weight) for layer_weight in _matrices(weights).values())
     seconds = time.perf_counter() - t0
     logger.info(
-        "decode reads %s weights (%.2f GB beside the model's own, %s in %.1fs)",
+        "decode reads %s weights (%.2f GB beside the model's own, %s in %.1fs)%s",
         fmt,
         num_bytes / 1e9,
         "read from the model cache" if from_cache else "quantized",
         seconds,
+        "" if w8a8_min_rows is None else f"; steps of {w8a8_min_rows} requests or more quantize their rows (W8A8)",
     )
     return DecodeWeights(
         weights=weights,
         format=fmt,
-        max_rows=_MAX_ROWS.get((fmt, model.dtype), _MAX_ROWS_OTHERWISE),
+        max_rows=_MAX_ROWS_OTHERWISE
+        if w8a8_min_rows is not None
+        else _MAX_ROWS.get((fmt, model.dtype), _MAX_ROWS_OTHERWISE),
+        w8a8_min_rows=w8a8_min_rows,
         num_bytes=num_bytes,
         seconds=seconds,
         from_cache=from_cache,
@@ -205,15 +232,23 @@ def build_decode_weights(model: LoadedModel, setting: DecodeWeightsName, cache_d
     )
 
 
+def w8a8_rows(fmt: WeightFormat, dtype: torch.dtype) -> int | None:
+    """The fewest rows of a decode step that runs int8's W8A8 GEMM; None where it never does (another format or
+    dtype, or a CPU whose int8 GEMM is not exact)."""
+    if fmt != "int8" or dtype not in W8A8_MIN_ROWS or not int8_gemm_exact():
+        return None
+    return W8A8_MIN_ROWS[dtype]
+
+
 def _nbytes(weight: QuantizedWeight | torch.Tensor) -> int:
-    tensors = (
-        [weight]
-        if isinstance(weight, torch.Tensor)
-        else [weight.qweight, weight.scales]
-        if isinstance(weight, Int8Weight)
-        else [weight.packed, weight.scales_zeros]
-    )
-    return sum(t.numel() * t.element_size() for t in tensors)
+    if isinstance(weight, torch.Tensor):
+        return weight.numel() * weight.element_size()
+    if isinstance(weight, Int8Weight):
+        tensors = [weight.qweight, weight.scales]
+        packed = 0 if weight.batched is None else weight.batched.num_bytes
+    else:
+        tensors, packed = [weight.packed, weight.scales_zeros], 0
+    return sum(t.numel() * t.element_size() for t in tensors) + packed
 
 
 def _matrices(weights: ModelWeights) -> dict[str, Weight]:
@@ -238,11 +273,14 @@ def _quantize_all(weights: ModelWeights, fmt: WeightFormat) -> dict[str, torch.T
     return tensors
 
 
-def _assemble(weights: ModelWeights, fmt: WeightFormat, tensors: dict[str, torch.Tensor]) -> ModelWeights:
+def _assemble(
+    weights: ModelWeights, fmt: WeightFormat, tensors: dict[str, torch.Tensor], w8a8_min_rows: int | None
+) -> ModelWeights:
     def weight(name: str) -> QuantizedWeight:
         codes, scales = tensors[f"{name}.codes"], tensors[f"{name}.scales"]
         if fmt == "int8":
-            return Int8Weight(qweight=codes, scales=scales)
+            batched = None if w8a8_min_rows is None else pack_int8(codes, scales, w8a8_min_rows)
+            return Int8Weight(qweight=codes, scales=scales, batched=batched)
         nibbles = torch.stack([codes >> 4, codes & 0xF], dim=-1).reshape(codes.shape[0], -1)  # (out, in)
         return _int4_weight(nibbles, scales)
 
@@ -274,13 +312,15 @@ def _lock(held: contextlib.ExitStack, path: Path) -> None:
         logger.warning("could not lock the decode-weights cache %s (%s); quantizing without it", path, exc)
 
 
-def _from_cache(weights: ModelWeights, fmt: WeightFormat, path: Path | None) -> ModelWeights | None:
+def _from_cache(
+    weights: ModelWeights, fmt: WeightFormat, path: Path | None, w8a8_min_rows: int | None
+) -> ModelWeights | None:
     """The compact weights read from the cache file, None when there is none that fits."""
     tensors = _read_cache(path)
     if tensors is None:
         return None
     try:
-        return _assemble(weights, fmt, tensors)
+        return _assemble(weights, fmt, tensors, w8a8_min_rows)
     except (KeyError, RuntimeError, ValueError) as exc:  # a file of another layout: quantize again
         logger.warning("ignoring the decode-weights cache %s, which does not fit this model: %s", path, exc)
         return None

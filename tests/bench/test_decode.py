@@ -9,9 +9,9 @@ import pytest
 import torch
 from enginetest_tiny import build_model, random_chunks
 
-from bench.decode import _aggregate, _clone, _compare, _greedy, _summary
+from bench.decode import _aggregate, _clone, _compare, _greedy, _summary, _w8a8_every_step
 from engine.config import EngineSettings
-from engine.decode_weights import build_decode_weights
+from engine.decode_weights import GEMM_FIELDS, _assemble, _quantize_all, build_decode_weights
 from engine.engine import Engine
 from engine.types import BlendConfig
 from kvcache.types import InMemoryLayerReader
@@ -98,3 +98,32 @@ def test_in_features_of_every_weight_form(engine: Engine, tmp_path: Path) -> Non
     for fmt in ("int8", "int4"):
         compact = build_decode_weights(engine.model, fmt, tmp_path).weights.layers[0]  # type: ignore[arg-type]
         assert (_in_features(compact.wqkv), _in_features(compact.w_down)) == (hidden, intermediate)
+
+
+def test_w8a8_every_step_takes_the_packed_path_from_one_row(engine: Engine) -> None:
+    """`int8-w8a8`'s weights: the same codes and packed copies, the W8A8 path from one row on."""
+    weights = _assemble(engine.model.weights, "int8", _quantize_all(engine.model.weights, "int8"), 5)
+    every = _w8a8_every_step(weights)
+    pairs = [
+        (getattr(a, n), getattr(b, n)) for a, b in zip(weights.layers, every.layers, strict=True) for n in GEMM_FIELDS
+    ]
+    pairs.append((weights.lm_head, every.lm_head))
+    for before, after in pairs:
+        assert before.batched.min_rows == 5 and after.batched.min_rows == 1
+        assert after.qweight is before.qweight and after.batched.packed is before.batched.packed
+    assert every.layers[0].attn_norm is weights.layers[0].attn_norm
+
+
+def test_summary_lists_a_fidelity_only_decoder() -> None:
+    rows = [{"kl_mean": 0.2, "kl_max": 0.4, "top1_agreement": 0.75, "same_answer": False, "first_difference": 1}]
+    fidelity = {"int8-w8a8": {"per_example": rows, **_aggregate(rows)}}
+    speed = {"int8": [{"per_clients": {"1": {"decode_tokens_per_s": 20.0}}}]}
+    summary = _summary(speed, fidelity, ["int8"], [1])
+    assert summary["int8-w8a8"] == {
+        "kl_mean": 0.2,
+        "kl_max": 0.4,
+        "top1_agreement": 0.75,
+        "same_answers": 0,
+        "answers": 1,
+    }
+    assert summary["int8"] == {"tokens_per_s_1": 20.0}

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,7 @@ from engine.decode_weights import (
     AUTO_MIN_PARAMETERS,
     DECODE_WEIGHTS_DIR,
     INT4_GROUP_SIZE,
+    W8A8_MIN_ROWS,
     Int4Weight,
     Int8Weight,
     _int4_weight,
@@ -28,8 +32,10 @@ from engine.decode_weights import (
     dequantize,
     quantize_int4,
     quantize_int8,
+    w8a8_rows,
 )
 from engine.engine import Engine
+from engine.quantized_weights import int8_gemm_exact, pack_int8
 from engine.types import BlendConfig
 from kvcache.types import InMemoryLayerReader
 
@@ -87,6 +93,81 @@ def test_kernels_compute_with_the_stored_values(dtype: torch.dtype, rows: int) -
         torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-3 * float(expected.abs().max()))
 
 
+# W8A8 runs only where the int8 GEMM is exact (VNNI); elsewhere decode never takes it, and its values are wrong.
+needs_exact_int8_gemm = pytest.mark.skipif(
+    not int8_gemm_exact(), reason="this CPU's int8 GEMM is not exact (no VNNI): decode never runs W8A8 here"
+)
+
+
+@needs_exact_int8_gemm
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_is_the_exact_int8_sum_of_each_row_times_both_scales(dtype: torch.dtype) -> None:
+    """Rows on an int8 grid of their own (power-of-two scales, every row reaching code 127) quantize back to
+    their codes, so the output is the exact integer sum scaled by the row's and the channel's scale."""
+    gen = torch.Generator().manual_seed(7)
+    codes = torch.randint(-127, 128, (6, 128), dtype=torch.int8, generator=gen)
+    codes[:, 3] = 127
+    codes[5] = 0  # an all-zero row: its output is zero
+    row_scales = 2.0 ** torch.arange(-6.0, 0.0)[:, None]  # (6, 1)
+    x = (codes.float() * row_scales).to(dtype)
+    assert torch.equal(x.float(), codes.float() * row_scales)  # on the grid in bfloat16 too
+    q = _batched(_weight(96, 128, seed=8), min_rows=1)
+    exact_sums = (codes.long() @ q.qweight.long().t()).float()
+    expected = (exact_sums * q.scales.float() * row_scales).to(dtype)
+    out = q.matmul_w8a8(x)
+    assert out.dtype == dtype and torch.equal(out, expected)
+    assert not out[5].any()
+
+
+@needs_exact_int8_gemm
+def test_w8a8_gives_a_row_the_same_output_whatever_rows_share_the_call() -> None:
+    """A decode step's result for a request does not depend on which others decode beside it."""
+    q = _batched(_weight(96, 128, seed=9), min_rows=1)
+    x = torch.randn(9, 128, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+    x[4] *= 50  # one row of a much larger range: the others keep their own scales
+    alone = torch.cat([q.matmul_w8a8(x[i : i + 1]) for i in range(9)])
+    assert torch.equal(q.matmul_w8a8(x), alone)
+    # And it is the weight-only product within int8's step on the activations.
+    expected = x.float() @ dequantize(q).t()
+    torch.testing.assert_close(q.matmul_w8a8(x).float(), expected, rtol=0.05, atol=0.02 * float(expected.abs().max()))
+
+
+def _batched(w: torch.Tensor, min_rows: int) -> Int8Weight:
+    codes, scales = quantize_int8(w)
+    return Int8Weight(codes, scales, pack_int8(codes, scales, min_rows))
+
+
+def test_int8_weight_takes_w8a8_from_its_row_threshold() -> None:
+    batched = _batched(_weight(96, 128, seed=11), min_rows=5)
+    plain = Int8Weight(batched.qweight, batched.scales)
+    x = torch.randn(5, 1, 128, generator=torch.Generator().manual_seed(12))  # (B, 1, hidden) as a decode step
+    rows = x[:, 0]
+    assert torch.equal(batched.matmul(x[:4]), batched.matmul_rows(rows[:4])[:, None])
+    assert torch.equal(batched.matmul(x), batched.matmul_w8a8(rows)[:, None])
+    assert torch.equal(plain.matmul(x), plain.matmul_rows(rows)[:, None])
+    with pytest.raises(ValueError, match="packed copy"):
+        plain.matmul_w8a8(rows)
+
+
+def test_w8a8_is_chosen_for_int8_where_the_int8_gemm_is_exact() -> None:
+    exact = int8_gemm_exact()
+    assert w8a8_rows("int8", torch.bfloat16) == (W8A8_MIN_ROWS[torch.bfloat16] if exact else None)
+    assert w8a8_rows("int8", torch.float32) == (W8A8_MIN_ROWS[torch.float32] if exact else None)
+    assert w8a8_rows("int4", torch.bfloat16) is None and w8a8_rows("same", torch.float32) is None
+
+
+def test_an_int8_gemm_without_vnni_is_found_inexact() -> None:
+    """oneDNN capped below VNNI (what an AVX2-only CPU runs) saturates its 16-bit pair sums: the probe must see
+    it, so decode keeps the weight-only kernel there."""
+    code = (
+        "import torch; from engine.decode_weights import w8a8_rows; from engine.quantized_weights import "
+        "int8_gemm_exact; print(int8_gemm_exact(), w8a8_rows('int8', torch.bfloat16))"
+    )
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["False", "None"]
+
+
 def test_attend_one_is_attention_over_every_key() -> None:
     """The decode step's attention for one query row equals SDPA's (GQA, with and without a key bias)."""
     gen = torch.Generator().manual_seed(6)
@@ -126,6 +207,9 @@ def test_cache_round_trips_and_a_damaged_file_is_replaced(
     model = tiny_engine.model
     first = build_decode_weights(model, "int8", tmp_path)
     assert not first.from_cache and first.format == "int8" and first.max_rows == 64  # float32 model
+    assert first.w8a8_min_rows == w8a8_rows("int8", torch.float32)
+    thresholds = {None if w.batched is None else w.batched.min_rows for w in _int8_weights(first)}  # type: ignore[attr-defined]
+    assert thresholds == {first.w8a8_min_rows}
     (cached,) = tmp_path.glob("*-int8-v2.safetensors")
     assert cached.name.startswith(model.fingerprint[:32])
     layer = first.weights.layers[0]
@@ -138,7 +222,8 @@ def test_cache_round_trips_and_a_damaged_file_is_replaced(
         getattr(layer, n).shape[0] for layer in model.weights.layers for n in ("wqkv", "wo", "w_gate_up", "w_down")
     )
     head = model.weights.lm_head
-    assert first.num_bytes == num_gemm + head.numel() + 2 * (num_scales + head.shape[0])
+    packed = 0 if first.w8a8_min_rows is None else num_gemm + head.numel() + 12 * (num_scales + head.shape[0])
+    assert first.num_bytes == num_gemm + head.numel() + 2 * (num_scales + head.shape[0]) + packed
 
     again = build_decode_weights(model, "int8", tmp_path)
     assert again.from_cache
@@ -165,6 +250,12 @@ def test_cache_round_trips_and_a_damaged_file_is_replaced(
     int4 = build_decode_weights(model, "int4", None)  # no cache dir: nothing written
     assert isinstance(int4.weights.layers[0].w_gate_up, Int4Weight) and not int4.from_cache
     assert sorted(p.name.split("-")[-2] for p in tmp_path.glob("*.safetensors")) == ["int8"]
+
+
+def _int8_weights(decode: object) -> list[object]:
+    weights = decode.weights  # type: ignore[attr-defined]
+    names = ("wqkv", "wo", "w_gate_up", "w_down")
+    return [getattr(layer, n) for layer in weights.layers for n in names] + [weights.lm_head]
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +289,29 @@ def test_engine_decodes_with_int8_and_prompts_with_its_own_weights(tiny_engine: 
     kl = F.kl_div(torch.log_softmax(step_int8, -1), torch.log_softmax(step_own, -1), log_target=True, reduction="sum")
     assert float(kl) < 1e-3
     assert int(step_int8.argmax()) == int(step_own.argmax())
+
+
+def test_int8_batched_steps_decode_the_tokens_of_one_request_at_a_time(int8_engine: Engine) -> None:
+    """Six requests in one step (W8A8 where the int8 GEMM is exact) against each alone (weight-only int8):
+    the same greedy tokens for 6 steps, next-token distributions within a small KL."""
+    assert int8_engine.decode_weights.w8a8_min_rows == w8a8_rows("int8", torch.float32)
+    decoder = int8_engine.transformer.decoder
+    caches, tokens = [], []
+    for i in range(6):
+        chunks = random_chunks([9 + 4 * i, 12 + i], seed=400 + i)
+        layout = int8_engine.prompt.layout(chunks, "what is it?" + " really" * i)
+        source = InMemoryLayerReader(int8_engine.precompute_chunks(chunks))
+        result = int8_engine.prompt_pass(layout, source, "blend", BlendConfig(recompute_ratio=0.3), extra_capacity=8)
+        caches.append(result.cache)
+        tokens.append(int(result.logits.argmax()))
+    alone = [type(c)(k=c.k.clone(), v=c.v.clone(), length=c.length) for c in caches]
+    alone_tokens = list(tokens)
+    for _ in range(6):
+        together = decode_batch(decoder, caches, tokens)
+        each = torch.cat([decode_batch(decoder, [c], [t]) for c, t in zip(alone, alone_tokens, strict=True)])
+        kl = F.kl_div(torch.log_softmax(together, -1), torch.log_softmax(each, -1), log_target=True, reduction="none")
+        assert float(kl.sum(-1).max()) < 1e-3
+        # Where W8A8 runs, the step really computed otherwise (int8 activations) than the row path.
+        assert torch.equal(together, each) == (int8_engine.decode_weights.w8a8_min_rows is None)
+        tokens, alone_tokens = together.argmax(-1).tolist(), each.argmax(-1).tolist()
+        assert tokens == alone_tokens
