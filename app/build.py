@@ -347,7 +347,12 @@ def new_scheduler(settings: Settings, engine: Engine) -> Scheduler:
     """The engine's scheduler, not started: unstarted, it computes chunk KV in the caller's thread."""
     from engine.scheduler import Scheduler
 
-    return Scheduler(engine, max_queue=settings.engine.max_queue, max_running=settings.engine.max_running)
+    return Scheduler(
+        engine,
+        max_queue=settings.engine.max_queue,
+        max_running=settings.engine.max_running,
+        max_queue_wait_s=settings.engine.max_queue_wait_s,
+    )
 
 
 def catalog_label(url: str) -> str:

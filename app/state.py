@@ -96,6 +96,9 @@ class AppState:
         engine = services.engine
         self.full_pass_rate.attach(self.settings.data_dir / PREFILL_RATE_FILE, key=engine.fingerprint)
         scheduler = services.scheduler
+        # The wait estimate a busy engine answers with (Retry-After) needs a prompt rate from the first question
+        # on: the one kept from an earlier run, until the scheduler measures its own.
+        scheduler.rates.seed_full_rate(self.full_pass_rate.tokens_per_s)
         scheduler.start()
         if self.full_pass_rate.tokens_per_s is None:
             # No rate for this model yet: measured now, on the worker, behind any question and off the path to

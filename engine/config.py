@@ -74,7 +74,17 @@ class EngineSettings(BaseModel):
     max_queue: int = Field(
         default=16,
         ge=1,
-        description="requests waiting for their prompt pass before EngineBusy (running ones: max_running)",
+        description="requests waiting for their prompt pass before EngineBusy (running ones: max_running): the "
+        "hard bound; one more is answered 503 with Retry-After, the estimated seconds until a place frees",
+    )
+    max_queue_wait_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="also refuse (503, Retry-After) a question whose estimated wait for its prompt pass is longer "
+        "than this many seconds (engine/admission.py: the queue ahead of it at the measured prompt and decode "
+        "rates); null (default): only max_queue refuses, since on one server a refused client waits as long "
+        "before it is served and loses its place in the line; set it behind a load balancer with other "
+        "replicas, or for clients that give up sooner",
     )
     max_running: int = Field(default=8, ge=1, description="requests decoding at once (one batched decode step)")
     working_cache_pool_bytes: int | None = Field(

@@ -21,8 +21,13 @@ Policy, one iteration of the worker (pick → execute → deliver):
   2. one decode step for every running request, batched into one pass over the weights
      (engine/batched_decode.py).
 A prompt pass is split at its layers: between two layers the running requests take their next (batched)
-decode step, at most every DECODE_DURING_PROMPT_S, so one long prompt delays other answers a little
+decode step, at most every DECODE_DURING_PROMPT_S (DECODE_WHILE_QUESTIONS_WAIT_S while other questions wait
+for their own pass: first tokens before faster streaming), so one long prompt delays other answers a little
 instead of stopping them for its whole length.
+Admission: `submit` refuses (EngineBusy, carrying the seconds a client should wait before it retries) when
+`max_queue` requests wait already, or when a request submitted now would wait longer than `max_queue_wait_s`
+for its prompt pass (if set). The wait is estimated from the queue and the rates the worker measures as it
+works (engine/admission.py); `admission()` says it without submitting.
 A consumer that stops iterating (breaks, is cancelled, or drops the stream) cancels its request; the
 worker notices between layers of the prompt pass and between decode steps.
 Once `submit` returns, the request's `kv_reader` belongs to the worker, which closes it when the prompt
@@ -46,6 +51,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from engine.admission import (
+    AdmissionEstimate,
+    PromptWork,
+    QueueSnapshot,
+    ServiceRates,
+    estimate_admission,
+    fresh_tokens,
+)
 from engine.generation import RequestRun, RequestStatus
 from engine.types import EngineBusy, EngineError, FinishEvent, GenerationEvent, GenerationRequest
 
@@ -61,6 +74,12 @@ DEFAULT_PRECOMPUTE_UNIT_TOKENS = 2048
 DEVICE_PRECOMPUTE_UNIT_TOKENS = 32768
 # While a prompt pass runs, the decoding requests take one step each at most this often (between layers).
 DECODE_DURING_PROMPT_S = 0.05
+# ... and at most this often while other questions wait for their prompt pass too. A step of eight answers costs
+# as much as a layer or two of a blend's prompt pass, so at 0.05 s the decoding answers took over half of every
+# pass and a queue of questions waited twice as long for its first tokens (`python -m bench capacity`, 8
+# clients). At this interval the answers already streaming still get ~5 tokens/s each while the queue drains,
+# about reading speed, and each waiting question's pass runs ~1.5x sooner.
+DECODE_WHILE_QUESTIONS_WAIT_S = 0.15
 
 
 class SchedulerStopped(EngineError):
@@ -172,11 +191,14 @@ class Scheduler:
         max_queue: int | None = None,
         max_running: int | None = None,
         precompute_unit_tokens: int | None = None,
+        max_queue_wait_s: float | None = None,
     ) -> None:
-        """Limits default to the engine's settings (EngineSettings.max_queue / max_running)."""
+        """Limits default to the engine's settings (EngineSettings.max_queue / max_running / max_queue_wait_s)."""
         self.engine = engine
         # Requests waiting for their prompt pass; one more → EngineBusy.
         self.max_queue = max_queue if max_queue is not None else engine.settings.max_queue
+        # A request whose estimated wait for its prompt pass is longer → EngineBusy; None: no such limit.
+        self.max_queue_wait_s = max_queue_wait_s if max_queue_wait_s is not None else engine.settings.max_queue_wait_s
         # Requests decoding at once; their decode steps run batched.
         self.max_running = max_running if max_running is not None else engine.settings.max_running
         # Chunk precompute work between two decode steps (at least one chunk); device-sized on an accelerator.
@@ -193,6 +215,13 @@ class Scheduler:
         self._idle_calls: collections.deque[_IdleCall] = collections.deque()
         self._thread: threading.Thread | None = None
         self._stopping = False
+        # What the wait estimate reads (engine/admission.py): the measured rates, each queued request's prompt
+        # work (from submit until its pass ends), the pass running now and the compute it has had.
+        self.rates = ServiceRates()
+        self._prompt_work: dict[RequestRun, PromptWork] = {}
+        self._in_pass: RequestRun | None = None
+        self._pass_started = 0.0  # perf_counter at its start
+        self._pass_decode_s = 0.0  # seconds of decode steps taken between its layers so far
 
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -244,13 +273,80 @@ class Scheduler:
         with self._cv:
             return len(self._waiting) + self._num_prompt_passes + len(self._running)
 
+    # ------------------------------------------------------------------------------------ admission
+    def admission(self) -> AdmissionEstimate:
+        """What a request submitted now faces: its estimated wait for its prompt pass, and when a place in the
+        queue frees (engine/admission.py)."""
+        with self._cv:
+            return self._estimate()
+
+    def refusal(self) -> EngineBusy | None:
+        """Why a request submitted now would be refused (the EngineBusy `submit` would raise), or None. Not
+        binding: other requests may come or go before the submit."""
+        with self._cv:
+            return self._refusal()
+
+    def _estimate(self) -> AdmissionEstimate:
+        """Under the lock."""
+        in_pass, compute_s = self._in_pass, 0.0
+        if in_pass is not None:
+            compute_s = max(0.0, time.perf_counter() - self._pass_started - self._pass_decode_s)
+        question_tokens = sum(
+            sum(len(c) for c in job.chunks[len(job.results) :])
+            for job in self._precompute_jobs
+            if job.priority == PrecomputePriority.QUESTION
+        )
+        snapshot = QueueSnapshot(
+            question_precompute_tokens=question_tokens,
+            in_pass=self._prompt_work.get(in_pass) if in_pass is not None else None,
+            in_pass_compute_s=compute_s,
+            # A request cancelled while it waits leaves at its turn without a pass.
+            waiting=tuple(
+                self._prompt_work[r]
+                for r in self._waiting
+                if r in self._prompt_work and not r.cancel_requested.is_set()
+            ),
+            running=tuple(
+                PromptWork(r.request.mode, 0.0, r.request.sampling.max_tokens, r.num_completion_tokens)
+                for r in self._running
+                if r.status == RequestStatus.DECODING
+            ),
+            max_running=self.max_running,
+            # A request submitted now waits behind the queue: the passes before its own run at the waiting interval.
+            decode_interval_s=DECODE_WHILE_QUESTIONS_WAIT_S if self._waiting else DECODE_DURING_PROMPT_S,
+        )
+        return estimate_admission(snapshot, self.rates)
+
+    def _refusal(self) -> EngineBusy | None:
+        """Under the lock: the queue is full, or a new request's estimated wait is over max_queue_wait_s."""
+        queue_full = len(self._waiting) >= self.max_queue
+        limit = self.max_queue_wait_s
+        if not queue_full and limit is None:
+            return None  # nothing to estimate
+        estimate = self._estimate()
+        retry_after_s = estimate.retry_after_s(queue_full=queue_full, max_wait_s=limit)
+        if queue_full:
+            return EngineBusy(
+                f"engine busy: {len(self._waiting)} requests waiting (max_queue={self.max_queue}), "
+                f"{len(self._running)} running",
+                retry_after_s=retry_after_s,
+            )
+        if limit is not None and estimate.wait_s is not None and estimate.wait_s > limit:
+            return EngineBusy(
+                f"engine busy: a new request would wait about {estimate.wait_s:.0f} s for its prompt pass "
+                f"(max_queue_wait_s={limit:g}); {len(self._waiting)} waiting, {len(self._running)} running",
+                retry_after_s=retry_after_s,
+            )
+        return None
+
     # --------------------------------------------------------------------------------------- submit
     def submit(self, request: GenerationRequest, *, readmit: bool = False) -> RequestStream:
         """Queue a request; call from a running event loop. Raises EngineBusy when the queue is full.
 
         The queue limit counts requests waiting for their prompt pass (`max_queue`); the ones in their
-        prompt pass or decoding are limited by `max_running` instead. On success the worker owns
-        `request.kv_reader` (module docstring).
+        prompt pass or decoding are limited by `max_running` instead. With `max_queue_wait_s`, a request whose
+        estimated wait is longer is refused too. EngineBusy carries `retry_after_s`, when a retry may be
+        admitted. On success the worker owns `request.kv_reader` (module docstring).
 
         The check is synchronous, so a caller that submits before it answers its own client can turn a full
         queue into an honest "busy" reply instead of a stream that fails later. `readmit=True` skips the
@@ -260,6 +356,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         run = self.engine.new_run(request)
+        work = PromptWork(request.mode, fresh_tokens(request, self.engine.num_layers), request.sampling.max_tokens)
 
         def outbox(item: GenerationEvent | BaseException) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
@@ -267,12 +364,10 @@ class Scheduler:
         with self._cv:
             if self._stopping or self._thread is None:
                 raise SchedulerStopped("the engine scheduler is not running")
-            if not readmit and len(self._waiting) >= self.max_queue:
-                raise EngineBusy(
-                    f"engine busy: {len(self._waiting)} requests waiting (max_queue="
-                    f"{self.max_queue}), {len(self._running)} running"
-                )
+            if not readmit and (busy := self._refusal()) is not None:
+                raise busy
             self._waiting.append(run)
+            self._prompt_work[run] = work
             self._outboxes[run] = outbox
             self._cv.notify_all()
         return RequestStream(run, queue)
@@ -387,6 +482,8 @@ class Scheduler:
             except RuntimeError:  # the consumer's event loop is closed: nobody is listening any more
                 run.cancel_requested.set()
         if run.finished:
+            if run.status == RequestStatus.FINISHED:  # ended by itself: how much of its limit an answer uses
+                self.rates.observe_answer(run.num_completion_tokens, run.request.sampling.max_tokens)
             run.release()
             with self._cv:
                 self._outboxes.pop(run, None)
@@ -400,8 +497,10 @@ class Scheduler:
         t0 = time.perf_counter()
         try:
             job.results.extend(self.engine.precompute_chunks(job.chunks[start:end], job.prefix_ids))
+            seconds = time.perf_counter() - t0
+            self.rates.observe_prompt("full", tokens, seconds)  # every token computed: a full pass's rate
             if job.on_unit is not None:
-                job.on_unit(tokens, time.perf_counter() - t0)
+                job.on_unit(tokens, seconds)
         except Exception as exc:  # the caller gets it; the worker goes on
             logger.exception("chunk precompute failed")
             self._drop_job(job)
@@ -420,16 +519,23 @@ class Scheduler:
         return self._stopping or run.cancel_requested.is_set()
 
     def _prompt(self, run: RequestRun) -> Outcome:
-        last_round = time.perf_counter()
+        last_round = started = time.perf_counter()
+        with self._cv:
+            self._in_pass, self._pass_started, self._pass_decode_s = run, started, 0.0
 
         def between_layers() -> None:
             # The prompt pass is split at its layers: the requests already decoding take their next step
             # in between, so one long prompt does not stall every other answer.
             nonlocal last_round
-            if self._running and time.perf_counter() - last_round >= DECODE_DURING_PROMPT_S:
+            # `_waiting` is read without the lock: a request queued a moment ago only changes which interval
+            # this one check uses.
+            interval = DECODE_WHILE_QUESTIONS_WAIT_S if self._waiting else DECODE_DURING_PROMPT_S
+            if self._running and time.perf_counter() - last_round >= interval:
+                t0 = time.perf_counter()
                 for other, outcome in self._decode_step():
                     self._deliver(other, outcome)
                 last_round = time.perf_counter()
+                self._pass_decode_s += last_round - t0  # not the pass's own compute
 
         try:
             outcome: list[GenerationEvent] | EngineError = self.engine.run_prompt(
@@ -440,8 +546,13 @@ class Scheduler:
         finally:
             with self._cv:
                 self._num_prompt_passes -= 1
+                self._in_pass = None
+                work = self._prompt_work.pop(run, None)
                 if run.status == RequestStatus.DECODING:
                     self._running.append(run)
+        if work is not None and run.first_token_time is not None:  # a whole pass (not cancelled, not failed)
+            compute_s = run.first_token_time - started - self._pass_decode_s
+            self.rates.observe_prompt(work.mode, work.num_fresh_tokens, compute_s)
         return run, outcome
 
     def _decode_step(self) -> Iterator[Outcome]:
@@ -456,12 +567,14 @@ class Scheduler:
                 active.append(run)
         if not active:
             return
+        t0 = time.perf_counter()
         try:
             per_run = self.engine.decode(active)
         except Exception as exc:
             for run in active:
                 yield run, self._failure(run, exc)
             return
+        self.rates.observe_decode_step(len(active), time.perf_counter() - t0)
         yield from zip(active, per_run, strict=True)
 
     def _failure(self, run: RequestRun, exc: Exception) -> EngineError:
@@ -480,6 +593,7 @@ class Scheduler:
             idle_calls = list(self._idle_calls)
             self._idle_calls.clear()
             self._waiting.clear()
+            self._prompt_work.clear()
             self._running = []
             self._precompute_jobs = []
         for run in waiting:

@@ -29,8 +29,18 @@ class EngineError(RuntimeError):
     """A request could not be run (bad layout, KV shape mismatch, model failure)."""
 
 
+# What a refusal says before anything is measured (a fresh server's first seconds): retry in a second.
+DEFAULT_RETRY_AFTER_S = 1.0
+
+
 class EngineBusy(EngineError):
-    """The scheduler's queue is full; the caller should retry later (HTTP 503)."""
+    """The scheduler refuses a request (its queue is full, or the wait would be over `engine.max_queue_wait_s`);
+    the caller should retry in `retry_after_s` seconds, the scheduler's estimate of when a retry may be admitted
+    (engine/admission.py; HTTP 503 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after_s: float = DEFAULT_RETRY_AFTER_S) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class RequestCancelled(EngineError):

@@ -21,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from app.api.disconnect import ConnectionWatch, while_connected
+from app.api.errors import retry_after
 from app.metrics import Metrics, RecentAsk
 from app.services.ask import (
     Answer,
@@ -36,8 +37,6 @@ from app.services.ask import (
 from app.services.ask.service import BUSY
 from app.services.conversation_service import ConversationNotFound
 
-RETRY_AFTER = {"Retry-After": "1"}  # a busy engine: the client may retry in a second
-
 
 @dataclass(frozen=True)
 class Refused:
@@ -45,6 +44,12 @@ class Refused:
 
     reason: Literal["conversation_not_found", "invalid", "busy"]
     message: str
+    retry_after_s: float | None = None  # busy: the engine's estimate of when a retry may be admitted
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        """A busy refusal's Retry-After (HTTP 503); None for the others."""
+        return retry_after(self.retry_after_s) if self.retry_after_s is not None else None
 
 
 async def admit(service: AskService, request: AskRequest) -> Answer | Refused:
@@ -56,8 +61,8 @@ async def admit(service: AskService, request: AskRequest) -> Answer | Refused:
         return Refused("conversation_not_found", str(exc))
     except AskValidationError as exc:
         return Refused("invalid", str(exc))
-    except AskBusy:
-        return Refused("busy", BUSY)
+    except AskBusy as exc:
+        return Refused("busy", BUSY, exc.retry_after_s)
 
 
 def record_answer(metrics: Metrics, event: DoneEvent) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from app.api.answering import RETRY_AFTER, Refused, admit, answer_events, client_gone, collect_answer
+from app.api.answering import Refused, admit, answer_events, client_gone, collect_answer
 from app.api.deps import (
     Access,
     cap_for_client,
@@ -123,8 +123,7 @@ async def admitted(service: AskService, ask: AskRequest) -> Answer:
     """`/ask`'s refusals, before any response starts: 404 (conversation), 422 (prompt too long), 503 busy."""
     answer = await admit(service, ask)
     if isinstance(answer, Refused):
-        headers = RETRY_AFTER if answer.reason == "busy" else None
-        raise HTTPException(_ASK_STATUS[answer.reason], answer.message, headers=headers)
+        raise HTTPException(_ASK_STATUS[answer.reason], answer.message, headers=answer.headers)
     return answer
 
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, HTTPException, Path
 
 from app.api.deps import Access, get_state, require_admin, require_reader
 from app.api.schemas import CollectionDeletedOut, CollectionListOut, CollectionOut
-from app.api.schemas.common import API_KEY_REQUIRED, MODELS_LOADING, error_responses
+from app.api.schemas.common import API_KEY_REQUIRED, GUARD_ERRORS, error_responses
 from app.services.collection_service import CollectionBusy, CollectionNotFound, CollectionService
 from app.services.document_service import DocumentBusy
 from app.services.key_service import COLLECTION_PATTERN
@@ -17,7 +17,7 @@ from app.state import AppState
 router = APIRouter(
     prefix="/collections",
     tags=["collections"],
-    responses=error_responses({401: API_KEY_REQUIRED, 503: MODELS_LOADING}),
+    responses=error_responses({**GUARD_ERRORS, 401: API_KEY_REQUIRED}),
 )
 
 

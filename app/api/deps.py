@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 
-from app.api.schemas.common import error_responses
+from app.api.errors import retry_after
+from app.api.schemas.common import GUARD_ERRORS, error_responses
 from app.build import Services
 from app.catalog.models import DEFAULT_COLLECTION
 from app.rate_limit import client_id
@@ -31,11 +31,15 @@ from app.state import AppState
 
 T = TypeVar("T")
 
+# Before start-up has built the services (models loading, stores opening): a retry in a few seconds.
+NOT_READY_RETRY_S = 5
+
 
 def guarded_router(tag: str, guard: Callable[..., Any], errors: dict[int, str], *, prefix: str = "") -> APIRouter:
     """A router whose every route is behind `guard` (`require_admin`, `require_reader`, `guard_questions`),
-    documenting the error statuses its routes share."""
-    return APIRouter(prefix=prefix, tags=[tag], dependencies=[Depends(guard)], responses=error_responses(errors))
+    documenting the error statuses its routes share (the guard's own 429 and 503 included)."""
+    responses = error_responses({**GUARD_ERRORS, **errors})
+    return APIRouter(prefix=prefix, tags=[tag], dependencies=[Depends(guard)], responses=responses)
 
 
 def get_state(request: Request) -> AppState:
@@ -44,7 +48,7 @@ def get_state(request: Request) -> AppState:
 
 def _not_ready(state: AppState) -> HTTPException:
     detail = f"start-up failed: {state.load_error}" if state.load_error else "models are still loading"
-    return HTTPException(status_code=503, detail=detail, headers={"Retry-After": "5"})
+    return HTTPException(status_code=503, detail=detail, headers=retry_after(NOT_READY_RETRY_S))
 
 
 def _loaded(pick: Callable[[Services], T | None]) -> Callable[[Request], T]:
@@ -224,7 +228,7 @@ def guard_questions(request: Request) -> Access:
             status_code=429,
             detail=f"too many questions: at most {server.ask_rate_per_minute:g} per minute, {server.ask_burst} "
             "at once, per API key (or IP address); retry later",
-            headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+            headers=retry_after(wait_s),
         )
     return access
 
@@ -258,5 +262,5 @@ def _count_wrong_key(request: Request) -> None:
             status_code=429,
             detail=f"too many requests with a wrong API key from this address (at most "
             f"{server.wrong_key_per_minute:g} per minute); retry later",
-            headers={"Retry-After": str(max(1, math.ceil(wait_s)))},
+            headers=retry_after(wait_s),
         )

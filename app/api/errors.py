@@ -7,6 +7,7 @@ they can show. The list is still there, under `errors`, for programs.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -29,6 +30,15 @@ _OPENAI_TYPES = {
     429: "rate_limit_error",
     503: "server_error",
 }
+
+
+# A Retry-After past an hour is not advice a client can use: it is told again when it comes back.
+MAX_RETRY_AFTER_S = 3600
+
+
+def retry_after(seconds: float) -> dict[str, str]:
+    """The Retry-After header every 429 and 503 carries: the seconds to wait, rounded up, at least 1."""
+    return {"Retry-After": str(max(1, math.ceil(min(seconds, MAX_RETRY_AFTER_S))))}
 
 
 def openai_error(

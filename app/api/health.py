@@ -5,7 +5,9 @@ import dataclasses
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
-from app.api.deps import get_state
+from app.api.deps import NOT_READY_RETRY_S, get_state
+from app.api.errors import retry_after
+from app.api.schemas.common import RETRY_AFTER_HEADER
 from app.state import AppState
 
 router = APIRouter(tags=["health"])
@@ -25,7 +27,10 @@ async def health() -> dict[str, str]:
             "questions are answered; `storage.ok: false` means writes (ingest, deletes) may fail "
             "with 507 until space is freed"
         },
-        503: {"description": '`{"status": "loading"}` or `{"status": "failed", "error": …}`'},
+        503: {
+            "description": '`{"status": "loading"}` or `{"status": "failed", "error": …}`',
+            "headers": RETRY_AFTER_HEADER,
+        },
     },
 )
 async def ready(state: AppState = Depends(get_state)) -> JSONResponse:
@@ -33,4 +38,4 @@ async def ready(state: AppState = Depends(get_state)) -> JSONResponse:
     if state.ready.is_set():
         return JSONResponse({"status": "ready", "storage": dataclasses.asdict(state.storage.status())})
     body = {"status": "failed", "error": state.load_error} if state.load_error else {"status": "loading"}
-    return JSONResponse(body, status_code=503)
+    return JSONResponse(body, status_code=503, headers=retry_after(NOT_READY_RETRY_S))

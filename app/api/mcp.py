@@ -29,7 +29,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from app.api.deps import presented_key, question_access, require_reader
+from app.api.deps import NOT_READY_RETRY_S, presented_key, question_access, require_reader
+from app.api.errors import retry_after
 from app.api.mcp_tools import TOOLS, call_tool, tool_error
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,11 @@ class McpEndpoint:
         manager = self._manager
         try:
             if manager is None:
-                raise HTTPException(503, "the MCP endpoint is not running (the server is starting or stopping)")
+                raise HTTPException(
+                    503,
+                    "the MCP endpoint is not running (the server is starting or stopping)",
+                    headers=retry_after(NOT_READY_RETRY_S),
+                )
             _check_caller(request)
         except HTTPException as exc:
             response = JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)

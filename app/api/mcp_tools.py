@@ -129,7 +129,7 @@ async def ask(request: Request, args: AskArgs) -> AskOut:
     asked = cap_for_client(scope_request(body.to_request(body.question), access, body.collections), request)
     answer = await admit(service, asked)
     if isinstance(answer, Refused):
-        raise ToolRefused(answer.message)
+        raise ToolRefused(busy_message(answer) if answer.reason == "busy" else answer.message)
     sources: SourcesEvent | None = None
     done: DoneEvent | None = None
     # The call's cancellation (the client gone, or its `notifications/cancelled`) closes the events, which
@@ -235,8 +235,18 @@ def tool_error(message: str) -> types.CallToolResult:
 
 
 def refusal_message(exc: HTTPException) -> str:
-    """An HTTP refusal of the dependencies (401, 403, 429, 503) as a tool error's text."""
-    return f"{exc.detail} ({exc.status_code} {HTTPStatus(exc.status_code).phrase})"
+    """An HTTP refusal of the dependencies (401, 403, 429, 503) as a tool error's text. A tool error travels in
+    a 200, so a 429's or 503's Retry-After goes into the text."""
+    text = f"{exc.detail} ({exc.status_code} {HTTPStatus(exc.status_code).phrase})"
+    wait = (exc.headers or {}).get("Retry-After")
+    return f"{text}; retry after {wait} s" if wait is not None else text
+
+
+def busy_message(refused: Refused) -> str:
+    """A busy engine's refusal as a tool error's text, with the Retry-After a 503 of /ask carries."""
+    headers = refused.headers or {}
+    wait = headers.get("Retry-After")
+    return f"{refused.message}; retry after {wait} s" if wait is not None else refused.message
 
 
 async def call_tool(request: Request, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:

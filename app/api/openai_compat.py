@@ -35,7 +35,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.answering import RETRY_AFTER, Refused, admit, answer_events, client_gone, collect_answer
+from app.api.answering import Refused, admit, answer_events, client_gone, collect_answer
 from app.api.ask import Asker, get_asker
 from app.api.deps import get_state, guard_questions
 from app.api.errors import openai_error
@@ -50,6 +50,7 @@ from app.api.schemas import (
     ServedModelOut,
     UnsupportedIdentifierOut,
 )
+from app.api.schemas.common import RETRY_AFTER_HEADER
 from app.api.sse import inline_schema, sse_event, sse_response
 from app.services.ask import (
     Answer,
@@ -62,12 +63,25 @@ from app.services.ask import (
 from app.services.text_checks import INVALID_UNICODE, is_valid_utf8
 from app.state import AppState
 
-# "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s.
+# "4XX" also stands in for FastAPI's default 422 entry: validation errors here are OpenAI-style 400s. 429 and 503
+# carry Retry-After (the OpenAI client waits that long before its own retries).
 router = APIRouter(
     prefix="/v1",
     tags=["openai"],
     dependencies=[Depends(guard_questions)],
-    responses={"4XX": {"model": OpenAIErrorOut, "description": "OpenAI-style error (400 invalid request, 503 busy …)"}},
+    responses={
+        "4XX": {"model": OpenAIErrorOut, "description": "OpenAI-style error (400 invalid request, 401, 404 …)"},
+        429: {
+            "model": OpenAIErrorOut,
+            "description": "Too many requests from this API key / IP (`rate_limit_error`)",
+            "headers": RETRY_AFTER_HEADER,
+        },
+        503: {
+            "model": OpenAIErrorOut,
+            "description": "The engine is busy (`engine_busy`) or the models are still loading",
+            "headers": RETRY_AFTER_HEADER,
+        },
+    },
 )
 
 SERVED_MODEL = "blendrag"
@@ -235,7 +249,7 @@ def _refusal(refused: Refused) -> JSONResponse:
         case "conversation_not_found":
             return openai_error(404, refused.message, code="conversation_not_found")
         case "busy":
-            return openai_error(503, refused.message, code="engine_busy", headers=RETRY_AFTER)
+            return openai_error(503, refused.message, code="engine_busy", headers=refused.headers)
     return openai_error(400, refused.message)
 
 

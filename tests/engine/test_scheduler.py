@@ -11,6 +11,7 @@ import pytest
 import torch
 from enginetest_tiny import random_chunks
 
+from engine.admission import AdmissionEstimate
 from engine.generation import RequestStatus
 from engine.scheduler import PrecomputePriority, Scheduler, SchedulerStopped
 from engine.types import (
@@ -117,8 +118,9 @@ async def test_full_queue_raises_busy(tiny_engine) -> None:
         running = scheduler.submit(_request(tiny_engine, 0, max_tokens=100_000))
         await running.__anext__()  # it is running now
         queued = scheduler.submit(_request(tiny_engine, 1, max_tokens=2))
-        with pytest.raises(EngineBusy, match="max_queue=1"):
+        with pytest.raises(EngineBusy, match="max_queue=1") as busy:
             scheduler.submit(_request(tiny_engine, 2))
+        assert busy.value.retry_after_s >= 1.0  # when the queued one is expected to start, a second at least
         running.cancel()
         events = await asyncio.wait_for(_collect(queued), 30)
         assert events[-1].finish_reason == "length"
@@ -373,3 +375,100 @@ async def test_cancel_during_the_prompt_pass_stops_at_a_layer_and_the_worker_clo
     assert layers_read in ([0, 1], [0, 1, 2])
     assert closed_by == ["blendrag-engine"]
     assert "failed" not in caplog.text
+
+
+async def test_the_scheduler_measures_what_its_wait_estimate_needs(tiny_engine) -> None:
+    async with Scheduler(tiny_engine, max_queue=4, max_running=2) as scheduler:
+        rates = scheduler.rates
+        assert rates.prompt_rate("blend") is None and rates.step_s(1) is None
+        idle = AdmissionEstimate(wait_s=0.0, slot_s=0.0, num_waiting=0, num_running=0)
+        assert scheduler.admission() == idle  # nothing ahead: no rate needed
+        events = await asyncio.wait_for(_collect(scheduler.submit(_request(tiny_engine, 0, max_tokens=4))), 30)
+        assert events[-1].finish_reason == "length"
+        await asyncio.to_thread(scheduler.precompute_chunks, random_chunks([12], seed=7))
+        blend, full, step = rates.prompt_rate("blend"), rates.prompt_rate("full"), rates.step_s(1)
+        assert blend is not None and blend > 0 and full is not None and full > 0 and step is not None and step > 0
+        assert rates.expected_decode_tokens(10, 0) == 10  # the answer used its whole limit (ignore_eos)
+        assert scheduler.admission() == idle
+
+
+async def test_a_wait_over_max_queue_wait_s_is_refused_with_when_it_would_fit(tiny_engine) -> None:
+    release = threading.Event()
+
+    class GatedSource(InMemoryLayerReader):
+        """Blocks the prompt pass at its first layer until the test lets it go."""
+
+        def layer(self, layer_idx: int):
+            release.wait(30)
+            return super().layer(layer_idx)
+
+    req = _request(tiny_engine, 0, max_tokens=2)
+    req = dataclasses.replace(req, kv_reader=GatedSource(req.kv_reader._chunks))
+    async with Scheduler(tiny_engine, max_queue=4, max_running=2, max_queue_wait_s=60.0) as scheduler:
+        # A machine that computes a hundredth of a token a second: the pass in the way (its suffix and 11 of its 35
+        # context tokens fresh) takes over 1,200 s, far past the limit however long the test itself takes.
+        scheduler.rates.seed_full_rate(0.01)
+        try:
+            stream = scheduler.submit(req)
+            await _wait_until(lambda: scheduler.num_prompt_passes == 1)
+            wait_s = scheduler.admission().wait_s
+            assert wait_s is not None and wait_s > 1000
+            refusal = scheduler.refusal()
+            assert refusal is not None and refusal.retry_after_s > 1000 - 60
+            with pytest.raises(EngineBusy, match=r"max_queue_wait_s=60\)") as refused:
+                scheduler.submit(_request(tiny_engine, 1, max_tokens=2))
+            assert refused.value.retry_after_s > 1000 - 60
+            assert scheduler.num_waiting == 0  # refused although the queue has room
+        finally:
+            release.set()
+        events = await asyncio.wait_for(_collect(stream), 30)
+        assert events[-1].finish_reason == "length"
+
+
+async def test_decoding_steps_less_often_during_a_pass_while_other_questions_wait(tiny_engine, monkeypatch) -> None:
+    """The worker's clock advances 0.1 s per layer the slow pass reads (and nowhere else): with nobody else
+    waiting the decoding request steps at every layer boundary (0.1 s ≥ DECODE_DURING_PROMPT_S); while another
+    question waits, only once DECODE_WHILE_QUESTIONS_WAIT_S (0.15 s) has passed, so at every other boundary."""
+    from engine import scheduler as scheduler_module
+
+    clock = [0.0]
+    in_pass = threading.Event()
+    monkeypatch.setattr(scheduler_module.time, "perf_counter", lambda: clock[0])
+
+    class ClockedSource(InMemoryLayerReader):
+        def layer(self, layer_idx: int):
+            in_pass.set()
+            clock[0] += 0.1
+            return super().layer(layer_idx)
+
+    async def steps_during_pass(with_waiting: bool) -> int:
+        steps = [0]
+        original = Scheduler._decode_step
+
+        def counting(self):  # type: ignore[no-untyped-def]
+            if in_pass.is_set():
+                steps[0] += 1
+            return original(self)
+
+        monkeypatch.setattr(Scheduler, "_decode_step", counting)
+        in_pass.clear()
+        slow = _request(tiny_engine, 1, max_tokens=1)
+        slow = dataclasses.replace(slow, kv_reader=ClockedSource(slow.kv_reader._chunks))
+        async with Scheduler(tiny_engine, max_queue=4, max_running=2) as scheduler:
+            running = scheduler.submit(_request(tiny_engine, 0, max_tokens=100_000))
+            await running.__anext__()  # decoding
+            slow_stream = scheduler.submit(slow)
+            # max_running=2: this one waits for its pass until the running request ends.
+            waiting = scheduler.submit(_request(tiny_engine, 2, max_tokens=1)) if with_waiting else None
+            slow_events = await asyncio.wait_for(_collect(slow_stream), 60)
+            in_pass.clear()
+            running.cancel()
+            if waiting is not None:
+                await asyncio.wait_for(_collect(waiting), 60)
+        assert slow_events[-1].finish_reason == "length"
+        return steps[0]
+
+    num_layers = tiny_engine.num_layers
+    # Boundaries between the pass's layers, plus the decode step the worker takes right after the pass.
+    assert await steps_during_pass(with_waiting=False) == (num_layers - 1) + 1
+    assert await steps_during_pass(with_waiting=True) == (num_layers - 1) // 2 + 1

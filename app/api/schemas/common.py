@@ -50,6 +50,12 @@ class OpenAIErrorOut(BaseModel):
 
 API_KEY_REQUIRED = "API key required"
 MODELS_LOADING = "Models still loading"
+# What every key check (app/api/deps.py) may answer on any route behind it: 429 past an address's wrong-key
+# budget, 503 for a collection key before the catalog is open (and for a route's services before start-up).
+GUARD_ERRORS = {
+    429: "Too many requests with a wrong API key from this address; see Retry-After",
+    503: MODELS_LOADING,
+}
 # What `guard_questions` (app/api/deps.py) answers, for the routers behind it.
 QUESTION_GUARD_ERRORS = {
     401: "API key required (`server.protect_ask`, or collection keys exist)",
@@ -57,10 +63,26 @@ QUESTION_GUARD_ERRORS = {
 }
 
 
+# Every 429 and 503 carries it (app/api/errors.py `retry_after`): a rate limit's refill, a busy engine's estimate
+# of when a place in its queue frees (engine/admission.py), a few seconds while the server starts.
+RETRY_AFTER_HEADER: dict[str, Any] = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying: when the rate limit's bucket has refilled (429), when the "
+        "engine expects a place in its queue to be free (503 busy), or a few while the server starts (503)",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+RETRY_STATUSES = (429, 503)  # the statuses that carry Retry-After
+
+
 def error_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """A route's (or router's) `responses=` for its error statuses: each answers a `detail` body, 422 with
-    the per-field `errors` too."""
-    return {
-        status: {"model": ValidationErrorOut if status == 422 else ErrorOut, "description": description}
-        for status, description in descriptions.items()
-    }
+    the per-field `errors` too, 429 and 503 a Retry-After header."""
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status, description in descriptions.items():
+        entry: dict[str, Any] = {"model": ValidationErrorOut if status == 422 else ErrorOut, "description": description}
+        if status in RETRY_STATUSES:
+            entry["headers"] = RETRY_AFTER_HEADER
+        responses[status] = entry
+    return responses

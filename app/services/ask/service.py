@@ -1,6 +1,7 @@
 """AskService: a question's flow, top to bottom, one stage per step of `admit`.
 
-1. refuse early when the engine is full (`AskBusy`, before any retrieval or database read);
+1. refuse early when the engine is full (`AskBusy` with the engine's estimate of when to retry, before any
+   retrieval or database read);
 2. open the conversation the request names (`ConversationNotFound` for one the caller may not open);
 3. plan: the follow-up's retrieval query (`followup.py`), retrieval (ready chunks only), the prompt's
    layout with the earlier turns that fit (`prompt.py`) → `AskPlan`;
@@ -121,16 +122,16 @@ class AskService:
     async def admit(self, request: AskRequest) -> Answer:
         """Stages 1-5: once this returns the engine has accepted the request and `Answer.events()` streams it.
 
-        Raises, before anything is sent to the client: AskBusy (the engine's queue is full: early, or at the
-        binding check of the scheduler), ConversationNotFound, AskValidationError (a question or prompt too
-        long).
+        Raises, before anything is sent to the client: AskBusy (the engine's queue is full, or a new request's
+        wait over `engine.max_queue_wait_s`: early, or at the binding check of the scheduler),
+        ConversationNotFound, AskValidationError (a question or prompt too long).
         """
         from engine.types import EngineBusy
 
         # 1. Not binding (requests race between it and the scheduler), but it spares retrieval and the
         # database; the scheduler's own check at submit is the binding one.
-        if self._scheduler.num_waiting >= self._scheduler.max_queue:
-            raise AskBusy(BUSY)
+        if (busy := self._scheduler.refusal()) is not None:
+            raise AskBusy(BUSY, busy.retry_after_s)
         in_force = self._engine.settings  # the operator's settings with the blend in force (app/calibration)
         settled = None
         try:
@@ -150,7 +151,7 @@ class AskService:
             await answer.open_and_submit(readmit=False)  # 4. and 5.
         except EngineBusy as exc:  # the scheduler's queue, or a follow-up's rewrite, found the engine full
             self._recorder.count(settled.mode if settled is not None else requested_mode(request, in_force), "busy")
-            raise AskBusy(f"{BUSY} ({exc})") from exc
+            raise AskBusy(f"{BUSY} ({exc})", exc.retry_after_s) from exc
         return answer
 
     async def plan(self, request: AskRequest) -> AskPlan:

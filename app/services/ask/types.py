@@ -28,7 +28,13 @@ class AskValidationError(ValueError):
 
 
 class AskBusy(RuntimeError):
-    """The engine's queue is full: HTTP 503 with Retry-After (checked before any response starts)."""
+    """The engine refuses the question (its queue is full, or the wait would be too long): HTTP 503 with
+    Retry-After (checked before any response starts). `retry_after_s`: the engine's estimate of when a retry
+    may be admitted (engine/admission.py)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)

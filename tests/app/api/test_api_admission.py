@@ -106,7 +106,7 @@ def test_concurrent_asks_are_503_or_a_whole_answer_never_200_then_busy(tight_ser
     answered = [o for o in outcomes if o.status == 200]
     assert len(refused) + len(answered) == 8
     assert len(answered) >= 1 and len(refused) >= 1
-    assert all(o.retry_after == "1" for o in refused)
+    assert all(o.retry_after is not None and int(o.retry_after) >= 1 for o in refused)  # the engine's estimate
     for o in answered:
         assert o.error_codes == [], o  # no "200, then error: busy"
         assert o.events[0] == "sources" and o.events[-1] == "done"

@@ -62,13 +62,15 @@ def test_full_engine_answers_503_then_recovers(busy_server: LiveServer) -> None:
         refused = http.post("/ask", json=short)
         assert refused.status_code == 503
         assert refused.json() == {"detail": "the engine is busy, retry shortly"}
-        assert refused.headers["retry-after"] == "1"
+        # The engine's estimate of when the queued question starts (tests/app/api/test_api_retry_after.py checks
+        # exact values on a stubbed estimate): whole seconds, at least one.
+        assert int(refused.headers["retry-after"]) >= 1
         assert http.post("/ask", json={**short, "stream": False}).status_code == 503
         chat = http.post(
             "/v1/chat/completions",
             json={"model": "blendrag", "messages": [{"role": "user", "content": "q"}], "stream": True},
         )
-        assert chat.status_code == 503
+        assert chat.status_code == 503 and int(chat.headers["retry-after"]) >= 1
         assert chat.json()["error"] == {
             "message": "the engine is busy, retry shortly",
             "type": "server_error",

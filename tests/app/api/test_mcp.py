@@ -249,10 +249,13 @@ async def test_the_question_tools_share_the_question_routes_rate_limit(make_fast
             third = error_text(await client.call_tool("search", {"question": IN_CORPUS}))
             listed = await client.call_tool("list_collections", {})  # not a question: not limited
     assert (first.is_error, second.is_error, listed.is_error) == (False, False, False)
-    assert third == (
+    refusal, _, wait = third.partition("; retry after ")
+    assert refusal == (
         "too many questions: at most 1 per minute, 2 at once, per API key (or IP address); retry later "
         "(429 Too Many Requests)"
     )
+    # The 429's Retry-After: seconds until the bucket refills one question (at most a minute at 1 a minute).
+    assert wait.endswith(" s") and 1 <= int(wait.removesuffix(" s")) <= 60
 
 
 async def test_before_start_up_has_built_the_services_a_call_says_so(tmp_path: Path) -> None:
@@ -270,7 +273,7 @@ async def test_before_start_up_has_built_the_services_a_call_says_so(tmp_path: P
         async with http_client(server.url, ADMIN_KEY) as client:
             assert [t.name for t in (await client.list_tools()).tools] == TOOL_NAMES
             loading = [error_text(await client.call_tool(name, args)) for name, args in TOOL_CALLS]
-    assert loading == ["models are still loading (503 Service Unavailable)"] * len(TOOL_CALLS)
+    assert loading == ["models are still loading (503 Service Unavailable); retry after 5 s"] * len(TOOL_CALLS)
 
 
 TOOL_CALLS = [
