@@ -427,48 +427,58 @@ async def test_a_wait_over_max_queue_wait_s_is_refused_with_when_it_would_fit(ti
 
 async def test_decoding_steps_less_often_during_a_pass_while_other_questions_wait(tiny_engine, monkeypatch) -> None:
     """The worker's clock advances 0.1 s per layer the slow pass reads (and nowhere else): with nobody else
-    waiting the decoding request steps at every layer boundary (0.1 s ≥ DECODE_DURING_PROMPT_S); while another
-    question waits, only once DECODE_WHILE_QUESTIONS_WAIT_S (0.15 s) has passed, so at every other boundary."""
+    waiting the decoding request steps at every boundary between the pass's layers (0.1 s ≥
+    DECODE_DURING_PROMPT_S); while another question waits, only once DECODE_WHILE_QUESTIONS_WAIT_S (0.15 s) has
+    passed, so at every other boundary."""
     from engine import scheduler as scheduler_module
 
     clock = [0.0]
-    in_pass = threading.Event()
     monkeypatch.setattr(scheduler_module.time, "perf_counter", lambda: clock[0])
+    steps: list[int] = [0]
+    at_first_layer: list[int] = []  # decode steps taken before the pass read its first layer
+    at_last_layer: list[int] = []  # … and its last
+
+    queued = threading.Event()  # the pass reads its first layer only once the test has queued what it queues
 
     class ClockedSource(InMemoryLayerReader):
         def layer(self, layer_idx: int):
-            in_pass.set()
+            assert queued.wait(30)
+            if not at_first_layer:
+                at_first_layer.append(steps[0])
             clock[0] += 0.1
+            if layer_idx == tiny_engine.num_layers - 1:
+                at_last_layer.append(steps[0])
             return super().layer(layer_idx)
 
+    original = Scheduler._decode_step
+
+    def counting(self):  # type: ignore[no-untyped-def]
+        steps[0] += 1
+        return original(self)
+
+    monkeypatch.setattr(Scheduler, "_decode_step", counting)
+
     async def steps_during_pass(with_waiting: bool) -> int:
-        steps = [0]
-        original = Scheduler._decode_step
-
-        def counting(self):  # type: ignore[no-untyped-def]
-            if in_pass.is_set():
-                steps[0] += 1
-            return original(self)
-
-        monkeypatch.setattr(Scheduler, "_decode_step", counting)
-        in_pass.clear()
         slow = _request(tiny_engine, 1, max_tokens=1)
         slow = dataclasses.replace(slow, kv_reader=ClockedSource(slow.kv_reader._chunks))
         async with Scheduler(tiny_engine, max_queue=4, max_running=2) as scheduler:
             running = scheduler.submit(_request(tiny_engine, 0, max_tokens=100_000))
             await running.__anext__()  # decoding
             slow_stream = scheduler.submit(slow)
-            # max_running=2: this one waits for its pass until the running request ends.
+            # max_running=2: this one waits for its pass until a running request ends.
             waiting = scheduler.submit(_request(tiny_engine, 2, max_tokens=1)) if with_waiting else None
+            queued.set()
             slow_events = await asyncio.wait_for(_collect(slow_stream), 60)
-            in_pass.clear()
             running.cancel()
             if waiting is not None:
                 await asyncio.wait_for(_collect(waiting), 60)
         assert slow_events[-1].finish_reason == "length"
-        return steps[0]
+        queued.clear()
+        # Only the steps between the pass's layers (the worker steps before the pass starts as well).
+        return at_last_layer.pop() - at_first_layer.pop()
 
-    num_layers = tiny_engine.num_layers
-    # Boundaries between the pass's layers, plus the decode step the worker takes right after the pass.
-    assert await steps_during_pass(with_waiting=False) == (num_layers - 1) + 1
-    assert await steps_during_pass(with_waiting=True) == (num_layers - 1) // 2 + 1
+    # Between the pass's first and last stored layer there are num_layers - 1 boundaries, each 0.1 s on the worker's
+    # clock after the last: a step at each while nobody else waits, at every other one while a question waits.
+    boundaries = tiny_engine.num_layers - 1
+    assert await steps_during_pass(with_waiting=False) == boundaries
+    assert await steps_during_pass(with_waiting=True) == boundaries // 2
