@@ -601,7 +601,7 @@ async def _run(
         gguf = args.gguf or _model_gguf(args)
         prompts = llama_prompts(args.model, args.models_dir, sources)
         facts["llama_prompts_same_length"] = same_length(prompts, sources)
-        facts["llama_server"] = {"binary": str(args.llama_server), "gguf": gguf.name, "slot_ctx": args.llama_slot_ctx}
+        facts["llama_server"] = {"binary": args.llama_server.name, "gguf": gguf.name, "slot_ctx": args.llama_slot_ctx}
         for parallel in parallels:
             process = start_llama_server(args, root, gguf, parallel)
             try:
@@ -711,6 +711,5 @@ def plot(result: dict[str, Any], path: Path) -> None:
         fig,
         path,
         result,
-        f"{result['model']}, answers ≤ {result['max_tokens']} tokens, {result['duration_s']:.0f} s per point, "
-        f"think {result['think_s']} s",
+        f"answers ≤ {result['max_tokens']} tokens, {result['duration_s']:.0f} s per point, think {result['think_s']} s",
     )
