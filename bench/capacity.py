@@ -61,6 +61,9 @@ REPO = Path(__file__).resolve().parents[1]
 QUESTION_TEMPLATE = "How do I use `{name}`? Explain what it does and show a short example."
 _HEADING = re.compile(r"^##\s+([A-Za-z_][\w.]*)", re.MULTILINE)
 READY_TIMEOUT_S = 900.0
+# What the result records of the server it measured (its /api/stats): the model, its compute dtype, the mode a
+# question gets and the blend settings in force.
+SERVER_FACTS = ("model", "compute", "default_mode", "default_recompute_ratio", "blend_settings")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -580,20 +583,22 @@ async def _run(
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=timeout) as http:
             await _ingest(http, pages)
-            facts["server"] = (await http.get("/api/stats")).json().get("engine", {})
+            stats = (await http.get("/api/stats")).json()
+            facts["server"] = {key: stats.get(key) for key in SERVER_FACTS}
             for mode in modes:
                 target = BlendragTarget(mode, http, None if mode == "default" else mode, args.max_tokens, sources)
                 await target.ask(0, "What does this documentation cover?", max_tokens=8)  # warm-up, untimed
                 targets[mode] = await _phases(target, server.proc.pid, client_counts, slices, args)
-            # Every question llama.cpp will be asked needs the passages our server gives it: /ask's retrieval
-            # alone (the MCP `search` tool) for those no phase asked. A question /ask answered keeps the
-            # sources it streamed, and `searched_as_asked` checks the two agree.
-            searched = {q: await search_sources(http, q) for part in slices for q in part}
-            facts["searched_as_asked"] = {
-                "checked": sum(q in sources for q in searched),
-                "same": sum(sources[q].texts == searched[q].texts for q in searched if q in sources),
-            }
-            sources = {q: sources.get(q, searched[q]) for q in searched}
+            if parallels:
+                # Every question llama.cpp will be asked needs the passages our server gives it: /ask's retrieval
+                # alone (the MCP `search` tool) for those no phase asked. A question /ask answered keeps the
+                # sources it streamed, and `searched_as_asked` checks the two agree.
+                searched = {q: await search_sources(http, q) for part in slices for q in part}
+                facts["searched_as_asked"] = {
+                    "checked": sum(q in sources for q in searched),
+                    "same": sum(sources[q].texts == searched[q].texts for q in searched if q in sources),
+                }
+                sources = {q: sources.get(q, searched[q]) for q in searched}
     finally:
         server.stop()
 

@@ -170,6 +170,8 @@ def test_capacity_end_to_end_through_a_real_server(run_bench, tmp_path: Path) ->
     )  # fmt: skip
     assert code == 0 and png.is_file()
     assert result["facts"]["pages"] == 2 and result["facts"]["llama_server"] == "skipped: --no-llamacpp"
+    server = result["facts"]["server"]
+    assert server["compute"]["dtype"] == "float32" and server["default_mode"] == "blend"
     assert list(result["targets"]) == ["default", "full"]
     for per_n in result["targets"].values():
         assert list(per_n) == ["1", "2"]

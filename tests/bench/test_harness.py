@@ -16,9 +16,9 @@ def test_every_subcommand_has_the_common_options() -> None:
     commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     assert {"ttft", "quality", "frontier", "profile", "peers", "baseline-llamacpp"} <= set(commands)
     for name, sub in commands.items():
-        # scaleout: a cluster of processes; followup and relevance: retrieval alone; random-model writes a
-        # checkpoint. None samples a dataset for an engine.
-        if name in ("scaleout", "followup", "relevance", "random-model"):
+        # scaleout: a cluster of processes; capacity: a server process asked over docs pages; followup and
+        # relevance: retrieval alone; random-model writes a checkpoint. None samples a dataset for an engine.
+        if name in ("scaleout", "capacity", "followup", "relevance", "random-model"):
             continue
         args = sub.parse_args([])
         assert {"dataset", "examples", "passages", "seed", "out", "model", "dtype", "threads"} <= set(vars(args)), name

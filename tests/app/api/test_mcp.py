@@ -380,3 +380,14 @@ def _first_leaf(exc: BaseException) -> BaseException:
 def _stdio(params: StdioServerParameters, errlog: TextIO) -> Any:
     """The SDK's stdio transport, the server's stderr kept in `errlog`."""
     return stdio_client(params, errlog=errlog)
+
+
+async def test_bench_capacity_gives_llama_cpp_the_passages_ask_gives(served: Served) -> None:
+    """`bench capacity` reads each question's sources through the `search` tool to lay out llama.cpp's prompt."""
+    from bench.capacity import search_sources
+
+    headers = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    async with httpx.AsyncClient(base_url=served.url, headers=headers) as http:
+        got = await search_sources(http, IN_CORPUS)
+    expected = [source["text"] for source in await _sources(served, IN_CORPUS)]
+    assert got.texts == expected and len(expected) == 2
