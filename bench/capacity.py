@@ -38,17 +38,18 @@ import os
 import random
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from bench import harness
+from bench.cluster import Process, free_port
 from bench.metrics import percentile
 from bench.throughput import RSSSampler
 
@@ -147,7 +148,7 @@ def summarize(answers: Sequence[Answer], window_s: float) -> dict[str, Any]:
             sum(a.completion_tokens or 0 for a in ok) / len(ok) if ok else None, digits=1
         ),
         "prompt_tokens_mean": _rounded(sum(a.prompt_tokens or 0 for a in ok) / len(ok) if ok else None, digits=1),
-        "finish_reasons": _counts(a.finish_reason or "?" for a in ok),
+        "finish_reasons": dict(Counter(a.finish_reason or "?" for a in ok)),
         "status_429": sum(a.status == 429 for a in answers),
         "status_503": sum(a.status == 503 for a in answers),
         "status_5xx_other": sum(500 <= a.status < 600 and a.status != 503 for a in answers),
@@ -160,13 +161,6 @@ def summarize(answers: Sequence[Answer], window_s: float) -> dict[str, Any]:
 def _rounded(value: float | None, digits: int = 3) -> float | None:
     """Rounded; None for no value (percentile's NaN of an empty list too: JSON has no NaN)."""
     return None if value is None or math.isnan(value) else round(value, digits)
-
-
-def _counts(items: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        counts[item] = counts.get(item, 0) + 1
-    return counts
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -361,34 +355,7 @@ def retry_after_s(header: str | None) -> float:
 # Processes: our server and llama.cpp's
 
 
-@dataclass
-class ServerProcess:
-    name: str
-    proc: subprocess.Popen[bytes]
-    port: int
-    log: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-
-
-def _free_port() -> int:
-    from bench.cluster import free_port
-
-    return free_port()
-
-
-def wait_http_ok(process: ServerProcess, path: str, timeout_s: float = READY_TIMEOUT_S) -> None:
+def wait_http_ok(process: Process, path: str, timeout_s: float = READY_TIMEOUT_S) -> None:
     import httpx
 
     deadline = time.monotonic() + timeout_s
@@ -426,13 +393,13 @@ def blendrag_env(args: argparse.Namespace) -> dict[str, str]:
     return env
 
 
-def start_blendrag(args: argparse.Namespace, root: Path) -> ServerProcess:
-    port = _free_port()
+def start_blendrag(args: argparse.Namespace, root: Path) -> Process:
+    port = free_port()
     log = root / "blendrag-serve.log"
     command = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--data-dir", str(root / "data")]
     proc = subprocess.Popen(command, cwd=REPO, env=blendrag_env(args), stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    process = ServerProcess("blendrag serve", proc, port, log)
+    process = Process("blendrag serve", proc, log, port)
     wait_http_ok(process, "/ready")
     return process
 
@@ -454,13 +421,13 @@ def llama_server_command(binary: Path, gguf: Path, port: int, threads: int, para
     ]  # fmt: skip
 
 
-def start_llama_server(args: argparse.Namespace, root: Path, gguf: Path, parallel: int) -> ServerProcess:
-    port = _free_port()
+def start_llama_server(args: argparse.Namespace, root: Path, gguf: Path, parallel: int) -> Process:
+    port = free_port()
     log = root / f"llama-server-np{parallel}.log"
     threads = args.threads or os.cpu_count() or 1
     command = llama_server_command(args.llama_server, gguf, port, threads, parallel, args.llama_slot_ctx)
     proc = subprocess.Popen(command, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    process = ServerProcess(f"llama-server (-np {parallel})", proc, port, log)
+    process = Process(f"llama-server (-np {parallel})", proc, log, port)
     wait_http_ok(process, "/health")
     return process
 

@@ -39,6 +39,17 @@ def _request(engine, i: int, max_tokens: int = 8, mode: str = "blend") -> Genera
     )
 
 
+def _gated(request: GenerationRequest, release: threading.Event) -> GenerationRequest:
+    """The request with a KV reader that blocks its prompt pass at its first layer until `release` is set."""
+
+    class GatedSource(InMemoryLayerReader):
+        def layer(self, layer_idx: int):
+            release.wait(30)
+            return super().layer(layer_idx)
+
+    return dataclasses.replace(request, kv_reader=GatedSource(request.kv_reader._chunks))
+
+
 async def _collect(stream) -> list:
     return [event async for event in stream]
 
@@ -168,15 +179,7 @@ async def test_source_error_keeps_its_cause(tiny_engine) -> None:
 async def test_queue_depth_counts_the_request_in_its_prompt_pass(tiny_engine) -> None:
     release = threading.Event()
 
-    class GatedSource(InMemoryLayerReader):
-        """Blocks the prompt pass at its first layer until the test lets it go."""
-
-        def layer(self, layer_idx: int):
-            release.wait(30)
-            return super().layer(layer_idx)
-
-    req = _request(tiny_engine, 0, max_tokens=2)
-    req = dataclasses.replace(req, kv_reader=GatedSource(req.kv_reader._chunks))
+    req = _gated(_request(tiny_engine, 0, max_tokens=2), release)
     async with Scheduler(tiny_engine, max_queue=4, max_running=2) as scheduler:
         assert scheduler.queue_depth == 0
         stream = scheduler.submit(req)
@@ -395,15 +398,7 @@ async def test_the_scheduler_measures_what_its_wait_estimate_needs(tiny_engine) 
 async def test_a_wait_over_max_queue_wait_s_is_refused_with_when_it_would_fit(tiny_engine) -> None:
     release = threading.Event()
 
-    class GatedSource(InMemoryLayerReader):
-        """Blocks the prompt pass at its first layer until the test lets it go."""
-
-        def layer(self, layer_idx: int):
-            release.wait(30)
-            return super().layer(layer_idx)
-
-    req = _request(tiny_engine, 0, max_tokens=2)
-    req = dataclasses.replace(req, kv_reader=GatedSource(req.kv_reader._chunks))
+    req = _gated(_request(tiny_engine, 0, max_tokens=2), release)
     async with Scheduler(tiny_engine, max_queue=4, max_running=2, max_queue_wait_s=60.0) as scheduler:
         # A machine that computes a hundredth of a token a second: the pass in the way (its suffix and 11 of its 35
         # context tokens fresh) takes over 1,200 s, far past the limit however long the test itself takes.
