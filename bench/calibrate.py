@@ -40,6 +40,8 @@ def main(args: argparse.Namespace) -> int:
     from app.calibration.search import parse_ratios, run_calibration
     from app.calibration.shipped import shipped_path
 
+    harness.refuse_ship_with_lead_in(args)
+
     run = harness.RunRecord()
     cases = tuple(int(x) for x in args.cases.split(","))
     tried_values = read_candidates(args.candidates) if args.candidates is not None else None

@@ -4,6 +4,10 @@ A study file is a JSON list of objects whose keys are blend settings (engine.con
 
     [{"recompute_ratio": 0.15}, {"recompute_ratio": 0.15, "sink_tokens": 4}, {"pool_window": 3}]
 
+One key is not a blend setting but a variant of ingest that only `bench frontier` studies: `stored_context`
+(plain, neighbour, unrelated or previous: which text each chunk's stored KV was computed behind,
+bench/stored_context.py; without it, the engine's own).
+
 Each candidate is the blend settings in force for the model (shipped or calibrated record, else safe) with
 the candidate's values set on top, as an operator's settings file would set them. `bench calibrate` measures
 them on the calibration set, `bench frontier` on held-out passages, `bench lookup` through /ask.
@@ -14,6 +18,10 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from bench.stored_context import STORED_CONTEXTS
+
+STUDY_FIELDS = ("stored_context",)  # candidate keys that are not blend settings
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -22,10 +30,13 @@ if TYPE_CHECKING:
     from engine.types import BlendConfig
 
 
-def read_candidates(path: Path) -> list[dict[str, Any]]:
+def read_candidates(path: Path, study_fields: bool = False) -> list[dict[str, Any]]:
     """The study's blend settings, each validated as a blend configuration here, before any model loads
-    (the calibration set's preparation alone takes minutes)."""
+    (the calibration set's preparation alone takes minutes). `study_fields`: whether the reader runs the study
+    keys (STUDY_FIELDS; only `bench frontier` does), else a candidate setting one is refused."""
     from engine.blend.config import BLEND_FIELDS, BlendConfig
+
+    allowed = set(BLEND_FIELDS) | (set(STUDY_FIELDS) if study_fields else set())
 
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
@@ -34,11 +45,16 @@ def read_candidates(path: Path) -> list[dict[str, Any]]:
     if not isinstance(values, list) or not values or not all(isinstance(v, dict) for v in values):
         raise SystemExit(f"--candidates {path}: expected a non-empty JSON list of objects")
     for v in values:
-        unknown = sorted(set(v) - set(BLEND_FIELDS))
+        unknown = sorted(set(v) - allowed)
         if unknown:
             raise SystemExit(f"--candidates {path}: not blend settings: {', '.join(unknown)}")
+        if v.get("stored_context", "plain") not in STORED_CONTEXTS:
+            raise SystemExit(
+                f"--candidates {path}: stored_context must be one of {', '.join(STORED_CONTEXTS)}, "
+                f"got {v['stored_context']!r}"
+            )
         try:
-            BlendConfig.model_validate(v)
+            BlendConfig.model_validate(blend_values(v))
         except ValueError as exc:  # pydantic's ValidationError is one
             raise SystemExit(f"--candidates {path}: {v}: {exc}") from exc
     keys = [json.dumps(v, sort_keys=True) for v in values]
@@ -48,9 +64,14 @@ def read_candidates(path: Path) -> list[dict[str, Any]]:
     return values
 
 
+def blend_values(values: dict[str, Any]) -> dict[str, Any]:
+    """A candidate's blend settings (its study keys left out)."""
+    return {key: value for key, value in values.items() if key not in STUDY_FIELDS}
+
+
 def apply_candidate(base: BlendConfig, values: dict[str, Any]) -> BlendConfig:
     """`base` (the settings in force) with the candidate's values set (lists as the config's tuples)."""
-    return base.replace(**values)
+    return base.replace(**blend_values(values))
 
 
 def candidate_name(values: dict[str, Any], config: BlendConfig) -> str:
@@ -78,7 +99,8 @@ def candidate_specs(engine: Engine, candidates: list[dict[str, Any]]) -> list[Mo
     specs = []
     for values in candidates:
         config = apply_candidate(base, values)
-        specs.append(ModeSpec(candidate_name(values, config), "blend", config))
+        stored_context = values.get("stored_context")
+        specs.append(ModeSpec(candidate_name(values, config), "blend", config, stored_context=stored_context))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
         raise SystemExit(f"--candidates: two candidates run the same settings: {names}")

@@ -23,6 +23,10 @@ reuse and one blend per candidate, each the settings in force for the model with
 on top, instead of the selector × ratio grid: variants such as sink tokens or a minimum per chunk compared on
 the same held-out prompts at the same budget.
 
+A candidate may also set `stored_context` (plain, neighbour, unrelated or previous): its chunks' stored KV
+computed behind the prefix and that text instead of behind the prefix alone, the variants of ingest that
+bench/stored_context.py describes; its prompt pass costs what any candidate's does.
+
 With `--question-first` every mode's prompt (full prefill's too) also states the question right after the
 prefix, before the chunks: `[prefix][question][chunks][question]`. The chunks' stored KV is still the KV
 computed behind the server's prefix alone (as ingest stores it), so the blend re-rotates it past the
@@ -45,6 +49,7 @@ from bench.metrics import mean
 from bench.passes import mode_specs, parse_ratios, run_pass
 from bench.prepared import PreparedPrompt, bench_prompts
 from bench.quality import evaluate, run_fields
+from bench.stored_context import ContextVariants
 
 if TYPE_CHECKING:
     from bench.data import BenchPrompt
@@ -219,7 +224,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     run = harness.RunRecord()
-    candidates = read_candidates(args.candidates) if args.candidates is not None else None
+    candidates = read_candidates(args.candidates, study_fields=True) if args.candidates is not None else None
     ratios = parse_ratios(args.ratios) if candidates is None else []
     selectors = args.selectors if candidates is None else []
     engine = harness.build_engine(args)
@@ -234,7 +239,8 @@ def main(args: argparse.Namespace) -> int:
     logger.info("frontier: %d examples × %d passages, %d modes", len(prompts), args.passages, len(specs))
     if args.warmup:
         _warm_up(engine, prompts[0], specs, args.kv_dtype, args.warmup)
-    evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens)
+    variants = ContextVariants(engine, prompts=prompts) if any(s.stored_context for s in specs) else None
+    evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens, variants=variants)
     names = [s.name for s in specs]
     study_values = {spec.name: values for spec, values in zip(study, candidates or [], strict=True)}
     timing = speed(evaluated["per_example"], names)

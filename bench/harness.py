@@ -111,6 +111,19 @@ def add_common_args(parser: argparse.ArgumentParser, *, dataset: Path, examples:
         choices=["auto", "same", "int8", "int4"],
         help="the weights decode reads (engine.decode_weights; default: the server's, auto)",
     )
+    parser.add_argument(
+        "--lead-in",
+        dest="chunk_lead_in",
+        action="store_true",
+        help="open every prompt's context with the lead-in (engine.chunk_lead_in; off in the server's defaults)",
+    )
+
+
+def refuse_ship_with_lead_in(args: argparse.Namespace) -> None:
+    """`--ship` writes what servers on their default settings read, and they run without the lead-in: a record or
+    check measured with `--lead-in` would speak for prompts they never build."""
+    if getattr(args, "ship", False) and getattr(args, "chunk_lead_in", False):
+        raise SystemExit("--ship records what servers run on their defaults, which have no lead-in: drop --lead-in")
 
 
 def add_out_arg(parser: argparse.ArgumentParser, out: str) -> None:
@@ -261,6 +274,8 @@ def build_engine(args: argparse.Namespace, **overrides: Any) -> Engine:
             overrides.setdefault(name, _layers(value) if name in ("score_layers", "check_layers") else value)
     if getattr(args, "decode_weights", None) is not None:
         overrides.setdefault("decode_weights", args.decode_weights)
+    if getattr(args, "chunk_lead_in", False):
+        overrides.setdefault("chunk_lead_in", True)
     settings = EngineSettings(model=args.model, num_threads=args.threads, dtype=args.dtype, **overrides)
     engine = Engine(settings, models_dir=args.models_dir)
     # The blend settings a server on this model starts with (shipped for it, else safe; the options above
@@ -343,6 +358,7 @@ def result_header(name: str, args: argparse.Namespace, engine: Engine | None = N
         header |= compute_dtype(engine)
         header["blend"] = blend_settings(engine)
         header["blend_origin"] = engine.blend_origin
+        header["chunk_lead_in"] = engine.settings.chunk_lead_in  # the prompt's lead-in (engine/prompt.py)
     header |= extra
     header.setdefault("machine", machine_info(engine))  # a server's own engine may have given them
     return header

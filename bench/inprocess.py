@@ -43,15 +43,17 @@ def bench_settings(data_dir: Path, model: str, models_dir: Path, threads: int | 
 
 
 def args_settings(data_dir: Path, args: Any, **sections: dict[str, Any]):
-    """`bench_settings` for a command's own --model, --models-dir, --threads, --decode-weights and --dtype (auto:
-    the server's choice for this machine; before, --dtype never reached the app, which computed in the CPU's
-    choice)."""
+    """`bench_settings` for a command's own --model, --models-dir, --threads, --decode-weights, --lead-in and
+    --dtype (auto: the server's choice for this machine; before, --dtype never reached the app, which computed in
+    the CPU's choice)."""
     dtype = getattr(args, "dtype", None)
     if dtype not in (None, "auto"):
         sections["engine"] = {"dtype": dtype} | sections.get("engine", {})
     decode_weights = getattr(args, "decode_weights", None)
     if decode_weights is not None:
         sections["engine"] = {"decode_weights": decode_weights} | sections.get("engine", {})
+    if getattr(args, "chunk_lead_in", False):  # --lead-in
+        sections["engine"] = {"chunk_lead_in": True} | sections.get("engine", {})
     return bench_settings(data_dir, args.model, args.models_dir, args.threads, **sections)
 
 

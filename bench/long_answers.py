@@ -173,6 +173,7 @@ def _ship(result: dict[str, Any], model: str) -> int:
         right_blend=blend["right"],
         blend=result["blend"],
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        chunk_lead_in=result.get("chunk_lead_in"),
     )
     try:
         path = record_long_answers_check(check, model_name(model), result["compute_dtype"], result["fingerprint"])
@@ -184,6 +185,7 @@ def _ship(result: dict[str, Any], model: str) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    harness.refuse_ship_with_lead_in(args)
     if args.ship and (args.docs_dir is not None or args.as_written or args.questions is not None):
         raise SystemExit("--ship records the built-in docs questions, all of them, with the how-to request")
     run = harness.RunRecord()

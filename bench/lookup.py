@@ -283,6 +283,7 @@ def _ship_similar_check(result: dict[str, Any], engine: Any) -> int:
         blend=result["blend"],
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
         shape=result["shape"],
+        chunk_lead_in=result.get("chunk_lead_in"),
     )
     try:
         path = record_similar_check(
@@ -296,6 +297,7 @@ def _ship_similar_check(result: dict[str, Any], engine: Any) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
+    harness.refuse_ship_with_lead_in(args)
     if args.ship and (args.distractors != "similar" or args.part != "check" or args.candidates is not None):
         raise SystemExit("--ship records the check part of --distractors similar, without --candidates")
     run = harness.RunRecord()

@@ -36,6 +36,8 @@ class ModeSpec:
     name: str
     mode: Mode
     blend: BlendConfig | None = None
+    # A study's variant of the chunks' stored KV (bench/stored_context.py); None: as the engine stores it.
+    stored_context: str | None = None
 
     @property
     def uses_cache(self) -> bool:

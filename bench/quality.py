@@ -40,6 +40,7 @@ from bench.prepared import PreparedPrompt, bench_prompts
 
 if TYPE_CHECKING:
     from bench.data import BenchPrompt
+    from bench.stored_context import ContextVariants
     from engine.engine import Engine
 
 logger = logging.getLogger(__name__)
@@ -77,15 +78,22 @@ def evaluate(
     kv_dtype: str,
     max_tokens: int,
     compare_uncontrolled: bool = False,
+    variants: ContextVariants | None = None,
 ) -> dict[str, Any]:
-    """Run every mode on every prompt; returns the aggregate `modes`, `no_context` and `per_example`."""
+    """Run every mode on every prompt; returns the aggregate `modes`, `no_context` and `per_example`.
+
+    A spec with a `stored_context` reads its chunks' KV of that variant (`variants` computes it)."""
     if not specs or specs[0].name != "full":
         raise ValueError("the first mode must be full (the reference)")
+    kinds = sorted({s.stored_context for s in specs if s.uses_cache and s.stored_context is not None})
+    if kinds and variants is None:
+        raise ValueError(f"modes read stored KV variants ({', '.join(kinds)}) but no ContextVariants was given")
     per_example: list[dict[str, Any]] = []
     for n, bp in enumerate(prompts, 1):
         t0 = time.perf_counter()
         answers = bp.example.answers
         kvs = PreparedPrompt.compute(engine, bp)
+        prepared = {None: kvs} | {kind: variants.prepare(bp, kind) for kind in kinds}  # type: ignore[union-attr,arg-type]
         bare = engine.prompt.layout([], bp.example.question)
         nc = run_pass(engine, bare, None, ModeSpec("full", "full"), bp.answer_ids, max_tokens)
         record: dict[str, Any] = {
@@ -103,8 +111,9 @@ def evaluate(
         }
         full = None
         for spec in specs:
-            source = kvs.source(kv_dtype) if spec.uses_cache else None
-            out = run_pass(engine, bp.layout, source, spec, bp.answer_ids, max_tokens, compare_uncontrolled)
+            variant = prepared[spec.stored_context] if spec.uses_cache else kvs
+            source = variant.source(kv_dtype) if spec.uses_cache else None
+            out = run_pass(engine, variant.layout, source, spec, bp.answer_ids, max_tokens, compare_uncontrolled)
             row: dict[str, Any] = {
                 "answer": out.answer_text,
                 "f1": max_f1(out.answer_text, answers),

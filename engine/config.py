@@ -59,6 +59,14 @@ class EngineSettings(BaseModel):
         default="Question: {question}",
         description="suffix text before the template closes the user turn; must contain {question}",
     )
+    chunk_lead_in: bool = Field(
+        default=False,
+        description="open every prompt's context with a fixed lead-in text (engine/prompt.py LEAD_IN), part of the "
+        "prefix, so every chunk's stored KV is computed behind some text rather than as the first words of the "
+        "user's turn: closer to full prefill at every recompute ratio on nq6, but it cost look-ups among similar "
+        "pages (6 of 12 against 11 at the bfloat16 record's 0.25), so it is off (docs/benchmarks.md, 'Stored KV "
+        "behind other text'). A change makes stored chunk KV stale",
+    )
 
     mode: Mode = Field(
         default="blend",

@@ -45,7 +45,7 @@ from engine.model import LoadedModel, ModelConfig, load_model
 from engine.models.resolve import ModelIdentity, ServedModel, parameters_label, resolve_model
 from engine.packed_linear import can_pack, pack_weights
 from engine.precompute import PrefixKV, precompute_chunks, precompute_prefix
-from engine.prompt import PromptBuilder
+from engine.prompt import LEAD_IN, PromptBuilder
 from engine.prompt_pass import LayerBoundary, prompt_pass
 from engine.types import (
     BlendConfig,
@@ -108,7 +108,12 @@ class Engine:
             self.decode_graphs = DecodeGraphs(capture=True)
         self.tokenizer = _load_tokenizer(path)
         self.eos_token_ids: frozenset[int] = _eos_ids(path, self.tokenizer)
-        self.prompt = PromptBuilder(self.tokenizer, settings.system_prompt, settings.question_template)
+        self.prompt = PromptBuilder(
+            self.tokenizer,
+            settings.system_prompt,
+            settings.question_template,
+            lead_in=LEAD_IN if settings.chunk_lead_in else "",
+        )
         self._pieces: dict[int, str] = {}  # token id -> its text (_token_piece)
         self._prefix_lock = threading.Lock()
         self._prefixes: OrderedDict[tuple[int, ...], PrefixKV] = OrderedDict()
@@ -202,21 +207,27 @@ class Engine:
         return self.precompute_chunks([chunk_ids], prefix_ids)[0]
 
     def precompute_chunks(
-        self, chunks: list[list[int]], prefix_ids: list[int] | None = None, max_batch_tokens: int | None = None
+        self,
+        chunks: list[list[int]],
+        prefix_ids: list[int] | None = None,
+        max_batch_tokens: int | None = None,
+        contexts: list[list[int]] | None = None,
     ) -> list[ChunkKV]:
         """Like precompute_chunk for many chunks; chunks of similar length are batched together, up to
-        `max_batch_tokens` per forward (default 4096 on a CPU, 32768 on an accelerator)."""
+        `max_batch_tokens` per forward (default 4096 on a CPU, 32768 on an accelerator). With `contexts`, chunk
+        i is computed behind the prefix and contexts[i] (engine.precompute.precompute_chunks)."""
         if max_batch_tokens is None:
             max_batch_tokens = 4096 if self.device.type == "cpu" else 32768
         prefix = self.prefix_kv(prefix_ids)
-        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))
+        lengths = [len(c) + (len(contexts[i]) if contexts is not None else 0) for i, c in enumerate(chunks)]
+        order = sorted(range(len(chunks)), key=lambda i: lengths[i])
         results: dict[int, ChunkKV] = {}
         batch: list[int] = []
         for i in [*order, None]:
-            if batch and (i is None or len(chunks[i]) * (len(batch) + 1) > max_batch_tokens):
-                for j, kv in zip(
-                    batch, precompute_chunks(self.transformer, prefix, [chunks[j] for j in batch]), strict=True
-                ):
+            if batch and (i is None or lengths[i] * (len(batch) + 1) > max_batch_tokens):
+                batch_contexts = None if contexts is None else [contexts[j] for j in batch]
+                kvs = precompute_chunks(self.transformer, prefix, [chunks[j] for j in batch], contexts=batch_contexts)
+                for j, kv in zip(batch, kvs, strict=True):
                     results[j] = kv
                 batch = []
             if i is not None:

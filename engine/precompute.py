@@ -46,15 +46,27 @@ def precompute_prefix(tf: Transformer, prefix_ids: list[int]) -> PrefixKV:
 
 @torch.no_grad()
 def precompute_chunks(
-    tf: Transformer, prefix: PrefixKV, chunks: list[list[int]], out_dtype: torch.dtype | None = None
+    tf: Transformer,
+    prefix: PrefixKV,
+    chunks: list[list[int]],
+    out_dtype: torch.dtype | None = None,
+    contexts: list[list[int]] | None = None,
 ) -> list[ChunkKV]:
     """Run prefix + chunk at positions 0…P+L-1 for several chunks at once (padded to the longest)
     and keep each chunk's rows of K before RoPE and V for every layer.
 
-    Padding sits after each chunk's last token, so the causal mask keeps it invisible to real tokens.
+    With `contexts`, chunk b runs behind prefix + contexts[b] (positions P…P+C_b-1 hold the context) and only
+    the chunk's own rows are kept: its KV as if it stood deeper in a prompt, after related text (the
+    cross-chunk variant; an empty context gives the plain KV). Padding sits after each sequence's last token,
+    so the causal mask keeps it invisible to real tokens.
     """
     if not chunks or any(len(c) == 0 for c in chunks):
         raise EngineError("precompute_chunks needs non-empty chunks")
+    if contexts is not None and len(contexts) != len(chunks):
+        raise EngineError(f"precompute_chunks: {len(contexts)} contexts for {len(chunks)} chunks")
+    offsets = [len(c) for c in contexts] if contexts is not None else [0] * len(chunks)
+    if contexts is not None:
+        chunks = [[*ctx, *chunk] for ctx, chunk in zip(contexts, chunks, strict=True)]
     cfg, p = tf.cfg, prefix.num_tokens
     bsz, longest = len(chunks), max(len(c) for c in chunks)
     out_dtype = out_dtype or tf.dtype
@@ -68,16 +80,16 @@ def precompute_chunks(
         ids[b, : len(chunk)] = ids_on(chunk, tf.device)
     outs = [
         ChunkKV(
-            k=torch.empty(cfg.num_layers, cfg.num_kv_heads, len(c), cfg.head_dim, dtype=out_dtype),
-            v=torch.empty(cfg.num_layers, cfg.num_kv_heads, len(c), cfg.head_dim, dtype=out_dtype),
+            k=torch.empty(cfg.num_layers, cfg.num_kv_heads, len(c) - skip, cfg.head_dim, dtype=out_dtype),
+            v=torch.empty(cfg.num_layers, cfg.num_kv_heads, len(c) - skip, cfg.head_dim, dtype=out_dtype),
         )
-        for c in chunks
+        for c, skip in zip(chunks, offsets, strict=True)
     ]
     rows = tf.rows(range(p, p + longest), kv_len=p + longest)
     h = tf.embed(ids)  # (B, L, hidden)
     for layer in range(cfg.num_layers):
         h, k_pre, v = tf.layer(layer, h, rows, cache, kv_only=layer == cfg.num_layers - 1)
-        for b, chunk in enumerate(chunks):
-            outs[b].k[layer] = k_pre[b, :, : len(chunk)]
-            outs[b].v[layer] = v[b, :, : len(chunk)]
+        for b, (chunk, skip) in enumerate(zip(chunks, offsets, strict=True)):
+            outs[b].k[layer] = k_pre[b, :, skip : len(chunk)]
+            outs[b].v[layer] = v[b, :, skip : len(chunk)]
     return outs

@@ -60,8 +60,25 @@ class _TurnTemplate:
     after: str  # end of the assistant turn + opening of the next user turn
 
 
+# The opening of every prompt's context, right after the template's opening (`engine.chunk_lead_in`): part of the
+# prefix, so every chunk's stored KV is computed behind it and a question's prompt holds it too. A chunk computed
+# right behind the system prompt opens the user's turn: its tokens put their attention on the prompt's first
+# tokens, and its keys draw more of a question's attention than the same keys do deep in a prompt of several
+# chunks, so a blend must recompute many rows to correct them. Behind some text first they are much closer to
+# what full prefill computes (docs/benchmarks.md, "Stored KV behind other text"), and the first chunk's KV stays
+# exact where it stands, as the lead-in stands before it in the prompt too.
+LEAD_IN = (
+    "This collection brings together passages from many sources: reference articles, manuals, reports, "
+    "documentation pages and notes. Each passage was taken from a longer text, so it may begin in the middle of a "
+    "topic and refer to things explained earlier in its document. The names, dates, figures, values and codes in "
+    "a passage belong to that passage and to the subject it describes. Passages on similar subjects can look "
+    "alike while their details differ.\n\n"
+)
+
+
 class PromptBuilder:
-    """Builds prefix, suffix and earlier-turn ids for one tokenizer + system prompt."""
+    """Builds prefix, suffix and earlier-turn ids for one tokenizer + system prompt. With a `lead_in` the prefix
+    ends with its ids: the user's turn opens with it, before the chunks."""
 
     def __init__(
         self,
@@ -71,6 +88,7 @@ class PromptBuilder:
         *,
         untrusted_system: bool = False,
         restate_system: bool | None = None,
+        lead_in: str = "",
     ):
         if "{question}" not in question_template:
             raise ValueError("question_template must contain '{question}'")
@@ -84,7 +102,8 @@ class PromptBuilder:
         # chunks' KV is unchanged.
         self._restate_system = untrusted_system if restate_system is None else restate_system
         opening, self._closing_text = self._split_template()
-        self.prefix_ids: list[int] = self._prefix_ids(opening)
+        self.lead_in = lead_in
+        self.prefix_ids: list[int] = self._prefix_ids(opening) + (self._encode(lead_in) if lead_in else [])
         self._turn = self._split_turn_template()
         self._client_lock = threading.Lock()
         self._client_builders: OrderedDict[str, PromptBuilder] = OrderedDict()
@@ -234,7 +253,9 @@ class PromptBuilder:
             if builder is not None:
                 self._client_builders.move_to_end(system_prompt)
                 return builder
-        builder = PromptBuilder(self.tokenizer, system_prompt, self.question_template, untrusted_system=True)
+        builder = PromptBuilder(
+            self.tokenizer, system_prompt, self.question_template, untrusted_system=True, lead_in=self.lead_in
+        )
         with self._client_lock:
             self._client_builders[system_prompt] = builder
             while len(self._client_builders) > _CLIENT_BUILDERS:

@@ -51,6 +51,9 @@ class LongAnswersCheck:
     right_blend: int
     blend: dict[str, Any]  # the default blend's settings (BlendConfig fields) the run asked with
     checked_at: str  # ISO 8601 UTC
+    # Whether the prompts opened their context with the lead-in (engine.chunk_lead_in); None: not recorded (runs
+    # before the setting existed, which had none).
+    chunk_lead_in: bool | None = None
 
     @property
     def repetition_full(self) -> int:

@@ -162,6 +162,7 @@ def calibrate(
                 "right_within": targets.right_within,
             },
             "kv_storage_dtype": kv_settings.storage_dtype,
+            "chunk_lead_in": engine.settings.chunk_lead_in,  # the prompts' lead-in (engine/prompt.py)
             "chosen": fig.to_dict(),
             "tried": tried,
         },

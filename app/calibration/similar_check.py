@@ -46,6 +46,9 @@ class SimilarCheck:
     blend: dict[str, Any]  # the default blend's settings (BlendConfig fields) the run asked with
     checked_at: str  # ISO 8601 UTC
     shape: str = "one"  # app/calibration/similar.py's shapes: "one" or "several" values a page
+    # Whether the prompts opened their context with the lead-in (engine.chunk_lead_in); None: not recorded (runs
+    # before the setting existed, which had none).
+    chunk_lead_in: bool | None = None
 
     @property
     def meets_target(self) -> bool:

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from engine.prompt import Turn
+from engine.prompt import LEAD_IN, Turn
 
 QUESTIONS = ["What is the capital of Zorblat?", "What colour are its rivers?", "When is its kite festival?"]
 SAMPLING = {"temperature": 1.0, "seed": 7, "max_tokens": 6}  # the random model's greedy text is only newlines
@@ -40,8 +40,9 @@ def _ask(client: TestClient, question: str, **body: Any) -> dict[str, Any]:
 
 
 def _expected_ids(client: TestClient, system: str | None, layout: Any, turns: list[Turn], question: str) -> list[int]:
-    """prefix + the prompt's chunk ids + the chat template's rendering of everything after them (a client's
-    system prompt restated after the question)."""
+    """prefix (the template's opening, then the lead-in if the engine opens the context with one) + the prompt's
+    chunk ids + the chat template's rendering of everything after them (a client's system prompt restated after
+    the question)."""
     engine = client.app.state.blendrag.services.engine
     tok = engine.tokenizer
     if system is not None:
@@ -57,7 +58,9 @@ def _expected_ids(client: TestClient, system: str | None, layout: Any, turns: li
     head = opening.split("\u2063")[0]
     assert rendered.startswith(head)
     tail = tok.encode(rendered[len(head) :], add_special_tokens=False)
-    return tok.encode(head, add_special_tokens=False) + [t for c in layout.retrieved_chunk_ids for t in c] + tail
+    lead_in = tok.encode(LEAD_IN, add_special_tokens=False) if engine.settings.chunk_lead_in else []
+    chunk_ids = [t for c in layout.retrieved_chunk_ids for t in c]
+    return tok.encode(head, add_special_tokens=False) + lead_in + chunk_ids + tail
 
 
 def test_three_turn_ask_and_v1_prompts_are_the_chat_template(
