@@ -235,18 +235,19 @@ def tool_error(message: str) -> types.CallToolResult:
 
 
 def refusal_message(exc: HTTPException) -> str:
-    """An HTTP refusal of the dependencies (401, 403, 429, 503) as a tool error's text. A tool error travels in
-    a 200, so a 429's or 503's Retry-After goes into the text."""
-    text = f"{exc.detail} ({exc.status_code} {HTTPStatus(exc.status_code).phrase})"
-    wait = (exc.headers or {}).get("Retry-After")
-    return f"{text}; retry after {wait} s" if wait is not None else text
+    """An HTTP refusal of the dependencies (401, 403, 429, 503) as a tool error's text."""
+    return _with_retry_after(f"{exc.detail} ({exc.status_code} {HTTPStatus(exc.status_code).phrase})", exc.headers)
 
 
 def busy_message(refused: Refused) -> str:
     """A busy engine's refusal as a tool error's text, with the Retry-After a 503 of /ask carries."""
-    headers = refused.headers or {}
-    wait = headers.get("Retry-After")
-    return f"{refused.message}; retry after {wait} s" if wait is not None else refused.message
+    return _with_retry_after(refused.message, refused.headers)
+
+
+def _with_retry_after(text: str, headers: dict[str, str] | None) -> str:
+    """A tool error travels in a 200, so a 429's or 503's Retry-After goes into its text."""
+    wait = (headers or {}).get("Retry-After")
+    return f"{text}; retry after {wait} s" if wait is not None else text
 
 
 async def call_tool(request: Request, name: str, arguments: dict[str, Any] | None) -> types.CallToolResult:

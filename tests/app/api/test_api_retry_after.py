@@ -42,22 +42,31 @@ def call_tool(client: TestClient, name: str, arguments: dict[str, Any]) -> dict[
     return response.json()["result"]
 
 
+def _routes_answering(
+    client: TestClient, spec: dict, status: int, *, retry_after: str, headers: dict[str, str] | None = None
+) -> list[tuple[str, str]]:
+    """Call every API route of `spec` (path parameters "x", body {}); each answering `status` must carry this
+    Retry-After and document `status` with a required Retry-After header. Returns those (METHOD, template)."""
+    answered = []
+    for template, operations in spec["paths"].items():  # every API route
+        path = re.sub(r"\{[^}]+\}", "x", template)
+        for method, operation in operations.items():
+            response = client.request(method.upper(), path, json={}, headers=headers)
+            if response.status_code != status:
+                continue
+            answered.append((method.upper(), template))
+            assert response.headers.get("retry-after") == retry_after, (method, path)
+            documented = operation["responses"].get(str(status))
+            assert documented is not None, f"{method} {template} answers {status} without documenting it"
+            assert documented["headers"]["Retry-After"]["required"] is True, (method, template)
+    return answered
+
+
 def test_every_503_before_start_up_says_when_to_retry(tmp_path: Path, tiny_llama_dir: Path) -> None:
     app = create_app(server_settings(tmp_path / "data", tiny_llama_dir))
     client = TestClient(app)  # no `with`: the lifespan never runs, as in the seconds while models load
     spec = client.get("/openapi.json").json()
-    refused = []
-    for template, operations in spec["paths"].items():  # every API route
-        path = re.sub(r"\{[^}]+\}", "x", template)
-        for method, operation in operations.items():
-            response = client.request(method.upper(), path, json={})
-            if response.status_code != 503:
-                continue
-            refused.append((method.upper(), template))
-            assert response.headers.get("retry-after") == "5", (method, path)
-            documented = operation["responses"].get("503")
-            assert documented is not None, f"{method} {template} answers 503 without documenting it"
-            assert documented["headers"]["Retry-After"]["required"] is True, (method, template)
+    refused = _routes_answering(client, spec, 503, retry_after="5")
     # The routes whose services are not built yet (and /ready itself) refuse: the walk saw them.
     assert ("POST", "/ask") in refused and ("POST", "/v1/chat/completions") in refused
     assert ("GET", "/ready") in refused and ("POST", "/ingest") in refused
@@ -73,18 +82,7 @@ def test_every_429_for_a_wrong_key_says_when_to_retry(tmp_path: Path, tiny_llama
     wrong = {"Authorization": "Bearer not-the-key"}
     assert client.get("/documents", headers=wrong).status_code == 401
     spec = client.get("/openapi.json").json()
-    limited = []
-    for template, operations in spec["paths"].items():
-        path = re.sub(r"\{[^}]+\}", "x", template)
-        for method, operation in operations.items():
-            response = client.request(method.upper(), path, json={}, headers=wrong)
-            if response.status_code != 429:
-                continue
-            limited.append((method.upper(), template))
-            assert response.headers.get("retry-after") == "15", (method, path)
-            documented = operation["responses"].get("429")
-            assert documented is not None, f"{method} {template} answers 429 without documenting it"
-            assert documented["headers"]["Retry-After"]["required"] is True, (method, template)
+    limited = _routes_answering(client, spec, 429, retry_after="15", headers=wrong)
     # Every route that checks a key: all but /health, /ready and /api/render.
     assert len(limited) == sum(len(ops) for ops in spec["paths"].values()) - 3
 
