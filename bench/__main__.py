@@ -34,6 +34,7 @@ from bench import (
     random_model,
     relevance,
     scaleout,
+    ship,
     throughput,
     ttft,
 )
@@ -63,6 +64,7 @@ SUBCOMMANDS: tuple[harness.Command, ...] = (
     harness.Command(profile, harness.DEFAULT_MUSIQUE, examples=1, passages=6, blend=True),
     harness.Command(peers, harness.DEFAULT_MUSIQUE, examples=5, passages=6, blend=True),
     harness.Command(calibrate, NO_DATASET, examples=0, passages=6),
+    harness.Command(ship, NO_DATASET, examples=0, passages=6),
     harness.Command(random_model),
 )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from app.calibration.check_parts import check_parts
 from app.calibration.record import BlendSettingsRecord
 from engine.blend.config import BlendConfig
 from engine.config import EngineSettings
@@ -47,12 +48,14 @@ class BlendInForce:
 
     def describe(self, in_force: EngineSettings) -> dict[str, Any]:
         """For /api/stats, the admin page and bench headers: the values of `in_force` (the engine's settings)."""
+        values = in_force.blend.model_dump(mode="json")
         return {
             "source": self.origin,  # the wire name /api/stats has always had
             "label": self.described,
             "operator_fields": list(self.operator_fields),
-            "values": in_force.blend.model_dump(mode="json"),
+            "values": values,
             "measured": self.record.measured.get("chosen") if self.record is not None else None,
+            "check_parts": [s.to_dict() for s in check_parts(self.record, values, in_force.chunk_lead_in)],
         }
 
 

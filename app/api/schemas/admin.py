@@ -98,12 +98,27 @@ class ServedModelOut(BaseModel):
     )
 
 
+class CheckPartOut(BaseModel):
+    name: str = Field(description="The record's measured key: similar_check, similar_several_check, long_answers_check")
+    title: str = Field(description="What the part asks, in words")
+    state: Literal["met", "other settings", "not run"] = Field(
+        description="met: checked on the settings in force; other settings: a setting in force differs from what "
+        "it ran on (differs_in); not run: the record has no such check"
+    )
+    summary: str | None = Field(description="Its figures in words (right answers, or finish reasons)")
+    differs_in: list[str] = Field(description="The settings in force that differ from those it ran on")
+
+
 class BlendSettingsOut(BaseModel):
     source: str = Field(description="operator, calibrated, shipped or safe (not calibrated yet)")
     label: str = Field(description="Where they came from, in words: 'calibrated on …', 'shipped for <model> …'")
     operator_fields: list[str] = Field(description="Blend settings the operator set; these win over any record")
     values: dict[str, Any] = Field(description="Every blend setting in force (engine.* names)")
     measured: dict[str, Any] | None = Field(description="What the calibration measured at these settings")
+    check_parts: list[CheckPartOut] = Field(
+        default_factory=list,
+        description="The record's check parts (bench ship) and whether they speak for these settings",
+    )
 
 
 class CalibrationStatusOut(BaseModel):

@@ -112,6 +112,7 @@ function renderCards(coverage, stats) {
     ["default answer", stats.default_mode === "blend"
       ? `blend · ${stats.default_selector} · recompute ${fmtPct(stats.default_recompute_ratio, 0)}` : stats.default_mode],
     ["blend settings", stats.blend_settings ? stats.blend_settings.label : "–"],
+    ["check parts", stats.blend_settings ? checkParts(stats.blend_settings.check_parts) : "–"],
     ["calibration", stats.calibration ? `${stats.calibration.state}: ${stats.calibration.detail}` : "–"],
     ["engine queue", stats.queue_depth ?? "–"],
     ["prefill rate", stats.prefill_tokens_per_s ? `${Math.round(stats.prefill_tokens_per_s)} tok/s` : "–"],
@@ -123,6 +124,16 @@ function renderCards(coverage, stats) {
       : `FAULT: ${stats.storage.last_fault ?? "low disk space"} · ${fmtBytes(stats.storage.free_bytes ?? 0)} free`],
   ];
   $("card-serving").replaceChildren(...rows.map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", {}, v))));
+}
+
+// A record's check parts (bench ship), short: /api/stats' blend_settings.check_parts has their figures.
+const CHECK_PART_NAMES = { similar_check: "similar pages", similar_several_check: "several values",
+                           long_answers_check: "long answers" };
+function checkParts(parts) {
+  if (!parts || !parts.length || parts.every((p) => p.state === "not run")) return "none run";
+  return parts.map((p) => `${CHECK_PART_NAMES[p.name] ?? p.title} `
+    + (p.state === "met" ? "✓" : p.state === "not run" ? "not run" : `run on other ${p.differs_in.join(", ")}`))
+    .join(" · ");
 }
 
 // ---- documents table ---------------------------------------------------------------------------

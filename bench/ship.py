@@ -1,0 +1,240 @@
+"""`python -m bench ship`: a model's record at the lowest recompute ratio that holds every check part.
+
+For each ratio of `--ratios`, cheapest first: the calibration at that ratio alone (`bench calibrate --ship`), then
+the record's check parts in turn, each through /ask as a user asks and each written into the record when met
+(`bench lookup --distractors similar --part check --ship`, one value a page and then several; `bench long-answers
+--ship`). The first ratio whose calibration meets its targets and whose every check part is met ships, with
+`measured["ship_gate"]` saying what missed at the ratios below it. A ratio stops at its first miss (the check parts
+run cheapest first). When no ratio holds, or the run is stopped, the record shipped before is put back byte for
+byte (exit 1): a record never ships on a calibration alone.
+
+Every step is the same subcommand a person would run by hand, with the same options; each writes its own result
+file beside `--out` (`<out stem>.<ratio>.<step>.json`), and `--out` gets the gate's summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import harness
+
+logger = logging.getLogger(__name__)
+
+NAME = "ship"
+HELP = "calibrate and run every check part, shipping the lowest ratio that holds them all"
+
+SHIPPED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One subcommand of the gate at one ratio: `name` keys its result file and its entry in the summary."""
+
+    name: str
+    argv: list[str]
+
+
+@dataclass
+class StepOutcome:
+    name: str
+    met: bool
+    result: str  # the step's result file, by name (it lies beside the summary)
+    figures: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RatioOutcome:
+    ratio: float
+    steps: list[StepOutcome] = field(default_factory=list)
+
+    @property
+    def held(self) -> bool:
+        return bool(self.steps) and all(step.met for step in self.steps)
+
+    @property
+    def missed(self) -> str | None:
+        return next((step.name for step in self.steps if not step.met), None)
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    from app.calibration.calset import CASES_PER_KIND
+
+    parser.add_argument("--ratios", default="0.15,0.2,0.25,0.3", help="recompute ratios to try, cheapest first")
+    parser.add_argument(
+        "--cases", default=",".join(map(str, CASES_PER_KIND)), help="the calibration's look-ups,two-hop,follow-ups"
+    )
+    parser.add_argument("--check-cases", type=int, default=12, help="cases of each similar-pages check part")
+    parser.add_argument("--long-max-tokens", type=int, default=300, help="the long-answers check part's answer length")
+    # What it writes is what servers read on their defaults: no lead-in, the server's KV storage dtype.
+    parser.set_defaults(ship=True)
+
+
+def common_argv(args: argparse.Namespace) -> list[str]:
+    """The options every step shares: the model, where it is converted, threads, dtypes."""
+    argv = ["--model", str(args.model), "--dtype", args.dtype]
+    if args.models_dir is not None:
+        argv += ["--models-dir", str(args.models_dir)]
+    if args.threads is not None:
+        argv += ["--threads", str(args.threads)]
+    if args.decode_weights is not None:
+        argv += ["--decode-weights", args.decode_weights]
+    return argv
+
+
+def steps_at(args: argparse.Namespace, ratio: float, out: Path) -> list[Step]:
+    """The gate's steps at `ratio`, in the order they run: the calibration, then the check parts cheapest first."""
+    common = common_argv(args)
+
+    def result(step: str) -> list[str]:
+        return ["--out", str(result_path(out, ratio, step))]
+
+    similar = ["lookup", "--distractors", "similar", "--part", "check", "--examples", str(args.check_cases)]
+    similar += ["--max-tokens", "32", "--selectors", "query", "--ship"]
+    return [
+        Step(
+            "calibrate",
+            ["calibrate", "--ratios", str(ratio), "--cases", args.cases, "--ship"] + common + result("calibrate"),
+        ),
+        Step("similar_check", similar + ["--shape", "one"] + common + result("similar_check")),
+        Step("similar_several_check", similar + ["--shape", "several"] + common + result("similar_several_check")),
+        Step(
+            "long_answers_check",
+            ["long-answers", "--max-tokens", str(args.long_max_tokens), "--ship"]
+            + common
+            + result("long_answers_check"),
+        ),
+    ]
+
+
+def result_path(out: Path, ratio: float, step: str) -> Path:
+    return out.with_name(f"{out.stem}.{ratio:g}.{step}.json")
+
+
+def step_figures(name: str, path: Path) -> tuple[bool | None, dict[str, Any]]:
+    """What a step's result file says: for the calibration whether its targets were met (None for a check part,
+    whose exit code says it) and the figures the summary shows."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None, {}
+    if name == "calibrate":
+        measured = result["record"]["measured"]
+        return bool(measured["targets_met"]), {"values": result["record"]["values"], "chosen": measured["chosen"]}
+    if name.startswith("similar"):
+        default = f"{result['default_selector']}@{result['ratio']}"
+        right = result["right"]
+        return None, {"right_full": right["full"], "right_reuse": right["reuse"], "right_blend": right[default]}
+    modes = result["modes"]
+    return None, {
+        "finish_full": modes["full"]["finish_reasons"],
+        "finish_blend": modes["blend"]["finish_reasons"],
+        "agrees": modes["blend"]["agrees"],
+    }
+
+
+RunStep = Callable[[Step], int]
+
+
+def run_gate(
+    ratios: Sequence[float], steps_for: Callable[[float], list[Step]], run_step: RunStep
+) -> list[RatioOutcome]:
+    """Each ratio in turn until one holds: its steps in order, stopping at the first miss. A calibration "meets"
+    when its exit code is 0 and its record met the calibration targets; a check part when its exit code is 0 (a
+    check part refuses, exit 1, to record a check that misses)."""
+    outcomes: list[RatioOutcome] = []
+    for ratio in ratios:
+        outcome = RatioOutcome(ratio)
+        outcomes.append(outcome)
+        for step in steps_for(ratio):
+            rc = run_step(step)
+            out = Path(step.argv[step.argv.index("--out") + 1])
+            targets_met, figures = step_figures(step.name, out)
+            met = rc == 0 and targets_met is not False
+            outcome.steps.append(StepOutcome(step.name, met, out.name, figures))
+            logger.info("ship gate @%g: %s %s %s", ratio, step.name, "met" if met else "MISSED", figures)
+            if not met:
+                break
+        if outcome.held:
+            break
+    return outcomes
+
+
+def run_subcommand(argv: list[str]) -> int:
+    """One bench subcommand in this process, as `python -m bench ARGV` runs it (logging is already set up)."""
+    from bench.__main__ import build_parser
+
+    sub = build_parser().parse_args(argv)
+    if getattr(sub, "models_dir", None) is None:
+        sub.models_dir = harness.default_models_dir()
+    return int(sub.func(sub) or 0)
+
+
+def gate_entry(outcomes: list[RatioOutcome]) -> dict[str, Any]:
+    """`measured["ship_gate"]` of a record that shipped: the ratios tried and, below the shipped one, what missed."""
+    return {
+        "ratios_tried": [o.ratio for o in outcomes],
+        "shipped_ratio": outcomes[-1].ratio,
+        "below": [
+            {"ratio": o.ratio, "missed": o.missed, "figures": next(s.figures for s in o.steps if not s.met)}
+            for o in outcomes[:-1]
+        ],
+        "checked_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+
+
+def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
+    from app.calibration.check_record import write_check
+    from app.calibration.search import parse_ratios
+    from app.calibration.shipped import model_name, shipped_path
+
+    harness.refuse_ship_with_lead_in(args)
+    if args.dtype not in SHIPPED_DTYPES:
+        raise SystemExit(f"a record is shipped per compute dtype: --dtype one of {', '.join(SHIPPED_DTYPES)}")
+    ratios = sorted(parse_ratios(args.ratios))
+    run = harness.RunRecord()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    path = shipped_path(model_name(str(args.model)), args.dtype)
+    before = path.read_bytes() if path.exists() else None
+    outcomes: list[RatioOutcome] = []
+    try:
+        outcomes = run_gate(
+            ratios, lambda ratio: steps_at(args, ratio, args.out), run_step or (lambda s: run_subcommand(s.argv))
+        )
+    finally:
+        held = bool(outcomes) and outcomes[-1].held
+        if not held:
+            # Nothing ships on a calibration alone: the record (and its check parts) from before the run is back.
+            if before is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(before)
+    if held:
+        from app.calibration.record import BlendSettingsRecord
+
+        record = BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
+        write_check(
+            "ship_gate", gate_entry(outcomes), record.model, record.compute_dtype, record.fingerprint, ValueError
+        )
+    result = harness.result_header(
+        NAME,
+        args,
+        model=str(args.model),
+        compute_dtype=args.dtype,
+        ratios=ratios,
+        shipped_ratio=outcomes[-1].ratio if held else None,
+        record=path.name if held else None,
+        outcomes=[asdict(o) | {"held": o.held, "missed": o.missed} for o in outcomes],
+    )
+    harness.write_result(args, result, run)
+    if held:
+        logger.info("shipped %s at ratio %g: every check part met", path.name, outcomes[-1].ratio)
+        return 0
+    logger.error("no ratio of %s held every check part: the record shipped before is unchanged", ratios)
+    return 1

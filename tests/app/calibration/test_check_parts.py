@@ -1,0 +1,109 @@
+"""A record's check parts as /api/stats shows them: met on the settings in force, run on other settings, not run."""
+
+from __future__ import annotations
+
+from app.calibration.check_parts import check_parts
+from app.calibration.in_force import resolve
+from app.calibration.record import BlendSettingsRecord
+from engine.config import EngineSettings
+
+FP = "ab12" * 16
+VALUES = {"recompute_ratio": 0.25, "score_layers": [6, 12, 18]}
+
+
+def _record(measured: dict) -> BlendSettingsRecord:
+    return BlendSettingsRecord(
+        model="m",
+        fingerprint=FP,
+        compute_dtype="bfloat16",
+        values=VALUES,
+        calibrated_at="2026-12-06T00:00:00+00:00",
+        calibration_set="calset-3",
+        measured=measured,
+    )
+
+
+def _similar(right_blend: int, blend: dict, **extra) -> dict:
+    return {"num_cases": 12, "num_right_full": 11, "num_right_blend": right_blend, "blend": blend, **extra}
+
+
+LONG = {
+    "num_questions": 12,
+    "max_tokens": 300,
+    "repetition_full": 0,
+    "repetition_blend": 1,
+    "length_full": 0,
+    "length_blend": 0,
+    "blend": VALUES,
+}
+
+
+def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
+    in_force = EngineSettings().blend.replace(**VALUES).model_dump(mode="json")
+    ran_on = {"selector": "query", **VALUES}
+    record = _record(
+        {
+            "similar_check": _similar(11, ran_on, chunk_lead_in=False),
+            "similar_several_check": _similar(8, ran_on | {"recompute_ratio": 0.15}),
+            "long_answers_check": LONG,
+        }
+    )
+    parts = [p.to_dict() for p in check_parts(record, in_force)]
+    assert parts == [
+        {
+            "name": "similar_check",
+            "title": "look-ups among similar pages",
+            "state": "met",
+            "summary": "11 of 12 right (full prefill 11)",
+            "differs_in": [],
+        },
+        {
+            "name": "similar_several_check",
+            "title": "pages holding several values",
+            "state": "other settings",
+            "summary": "8 of 12 right (full prefill 11)",
+            "differs_in": ["recompute_ratio"],
+        },
+        {
+            "name": "long_answers_check",
+            "title": "long answers",
+            "state": "met",
+            "summary": "repetition stops 1 (full prefill 0), unfinished 0 (full prefill 0) of 12 answers to 300 tokens",
+            "differs_in": [],
+        },
+    ]
+    # The lead-in changes every stored chunk's KV: checks run without it do not speak for a server with it.
+    with_lead_in = check_parts(record, in_force, chunk_lead_in=True)
+    assert [(p.state, p.differs_in) for p in with_lead_in] == [
+        ("other settings", ("chunk_lead_in",)),
+        ("other settings", ("recompute_ratio", "chunk_lead_in")),
+        ("other settings", ("chunk_lead_in",)),
+    ]
+
+
+def test_a_record_without_checks_and_the_safe_settings_have_every_part_not_run() -> None:
+    in_force = EngineSettings().blend.model_dump(mode="json")
+    for record in (None, _record({"chosen": {"kl_x_reuse": 0.1}})):
+        assert [(p.name, p.state, p.summary) for p in check_parts(record, in_force)] == [
+            ("similar_check", "not run", None),
+            ("similar_several_check", "not run", None),
+            ("long_answers_check", "not run", None),
+        ]
+
+
+def test_stats_describe_the_check_parts_of_the_record_in_force() -> None:
+    record = _record({"similar_check": _similar(10, {"selector": "query", **VALUES})})
+    defaults = EngineSettings()
+    shipped = resolve(defaults, 24, shipped=record)
+    in_force = defaults.model_copy(update={"blend": defaults.blend.replace(**shipped.values)})
+    described = shipped.describe(in_force)
+    assert [(p["name"], p["state"]) for p in described["check_parts"]] == [
+        ("similar_check", "met"),
+        ("similar_several_check", "not run"),
+        ("long_answers_check", "not run"),
+    ]
+    # The operator sets the ratio: the check ran on another one.
+    operator = defaults.model_copy(update={"blend": defaults.blend.replace(**VALUES | {"recompute_ratio": 0.1})})
+    described = resolve(operator, 24, shipped=record).describe(operator)
+    assert described["check_parts"][0]["state"] == "other settings"
+    assert described["check_parts"][0]["differs_in"] == ["recompute_ratio"]

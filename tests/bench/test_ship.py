@@ -1,0 +1,168 @@
+"""`python -m bench ship`: the record at the lowest ratio whose calibration and every check part hold; otherwise the
+record shipped before, untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.__main__ import build_parser, main
+from bench.ship import Step, result_path, run_gate, steps_at
+
+
+def _args(tmp_path: Path, *extra: str):
+    argv = ["ship", "--model", "m", "--dtype", "float32", "--threads", "2", "--out", str(tmp_path / "gate.json")]
+    args = build_parser().parse_args([*argv, *extra])
+    args.models_dir = tmp_path / "models"
+    return args
+
+
+def test_each_ratio_runs_the_calibration_then_the_check_parts_as_their_own_subcommands(tmp_path: Path) -> None:
+    args = _args(tmp_path, "--cases", "2,1,2", "--check-cases", "6", "--long-max-tokens", "40")
+    steps = steps_at(args, 0.2, args.out)
+    assert [s.name for s in steps] == ["calibrate", "similar_check", "similar_several_check", "long_answers_check"]
+    common = ["--model", "m", "--dtype", "float32", "--models-dir", str(tmp_path / "models"), "--threads", "2"]
+    similar = ["lookup", "--distractors", "similar", "--part", "check", "--examples", "6", "--max-tokens", "32"]
+    similar += ["--selectors", "query", "--ship"]
+    assert steps[0].argv == [
+        "calibrate", "--ratios", "0.2", "--cases", "2,1,2", "--ship", *common,
+        "--out", str(tmp_path / "gate.0.2.calibrate.json"),
+    ]  # fmt: skip
+    assert steps[1].argv == [
+        *similar,
+        "--shape",
+        "one",
+        *common,
+        "--out",
+        str(tmp_path / "gate.0.2.similar_check.json"),
+    ]
+    assert steps[2].argv[-4:] == ["--threads", "2", "--out", str(tmp_path / "gate.0.2.similar_several_check.json")]
+    assert steps[3].argv[:4] == ["long-answers", "--max-tokens", "40", "--ship"]
+    # Every step parses as the subcommand a person would run by hand.
+    for step in steps:
+        assert build_parser().parse_args(step.argv).command == step.argv[0]
+
+
+def _write_result(step: Step, right_blend: int, targets_met: bool = True) -> None:
+    out = Path(step.argv[step.argv.index("--out") + 1])
+    if step.name == "calibrate":
+        result = {
+            "record": {"values": {"recompute_ratio": 0.1}, "measured": {"targets_met": targets_met, "chosen": {}}}
+        }
+    elif step.name.startswith("similar"):
+        result = {
+            "default_selector": "query",
+            "ratio": 0.1,
+            "right": {"full": 11, "reuse": 4, "query@0.1": right_blend},
+        }
+    else:
+        modes = {"full": {"finish_reasons": {"stop": 12}}, "blend": {"finish_reasons": {"stop": 12}, "agrees": 9}}
+        result = {"modes": modes}
+    out.write_text(json.dumps(result))
+
+
+def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds(tmp_path: Path) -> None:
+    args = _args(tmp_path)
+    ran: list[tuple[float, str]] = []
+
+    def run_step(step: Step) -> int:
+        out = Path(step.argv[step.argv.index("--out") + 1])  # gate.<ratio>.<step>.json
+        ratio = float(out.name.split(".", 1)[1].rsplit(".", 2)[0])
+        ran.append((ratio, step.name))
+        if ratio == 0.15:  # its calibration meets the targets, its first check part misses (exit 1)
+            _write_result(step, right_blend=8)
+            return 1 if step.name == "similar_check" else 0
+        if ratio == 0.2:  # a calibration that misses its own targets exits 0 and says so in its record
+            _write_result(step, right_blend=11, targets_met=False)
+            return 0
+        _write_result(step, right_blend=10)
+        return 0
+
+    outcomes = run_gate([0.15, 0.2, 0.25, 0.3], lambda r: steps_at(args, r, args.out), run_step)
+    assert ran == [
+        (0.15, "calibrate"), (0.15, "similar_check"),
+        (0.2, "calibrate"),
+        (0.25, "calibrate"), (0.25, "similar_check"), (0.25, "similar_several_check"), (0.25, "long_answers_check"),
+    ]  # fmt: skip
+    assert [(o.ratio, o.held, o.missed) for o in outcomes] == [
+        (0.15, False, "similar_check"),
+        (0.2, False, "calibrate"),
+        (0.25, True, None),
+    ]
+    assert outcomes[0].steps[1].figures == {"right_full": 11, "right_reuse": 4, "right_blend": 8}
+    assert outcomes[2].steps[3].figures == {"finish_full": {"stop": 12}, "finish_blend": {"stop": 12}, "agrees": 9}
+    assert outcomes[2].steps[1].result == result_path(args.out, 0.25, "similar_check").name
+
+
+def test_when_no_ratio_holds_the_record_shipped_before_is_put_back_byte_for_byte(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.calibration import shipped
+    from bench import ship
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
+    record = tmp_path / "m.float32.json"
+    before = b'{"model": "m", "values": {"recompute_ratio": 0.15}}\n'
+    record.write_bytes(before)
+
+    def run_step(step: Step) -> int:
+        record.write_text("a calibration's record, then its check parts")  # what a real step would overwrite
+        _write_result(step, right_blend=5)
+        return 1 if step.name == "long_answers_check" else 0
+
+    args = _args(tmp_path, "--ratios", "0.25,0.15")
+    assert ship.main(args, run_step=run_step) == 1
+    assert record.read_bytes() == before
+    summary = json.loads(args.out.read_text())
+    assert summary["ratios"] == [0.15, 0.25] and summary["shipped_ratio"] is None and summary["record"] is None
+    assert [o["missed"] for o in summary["outcomes"]] == ["long_answers_check", "long_answers_check"]
+
+    # Stopped half-way (an error, ^C): the same.
+    def interrupted(step: Step) -> int:
+        record.write_text("half a run")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        ship.main(args, run_step=interrupted)
+    assert record.read_bytes() == before
+    # No record before the run: none after it.
+    record.unlink()
+    assert ship.main(args, run_step=run_step) == 1
+    assert not record.exists()
+
+
+def test_ship_refuses_a_dtype_that_is_not_a_records_and_the_lead_in() -> None:
+    with pytest.raises(SystemExit, match="per compute dtype"):
+        main(["ship", "--model", "m", "--dtype", "auto"])
+    with pytest.raises(SystemExit, match="no lead-in"):
+        main(["ship", "--model", "m", "--dtype", "float32", "--lead-in"])
+
+
+@pytest.mark.slow
+def test_ship_on_a_tiny_model_writes_one_record_with_every_check_part_and_the_gate(
+    tmp_path: Path, tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End to end through the real subcommands: at ratio 1 the blend is full prefill, so every part holds."""
+    from app.calibration import shipped
+    from app.calibration.record import BlendSettingsRecord
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path / "shipped")
+    (tmp_path / "shipped").mkdir()
+    out = tmp_path / "gate.json"
+    argv = ["ship", "--model", str(tiny_llama_dir), "--dtype", "float32", "--threads", "2", "--ratios", "1.0"]
+    argv += ["--cases", "1,1,1", "--check-cases", "2", "--long-max-tokens", "4", "--out", str(out)]
+    assert main(argv) == 0
+    [path] = (tmp_path / "shipped").iterdir()
+    record = BlendSettingsRecord.from_json(path.read_text())
+    assert record.values["recompute_ratio"] == 1.0 and record.compute_dtype == "float32"
+    measured = record.measured
+    assert {"similar_check", "similar_several_check", "long_answers_check", "ship_gate"} <= measured.keys()
+    assert measured["similar_check"]["num_cases"] == measured["similar_several_check"]["num_cases"] == 2
+    assert measured["ship_gate"]["ratios_tried"] == [1.0] and measured["ship_gate"]["below"] == []
+    summary = json.loads(out.read_text())
+    assert summary["shipped_ratio"] == 1.0 and summary["record"] == path.name
+    assert [s["name"] for s in summary["outcomes"][0]["steps"]] == [
+        "calibrate", "similar_check", "similar_several_check", "long_answers_check",
+    ]  # fmt: skip
