@@ -3,8 +3,9 @@
 A record ships only when every check part meets its target (`python -m bench ship`); each passing part is kept in
 the record's `measured` with the blend settings it ran on. What an operator needs to know is whether those checks
 speak for the settings the server answers with: a part is "met" when its entry's settings are the ones in force,
-"other settings" when the operator (or a later calibration) changed a setting it ran on, and "not run" when the
-record has no entry for it (a record from before the part existed, or a calibrated one nobody checked).
+"other settings" when the operator (or a later calibration) changed a setting it ran on, and "not recorded" when the
+record has no entry for it: never run on it, or run and missed (a check part writes only a pass, and a record
+from before `bench ship` shipped whatever its check parts said).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ CHECK_PARTS: tuple[tuple[str, str], ...] = (
     ("long_answers_check", "long answers"),
 )
 
-CheckState = Literal["met", "other settings", "not run"]
+CheckState = Literal["met", "other settings", "not recorded"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class CheckPartStatus:
     name: str  # the record's measured key
     title: str
     state: CheckState
-    summary: str | None  # the part's figures in words; None when not run
+    summary: str | None  # the part's figures in words; None when not recorded
     differs_in: tuple[str, ...] = ()  # blend settings in force that differ from those the part ran on
 
     def to_dict(self) -> dict[str, Any]:
@@ -57,7 +58,7 @@ def check_parts(
     for name, title in CHECK_PARTS:
         entry = measured.get(name)
         if not isinstance(entry, dict):
-            statuses.append(CheckPartStatus(name, title, "not run", None))
+            statuses.append(CheckPartStatus(name, title, "not recorded", None))
             continue
         ran_on: dict[str, Any] = entry.get("blend") or {}
         # Only the fields both know: a setting added after the check ran is at its default, which it ran with.

@@ -1,4 +1,4 @@
-"""A record's check parts as /api/stats shows them: met on the settings in force, run on other settings, not run."""
+"""A record's check parts as /api/stats shows them: met on the settings in force, other settings, not recorded."""
 
 from __future__ import annotations
 
@@ -81,13 +81,13 @@ def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
     ]
 
 
-def test_a_record_without_checks_and_the_safe_settings_have_every_part_not_run() -> None:
+def test_a_record_without_checks_and_the_safe_settings_have_no_part_recorded() -> None:
     in_force = EngineSettings().blend.model_dump(mode="json")
     for record in (None, _record({"chosen": {"kl_x_reuse": 0.1}})):
         assert [(p.name, p.state, p.summary) for p in check_parts(record, in_force)] == [
-            ("similar_check", "not run", None),
-            ("similar_several_check", "not run", None),
-            ("long_answers_check", "not run", None),
+            ("similar_check", "not recorded", None),
+            ("similar_several_check", "not recorded", None),
+            ("long_answers_check", "not recorded", None),
         ]
 
 
@@ -99,8 +99,8 @@ def test_stats_describe_the_check_parts_of_the_record_in_force() -> None:
     described = shipped.describe(in_force)
     assert [(p["name"], p["state"]) for p in described["check_parts"]] == [
         ("similar_check", "met"),
-        ("similar_several_check", "not run"),
-        ("long_answers_check", "not run"),
+        ("similar_several_check", "not recorded"),
+        ("long_answers_check", "not recorded"),
     ]
     # The operator sets the ratio: the check ran on another one.
     operator = defaults.model_copy(update={"blend": defaults.blend.replace(**VALUES | {"recompute_ratio": 0.1})})

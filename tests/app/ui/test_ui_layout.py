@@ -212,8 +212,8 @@ def test_admin_kv_tiers_and_serving_cards_read_as_rows(
     shot(page, f"admin-cards-{width}")
     context.close()
     assert len(rows) >= 14
-    # The tiny test model has no record: safe settings, no check part run (app/calibration/check_parts.py).
-    assert serving["check parts"] == "none run"
+    # The tiny test model has no record: safe settings, no check part recorded (app/calibration/check_parts.py).
+    assert serving["check parts"] == "none recorded"
     # Before, at 1280 px: model 7.2 lines, disk budget and compute 4.2, format and default answer 3.2.
     most_lines = 2 if width == 1280 else 3
     tall = [(name, round(lines, 1)) for name, lines, _ in rows if lines > most_lines + 0.5]

@@ -130,9 +130,9 @@ function renderCards(coverage, stats) {
 const CHECK_PART_NAMES = { similar_check: "similar pages", similar_several_check: "several values",
                            long_answers_check: "long answers" };
 function checkParts(parts) {
-  if (!parts || !parts.length || parts.every((p) => p.state === "not run")) return "none run";
+  if (!parts || !parts.length || parts.every((p) => p.state === "not recorded")) return "none recorded";
   return parts.map((p) => `${CHECK_PART_NAMES[p.name] ?? p.title} `
-    + (p.state === "met" ? "✓" : p.state === "not run" ? "not run" : `run on other ${p.differs_in.join(", ")}`))
+    + (p.state === "met" ? "✓" : p.state === "not recorded" ? "not recorded" : `run on other ${p.differs_in.join(", ")}`))
     .join(" · ");
 }
 
