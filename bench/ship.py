@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
+from fsio.atomic import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
             if before is None:
                 path.unlink(missing_ok=True)
             else:
-                path.write_bytes(before)
+                write_bytes_atomic(path, before)
     if held:
         from app.calibration.record import BlendSettingsRecord
 
