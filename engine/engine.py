@@ -242,7 +242,7 @@ class Engine:
         ends = None
         if mode == "blend" and config.match_window > 0 and config.match_span == "sentence":
             ends = sentence_ends(layout.chunk_ids, self._token_piece)
-        return plan_blend(layout, mode, config, self.num_layers, ends)
+        return plan_blend(layout, mode, config, self.num_layers, ends, self._token_piece)
 
     def prompt_pass(
         self,

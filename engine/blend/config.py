@@ -86,6 +86,12 @@ class BlendConfig(BaseModel):
         "retrieved chunk holding more of the question's named tokens than any other (a look-up singling out one "
         "page; a tie, as an open question's words give, gets none) and the conversation's earlier turns",
     )
+    match_labels: bool = Field(
+        default=False,
+        description="match_scope one: in the chunk the question singles out, also recompute where the question's "
+        "other words stand (a label such as 'rack position' beside its value on a page holding several; a word at "
+        "most twice in that chunk, matched case-blind, 5-letter stems alike), each with its span",
+    )
     stale_key_bias: float = Field(
         default=0.0,
         ge=0.0,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Callable, Sequence
 
 from engine.blend.config import MatchScope
 from engine.types import PromptLayout
@@ -58,8 +59,35 @@ def singled_out(layout: PromptLayout, named: set[int]) -> set[int]:
     return {held.index(most)} | history
 
 
+def _word(piece: str) -> str | None:
+    """The word a token spells, lower-cased, when it is one a label is made of (letters only, 4 or more)."""
+    word = piece.strip().lower()
+    return word if len(word) >= 4 and word.isalpha() else None
+
+
+def _alike(a: str, b: str) -> bool:
+    """Two words read as the same label: equal, or sharing their first five letters ("renewed", "renewal")."""
+    return a == b or (min(len(a), len(b)) >= 5 and a[:5] == b[:5])
+
+
+def label_tokens(layout: PromptLayout, segment: Sequence[int], piece: Callable[[int], str]) -> set[int]:
+    """`match_labels`: the tokens of `segment` (the chunk the question singles out) that spell one of the question's
+    words, where that word stands at most twice in the segment: the label of the value asked for ("rack position",
+    "serial number"), not the page's running subject ("appliance", said on every line)."""
+    asked = {w for t in layout.suffix_ids if (w := _word(piece(t))) is not None}
+    if not asked:
+        return set()
+    words = {t: w for t in set(segment) if (w := _word(piece(t))) is not None and any(_alike(w, a) for a in asked)}
+    counts = Counter(words[t] for t in segment if t in words)
+    return {t for t, w in words.items() if counts[w] <= 2}
+
+
 def question_matches(
-    layout: PromptLayout, window: int, ends: frozenset[int] | None = None, scope: MatchScope = "any"
+    layout: PromptLayout,
+    window: int,
+    ends: frozenset[int] | None = None,
+    scope: MatchScope = "any",
+    piece: Callable[[int], str] | None = None,
 ) -> set[int]:
     """Context offsets of the tokens the question names, each with the `window` tokens after it, or, with `ends`
     (`engine.blend.spans.sentence_ends`, `match_span: sentence`), with the tokens after it up to the end of its
@@ -67,20 +95,28 @@ def question_matches(
 
     A sentence span spends nothing past the value's sentence, where a fixed window runs on into the next one.
     With `scope` "one" (`match_scope`) only the chunk the question singles out (`singled_out`) and the earlier
-    turns get spans: spans in several passages of an open question pull its attention to them (nq6).
+    turns get spans: spans in several passages of an open question pull its attention to them (nq6). With `piece`
+    (`match_labels`; the text a token spells) the singled-out chunk's tokens that spell the question's other words
+    get spans too (`label_tokens`): on a page holding several values the asked one stands beside its label, on a
+    line that need not say the page's name.
     """
     if window <= 0 or not layout.chunk_ids:
         return set()
     named = named_tokens(layout)
     spanned: range | set[int] = range(len(layout.chunk_ids))
+    labels: dict[int, set[int]] = {}
     if scope == "one":
         spanned = singled_out(layout, named)
+        if piece is not None:
+            num_chunks = len(layout.chunk_ids) - layout.num_history_segments
+            labels = {i: label_tokens(layout, layout.chunk_ids[i], piece) for i in spanned if i < num_chunks}
     sorted_ends = sorted(ends) if ends is not None else []
     offsets: set[int] = set()
     start = 0
     for index, segment in enumerate(layout.chunk_ids):
+        starts = named | labels.get(index, set())
         for i, token in enumerate(segment):
-            if token in named and index in spanned:
+            if token in starts and index in spanned:
                 stop = start + min(len(segment), i + 1 + window)  # one past the window, cut at the segment's end
                 if ends is not None:
                     at = bisect.bisect_left(sorted_ends, start + i)

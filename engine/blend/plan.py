@@ -25,6 +25,7 @@ and an adaptive budget (`attention_share`), which `engine.blend.select` complete
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.blend.config import BlendConfig, SelectorName
@@ -117,12 +118,14 @@ def plan_blend(
     config: BlendConfig,
     num_layers: int,
     sentence_ends: frozenset[int] | None = None,
+    token_piece: Callable[[int], str] | None = None,
 ) -> BlendPlan:
     """The plan of a prompt pass of `mode` over `layout` (`config` only matters in mode blend).
 
     `sentence_ends`: the context offsets ending a sentence (engine.blend.spans.sentence_ends), which a blend with
     `match_span: sentence` needs. Raises EngineError for a plan the model cannot carry out (a check layer past
-    its last layer, sentence spans without sentence ends).
+    its last layer, sentence spans without sentence ends). `token_piece`: the text a token spells, which
+    `match_labels` needs (engine.blend.named.label_tokens).
     """
     p, n, total = layout.num_prefix_tokens, layout.num_context_tokens, layout.num_tokens
     sizes = tuple(len(c) for c in layout.chunk_ids)
@@ -146,7 +149,15 @@ def plan_blend(
     sentence = config.match_window > 0 and config.match_span == "sentence"
     if sentence and sentence_ends is None:
         raise EngineError("match_span 'sentence' needs the context's sentence ends (engine.blend.spans)")
-    matched = question_matches(layout, config.match_window, sentence_ends if sentence else None, config.match_scope)
+    if config.match_labels and token_piece is None:
+        raise EngineError("match_labels needs the text of the context's tokens (a token_piece)")
+    matched = question_matches(
+        layout,
+        config.match_window,
+        sentence_ends if sentence else None,
+        config.match_scope,
+        token_piece if config.match_labels else None,
+    )
     score_layers = ()
     if config.selector == "query":
         score_layers = tuple(sorted({min(layer, num_layers - 1) for layer in config.score_layers}))

@@ -97,6 +97,7 @@ def test_blend_settings_nest_one_blend_config_declared_once() -> None:
         "match_span": "window",
         "match_extra": 0.2,
         "match_scope": "any",
+        "match_labels": True,
         "stale_key_bias": 1.5,
         "stale_key_scope": "unnamed",
         "history_ratio": 0.5,

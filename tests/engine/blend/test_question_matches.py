@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 from enginetest_tiny import random_chunks
 
 from engine.blend.named import question_matches
@@ -66,3 +67,52 @@ def test_matched_tokens_are_recomputed_within_the_budget(tiny_engine) -> None:
     window = set(range(p + 40 + 10, p + 40 + 17))  # the name and the 6 tokens after it
     assert window <= set(res.selected_positions.tolist())
     assert res.num_recomputed_tokens == num_recompute_tokens(0.2, 120)  # within the budget, not on top
+
+
+# A vocabulary for `match_labels` (the text each token spells).
+PIECES = {
+    1: "In", 2: " which", 3: " rack", 4: " position", 5: " is", 6: " the", 7: " Elisk", 8: " appliance", 9: "?",
+    20: "- Rack", 21: ":", 22: " R47", 23: "-U39", 24: "\n", 25: " Serial", 26: " number", 27: " A5Y", 28: " The",
+    29: " Plaenz", 30: " renewal", 31: " renewed", 32: " 2028",
+}  # fmt: skip
+
+
+def _piece(token: int) -> str:
+    return PIECES.get(token, f"<{token}>")
+
+
+def test_labels_in_the_singled_out_chunk_get_spans_beside_the_name() -> None:
+    question = [1, 2, 3, 4, 5, 6, 7, 8, 9]  # "In which rack position is the Elisk appliance?"
+    asked = [28, 7, 8, 24, 20, 4, 21, 22, 23, 24, 25, 26, 21, 27, 24, 28, 7, 8, 8]  # the Elisk page, at offset 0
+    other = [28, 29, 8, 24, 20, 4, 21, 22, 24]  # a similar page: its label gets no span (not singled out)
+    # Every page has the label and the kind of thing (" position", " appliance": no names), as one template's do.
+    chunks = [asked, other, *([20, 4, 21, 8, 60 + i] for i in range(4))]
+    layout = _layout(chunks, question)
+    names_only = question_matches(layout, 3, scope="one")
+    assert names_only == {1, 2, 3, 4, 16, 17, 18}  # " Elisk" at 1 and 16 with three tokens after (to the end)
+    with_labels = question_matches(layout, 3, scope="one", piece=_piece)
+    # "- Rack" (rack, case-blind) at 4 and " position" at 5 start spans over the asked value (7, 8); " appliance"
+    # stands three times on the page, so it is the page's subject, not a label; " Serial number" is not asked.
+    assert with_labels == names_only | {4, 5, 6, 7, 8}
+    # Only within scope "one": with "any" the rule has no chunk to keep to and labels get no span.
+    assert question_matches(layout, 3, scope="any", piece=_piece) == question_matches(layout, 3, scope="any")
+
+
+def test_label_words_match_case_blind_and_by_a_five_letter_stem() -> None:
+    from engine.blend.named import label_tokens
+
+    layout = _layout([[30]], [31, 4])  # asked "renewed position"; the page says "renewal"
+    assert label_tokens(layout, [30, 4, 20], _piece) == {30, 4}
+    assert label_tokens(_layout([[1]], [6, 5, 9]), [6, 5, 28], _piece) == set()  # "the", "is": not label words
+
+
+def test_label_spans_need_the_tokens_text_and_the_engine_gives_it(tiny_engine) -> None:
+    from engine.blend.plan import plan_blend
+    from engine.types import EngineError
+
+    chunks = random_chunks([30, 30, 30], seed=5)
+    layout = tiny_engine.prompt.layout(chunks, "which port does it use?")
+    config = BlendConfig(recompute_ratio=0.2, match_labels=True)
+    with pytest.raises(EngineError, match="match_labels"):
+        plan_blend(layout, "blend", config, tiny_engine.num_layers, frozenset({89}))
+    assert tiny_engine.plan(layout, "blend", config).num_context_tokens == 90
