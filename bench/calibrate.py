@@ -30,17 +30,36 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--cases", default=",".join(map(str, CASES_PER_KIND)), help="look-ups,two-hop,follow-ups in the set"
     )
     parser.add_argument("--ship", action="store_true", help="write the record to app/calibration/shipped/")
+    add_with_arg(parser)
     harness.add_candidates_arg(
         parser, "a JSON list of blend settings to measure instead of the search's (a study: every one is measured)"
     )
     harness.add_kv_dtype_arg(parser, choices=("fp16", "bf16", "int8", "int4"))
 
 
+def add_with_arg(parser: argparse.ArgumentParser) -> None:
+    """`--with KEY=VALUE`: a blend setting every candidate carries, shipped in the record beside the search's
+    choice (app/calibration/search.py `fixed_values`)."""
+    parser.add_argument(
+        "--with",
+        dest="fixed",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a blend setting held fixed in every candidate and written into the record (repeatable), "
+        "e.g. match_labels=true",
+    )
+
+
 def main(args: argparse.Namespace) -> int:
-    from app.calibration.search import parse_ratios, run_calibration
+    from app.calibration.search import fixed_values, parse_ratios, run_calibration
     from app.calibration.shipped import shipped_path
 
     harness.refuse_ship_with_lead_in(args)
+    try:
+        fixed = fixed_values(args.fixed)
+    except ValueError as exc:
+        raise SystemExit(f"--with: {exc}") from None
 
     run = harness.RunRecord()
     cases = tuple(int(x) for x in args.cases.split(","))
@@ -54,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
             cases_per_kind=cases,  # type: ignore[arg-type]
             save=False,
             tried_values=tried_values,
+            fixed=fixed,
         )
     result = harness.result_header(NAME, args, engine, kv_dtype=args.kv_dtype, record=record.__dict__)
     harness.write_result(args, result, run)

@@ -73,6 +73,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--check-cases", type=int, default=12, help="cases of each similar-pages check part")
     parser.add_argument("--long-max-tokens", type=int, default=300, help="the long-answers check part's answer length")
+    from bench.calibrate import add_with_arg
+
+    add_with_arg(parser)
     # What it writes is what servers read on their defaults: no lead-in, the server's KV storage dtype.
     parser.set_defaults(ship=True)
 
@@ -101,7 +104,10 @@ def steps_at(args: argparse.Namespace, ratio: float, out: Path) -> list[Step]:
     return [
         Step(
             "calibrate",
-            ["calibrate", "--ratios", str(ratio), "--cases", args.cases, "--ship"] + common + result("calibrate"),
+            ["calibrate", "--ratios", str(ratio), "--cases", args.cases, "--ship"]
+            + [f"--with={item}" for item in args.fixed]
+            + common
+            + result("calibrate"),
         ),
         Step("similar_check", similar + ["--shape", "one"] + common + result("similar_check")),
         Step("similar_several_check", similar + ["--shape", "several"] + common + result("similar_several_check")),

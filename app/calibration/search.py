@@ -10,6 +10,7 @@ chosen (then the best KL), and the record says the targets were missed.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
@@ -111,6 +112,7 @@ def calibrate(
     stop: threading.Event | None = None,
     on_candidate: Callable[[dict[str, Any], CandidateFigures, list[str]], None] | None = None,
     tried_values: list[dict[str, Any]] | None = None,
+    fixed: dict[str, Any] | None = None,
 ) -> BlendSettingsRecord:
     """Measure the candidates on the generated set and return the record of the chosen settings.
 
@@ -118,7 +120,8 @@ def calibrate(
     `execute` runs each case's engine work (the server's engine worker); `stop` aborts between cases.
     `tried_values` replaces the search's candidates (a study of other selectors or options: each one is
     measured, in the order given, none skipped; the choice is the best KL among those meeting the targets, or
-    among all when none does).
+    among all when none does). `fixed`: blend settings every candidate carries (`fixed_values`), so the record
+    ships them beside what the search chose.
     """
     targets = targets or Targets()
     cases = make_cases(*cases_per_kind)
@@ -136,6 +139,7 @@ def calibrate(
                 break
             last_ratio = []
         current_ratio = values.get("recompute_ratio")
+        values = values | (fixed or {})
         blend = engine_settings.blend.replace(**values)
         fig = calset.measure(blend)
         misses = targets.misses(fig)
@@ -192,6 +196,30 @@ def _stoppable(execute: Execute | None, stop: threading.Event | None) -> Execute
     return guarded
 
 
+SEARCHED = ("selector", "recompute_ratio", "score_layers", "history_ratio", "stale_key_bias")  # `candidates`' keys
+
+
+def fixed_values(items: list[str]) -> dict[str, Any]:
+    """`KEY=VALUE` items (a blend setting and its value: JSON, or a bare word for a string) as the blend settings
+    a calibration holds fixed; refused (ValueError) for a key that is no blend setting, one the search itself
+    chooses, or a value the setting does not take."""
+    from engine.blend.config import BlendConfig
+
+    fixed: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or key not in BlendConfig.model_fields:
+            raise ValueError(f"expected BLEND_SETTING=VALUE, got {item!r}")
+        if key in SEARCHED:
+            raise ValueError(f"{key} is what the calibration searches; it cannot be held fixed")
+        try:
+            fixed[key] = json.loads(text)
+        except ValueError:
+            fixed[key] = text
+    BlendConfig(**fixed)  # a value the setting does not take is refused here, before any model loads
+    return fixed
+
+
 def parse_ratios(text: str) -> tuple[float, ...]:
     ratios = tuple(sorted({float(x) for x in text.split(",") if x.strip()}))
     if not ratios or any(not 0.0 < r <= 1.0 for r in ratios):
@@ -206,6 +234,7 @@ def run_calibration(
     cases_per_kind: tuple[int, int, int] = CASES_PER_KIND,
     save: bool = True,
     tried_values: list[dict[str, Any]] | None = None,
+    fixed: dict[str, Any] | None = None,
 ) -> tuple[BlendSettingsRecord, Engine]:
     """`blendrag calibrate` and `python -m bench calibrate`: load the model of `settings`, calibrate it and
     (with `save`) keep the record under the data dir, where the server finds it at its next start."""
@@ -222,6 +251,7 @@ def run_calibration(
         ratios=ratios,
         cases_per_kind=cases_per_kind,
         tried_values=tried_values,
+        fixed=fixed,
     )
     if save:
         path = CalibrationStore(settings.data_dir).save(record)

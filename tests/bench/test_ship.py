@@ -40,6 +40,18 @@ def test_each_ratio_runs_the_calibration_then_the_check_parts_as_their_own_subco
     ]
     assert steps[2].argv[-4:] == ["--threads", "2", "--out", str(tmp_path / "gate.0.2.similar_several_check.json")]
     assert steps[3].argv[:4] == ["long-answers", "--max-tokens", "40", "--ship"]
+    # Settings held fixed go to the calibration, which writes them into the record the check parts then run on.
+    held = steps_at(_args(tmp_path, "--with", "match_labels=true"), 0.15, args.out)
+    assert held[0].argv[:7] == [
+        "calibrate",
+        "--ratios",
+        "0.15",
+        "--cases",
+        "8,4,8",
+        "--ship",
+        "--with=match_labels=true",
+    ]
+    assert all("--with=match_labels=true" not in step.argv for step in held[1:])
     # Every step parses as the subcommand a person would run by hand.
     for step in steps:
         assert build_parser().parse_args(step.argv).command == step.argv[0]

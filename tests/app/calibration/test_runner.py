@@ -112,3 +112,38 @@ def test_a_study_measures_every_candidate_given_and_keeps_the_best(fast_engine, 
     assert [t["values"] for t in tried] == study
     assert [bool(t["misses"]) for t in tried] == [False, True]
     assert record.values == study[0] and record.measured["targets_met"]
+
+
+def test_fixed_settings_ride_in_every_candidate_and_ship_in_the_record(fast_engine, fast_settings) -> None:
+    from app.calibration.search import fixed_values
+
+    fixed = fixed_values(["match_labels=true", "match_span=window"])
+    assert fixed == {"match_labels": True, "match_span": "window"}
+    record = calibrate(
+        fast_engine,
+        fast_engine.settings,
+        fast_settings.kvcache,
+        "tiny",
+        ratios=(1.0,),
+        cases_per_kind=(1, 0, 0),
+        fixed=fixed,
+    )
+    assert all(t["values"]["match_labels"] is True for t in record.measured["tried"])
+    assert record.values["match_labels"] is True and record.values["match_span"] == "window"
+    assert record.values["recompute_ratio"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("item", "message"),
+    [
+        ("recompute_ratio=0.1", "what the calibration searches"),
+        ("no_such_setting=1", "expected BLEND_SETTING=VALUE"),
+        ("match_labels", "expected BLEND_SETTING=VALUE"),
+        ("match_labels=maybe", "match_labels"),
+    ],
+)
+def test_a_fixed_setting_that_is_none_the_search_chooses_or_is_bad_is_refused(item: str, message: str) -> None:
+    from app.calibration.search import fixed_values
+
+    with pytest.raises(ValueError, match=message):
+        fixed_values([item])
