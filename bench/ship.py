@@ -150,12 +150,16 @@ RunStep = Callable[[Step], int]
 
 
 def run_gate(
-    ratios: Sequence[float], steps_for: Callable[[float], list[Step]], run_step: RunStep
+    ratios: Sequence[float],
+    steps_for: Callable[[float], list[Step]],
+    run_step: RunStep,
+    outcomes: list[RatioOutcome] | None = None,
 ) -> list[RatioOutcome]:
     """Each ratio in turn until one holds: its steps in order, stopping at the first miss. A calibration "meets"
     when its exit code is 0 and its record met the calibration targets; a check part when its exit code is 0 (a
-    check part refuses, exit 1, to record a check that misses)."""
-    outcomes: list[RatioOutcome] = []
+    check part refuses, exit 1, to record a check that misses). `outcomes` (appended to as the steps finish)
+    keeps what ran when a step raises."""
+    outcomes = [] if outcomes is None else outcomes
     for ratio in ratios:
         outcome = RatioOutcome(ratio)
         outcomes.append(outcome)
@@ -196,6 +200,30 @@ def gate_entry(outcomes: list[RatioOutcome]) -> dict[str, Any]:
     }
 
 
+def write_summary(
+    args: argparse.Namespace,
+    path: Path,
+    ratios: list[float],
+    outcomes: list[RatioOutcome],
+    held: bool,
+    run: harness.RunRecord,
+    stopped: bool = False,
+) -> None:
+    """`--out`: the gate's summary (what each ratio's steps found, and what shipped)."""
+    result = harness.result_header(
+        NAME,
+        args,
+        model=str(args.model),
+        compute_dtype=args.dtype,
+        ratios=ratios,
+        shipped_ratio=outcomes[-1].ratio if held else None,
+        record=path.name if held else None,
+        stopped=stopped,  # interrupted or failed half-way: the record from before was put back
+        outcomes=[asdict(o) | {"held": o.held, "missed": o.missed} for o in outcomes],
+    )
+    harness.write_result(args, result, run)
+
+
 def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     from app.calibration.check_record import write_check
     from app.calibration.search import parse_ratios
@@ -210,18 +238,25 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     path = shipped_path(model_name(str(args.model)), args.dtype)
     before = path.read_bytes() if path.exists() else None
     outcomes: list[RatioOutcome] = []
+    finished = False
     try:
-        outcomes = run_gate(
-            ratios, lambda ratio: steps_at(args, ratio, args.out), run_step or (lambda s: run_subcommand(s.argv))
+        run_gate(
+            ratios,
+            lambda ratio: steps_at(args, ratio, args.out),
+            run_step or (lambda s: run_subcommand(s.argv)),
+            outcomes,
         )
+        finished = True
     finally:
-        held = bool(outcomes) and outcomes[-1].held
+        held = finished and bool(outcomes) and outcomes[-1].held
         if not held:
             # Nothing ships on a calibration alone: the record (and its check parts) from before the run is back.
             if before is None:
                 path.unlink(missing_ok=True)
             else:
                 write_bytes_atomic(path, before)
+        if not finished:  # stopped half-way: what ran is still worth its summary
+            write_summary(args, path, ratios, outcomes, held, run, stopped=True)
     if held:
         from app.calibration.record import BlendSettingsRecord
 
@@ -229,17 +264,7 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
         write_check(
             "ship_gate", gate_entry(outcomes), record.model, record.compute_dtype, record.fingerprint, ValueError
         )
-    result = harness.result_header(
-        NAME,
-        args,
-        model=str(args.model),
-        compute_dtype=args.dtype,
-        ratios=ratios,
-        shipped_ratio=outcomes[-1].ratio if held else None,
-        record=path.name if held else None,
-        outcomes=[asdict(o) | {"held": o.held, "missed": o.missed} for o in outcomes],
-    )
-    harness.write_result(args, result, run)
+    write_summary(args, path, ratios, outcomes, held, run)
     if held:
         logger.info("shipped %s at ratio %g: every check part met", path.name, outcomes[-1].ratio)
         return 0

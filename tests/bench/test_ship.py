@@ -139,6 +139,9 @@ def test_when_no_ratio_holds_the_record_shipped_before_is_put_back_byte_for_byte
     with pytest.raises(KeyboardInterrupt):
         ship.main(args, run_step=interrupted)
     assert record.read_bytes() == before
+    summary = json.loads(args.out.read_text())  # what ran before the stop: the first ratio, no step finished
+    assert summary["stopped"] is True and summary["shipped_ratio"] is None
+    assert summary["outcomes"] == [{"ratio": 0.15, "steps": [], "held": False, "missed": None}]
     # No record before the run: none after it.
     record.unlink()
     assert ship.main(args, run_step=run_step) == 1
