@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import harness
+from bench.calibrate import add_with_arg
 from fsio.atomic import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
@@ -73,8 +74,6 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--check-cases", type=int, default=12, help="cases of each similar-pages check part")
     parser.add_argument("--long-max-tokens", type=int, default=300, help="the long-answers check part's answer length")
-    from bench.calibrate import add_with_arg
-
     add_with_arg(parser)
     # What it writes is what servers read on their defaults: no lead-in, the server's KV storage dtype.
     parser.set_defaults(ship=True)
