@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in SUBCOMMANDS:
-        command.register(subparsers)
+        # `run_bench`: this entry point, for a command that runs others in this process (ship: its steps).
+        command.register(subparsers).set_defaults(run_bench=main)
     return parser
 
 

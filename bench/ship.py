@@ -176,16 +176,6 @@ def run_gate(
     return outcomes
 
 
-def run_subcommand(argv: list[str]) -> int:
-    """One bench subcommand in this process, as `python -m bench ARGV` runs it (logging is already set up)."""
-    from bench.__main__ import build_parser
-
-    sub = build_parser().parse_args(argv)
-    if getattr(sub, "models_dir", None) is None:
-        sub.models_dir = harness.default_models_dir()
-    return int(sub.func(sub) or 0)
-
-
 def gate_entry(outcomes: list[RatioOutcome]) -> dict[str, Any]:
     """`measured["ship_gate"]` of a record that shipped: the ratios tried and, below the shipped one, what missed."""
     return {
@@ -242,7 +232,7 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
         run_gate(
             ratios,
             lambda ratio: steps_at(args, ratio, args.out),
-            run_step or (lambda s: run_subcommand(s.argv)),
+            run_step or (lambda step: args.run_bench(step.argv)),  # bench/__main__.py's main, in this process
             outcomes,
         )
         finished = True

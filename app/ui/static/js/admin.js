@@ -132,7 +132,7 @@ const CHECK_PART_NAMES = { similar_check: "similar pages", similar_several_check
 function checkParts(parts) {
   if (!parts || !parts.length || parts.every((p) => p.state === "not recorded")) return "none recorded";
   return parts.map((p) => `${CHECK_PART_NAMES[p.name] ?? p.title} `
-    + (p.state === "met" ? "✓" : p.state === "not recorded" ? "not recorded" : `run on other ${p.differs_in.join(", ")}`))
+    + (p.state === "met" ? "met" : p.state === "not recorded" ? "not recorded" : `run on other ${p.differs_in.join(", ")}`))
     .join(" · ");
 }
 
