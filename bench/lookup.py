@@ -266,6 +266,11 @@ async def _study(
     return out
 
 
+def default_mode(result: dict[str, Any]) -> str:
+    """The name of the server's default blend among a result's modes (`right`, per question): selector@ratio."""
+    return f"{result['default_selector']}@{result['ratio']}"
+
+
 def _ship_similar_check(result: dict[str, Any], engine: Any) -> int:
     """`--ship`: the check part's figures into the shipped record of the model and dtype (exit 1 when refused)."""
     from datetime import UTC, datetime
@@ -273,7 +278,7 @@ def _ship_similar_check(result: dict[str, Any], engine: Any) -> int:
     from app.calibration.shipped import model_name
     from app.calibration.similar_check import SimilarCheck, SimilarCheckError, record_similar_check
 
-    default = f"{result['default_selector']}@{result['ratio']}"
+    default = default_mode(result)
     check = SimilarCheck(
         seed=result["seed"],
         num_cases=result["questions"],

@@ -25,6 +25,7 @@ from typing import Any
 
 from bench import harness
 from bench.calibrate import add_with_arg
+from bench.lookup import default_mode
 from fsio.atomic import write_bytes_atomic
 
 logger = logging.getLogger(__name__)
@@ -134,9 +135,12 @@ def step_figures(name: str, path: Path) -> tuple[bool | None, dict[str, Any]]:
         measured = result["record"]["measured"]
         return bool(measured["targets_met"]), {"values": result["record"]["values"], "chosen": measured["chosen"]}
     if name.startswith("similar"):
-        default = f"{result['default_selector']}@{result['ratio']}"
         right = result["right"]
-        return None, {"right_full": right["full"], "right_reuse": right["reuse"], "right_blend": right[default]}
+        return None, {
+            "right_full": right["full"],
+            "right_reuse": right["reuse"],
+            "right_blend": right[default_mode(result)],
+        }
     modes = result["modes"]
     return None, {
         "finish_full": modes["full"]["finish_reasons"],

@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from app.calibration import long_answers_check, similar_check
 from app.calibration.record import BlendSettingsRecord
 
-# measured key, what the part asks, in the order they run
+# measured key (the key each part writes under), what the part asks, in the order they run
 CHECK_PARTS: tuple[tuple[str, str], ...] = (
-    ("similar_check", "look-ups among similar pages"),
-    ("similar_several_check", "pages holding several values"),
-    ("long_answers_check", "long answers"),
+    (similar_check.MEASURED_KEYS["one"], "look-ups among similar pages"),
+    (similar_check.MEASURED_KEYS["several"], "pages holding several values"),
+    (long_answers_check.MEASURED_KEY, "long answers"),
 )
 
 CheckState = Literal["met", "other settings", "not recorded"]
@@ -39,7 +40,7 @@ class CheckPartStatus:
 
 def summarize(name: str, entry: dict[str, Any]) -> str:
     """A check part's figures as a person reads them."""
-    if name == "long_answers_check":
+    if name == long_answers_check.MEASURED_KEY:
         return (
             f"repetition stops {entry['repetition_blend']} (full prefill {entry['repetition_full']}), unfinished "
             f"{entry['length_blend']} (full prefill {entry['length_full']}) of {entry['num_questions']} answers "
