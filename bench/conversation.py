@@ -25,6 +25,11 @@ path: the project's document in the top 3 sources and first, right answers of th
 prefill (full prefill's turn 2 takes the same path: on /ask, a conversation of its own whose turn 1 was
 asked as the default's was, so its retrieval reads the stored turn's sources too), and second turns with
 `history_reused_tokens > 0`.
+
+`--ship` makes the look-up test the record's follow-ups check part (app/calibration/followups_check.py): the
+default blend within one right answer of full prefill on both paths, written into the shipped record of the model
+and dtype (measured.followups_check); exit 1 when it misses or cannot be written. `--examples 0` skips the
+sessions (the gate runs the look-ups alone).
 """
 
 from __future__ import annotations
@@ -355,6 +360,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lookup", type=int, default=12, help="look-up projects (0: skip the look-up test)")
     parser.add_argument("--no-timings", action="store_true", help="skip the TTFT runs (quality and recall only)")
     parser.add_argument("--max-tokens", type=int, default=32, help="answer length cap")
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help="the look-up test as the record's follow-ups check: written into the model's shipped record for its "
+        "dtype (measured.followups_check) when the default blend is within 1 of full prefill on /ask and /v1",
+    )
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -410,14 +421,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.ship and args.lookup <= 0:
+        raise SystemExit("--ship records the look-up test: give --lookup N (N ≥ 1)")
     run = harness.RunRecord()
-    examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
+    examples = select_examples(load_dataset(args.dataset), args.examples, args.seed) if args.examples else []
     sessions = make_sessions(examples, args.turns)
     projects = make_projects(args.lookup, args.seed) if args.lookup else []
     with temp_settings(NAME, args, retrieval={"top_k": args.passages}, engine={"dtype": args.dtype}) as settings:
 
         async def go() -> dict[str, Any]:
             async with running_app(settings) as state:
+                if args.ship and settings.engine.mode != "blend":
+                    raise SystemExit(f"--ship checks the default blend; this server's mode is {settings.engine.mode}")
                 passages = [Passage(title=p.title, text=p.text) for ex in examples for p in ex.passages]
                 passages += [Passage(title=p.title, text=p.text) for p in projects]
                 ingest_passages(state, _unique(passages))
@@ -441,6 +456,7 @@ def main(args: argparse.Namespace) -> int:
                     by_turn=summarize(rows, args.passages),
                     per_turn=rows,
                     lookup=lookup,
+                    fingerprint=state.services.engine.fingerprint,
                 )
 
         result = asyncio.run(go())
@@ -451,6 +467,34 @@ def main(args: argparse.Namespace) -> int:
         )
     if result["lookup"] is not None:
         logger.info("lookup: %s", result["lookup"]["summary"])
+    return _ship(result, settings.engine.model) if args.ship else 0
+
+
+def _ship(result: dict[str, Any], model: str) -> int:
+    """`--ship`: the look-up test's right answers per path into the shipped record of the model and dtype (exit 1
+    when refused: the target missed, no record, or another fingerprint's record)."""
+    from datetime import UTC, datetime
+
+    from app.calibration.followups_check import PATHS, FollowupsCheck, FollowupsCheckError, record_followups_check
+    from app.calibration.shipped import model_name
+
+    summary = result["lookup"]["summary"]
+    check = FollowupsCheck(
+        seed=result["seed"],
+        num_projects=result["lookup"]["questions"],
+        num_right_full={path: summary[path]["full_right"] for path in PATHS},
+        num_right_blend={path: summary[path]["default_right"] for path in PATHS},
+        num_in_top3={path: summary[path]["in_top3"] for path in PATHS},
+        blend=result["blend"],
+        checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        chunk_lead_in=result.get("chunk_lead_in"),
+    )
+    try:
+        path = record_followups_check(check, model_name(model), result["compute_dtype"], result["fingerprint"])
+    except FollowupsCheckError as exc:
+        logger.error("%s", exc)
+        return 1
+    logger.info("follow-ups check written to %s", path)
     return 0
 
 

@@ -258,6 +258,11 @@ def add_blend_args(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def blend_options_given(args: argparse.Namespace) -> list[str]:
+    """The blend options a run changed (as `--option-name`): a check of the server's defaults refuses them."""
+    return ["--" + o.name.replace("_", "-") for o in _blend_options() if getattr(args, o.name, None) is not None]
+
+
 def _layers(text: str | None) -> list[int] | None:
     return None if not text else [int(x) for x in text.split(",") if x.strip()]
 

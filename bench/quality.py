@@ -14,6 +14,11 @@ any chunks (no context). Per mode:
                       resamples of the examples, the same draws for every mode)
 
 Cached modes read the chunk KV through the store in --kv-dtype (int4 by default, what /ask serves).
+
+`--ship` makes the run the record's held-out check part (app/calibration/heldout_check.py): the server's default
+blend (the record's ratio and settings) against full prefill and reuse, written into the shipped record of the
+model and dtype (measured.heldout_check) only when first-token KL ÷ reuse's ≤ 0.3 and benefit retained ≥ 0.95;
+exit 1 when it misses or cannot be written. `python -m bench ship` runs it on 20 nq6 examples.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from bench.metrics import (
     mean,
     mean_token_nll,
 )
-from bench.passes import ModeSpec, mode_specs, parse_ratios, run_pass
+from bench.passes import ModeSpec, blend_name, mode_specs, parse_ratios, run_pass
 from bench.prepared import PreparedPrompt, bench_prompts
 
 if TYPE_CHECKING:
@@ -47,11 +52,14 @@ logger = logging.getLogger(__name__)
 
 NAME = "quality"
 HELP = "gold F1, fidelity, first-token KL, NLL, benefit retained per mode"
+DEFAULT_RATIOS = "0.15,1.0"
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
     harness.add_order_arg(parser)
-    parser.add_argument("--ratios", default="0.15,1.0", help="blend recompute ratios, comma-separated")
+    parser.add_argument(
+        "--ratios", default=None, help=f"blend recompute ratios, comma-separated (default {DEFAULT_RATIOS})"
+    )
     parser.add_argument("--max-tokens", type=int, default=32, help="greedy answer length cap (for F1)")
     harness.add_kv_dtype_arg(parser)
     parser.add_argument(
@@ -68,6 +76,12 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         "--compare-repetition-control",
         action="store_true",
         help="also score each answer without the repeated-line stop (same run, same prompts)",
+    )
+    parser.add_argument(
+        "--ship",
+        action="store_true",
+        help="the default blend against full prefill and reuse, written into the model's shipped record for its "
+        "dtype (measured.heldout_check) when it meets the target; exit 1 when it misses",
     )
 
 
@@ -242,19 +256,43 @@ def plot(result: dict[str, Any], path) -> None:
     harness.finish_figure(fig, path, result, f"KV {result['kv_dtype']}")
 
 
+def _refuse_ship_options(args: argparse.Namespace) -> None:
+    """`--ship` checks what a server answers with on its defaults: no ratio, baseline or repetition control of
+    the run's own, and the server's KV storage dtype."""
+    harness.refuse_ship_with_lead_in(args)
+    if not args.ship:
+        return
+    if args.ratios is not None:
+        raise SystemExit("--ship checks the default blend at the ratio in force: drop --ratios")
+    if args.no_repetition_control or args.compare_repetition_control:
+        raise SystemExit(
+            "--ship checks the server's decoding: drop --no-repetition-control and --compare-repetition-control"
+        )
+    if args.kv_dtype != harness.server_kv_dtype():
+        raise SystemExit(
+            f"--ship reads the chunk KV as the server stores it ({harness.server_kv_dtype()}): drop --kv-dtype"
+        )
+    if given := harness.blend_options_given(args):
+        raise SystemExit(f"--ship checks the blend settings in force: drop {', '.join(given)}")
+
+
 def main(args: argparse.Namespace) -> int:
+    _refuse_ship_options(args)
     run = harness.RunRecord()
-    ratios = parse_ratios(args.ratios)
     overrides: dict[str, Any] = {}
     if args.no_repetition_control:
         overrides.update(repetition_penalty=1.0, no_repeat_ngram_size=0, stop_on_repeated_line=False)
     engine = harness.build_engine(args, **overrides)
+    # --ship: the one blend a server answers with, at the ratio in force (the record's).
+    ratios = [engine.settings.blend.recompute_ratio] if args.ship else parse_ratios(args.ratios or DEFAULT_RATIOS)
     prompts = bench_prompts(
         engine, args.dataset, args.examples, args.passages, args.seed, with_answers=True, order=args.order
     )
     baselines = tuple(b for b in args.baselines.split(",") if b and b != "full")
     if unknown := [b for b in baselines if b not in ("prefix", "reuse")]:
         raise SystemExit(f"unknown baseline(s) {unknown}; choose from prefix, reuse")
+    if args.ship and "reuse" not in baselines:
+        raise SystemExit("--ship measures KL against reuse's: keep reuse among --baselines")
     specs = mode_specs(engine, ratios, baselines=("full", *baselines))  # type: ignore[arg-type]
     logger.info("quality: %d examples × %d passages, modes %s", len(prompts), args.passages, [s.name for s in specs])
     evaluated = evaluate(engine, prompts, specs, args.kv_dtype, args.max_tokens, args.compare_repetition_control)
@@ -263,6 +301,7 @@ def main(args: argparse.Namespace) -> int:
         args,
         engine,
         **run_fields(args, prompts, ratios),
+        fingerprint=engine.fingerprint,
         repetition_control={
             k: getattr(engine.settings, k)
             for k in ("repetition_penalty", "no_repeat_ngram_size", "stop_on_repeated_line")
@@ -274,6 +313,46 @@ def main(args: argparse.Namespace) -> int:
             result["modes"][spec.name]["selector"] = spec.blend.selector
     harness.write_result(args, result, run, plot)
     harness.log_rows(logger, result["modes"], _mode_line)
+    return _ship(result, engine, blend_name(ratios[0])) if args.ship else 0
+
+
+def _ship(result: dict[str, Any], engine: Engine, mode: str) -> int:
+    """`--ship`: the default blend's KL and benefit into the shipped record of the model and dtype (exit 1 when
+    refused: the target missed, too few examples, no record, or another fingerprint's record)."""
+    from datetime import UTC, datetime
+    from pathlib import Path
+
+    from app.calibration.heldout_check import HeldoutCheck, HeldoutCheckError, record_heldout_check
+    from app.calibration.shipped import model_name
+
+    blend, full = result["modes"][mode], result["modes"]["full"]
+    check = HeldoutCheck(
+        dataset=Path(result["dataset"]).name,
+        num_examples=result["examples"],
+        num_passages=result["passages"],
+        seed=result["seed"],
+        order=result["order"],
+        kv_storage_dtype=result["kv_dtype"],
+        kl_blend=blend["kl"],
+        kl_reuse=result["modes"]["reuse"]["kl"],
+        kl_x_reuse=blend["kl_x_reuse"],
+        kl_x_reuse_ci95=blend["kl_x_reuse_ci95"],
+        benefit_retained=blend["benefit_retained"],
+        benefit_ci95=blend["benefit_retained_ci95"],
+        f1_full=full["f1"],
+        f1_blend=blend["f1"],
+        blend=harness.blend_settings(engine),
+        checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        chunk_lead_in=result.get("chunk_lead_in"),
+    )
+    try:
+        path = record_heldout_check(
+            check, model_name(engine.settings.model), result["compute_dtype"], engine.fingerprint
+        )
+    except HeldoutCheckError as exc:
+        logger.error("%s", exc)
+        return 1
+    logger.info("held-out check written to %s", path)
     return 0
 
 

@@ -1,12 +1,14 @@
 """`python -m bench ship`: a model's record at the lowest recompute ratio that holds every check part.
 
 For each ratio of `--ratios`, cheapest first: the calibration at that ratio alone (`bench calibrate --ship`), then
-the record's check parts in turn, each through /ask as a user asks and each written into the record when met
-(`bench lookup --distractors similar --part check --ship`, one value a page and then several; `bench long-answers
---ship`). The first ratio whose calibration meets its targets and whose every check part is met ships, with
-`measured["ship_gate"]` saying what missed at the ratios below it. A ratio stops at its first miss (the check parts
-run cheapest first). When no ratio holds, or the run is stopped, the record shipped before is put back byte for
-byte (exit 1): a record never ships on a calibration alone.
+the record's check parts in turn, each written into the record when met: look-ups among similar pages through /ask
+(`bench lookup --distractors similar --part check --ship`, one value a page and then several), follow-up look-ups
+on /ask and /v1 (`bench conversation --lookup 12 --ship`), first-token KL and benefit on held-out questions (`bench
+quality --ship`, 20 nq6 examples), and whole answers (`bench long-answers --ship`). The first ratio whose
+calibration meets its targets and whose every check part is met ships, with `measured["ship_gate"]` saying what
+missed at the ratios below it. A ratio stops at its first miss (the check parts run cheapest first). When no
+ratio holds, or the run is stopped, the record shipped before is put back byte for byte (exit 1): a record never
+ships on a calibration alone.
 
 Every step is the same subcommand a person would run by hand, with the same options; each writes its own result
 file beside `--out` (`<out stem>.<ratio>.<step>.json`), and `--out` gets the gate's summary.
@@ -75,6 +77,15 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--check-cases", type=int, default=12, help="cases of each similar-pages check part")
     parser.add_argument("--long-max-tokens", type=int, default=300, help="the long-answers check part's answer length")
+    parser.add_argument("--followups", type=int, default=12, help="made-up projects of the follow-ups check part")
+    parser.add_argument(
+        "--heldout-dataset",
+        type=Path,
+        default=harness.DEFAULT_NQ6,
+        help=f"the held-out check part's QA file (default {harness.DEFAULT_NQ6})",
+    )
+    parser.add_argument("--heldout-examples", type=int, default=20, help="examples of the held-out check part")
+    parser.add_argument("--heldout-passages", type=int, default=6, help="passages per held-out prompt")
     add_with_arg(parser)
     # What it writes is what servers read on their defaults: no lead-in, the server's KV storage dtype.
     parser.set_defaults(ship=True)
@@ -112,6 +123,19 @@ def steps_at(args: argparse.Namespace, ratio: float, out: Path) -> list[Step]:
         Step("similar_check", similar + ["--shape", "one"] + common + result("similar_check")),
         Step("similar_several_check", similar + ["--shape", "several"] + common + result("similar_several_check")),
         Step(
+            "followups_check",
+            ["conversation", "--lookup", str(args.followups), "--examples", "0", "--no-timings", "--ship"]
+            + common
+            + result("followups_check"),
+        ),
+        Step(
+            "heldout_check",
+            ["quality", "--dataset", str(args.heldout_dataset), "--examples", str(args.heldout_examples)]
+            + ["--passages", str(args.heldout_passages), "--baselines", "reuse", "--ship"]
+            + common
+            + result("heldout_check"),
+        ),
+        Step(
             "long_answers_check",
             ["long-answers", "--max-tokens", str(args.long_max_tokens), "--ship"]
             + common
@@ -141,7 +165,16 @@ def step_figures(name: str, path: Path) -> tuple[bool | None, dict[str, Any]]:
             "right_reuse": right["reuse"],
             "right_blend": right[default_mode(result)],
         }
+    if name == "followups_check":
+        summary = result["lookup"]["summary"]
+        return None, {
+            path: {"right_full": summary[path]["full_right"], "right_blend": summary[path]["default_right"]}
+            for path in ("ask", "v1")
+        }
     modes = result["modes"]
+    if name == "heldout_check":
+        blend = next(mode for name, mode in modes.items() if name not in ("full", "reuse"))
+        return None, {"kl_x_reuse": blend["kl_x_reuse"], "benefit_retained": blend["benefit_retained"]}
     return None, {
         "finish_full": modes["full"]["finish_reasons"],
         "finish_blend": modes["blend"]["finish_reasons"],

@@ -13,13 +13,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from app.calibration import long_answers_check, similar_check
+from app.calibration import followups_check, heldout_check, long_answers_check, similar_check
 from app.calibration.record import BlendSettingsRecord
 
 # measured key (the key each part writes under), what the part asks, in the order they run
 CHECK_PARTS: tuple[tuple[str, str], ...] = (
     (similar_check.MEASURED_KEYS["one"], "look-ups among similar pages"),
     (similar_check.MEASURED_KEYS["several"], "pages holding several values"),
+    (followups_check.MEASURED_KEY, "follow-up look-ups"),
+    (heldout_check.MEASURED_KEY, "held-out questions"),
     (long_answers_check.MEASURED_KEY, "long answers"),
 )
 
@@ -45,6 +47,17 @@ def summarize(name: str, entry: dict[str, Any]) -> str:
             f"repetition stops {entry['repetition_blend']} (full prefill {entry['repetition_full']}), unfinished "
             f"{entry['length_blend']} (full prefill {entry['length_full']}) of {entry['num_questions']} answers "
             f"to {entry['max_tokens']} tokens"
+        )
+    if name == followups_check.MEASURED_KEY:
+        blend, full = entry["num_right_blend"], entry["num_right_full"]
+        return (
+            f"/ask {blend['ask']}, /v1 {blend['v1']} of {entry['num_projects']} right (full prefill {full['ask']}, "
+            f"{full['v1']})"
+        )
+    if name == heldout_check.MEASURED_KEY:
+        return (
+            f"first-token KL {entry['kl_x_reuse']:.2f}× reuse's, benefit retained {entry['benefit_retained']:.2f} "
+            f"on {entry['num_examples']} {entry['dataset']} examples"
         )
     return f"{entry['num_right_blend']} of {entry['num_cases']} right (full prefill {entry['num_right_full']})"
 

@@ -40,6 +40,30 @@ def dataset_path(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def dataset20_path(tmp_path: Path) -> Path:
+    """Twenty made-up examples (a held-out check needs that many), three passages each, the gold one first."""
+    examples = [
+        {
+            "question": f"What is the capital of Country{n}?",
+            "answers": [f"City{n}"],
+            "ctxs": [
+                {
+                    "title": f"Country{n}",
+                    "text": f"Country{n} is a land of hills. Its capital is City{n}.",
+                    "isgold": True,
+                },
+                {"title": f"River{n}", "text": f"River{n} flows through Country{n} into the sea."},
+                {"title": f"Food{n}", "text": f"People in Country{n} eat bread with honey."},
+            ],
+        }
+        for n in range(20)
+    ]
+    path = tmp_path / "made_up_20.json"
+    path.write_text(json.dumps(examples), encoding="utf-8")
+    return path
+
+
 def _takes_dtype(command: str) -> bool:
     """Whether `python -m bench COMMAND` has a --dtype option (scaleout runs servers with their own settings)."""
     import argparse

@@ -74,3 +74,48 @@ def test_conversation_bench_runs_through_the_service(run_bench, dataset_path: Pa
         assert row["same_first_answer"] is True
         assert row["ask"]["full_same_sources"] is True and row["v1"]["full_same_sources"] is True
         assert all(1 <= row[path]["rank"] <= 2 for path in ("ask", "v1"))
+
+
+def test_ship_records_the_lookup_test_as_the_follow_ups_check_only_on_a_pass(
+    run_bench, dataset_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.calibration import shipped
+    from app.calibration.record import BlendSettingsRecord
+
+    shipped_dir = tmp_path / "shipped"
+    shipped_dir.mkdir()
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", shipped_dir)
+    args = ("--dataset", str(dataset_path), "--examples", "0", "--lookup", "3", "--no-timings", "--max-tokens", "4")
+    code, first, _ = run_bench("conversation", *args, "--ship")
+    assert code == 1 and list(shipped_dir.iterdir()) == []  # no record ships for the tiny model
+    assert first["sessions"] == 0 and first["by_turn"] == {} and first["lookup"]["questions"] == 3
+
+    # A record at ratio 1 (history recomputed too): the default blend answers as full prefill does on both paths.
+    record = BlendSettingsRecord(
+        model="tiny-llama-smollm2-tok",
+        fingerprint=first["fingerprint"],
+        compute_dtype="float32",
+        values={"recompute_ratio": 1.0, "history_ratio": 1.0},
+        calibrated_at="2026-12-04T00:00:00+00:00",
+        calibration_set="calset-3",
+        measured={"kl_ratio": 0.1},
+    )
+    path = shipped_dir / "tiny-llama-smollm2-tok.float32.json"
+    path.write_text(record.to_json())
+    code, result, _ = run_bench("conversation", *args, "--ship")
+    assert code == 0
+    entry = BlendSettingsRecord.from_json(path.read_text()).measured["followups_check"]
+    summary = result["lookup"]["summary"]
+    assert entry["meets_target"] is True and entry["num_projects"] == 3 and entry["blend"]["recompute_ratio"] == 1.0
+    assert entry["num_right_blend"] == {p: summary[p]["default_right"] for p in ("ask", "v1")}
+    assert entry["num_right_full"] == {p: summary[p]["full_right"] for p in ("ask", "v1")}
+    for row in result["lookup"]["per_project"]:
+        for p in ("ask", "v1"):
+            assert row[p]["answer"] == row[p]["full_answer"]
+
+
+def test_ship_needs_the_lookup_test() -> None:
+    from bench.__main__ import main
+
+    with pytest.raises(SystemExit, match="give --lookup N"):
+        main(["conversation", "--model", "m", "--lookup", "0", "--ship"])

@@ -105,3 +105,68 @@ def test_summary_benefit_interval_holds_the_point_value() -> None:
     lo, hi = reuse["benefit_retained_ci95"]
     assert lo < reuse["benefit_retained"] < hi
     assert reuse["benefit_retained"] == pytest.approx((4.0 - 1.95) / 3.0)
+
+
+def _tiny_record(fingerprint: str, ratio: float):
+    from app.calibration.record import BlendSettingsRecord
+
+    return BlendSettingsRecord(
+        model="tiny-llama-smollm2-tok",
+        fingerprint=fingerprint,
+        compute_dtype="float32",
+        values={"recompute_ratio": ratio},
+        calibrated_at="2026-12-04T00:00:00+00:00",
+        calibration_set="calset-3",
+        measured={"kl_ratio": 0.1},
+    )
+
+
+def test_ship_checks_the_default_blend_at_the_records_ratio_and_writes_only_a_pass(
+    run_bench, dataset20_path, tmp_path, monkeypatch
+) -> None:
+    from app.calibration import shipped
+    from app.calibration.record import BlendSettingsRecord
+
+    shipped_dir = tmp_path / "shipped"
+    shipped_dir.mkdir()
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", shipped_dir)
+    args = ("--dataset", str(dataset20_path), "--examples", "20", "--passages", "2", "--max-tokens", "2")
+    args += ("--baselines", "reuse", "--ship")
+    code, first, _ = run_bench("quality", *args)
+    assert code == 1 and list(shipped_dir.iterdir()) == []  # no record ships for the tiny model: nothing written
+    # Without a record the engine answers on the safe defaults: the one blend run is theirs.
+    assert list(first["modes"]) == ["full", "reuse", f"blend@{first['blend']['recompute_ratio']}"]
+
+    # A record at ratio 1: its default blend recomputes everything, so it is full prefill.
+    path = shipped_dir / "tiny-llama-smollm2-tok.float32.json"
+    path.write_text(_tiny_record(first["fingerprint"], 1.0).to_json())
+    code, result, _ = run_bench("quality", *args)
+    assert code == 0 and list(result["modes"]) == ["full", "reuse", "blend@1.0"]
+    record = BlendSettingsRecord.from_json(path.read_text())
+    entry, blend = record.measured["heldout_check"], result["modes"]["blend@1.0"]
+    assert record.measured["kl_ratio"] == 0.1 and entry["meets_target"] is True
+    assert (entry["num_examples"], entry["num_passages"], entry["dataset"]) == (20, 2, "made_up_20.json")
+    assert (entry["kl_x_reuse"], entry["benefit_retained"]) == (blend["kl_x_reuse"], blend["benefit_retained"])
+    assert entry["kl_x_reuse"] < 1e-4 and entry["benefit_retained"] == pytest.approx(1.0, abs=1e-3)
+    assert entry["blend"]["recompute_ratio"] == 1.0 and entry["kv_storage_dtype"] == "int4"
+
+    # A record whose blend recomputes only the tokens the question names (ratio 0) misses, and nothing is written.
+    path.write_text(_tiny_record(first["fingerprint"], 0.0).to_json())
+    written = path.read_text()
+    code, result, _ = run_bench("quality", *args)
+    assert code == 1 and result["modes"]["blend@0.0"]["kl_x_reuse"] > 0.3
+    assert path.read_text() == written
+
+
+def test_ship_refuses_options_the_server_does_not_answer_with() -> None:
+    from bench.__main__ import main
+
+    base = ["quality", "--model", "m", "--ship"]
+    with pytest.raises(SystemExit, match="drop --ratios"):
+        main([*base, "--ratios", "0.2"])
+    with pytest.raises(SystemExit, match="as the server stores it"):
+        main([*base, "--kv-dtype", "fp16"])
+    with pytest.raises(SystemExit, match="drop --stale-key-bias"):
+        main([*base, "--stale-key-bias", "0.5"])
+    with pytest.raises(SystemExit, match="server's decoding"):
+        main([*base, "--no-repetition-control"])

@@ -21,8 +21,11 @@ def _args(tmp_path: Path, *extra: str):
 
 def test_each_ratio_runs_the_calibration_then_the_check_parts_as_their_own_subcommands(tmp_path: Path) -> None:
     args = _args(tmp_path, "--cases", "2,1,2", "--check-cases", "6", "--long-max-tokens", "40")
+    args.heldout_dataset = Path("qa.json")
     steps = steps_at(args, 0.2, args.out)
-    assert [s.name for s in steps] == ["calibrate", "similar_check", "similar_several_check", "long_answers_check"]
+    assert [s.name for s in steps] == [
+        "calibrate", "similar_check", "similar_several_check", "followups_check", "heldout_check", "long_answers_check",
+    ]  # fmt: skip
     common = ["--model", "m", "--dtype", "float32", "--models-dir", str(tmp_path / "models"), "--threads", "2"]
     similar = ["lookup", "--distractors", "similar", "--part", "check", "--examples", "6", "--max-tokens", "32"]
     similar += ["--selectors", "query", "--ship"]
@@ -39,7 +42,15 @@ def test_each_ratio_runs_the_calibration_then_the_check_parts_as_their_own_subco
         str(tmp_path / "gate.0.2.similar_check.json"),
     ]
     assert steps[2].argv[-4:] == ["--threads", "2", "--out", str(tmp_path / "gate.0.2.similar_several_check.json")]
-    assert steps[3].argv[:4] == ["long-answers", "--max-tokens", "40", "--ship"]
+    assert steps[3].argv == [
+        "conversation", "--lookup", "12", "--examples", "0", "--no-timings", "--ship", *common,
+        "--out", str(tmp_path / "gate.0.2.followups_check.json"),
+    ]  # fmt: skip
+    assert steps[4].argv == [
+        "quality", "--dataset", "qa.json", "--examples", "20", "--passages", "6", "--baselines", "reuse", "--ship",
+        *common, "--out", str(tmp_path / "gate.0.2.heldout_check.json"),
+    ]  # fmt: skip
+    assert steps[5].argv[:4] == ["long-answers", "--max-tokens", "40", "--ship"]
     # Settings held fixed go to the calibration, which writes them into the record the check parts then run on.
     held = steps_at(_args(tmp_path, "--with", "match_labels=true"), 0.15, args.out)
     assert held[0].argv[:7] == [
@@ -69,6 +80,12 @@ def _write_result(step: Step, right_blend: int, targets_met: bool = True) -> Non
             "ratio": 0.1,
             "right": {"full": 11, "reuse": 4, "query@0.1": right_blend},
         }
+    elif step.name == "followups_check":
+        summary = {path: {"full_right": 12, "default_right": right_blend} for path in ("ask", "v1")}
+        result = {"lookup": {"summary": summary}}
+    elif step.name == "heldout_check":
+        modes = {"full": {}, "reuse": {}, "blend@0.1": {"kl_x_reuse": 0.2, "benefit_retained": 0.99}}
+        result = {"modes": modes}
     else:
         modes = {"full": {"finish_reasons": {"stop": 12}}, "blend": {"finish_reasons": {"stop": 12}, "agrees": 9}}
         result = {"modes": modes}
@@ -96,7 +113,8 @@ def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds
     assert ran == [
         (0.15, "calibrate"), (0.15, "similar_check"),
         (0.2, "calibrate"),
-        (0.25, "calibrate"), (0.25, "similar_check"), (0.25, "similar_several_check"), (0.25, "long_answers_check"),
+        (0.25, "calibrate"), (0.25, "similar_check"), (0.25, "similar_several_check"), (0.25, "followups_check"),
+        (0.25, "heldout_check"), (0.25, "long_answers_check"),
     ]  # fmt: skip
     assert [(o.ratio, o.held, o.missed) for o in outcomes] == [
         (0.15, False, "similar_check"),
@@ -104,7 +122,12 @@ def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds
         (0.25, True, None),
     ]
     assert outcomes[0].steps[1].figures == {"right_full": 11, "right_reuse": 4, "right_blend": 8}
-    assert outcomes[2].steps[3].figures == {"finish_full": {"stop": 12}, "finish_blend": {"stop": 12}, "agrees": 9}
+    assert outcomes[2].steps[3].figures == {
+        "ask": {"right_full": 12, "right_blend": 10},
+        "v1": {"right_full": 12, "right_blend": 10},
+    }
+    assert outcomes[2].steps[4].figures == {"kl_x_reuse": 0.2, "benefit_retained": 0.99}
+    assert outcomes[2].steps[5].figures == {"finish_full": {"stop": 12}, "finish_blend": {"stop": 12}, "agrees": 9}
     assert outcomes[2].steps[1].result == result_path(args.out, 0.25, "similar_check").name
 
 
@@ -157,7 +180,7 @@ def test_ship_refuses_a_dtype_that_is_not_a_records_and_the_lead_in() -> None:
 
 @pytest.mark.slow
 def test_ship_on_a_tiny_model_writes_one_record_with_every_check_part_and_the_gate(
-    tmp_path: Path, tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_llama_dir: Path, dataset20_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """End to end through the real subcommands: at ratio 1 the blend is full prefill, so every part holds."""
     from app.calibration import shipped
@@ -168,16 +191,20 @@ def test_ship_on_a_tiny_model_writes_one_record_with_every_check_part_and_the_ga
     out = tmp_path / "gate.json"
     argv = ["ship", "--model", str(tiny_llama_dir), "--dtype", "float32", "--threads", "2", "--ratios", "1.0"]
     argv += ["--cases", "1,1,1", "--check-cases", "2", "--long-max-tokens", "4", "--out", str(out)]
+    argv += ["--followups", "2", "--heldout-dataset", str(dataset20_path), "--heldout-passages", "2"]
     assert main(argv) == 0
     [path] = (tmp_path / "shipped").iterdir()
     record = BlendSettingsRecord.from_json(path.read_text())
     assert record.values["recompute_ratio"] == 1.0 and record.compute_dtype == "float32"
     measured = record.measured
-    assert {"similar_check", "similar_several_check", "long_answers_check", "ship_gate"} <= measured.keys()
+    assert {
+        "similar_check", "similar_several_check", "followups_check", "heldout_check", "long_answers_check", "ship_gate",
+    } <= measured.keys()  # fmt: skip
     assert measured["similar_check"]["num_cases"] == measured["similar_several_check"]["num_cases"] == 2
+    assert measured["followups_check"]["num_projects"] == 2 and measured["heldout_check"]["num_examples"] == 20
     assert measured["ship_gate"]["ratios_tried"] == [1.0] and measured["ship_gate"]["below"] == []
     summary = json.loads(out.read_text())
     assert summary["shipped_ratio"] == 1.0 and summary["record"] == path.name
     assert [s["name"] for s in summary["outcomes"][0]["steps"]] == [
-        "calibrate", "similar_check", "similar_several_check", "long_answers_check",
+        "calibrate", "similar_check", "similar_several_check", "followups_check", "heldout_check", "long_answers_check",
     ]  # fmt: skip

@@ -36,6 +36,8 @@ LONG = {
     "length_blend": 0,
     "blend": VALUES,
 }
+FOLLOWUPS = {"num_projects": 12, "num_right_full": {"ask": 12, "v1": 11}, "num_right_blend": {"ask": 12, "v1": 10}}
+HELDOUT = {"dataset": "nq6_dev.json", "num_examples": 20, "kl_x_reuse": 0.2345, "benefit_retained": 0.996}
 
 
 def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
@@ -45,6 +47,8 @@ def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
         {
             "similar_check": _similar(11, ran_on, chunk_lead_in=False),
             "similar_several_check": _similar(8, ran_on | {"recompute_ratio": 0.15}),
+            "followups_check": FOLLOWUPS | {"blend": ran_on},
+            "heldout_check": HELDOUT | {"blend": ran_on},
             "long_answers_check": LONG,
         }
     )
@@ -65,6 +69,20 @@ def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
             "differs_in": ["recompute_ratio"],
         },
         {
+            "name": "followups_check",
+            "title": "follow-up look-ups",
+            "state": "met",
+            "summary": "/ask 12, /v1 10 of 12 right (full prefill 12, 11)",
+            "differs_in": [],
+        },
+        {
+            "name": "heldout_check",
+            "title": "held-out questions",
+            "state": "met",
+            "summary": "first-token KL 0.23× reuse's, benefit retained 1.00 on 20 nq6_dev.json examples",
+            "differs_in": [],
+        },
+        {
             "name": "long_answers_check",
             "title": "long answers",
             "state": "met",
@@ -78,6 +96,8 @@ def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
         ("other settings", ("chunk_lead_in",)),
         ("other settings", ("recompute_ratio", "chunk_lead_in")),
         ("other settings", ("chunk_lead_in",)),
+        ("other settings", ("chunk_lead_in",)),
+        ("other settings", ("chunk_lead_in",)),
     ]
 
 
@@ -87,6 +107,8 @@ def test_a_record_without_checks_and_the_safe_settings_have_no_part_recorded() -
         assert [(p.name, p.state, p.summary) for p in check_parts(record, in_force)] == [
             ("similar_check", "not recorded", None),
             ("similar_several_check", "not recorded", None),
+            ("followups_check", "not recorded", None),
+            ("heldout_check", "not recorded", None),
             ("long_answers_check", "not recorded", None),
         ]
 
@@ -100,6 +122,8 @@ def test_stats_describe_the_check_parts_of_the_record_in_force() -> None:
     assert [(p["name"], p["state"]) for p in described["check_parts"]] == [
         ("similar_check", "met"),
         ("similar_several_check", "not recorded"),
+        ("followups_check", "not recorded"),
+        ("heldout_check", "not recorded"),
         ("long_answers_check", "not recorded"),
     ]
     # The operator sets the ratio: the check ran on another one.

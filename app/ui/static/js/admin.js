@@ -128,6 +128,7 @@ function renderCards(coverage, stats) {
 
 // A record's check parts (bench ship), short: /api/stats' blend_settings.check_parts has their figures.
 const CHECK_PART_NAMES = { similar_check: "similar pages", similar_several_check: "several values",
+                           followups_check: "follow-ups", heldout_check: "held-out",
                            long_answers_check: "long answers" };
 function checkParts(parts) {
   if (!parts || !parts.length || parts.every((p) => p.state === "not recorded")) return "none recorded";

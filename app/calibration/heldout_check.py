@@ -1,0 +1,92 @@
+"""A shipped record's check on held-out questions: how close the default blend's first token stays to full prefill's.
+
+The calibration scores its candidates on its own set (app/calibration/calset.py); a record that fits that set and
+drifts on questions it never saw would ship a wrong ratio. `python -m bench quality --ship` runs the default blend,
+reuse and full prefill on a held-out QA set (the gate: 20 nq6 dev examples, 6 passages each, int4 KV as /ask reads
+it) and writes what it measured into the shipped record of the model and dtype (`measured["heldout_check"]`) only
+when the target is met: first-token KL ÷ reuse's ≤ 0.3 and context benefit retained ≥ 0.95, both means first over
+the examples (their 95% bootstrap intervals are recorded beside them, not gated: 20 examples give wide intervals).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from app.calibration.check_record import write_check
+
+MEASURED_KEY = "heldout_check"
+KL_X_REUSE_MAX = 0.3
+BENEFIT_MIN = 0.95
+MIN_EXAMPLES = 20  # fewer and one example moves the means past either target
+TARGET = (
+    f"first-token KL ÷ reuse's ≤ {KL_X_REUSE_MAX} and context benefit retained ≥ {BENEFIT_MIN} (means first over "
+    "the examples; 95% intervals reported, not gated)"
+)
+
+
+@dataclass(frozen=True)
+class HeldoutCheck:
+    """What one run measured: the default blend against full prefill and reuse on `num_examples` QA examples."""
+
+    dataset: str  # the QA file's name
+    num_examples: int
+    num_passages: int
+    seed: int
+    order: str  # which passages stand as the retrieval ranking (bench/data.py)
+    kv_storage_dtype: str  # how the cached modes read the chunk KV (int4: what /ask serves)
+    kl_blend: float  # first-token KL(full ‖ blend), nats, mean over the examples
+    kl_reuse: float
+    kl_x_reuse: float
+    kl_x_reuse_ci95: list[float]
+    benefit_retained: float
+    benefit_ci95: list[float]
+    f1_full: float  # gold F1 of the greedy answers
+    f1_blend: float
+    blend: dict[str, Any]  # the default blend's settings (BlendConfig fields) the run asked with
+    checked_at: str  # ISO 8601 UTC
+    chunk_lead_in: bool | None = None  # whether the prompts opened their context with the lead-in
+
+    @property
+    def meets_target(self) -> bool:
+        return self.kl_x_reuse <= KL_X_REUSE_MAX and self.benefit_retained >= BENEFIT_MIN
+
+    def misses(self) -> list[str]:
+        """What the blend missed the target by, in words (empty when it meets it)."""
+        out = []
+        if not self.kl_x_reuse <= KL_X_REUSE_MAX:  # NaN (reuse's KL 0) misses too
+            out.append(f"KL {self.kl_x_reuse:.3f}× reuse's > {KL_X_REUSE_MAX}")
+        if not self.benefit_retained >= BENEFIT_MIN:
+            out.append(f"benefit retained {self.benefit_retained:.3f} < {BENEFIT_MIN}")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "checked_on": f"{self.dataset} ({self.num_examples} examples × {self.num_passages} passages, seed "
+            f"{self.seed}, {self.order} order), KV read as {self.kv_storage_dtype}: the default blend, reuse and "
+            "full prefill on the same prompts",
+            "target": TARGET,
+            "meets_target": self.meets_target,
+            **asdict(self),
+        }
+
+
+class HeldoutCheckError(ValueError):
+    """The check cannot be recorded: the target is missed, too few examples, or no record of this model and dtype
+    ships for these weights."""
+
+
+def record_heldout_check(check: HeldoutCheck, model: str, compute_dtype: str, fingerprint: str) -> Path:
+    """Write `check` into the shipped record of `model` in `compute_dtype` (`measured["heldout_check"]`).
+
+    Refused when it ran on fewer than MIN_EXAMPLES examples, when it misses the target, when no record ships for the
+    model and dtype, or when that record was measured on other weights (another fingerprint)."""
+    if check.num_examples < MIN_EXAMPLES:
+        raise HeldoutCheckError(f"not recorded: {check.num_examples} examples; the check needs {MIN_EXAMPLES}")
+    if not check.meets_target:
+        raise HeldoutCheckError(
+            f"not recorded: the default blend misses the target on {check.dataset} ({'; '.join(check.misses())}; "
+            f"{TARGET})"
+        )
+    return write_check(MEASURED_KEY, check.to_dict(), model, compute_dtype, fingerprint, HeldoutCheckError)

@@ -1,0 +1,57 @@
+"""A shipped record takes a follow-ups check only when the blend is within 1 of full prefill on both paths."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.calibration import shipped
+from app.calibration.followups_check import FollowupsCheck, FollowupsCheckError, record_followups_check
+from app.calibration.record import BlendSettingsRecord
+
+
+def _check(ask: tuple[int, int], v1: tuple[int, int]) -> FollowupsCheck:
+    """ask, v1: (full prefill's right, the blend's right) of 12."""
+    return FollowupsCheck(
+        seed=0,
+        num_projects=12,
+        num_right_full={"ask": ask[0], "v1": v1[0]},
+        num_right_blend={"ask": ask[1], "v1": v1[1]},
+        num_in_top3={"ask": 12, "v1": 11},
+        blend={"recompute_ratio": 0.2},
+        checked_at="2026-12-06T01:00:00+00:00",
+    )
+
+
+@pytest.fixture
+def shipped_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
+    record = BlendSettingsRecord(
+        model="m",
+        fingerprint="f" * 64,
+        compute_dtype="float32",
+        values={"recompute_ratio": 0.2},
+        calibrated_at="2026-12-04T00:00:00+00:00",
+        calibration_set="calset-3",
+        measured={},
+    )
+    (tmp_path / "m.float32.json").write_text(record.to_json())
+    return tmp_path
+
+
+def test_each_path_must_hold_on_its_own() -> None:
+    assert _check((12, 11), (12, 11)).meets_target and _check((10, 12), (9, 8)).meets_target
+    assert _check((12, 12), (12, 10)).misses() == ["/v1: 10 right against full prefill's 12"]
+    assert _check((12, 10), (12, 12)).misses() == ["/ask: 10 right against full prefill's 12"]
+
+
+def test_a_passing_check_is_written_and_a_miss_is_refused(shipped_dir) -> None:
+    path = record_followups_check(_check((12, 12), (12, 11)), "m", "float32", "f" * 64)
+    entry = BlendSettingsRecord.from_json(path.read_text()).measured["followups_check"]
+    assert entry["meets_target"] is True
+    assert (entry["num_right_full"], entry["num_right_blend"]) == ({"ask": 12, "v1": 12}, {"ask": 12, "v1": 11})
+    before = path.read_text()
+    with pytest.raises(FollowupsCheckError, match="/ask: 9 right against full prefill's 12"):
+        record_followups_check(_check((12, 9), (12, 12)), "m", "float32", "f" * 64)
+    with pytest.raises(FollowupsCheckError, match="no shipped record for m in bfloat16"):
+        record_followups_check(_check((12, 12), (12, 12)), "m", "bfloat16", "f" * 64)
+    assert path.read_text() == before
