@@ -196,7 +196,7 @@ def _stoppable(execute: Execute | None, stop: threading.Event | None) -> Execute
     return guarded
 
 
-SEARCHED = ("selector", "recompute_ratio", "score_layers", "history_ratio", "stale_key_bias")  # `candidates`' keys
+SEARCHED = tuple(candidates(num_layers=1, ratios=RATIOS[:1])[0])  # the keys every candidate sets
 
 
 def fixed_values(items: list[str]) -> dict[str, Any]:
