@@ -10,6 +10,13 @@ missed at the ratios below it. A ratio stops at its first miss (the check parts 
 ratio holds, or the run is stopped, the record shipped before is put back byte for byte (exit 1): a record never
 ships on a calibration alone.
 
+`--alternatives N`: when a check part misses at a ratio, the calibration's next candidates at that ratio that met
+its targets (best calibration-set KL first, up to N in all) are put in the record in turn and the check parts run
+again on each. Candidates within noise of each other on the calibration set can differ on the check parts (the
+0.5B's bfloat16 scoring layers 6/12/18 and 4/8/12/16/20 at 0.15: calset KL 0.248× and 0.252× reuse's, nq6 KL
+0.38× and 0.29× on a draw the check does not use): the gate picks among them by what the checks measure, and the
+record says which it took (`measured.gate_alternative`).
+
 Every step is the same subcommand a person would run by hand, with the same options; each writes its own result
 file beside `--out` (`<out stem>.<ratio>.<step>.json`), and `--out` gets the gate's summary.
 """
@@ -17,6 +24,7 @@ file beside `--out` (`<out stem>.<ratio>.<step>.json`), and `--out` gets the gat
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -28,7 +36,7 @@ from typing import Any
 from bench import harness
 from bench.calibrate import add_with_arg
 from bench.lookup import default_mode
-from fsio.atomic import write_bytes_atomic
+from fsio.atomic import write_bytes_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +64,12 @@ class StepOutcome:
 
 @dataclass
 class RatioOutcome:
+    """One try of the gate: a ratio and which of its calibration's passing candidates the record carried."""
+
     ratio: float
     steps: list[StepOutcome] = field(default_factory=list)
+    alternative: int = 1  # 1: the calibration's choice; k: its k-th best candidate meeting its targets
+    values: dict[str, Any] | None = None  # the blend settings an alternative put in the record (None: the choice)
 
     @property
     def held(self) -> bool:
@@ -86,6 +98,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--heldout-examples", type=int, default=20, help="examples of the held-out check part")
     parser.add_argument("--heldout-passages", type=int, default=6, help="passages per held-out prompt")
+    parser.add_argument(
+        "--alternatives",
+        type=int,
+        default=1,
+        help="candidates per ratio: when a check part misses, the calibration's next passing candidates at that "
+        "ratio (best calibration KL first) are checked in turn, up to this many in all",
+    )
     add_with_arg(parser)
     # What it writes is what servers read on their defaults: no lead-in, the server's KV storage dtype.
     parser.set_defaults(ship=True)
@@ -103,23 +122,24 @@ def common_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
-def steps_at(args: argparse.Namespace, ratio: float, out: Path) -> list[Step]:
-    """The gate's steps at `ratio`, in the order they run: the calibration, then the check parts cheapest first."""
+def steps_at(args: argparse.Namespace, ratio: float, out: Path, alternative: int = 1) -> list[Step]:
+    """The gate's steps at `ratio`, in the order they run: the calibration, then the check parts cheapest first.
+    For an alternative candidate (2, 3, …) the check parts alone: the calibration it comes from has run."""
     common = common_argv(args)
 
     def result(step: str) -> list[str]:
-        return ["--out", str(result_path(out, ratio, step))]
+        return ["--out", str(result_path(out, ratio, step, alternative))]
 
     similar = ["lookup", "--distractors", "similar", "--part", "check", "--examples", str(args.check_cases)]
     similar += ["--max-tokens", "32", "--selectors", "query", "--ship"]
-    return [
-        Step(
-            "calibrate",
-            ["calibrate", "--ratios", str(ratio), "--cases", args.cases, "--ship"]
-            + [f"--with={item}" for item in args.fixed]
-            + common
-            + result("calibrate"),
-        ),
+    calibrate = Step(
+        "calibrate",
+        ["calibrate", "--ratios", str(ratio), "--cases", args.cases, "--ship"]
+        + [f"--with={item}" for item in args.fixed]
+        + common
+        + result("calibrate"),
+    )
+    checks = [
         Step("similar_check", similar + ["--shape", "one"] + common + result("similar_check")),
         Step("similar_several_check", similar + ["--shape", "several"] + common + result("similar_several_check")),
         Step(
@@ -142,10 +162,40 @@ def steps_at(args: argparse.Namespace, ratio: float, out: Path) -> list[Step]:
             + result("long_answers_check"),
         ),
     ]
+    return [calibrate, *checks] if alternative == 1 else checks
 
 
-def result_path(out: Path, ratio: float, step: str) -> Path:
-    return out.with_name(f"{out.stem}.{ratio:g}.{step}.json")
+def result_path(out: Path, ratio: float, step: str, alternative: int = 1) -> Path:
+    alt = "" if alternative == 1 else f".alt{alternative}"
+    return out.with_name(f"{out.stem}.{ratio:g}{alt}.{step}.json")
+
+
+def passing_candidates(calibrate_result: Path, ratio: float) -> list[dict[str, Any]]:
+    """The candidates of a calibration run at `ratio` that met its targets, best calibration-set KL first (the
+    first is the one it chose): each as the record's `tried` entry, values and figures."""
+    result = json.loads(calibrate_result.read_text(encoding="utf-8"))
+    tried = result["record"]["measured"]["tried"]
+    passing = [t for t in tried if not t["misses"] and t["values"].get("recompute_ratio") == ratio]
+    return sorted(passing, key=lambda t: t["figures"]["kl_x_reuse"])
+
+
+def put_alternative(path: Path, candidate: dict[str, Any], rank: int, num_passing: int, missed: list[str]) -> None:
+    """The shipped record at `path` carrying `candidate` (a `tried` entry) in place of the calibration's choice:
+    its values and figures, and no check part (they ran on the settings before)."""
+    from app.calibration.check_parts import CHECK_PARTS
+    from app.calibration.record import BlendSettingsRecord
+
+    record = BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
+    measured = {k: v for k, v in record.measured.items() if k not in {name for name, _ in CHECK_PARTS}}
+    measured["chosen"] = candidate["figures"]
+    measured["gate_alternative"] = {
+        "rank": rank,
+        "of": num_passing,
+        "why": "the calibration's better candidates at this ratio (by calibration-set KL) missed a check part: "
+        + "; ".join(missed),
+        "calibration_choice": record.values,
+    }
+    write_text_atomic(path, dataclasses.replace(record, values=candidate["values"], measured=measured).to_json())
 
 
 def step_figures(name: str, path: Path) -> tuple[bool | None, dict[str, Any]]:
@@ -183,43 +233,71 @@ def step_figures(name: str, path: Path) -> tuple[bool | None, dict[str, Any]]:
 
 
 RunStep = Callable[[Step], int]
+# Put the ratio's k-th candidate (k ≥ 2) into the record; its values, or None when the calibration has no k-th.
+Switch = Callable[[float, int], "dict[str, Any] | None"]
 
 
 def run_gate(
     ratios: Sequence[float],
-    steps_for: Callable[[float], list[Step]],
+    steps_for: Callable[[float, int], list[Step]],
     run_step: RunStep,
     outcomes: list[RatioOutcome] | None = None,
+    switch: Switch | None = None,
+    alternatives: int = 1,
 ) -> list[RatioOutcome]:
     """Each ratio in turn until one holds: its steps in order, stopping at the first miss. A calibration "meets"
     when its exit code is 0 and its record met the calibration targets; a check part when its exit code is 0 (a
-    check part refuses, exit 1, to record a check that misses). `outcomes` (appended to as the steps finish)
-    keeps what ran when a step raises."""
+    check part refuses, exit 1, to record a check that misses). When a check part misses and `alternatives` > 1,
+    `switch` puts the calibration's next passing candidate into the record and the check parts run again, until
+    one holds, `alternatives` were tried or the calibration has no more. `outcomes` (appended to as the steps
+    finish) keeps what ran when a step raises."""
     outcomes = [] if outcomes is None else outcomes
     for ratio in ratios:
-        outcome = RatioOutcome(ratio)
-        outcomes.append(outcome)
-        for step in steps_for(ratio):
-            rc = run_step(step)
-            out = Path(step.argv[step.argv.index("--out") + 1])
-            targets_met, figures = step_figures(step.name, out)
-            met = rc == 0 and targets_met is not False
-            outcome.steps.append(StepOutcome(step.name, met, out.name, figures))
-            logger.info("ship gate @%g: %s %s %s", ratio, step.name, "met" if met else "MISSED", figures)
-            if not met:
-                break
-        if outcome.held:
-            break
+        for alternative in range(1, alternatives + 1):
+            values = None
+            if alternative > 1:
+                values = switch(ratio, alternative) if switch is not None else None
+                if values is None:
+                    break
+            outcome = RatioOutcome(ratio, alternative=alternative, values=values)
+            outcomes.append(outcome)
+            for step in steps_for(ratio, alternative):
+                rc = run_step(step)
+                out = Path(step.argv[step.argv.index("--out") + 1])
+                targets_met, figures = step_figures(step.name, out)
+                met = rc == 0 and targets_met is not False
+                outcome.steps.append(StepOutcome(step.name, met, out.name, figures))
+                logger.info(
+                    "ship gate @%g (candidate %d): %s %s %s",
+                    ratio,
+                    alternative,
+                    step.name,
+                    "met" if met else "MISSED",
+                    figures,
+                )
+                if not met:
+                    break
+            if outcome.held:
+                return outcomes
+            if outcome.missed == "calibrate":
+                break  # no candidate at this ratio meets the calibration's targets
     return outcomes
 
 
 def gate_entry(outcomes: list[RatioOutcome]) -> dict[str, Any]:
     """`measured["ship_gate"]` of a record that shipped: the ratios tried and, below the shipped one, what missed."""
     return {
-        "ratios_tried": [o.ratio for o in outcomes],
+        "ratios_tried": list(dict.fromkeys(o.ratio for o in outcomes)),
         "shipped_ratio": outcomes[-1].ratio,
+        "shipped_candidate": outcomes[-1].alternative,
         "below": [
-            {"ratio": o.ratio, "missed": o.missed, "figures": next(s.figures for s in o.steps if not s.met)}
+            {
+                "ratio": o.ratio,
+                "candidate": o.alternative,
+                "values": o.values,
+                "missed": o.missed,
+                "figures": next(s.figures for s in o.steps if not s.met),
+            }
             for o in outcomes[:-1]
         ],
         "checked_at": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -243,6 +321,7 @@ def write_summary(
         compute_dtype=args.dtype,
         ratios=ratios,
         shipped_ratio=outcomes[-1].ratio if held else None,
+        shipped_candidate=outcomes[-1].alternative if held else None,
         record=path.name if held else None,
         stopped=stopped,  # interrupted or failed half-way: the record from before was put back
         outcomes=[asdict(o) | {"held": o.held, "missed": o.missed} for o in outcomes],
@@ -256,6 +335,8 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     from app.calibration.shipped import model_name, shipped_path
 
     harness.refuse_ship_with_lead_in(args)
+    if args.alternatives < 1:
+        raise SystemExit("--alternatives counts the candidates checked per ratio: 1 or more")
     if args.dtype not in SHIPPED_DTYPES:
         raise SystemExit(f"a record is shipped per compute dtype: --dtype one of {', '.join(SHIPPED_DTYPES)}")
     ratios = sorted(parse_ratios(args.ratios))
@@ -264,13 +345,24 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     path = shipped_path(model_name(str(args.model)), args.dtype)
     before = path.read_bytes() if path.exists() else None
     outcomes: list[RatioOutcome] = []
+
+    def switch(ratio: float, alternative: int) -> dict[str, Any] | None:
+        passing = passing_candidates(result_path(args.out, ratio, "calibrate"), ratio)
+        if len(passing) < alternative:
+            return None
+        missed = [f"candidate {o.alternative}: {o.missed}" for o in outcomes if o.ratio == ratio]
+        put_alternative(path, passing[alternative - 1], alternative, len(passing), missed)
+        return passing[alternative - 1]["values"]
+
     finished = False
     try:
         run_gate(
             ratios,
-            lambda ratio: steps_at(args, ratio, args.out),
+            lambda ratio, alternative: steps_at(args, ratio, args.out, alternative),
             run_step or (lambda step: args.run_bench(step.argv)),  # bench/__main__.py's main, in this process
             outcomes,
+            switch,
+            args.alternatives,
         )
         finished = True
     finally:

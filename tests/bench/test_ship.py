@@ -109,7 +109,7 @@ def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds
         _write_result(step, right_blend=10)
         return 0
 
-    outcomes = run_gate([0.15, 0.2, 0.25, 0.3], lambda r: steps_at(args, r, args.out), run_step)
+    outcomes = run_gate([0.15, 0.2, 0.25, 0.3], lambda r, a: steps_at(args, r, args.out, a), run_step)
     assert ran == [
         (0.15, "calibrate"), (0.15, "similar_check"),
         (0.2, "calibrate"),
@@ -164,11 +164,94 @@ def test_when_no_ratio_holds_the_record_shipped_before_is_put_back_byte_for_byte
     assert record.read_bytes() == before
     summary = json.loads(args.out.read_text())  # what ran before the stop: the first ratio, no step finished
     assert summary["stopped"] is True and summary["shipped_ratio"] is None
-    assert summary["outcomes"] == [{"ratio": 0.15, "steps": [], "held": False, "missed": None}]
+    assert summary["outcomes"] == [
+        {"ratio": 0.15, "steps": [], "alternative": 1, "values": None, "held": False, "missed": None}
+    ]
     # No record before the run: none after it.
     record.unlink()
     assert ship.main(args, run_step=run_step) == 1
     assert not record.exists()
+
+
+def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_record_and_checks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.calibration import shipped
+    from app.calibration.record import BlendSettingsRecord
+    from bench import ship
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
+    record = tmp_path / "m.float32.json"
+    before = b'{"model": "m", "values": {"recompute_ratio": 0.25}}\n'
+    record.write_bytes(before)
+
+    def candidate(layers: list[int], kl: float, misses: list[str] | None = None, ratio: float = 0.15) -> dict:
+        values = {"recompute_ratio": ratio, "score_layers": layers}
+        return {"values": values, "figures": {"kl_x_reuse": kl}, "misses": misses or []}
+
+    tried = [
+        candidate([10], 0.31, ["KL 0.31x reuse > 0.3"]),  # missed the calibration's targets: never an alternative
+        candidate([6, 12, 18], 0.248),  # the calibration's choice
+        candidate([4, 8, 12, 16, 20], 0.252),
+        candidate([8, 16], 0.26),
+        candidate([6, 12, 18], 0.1, ratio=0.2),  # another ratio's
+    ]
+    ran: list[str] = []
+
+    def run_step(step: Step) -> int:
+        out = Path(step.argv[step.argv.index("--out") + 1])
+        ran.append(out.name)
+        if step.name == "calibrate":
+            chosen = BlendSettingsRecord(
+                model="m",
+                fingerprint="f" * 64,
+                compute_dtype="float32",
+                values=tried[1]["values"],
+                calibrated_at="2026-12-06T00:00:00+00:00",
+                calibration_set="calset-3",
+                measured={"targets_met": True, "chosen": tried[1]["figures"], "tried": tried},
+            )
+            record.write_text(chosen.to_json())
+            out.write_text(json.dumps({"record": json.loads(chosen.to_json())}))
+            return 0
+        values = BlendSettingsRecord.from_json(record.read_text()).values
+        _write_result(step, right_blend=10)
+        if step.name == "similar_check":  # what a check part writes into the record when it holds
+            from app.calibration.check_record import write_check
+
+            write_check("similar_check", {"blend": values}, "m", "float32", "f" * 64, ValueError)
+        # The choice misses the held-out part, the next candidate holds everything.
+        return 1 if step.name == "heldout_check" and values["score_layers"] == [6, 12, 18] else 0
+
+    args = _args(tmp_path, "--ratios", "0.15", "--alternatives", "3")
+    assert ship.main(args, run_step=run_step) == 0
+    assert ran == [
+        "gate.0.15.calibrate.json", "gate.0.15.similar_check.json", "gate.0.15.similar_several_check.json",
+        "gate.0.15.followups_check.json", "gate.0.15.heldout_check.json",
+        "gate.0.15.alt2.similar_check.json", "gate.0.15.alt2.similar_several_check.json",
+        "gate.0.15.alt2.followups_check.json", "gate.0.15.alt2.heldout_check.json",
+        "gate.0.15.alt2.long_answers_check.json",
+    ]  # fmt: skip
+    shipped_record = BlendSettingsRecord.from_json(record.read_text())
+    assert shipped_record.values == {"recompute_ratio": 0.15, "score_layers": [4, 8, 12, 16, 20]}
+    measured = shipped_record.measured
+    assert measured["chosen"] == {"kl_x_reuse": 0.252}
+    assert measured["gate_alternative"]["rank"] == 2 and measured["gate_alternative"]["of"] == 3
+    assert measured["gate_alternative"]["calibration_choice"] == tried[1]["values"]
+    assert "candidate 1: heldout_check" in measured["gate_alternative"]["why"]
+    # The check parts in the record ran on the settings it ships: the choice's entry was dropped, the new one written.
+    assert measured["similar_check"] == {"blend": shipped_record.values}
+    gate = measured["ship_gate"]
+    assert gate["ratios_tried"] == [0.15] and (gate["shipped_ratio"], gate["shipped_candidate"]) == (0.15, 2)
+    assert [(b["candidate"], b["missed"], b["values"]) for b in gate["below"]] == [(1, "heldout_check", None)]
+
+    # With no more passing candidates than tried, the ratio ends and the record from before comes back.
+    tried[2]["misses"] = tried[3]["misses"] = ["benefit 0.9 < 0.95"]
+    record.write_bytes(before)
+    assert ship.main(args, run_step=run_step) == 1
+    assert record.read_bytes() == before
+    summary = json.loads(args.out.read_text())
+    assert [(o["ratio"], o["alternative"], o["missed"]) for o in summary["outcomes"]] == [(0.15, 1, "heldout_check")]
 
 
 def test_ship_refuses_a_dtype_that_is_not_a_records_and_the_lead_in() -> None:
