@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from app.calibration import shipped
 from app.calibration.followups_check import FollowupsCheck, FollowupsCheckError, record_followups_check
 from app.calibration.record import BlendSettingsRecord
 
@@ -23,19 +22,8 @@ def _check(ask: tuple[int, int], v1: tuple[int, int]) -> FollowupsCheck:
 
 
 @pytest.fixture
-def shipped_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
-    record = BlendSettingsRecord(
-        model="m",
-        fingerprint="f" * 64,
-        compute_dtype="float32",
-        values={"recompute_ratio": 0.2},
-        calibrated_at="2026-12-04T00:00:00+00:00",
-        calibration_set="calset-3",
-        measured={},
-    )
-    (tmp_path / "m.float32.json").write_text(record.to_json())
-    return tmp_path
+def shipped_dir(ship_record):
+    return ship_record("float32", {"recompute_ratio": 0.2}, {})
 
 
 def test_each_path_must_hold_on_its_own() -> None:

@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from app.calibration import shipped
 from app.calibration.heldout_check import HeldoutCheck, HeldoutCheckError, record_heldout_check
 from app.calibration.record import BlendSettingsRecord
 
@@ -34,19 +33,8 @@ def _check(kl_x_reuse: float, benefit: float, num_examples: int = 20) -> Heldout
 
 
 @pytest.fixture
-def shipped_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
-    record = BlendSettingsRecord(
-        model="m",
-        fingerprint="f" * 64,
-        compute_dtype="bfloat16",
-        values={"recompute_ratio": 0.2},
-        calibrated_at="2026-12-04T00:00:00+00:00",
-        calibration_set="calset-3",
-        measured={"kl_ratio": 0.1},
-    )
-    (tmp_path / "m.bfloat16.json").write_text(record.to_json())
-    return tmp_path
+def shipped_dir(ship_record):
+    return ship_record("bfloat16", {"recompute_ratio": 0.2}, {"kl_ratio": 0.1})
 
 
 def test_the_target_is_kl_at_most_0_3_of_reuses_and_benefit_at_least_0_95() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from app.calibration import shipped
 from app.calibration.long_answers_check import LongAnswersCheck, LongAnswersCheckError, record_long_answers_check
 from app.calibration.record import BlendSettingsRecord
 
@@ -30,19 +29,10 @@ def _check(finish_full: dict[str, int], finish_blend: dict[str, int], agrees: in
 
 
 @pytest.fixture
-def shipped_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
-    record = BlendSettingsRecord(
-        model="m",
-        fingerprint="f" * 64,
-        compute_dtype="bfloat16",
-        values={"recompute_ratio": 0.25},
-        calibrated_at="2026-12-04T00:00:00+00:00",
-        calibration_set="calset-3",
-        measured={"kl_ratio": 0.1, "similar_check": {"meets_target": True}},
+def shipped_dir(ship_record):
+    return ship_record(
+        "bfloat16", {"recompute_ratio": 0.25}, {"kl_ratio": 0.1, "similar_check": {"meets_target": True}}
     )
-    (tmp_path / "m.bfloat16.json").write_text(record.to_json())
-    return tmp_path
 
 
 def test_the_target_is_on_repetition_stops_and_unfinished_answers_each_within_full_prefills_plus_one() -> None:

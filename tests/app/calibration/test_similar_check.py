@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from app.calibration import shipped
 from app.calibration.record import BlendSettingsRecord
 from app.calibration.similar_check import SimilarCheck, SimilarCheckError, record_similar_check
 
@@ -25,19 +24,8 @@ def _check(full: int, blend: int, shape: str = "one") -> SimilarCheck:
 
 
 @pytest.fixture
-def shipped_dir(tmp_path, monkeypatch):
-    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
-    record = BlendSettingsRecord(
-        model="m",
-        fingerprint="f" * 64,
-        compute_dtype="float32",
-        values={"recompute_ratio": 0.15},
-        calibrated_at="2026-12-04T00:00:00+00:00",
-        calibration_set="calset-3",
-        measured={"kl_ratio": 0.1},
-    )
-    (tmp_path / "m.float32.json").write_text(record.to_json())
-    return tmp_path
+def shipped_dir(ship_record):
+    return ship_record("float32", {"recompute_ratio": 0.15}, {"kl_ratio": 0.1})
 
 
 def test_a_passing_check_is_written_into_the_record_beside_what_it_measured(shipped_dir) -> None:
