@@ -14,7 +14,7 @@ ships on a calibration alone.
 its targets (best calibration-set KL first, up to N in all) are put in the record in turn and the check parts run
 again on each. Candidates within noise of each other on the calibration set can differ on the check parts (the
 0.5B's bfloat16 scoring layers 6/12/18 and 4/8/12/16/20 at 0.15: calset KL 0.248× and 0.252× reuse's, nq6 KL
-0.38× and 0.29× on a draw the check does not use): the gate picks among them by what the checks measure, and the
+0.36× and 0.25× on a draw the check does not use): the gate picks among them by what the checks measure, and the
 record says which it took (`measured.gate_alternative`).
 
 Every step is the same subcommand a person would run by hand, with the same options; each writes its own result
@@ -223,7 +223,7 @@ def step_figures(name: str, path: Path) -> tuple[bool | None, dict[str, Any]]:
         }
     modes = result["modes"]
     if name == "heldout_check":
-        blend = next(mode for name, mode in modes.items() if name not in ("full", "reuse"))
+        blend = next(mode for mode_name, mode in modes.items() if mode_name not in ("full", "reuse"))
         return None, {"kl_x_reuse": blend["kl_x_reuse"], "benefit_retained": blend["benefit_retained"]}
     return None, {
         "finish_full": modes["full"]["finish_reasons"],
