@@ -99,13 +99,16 @@ class ServedModelOut(BaseModel):
 
 
 class CheckPartOut(BaseModel):
-    name: str = Field(description="The record's measured key: similar_check, similar_several_check, long_answers_check")
+    name: str = Field(
+        description="The record's measured key: similar_check, similar_several_check, followups_check, heldout_check, "
+        "long_answers_check"
+    )
     title: str = Field(description="What the part asks, in words")
     state: Literal["met", "other settings", "not recorded"] = Field(
         description="met: checked on the settings in force; other settings: a setting in force differs from what "
         "it ran on (differs_in); not recorded: the record has no such entry (never run on it, or run and missed)"
     )
-    summary: str | None = Field(description="Its figures in words (right answers, or finish reasons)")
+    summary: str | None = Field(description="Its figures in words (right answers, KL and benefit, or finish reasons)")
     differs_in: list[str] = Field(description="The settings in force that differ from those it ran on")
 
 
