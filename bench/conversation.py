@@ -489,13 +489,11 @@ def _ship(result: dict[str, Any], model: str) -> int:
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
         chunk_lead_in=result.get("chunk_lead_in"),
     )
-    try:
-        path = record_followups_check(check, model_name(model), result["compute_dtype"], result["fingerprint"])
-    except FollowupsCheckError as exc:
-        logger.error("%s", exc)
-        return 1
-    logger.info("follow-ups check written to %s", path)
-    return 0
+    return harness.ship_check(
+        lambda: record_followups_check(check, model_name(model), result["compute_dtype"], result["fingerprint"]),
+        FollowupsCheckError,
+        "follow-ups",
+    )
 
 
 def _unique(passages: list[Passage]) -> list[Passage]:

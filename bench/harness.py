@@ -258,6 +258,18 @@ def add_blend_args(parser: argparse.ArgumentParser) -> None:
         )
 
 
+def ship_check(write: Callable[[], Path], error: type[ValueError], what: str) -> int:
+    """`--ship` of a check part: `write` puts it into the shipped record; exit code 1 when it refuses with `error`
+    (the target missed, no record, another fingerprint's record: logged), else 0."""
+    try:
+        path = write()
+    except error as exc:
+        logger.error("%s", exc)
+        return 1
+    logger.info("%s check written to %s", what, path)
+    return 0
+
+
 def blend_options_given(args: argparse.Namespace) -> list[str]:
     """The blend options a run changed (as `--option-name`): a check of the server's defaults refuses them."""
     return ["--" + o.name.replace("_", "-") for o in _blend_options() if getattr(args, o.name, None) is not None]

@@ -175,13 +175,11 @@ def _ship(result: dict[str, Any], model: str) -> int:
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
         chunk_lead_in=result.get("chunk_lead_in"),
     )
-    try:
-        path = record_long_answers_check(check, model_name(model), result["compute_dtype"], result["fingerprint"])
-    except LongAnswersCheckError as exc:
-        logger.error("%s", exc)
-        return 1
-    logger.info("long-answers check written to %s", path)
-    return 0
+    return harness.ship_check(
+        lambda: record_long_answers_check(check, model_name(model), result["compute_dtype"], result["fingerprint"]),
+        LongAnswersCheckError,
+        "long-answers",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

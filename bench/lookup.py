@@ -290,15 +290,13 @@ def _ship_similar_check(result: dict[str, Any], engine: Any) -> int:
         shape=result["shape"],
         chunk_lead_in=result.get("chunk_lead_in"),
     )
-    try:
-        path = record_similar_check(
+    return harness.ship_check(
+        lambda: record_similar_check(
             check, model_name(engine.settings.model), result["compute_dtype"], engine.fingerprint
-        )
-    except SimilarCheckError as exc:
-        logger.error("%s", exc)
-        return 1
-    logger.info("similar check written to %s", path)
-    return 0
+        ),
+        SimilarCheckError,
+        "similar",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -313,10 +313,10 @@ def main(args: argparse.Namespace) -> int:
             result["modes"][spec.name]["selector"] = spec.blend.selector
     harness.write_result(args, result, run, plot)
     harness.log_rows(logger, result["modes"], _mode_line)
-    return _ship(result, engine, blend_name(ratios[0])) if args.ship else 0
+    return _ship(result, engine.settings.model, blend_name(ratios[0])) if args.ship else 0
 
 
-def _ship(result: dict[str, Any], engine: Engine, mode: str) -> int:
+def _ship(result: dict[str, Any], model: str, mode: str) -> int:
     """`--ship`: the default blend's KL and benefit into the shipped record of the model and dtype (exit 1 when
     refused: the target missed, too few examples, no record, or another fingerprint's record)."""
     from datetime import UTC, datetime
@@ -341,19 +341,15 @@ def _ship(result: dict[str, Any], engine: Engine, mode: str) -> int:
         benefit_ci95=blend["benefit_retained_ci95"],
         f1_full=full["f1"],
         f1_blend=blend["f1"],
-        blend=harness.blend_settings(engine),
+        blend=result["blend"],
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
         chunk_lead_in=result.get("chunk_lead_in"),
     )
-    try:
-        path = record_heldout_check(
-            check, model_name(engine.settings.model), result["compute_dtype"], engine.fingerprint
-        )
-    except HeldoutCheckError as exc:
-        logger.error("%s", exc)
-        return 1
-    logger.info("held-out check written to %s", path)
-    return 0
+    return harness.ship_check(
+        lambda: record_heldout_check(check, model_name(model), result["compute_dtype"], result["fingerprint"]),
+        HeldoutCheckError,
+        "held-out",
+    )
 
 
 def _mode_line(name: str, m: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.calibration.followups_check import PATHS as FOLLOWUP_PATHS
 from bench import harness
 from bench.calibrate import add_with_arg
 from bench.lookup import default_mode
@@ -219,7 +220,7 @@ def step_figures(name: str, path: Path) -> tuple[bool | None, dict[str, Any]]:
         summary = result["lookup"]["summary"]
         return None, {
             path: {"right_full": summary[path]["full_right"], "right_blend": summary[path]["default_right"]}
-            for path in ("ask", "v1")
+            for path in FOLLOWUP_PATHS
         }
     modes = result["modes"]
     if name == "heldout_check":
