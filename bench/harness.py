@@ -13,10 +13,13 @@ import math
 import os
 import platform
 import resource
+import signal
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -256,6 +259,45 @@ def add_blend_args(parser: argparse.ArgumentParser) -> None:
             choices=option.choices,
             help=option.help,
         )
+
+
+class Stopped(KeyboardInterrupt):
+    """A run stopped by a signal (`stop_on_signals`): a KeyboardInterrupt, so whatever cleans up after ^C cleans
+    up after SIGTERM too."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise `Stopped` in the main thread while the block runs, so a long run's `finally`
+    (the gate putting the record from before back) runs on `kill` as on ^C; SIGTERM's default would end the
+    process with none of it. A signal the process was started ignoring stays ignored (a job started in the
+    background of a script ignores SIGINT), and after the first signal the previous handlers are back: a
+    second one is not caught. Outside the main thread (where Python takes no handler) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[signal.Signals, Any] = {}
+
+    def stop(signum: int, frame: object) -> None:
+        restore()
+        raise Stopped(signal.Signals(signum).name)
+
+    def restore() -> None:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        previous.clear()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            previous[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        restore()
 
 
 def ship_check(write: Callable[[], Path], error: type[ValueError], what: str) -> int:

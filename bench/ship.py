@@ -37,6 +37,7 @@ from app.calibration.followups_check import PATHS as FOLLOWUP_PATHS
 from bench import harness
 from bench.calibrate import add_with_arg
 from bench.lookup import default_mode
+from bench.ship_resume import model_fingerprint, reuse_calibration
 from fsio.atomic import write_bytes_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="candidates per ratio: when a check part misses, the calibration's next passing candidates at that "
         "ratio (best calibration KL first) are checked in turn, up to this many in all",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="a ratio's calibration result already beside --out from an earlier run of this gate (same model "
+        "weights, dtype, calibration set, ratio and --with) is put in the record instead of measured again; the "
+        "check parts run again",
     )
     add_with_arg(parser)
     # What it writes is what servers read on their defaults: no lead-in, the server's KV storage dtype.
@@ -312,6 +320,7 @@ def write_summary(
     outcomes: list[RatioOutcome],
     held: bool,
     run: harness.RunRecord,
+    reused: list[str],
     stopped: bool = False,
 ) -> None:
     """`--out`: the gate's summary (what each ratio's steps found, and what shipped)."""
@@ -325,6 +334,7 @@ def write_summary(
         shipped_candidate=outcomes[-1].alternative if held else None,
         record=path.name if held else None,
         stopped=stopped,  # interrupted or failed half-way: the record from before was put back
+        reused=reused,  # calibration results --resume took from an earlier run instead of measuring again
         outcomes=[asdict(o) | {"held": o.held, "missed": o.missed} for o in outcomes],
     )
     harness.write_result(args, result, run)
@@ -346,6 +356,22 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     path = shipped_path(model_name(str(args.model)), args.dtype)
     before = path.read_bytes() if path.exists() else None
     outcomes: list[RatioOutcome] = []
+    run_bench: RunStep = run_step or (lambda step: args.run_bench(step.argv))  # bench/__main__.py's main, here
+    reused: list[str] = []  # the calibration results --resume put in the record instead of running the step
+    weights: list[str] = []  # the model's fingerprint, loaded once when --resume first needs it
+
+    def fingerprint() -> str:
+        if not weights:
+            weights.append(model_fingerprint(args))
+        return weights[0]
+
+    def run_or_reuse(step: Step) -> int:
+        out = Path(step.argv[step.argv.index("--out") + 1])
+        ratio = float(step.argv[step.argv.index("--ratios") + 1]) if step.name == "calibrate" else None
+        if args.resume and ratio is not None and reuse_calibration(args, out, path, ratio, fingerprint):
+            reused.append(out.name)
+            return 0
+        return run_bench(step)
 
     def switch(ratio: float, alternative: int) -> dict[str, Any] | None:
         passing = passing_candidates(result_path(args.out, ratio, "calibrate"), ratio)
@@ -355,17 +381,20 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
         put_alternative(path, passing[alternative - 1], alternative, len(passing), missed)
         return passing[alternative - 1]["values"]
 
-    finished = False
+    finished = stopped_by = False
     try:
-        run_gate(
-            ratios,
-            lambda ratio, alternative: steps_at(args, ratio, args.out, alternative),
-            run_step or (lambda step: args.run_bench(step.argv)),  # bench/__main__.py's main, in this process
-            outcomes,
-            switch,
-            args.alternatives,
-        )
+        with harness.stop_on_signals():  # SIGTERM (kill, a service manager) stops the gate as ^C does
+            run_gate(
+                ratios,
+                lambda ratio, alternative: steps_at(args, ratio, args.out, alternative),
+                run_or_reuse,
+                outcomes,
+                switch,
+                args.alternatives,
+            )
         finished = True
+    except harness.Stopped as exc:
+        stopped_by = exc.signal_name
     finally:
         held = finished and bool(outcomes) and outcomes[-1].held
         if not held:
@@ -375,7 +404,10 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
             else:
                 write_bytes_atomic(path, before)
         if not finished:  # stopped half-way: what ran is still worth its summary
-            write_summary(args, path, ratios, outcomes, held, run, stopped=True)
+            write_summary(args, path, ratios, outcomes, held, run, reused, stopped=True)
+    if stopped_by:
+        logger.error("stopped by %s: the record shipped before is back, unchanged", stopped_by)
+        return 1
     if held:
         from app.calibration.record import BlendSettingsRecord
 
@@ -383,7 +415,7 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
         write_check(
             "ship_gate", gate_entry(outcomes), record.model, record.compute_dtype, record.fingerprint, ValueError
         )
-    write_summary(args, path, ratios, outcomes, held, run)
+    write_summary(args, path, ratios, outcomes, held, run, reused)
     if held:
         logger.info("shipped %s at ratio %g: every check part met", path.name, outcomes[-1].ratio)
         return 0

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 from pathlib import Path
 
+import pytest
+
 from bench.__main__ import build_parser
-from bench.harness import cpu_facts, log_rows, result_header, server_kv_dtype
+from bench.harness import Stopped, cpu_facts, log_rows, result_header, server_kv_dtype, stop_on_signals
 from bench.quality import _mode_line as quality_line
 
 
@@ -102,3 +106,21 @@ def test_a_quality_mode_line_reads_as_it_did() -> None:
         "blend@0.15  f1=0.500 nll=1.250 length_share=1.000 fidelity=0.750 kl=1.230e-04 (0.31x reuse's) "
         "benefit=0.875 [0.81, 0.94]"
     )
+
+
+def test_stop_on_signals_raises_stopped_for_sigterm_and_puts_the_handlers_back() -> None:
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with pytest.raises(Stopped) as stopped, stop_on_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        pytest.fail("SIGTERM did not stop the block")
+    assert stopped.value.signal_name == "SIGTERM" and isinstance(stopped.value, KeyboardInterrupt)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+    # A signal the process ignores stays ignored inside the block.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop_on_signals():
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) is not before[0]
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)

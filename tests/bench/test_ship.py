@@ -4,6 +4,8 @@ record shipped before, untouched."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -167,6 +169,15 @@ def test_when_no_ratio_holds_the_record_shipped_before_is_put_back_byte_for_byte
     assert summary["outcomes"] == [
         {"ratio": 0.15, "steps": [], "alternative": 1, "values": None, "held": False, "missed": None}
     ]
+    # Stopped by SIGTERM (kill, a service manager): the same, and exit code 1.
+    def killed(step: Step) -> int:
+        record.write_text("half a run")
+        os.kill(os.getpid(), signal.SIGTERM)
+        return 0
+
+    assert ship.main(args, run_step=killed) == 1
+    assert record.read_bytes() == before
+    assert json.loads(args.out.read_text())["stopped"] is True
     # No record before the run: none after it.
     record.unlink()
     assert ship.main(args, run_step=run_step) == 1
@@ -291,3 +302,15 @@ def test_ship_on_a_tiny_model_writes_one_record_with_every_check_part_and_the_ga
     assert [s["name"] for s in summary["outcomes"][0]["steps"]] == [
         "calibrate", "similar_check", "similar_several_check", "followups_check", "heldout_check", "long_answers_check",
     ]  # fmt: skip
+    # Again with --resume: the calibration's result is put back in the record, not measured again (on the real
+    # fingerprint of these weights); every check part runs again.
+    calibration = out.with_name("gate.1.calibrate.json")
+    written = calibration.read_bytes()
+    assert main([*argv, "--resume"]) == 0
+    assert calibration.read_bytes() == written
+    summary = json.loads(out.read_text())
+    assert summary["reused"] == [calibration.name] and summary["shipped_ratio"] == 1.0
+    assert [s["name"] for s in summary["outcomes"][0]["steps"]][1:] == [
+        "similar_check", "similar_several_check", "followups_check", "heldout_check", "long_answers_check",
+    ]  # fmt: skip
+    assert "similar_check" in BlendSettingsRecord.from_json(path.read_text()).measured

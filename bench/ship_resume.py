@@ -1,0 +1,112 @@
+"""`bench ship --resume`: an earlier run's calibration put back in place instead of measured again.
+
+A gate's calibration is its costliest step (the 1.5B's: about 40 minutes on two cores) and its result file holds
+the whole record it wrote. With `--resume`, when that file (beside `--out`, the name the step would write) is one
+this run would make, its record goes into the shipped record's place and the step is not run: the same model
+weights and compute dtype (the fingerprint, which also changes with the engine's numerics version), the same
+calibration set, this ratio alone, the held-fixed settings (`--with`) in every candidate, the server's KV storage
+dtype and no lead-in. Anything else is measured again, the reason logged. The check parts always run: they are
+what decides whether a record ships.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def calibration_mismatch(
+    result: dict[str, Any],
+    *,
+    model: str,
+    compute_dtype: str,
+    calibration_set: str,
+    ratio: float,
+    fixed: dict[str, Any],
+    kv_dtype: str,
+    fingerprint: Callable[[], str],
+) -> str | None:
+    """Why a `bench calibrate` result cannot stand for the calibration this run would measure; None when it can.
+    `fingerprint` is asked last (it loads the model's weights)."""
+    record = result.get("record")
+    if result.get("benchmark") != "calibrate" or not isinstance(record, dict):
+        return "not a calibration result"
+    measured = record.get("measured", {})
+    checks = [
+        ("model", record.get("model"), model),
+        ("compute dtype", record.get("compute_dtype"), compute_dtype),
+        ("calibration set", record.get("calibration_set"), calibration_set),
+        ("KV storage dtype", measured.get("kv_storage_dtype"), kv_dtype),
+        ("lead-in", measured.get("chunk_lead_in"), False),
+    ]
+    for what, found, wanted in checks:
+        if found != wanted:
+            return f"{what} {found!r}, this run's is {wanted!r}"
+    tried = measured.get("tried") or []
+    if not tried:
+        return "no candidate measured"
+    ratios = sorted({t["values"].get("recompute_ratio") for t in tried})
+    if ratios != [ratio]:
+        return f"measured ratios {ratios}, this step's is {ratio:g} alone"
+    for key, value in fixed.items():
+        if any(t["values"].get(key) != value for t in tried):
+            return f"candidates without {key}={value!r} (held fixed in this run)"
+    if record.get("fingerprint") != (now := fingerprint()):
+        return f"measured on fingerprint {str(record.get('fingerprint'))[:12]}, these weights are {now[:12]}"
+    return None
+
+
+def model_fingerprint(args: argparse.Namespace) -> str:
+    """The engine's fingerprint for `--model` in `--dtype` (weights and numerics version), loading the weights
+    once without building an engine."""
+    from bench.harness import default_models_dir
+    from engine.model import load_model
+    from engine.models.resolve import resolve_model
+
+    resolved = resolve_model(str(args.model), Path(args.models_dir or default_models_dir()))
+    return load_model(resolved.path, dtype=args.dtype).fingerprint
+
+
+def reuse_calibration(
+    args: argparse.Namespace, result_file: Path, record_path: Path, ratio: float, fingerprint: Callable[[], str]
+) -> bool:
+    """Put the record of the calibration result at `result_file` where the check parts read it (`record_path`)
+    when it stands for this run's calibration at `ratio`; False (the reason logged) when it does not."""
+    from app.calibration.calset import describe, make_cases
+    from app.calibration.record import BlendSettingsRecord
+    from app.calibration.search import fixed_values
+    from app.calibration.shipped import model_name
+    from bench.harness import server_kv_dtype
+    from fsio.atomic import write_text_atomic
+
+    if not result_file.is_file():
+        return False
+    try:
+        result = json.loads(result_file.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        logger.warning("--resume: %s is no JSON (%s): calibrating again", result_file.name, exc)
+        return False
+    cases = tuple(int(x) for x in args.cases.split(","))
+    why = calibration_mismatch(
+        result,
+        model=model_name(str(args.model)),
+        compute_dtype=args.dtype,
+        calibration_set=describe(make_cases(*cases)),
+        ratio=ratio,
+        fixed=fixed_values(args.fixed),
+        kv_dtype=server_kv_dtype(),
+        fingerprint=fingerprint,
+    )
+    if why is not None:
+        logger.warning("--resume: %s is not this run's calibration (%s): calibrating again", result_file.name, why)
+        return False
+    record = BlendSettingsRecord.from_json(json.dumps(result["record"]))
+    write_text_atomic(record_path, record.to_json())
+    logger.info("--resume: the calibration at %g from %s (%s) is in the record", ratio, result_file.name, record.values)
+    return True

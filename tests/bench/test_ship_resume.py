@@ -1,0 +1,144 @@
+"""`bench ship --resume`: an earlier run's calibration stands in for the step only when it is the calibration this run
+would measure; the check parts always run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.calibration.calset import describe, make_cases
+from app.calibration.record import BlendSettingsRecord
+from bench.__main__ import build_parser
+from bench.harness import server_kv_dtype
+from bench.ship import Step
+from bench.ship_resume import calibration_mismatch
+
+CALSET = describe(make_cases(2, 1, 2))
+FINGERPRINT = "f" * 64
+
+
+def _record(ratio: float = 0.15, fingerprint: str = FINGERPRINT, **values: Any) -> BlendSettingsRecord:
+    tried = [
+        {"values": {"recompute_ratio": ratio, "score_layers": [4, 8]} | values, "figures": {"kl_x_reuse": 0.2}},
+        {"values": {"recompute_ratio": ratio, "score_layers": [6]} | values, "figures": {"kl_x_reuse": 0.25}},
+    ]
+    return BlendSettingsRecord(
+        model="m",
+        fingerprint=fingerprint,
+        compute_dtype="bfloat16",
+        values=tried[0]["values"],
+        calibrated_at="2026-12-06T00:00:00+00:00",
+        calibration_set=CALSET,
+        measured={
+            "targets_met": True,
+            "kv_storage_dtype": server_kv_dtype(),  # what a calibration in this run measures
+            "chunk_lead_in": False,
+            "chosen": tried[0]["figures"],
+            "tried": [t | {"misses": []} for t in tried],
+        },
+    )
+
+
+def _result(record: BlendSettingsRecord) -> dict[str, Any]:
+    return {"benchmark": "calibrate", "record": json.loads(record.to_json())}
+
+
+def _mismatch(result: dict[str, Any], fingerprint: str = FINGERPRINT, **fixed: Any) -> str | None:
+    return calibration_mismatch(
+        result,
+        model="m",
+        compute_dtype="bfloat16",
+        calibration_set=CALSET,
+        ratio=0.15,
+        fixed=fixed,
+        kv_dtype=server_kv_dtype(),
+        fingerprint=lambda: fingerprint,
+    )
+
+
+def test_a_calibration_stands_for_this_runs_only_with_the_same_model_weights_set_ratio_and_held_values() -> None:
+    assert _mismatch(_result(_record())) is None
+    assert _mismatch(_result(_record(match_labels=True)), match_labels=True) is None
+    assert _mismatch({"benchmark": "lookup"}) == "not a calibration result"
+    other_model = _result(dataclasses.replace(_record(), model="n"))
+    assert _mismatch(other_model) == "model 'n', this run's is 'm'"
+    other_dtype = _result(dataclasses.replace(_record(), compute_dtype="float32"))
+    assert _mismatch(other_dtype) == "compute dtype 'float32', this run's is 'bfloat16'"
+    other_set = _result(dataclasses.replace(_record(), calibration_set="calset-2: 8 lookup"))
+    assert _mismatch(other_set) == f"calibration set 'calset-2: 8 lookup', this run's is {CALSET!r}"
+    other_kv = _result(_record())
+    other_kv["record"]["measured"]["kv_storage_dtype"] = "fp32"
+    assert _mismatch(other_kv) == f"KV storage dtype 'fp32', this run's is {server_kv_dtype()!r}"
+    assert _mismatch(_result(_record(ratio=0.2))) == "measured ratios [0.2], this step's is 0.15 alone"
+    assert (
+        _mismatch(_result(_record()), match_labels=True)
+        == "candidates without match_labels=True (held fixed in this run)"
+    )
+    assert _mismatch(_result(_record()), fingerprint="e" * 64) == (
+        "measured on fingerprint ffffffffffff, these weights are eeeeeeeeeeee"
+    )
+
+
+def test_resume_puts_the_earlier_calibration_in_the_record_and_runs_every_check_part(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from app.calibration import shipped
+    from bench import ship
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
+    monkeypatch.setattr(ship, "model_fingerprint", lambda args: FINGERPRINT)
+    record = tmp_path / "m.bfloat16.json"
+    before = b'{"model": "m", "values": {"recompute_ratio": 0.25}}\n'
+    record.write_bytes(before)
+    calibration = _record(match_labels=True)
+    ran: list[str] = []
+
+    def run_step(step: Step) -> int:
+        out = Path(step.argv[step.argv.index("--out") + 1])
+        ran.append(step.name)
+        if step.name == "calibrate":
+            record.write_text(calibration.to_json())
+            out.write_text(json.dumps(_result(calibration)))
+            return 0
+        if not resumed:
+            raise KeyboardInterrupt  # the first run is stopped after its calibration
+        out.write_text(json.dumps(_check_result(step.name)))
+        return 0
+
+    argv = ["ship", "--model", "m", "--dtype", "bfloat16", "--ratios", "0.15", "--cases", "2,1,2"]
+    argv += ["--with", "match_labels=true", "--out", str(tmp_path / "gate.json")]
+    args = build_parser().parse_args(argv)
+    resumed = False
+    with pytest.raises(KeyboardInterrupt):
+        ship.main(args, run_step=run_step)
+    assert record.read_bytes() == before and ran == ["calibrate", "similar_check"]
+
+    resumed, ran[:] = True, []
+    args = build_parser().parse_args([*argv, "--resume"])
+    assert ship.main(args, run_step=run_step) == 0
+    assert ran == ["similar_check", "similar_several_check", "followups_check", "heldout_check", "long_answers_check"]
+    shipped_record = BlendSettingsRecord.from_json(record.read_text())
+    assert shipped_record.values == calibration.values and shipped_record.measured["ship_gate"]["shipped_ratio"] == 0.15
+    summary = json.loads(args.out.read_text())
+    assert summary["reused"] == ["gate.0.15.calibrate.json"] and summary["shipped_ratio"] == 0.15
+
+    # Another model's weights (or any other difference): the calibration is measured again.
+    monkeypatch.setattr(ship, "model_fingerprint", lambda args: "e" * 64)
+    ran[:] = []
+    assert ship.main(args, run_step=run_step) == 0
+    assert ran[0] == "calibrate" and json.loads(args.out.read_text())["reused"] == []
+
+
+def _check_result(name: str) -> dict[str, Any]:
+    if name.startswith("similar"):
+        return {"default_selector": "query", "ratio": 0.15, "right": {"full": 11, "reuse": 4, "query@0.15": 11}}
+    if name == "followups_check":
+        return {"lookup": {"summary": {p: {"full_right": 12, "default_right": 12} for p in ("ask", "v1")}}}
+    if name == "heldout_check":
+        return {"modes": {"full": {}, "reuse": {}, "blend@0.15": {"kl_x_reuse": 0.1, "benefit_retained": 0.99}}}
+    blend = {"finish_reasons": {"stop": 12}, "agrees": 9}
+    return {"modes": {"full": {"finish_reasons": {"stop": 12}}, "blend": blend}}
