@@ -169,6 +169,7 @@ def test_when_no_ratio_holds_the_record_shipped_before_is_put_back_byte_for_byte
     assert summary["outcomes"] == [
         {"ratio": 0.15, "steps": [], "alternative": 1, "values": None, "held": False, "missed": None}
     ]
+
     # Stopped by SIGTERM (kill, a service manager): the same, and exit code 1.
     def killed(step: Step) -> int:
         record.write_text("half a run")
