@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -358,12 +359,7 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     outcomes: list[RatioOutcome] = []
     run_bench: RunStep = run_step or (lambda step: args.run_bench(step.argv))  # bench/__main__.py's main, here
     reused: list[str] = []  # the calibration results --resume put in the record instead of running the step
-    weights: list[str] = []  # the model's fingerprint, loaded once when --resume first needs it
-
-    def fingerprint() -> str:
-        if not weights:
-            weights.append(model_fingerprint(args))
-        return weights[0]
+    fingerprint = functools.cache(lambda: model_fingerprint(args))  # loaded once, when --resume first needs it
 
     def run_or_reuse(step: Step) -> int:
         out = Path(step.argv[step.argv.index("--out") + 1])
@@ -381,7 +377,8 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
         put_alternative(path, passing[alternative - 1], alternative, len(passing), missed)
         return passing[alternative - 1]["values"]
 
-    finished = stopped_by = False
+    finished = False
+    stopped_by: str | None = None  # the signal that stopped the gate
     try:
         with harness.stop_on_signals():  # SIGTERM (kill, a service manager) stops the gate as ^C does
             run_gate(
