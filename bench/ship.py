@@ -18,7 +18,9 @@ again on each. Candidates within noise of each other on the calibration set can 
 record says which it took (`measured.gate_alternative`).
 
 Every step is the same subcommand a person would run by hand, with the same options; each writes its own result
-file beside `--out` (`<out stem>.<ratio>.<step>.json`), and `--out` gets the gate's summary.
+file beside `--out` (`<out stem>.<ratio>.<step>.json`), and `--out` gets the gate's summary. ^C and SIGTERM stop
+the gate alike, the record from before put back. `--resume` takes a ratio's calibration from the result file an
+earlier run left beside `--out` when it is the one this run would measure (bench/ship_resume.py).
 """
 
 from __future__ import annotations
