@@ -345,7 +345,7 @@ def write_summary(
 
 def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     from app.calibration.check_record import write_check
-    from app.calibration.search import parse_ratios
+    from app.calibration.search import fixed_values, parse_ratios
     from app.calibration.shipped import model_name, shipped_path
 
     harness.refuse_ship_with_lead_in(args)
@@ -353,6 +353,10 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
         raise SystemExit("--alternatives counts the candidates checked per ratio: 1 or more")
     if args.dtype not in SHIPPED_DTYPES:
         raise SystemExit(f"a record is shipped per compute dtype: --dtype one of {', '.join(SHIPPED_DTYPES)}")
+    try:
+        fixed_values(args.fixed)  # refused here, before any step (--resume reads them before a calibration would)
+    except ValueError as exc:
+        raise SystemExit(f"--with: {exc}") from None
     ratios = sorted(parse_ratios(args.ratios))
     run = harness.RunRecord()
     args.out.parent.mkdir(parents=True, exist_ok=True)

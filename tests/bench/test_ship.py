@@ -266,11 +266,13 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
     assert [(o["ratio"], o["alternative"], o["missed"]) for o in summary["outcomes"]] == [(0.15, 1, "heldout_check")]
 
 
-def test_ship_refuses_a_dtype_that_is_not_a_records_and_the_lead_in() -> None:
+def test_ship_refuses_a_dtype_that_is_not_a_records_the_lead_in_and_an_unknown_setting() -> None:
     with pytest.raises(SystemExit, match="per compute dtype"):
         main(["ship", "--model", "m", "--dtype", "auto"])
     with pytest.raises(SystemExit, match="no lead-in"):
         main(["ship", "--model", "m", "--dtype", "float32", "--lead-in"])
+    with pytest.raises(SystemExit, match="--with: expected BLEND_SETTING=VALUE, got 'nonsense=1'"):
+        main(["ship", "--model", "m", "--dtype", "float32", "--resume", "--with", "nonsense=1"])
 
 
 @pytest.mark.slow
