@@ -51,6 +51,11 @@ def add_with_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_cases(text: str) -> tuple[int, ...]:
+    """`--cases`: the calibration set's look-ups, two-hop and follow-up cases (`calset.make_cases`'s arguments)."""
+    return tuple(int(x) for x in text.split(","))
+
+
 def main(args: argparse.Namespace) -> int:
     from app.calibration.search import fixed_values, parse_ratios, run_calibration
     from app.calibration.shipped import shipped_path
@@ -62,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"--with: {exc}") from None
 
     run = harness.RunRecord()
-    cases = tuple(int(x) for x in args.cases.split(","))
+    cases = parse_cases(args.cases)
     tried_values = read_candidates(args.candidates) if args.candidates is not None else None
     if args.ship and tried_values is not None:
         raise SystemExit("--ship takes the search's choice, not a study's (--candidates)")

@@ -82,6 +82,7 @@ def reuse_calibration(
     from app.calibration.record import BlendSettingsRecord
     from app.calibration.search import fixed_values
     from app.calibration.shipped import model_name
+    from bench.calibrate import parse_cases
     from bench.harness import server_kv_dtype
     from fsio.atomic import write_text_atomic
 
@@ -92,12 +93,11 @@ def reuse_calibration(
     except ValueError as exc:
         logger.warning("--resume: %s is no JSON (%s): calibrating again", result_file.name, exc)
         return False
-    cases = tuple(int(x) for x in args.cases.split(","))
     why = calibration_mismatch(
         result,
         model=model_name(str(args.model)),
         compute_dtype=args.dtype,
-        calibration_set=describe(make_cases(*cases)),
+        calibration_set=describe(make_cases(*parse_cases(args.cases))),
         ratio=ratio,
         fixed=fixed_values(args.fixed),
         kv_dtype=server_kv_dtype(),
