@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,3 +102,36 @@ def tiny_engine(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         EngineSettings(model=str(tiny_llama_dir), num_threads=2, dtype="float32"),
         models_dir=tmp_path_factory.mktemp("models"),
     )
+
+
+@pytest.fixture
+def write_step_result() -> Callable[..., None]:
+    """A fake `bench ship` step's result file (tests/bench/test_ship.py, test_ship_resume.py)."""
+    return _write_step_result
+
+
+def _write_step_result(step: Any, right_blend: int, targets_met: bool = True) -> None:
+    """What a `bench ship` step (a bench.ship.Step) writes to its `--out`, as far as bench.ship.step_figures reads it:
+    check parts with full prefill at 11-12 and the default blend at `right_blend`; a calibration whose targets were
+    `targets_met`."""
+    out = Path(step.argv[step.argv.index("--out") + 1])
+    if step.name == "calibrate":
+        result = {
+            "record": {"values": {"recompute_ratio": 0.1}, "measured": {"targets_met": targets_met, "chosen": {}}}
+        }
+    elif step.name.startswith("similar"):
+        result = {
+            "default_selector": "query",
+            "ratio": 0.1,
+            "right": {"full": 11, "reuse": 4, "query@0.1": right_blend},
+        }
+    elif step.name == "followups_check":
+        summary = {path: {"full_right": 12, "default_right": right_blend} for path in ("ask", "v1")}
+        result = {"lookup": {"summary": summary}}
+    elif step.name == "heldout_check":
+        modes = {"full": {}, "reuse": {}, "blend@0.1": {"kl_x_reuse": 0.2, "benefit_retained": 0.99}}
+        result = {"modes": modes}
+    else:
+        modes = {"full": {"finish_reasons": {"stop": 12}}, "blend": {"finish_reasons": {"stop": 12}, "agrees": 9}}
+        result = {"modes": modes}
+    out.write_text(json.dumps(result))

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from bench.__main__ import build_parser, main
 from bench.ship import Step, result_path, run_gate, steps_at
+
+WriteStepResult = Callable[..., None]  # tests/bench/conftest.py's write_step_result
 
 
 def _args(tmp_path: Path, *extra: str):
@@ -70,31 +73,9 @@ def test_each_ratio_runs_the_calibration_then_the_check_parts_as_their_own_subco
         assert build_parser().parse_args(step.argv).command == step.argv[0]
 
 
-def _write_result(step: Step, right_blend: int, targets_met: bool = True) -> None:
-    out = Path(step.argv[step.argv.index("--out") + 1])
-    if step.name == "calibrate":
-        result = {
-            "record": {"values": {"recompute_ratio": 0.1}, "measured": {"targets_met": targets_met, "chosen": {}}}
-        }
-    elif step.name.startswith("similar"):
-        result = {
-            "default_selector": "query",
-            "ratio": 0.1,
-            "right": {"full": 11, "reuse": 4, "query@0.1": right_blend},
-        }
-    elif step.name == "followups_check":
-        summary = {path: {"full_right": 12, "default_right": right_blend} for path in ("ask", "v1")}
-        result = {"lookup": {"summary": summary}}
-    elif step.name == "heldout_check":
-        modes = {"full": {}, "reuse": {}, "blend@0.1": {"kl_x_reuse": 0.2, "benefit_retained": 0.99}}
-        result = {"modes": modes}
-    else:
-        modes = {"full": {"finish_reasons": {"stop": 12}}, "blend": {"finish_reasons": {"stop": 12}, "agrees": 9}}
-        result = {"modes": modes}
-    out.write_text(json.dumps(result))
-
-
-def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds(tmp_path: Path) -> None:
+def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds(
+    tmp_path: Path, write_step_result: WriteStepResult
+) -> None:
     args = _args(tmp_path)
     ran: list[tuple[float, str]] = []
 
@@ -103,12 +84,12 @@ def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds
         ratio = float(out.name.split(".", 1)[1].rsplit(".", 2)[0])
         ran.append((ratio, step.name))
         if ratio == 0.15:  # its calibration meets the targets, its first check part misses (exit 1)
-            _write_result(step, right_blend=8)
+            write_step_result(step, right_blend=8)
             return 1 if step.name == "similar_check" else 0
         if ratio == 0.2:  # a calibration that misses its own targets exits 0 and says so in its record
-            _write_result(step, right_blend=11, targets_met=False)
+            write_step_result(step, right_blend=11, targets_met=False)
             return 0
-        _write_result(step, right_blend=10)
+        write_step_result(step, right_blend=10)
         return 0
 
     outcomes = run_gate([0.15, 0.2, 0.25, 0.3], lambda r, a: steps_at(args, r, args.out, a), run_step)
@@ -134,7 +115,7 @@ def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds
 
 
 def test_when_no_ratio_holds_the_record_shipped_before_is_put_back_byte_for_byte(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_step_result: WriteStepResult
 ) -> None:
     from app.calibration import shipped
     from bench import ship
@@ -146,7 +127,7 @@ def test_when_no_ratio_holds_the_record_shipped_before_is_put_back_byte_for_byte
 
     def run_step(step: Step) -> int:
         record.write_text("a calibration's record, then its check parts")  # what a real step would overwrite
-        _write_result(step, right_blend=5)
+        write_step_result(step, right_blend=5)
         return 1 if step.name == "long_answers_check" else 0
 
     args = _args(tmp_path, "--ratios", "0.25,0.15")
@@ -186,7 +167,7 @@ def test_when_no_ratio_holds_the_record_shipped_before_is_put_back_byte_for_byte
 
 
 def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_record_and_checks_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_step_result: WriteStepResult
 ) -> None:
     from app.calibration import shipped
     from app.calibration.record import BlendSettingsRecord
@@ -227,7 +208,7 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
             out.write_text(json.dumps({"record": json.loads(chosen.to_json())}))
             return 0
         values = BlendSettingsRecord.from_json(record.read_text()).values
-        _write_result(step, right_blend=10)
+        write_step_result(step, right_blend=10)
         if step.name == "similar_check":  # what a check part writes into the record when it holds
             from app.calibration.check_record import write_check
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,7 +85,7 @@ def test_a_calibration_stands_for_this_runs_only_with_the_same_model_weights_set
 
 
 def test_resume_puts_the_earlier_calibration_in_the_record_and_runs_every_check_part(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_step_result: Callable[..., None]
 ) -> None:
     from app.calibration import shipped
     from bench import ship
@@ -106,7 +107,7 @@ def test_resume_puts_the_earlier_calibration_in_the_record_and_runs_every_check_
             return 0
         if not resumed:
             raise KeyboardInterrupt  # the first run is stopped after its calibration
-        out.write_text(json.dumps(_check_result(step.name)))
+        write_step_result(step, right_blend=11)
         return 0
 
     argv = ["ship", "--model", "m", "--dtype", "bfloat16", "--ratios", "0.15", "--cases", "2,1,2"]
@@ -131,14 +132,3 @@ def test_resume_puts_the_earlier_calibration_in_the_record_and_runs_every_check_
     ran[:] = []
     assert ship.main(args, run_step=run_step) == 0
     assert ran[0] == "calibrate" and json.loads(args.out.read_text())["reused"] == []
-
-
-def _check_result(name: str) -> dict[str, Any]:
-    if name.startswith("similar"):
-        return {"default_selector": "query", "ratio": 0.15, "right": {"full": 11, "reuse": 4, "query@0.15": 11}}
-    if name == "followups_check":
-        return {"lookup": {"summary": {p: {"full_right": 12, "default_right": 12} for p in ("ask", "v1")}}}
-    if name == "heldout_check":
-        return {"modes": {"full": {}, "reuse": {}, "blend@0.15": {"kl_x_reuse": 0.1, "benefit_retained": 0.99}}}
-    blend = {"finish_reasons": {"stop": 12}, "agrees": 9}
-    return {"modes": {"full": {"finish_reasons": {"stop": 12}}, "blend": blend}}
