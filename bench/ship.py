@@ -11,10 +11,11 @@ ratio holds, or the run is stopped, the record shipped before is put back byte f
 ships on a calibration alone.
 
 `--alternatives N`: when a check part misses at a ratio, the calibration's next candidates at that ratio that met
-its targets (best calibration-set KL first, up to N in all) are put in the record in turn and the check parts run
-again on each. Candidates within noise of each other on the calibration set can differ on the check parts (the
-0.5B's bfloat16 scoring layers 6/12/18 and 4/8/12/16/20 at 0.15: calset KL 0.248× and 0.252× reuse's, nq6 KL
-0.36× and 0.25× on a draw the check does not use): the gate picks among them by what the checks measure, and the
+its targets (in its order of preference: best calibration-set KL first, a near-tie scoring at more layers ahead; up
+to N in all) are put in the record in turn and the check parts run again on each. Candidates within noise of each
+other on the calibration set can differ on the check parts (the 0.5B's bfloat16 scoring layers 6/12/18 and
+4/8/12/16/20 at 0.15: calset KL 0.248× and 0.252× reuse's, nq6 KL 0.36× and 0.25× on a draw the check does not
+use): the gate picks among them by what the checks measure, and the
 record says which it took (`measured.gate_alternative`).
 
 Every step is the same subcommand a person would run by hand, with the same options; each writes its own result
@@ -183,12 +184,15 @@ def result_path(out: Path, ratio: float, step: str, alternative: int = 1) -> Pat
 
 
 def passing_candidates(calibrate_result: Path, ratio: float) -> list[dict[str, Any]]:
-    """The candidates of a calibration run at `ratio` that met its targets, best calibration-set KL first (the
-    first is the one it chose): each as the record's `tried` entry, values and figures."""
+    """The candidates of a calibration run at `ratio` that met its targets, in the calibration's order of
+    preference (`preference_order`; the first is the one it chooses): each as the record's `tried` entry, values
+    and figures."""
+    from app.calibration.search import preference_order
+
     result = json.loads(calibrate_result.read_text(encoding="utf-8"))
     tried = result["record"]["measured"]["tried"]
     passing = [t for t in tried if not t["misses"] and t["values"].get("recompute_ratio") == ratio]
-    return sorted(passing, key=lambda t: t["figures"]["kl_x_reuse"])
+    return preference_order(passing, lambda t: t["figures"]["kl_x_reuse"], lambda t: t["values"])
 
 
 def put_alternative(path: Path, candidate: dict[str, Any], rank: int, num_passing: int, missed: list[str]) -> None:
@@ -203,8 +207,7 @@ def put_alternative(path: Path, candidate: dict[str, Any], rank: int, num_passin
     measured["gate_alternative"] = {
         "rank": rank,
         "of": num_passing,
-        "why": "the calibration's better candidates at this ratio (by calibration-set KL) missed a check part: "
-        + "; ".join(missed),
+        "why": "the calibration's preferred candidates at this ratio missed a check part: " + "; ".join(missed),
         "calibration_choice": record.values,
     }
     write_text_atomic(path, dataclasses.replace(record, values=candidate["values"], measured=measured).to_json())

@@ -12,11 +12,15 @@ what decides whether a record ships.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.calibration.record import BlendSettingsRecord
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +64,27 @@ def calibration_mismatch(
     if record.get("fingerprint") != (now := fingerprint()):
         return f"measured on fingerprint {str(record.get('fingerprint'))[:12]}, these weights are {now[:12]}"
     return None
+
+
+def rechoose(record: BlendSettingsRecord) -> BlendSettingsRecord:
+    """The record with the candidate today's rule (`preference_order`) puts first among those that met the
+    targets: a calibration from before a change of the rule is taken back as the calibration would make it now."""
+    from app.calibration.search import preference_order
+
+    tried = record.measured.get("tried") or []
+    passing = [t for t in tried if not t["misses"]]
+    if not passing:
+        return record  # none met the targets: the fallback choice's rule has not changed
+    first = preference_order(passing, lambda t: t["figures"]["kl_x_reuse"], lambda t: t["values"])[0]
+    if first["values"] == record.values:
+        return record
+    logger.info(
+        "--resume: today's choice among the calibration's candidates is %s (it chose %s)",
+        first["values"],
+        record.values,
+    )
+    measured = record.measured | {"chosen": first["figures"]}
+    return dataclasses.replace(record, values=first["values"], measured=measured)
 
 
 def model_fingerprint(args: argparse.Namespace) -> str:
@@ -106,7 +131,7 @@ def reuse_calibration(
     if why is not None:
         logger.warning("--resume: %s is not this run's calibration (%s): calibrating again", result_file.name, why)
         return False
-    record = BlendSettingsRecord.from_json(json.dumps(result["record"]))
+    record = rechoose(BlendSettingsRecord.from_json(json.dumps(result["record"])))
     write_text_atomic(record_path, record.to_json())
     logger.info("--resume: the calibration at %g from %s (%s) is in the record", ratio, result_file.name, record.values)
     return True

@@ -2,10 +2,11 @@
 
 Candidates are tried from the cheapest up (recompute ratio ascending; at each ratio every scoring-layer
 choice, at depths relative to the model's, since a fixed layer index is a different depth on each model).
-The first ratio at which a candidate meets every target wins (the best KL among those that meet them there);
-the recompute budget is what a blend's prompt time is made of, so the lowest ratio is the least time. When
-none meets them, the highest ratio's candidate whose right answers fall least short of full prefill's is
-chosen (then the best KL), and the record says the targets were missed.
+The first ratio at which a candidate meets every target wins (among those that meet them there, the best KL, or
+on a near-tie the one scoring at more layers: `preference_order`); the recompute budget is what a blend's prompt
+time is made of, so the lowest ratio is the least time. When none meets them, the highest ratio's candidate whose
+right answers fall least short of full prefill's is chosen (then the best KL), and the record says the targets
+were missed.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.calibration.calset import CASES_PER_KIND, describe, make_cases
 from app.calibration.measure import CalibrationSet, CandidateFigures, Execute
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from kvcache.config import KVCacheSettings
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # From 0.15 up: on Qwen2.5-Coder-0.5B, 0.1 met every target on the set and fell 2 short of full prefill on the
 # held-out look-ups through /ask (10 of 12 against 12; 0.15 gave 11), so the set's 8 look-ups cannot vouch for
@@ -44,6 +47,11 @@ HISTORY_RATIO = 1.0  # a conversation's earlier turns recomputed whole (docs/ben
 # measures better at a ratio it wins there; on held-out nq6 0.5 cut SmolLM2's first-token KL by a third at
 # 0.15 (docs/benchmarks.md, "Stale keys").
 STALE_KEY_BIASES = (0.0, 0.5)
+# Calibration-set KL ÷ reuse's within this of the best is a tie, and the candidate scoring at more layers goes
+# first. Twice the best KL chose three scoring layers over a five-layer candidate 0.002-0.004 behind it, and the
+# three-layer choice then missed a check part the five-layer one met (Qwen2.5-Coder-0.5B bfloat16 at 0.15, the
+# 1.5B's at 0.2: docs/benchmarks.md, "Near-ties"); the set's 8-case parts cannot tell such gaps from noise.
+KL_NEAR_TIE = 0.01
 
 
 class CalibrationStopped(RuntimeError):
@@ -119,8 +127,8 @@ def calibrate(
     `engine_settings` gives everything but the candidate's fields (sampling, the non-blend settings).
     `execute` runs each case's engine work (the server's engine worker); `stop` aborts between cases.
     `tried_values` replaces the search's candidates (a study of other selectors or options: each one is
-    measured, in the order given, none skipped; the choice is the best KL among those meeting the targets, or
-    among all when none does). `fixed`: blend settings every candidate carries (`fixed_values`), so the record
+    measured, in the order given, none skipped; `choose` picks among those meeting the targets, or among all
+    when none does). `fixed`: blend settings every candidate carries (`fixed_values`), so the record
     ships them beside what the search chose.
     """
     targets = targets or Targets()
@@ -173,15 +181,32 @@ def calibrate(
     )
 
 
+def preference_order(
+    items: Sequence[T], kl_x_reuse: Callable[[T], float], values: Callable[[T], dict[str, Any]]
+) -> list[T]:
+    """Candidates that met the targets, the one to ship first: those within `KL_NEAR_TIE` of the best KL ahead
+    of the rest, more scoring layers first among them, then by KL (the input order breaks exact ties)."""
+    if not items:
+        return []
+    best = min(kl_x_reuse(item) for item in items)
+
+    def key(item: T) -> tuple[bool, int, float]:
+        near = kl_x_reuse(item) <= best + KL_NEAR_TIE
+        return (not near, -len(values(item).get("score_layers") or []) if near else 0, kl_x_reuse(item))
+
+    return sorted(items, key=key)
+
+
 def choose(
     passing: list[tuple[dict[str, Any], CandidateFigures]],
     last_ratio: list[tuple[dict[str, Any], CandidateFigures]],
     targets: Targets,
 ) -> tuple[dict[str, Any], CandidateFigures]:
-    """The best KL among the candidates meeting every target; when none does, the highest ratio's candidate
-    whose answers fall least short of full prefill's (what a user sees), the best KL among those."""
+    """The first of the candidates meeting every target by `preference_order`; when none does, the highest
+    ratio's candidate whose answers fall least short of full prefill's (what a user sees), the best KL among
+    those."""
     if passing:
-        return min(passing, key=lambda vf: vf[1].kl_x_reuse)
+        return preference_order(passing, lambda vf: vf[1].kl_x_reuse, lambda vf: vf[0])[0]
     return min(last_ratio, key=lambda vf: (targets.shortfall(vf[1]), vf[1].kl_x_reuse))
 
 

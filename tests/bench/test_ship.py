@@ -184,9 +184,9 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
 
     tried = [
         candidate([10], 0.31, ["KL 0.31x reuse > 0.3"]),  # missed the calibration's targets: never an alternative
-        candidate([6, 12, 18], 0.248),  # the calibration's choice
-        candidate([4, 8, 12, 16, 20], 0.252),
-        candidate([8, 16], 0.26),
+        candidate([6, 12, 18], 0.248),
+        candidate([4, 8, 12, 16, 20], 0.252),  # the calibration's choice: a near-tie, at more layers
+        candidate([8, 16], 0.27),  # beyond the near-tie: third
         candidate([6, 12, 18], 0.1, ratio=0.2),  # another ratio's
     ]
     ran: list[str] = []
@@ -199,10 +199,10 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
                 model="m",
                 fingerprint="f" * 64,
                 compute_dtype="float32",
-                values=tried[1]["values"],
+                values=tried[2]["values"],
                 calibrated_at="2026-12-06T00:00:00+00:00",
                 calibration_set="calset-3",
-                measured={"targets_met": True, "chosen": tried[1]["figures"], "tried": tried},
+                measured={"targets_met": True, "chosen": tried[2]["figures"], "tried": tried},
             )
             record.write_text(chosen.to_json())
             out.write_text(json.dumps({"record": json.loads(chosen.to_json())}))
@@ -214,7 +214,7 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
 
             write_check("similar_check", {"blend": values}, "m", "float32", "f" * 64, ValueError)
         # The choice misses the held-out part, the next candidate holds everything.
-        return 1 if step.name == "heldout_check" and values["score_layers"] == [6, 12, 18] else 0
+        return 1 if step.name == "heldout_check" and values["score_layers"] == [4, 8, 12, 16, 20] else 0
 
     args = _args(tmp_path, "--ratios", "0.15", "--alternatives", "3")
     assert ship.main(args, run_step=run_step) == 0
@@ -226,11 +226,11 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
         "gate.0.15.alt2.long_answers_check.json",
     ]  # fmt: skip
     shipped_record = BlendSettingsRecord.from_json(record.read_text())
-    assert shipped_record.values == {"recompute_ratio": 0.15, "score_layers": [4, 8, 12, 16, 20]}
+    assert shipped_record.values == {"recompute_ratio": 0.15, "score_layers": [6, 12, 18]}
     measured = shipped_record.measured
-    assert measured["chosen"] == {"kl_x_reuse": 0.252}
+    assert measured["chosen"] == {"kl_x_reuse": 0.248}
     assert measured["gate_alternative"]["rank"] == 2 and measured["gate_alternative"]["of"] == 3
-    assert measured["gate_alternative"]["calibration_choice"] == tried[1]["values"]
+    assert measured["gate_alternative"]["calibration_choice"] == tried[2]["values"]
     assert "candidate 1: heldout_check" in measured["gate_alternative"]["why"]
     # The check parts in the record ran on the settings it ships: the choice's entry was dropped, the new one written.
     assert measured["similar_check"] == {"blend": shipped_record.values}
@@ -239,7 +239,7 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
     assert [(b["candidate"], b["missed"], b["values"]) for b in gate["below"]] == [(1, "heldout_check", None)]
 
     # With no more passing candidates than tried, the ratio ends and the record from before comes back.
-    tried[2]["misses"] = tried[3]["misses"] = ["benefit 0.9 < 0.95"]
+    tried[1]["misses"] = tried[3]["misses"] = ["benefit 0.9 < 0.95"]
     record.write_bytes(before)
     assert ship.main(args, run_step=run_step) == 1
     assert record.read_bytes() == before

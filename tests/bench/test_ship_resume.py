@@ -16,7 +16,7 @@ from app.calibration.record import BlendSettingsRecord
 from bench.__main__ import build_parser
 from bench.harness import server_kv_dtype
 from bench.ship import Step
-from bench.ship_resume import calibration_mismatch
+from bench.ship_resume import calibration_mismatch, rechoose
 
 CALSET = describe(make_cases(2, 1, 2))
 FINGERPRINT = "f" * 64
@@ -132,3 +132,22 @@ def test_resume_puts_the_earlier_calibration_in_the_record_and_runs_every_check_
     ran[:] = []
     assert ship.main(args, run_step=run_step) == 0
     assert ran[0] == "calibrate" and json.loads(args.out.read_text())["reused"] == []
+
+
+def test_a_resumed_calibration_is_chosen_from_again_by_todays_rule() -> None:
+    # Calibrated before the near-tie rule: it chose two scoring layers at 0.2x; five layers at 0.205x is a near-tie
+    # and goes first now, with its own figures as the chosen point's.
+    earlier = _record()
+    tried = earlier.measured["tried"]
+    five = {"recompute_ratio": 0.15, "score_layers": [2, 4, 6, 8, 10]}
+    tried.append({"values": five, "figures": {"kl_x_reuse": 0.205}, "misses": []})
+    now = rechoose(earlier)
+    assert now.values == five
+    assert now.measured["chosen"] == {"kl_x_reuse": 0.205} and now.measured["tried"] == tried
+    assert dataclasses.replace(now, values=earlier.values, measured=earlier.measured) == earlier
+    # Already today's choice, or none met the targets (the fallback's rule is unchanged): the record as it is.
+    tried[2]["misses"] = ["benefit 0.9 < 0.95"]
+    assert rechoose(earlier) is earlier
+    for t in tried:
+        t["misses"] = ["benefit 0.9 < 0.95"]
+    assert rechoose(earlier) is earlier

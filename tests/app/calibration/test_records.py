@@ -11,7 +11,15 @@ import pytest
 from app.calibration.in_force import resolve, safe_values
 from app.calibration.measure import CandidateFigures
 from app.calibration.record import BlendSettingsRecord
-from app.calibration.search import Targets, candidates, choose, parse_ratios, score_layers_at
+from app.calibration.search import (
+    KL_NEAR_TIE,
+    Targets,
+    candidates,
+    choose,
+    parse_ratios,
+    preference_order,
+    score_layers_at,
+)
 from app.calibration.shipped import SHIPPED_DIR, model_name, shipped_blend_settings, shipped_path
 from app.calibration.store import CalibrationStore
 from engine.config import BLEND_FIELDS, EngineSettings
@@ -186,3 +194,22 @@ def test_when_none_meets_the_targets_the_answers_come_before_kl() -> None:
     assert choose([], [layer10, other], Targets()) == other
     passing = ({"score_layers": [4]}, _figures(0.30, {"lookup": 8, "two_hop": 2, "followup": 6}))
     assert choose([passing], [layer10, passing], Targets()) == passing
+
+
+def test_a_near_tie_in_kl_goes_to_the_candidate_scoring_at_more_layers() -> None:
+    # The calibration-set figures of the 0.5B's bfloat16 calibration at 0.15 (docs/results/ship): three scoring
+    # layers 0.2483x reuse's, five 0.2523x (within KL_NEAR_TIE), five without the bias 0.2615x (beyond it).
+    three = ({"score_layers": [6, 12, 18], "stale_key_bias": 0.5}, _figures(0.2483, {"lookup": 8}))
+    five = ({"score_layers": [4, 8, 12, 16, 20], "stale_key_bias": 0.5}, _figures(0.2523, {"lookup": 7}))
+    five_far = ({"score_layers": [4, 8, 12, 16, 20], "stale_key_bias": 0.0}, _figures(0.2615, {"lookup": 8}))
+    one = ({"score_layers": [10], "stale_key_bias": 0.5}, _figures(0.2681, {"lookup": 8}))
+    order = preference_order([one, three, five_far, five], lambda vf: vf[1].kl_x_reuse, lambda vf: vf[0])
+    assert order == [five, three, five_far, one]
+    assert choose([one, three, five_far, five], [], Targets()) == five
+    # Beyond the near-tie the best KL wins whatever its layers; an exact tie keeps the order given.
+    far_three = ({"score_layers": [6, 12, 18]}, _figures(0.20, {"lookup": 8}))
+    assert choose([five, far_three], [], Targets()) == far_three
+    twin = ({"score_layers": [7, 14, 21]}, _figures(0.2483, {"lookup": 8}))
+    assert preference_order([twin, three], lambda vf: vf[1].kl_x_reuse, lambda vf: vf[0]) == [twin, three]
+    assert preference_order([], lambda vf: 0.0, lambda vf: {}) == []
+    assert KL_NEAR_TIE == 0.01
