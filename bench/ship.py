@@ -21,7 +21,8 @@ record says which it took (`measured.gate_alternative`).
 Every step is the same subcommand a person would run by hand, with the same options; each writes its own result
 file beside `--out` (`<out stem>.<ratio>.<step>.json`), and `--out` gets the gate's summary. ^C and SIGTERM stop
 the gate alike, the record from before put back. `--resume` takes a ratio's calibration from the result file an
-earlier run left beside `--out` when it is the one this run would measure (bench/ship_resume.py).
+earlier run left beside `--out` when it is the one this run would measure, and a check part from its result's
+receipt when it ran on the record as it is now (bench/ship_resume.py).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from app.calibration.followups_check import PATHS as FOLLOWUP_PATHS
 from bench import harness
 from bench.calibrate import add_with_arg
 from bench.lookup import default_mode
-from bench.ship_resume import model_fingerprint, reuse_calibration
+from bench.ship_resume import model_fingerprint, reuse_calibration, reuse_check, write_receipt
 from fsio.atomic import write_bytes_atomic, write_text_atomic
 
 logger = logging.getLogger(__name__)
@@ -109,14 +110,14 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=1,
         help="candidates per ratio: when a check part misses, the calibration's next passing candidates at that "
-        "ratio (best calibration KL first) are checked in turn, up to this many in all",
+        "ratio (in the calibration's order of preference) are checked in turn, up to this many in all",
     )
     parser.add_argument(
         "--resume",
         action="store_true",
-        help="a ratio's calibration result already beside --out from an earlier run of this gate (same model "
-        "weights, dtype, calibration set, ratio and --with) is put in the record instead of measured again; the "
-        "check parts run again",
+        help="take back the steps an earlier run of this gate left beside --out instead of running them again: a "
+        "ratio's calibration measured on the same model weights, dtype, calibration set, ratio and --with, and a "
+        "check part whose receipt names the same command line, fingerprint and record settings",
     )
     add_with_arg(parser)
     # What it writes is what servers read on their defaults: no lead-in, the server's KV storage dtype.
@@ -340,7 +341,7 @@ def write_summary(
         shipped_candidate=outcomes[-1].alternative if held else None,
         record=path.name if held else None,
         stopped=stopped,  # interrupted or failed half-way: the record from before was put back
-        reused=reused,  # calibration results --resume took from an earlier run instead of measuring again
+        reused=reused,  # step results --resume took from an earlier run instead of measuring again
         outcomes=[asdict(o) | {"held": o.held, "missed": o.missed} for o in outcomes],
     )
     harness.write_result(args, result, run)
@@ -367,16 +368,23 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     before = path.read_bytes() if path.exists() else None
     outcomes: list[RatioOutcome] = []
     run_bench: RunStep = run_step or (lambda step: args.run_bench(step.argv))  # bench/__main__.py's main, here
-    reused: list[str] = []  # the calibration results --resume put in the record instead of running the step
+    reused: list[str] = []  # step results --resume took back instead of running the step
     fingerprint = functools.cache(lambda: model_fingerprint(args))  # loaded once, when --resume first needs it
 
     def run_or_reuse(step: Step) -> int:
         out = Path(step.argv[step.argv.index("--out") + 1])
-        ratio = float(step.argv[step.argv.index("--ratios") + 1]) if step.name == "calibrate" else None
-        if args.resume and ratio is not None and reuse_calibration(args, out, path, ratio, fingerprint):
+        if step.name == "calibrate":
+            ratio = float(step.argv[step.argv.index("--ratios") + 1])
+            if args.resume and reuse_calibration(args, out, path, ratio, fingerprint):
+                reused.append(out.name)
+                return 0
+            return run_bench(step)
+        if args.resume and (rc := reuse_check(step.name, step.argv, out, path)) is not None:
             reused.append(out.name)
-            return 0
-        return run_bench(step)
+            return rc
+        rc = run_bench(step)
+        write_receipt(step.name, step.argv, rc, out, path)  # what --resume reads back
+        return rc
 
     def switch(ratio: float, alternative: int) -> dict[str, Any] | None:
         passing = passing_candidates(result_path(args.out, ratio, "calibrate"), ratio)

@@ -1,12 +1,18 @@
-"""`bench ship --resume`: an earlier run's calibration put back in place instead of measured again.
+"""`bench ship --resume`: an earlier run's steps put back in place instead of measured again.
 
 A gate's calibration is its costliest step (the 1.5B's: about 40 minutes on two cores) and its result file holds
 the whole record it wrote. With `--resume`, when that file (beside `--out`, the name the step would write) is one
 this run would make, its record goes into the shipped record's place and the step is not run: the same model
 weights and compute dtype (the fingerprint, which also changes with the engine's numerics version), the same
 calibration set, this ratio alone, the held-fixed settings (`--with`) in every candidate, the server's KV storage
-dtype and no lead-in. Anything else is measured again, the reason logged. The check parts always run: they are
-what decides whether a record ships.
+dtype and no lead-in. Anything else is measured again, the reason logged.
+
+A check part (5-25 minutes each) is taken back the same way from its receipt: after each check part the gate writes
+into its result file what it ran on (its command line, the record's fingerprint and blend settings) and what it
+found (its exit code and, when it held, the entry it wrote into the record). With `--resume`, a check part whose
+receipt names this step's command line and the record's fingerprint and settings as they are now is not run: a
+pass puts its entry back into the record, a miss is a miss again. Code changes to the benches between the two runs
+are not seen; run without `--resume` after one.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ if TYPE_CHECKING:
     from app.calibration.record import BlendSettingsRecord
 
 logger = logging.getLogger(__name__)
+
+RECEIPT_KEY = "ship_receipt"  # the key of a check part's result file that holds the gate's receipt
 
 
 def calibration_mismatch(
@@ -135,3 +143,68 @@ def reuse_calibration(
     write_text_atomic(record_path, record.to_json())
     logger.info("--resume: the calibration at %g from %s (%s) is in the record", ratio, result_file.name, record.values)
     return True
+
+
+def write_receipt(step_name: str, argv: list[str], rc: int, result_file: Path, record_path: Path) -> bool:
+    """Write into a check part's result file what it ran on and found (`RECEIPT_KEY`); False when there is no
+    result or record to read (a step that failed before writing one is run again by `--resume`)."""
+    from app.calibration.record import BlendSettingsRecord
+    from fsio.atomic import write_text_atomic
+
+    try:
+        result = json.loads(result_file.read_text(encoding="utf-8"))
+        record = BlendSettingsRecord.from_json(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    entry = record.measured.get(step_name) if rc == 0 else None
+    if not isinstance(result, dict) or (rc == 0 and entry is None):
+        return False  # a pass that wrote no entry: nothing --resume could put back
+    result[RECEIPT_KEY] = {
+        "argv": argv,
+        "rc": rc,
+        "fingerprint": record.fingerprint,
+        "values": record.values,
+        "entry": entry,
+    }
+    write_text_atomic(result_file, json.dumps(result, indent=1) + "\n")
+    return True
+
+
+def check_mismatch(receipt: Any, argv: list[str], record: BlendSettingsRecord) -> str | None:
+    """Why a check part's receipt cannot stand for this step on the record as it is now; None when it can."""
+    if not isinstance(receipt, dict):
+        return "no receipt"
+    if receipt.get("argv") != argv:
+        return "another command line"
+    if receipt.get("fingerprint") != record.fingerprint:
+        found = str(receipt.get("fingerprint"))[:12]
+        return f"measured on fingerprint {found}, the record's is {record.fingerprint[:12]}"
+    if receipt.get("values") != record.values:
+        return f"ran on {receipt.get('values')}, the record holds {record.values}"
+    if receipt.get("rc") != 0 and receipt.get("entry") is not None:
+        return "a miss with an entry"
+    return None
+
+
+def reuse_check(step_name: str, argv: list[str], result_file: Path, record_path: Path) -> int | None:
+    """The exit code of this check part's earlier run when its receipt stands for this step (a pass's entry put
+    back into the record at `record_path`); None, the reason logged, when the step has to run."""
+    from app.calibration.check_record import write_check
+    from app.calibration.record import BlendSettingsRecord
+
+    if not result_file.is_file():
+        return None
+    try:
+        receipt = json.loads(result_file.read_text(encoding="utf-8")).get(RECEIPT_KEY)
+        record = BlendSettingsRecord.from_json(record_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, AttributeError) as exc:
+        logger.warning("--resume: %s cannot be read back (%s): running it again", result_file.name, exc)
+        return None
+    why = check_mismatch(receipt, argv, record)
+    if why is not None:
+        logger.warning("--resume: %s is not this step's result (%s): running it again", result_file.name, why)
+        return None
+    if receipt["rc"] == 0:
+        write_check(step_name, receipt["entry"], record.model, record.compute_dtype, record.fingerprint, ValueError)
+    logger.info("--resume: %s from %s (%s)", step_name, result_file.name, "met" if receipt["rc"] == 0 else "missed")
+    return int(receipt["rc"])

@@ -16,7 +16,7 @@ from app.calibration.record import BlendSettingsRecord
 from bench.__main__ import build_parser
 from bench.harness import server_kv_dtype
 from bench.ship import Step
-from bench.ship_resume import calibration_mismatch, rechoose
+from bench.ship_resume import RECEIPT_KEY, calibration_mismatch, check_mismatch, rechoose
 
 CALSET = describe(make_cases(2, 1, 2))
 FINGERPRINT = "f" * 64
@@ -151,3 +151,96 @@ def test_a_resumed_calibration_is_chosen_from_again_by_todays_rule() -> None:
     for t in tried:
         t["misses"] = ["benefit 0.9 < 0.95"]
     assert rechoose(earlier) is earlier
+
+
+def test_resume_takes_back_the_check_parts_that_ran_on_the_record_as_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_step_result: Callable[..., None]
+) -> None:
+    from app.calibration import shipped
+    from app.calibration.check_record import write_check
+    from bench import ship
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
+    monkeypatch.setattr(ship, "model_fingerprint", lambda args: FINGERPRINT)
+    record = tmp_path / "m.bfloat16.json"
+    before = b'{"model": "m", "values": {"recompute_ratio": 0.25}}\n'
+    record.write_bytes(before)
+    calibration = _record()
+    ran: list[str] = []
+    stop_at = "heldout_check"
+
+    def run_step(step: Step) -> int:
+        out = Path(step.argv[step.argv.index("--out") + 1])
+        ran.append(step.name)
+        if step.name == "calibrate":
+            record.write_text(calibration.to_json())
+            out.write_text(json.dumps(_result(calibration)))
+            return 0
+        if step.name == stop_at:
+            raise KeyboardInterrupt
+        write_step_result(step, right_blend=11)
+        values = BlendSettingsRecord.from_json(record.read_text()).values
+        write_check(step.name, {"blend": values, "n": len(ran)}, "m", "bfloat16", FINGERPRINT, ValueError)
+        return 0
+
+    argv = ["ship", "--model", "m", "--dtype", "bfloat16", "--ratios", "0.15", "--cases", "2,1,2"]
+    argv += ["--out", str(tmp_path / "gate.json")]
+    args = build_parser().parse_args(argv)
+    with pytest.raises(KeyboardInterrupt):
+        ship.main(args, run_step=run_step)
+    assert record.read_bytes() == before
+    assert ran == ["calibrate", "similar_check", "similar_several_check", "followups_check", "heldout_check"]
+    receipt = json.loads((tmp_path / "gate.0.15.similar_check.json").read_text())[RECEIPT_KEY]
+    assert receipt == {
+        "argv": receipt["argv"],
+        "rc": 0,
+        "fingerprint": FINGERPRINT,
+        "values": calibration.values,
+        "entry": {"blend": calibration.values, "n": 2},
+    }
+    assert receipt["argv"][:3] == ["lookup", "--distractors", "similar"]
+    assert not (tmp_path / "gate.0.15.heldout_check.json").exists()  # stopped before it wrote a result
+
+    # Resumed: the three check parts that ran come back with their entries, the other two run.
+    ran[:], stop_at = [], ""
+    args = build_parser().parse_args([*argv, "--resume"])
+    assert ship.main(args, run_step=run_step) == 0
+    assert ran == ["heldout_check", "long_answers_check"]
+    measured = BlendSettingsRecord.from_json(record.read_text()).measured
+    assert [measured[k]["n"] for k in ("similar_check", "similar_several_check", "followups_check")] == [2, 3, 4]
+    assert measured["heldout_check"]["n"] == 1 and measured["long_answers_check"]["n"] == 2
+    assert json.loads(args.out.read_text())["reused"] == [
+        "gate.0.15.calibrate.json", "gate.0.15.similar_check.json", "gate.0.15.similar_several_check.json",
+        "gate.0.15.followups_check.json",
+    ]  # fmt: skip
+
+    # A receipt of a miss is a miss again: the gate stops the ratio without running the part.
+    several = tmp_path / "gate.0.15.similar_several_check.json"
+    result = json.loads(several.read_text())
+    result[RECEIPT_KEY] |= {"rc": 1, "entry": None}
+    several.write_text(json.dumps(result))
+    record.write_bytes(before)
+    ran[:] = []
+    assert ship.main(args, run_step=run_step) == 1
+    assert ran == [] and record.read_bytes() == before
+    summary = json.loads(args.out.read_text())
+    assert [(o["ratio"], o["missed"]) for o in summary["outcomes"]] == [(0.15, "similar_several_check")]
+
+
+def test_a_check_parts_receipt_stands_only_for_the_same_command_weights_and_settings() -> None:
+    record = _record()
+    argv = ["lookup", "--shape", "one", "--out", "x.json"]
+    receipt = {"argv": argv, "rc": 0, "fingerprint": FINGERPRINT, "values": record.values, "entry": {"right": 11}}
+    assert check_mismatch(receipt, argv, record) is None
+    assert check_mismatch(receipt | {"rc": 1, "entry": None}, argv, record) is None  # a miss stands as a miss
+    assert check_mismatch(None, argv, record) == "no receipt"
+    assert check_mismatch(receipt, [*argv[:-1], "y.json"], record) == "another command line"
+    assert check_mismatch(receipt | {"fingerprint": "e" * 64}, argv, record) == (
+        "measured on fingerprint eeeeeeeeeeee, the record's is ffffffffffff"
+    )
+    other = dataclasses.replace(record, values=record.values | {"score_layers": [6]})
+    assert check_mismatch(receipt, argv, other) == (
+        "ran on {'recompute_ratio': 0.15, 'score_layers': [4, 8]}, the record holds "
+        "{'recompute_ratio': 0.15, 'score_layers': [6]}"
+    )
+    assert check_mismatch(receipt | {"rc": 1}, argv, record) == "a miss with an entry"
