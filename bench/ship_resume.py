@@ -84,8 +84,8 @@ def rechoose(record: BlendSettingsRecord) -> BlendSettingsRecord:
     if not passing:
         return record  # none met the targets: the fallback choice's rule has not changed
     first = preference_order(passing, lambda t: t["figures"]["kl_x_reuse"], lambda t: t["values"])[0]
-    if first["values"] == record.values:
-        return record
+    if any(t["values"] == record.values and _ranks_level(t, first) for t in passing):
+        return record  # its choice is still first (on the record's rounded figures a tie is kept as it was)
     logger.info(
         "--resume: today's choice among the calibration's candidates is %s (it chose %s)",
         first["values"],
@@ -93,6 +93,12 @@ def rechoose(record: BlendSettingsRecord) -> BlendSettingsRecord:
     )
     measured = record.measured | {"chosen": first["figures"]}
     return dataclasses.replace(record, values=first["values"], measured=measured)
+
+
+def _ranks_level(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two `tried` entries `preference_order` cannot tell apart: the same KL and as many scoring layers."""
+    layers = [len(t["values"].get("score_layers") or []) for t in (a, b)]
+    return a["figures"]["kl_x_reuse"] == b["figures"]["kl_x_reuse"] and layers[0] == layers[1]
 
 
 def model_fingerprint(args: argparse.Namespace) -> str:

@@ -148,6 +148,10 @@ def test_a_resumed_calibration_is_chosen_from_again_by_todays_rule() -> None:
     # Already today's choice, or none met the targets (the fallback's rule is unchanged): the record as it is.
     tried[2]["misses"] = ["benefit 0.9 < 0.95"]
     assert rechoose(earlier) is earlier
+    # A tie on the record's rounded figures (the same KL and as many layers, listed first) keeps its choice.
+    tried.insert(0, {"values": {"recompute_ratio": 0.15, "score_layers": [5, 9]}, "figures": {"kl_x_reuse": 0.2},
+                     "misses": []})  # fmt: skip
+    assert rechoose(earlier) is earlier
     for t in tried:
         t["misses"] = ["benefit 0.9 < 0.95"]
     assert rechoose(earlier) is earlier
