@@ -155,7 +155,7 @@ def write_receipt(step_name: str, argv: list[str], rc: int, result_file: Path, r
     """Write into a check part's result file what it ran on and found (`RECEIPT_KEY`); False when there is no
     result or record to read (a step that failed before writing one is run again by `--resume`)."""
     from app.calibration.record import BlendSettingsRecord
-    from fsio.atomic import write_text_atomic
+    from bench.harness import write_json
 
     try:
         result = json.loads(result_file.read_text(encoding="utf-8"))
@@ -172,7 +172,7 @@ def write_receipt(step_name: str, argv: list[str], rc: int, result_file: Path, r
         "values": record.values,
         "entry": entry,
     }
-    write_text_atomic(result_file, json.dumps(result, indent=1) + "\n")
+    write_json(result_file, result)  # as the bench wrote it, the receipt added
     return True
 
 
