@@ -385,6 +385,9 @@ def machine_info(engine: Engine | None = None) -> dict[str, Any]:
         **cpu_facts(),
         "python": platform.python_version(),
         "torch": torch.__version__,
+        # The instruction set torch's kernels dispatch to: below the CPU's flags when capped
+        # (ATEN_CPU_CAPABILITY=avx2 measures an AVX2-only CPU's kernels on a newer one).
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
     }
     if engine is not None:
         info["device"] = str(engine.device)

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.__main__ import build_parser
 from bench.harness import Stopped, cpu_facts, log_rows, result_header, server_kv_dtype, stop_on_signals
@@ -47,6 +48,7 @@ def test_result_header_records_model_data_dtype_blend_and_machine(tiny_engine) -
     assert header["blend"] == tiny_engine.settings.blend_config().model_dump()
     assert header["blend_origin"] == tiny_engine.blend_origin == "engine settings"
     assert header["machine"]["cpu_flags"] == cpu_facts()["cpu_flags"]
+    assert header["machine"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert list(header)[-1] == "machine"
 
 
@@ -124,3 +126,14 @@ def test_stop_on_signals_raises_stopped_for_sigterm_and_puts_the_handlers_back()
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_machine_info_names_a_capped_instruction_set() -> None:
+    # An AVX2-only CPU's kernels measured on a newer CPU: the result says so, not only the CPU's flags.
+    import subprocess
+    import sys
+
+    code = "from bench.harness import machine_info; print(machine_info()['torch_cpu_capability'])"
+    env = os.environ | {"ATEN_CPU_CAPABILITY": "default"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "DEFAULT"
