@@ -227,7 +227,8 @@ def _blend_options() -> tuple[_BlendOption, ...]:
         ),
         _BlendOption(
             "match_span",
-            "--match-window: a fixed window, or to the end of the matched token's sentence (at most the window)",
+            "--match-window: a fixed window, to the end of the matched token's sentence (at most the window), or "
+            "the whole sentence around it (at most the window on each side)",
             choices=get_args(MatchSpan),
         ),
         _BlendOption(

@@ -23,7 +23,8 @@ SelectorName = Literal["query", "deviation", "first_k", "random"]
 SELECTORS: tuple[SelectorName, ...] = get_args(SelectorName)
 ScoreFuse = Literal["mean", "max"]
 ScoreBy = Literal["attention", "output"]
-MatchSpan = Literal["window", "sentence"]
+MatchSpan = Literal["window", "sentence", "whole_sentence"]
+SENTENCE_SPANS: tuple[MatchSpan, ...] = ("sentence", "whole_sentence")  # the spans that read sentence ends
 MatchScope = Literal["any", "one"]
 StaleKeyScope = Literal["all", "unnamed"]
 DeviationOn = Literal["v", "k"]
@@ -70,8 +71,9 @@ class BlendConfig(BaseModel):
     )
     match_span: MatchSpan = Field(
         default="sentence",
-        description="match_window: how far after a matched token the recompute runs: window (match_window tokens) "
-        "or sentence (to the end of its sentence, table row or block, at most match_window tokens)",
+        description="match_window: how far after a matched token the recompute runs: window (match_window tokens), "
+        "sentence (to the end of its sentence, table row or block, at most match_window tokens) or whole_sentence "
+        "(the same, and back to the sentence's start, at most match_window tokens before it)",
     )
     match_extra: float = Field(
         default=0.1,

@@ -88,6 +88,7 @@ def question_matches(
     ends: frozenset[int] | None = None,
     scope: MatchScope = "any",
     piece: Callable[[int], str] | None = None,
+    whole: bool = False,
 ) -> set[int]:
     """Context offsets of the tokens the question names, each with the `window` tokens after it, or, with `ends`
     (`engine.blend.spans.sentence_ends`, `match_span: sentence`), with the tokens after it up to the end of its
@@ -98,7 +99,10 @@ def question_matches(
     turns get spans: spans in several passages of an open question pull its attention to them (nq6). With `piece`
     (`match_labels`; the text a token spells) the singled-out chunk's tokens that spell the question's other words
     get spans too (`label_tokens`): on a page holding several values the asked one stands beside its label, on a
-    line that need not say the page's name.
+    line that need not say the page's name. With `whole` (`match_span: whole_sentence`, with `ends`) the span also
+    runs back to the start of the sentence, at most `window` before the token: an open question's answer often
+    stands before the words it shares with the question ("Introduced tilapia are the main fish …" for "what fish
+    live in …").
     """
     if window <= 0 or not layout.chunk_ids:
         return set()
@@ -117,11 +121,14 @@ def question_matches(
         starts = named | labels.get(index, set())
         for i, token in enumerate(segment):
             if token in starts and index in spanned:
+                first = start + i
                 stop = start + min(len(segment), i + 1 + window)  # one past the window, cut at the segment's end
                 if ends is not None:
                     at = bisect.bisect_left(sorted_ends, start + i)
                     if at < len(sorted_ends):
                         stop = min(stop, sorted_ends[at] + 1)
-                offsets.update(range(start + i, stop))
+                    if whole:  # back to the token after the sentence before, within the segment and the window
+                        first = max(start, start + i - window, sorted_ends[at - 1] + 1 if at > 0 else start)
+                offsets.update(range(first, stop))
         start += len(segment)
     return offsets

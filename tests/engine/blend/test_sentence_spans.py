@@ -35,6 +35,19 @@ def test_a_sentence_span_stops_at_the_first_end_after_the_name_and_within_the_wi
     assert question_matches(layout, 8, frozenset()) == {2, 3, 4, 5, 6, 7}  # no end in the segment
 
 
+def test_a_whole_sentence_span_runs_back_to_the_sentence_start_within_the_window_and_the_segment() -> None:
+    # The answer can stand before the words the question shares ("Introduced tilapia are the main fish …").
+    chunks = [[10, 11, 12, 13, 14, 77, 15, 16, 17, 18], [20, 21, 77, 22], [30, 31, 32], [40], [50], [60]]
+    layout = PromptLayout(prefix_ids=[1], chunk_ids=chunks, suffix_ids=[5, 77])  # 77 in 2 of 6 chunks: a name
+    ends = frozenset({1, 7, 9, 13})  # 77 at offset 5: its sentence is 2…7; in the second chunk at 12: 10…13
+    assert question_matches(layout, 8, ends, whole=True) == {*range(2, 8), *range(10, 14)}
+    assert question_matches(layout, 8, ends) == {5, 6, 7, 12, 13}  # forward only, as before
+    assert question_matches(layout, 2, ends, whole=True) == {3, 4, 5, 6, 7, 10, 11, 12, 13}  # the window both ways
+    # no end before it in the segment: back to the segment's start, never into the chunk before
+    assert question_matches(layout, 8, frozenset({7, 13}), whole=True) == {*range(0, 8), *range(10, 14)}
+    assert question_matches(layout, 8, None, whole=True) == question_matches(layout, 8)  # a window is forward only
+
+
 def _layout(tiny_engine) -> tuple[PromptLayout, list[list[int]]]:
     """Three segments of one-character tokens; 'Z' (the name) stands in the first and in the question."""
     tok = tiny_engine.tokenizer
@@ -57,6 +70,9 @@ def _layout(tiny_engine) -> tuple[PromptLayout, list[list[int]]]:
         ("sentence", [*range(0, 4), *range(10, 18), *range(40, 44), *range(70, 74)]),
         # a window of 16: offsets 10…26, then the first candidate of each chunk
         ("window", [0, *range(10, 27), 40, 70]),
+        # the whole sentence: back to offset 0 (no end before 'Z' in the segment) and on to 17, then first_k's
+        # two rows: the next candidate of the first chunk and the first of the second
+        ("whole_sentence", [*range(0, 19), 40]),
     ],
 )
 def test_the_blend_recomputes_the_sentence_of_the_name_within_the_budget(tiny_engine, span, forced) -> None:
@@ -83,6 +99,9 @@ def test_a_sentence_span_without_the_ends_is_refused_and_a_bad_span_is_a_clear_e
     with pytest.raises(ValueError, match="match_span"):
         EngineSettings(match_span="line")  # type: ignore[arg-type]
     assert EngineSettings(match_span="sentence").blend_config().match_span == "sentence"
+    whole = config.model_copy(update={"match_span": "whole_sentence"})
+    with pytest.raises(EngineError, match="'whole_sentence' needs the context's sentence ends"):
+        plan_blend(layout, "blend", whole, tiny_engine.num_layers)
 
 
 def test_a_follow_up_names_its_subject_in_the_earlier_turn() -> None:
