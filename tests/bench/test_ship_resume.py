@@ -22,6 +22,20 @@ CALSET = describe(make_cases(2, 1, 2))
 FINGERPRINT = "f" * 64
 
 
+@pytest.fixture
+def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Where the gate ships model m's bfloat16 record (a temporary shipped dir), holding a record from before; the
+    weights' fingerprint is FINGERPRINT."""
+    from app.calibration import shipped
+    from bench import ship
+
+    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
+    monkeypatch.setattr(ship, "model_fingerprint", lambda args: FINGERPRINT)
+    path = tmp_path / "m.bfloat16.json"
+    path.write_bytes(b'{"model": "m", "values": {"recompute_ratio": 0.25}}\n')
+    return path
+
+
 def _record(ratio: float = 0.15, fingerprint: str = FINGERPRINT, **values: Any) -> BlendSettingsRecord:
     tried = [
         {"values": {"recompute_ratio": ratio, "score_layers": [4, 8]} | values, "figures": {"kl_x_reuse": 0.2}},
@@ -42,6 +56,12 @@ def _record(ratio: float = 0.15, fingerprint: str = FINGERPRINT, **values: Any) 
             "tried": [t | {"misses": []} for t in tried],
         },
     )
+
+
+def _calibrate(step: Step, record_path: Path, calibration: BlendSettingsRecord) -> None:
+    """What a calibration step does: ship its record and write its result (the record) to its --out."""
+    record_path.write_text(calibration.to_json())
+    Path(step.argv[step.argv.index("--out") + 1]).write_text(json.dumps(_result(calibration)))
 
 
 def _result(record: BlendSettingsRecord) -> dict[str, Any]:
@@ -85,25 +105,18 @@ def test_a_calibration_stands_for_this_runs_only_with_the_same_model_weights_set
 
 
 def test_resume_puts_the_earlier_calibration_in_the_record_and_runs_every_check_part(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_step_result: Callable[..., None]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_step_result: Callable[..., None], record: Path
 ) -> None:
-    from app.calibration import shipped
     from bench import ship
 
-    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
-    monkeypatch.setattr(ship, "model_fingerprint", lambda args: FINGERPRINT)
-    record = tmp_path / "m.bfloat16.json"
-    before = b'{"model": "m", "values": {"recompute_ratio": 0.25}}\n'
-    record.write_bytes(before)
+    before = record.read_bytes()
     calibration = _record(match_labels=True)
     ran: list[str] = []
 
     def run_step(step: Step) -> int:
-        out = Path(step.argv[step.argv.index("--out") + 1])
         ran.append(step.name)
         if step.name == "calibrate":
-            record.write_text(calibration.to_json())
-            out.write_text(json.dumps(_result(calibration)))
+            _calibrate(step, record, calibration)
             return 0
         if not resumed:
             raise KeyboardInterrupt  # the first run is stopped after its calibration
@@ -158,27 +171,20 @@ def test_a_resumed_calibration_is_chosen_from_again_by_todays_rule() -> None:
 
 
 def test_resume_takes_back_the_check_parts_that_ran_on_the_record_as_it_is(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write_step_result: Callable[..., None]
+    tmp_path: Path, write_step_result: Callable[..., None], record: Path
 ) -> None:
-    from app.calibration import shipped
     from app.calibration.check_record import write_check
     from bench import ship
 
-    monkeypatch.setattr(shipped, "SHIPPED_DIR", tmp_path)
-    monkeypatch.setattr(ship, "model_fingerprint", lambda args: FINGERPRINT)
-    record = tmp_path / "m.bfloat16.json"
-    before = b'{"model": "m", "values": {"recompute_ratio": 0.25}}\n'
-    record.write_bytes(before)
+    before = record.read_bytes()
     calibration = _record()
     ran: list[str] = []
     stop_at = "heldout_check"
 
     def run_step(step: Step) -> int:
-        out = Path(step.argv[step.argv.index("--out") + 1])
         ran.append(step.name)
         if step.name == "calibrate":
-            record.write_text(calibration.to_json())
-            out.write_text(json.dumps(_result(calibration)))
+            _calibrate(step, record, calibration)
             return 0
         if step.name == stop_at:
             raise KeyboardInterrupt
