@@ -196,9 +196,11 @@ def passing_candidates(calibrate_result: Path, ratio: float) -> list[dict[str, A
     return preference_order(passing, lambda t: t["figures"]["kl_x_reuse"], lambda t: t["values"])
 
 
-def put_alternative(path: Path, candidate: dict[str, Any], rank: int, num_passing: int, missed: list[str]) -> None:
-    """The shipped record at `path` carrying `candidate` (a `tried` entry) in place of the calibration's choice:
-    its values and figures, and no check part (they ran on the settings before)."""
+def put_alternative(path: Path, passing: list[dict[str, Any]], rank: int, missed: list[str]) -> None:
+    """The shipped record at `path` carrying the `rank`-th of the calibration's `passing` candidates (`tried`
+    entries, its choice first) in place of the settings before: its values and figures, and no check part (they ran
+    on the settings before)."""
+    candidate = passing[rank - 1]
     from app.calibration.check_parts import CHECK_PARTS
     from app.calibration.record import BlendSettingsRecord
 
@@ -207,9 +209,9 @@ def put_alternative(path: Path, candidate: dict[str, Any], rank: int, num_passin
     measured["chosen"] = candidate["figures"]
     measured["gate_alternative"] = {
         "rank": rank,
-        "of": num_passing,
+        "of": len(passing),
         "why": "the calibration's preferred candidates at this ratio missed a check part: " + "; ".join(missed),
-        "calibration_choice": record.values,
+        "calibration_choice": passing[0]["values"],  # the record holds the previous alternative's from rank 3 on
     }
     write_text_atomic(path, dataclasses.replace(record, values=candidate["values"], measured=measured).to_json())
 
@@ -391,7 +393,7 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
         if len(passing) < alternative:
             return None
         missed = [f"candidate {o.alternative}: {o.missed}" for o in outcomes if o.ratio == ratio]
-        put_alternative(path, passing[alternative - 1], alternative, len(passing), missed)
+        put_alternative(path, passing, alternative, missed)
         return passing[alternative - 1]["values"]
 
     finished = False

@@ -214,7 +214,9 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
 
             write_check("similar_check", {"blend": values}, "m", "float32", "f" * 64, ValueError)
         # The choice misses the held-out part, the next candidate holds everything.
-        return 1 if step.name == "heldout_check" and values["score_layers"] == [4, 8, 12, 16, 20] else 0
+        return 1 if step.name == "heldout_check" and values["score_layers"] in missing else 0
+
+    missing = [[4, 8, 12, 16, 20]]
 
     args = _args(tmp_path, "--ratios", "0.15", "--alternatives", "3")
     assert ship.main(args, run_step=run_step) == 0
@@ -238,7 +240,16 @@ def test_a_check_part_miss_puts_the_calibrations_next_passing_candidate_in_the_r
     assert gate["ratios_tried"] == [0.15] and (gate["shipped_ratio"], gate["shipped_candidate"]) == (0.15, 2)
     assert [(b["candidate"], b["missed"], b["values"]) for b in gate["below"]] == [(1, "heldout_check", None)]
 
+    # The second misses too: the third ships, and the record names the calibration's own choice, not the second.
+    missing.append([6, 12, 18])
+    record.write_bytes(before)
+    assert ship.main(args, run_step=run_step) == 0
+    measured = BlendSettingsRecord.from_json(record.read_text()).measured
+    assert (measured["gate_alternative"]["rank"], measured["gate_alternative"]["of"]) == (3, 3)
+    assert measured["gate_alternative"]["calibration_choice"] == tried[2]["values"]
+
     # With no more passing candidates than tried, the ratio ends and the record from before comes back.
+    missing[:] = [[4, 8, 12, 16, 20]]
     tried[1]["misses"] = tried[3]["misses"] = ["benefit 0.9 < 0.95"]
     record.write_bytes(before)
     assert ship.main(args, run_step=run_step) == 1
