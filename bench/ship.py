@@ -188,22 +188,21 @@ def passing_candidates(calibrate_result: Path, ratio: float) -> list[dict[str, A
     """The candidates of a calibration run at `ratio` that met its targets, in the calibration's order of
     preference (`preference_order`; the first is the one it chooses): each as the record's `tried` entry, values
     and figures."""
-    from app.calibration.search import preference_order
+    from app.calibration.search import order_tried
 
     result = json.loads(calibrate_result.read_text(encoding="utf-8"))
     tried = result["record"]["measured"]["tried"]
-    passing = [t for t in tried if not t["misses"] and t["values"].get("recompute_ratio") == ratio]
-    return preference_order(passing, lambda t: t["figures"]["kl_x_reuse"], lambda t: t["values"])
+    return order_tried([t for t in tried if not t["misses"] and t["values"].get("recompute_ratio") == ratio])
 
 
 def put_alternative(path: Path, passing: list[dict[str, Any]], rank: int, missed: list[str]) -> None:
     """The shipped record at `path` carrying the `rank`-th of the calibration's `passing` candidates (`tried`
     entries, its choice first) in place of the settings before: its values and figures, and no check part (they ran
     on the settings before)."""
-    candidate = passing[rank - 1]
     from app.calibration.check_parts import CHECK_PARTS
     from app.calibration.record import BlendSettingsRecord
 
+    candidate = passing[rank - 1]
     record = BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
     measured = {k: v for k, v in record.measured.items() if k not in {name for name, _ in CHECK_PARTS}}
     measured["chosen"] = candidate["figures"]

@@ -77,15 +77,16 @@ def calibration_mismatch(
 def rechoose(record: BlendSettingsRecord) -> BlendSettingsRecord:
     """The record with the candidate today's rule (`preference_order`) puts first among those that met the
     targets: a calibration from before a change of the rule is taken back as the calibration would make it now."""
-    from app.calibration.search import preference_order
+    from app.calibration.search import order_tried
 
     tried = record.measured.get("tried") or []
-    passing = [t for t in tried if not t["misses"]]
+    # Its own choice listed first: the order is stable, so a tie on the record's rounded figures keeps it.
+    passing = sorted((t for t in tried if not t["misses"]), key=lambda t: t["values"] != record.values)
     if not passing:
         return record  # none met the targets: the fallback choice's rule has not changed
-    first = preference_order(passing, lambda t: t["figures"]["kl_x_reuse"], lambda t: t["values"])[0]
-    if any(t["values"] == record.values and _ranks_level(t, first) for t in passing):
-        return record  # its choice is still first (on the record's rounded figures a tie is kept as it was)
+    first = order_tried(passing)[0]
+    if first["values"] == record.values:
+        return record
     logger.info(
         "--resume: today's choice among the calibration's candidates is %s (it chose %s)",
         first["values"],
@@ -93,12 +94,6 @@ def rechoose(record: BlendSettingsRecord) -> BlendSettingsRecord:
     )
     measured = record.measured | {"chosen": first["figures"]}
     return dataclasses.replace(record, values=first["values"], measured=measured)
-
-
-def _ranks_level(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Two `tried` entries `preference_order` cannot tell apart: the same KL and as many scoring layers."""
-    layers = [len(t["values"].get("score_layers") or []) for t in (a, b)]
-    return a["figures"]["kl_x_reuse"] == b["figures"]["kl_x_reuse"] and layers[0] == layers[1]
 
 
 def model_fingerprint(args: argparse.Namespace) -> str:

@@ -31,7 +31,6 @@ from pathlib import Path
 import torch
 
 from engine.batched_decode import decode_batch
-from engine.blend.config import SENTENCE_SPANS
 from engine.blend.plan import BlendPlan, plan_blend
 from engine.blend.spans import sentence_ends
 from engine.cache_pool import CacheLayout, WorkingCachePool
@@ -241,7 +240,7 @@ class Engine:
         `prompt_pass` carries out. `blend` None: the blend in force."""
         config = blend or self.settings.blend_config()
         ends = None
-        if mode == "blend" and config.match_window > 0 and config.match_span in SENTENCE_SPANS:
+        if mode == "blend" and config.reads_sentence_ends:
             ends = sentence_ends(layout.chunk_ids, self._token_piece)
         return plan_blend(layout, mode, config, self.num_layers, ends, self._token_piece)
 

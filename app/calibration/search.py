@@ -197,6 +197,11 @@ def preference_order(
     return sorted(items, key=key)
 
 
+def order_tried(entries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A record's `measured.tried` entries (values, figures, misses) in `preference_order`."""
+    return preference_order(entries, lambda t: t["figures"]["kl_x_reuse"], lambda t: t["values"])
+
+
 def choose(
     passing: list[tuple[dict[str, Any], CandidateFigures]],
     last_ratio: list[tuple[dict[str, Any], CandidateFigures]],

@@ -24,7 +24,7 @@ SELECTORS: tuple[SelectorName, ...] = get_args(SelectorName)
 ScoreFuse = Literal["mean", "max"]
 ScoreBy = Literal["attention", "output"]
 MatchSpan = Literal["window", "sentence", "whole_sentence"]
-SENTENCE_SPANS: tuple[MatchSpan, ...] = ("sentence", "whole_sentence")  # the spans that read sentence ends
+SENTENCE_SPANS: tuple[MatchSpan, ...] = ("sentence", "whole_sentence")  # `reads_sentence_ends`
 MatchScope = Literal["any", "one"]
 StaleKeyScope = Literal["all", "unnamed"]
 DeviationOn = Literal["v", "k"]
@@ -175,6 +175,11 @@ class BlendConfig(BaseModel):
     def upfront(self) -> bool:
         """Whether the selector decides before the prompt pass (no layer runs on every context row)."""
         return self.selector != "deviation"
+
+    @property
+    def reads_sentence_ends(self) -> bool:
+        """Whether the question's spans run to sentence ends (engine.blend.spans), which the plan then needs."""
+        return self.match_window > 0 and self.match_span in SENTENCE_SPANS
 
     def ratios(self) -> tuple[float, ...]:
         """The keep ratio applied at each check layer."""

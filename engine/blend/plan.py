@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.blend.config import SENTENCE_SPANS, BlendConfig, SelectorName
+from engine.blend.config import BlendConfig, SelectorName
 from engine.blend.named import named_segments, question_matches
 from engine.blend.selectors import num_recompute_tokens
 from engine.types import EngineError, Mode, PromptLayout
@@ -146,7 +146,7 @@ def plan_blend(
             for layer, ratio in zip(config.check_layers, config.ratios(), strict=True)
         )
         return BlendPlan(**common, num_stored_tokens=n, fresh=range(p, total), selector=config.selector, checks=checks)  # type: ignore[arg-type]
-    sentence = config.match_window > 0 and config.match_span in SENTENCE_SPANS
+    sentence = config.reads_sentence_ends
     if sentence and sentence_ends is None:
         raise EngineError(f"match_span {config.match_span!r} needs the context's sentence ends (engine.blend.spans)")
     if config.match_labels and token_piece is None:
