@@ -28,10 +28,20 @@ from engine.working_cache import WorkingCache
 if TYPE_CHECKING:
     from engine.model import Weight
 
+# SDPA's CPU flash kernel, called directly because it also returns each row's log-sum-exp of the logits
+# (B, heads, rows) float32, which merging two calls over disjoint keys needs. A row whose keys are all masked
+# gets output 0 and log-sum-exp 0 (not -inf): `_attention_blocks` never builds one.
+_flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
 # Selected rows are attended in blocks so that each block only reads keys up to its last position:
-# roughly halves attention work compared with one (rows × all keys) call, at a few calls per layer.
-_MAX_ATTENTION_BLOCKS = 6
+# roughly halves attention work compared with one (rows × all keys) call, at a few calls per layer. With the
+# keys before a block's first row attended without a mask (`AttentionBlock.shared_until`), more blocks leave
+# less masked work; twelve measured best on a 3.5k-token blend (docs/benchmarks.md).
+_MAX_ATTENTION_BLOCKS = 12
 _MIN_BLOCK_ROWS = 64
+# A block's keys before its first row are seen by every row of it: on a CPU they are attended without the causal
+# mask, in a call of their own, when there are at least this many (`AttentionBlock.shared_until`).
+_MIN_SHARED_KEYS = 32
 # Padding a contiguous block of rows with up to this share of extra (causal) attention work still beats
 # attending with an explicit mask, which cannot skip the masked half.
 _MAX_PAD_SHARE = 0.1
@@ -45,6 +55,11 @@ class AttentionBlock:
     is_causal: bool = False  # rows are exactly positions pad_rows…kv_len-1: SDPA's own causal kernel
     pad_rows: int = 0  # zero query rows put in front so that the rows line up with SDPA's causal mask
     kv_start: int = 0  # keys before it are outside every row's sliding window: not read at all
+    # > kv_start: keys kv_start…shared_until-1 are seen by every row. They are attended without the causal mask
+    # (`shared_bias`: the key bias over them, or None), the keys shared_until…kv_len-1 with `mask`, in the GQA
+    # row layout (group · rows, kv_len - shared_until), and the two merged by their log-sum-exp (`attend`).
+    shared_until: int = 0
+    shared_bias: torch.Tensor | None = None  # (shared_until - kv_start,) additive
 
 
 @dataclass
@@ -241,23 +256,38 @@ class Transformer:
             # every key.
             mask = None
             windowed = window is not None and last - window >= kv_start  # some key of the range is too old
+            # On a CPU the keys before the first row, seen by every row, go without a mask when there are enough
+            # of them (the key `first` stays in the masked part, so that no row of it has every key masked).
+            # The split calls SDPA's CPU kernel: an accelerator's contiguous rows keep one masked call.
+            split = not self.sync_free and not windowed and first - kv_start >= _MIN_SHARED_KEYS
+            shared_until = first if split else 0
+            masked_from = shared_until or kv_start
             if bias is not None or first + 1 < block_kv or windowed:
                 # Additive float mask, built once per row set: SDPA would convert a bool mask per call. A few
                 # element-wise passes over (rows × keys): on one thread, like the layers' small ops.
-                small = q_pos.numel() * (block_kv - kv_start) <= SERIAL_MAX_ELEMENTS
+                small = q_pos.numel() * (block_kv - masked_from) <= SERIAL_MAX_ELEMENTS
                 with serial(self.device.type == "cpu" and small):
-                    keys = key_pos[kv_start:block_kv][None, :]
-                    later = keys > q_pos[:, None]  # (rows, block_kv - kv_start): may not see
+                    keys = key_pos[masked_from:block_kv][None, :]
+                    later = keys > q_pos[:, None]  # (rows, block_kv - masked_from): may not see
                     if windowed:
                         later |= keys <= q_pos[:, None] - window  # outside the row's window
                     base = (
                         torch.zeros(later.shape, dtype=self.dtype, device=self.device)
                         if bias is None
-                        else bias[None, kv_start:block_kv].expand(later.shape).clone()
+                        else bias[None, masked_from:block_kv].expand(later.shape).clone()
                     )
                     mask = base.masked_fill_(later, float("-inf"))
+                    if shared_until:
+                        mask = mask.repeat(self.cfg.num_heads // self.cfg.num_kv_heads, 1)  # the GQA row layout
             blocks.append(
-                AttentionBlock(rows=slice(start, start + q_pos.numel()), kv_len=block_kv, mask=mask, kv_start=kv_start)
+                AttentionBlock(
+                    rows=slice(start, start + q_pos.numel()),
+                    kv_len=block_kv,
+                    mask=mask,
+                    kv_start=kv_start,
+                    shared_until=shared_until,
+                    shared_bias=None if bias is None or not shared_until else bias[kv_start:shared_until],
+                )
             )
         return blocks
 
@@ -294,6 +324,9 @@ class Transformer:
         scale = self.cfg.attn_scale  # None: SDPA's head_dim^-½
         outs = []
         for b in rows.blocks:
+            if b.shared_until:
+                outs.append(self._attend_shared_and_masked(q[:, :, b.rows], cache_k, cache_v, b))
+                continue
             k, v = cache_k[:, :, b.kv_start : b.kv_len], cache_v[:, :, b.kv_start : b.kv_len]
             if b.pad_rows:
                 padded = torch.cat([q.new_zeros(q.shape[0], q.shape[1], b.pad_rows, q.shape[3]), q], dim=2)
@@ -307,6 +340,35 @@ class Transformer:
                     )
             outs.append(out.transpose(1, 2))  # (B, rows, heads, D)
         return outs[0].contiguous() if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def _attend_shared_and_masked(
+        self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, b: AttentionBlock
+    ) -> torch.Tensor:
+        """A block's rows q (B, heads, rows, D) over its keys in two calls → (B, rows, heads, D).
+
+        The keys kv_start…shared_until-1 precede every row: attended with no causal mask, so the kernel does all
+        of that work and none of a mask's (reading it, masking half of the last key tiles). Only the keys from
+        the block's first row on carry the mask. Each call returns its rows' log-sum-exp of the logits; the
+        softmax over all keys is each part's output weighted by its share of the total exp-mass.
+        The query heads sharing a KV head are consecutive (HF's repeat_interleave order), so they stack into the
+        rows of one call against that head's keys: K and V are never repeated per query head.
+        """
+        bsz, heads, num_rows, d = q.shape
+        kv_heads = self.cfg.num_kv_heads
+        qg = q.reshape(bsz, kv_heads, (heads // kv_heads) * num_rows, d)  # (B, kv_heads, group · rows, D)
+        shared_mask = None if b.shared_bias is None else b.shared_bias[None, :].expand(qg.shape[2], -1)
+        s, e, scale = b.kv_start, b.shared_until, self.cfg.attn_scale
+        with parallel():
+            out_shared, lse_shared = _flash_attention(
+                qg, cache_k[:, :, s:e], cache_v[:, :, s:e], attn_mask=shared_mask, scale=scale
+            )
+            out_masked, lse_masked = _flash_attention(
+                qg, cache_k[:, :, e : b.kv_len], cache_v[:, :, e : b.kv_len], attn_mask=b.mask, scale=scale
+            )
+        lse = torch.logaddexp(lse_shared, lse_masked)  # (B, kv_heads, group · rows) float32
+        out = out_shared.float().mul_(lse_shared.sub_(lse).exp_()[..., None])  # the kernels' outputs are ours
+        out.addcmul_(out_masked.float(), lse_masked.sub_(lse).exp_()[..., None])
+        return out.to(q.dtype).view(bsz, heads, num_rows, d).transpose(1, 2)
 
     def attention_probs(self, q: torch.Tensor, cache_k: torch.Tensor, rows: Rows, kv_len: int) -> torch.Tensor:
         """Softmax attention weights of q (B, heads, n, D) over keys 0…kv_len-1 of cache_k

@@ -210,6 +210,18 @@ def test_scattered_rows_see_their_window_only(gemma3_dir: Path, sync_free: bool,
         assert [b.kv_start for b in tf.layer_rows(2, rows).blocks] == [0, 0, 0, 0]
 
 
+def test_a_sliding_window_block_keeps_one_masked_call(gemma3_dir: Path) -> None:
+    """A sliding-window layer's blocks hide old keys per row: no key range is shared by all rows of a block, so
+    they stay one masked call; the model's full layers split."""
+    tf = Transformer(load_model(gemma3_dir, "float32", "cpu"))
+    windows = tf.cfg.layer_windows
+    local, full = windows.index(next(w for w in windows if w is not None)), windows.index(None)
+    positions = torch.arange(2, 300, 2)  # blocks of 64 rows from positions 2, 130 and 258
+    rows = tf.rows(positions, kv_len=300)
+    assert [b.shared_until for b in tf.layer_rows(local, rows).blocks] == [0, 0, 0]
+    assert [b.shared_until for b in tf.layer_rows(full, rows).blocks] == [0, 130, 258]
+
+
 def test_a_gemma3_gguf_with_rope_scaling_is_refused(tmp_path: Path) -> None:
     """transformers' gemma3 GGUF mapping drops rope.scaling: such a file would convert to another model."""
     import gguf
