@@ -36,8 +36,10 @@ _flash_attention = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 # Selected rows are attended in blocks so that each block only reads keys up to its last position:
 # roughly halves attention work compared with one (rows × all keys) call, at a few calls per layer. With the
 # keys before a block's first row attended without a mask (`AttentionBlock.shared_until`), more blocks leave
-# less masked work; twelve measured best on a 3.5k-token blend (docs/benchmarks.md).
-_MAX_ATTENTION_BLOCKS = 12
+# less masked work: twelve measured best on a 3.5k-token blend (docs/benchmarks.md). Rows whose blocks are not
+# split (a sliding-window layer's, an accelerator's) keep six: their figures were measured with six.
+_MAX_ATTENTION_BLOCKS = 6
+_MAX_SPLIT_BLOCKS = 12
 _MIN_BLOCK_ROWS = 64
 # A block's keys before its first row are seen by every row of it: on a CPU they are attended without the causal
 # mask, in a call of their own, when there are at least this many (`AttentionBlock.shared_until`).
@@ -238,7 +240,8 @@ class Transformer:
             # early blend layers): SDPA's causal kernel skips the masked half and builds no mask. Its mask
             # is top-left aligned, so the rows are shifted down by `start` zero rows whose output is dropped.
             return [AttentionBlock(rows=slice(0, n), kv_len=kv_len, mask=None, is_causal=True, pad_rows=span.start)]
-        block_rows = max(_MIN_BLOCK_ROWS, -(-n // _MAX_ATTENTION_BLOCKS))
+        num_blocks = _MAX_SPLIT_BLOCKS if window is None and not self.sync_free else _MAX_ATTENTION_BLOCKS
+        block_rows = max(_MIN_BLOCK_ROWS, -(-n // num_blocks))
         blocks = []
         key_pos = torch.arange(kv_len, device=self.device)
         for start in range(0, n, block_rows):
