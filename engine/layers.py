@@ -83,6 +83,13 @@ class Rows:
         return self.positions.shape[0]
 
 
+def gqa_rows(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """q (B, heads, n, D) as (B, kv_heads, group · n, D): the query heads sharing a KV head are consecutive (HF's
+    repeat_interleave order), so they stack into the rows of one GEMM or attention call against that head's keys."""
+    bsz, heads, n, d = q.shape
+    return q.reshape(bsz, num_kv_heads, (heads // num_kv_heads) * n, d)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # Normalise in float32 like the reference implementation, then scale in the model dtype.
     xf = x.float()
@@ -353,12 +360,10 @@ class Transformer:
         of that work and none of a mask's (reading it, masking half of the last key tiles). Only the keys from
         the block's first row on carry the mask. Each call returns its rows' log-sum-exp of the logits; the
         softmax over all keys is each part's output weighted by its share of the total exp-mass.
-        The query heads sharing a KV head are consecutive (HF's repeat_interleave order), so they stack into the
-        rows of one call against that head's keys: K and V are never repeated per query head.
+        The query heads go in as `gqa_rows`: K and V are never repeated per query head.
         """
         bsz, heads, num_rows, d = q.shape
-        kv_heads = self.cfg.num_kv_heads
-        qg = q.reshape(bsz, kv_heads, (heads // kv_heads) * num_rows, d)  # (B, kv_heads, group · rows, D)
+        qg = gqa_rows(q, self.cfg.num_kv_heads)  # (B, kv_heads, group · rows, D)
         shared_mask = None if b.shared_bias is None else b.shared_bias[None, :].expand(qg.shape[2], -1)
         s, e, scale = b.kv_start, b.shared_until, self.cfg.attn_scale
         with parallel():
@@ -385,9 +390,7 @@ class Transformer:
         cfg = self.cfg
         bsz, heads, n, d = q.shape
         k = cache_k[:, :, :kv_len].float()  # (B, kv_heads, kv_len, D); a view in float32
-        # GQA without repeating K per query head: the query heads sharing a KV head are consecutive (HF's
-        # repeat_interleave order), so they stack into the rows of one GEMM against that head's keys.
-        qg = q.float().reshape(bsz, cfg.num_kv_heads, (heads // cfg.num_kv_heads) * n, d)
+        qg = gqa_rows(q.float(), cfg.num_kv_heads)  # GQA without repeating K per query head
         with parallel():
             scale = cfg.attn_scale if cfg.attn_scale is not None else cfg.head_dim**-0.5
             scores = torch.matmul(qg, k.transpose(-1, -2)).view(bsz, heads, n, kv_len) * scale
