@@ -18,7 +18,8 @@ Cached modes read the chunk KV through the store in --kv-dtype (int4 by default,
 `--ship` makes the run the record's held-out check part (app/calibration/heldout_check.py): the server's default
 blend (the record's ratio and settings) against full prefill and reuse, written into the shipped record of the
 model and dtype (measured.heldout_check) only when first-token KL ÷ reuse's ≤ 0.3 and benefit retained ≥ 0.95;
-exit 1 when it misses or cannot be written. `python -m bench ship` runs it on 20 nq6 examples.
+exit 1 when it misses or cannot be written. `python -m bench ship` runs it on 60 nq6 examples; the record also
+gets the two figures over each run of 20 of them (`by_window`, not gated).
 """
 
 from __future__ import annotations
@@ -220,6 +221,28 @@ def _benefit_interval(per_example: list[dict[str, Any]], name: str) -> list[floa
     return [round(x, 4) for x in bootstrap_interval(stat, len(per_example))]
 
 
+def window_figures(per_example: list[dict[str, Any]], name: str, size: int) -> list[dict[str, Any]]:
+    """A mode's KL ÷ reuse's and benefit retained over examples 1–size, size+1–2·size, … (each means first, as over
+    all of them); a last run shorter than `size` is left out, its means would not be a draw of that size."""
+    windows = []
+    for start in range(0, len(per_example) - size + 1, size):
+        rows = per_example[start : start + size]
+        nll_nc = mean(r["no_context"]["nll"] for r in rows)
+        nll_full = mean(r["modes"]["full"]["nll"] for r in rows)
+        kl_reuse = mean(r["modes"]["reuse"]["kl"] for r in rows)
+        kl = mean(r["modes"][name]["kl"] for r in rows)
+        windows.append(
+            {
+                "examples": [start + 1, start + size],
+                "kl_x_reuse": round(kl / kl_reuse, 4) if kl_reuse > 0 else math.nan,
+                "benefit_retained": round(
+                    benefit_retained(nll_nc, nll_full, mean(r["modes"][name]["nll"] for r in rows)), 4
+                ),
+            }
+        )
+    return windows
+
+
 def _kl_x_reuse(per_example: list[dict[str, Any]], name: str) -> tuple[float, list[float]]:
     """A mode's first-token KL ÷ reuse's (means first) and its 95% paired bootstrap interval."""
     kl = [r["modes"][name]["kl"] for r in per_example]
@@ -322,7 +345,12 @@ def _ship(result: dict[str, Any], model: str, mode: str) -> int:
     from datetime import UTC, datetime
     from pathlib import Path
 
-    from app.calibration.heldout_check import HeldoutCheck, HeldoutCheckError, record_heldout_check
+    from app.calibration.heldout_check import (
+        WINDOW_EXAMPLES,
+        HeldoutCheck,
+        HeldoutCheckError,
+        record_heldout_check,
+    )
     from app.calibration.shipped import model_name
 
     blend, full = result["modes"][mode], result["modes"]["full"]
@@ -344,7 +372,15 @@ def _ship(result: dict[str, Any], model: str, mode: str) -> int:
         blend=result["blend"],
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
         chunk_lead_in=result.get("chunk_lead_in"),
+        by_window=window_figures(result["per_example"], mode, WINDOW_EXAMPLES),
     )
+    for window in check.by_window or []:
+        logger.info(
+            "held-out examples %d-%d: KL %.2fx reuse's, benefit %.3f",
+            *window["examples"],
+            window["kl_x_reuse"],
+            window["benefit_retained"],
+        )
     return harness.ship_check(
         lambda: record_heldout_check(check, model_name(model), result["compute_dtype"], result["fingerprint"]),
         HeldoutCheckError,

@@ -4,7 +4,7 @@ For each ratio of `--ratios`, cheapest first: the calibration at that ratio alon
 the record's check parts in turn, each written into the record when met: look-ups among similar pages through /ask
 (`bench lookup --distractors similar --part check --ship`, one value a page and then several), follow-up look-ups
 on /ask and /v1 (`bench conversation --lookup 12 --ship`), first-token KL and benefit on held-out questions (`bench
-quality --ship`, 20 nq6 examples), and whole answers (`bench long-answers --ship`). The first ratio whose
+quality --ship`, 60 nq6 examples), and whole answers (`bench long-answers --ship`). The first ratio whose
 calibration meets its targets and whose every check part is met ships, with `measured["ship_gate"]` saying what
 missed at the ratios below it. A ratio stops at its first miss (the check parts run cheapest first). When no
 ratio holds, or the run is stopped, the record shipped before is put back byte for byte (exit 1): a record never
@@ -103,7 +103,13 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=harness.DEFAULT_NQ6,
         help=f"the held-out check part's QA file (default {harness.DEFAULT_NQ6})",
     )
-    parser.add_argument("--heldout-examples", type=int, default=20, help="examples of the held-out check part")
+    parser.add_argument(
+        "--heldout-examples",
+        type=int,
+        default=60,
+        help="examples of the held-out check part (60: one draw of 20 passed a record that 60 put at 0.33x reuse's "
+        "KL; at least 20)",
+    )
     parser.add_argument("--heldout-passages", type=int, default=6, help="passages per held-out prompt")
     parser.add_argument(
         "--alternatives",

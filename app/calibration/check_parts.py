@@ -55,10 +55,16 @@ def summarize(name: str, entry: dict[str, Any]) -> str:
             f"{full['v1']})"
         )
     if name == heldout_check.MEASURED_KEY:
-        return (
+        line = (
             f"first-token KL {entry['kl_x_reuse']:.2f}× reuse's, benefit retained {entry['benefit_retained']:.2f} "
             f"on {entry['num_examples']} {entry['dataset']} examples"
         )
+        windows = entry.get("by_window") or []
+        if len(windows) > 1:  # one window is the whole run, already said
+            kl = " / ".join(f"{w['kl_x_reuse']:.2f}" for w in windows)
+            benefit = " / ".join(f"{w['benefit_retained']:.2f}" for w in windows)
+            line += f" (by {heldout_check.WINDOW_EXAMPLES}s: KL {kl}×, benefit {benefit})"
+        return line
     return f"{entry['num_right_blend']} of {entry['num_cases']} right (full prefill {entry['num_right_full']})"
 
 

@@ -2,10 +2,13 @@
 
 The calibration scores its candidates on its own set (app/calibration/calset.py); a record that fits that set and
 drifts on questions it never saw would ship a wrong ratio. `python -m bench quality --ship` runs the default blend,
-reuse and full prefill on a held-out QA set (the gate: 20 nq6 dev examples, 6 passages each, int4 KV as /ask reads
+reuse and full prefill on a held-out QA set (the gate: 60 nq6 dev examples, 6 passages each, int4 KV as /ask reads
 it) and writes what it measured into the shipped record of the model and dtype (`measured["heldout_check"]`) only
 when the target is met: first-token KL ÷ reuse's ≤ 0.3 and context benefit retained ≥ 0.95, both means first over
-the examples (their 95% bootstrap intervals are recorded beside them, not gated: 20 examples give wide intervals).
+the examples. Their 95% bootstrap intervals and the same two figures over each run of 20 examples (`by_window`) are
+recorded beside them, not gated: one draw of 20 passed a bfloat16 record at 0.16× reuse's KL that 60 examples put
+at 0.33× (docs/benchmarks.md), so the gate measures 60; and each 20 on its own is a draw as wide as that one, so a
+window under a target is shown, not held against a record whose 60 meet it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ MEASURED_KEY = "heldout_check"
 KL_X_REUSE_MAX = 0.3
 BENEFIT_MIN = 0.95
 MIN_EXAMPLES = 20  # fewer and one example moves the means past either target
+WINDOW_EXAMPLES = 20  # the issue's draw: `by_window` reports the figures over each run of this many examples
 TARGET = (
     f"first-token KL ÷ reuse's ≤ {KL_X_REUSE_MAX} and context benefit retained ≥ {BENEFIT_MIN} (means first over "
     "the examples; 95% intervals reported, not gated)"
@@ -47,6 +51,9 @@ class HeldoutCheck:
     blend: dict[str, Any]  # the default blend's settings (BlendConfig fields) the run asked with
     checked_at: str  # ISO 8601 UTC
     chunk_lead_in: bool | None = None  # whether the prompts opened their context with the lead-in
+    # The two figures over examples 1–20, 21–40, …, each means first (a last run shorter than 20 is left out):
+    # [{"examples": [first, last], "kl_x_reuse": …, "benefit_retained": …}, …]; recorded, not gated.
+    by_window: list[dict[str, Any]] | None = None
 
     @property
     def meets_target(self) -> bool:

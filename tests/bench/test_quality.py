@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from bench.quality import summarize
+from bench.quality import summarize, window_figures
 
 
 def test_quality_end_to_end(run_bench, dataset_path) -> None:
@@ -107,6 +107,17 @@ def test_summary_benefit_interval_holds_the_point_value() -> None:
     assert reuse["benefit_retained"] == pytest.approx((4.0 - 1.95) / 3.0)
 
 
+def test_window_figures_are_each_run_of_examples_means_first_and_leave_a_short_tail_out() -> None:
+    rows = [_row(4.0, 1.0, 2.0) for _ in range(5)]  # reuse KL 0.5 throughout
+    for i, r in enumerate(rows):  # the blend: KL 0.1 and full's NLL on examples 1-2, KL 0.4 and NLL 2.5 after
+        r["modes"]["blend"] = r["modes"]["reuse"] | ({"kl": 0.1, "nll": 1.0} if i < 2 else {"kl": 0.4, "nll": 2.5})
+    assert window_figures(rows, "blend", 2) == [
+        {"examples": [1, 2], "kl_x_reuse": 0.2, "benefit_retained": 1.0},
+        {"examples": [3, 4], "kl_x_reuse": 0.8, "benefit_retained": 0.5},
+    ]  # example 5 alone is no window of 2
+    assert window_figures(rows, "blend", 6) == []
+
+
 def _tiny_record(fingerprint: str, ratio: float):
     from app.calibration.record import BlendSettingsRecord
 
@@ -149,6 +160,14 @@ def test_ship_checks_the_default_blend_at_the_records_ratio_and_writes_only_a_pa
     assert (entry["kl_x_reuse"], entry["benefit_retained"]) == (blend["kl_x_reuse"], blend["benefit_retained"])
     assert entry["kl_x_reuse"] < 1e-4 and entry["benefit_retained"] == pytest.approx(1.0, abs=1e-3)
     assert entry["blend"]["recompute_ratio"] == 1.0 and entry["kv_storage_dtype"] == "int4"
+    # 20 examples are one window, whose figures are the run's (rounded as the record keeps them).
+    assert entry["by_window"] == [
+        {
+            "examples": [1, 20],
+            "kl_x_reuse": round(blend["kl_x_reuse"], 4),
+            "benefit_retained": round(blend["benefit_retained"], 4),
+        }
+    ]
 
     # A record whose blend recomputes only the tokens the question names (ratio 0) misses, and nothing is written.
     path.write_text(_tiny_record(first["fingerprint"], 0.0).to_json())

@@ -52,7 +52,7 @@ def test_each_ratio_runs_the_calibration_then_the_check_parts_as_their_own_subco
         "--out", str(tmp_path / "gate.0.2.followups_check.json"),
     ]  # fmt: skip
     assert steps[4].argv == [
-        "quality", "--dataset", "qa.json", "--examples", "20", "--passages", "6", "--baselines", "reuse", "--ship",
+        "quality", "--dataset", "qa.json", "--examples", "60", "--passages", "6", "--baselines", "reuse", "--ship",
         *common, "--out", str(tmp_path / "gate.0.2.heldout_check.json"),
     ]  # fmt: skip
     assert steps[5].argv[:4] == ["long-answers", "--max-tokens", "40", "--ship"]

@@ -90,6 +90,17 @@ def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
             "differs_in": [],
         },
     ]
+    # A check over 60 examples also says how each 20 of them came out.
+    windows = [
+        {"examples": [1, 20], "kl_x_reuse": 0.14, "benefit_retained": 1.004},
+        {"examples": [21, 40], "kl_x_reuse": 0.2, "benefit_retained": 1.0},
+        {"examples": [41, 60], "kl_x_reuse": 0.08, "benefit_retained": 0.934},
+    ]
+    record.measured["heldout_check"] |= {"num_examples": 60, "by_window": windows}
+    assert check_parts(record, in_force)[3].summary == (
+        "first-token KL 0.23× reuse's, benefit retained 1.00 on 60 nq6_dev.json examples (by 20s: KL 0.14 / 0.20 / "
+        "0.08×, benefit 1.00 / 1.00 / 0.93)"
+    )
     # The lead-in changes every stored chunk's KV: checks run without it do not speak for a server with it.
     with_lead_in = check_parts(record, in_force, chunk_lead_in=True)
     assert [(p.state, p.differs_in) for p in with_lead_in] == [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -55,6 +56,21 @@ def test_a_passing_check_is_written_beside_what_the_record_measured(shipped_dir)
         "full prefill on the same prompts"
     )
     assert entry["blend"] == {"recompute_ratio": 0.2, "match_labels": True}
+    assert entry["by_window"] is None  # a check measured before the windows were recorded
+
+
+def test_the_windows_are_recorded_and_one_under_a_target_does_not_refuse_a_check_that_meets_it(shipped_dir) -> None:
+    windows = [
+        {"examples": [1, 20], "kl_x_reuse": 0.14, "benefit_retained": 1.004},
+        {"examples": [21, 40], "kl_x_reuse": 0.2, "benefit_retained": 1.0},
+        {"examples": [41, 60], "kl_x_reuse": 0.08, "benefit_retained": 0.934},
+    ]
+    check = dataclasses.replace(_check(0.126, 0.975, num_examples=60), by_window=windows)
+    assert check.meets_target and check.misses() == []
+    entry = BlendSettingsRecord.from_json(record_heldout_check(check, "m", "bfloat16", "f" * 64).read_text()).measured[
+        "heldout_check"
+    ]
+    assert entry["by_window"] == windows and entry["num_examples"] == 60
 
 
 def test_a_miss_too_few_examples_another_fingerprint_or_no_record_is_refused_and_nothing_changes(
