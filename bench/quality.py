@@ -28,7 +28,7 @@ import argparse
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bench import harness
@@ -207,8 +207,8 @@ def run_fields(args: argparse.Namespace, prompts: Sequence[PreparedPrompt], rati
     }
 
 
-def _benefit_interval(per_example: list[dict[str, Any]], name: str) -> list[float]:
-    """95% paired bootstrap interval of a mode's benefit retained (each resample means-first)."""
+def _benefit_stat(per_example: list[dict[str, Any]], name: str) -> Callable[[Sequence[int]], float]:
+    """A mode's benefit retained over the examples at the ids given, means first."""
     no_context = [r["no_context"]["nll"] for r in per_example]
     full = [r["modes"]["full"]["nll"] for r in per_example]
     method = [r["modes"][name]["nll"] for r in per_example]
@@ -218,33 +218,11 @@ def _benefit_interval(per_example: list[dict[str, Any]], name: str) -> list[floa
             mean(no_context[i] for i in ids), mean(full[i] for i in ids), mean(method[i] for i in ids)
         )
 
-    return [round(x, 4) for x in bootstrap_interval(stat, len(per_example))]
+    return stat
 
 
-def window_figures(per_example: list[dict[str, Any]], name: str, size: int) -> list[dict[str, Any]]:
-    """A mode's KL ÷ reuse's and benefit retained over examples 1–size, size+1–2·size, … (each means first, as over
-    all of them); a last run shorter than `size` is left out, its means would not be a draw of that size."""
-    windows = []
-    for start in range(0, len(per_example) - size + 1, size):
-        rows = per_example[start : start + size]
-        nll_nc = mean(r["no_context"]["nll"] for r in rows)
-        nll_full = mean(r["modes"]["full"]["nll"] for r in rows)
-        kl_reuse = mean(r["modes"]["reuse"]["kl"] for r in rows)
-        kl = mean(r["modes"][name]["kl"] for r in rows)
-        windows.append(
-            {
-                "examples": [start + 1, start + size],
-                "kl_x_reuse": round(kl / kl_reuse, 4) if kl_reuse > 0 else math.nan,
-                "benefit_retained": round(
-                    benefit_retained(nll_nc, nll_full, mean(r["modes"][name]["nll"] for r in rows)), 4
-                ),
-            }
-        )
-    return windows
-
-
-def _kl_x_reuse(per_example: list[dict[str, Any]], name: str) -> tuple[float, list[float]]:
-    """A mode's first-token KL ÷ reuse's (means first) and its 95% paired bootstrap interval."""
+def _kl_x_reuse_stat(per_example: list[dict[str, Any]], name: str) -> Callable[[Sequence[int]], float]:
+    """A mode's first-token KL ÷ reuse's over the examples at the ids given, means first (NaN when reuse's is 0)."""
     kl = [r["modes"][name]["kl"] for r in per_example]
     kl_reuse = [r["modes"]["reuse"]["kl"] for r in per_example]
 
@@ -252,6 +230,34 @@ def _kl_x_reuse(per_example: list[dict[str, Any]], name: str) -> tuple[float, li
         denominator = mean(kl_reuse[i] for i in ids)
         return mean(kl[i] for i in ids) / denominator if denominator > 0 else math.nan
 
+    return stat
+
+
+def _benefit_interval(per_example: list[dict[str, Any]], name: str) -> list[float]:
+    """95% paired bootstrap interval of a mode's benefit retained (each resample means-first)."""
+    return [round(x, 4) for x in bootstrap_interval(_benefit_stat(per_example, name), len(per_example))]
+
+
+def window_figures(per_example: list[dict[str, Any]], name: str, size: int) -> list[dict[str, Any]]:
+    """A mode's KL ÷ reuse's and benefit retained over examples 1–size, size+1–2·size, … (each means first, as over
+    all of them); a last run shorter than `size` is left out, its means would not be a draw of that size."""
+    kl_x_reuse, benefit = _kl_x_reuse_stat(per_example, name), _benefit_stat(per_example, name)
+    windows = []
+    for start in range(0, len(per_example) - size + 1, size):
+        ids = range(start, start + size)
+        windows.append(
+            {
+                "examples": [start + 1, start + size],
+                "kl_x_reuse": round(kl_x_reuse(ids), 4),
+                "benefit_retained": round(benefit(ids), 4),
+            }
+        )
+    return windows
+
+
+def _kl_x_reuse(per_example: list[dict[str, Any]], name: str) -> tuple[float, list[float]]:
+    """A mode's first-token KL ÷ reuse's (means first) and its 95% paired bootstrap interval."""
+    stat = _kl_x_reuse_stat(per_example, name)
     interval = bootstrap_interval(stat, len(per_example))
     return stat(range(len(per_example))), [round(x, 4) for x in interval]
 
