@@ -209,7 +209,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     facts = make_facts(args.examples, args.seed)
     projects = make_projects(args.followups, args.seed)
     result: dict[str, Any] = {}

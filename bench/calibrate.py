@@ -66,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise SystemExit(f"--with: {exc}") from None
 
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     cases = parse_cases(args.cases)
     tried_values = read_candidates(args.candidates) if args.candidates is not None else None
     if args.ship and tried_values is not None:

@@ -496,7 +496,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     client_counts = [int(n) for n in args.clients.split(",") if n]
     modes = [m for m in args.modes.split(",") if m]
     use_llama = args.llama_server is not None and not args.no_llamacpp

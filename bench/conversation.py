@@ -423,7 +423,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.ship and args.lookup <= 0:
         raise SystemExit("--ship records the look-up test: give --lookup N (N ≥ 1)")
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed) if args.examples else []
     sessions = make_sessions(examples, args.turns)
     projects = make_projects(args.lookup, args.seed) if args.lookup else []

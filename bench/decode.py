@@ -66,7 +66,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     clients = [int(n) for n in args.clients.split(",") if n.strip()]
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)

@@ -223,7 +223,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     candidates = read_candidates(args.candidates, study_fields=True) if args.candidates is not None else None
     ratios = parse_ratios(args.ratios) if candidates is None else []
     selectors = args.selectors if candidates is None else []

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple, get_args
 
+from bench import cpu_share
+from bench.cpu_share import CpuShare
 from fsio.atomic import write_text_atomic
 
 if TYPE_CHECKING:
@@ -462,18 +464,32 @@ def load_avg() -> list[float]:
 
 @dataclass
 class RunRecord:
-    """Wall time and load averages of one benchmark run (recorded at the start and at the end)."""
+    """Wall time and load averages of one benchmark run (recorded at the start and at the end), and the cores
+    other processes kept busy when it started (`cpu_share`, None where it cannot be sampled)."""
 
     started: float = field(default_factory=time.perf_counter)
     load_start: list[float] = field(default_factory=load_avg)
+    cpu_share: CpuShare | None = None
+
+    @classmethod
+    def start(cls, args: argparse.Namespace) -> RunRecord:
+        """The record of a run starting now, warning (logged) when the run's torch threads (`--threads`, else
+        torch's default) do not fit beside what else keeps the CPU busy: its timings would not be its own."""
+        import torch
+
+        threads = getattr(args, "threads", None) or torch.get_num_threads()
+        return cls(cpu_share=cpu_share.warn_if_shared(threads))
 
     def finish(self) -> dict[str, Any]:
-        return {
+        record: dict[str, Any] = {
             "elapsed_s": round(time.perf_counter() - self.started, 2),
             "load_avg_start": self.load_start,
             "load_avg_end": load_avg(),
             "unix_time": int(time.time()),
         }
+        if self.cpu_share is not None:
+            record["cpu_share_start"] = self.cpu_share.as_record()
+        return record
 
 
 def _json_safe(value: Any) -> Any:

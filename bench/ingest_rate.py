@@ -188,7 +188,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
     with tempfile.TemporaryDirectory(prefix="blendrag-bench-ingest-", dir=args.tmp_dir) as tmp:
         if args.docs:

@@ -351,7 +351,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     dtypes = [d for d in args.dtypes.split(",") if d]
     if unknown := [d for d in dtypes if d not in STORAGE_DTYPES]:
         raise SystemExit(f"unknown storage dtype(s) {unknown}; choose from {list(STORAGE_DTYPES)}")

@@ -119,7 +119,7 @@ def main(args: argparse.Namespace) -> int:
     from bench.prepared import prepare_prompts
     from engine.builtin import builtin_gguf_path
 
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     engine = harness.build_engine(args)
     threads = args.threads or torch.get_num_threads()
     prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)

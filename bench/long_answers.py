@@ -186,7 +186,7 @@ def main(args: argparse.Namespace) -> int:
     harness.refuse_ship_with_lead_in(args)
     if args.ship and (args.docs_dir is not None or args.as_written or args.questions is not None):
         raise SystemExit("--ship records the built-in docs questions, all of them, with the how-to request")
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     with tempfile.TemporaryDirectory(prefix="blendrag-long-answers-") as tmp:
         docs_dir = args.docs_dir or write_corpus(Path(tmp) / "docs")
         pages, questions = read_corpus(docs_dir)

@@ -303,7 +303,7 @@ def main(args: argparse.Namespace) -> int:
     harness.refuse_ship_with_lead_in(args)
     if args.ship and (args.distractors != "similar" or args.part != "check" or args.candidates is not None):
         raise SystemExit("--ship records the check part of --distractors similar, without --candidates")
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     facts, passages = lookup_corpus(args)
     candidates = read_candidates(args.candidates) if args.candidates is not None else None
     with temp_settings(

@@ -302,7 +302,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     engine = harness.build_engine(args)
     threads = args.threads or torch.get_num_threads()
     prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)

@@ -140,7 +140,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     engine = harness.build_engine(args)
     prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)
     specs = _specs(engine, args.ratio)

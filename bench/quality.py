@@ -307,7 +307,7 @@ def _refuse_ship_options(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace) -> int:
     _refuse_ship_options(args)
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     overrides: dict[str, Any] = {}
     if args.no_repetition_control:
         overrides.update(repetition_penalty=1.0, no_repeat_ngram_size=0, stop_on_repeated_line=False)

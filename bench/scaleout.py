@@ -128,7 +128,7 @@ def probe_latency(a: Process, b: Process, docs: list[dict[str, str]]) -> list[fl
 
 def main(args: argparse.Namespace) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll otherwise
-    record = harness.RunRecord()
+    record = harness.RunRecord.start(args)
     pool = passages(args.dataset)
     needed = args.chunks * len(args.workers) + args.probes
     if len(pool) < needed:

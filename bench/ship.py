@@ -369,7 +369,7 @@ def main(args: argparse.Namespace, run_step: RunStep | None = None) -> int:
     except ValueError as exc:
         raise SystemExit(f"--with: {exc}") from None
     ratios = sorted(parse_ratios(args.ratios))
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     path = shipped_path(model_name(str(args.model)), args.dtype)
     before = path.read_bytes() if path.exists() else None

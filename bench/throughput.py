@@ -380,7 +380,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     modes = [m for m in args.modes.split(",") if m]
     examples = select_examples(load_dataset(args.dataset), args.examples, args.seed)
     if args.url:

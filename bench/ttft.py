@@ -158,7 +158,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 def main(args: argparse.Namespace) -> int:
     import torch
 
-    run = harness.RunRecord()
+    run = harness.RunRecord.start(args)
     ratios = parse_ratios(args.ratios)
     engine = harness.build_engine(args)
     prepared = prepare_prompts(engine, args.dataset, args.examples, args.passages, args.seed, order=args.order)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 from bench.harness import server_kv_dtype
 
 
@@ -16,4 +18,5 @@ def test_ttft_end_to_end(run_bench, dataset_path) -> None:
     budget, extra = (int(r * row["num_context_tokens"] + 0.5) for r in (0.5, 0.1))
     assert budget <= row["num_recomputed_tokens"]["blend@0.5"] <= budget + extra
     assert row["num_recomputed_tokens"]["full"] == row["num_context_tokens"]
-    assert set(result["run"]) == {"elapsed_s", "load_avg_start", "load_avg_end", "unix_time"}
+    assert set(result["run"]) == {"elapsed_s", "load_avg_start", "load_avg_end", "unix_time", "cpu_share_start"}
+    assert result["run"]["cpu_share_start"]["num_cores"] == len(os.sched_getaffinity(0))
