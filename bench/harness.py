@@ -25,8 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple, get_args
 
-from bench import cpu_share
-from bench.cpu_share import CpuShare
+from bench.cpu_share import CpuShare, warn_if_shared
 from fsio.atomic import write_text_atomic
 
 if TYPE_CHECKING:
@@ -478,7 +477,7 @@ class RunRecord:
         import torch
 
         threads = getattr(args, "threads", None) or torch.get_num_threads()
-        return cls(cpu_share=cpu_share.warn_if_shared(threads))
+        return cls(cpu_share=warn_if_shared(threads))
 
     def finish(self) -> dict[str, Any]:
         record: dict[str, Any] = {
