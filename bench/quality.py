@@ -15,11 +15,11 @@ any chunks (no context). Per mode:
 
 Cached modes read the chunk KV through the store in --kv-dtype (int4 by default, what /ask serves).
 
-`--ship` makes the run the record's held-out check part (app/calibration/heldout_check.py): the server's default
-blend (the record's ratio and settings) against full prefill and reuse, written into the shipped record of the
-model and dtype (measured.heldout_check) only when first-token KL ÷ reuse's ≤ 0.3 and benefit retained ≥ 0.95;
-exit 1 when it misses or cannot be written. `python -m bench ship` runs it on 60 nq6 examples; the record also
-gets the two figures over each run of 20 of them (`by_window`, not gated).
+`--ship` makes the run the record's held-out check part (app/calibration/heldout_check.py): the server's default blend
+(the record's ratio and settings) against full prefill and reuse, written into the shipped record of the model and dtype
+(measured.heldout_check) only when first-token KL ÷ reuse's ≤ 0.3, benefit retained ≥ 0.95 and the greedy answers' gold
+F1 at most 0.03 below full prefill's; exit 1 when it misses or cannot be written. `python -m bench ship` runs it on 60
+nq6 examples; the record also gets the two figures over each run of 20 of them (`by_window`, not gated).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """`python -m bench ship`: a model's record at the lowest recompute ratio that holds every check part.
 
-For each ratio of `--ratios`, cheapest first: the calibration at that ratio alone (`bench calibrate --ship`), then
-the record's check parts in turn, each written into the record when met: look-ups among similar pages through /ask
-(`bench lookup --distractors similar --part check --ship`, one value a page and then several), follow-up look-ups
-on /ask and /v1 (`bench conversation --lookup 12 --ship`), first-token KL and benefit on held-out questions (`bench
-quality --ship`, 60 nq6 examples), and whole answers (`bench long-answers --ship`). The first ratio whose
-calibration meets its targets and whose every check part is met ships, with `measured["ship_gate"]` saying what
-missed at the ratios below it. A ratio stops at its first miss (the check parts run cheapest first). When no
-ratio holds, or the run is stopped, the record shipped before is put back byte for byte (exit 1): a record never
-ships on a calibration alone.
+For each ratio of `--ratios`, cheapest first: the calibration at that ratio alone (`bench calibrate --ship`), then the
+record's check parts in turn, each written into the record when met: look-ups among similar pages through /ask (`bench
+lookup --distractors similar --part check --ship`, one value a page and then several), follow-up look-ups on /ask and
+/v1 (`bench conversation --lookup 12 --ship`), first-token KL, benefit and the answers' gold F1 on held-out questions
+(`bench quality --ship`, 60 nq6 examples), and whole answers (`bench long-answers --ship`). The first ratio whose
+calibration meets its targets and whose every check part is met ships, with `measured["ship_gate"]` saying what missed
+at the ratios below it. A ratio stops at its first miss (the check parts run cheapest first). When no ratio holds, or
+the run is stopped, the record shipped before is put back byte for byte (exit 1): a record never ships on a calibration
+alone.
 
 `--alternatives N`: when a check part misses at a ratio, the calibration's next candidates at that ratio that met
 its targets (in its order of preference: best calibration-set KL first, a near-tie scoring at more layers ahead; up
@@ -247,7 +247,12 @@ def step_figures(name: str, path: Path) -> tuple[bool | None, dict[str, Any]]:
     modes = result["modes"]
     if name == "heldout_check":
         blend = next(mode for mode_name, mode in modes.items() if mode_name not in ("full", "reuse"))
-        return None, {"kl_x_reuse": blend["kl_x_reuse"], "benefit_retained": blend["benefit_retained"]}
+        return None, {
+            "kl_x_reuse": blend["kl_x_reuse"],
+            "benefit_retained": blend["benefit_retained"],
+            "f1_blend": blend["f1"],
+            "f1_full": modes["full"]["f1"],
+        }
     return None, {
         "finish_full": modes["full"]["finish_reasons"],
         "finish_blend": modes["blend"]["finish_reasons"],

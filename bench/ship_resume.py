@@ -11,8 +11,9 @@ A check part (5-25 minutes each) is taken back the same way from its receipt: af
 into its result file what it ran on (its command line, the record's fingerprint and blend settings) and what it
 found (its exit code and, when it held, the entry it wrote into the record). With `--resume`, a check part whose
 receipt names this step's command line and the record's fingerprint and settings as they are now is not run: a
-pass puts its entry back into the record, a miss is a miss again. Code changes to the benches between the two runs
-are not seen; run without `--resume` after one.
+pass puts its entry back into the record, a miss is a miss again. A held-out pass is judged again by today's target
+from the figures its entry holds (the target gained the answers' gold F1 after such passes were written). Other code
+changes to the benches between the two runs are not seen; run without `--resume` after one.
 """
 
 from __future__ import annotations
@@ -187,6 +188,16 @@ def check_mismatch(receipt: Any, argv: list[str], record: BlendSettingsRecord) -
     return None
 
 
+def todays_misses(step_name: str, entry: dict[str, Any]) -> list[str]:
+    """What a passing check part's entry misses by today's target, in words. Only the held-out part is judged again
+    (its entry holds every figure its target reads); the other parts' targets are as their receipts were written."""
+    from app.calibration import heldout_check
+
+    if step_name == heldout_check.MEASURED_KEY:
+        return heldout_check.entry_misses(entry)
+    return []
+
+
 def reuse_check(step_name: str, argv: list[str], result_file: Path, record_path: Path) -> int | None:
     """The exit code of this check part's earlier run when its receipt stands for this step (a pass's entry put
     back into the record at `record_path`); None, the reason logged, when the step has to run."""
@@ -205,6 +216,14 @@ def reuse_check(step_name: str, argv: list[str], result_file: Path, record_path:
     if why is not None:
         logger.warning("--resume: %s is not this step's result (%s): running it again", result_file.name, why)
         return None
+    if receipt["rc"] == 0 and (misses := todays_misses(step_name, receipt["entry"])):
+        logger.warning(
+            "--resume: %s from %s met the target of its time and misses today's (%s): missed",
+            step_name,
+            result_file.name,
+            "; ".join(misses),
+        )
+        return 1
     if receipt["rc"] == 0:
         write_check(step_name, receipt["entry"], record.model, record.compute_dtype, record.fingerprint, ValueError)
     logger.info("--resume: %s from %s (%s)", step_name, result_file.name, "met" if receipt["rc"] == 0 else "missed")

@@ -64,6 +64,8 @@ def summarize(name: str, entry: dict[str, Any]) -> str:
             kl = " / ".join(f"{w['kl_x_reuse']:.2f}" for w in windows)
             benefit = " / ".join(f"{w['benefit_retained']:.2f}" for w in windows)
             line += f" (by {heldout_check.WINDOW_EXAMPLES}s: KL {kl}×, benefit {benefit})"
+        if "f1_blend" in entry:  # the greedy answers against the answer key
+            line += f"; gold-answer F1 {entry['f1_blend']:.2f} (full prefill {entry['f1_full']:.2f})"
         return line
     return f"{entry['num_right_blend']} of {entry['num_cases']} right (full prefill {entry['num_right_full']})"
 

@@ -1,4 +1,5 @@
-"""A shipped record's check on held-out questions: how close the default blend's first token stays to full prefill's.
+"""A shipped record's check on held-out questions: how close the default blend's first token and answers stay to full
+prefill's.
 
 The calibration scores its candidates on its own set (app/calibration/calset.py); a record that fits that set and
 drifts on questions it never saw would ship a wrong ratio. `python -m bench quality --ship` runs the default blend,
@@ -9,6 +10,14 @@ the examples. Their 95% bootstrap intervals and the same two figures over each r
 recorded beside them, not gated: one draw of 20 passed a bfloat16 record at 0.16× reuse's KL that 60 examples put
 at 0.33× (docs/benchmarks.md), so the gate measures 60; and each 20 on its own is a draw as wide as that one, so a
 window under a target is shown, not held against a record whose 60 meet it.
+
+The greedy answers are held against the answer key too: the blend's gold-answer F1 may fall at most 0.03 below full
+prefill's on the same prompts. First-token KL and benefit are read off the answer's first position and the gold
+answer's likelihood; a candidate can keep both and still answer worse. The 1.5B's bfloat16 candidate at 0.13 scored
+at five layers without the stale-key bias kept 0.12× reuse's KL and 0.964 of the benefit on the gate's 60 and fell
+0.060 in gold F1 (0.453 against 0.514: 11 answers scored lower, 4 of them wrong or vaguer where full prefill was
+right, 7 higher), where the shipped records' draws of 60 lose at most 0.015 (docs/benchmarks.md, "The 1.5B in
+bfloat16 at 0.13").
 """
 
 from __future__ import annotations
@@ -22,12 +31,26 @@ from app.calibration.check_record import write_check
 MEASURED_KEY = "heldout_check"
 KL_X_REUSE_MAX = 0.3
 BENEFIT_MIN = 0.95
+F1_LOSS_MAX = 0.03  # gold-answer F1 below full prefill's; the shipped records' draws of 60 lose at most 0.015
 MIN_EXAMPLES = 20  # fewer and one example moves the means past either target
 WINDOW_EXAMPLES = 20  # the issue's draw: `by_window` reports the figures over each run of this many examples
 TARGET = (
     f"first-token KL ÷ reuse's ≤ {KL_X_REUSE_MAX} and context benefit retained ≥ {BENEFIT_MIN} (means first over "
-    "the examples; 95% intervals reported, not gated)"
+    f"the examples; 95% intervals reported, not gated), gold-answer F1 at most {F1_LOSS_MAX} below full prefill's"
 )
+
+
+def target_misses(kl_x_reuse: float, benefit_retained: float, f1_full: float, f1_blend: float) -> list[str]:
+    """What the default blend's figures miss the target by, in words (empty when they meet it)."""
+    out = []
+    if not kl_x_reuse <= KL_X_REUSE_MAX:  # NaN (reuse's KL 0) misses too
+        out.append(f"KL {kl_x_reuse:.3f}× reuse's > {KL_X_REUSE_MAX}")
+    if not benefit_retained >= BENEFIT_MIN:
+        out.append(f"benefit retained {benefit_retained:.3f} < {BENEFIT_MIN}")
+    f1_loss = f1_full - f1_blend  # negative when the blend scores higher
+    if not f1_loss <= F1_LOSS_MAX + 1e-9:  # the tolerance: a loss of 0.03 meets it despite float rounding
+        out.append(f"gold-answer F1 {f1_blend:.3f}, {f1_loss:.3f} below full prefill's {f1_full:.3f} > {F1_LOSS_MAX}")
+    return out
 
 
 @dataclass(frozen=True)
@@ -57,16 +80,11 @@ class HeldoutCheck:
 
     @property
     def meets_target(self) -> bool:
-        return self.kl_x_reuse <= KL_X_REUSE_MAX and self.benefit_retained >= BENEFIT_MIN
+        return not self.misses()
 
     def misses(self) -> list[str]:
         """What the blend missed the target by, in words (empty when it meets it)."""
-        out = []
-        if not self.kl_x_reuse <= KL_X_REUSE_MAX:  # NaN (reuse's KL 0) misses too
-            out.append(f"KL {self.kl_x_reuse:.3f}× reuse's > {KL_X_REUSE_MAX}")
-        if not self.benefit_retained >= BENEFIT_MIN:
-            out.append(f"benefit retained {self.benefit_retained:.3f} < {BENEFIT_MIN}")
-        return out
+        return target_misses(self.kl_x_reuse, self.benefit_retained, self.f1_full, self.f1_blend)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +95,12 @@ class HeldoutCheck:
             "meets_target": self.meets_target,
             **asdict(self),
         }
+
+
+def entry_misses(entry: dict[str, Any]) -> list[str]:
+    """What a recorded check (`measured["heldout_check"]`, as `to_dict` wrote it) misses by today's target: a record
+    or a gate's receipt from before a target changed is judged again without measuring again."""
+    return target_misses(entry["kl_x_reuse"], entry["benefit_retained"], entry["f1_full"], entry["f1_blend"])
 
 
 class HeldoutCheckError(ValueError):

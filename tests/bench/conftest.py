@@ -129,7 +129,8 @@ def _write_step_result(step: Any, right_blend: int, targets_met: bool = True) ->
         summary = {path: {"full_right": 12, "default_right": right_blend} for path in ("ask", "v1")}
         result = {"lookup": {"summary": summary}}
     elif step.name == "heldout_check":
-        modes = {"full": {}, "reuse": {}, "blend@0.1": {"kl_x_reuse": 0.2, "benefit_retained": 0.99}}
+        blend = {"kl_x_reuse": 0.2, "benefit_retained": 0.99, "f1": 0.42}
+        modes = {"full": {"f1": 0.43}, "reuse": {}, "blend@0.1": blend}
         result = {"modes": modes}
     else:
         modes = {"full": {"finish_reasons": {"stop": 12}}, "blend": {"finish_reasons": {"stop": 12}, "agrees": 9}}

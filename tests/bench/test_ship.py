@@ -109,7 +109,12 @@ def test_the_gate_stops_a_ratio_at_its_first_miss_and_ships_the_first_that_holds
         "ask": {"right_full": 12, "right_blend": 10},
         "v1": {"right_full": 12, "right_blend": 10},
     }
-    assert outcomes[2].steps[4].figures == {"kl_x_reuse": 0.2, "benefit_retained": 0.99}
+    assert outcomes[2].steps[4].figures == {
+        "kl_x_reuse": 0.2,
+        "benefit_retained": 0.99,
+        "f1_blend": 0.42,
+        "f1_full": 0.43,
+    }
     assert outcomes[2].steps[5].figures == {"finish_full": {"stop": 12}, "finish_blend": {"stop": 12}, "agrees": 9}
     assert outcomes[2].steps[1].result == result_path(args.out, 0.25, "similar_check").name
 

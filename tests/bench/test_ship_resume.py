@@ -237,6 +237,53 @@ def test_resume_takes_back_the_check_parts_that_ran_on_the_record_as_it_is(
     assert [(o["ratio"], o["missed"]) for o in summary["outcomes"]] == [(0.15, "similar_several_check")]
 
 
+def test_a_resumed_heldout_pass_is_judged_again_by_todays_target(
+    tmp_path: Path, write_step_result: Callable[..., None], record: Path
+) -> None:
+    """A held-out pass written before its target gained the answers' gold F1 (the 1.5B's 0.13 candidate: KL and
+    benefit met, F1 0.060 below full prefill's) comes back from --resume as a miss, without running again."""
+    from app.calibration.check_record import write_check
+    from bench import ship
+
+    before = record.read_bytes()
+    calibration = _record()
+    ran: list[str] = []
+    f1_blend = 0.4533
+
+    def run_step(step: Step) -> int:
+        ran.append(step.name)
+        if step.name == "calibrate":
+            _calibrate(step, record, calibration)
+            return 0
+        write_step_result(step, right_blend=11)
+        values = BlendSettingsRecord.from_json(record.read_text()).values
+        entry: dict[str, Any] = {"blend": values}
+        if step.name == "heldout_check":  # the figures the held-out part writes, as a pass of its time did
+            entry |= {"kl_x_reuse": 0.1186, "benefit_retained": 0.9637, "f1_full": 0.5137, "f1_blend": f1_blend}
+        write_check(step.name, entry, "m", "bfloat16", FINGERPRINT, ValueError)
+        return 0
+
+    argv = ["ship", "--model", "m", "--dtype", "bfloat16", "--ratios", "0.15", "--cases", "2,1,2"]
+    argv += ["--out", str(tmp_path / "gate.json")]
+    assert ship.main(build_parser().parse_args(argv), run_step=run_step) == 0  # every part passed when it ran
+
+    record.write_bytes(before)
+    ran[:] = []
+    args = build_parser().parse_args([*argv, "--resume"])
+    assert ship.main(args, run_step=run_step) == 1
+    assert ran == [] and record.read_bytes() == before  # nothing measured again; the record from before is back
+    summary = json.loads(args.out.read_text())
+    assert [(o["ratio"], o["missed"]) for o in summary["outcomes"]] == [(0.15, "heldout_check")]
+
+    # A pass that meets today's target too comes back as a pass.
+    f1_blend = 0.5084
+    assert ship.main(build_parser().parse_args(argv), run_step=run_step) == 0
+    record.write_bytes(before)
+    ran[:] = []
+    assert ship.main(args, run_step=run_step) == 0 and ran == []
+    assert BlendSettingsRecord.from_json(record.read_text()).measured["heldout_check"]["f1_blend"] == 0.5084
+
+
 def test_a_check_parts_receipt_stands_only_for_the_same_command_weights_and_settings() -> None:
     record = _record()
     argv = ["lookup", "--shape", "one", "--out", "x.json"]

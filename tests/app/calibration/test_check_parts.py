@@ -101,6 +101,12 @@ def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
         "first-token KL 0.23× reuse's, benefit retained 1.00 on 60 nq6_dev.json examples (by 20s: KL 0.14 / 0.20 / "
         "0.08×, benefit 1.00 / 1.00 / 0.93)"
     )
+    # and how its answers scored against the answer key beside full prefill's
+    record.measured["heldout_check"] |= {"f1_full": 0.5137, "f1_blend": 0.5084}
+    assert check_parts(record, in_force)[3].summary == (
+        "first-token KL 0.23× reuse's, benefit retained 1.00 on 60 nq6_dev.json examples (by 20s: KL 0.14 / 0.20 / "
+        "0.08×, benefit 1.00 / 1.00 / 0.93); gold-answer F1 0.51 (full prefill 0.51)"
+    )
     # The lead-in changes every stored chunk's KV: checks run without it do not speak for a server with it.
     with_lead_in = check_parts(record, in_force, chunk_lead_in=True)
     assert [(p.state, p.differs_in) for p in with_lead_in] == [
