@@ -71,7 +71,7 @@ def test_every_shipped_records_heldout_entry_meets_todays_target() -> None:
         assert entry["num_examples"] == 60 and entry_misses(entry) == [], name
 
 
-def test_a_recorded_entry_is_judged_again_by_todays_target(shipped_dir) -> None:
+def test_a_recorded_entry_is_judged_again_by_todays_target() -> None:
     met = _check(0.1186, 0.9637, num_examples=60, f1_full=0.5137, f1_blend=0.5084).to_dict()
     assert entry_misses(met) == [] and entry_misses(met | {"meets_target": False, "target": "older"}) == []
     assert entry_misses(met | {"f1_blend": 0.4533}) == ["gold-answer F1 0.453, 0.060 below full prefill's 0.514 > 0.03"]
