@@ -205,12 +205,12 @@ def put_alternative(path: Path, passing: list[dict[str, Any]], rank: int, missed
     """The shipped record at `path` carrying the `rank`-th of the calibration's `passing` candidates (`tried`
     entries, its choice first) in place of the settings before: its values and figures, and no check part (they ran
     on the settings before)."""
-    from app.calibration.check_parts import CHECK_PARTS
+    from app.calibration.check_parts import CHECK_PART_KEYS
     from app.calibration.record import BlendSettingsRecord
 
     candidate = passing[rank - 1]
     record = BlendSettingsRecord.from_json(path.read_text(encoding="utf-8"))
-    measured = {k: v for k, v in record.measured.items() if k not in {name for name, _ in CHECK_PARTS}}
+    measured = {k: v for k, v in record.measured.items() if k not in CHECK_PART_KEYS}
     measured["chosen"] = candidate["figures"]
     measured["gate_alternative"] = {
         "rank": rank,

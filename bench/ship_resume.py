@@ -11,9 +11,10 @@ A check part (5-25 minutes each) is taken back the same way from its receipt: af
 into its result file what it ran on (its command line, the record's fingerprint and blend settings) and what it
 found (its exit code and, when it held, the entry it wrote into the record). With `--resume`, a check part whose
 receipt names this step's command line and the record's fingerprint and settings as they are now is not run: a
-pass puts its entry back into the record, a miss is a miss again. A held-out pass is judged again by today's target
-from the figures its entry holds (the target gained the answers' gold F1 after such passes were written). Other code
-changes to the benches between the two runs are not seen; run without `--resume` after one.
+pass puts its entry back into the record, a miss is a miss again. A pass is judged again by its part's target as it
+is today, from the figures its entry holds (`entry_misses` of app/calibration/check_parts.py's part: the held-out
+target gained the answers' gold F1 after such passes were written). Other code changes to the benches between the
+two runs are not seen; run without `--resume` after one.
 """
 
 from __future__ import annotations
@@ -188,14 +189,17 @@ def check_mismatch(receipt: Any, argv: list[str], record: BlendSettingsRecord) -
     return None
 
 
-def todays_misses(step_name: str, entry: dict[str, Any]) -> list[str]:
-    """What a passing check part's entry misses by today's target, in words. Only the held-out part is judged again
-    (its entry holds every figure its target reads); the other parts' targets are as their receipts were written."""
-    from app.calibration import heldout_check
+def todays_misses(step_name: str, entry: Any) -> list[str]:
+    """What a passing check part's entry misses by its part's target as it is today, in words (empty when it meets
+    it). A step that is no check part, or an entry that is no mapping, cannot be judged: it misses."""
+    from app.calibration.check_parts import find_part
 
-    if step_name == heldout_check.MEASURED_KEY:
-        return heldout_check.entry_misses(entry)
-    return []
+    part = find_part(step_name)
+    if part is None:
+        return [f"{step_name} is no check part"]
+    if not isinstance(entry, dict):
+        return ["its entry is no mapping"]
+    return part.entry_misses(entry)
 
 
 def reuse_check(step_name: str, argv: list[str], result_file: Path, record_path: Path) -> int | None:

@@ -2,30 +2,51 @@
 
 A record ships only when every check part meets its target (`python -m bench ship`); each passing part is kept in
 the record's `measured` with the blend settings it ran on. What an operator needs to know is whether those checks
-speak for the settings the server answers with: a part is "met" when its entry's settings are the ones in force,
-"other settings" when the operator (or a later calibration) changed a setting it ran on, and "not recorded" when the
-record has no entry for it: never run on it, or run and missed (a check part writes only a pass, and a record
-from before `bench ship` shipped whatever its check parts said).
+speak for the settings the server answers with: a part is "met" when its entry's settings are the ones in force and
+its figures meet the part's target as it is today, "other settings" when the operator (or a later calibration)
+changed a setting it ran on, "below target" when it ran on the settings in force and its figures miss today's target
+(a target tightened after the entry was written: the held-out part gained the answers' gold F1), and "not recorded"
+when the record has no entry for it: never run on it, or run and missed (a check part writes only a pass, and a
+record from before `bench ship` shipped whatever its check parts said).
+
+`CHECK_PARTS` is the one list of the parts: their measured keys, titles and how each judges a recorded entry
+(`entry_misses`); the gate (bench/ship.py) and its `--resume` read it too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from app.calibration import followups_check, heldout_check, long_answers_check, similar_check
 from app.calibration.record import BlendSettingsRecord
 
-# measured key (the key each part writes under), what the part asks, in the order they run
-CHECK_PARTS: tuple[tuple[str, str], ...] = (
-    (similar_check.MEASURED_KEYS["one"], "look-ups among similar pages"),
-    (similar_check.MEASURED_KEYS["several"], "pages holding several values"),
-    (followups_check.MEASURED_KEY, "follow-up look-ups"),
-    (heldout_check.MEASURED_KEY, "held-out questions"),
-    (long_answers_check.MEASURED_KEY, "long answers"),
-)
 
-CheckState = Literal["met", "other settings", "not recorded"]
+@dataclass(frozen=True)
+class CheckPart:
+    key: str  # the record's measured key, which the part writes under (and the gate's step name)
+    title: str  # what the part asks, in words
+    entry_misses: Callable[[dict[str, Any]], list[str]]  # what a recorded entry misses by today's target, in words
+
+
+# In the order the gate runs them.
+CHECK_PARTS: tuple[CheckPart, ...] = (
+    CheckPart(similar_check.MEASURED_KEYS["one"], "look-ups among similar pages", similar_check.entry_misses),
+    CheckPart(similar_check.MEASURED_KEYS["several"], "pages holding several values", similar_check.entry_misses),
+    CheckPart(followups_check.MEASURED_KEY, "follow-up look-ups", followups_check.entry_misses),
+    CheckPart(heldout_check.MEASURED_KEY, "held-out questions", heldout_check.entry_misses),
+    CheckPart(long_answers_check.MEASURED_KEY, "long answers", long_answers_check.entry_misses),
+)
+CHECK_PART_KEYS = frozenset(part.key for part in CHECK_PARTS)
+
+
+def find_part(key: str) -> CheckPart | None:
+    """The check part that writes under `key`; None for any other key (the calibration's own figures)."""
+    return next((part for part in CHECK_PARTS if part.key == key), None)
+
+
+CheckState = Literal["met", "other settings", "below target", "not recorded"]
 
 
 @dataclass(frozen=True)
@@ -35,9 +56,10 @@ class CheckPartStatus:
     state: CheckState
     summary: str | None  # the part's figures in words; None when not recorded
     differs_in: tuple[str, ...] = ()  # blend settings in force that differ from those the part ran on
+    misses: tuple[str, ...] = ()  # what its entry misses today's target by, in words ("below target")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"differs_in": list(self.differs_in)}
+        return asdict(self) | {"differs_in": list(self.differs_in), "misses": list(self.misses)}
 
 
 def summarize(name: str, entry: dict[str, Any]) -> str:
@@ -77,7 +99,8 @@ def check_parts(
     the prompts' lead-in in force (engine.chunk_lead_in: it changes every stored chunk's KV)."""
     measured = record.measured if record is not None else {}
     statuses = []
-    for name, title in CHECK_PARTS:
+    for part in CHECK_PARTS:
+        name, title = part.key, part.title
         entry = measured.get(name)
         if not isinstance(entry, dict):
             statuses.append(CheckPartStatus(name, title, "not recorded", None))
@@ -87,6 +110,8 @@ def check_parts(
         differs = tuple(key for key, value in ran_on.items() if key in in_force and in_force[key] != value)
         if bool(entry.get("chunk_lead_in")) != chunk_lead_in:  # None: recorded before the setting, which had none
             differs += ("chunk_lead_in",)
-        state: CheckState = "other settings" if differs else "met"
-        statuses.append(CheckPartStatus(name, title, state, summarize(name, entry), differs))
+        # Settings first: figures taken on other settings say nothing of these, whatever target they meet.
+        misses = () if differs else tuple(part.entry_misses(entry))
+        state: CheckState = "other settings" if differs else "below target" if misses else "met"
+        statuses.append(CheckPartStatus(name, title, state, summarize(name, entry), differs, misses))
     return statuses

@@ -1,11 +1,15 @@
 """A check part's figures written into a shipped record (`measured[key]`), only on the weights it was measured on.
 
-Shared by the record's check parts (similar_check.py, long_answers_check.py): each decides whether its check meets
-its target and refuses to record one that misses; this writes a passing one beside what the calibration measured.
+Shared by the record's check parts (similar_check.py, followups_check.py, heldout_check.py, long_answers_check.py):
+each decides whether its check meets its target and refuses to record one that misses; this writes a passing one
+beside what the calibration measured. Each part also judges a recorded entry by its target as it is today
+(`entry_misses`): an entry written before a target changed may not meet it, and an entry that lacks a figure the
+target now reads cannot (`unrecorded`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,3 +36,9 @@ def write_check(
         )
     write_text_atomic(path, replace(record, measured=record.measured | {key: entry}).to_json())
     return path
+
+
+def unrecorded(entry: dict[str, Any], keys: Iterable[str]) -> list[str]:
+    """The figures among `keys` that a recorded entry lacks, each as a miss in words: an entry written before its
+    target read that figure cannot be said to meet the target."""
+    return [f"{key} not recorded (checked before the target read it)" for key in keys if key not in entry]

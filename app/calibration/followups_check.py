@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.calibration.check_record import write_check
+from app.calibration.check_record import unrecorded, write_check
 
 MEASURED_KEY = "followups_check"
 RIGHT_WITHIN = 1
@@ -40,11 +40,7 @@ class FollowupsCheck:
 
     def misses(self) -> list[str]:
         """Each path where the blend falls short, in words (empty when it meets the target)."""
-        return [
-            f"/{path}: {self.num_right_blend[path]} right against full prefill's {self.num_right_full[path]}"
-            for path in PATHS
-            if self.num_right_blend[path] < self.num_right_full[path] - RIGHT_WITHIN
-        ]
+        return target_misses(self.num_right_full, self.num_right_blend)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +50,25 @@ class FollowupsCheck:
             "meets_target": self.meets_target,
             **asdict(self),
         }
+
+
+def target_misses(num_right_full: dict[str, int], num_right_blend: dict[str, int]) -> list[str]:
+    """Each path where the default blend's right answers fall short of the target, in words (a path without a count
+    misses too: the target asks for both)."""
+    out = []
+    for path in PATHS:
+        if path not in num_right_full or path not in num_right_blend:
+            out.append(f"/{path}: not recorded")
+        elif num_right_blend[path] < num_right_full[path] - RIGHT_WITHIN:
+            out.append(f"/{path}: {num_right_blend[path]} right against full prefill's {num_right_full[path]}")
+    return out
+
+
+def entry_misses(entry: dict[str, Any]) -> list[str]:
+    """What a recorded check (`measured["followups_check"]`, as `to_dict` wrote it) misses by today's target."""
+    if missing := unrecorded(entry, ("num_right_full", "num_right_blend")):
+        return missing
+    return target_misses(entry["num_right_full"], entry["num_right_blend"])
 
 
 class FollowupsCheckError(ValueError):

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.calibration.check_record import write_check
+from app.calibration.check_record import unrecorded, write_check
 
 MEASURED_KEY = "heldout_check"
 KL_X_REUSE_MAX = 0.3
@@ -99,8 +99,12 @@ class HeldoutCheck:
 
 def entry_misses(entry: dict[str, Any]) -> list[str]:
     """What a recorded check (`measured["heldout_check"]`, as `to_dict` wrote it) misses by today's target: a record
-    or a gate's receipt from before a target changed is judged again without measuring again."""
-    return target_misses(entry["kl_x_reuse"], entry["benefit_retained"], entry["f1_full"], entry["f1_blend"])
+    or a gate's receipt from before a target changed is judged again without measuring again (an entry from before
+    the target read the answers' gold F1 has none, and misses)."""
+    keys = ("kl_x_reuse", "benefit_retained", "f1_full", "f1_blend")
+    if missing := unrecorded(entry, keys):
+        return missing
+    return target_misses(*(entry[key] for key in keys))
 
 
 class HeldoutCheckError(ValueError):

@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.calibration.check_record import write_check
+from app.calibration.check_record import unrecorded, write_check
 
 MEASURED_KEY = "long_answers_check"
+EXTRA_ALLOWED = 1  # repetition stops, and answers cut unfinished, the blend may have beyond full prefill's
 TARGET = (
-    "default blend's repetition stops ≤ full prefill's + 1 and length (unfinished) ends ≤ full prefill's + 1 over "
-    "the questions; whole-answer agreement reported, not gated"
+    f"default blend's repetition stops ≤ full prefill's + {EXTRA_ALLOWED} and length (unfinished) ends ≤ full "
+    f"prefill's + {EXTRA_ALLOWED} over the questions; whole-answer agreement reported, not gated"
 )
 AGREEMENT = (
     "identical to full prefill's answer, or token F1 ≥ agree_f1 with the same finish reason: a mechanical proxy "
@@ -73,16 +74,13 @@ class LongAnswersCheck:
 
     @property
     def meets_target(self) -> bool:
-        return self.repetition_blend <= self.repetition_full + 1 and self.length_blend <= self.length_full + 1
+        return not self.misses()
 
     def misses(self) -> list[str]:
         """What the blend missed the target by, in words (empty when it meets it)."""
-        out = []
-        if self.repetition_blend > self.repetition_full + 1:
-            out.append(f"{self.repetition_blend} repetition stops against full prefill's {self.repetition_full}")
-        if self.length_blend > self.length_full + 1:
-            out.append(f"{self.length_blend} answers cut at {self.max_tokens} tokens against full's {self.length_full}")
-        return out
+        return target_misses(
+            self.repetition_full, self.repetition_blend, self.length_full, self.length_blend, self.max_tokens
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,6 +95,26 @@ class LongAnswersCheck:
             "length_blend": self.length_blend,
             **asdict(self),
         }
+
+
+def target_misses(
+    repetition_full: int, repetition_blend: int, length_full: int, length_blend: int, max_tokens: int
+) -> list[str]:
+    """What the default blend's finish reasons miss the target by, in words (empty when they meet it)."""
+    out = []
+    if repetition_blend > repetition_full + EXTRA_ALLOWED:
+        out.append(f"{repetition_blend} repetition stops against full prefill's {repetition_full}")
+    if length_blend > length_full + EXTRA_ALLOWED:
+        out.append(f"{length_blend} answers cut at {max_tokens} tokens against full's {length_full}")
+    return out
+
+
+def entry_misses(entry: dict[str, Any]) -> list[str]:
+    """What a recorded check (`measured["long_answers_check"]`, as `to_dict` wrote it) misses by today's target."""
+    keys = ("repetition_full", "repetition_blend", "length_full", "length_blend", "max_tokens")
+    if missing := unrecorded(entry, keys):
+        return missing
+    return target_misses(*(entry[key] for key in keys))
 
 
 class LongAnswersCheckError(ValueError):

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from app.calibration.check_record import write_check
+from app.calibration.check_record import unrecorded, write_check
 
 # Where the match_* defaults were chosen (engine/config.py): the tune part, which shares no template, value form or
 # name with the check part (docs/benchmarks.md, "Exact values among similar chunks").
@@ -27,7 +27,8 @@ TUNED_ON = (
 )
 # The several-values shape came after those choices: nothing was tuned on it, in either part.
 TUNED_ON_SEVERAL = "nothing tuned on pages holding several values (the match_* defaults: " + TUNED_ON + ")"
-TARGET = "default blend within 1 right answer of full prefill"
+RIGHT_WITHIN = 1
+TARGET = f"default blend within {RIGHT_WITHIN} right answer of full prefill"
 MATCH_FIELDS = ("match_window", "match_span", "match_extra")
 # The record key of each shape's check.
 MEASURED_KEYS = {"one": "similar_check", "several": "similar_several_check"}
@@ -52,7 +53,11 @@ class SimilarCheck:
 
     @property
     def meets_target(self) -> bool:
-        return self.num_right_blend >= self.num_right_full - 1
+        return not self.misses()
+
+    def misses(self) -> list[str]:
+        """What the blend missed the target by, in words (empty when it meets it)."""
+        return target_misses(self.num_cases, self.num_right_full, self.num_right_blend)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -67,6 +72,21 @@ class SimilarCheck:
             "meets_target": self.meets_target,
             **asdict(self),
         }
+
+
+def target_misses(num_cases: int, num_right_full: int, num_right_blend: int) -> list[str]:
+    """What the default blend's right answers miss the target by, in words (empty when they meet it)."""
+    if num_right_blend >= num_right_full - RIGHT_WITHIN:
+        return []
+    return [f"{num_right_blend} of {num_cases} right against full prefill's {num_right_full}"]
+
+
+def entry_misses(entry: dict[str, Any]) -> list[str]:
+    """What a recorded check (`measured["similar_check"]` or `["similar_several_check"]`, as `to_dict` wrote it)
+    misses by today's target."""
+    if missing := unrecorded(entry, ("num_cases", "num_right_full", "num_right_blend")):
+        return missing
+    return target_misses(entry["num_cases"], entry["num_right_full"], entry["num_right_blend"])
 
 
 class SimilarCheckError(ValueError):

@@ -20,6 +20,20 @@ from bench.ship_resume import RECEIPT_KEY, calibration_mismatch, check_mismatch,
 
 CALSET = describe(make_cases(2, 1, 2))
 FINGERPRINT = "f" * 64
+# Figures each check part's entry holds when it passes today's target (a resumed pass is judged by them again).
+PASSING: dict[str, dict[str, Any]] = {
+    "similar_check": {"num_cases": 12, "num_right_full": 12, "num_right_blend": 11},
+    "similar_several_check": {"num_cases": 12, "num_right_full": 11, "num_right_blend": 10},
+    "followups_check": {"num_right_full": {"ask": 12, "v1": 12}, "num_right_blend": {"ask": 12, "v1": 11}},
+    "heldout_check": {"kl_x_reuse": 0.1186, "benefit_retained": 0.9637, "f1_full": 0.5137, "f1_blend": 0.5084},
+    "long_answers_check": {
+        "repetition_full": 0,
+        "repetition_blend": 1,
+        "length_full": 1,
+        "length_blend": 1,
+        "max_tokens": 300,
+    },
+}
 
 
 @pytest.fixture
@@ -190,7 +204,8 @@ def test_resume_takes_back_the_check_parts_that_ran_on_the_record_as_it_is(
             raise KeyboardInterrupt
         write_step_result(step, right_blend=11)
         values = BlendSettingsRecord.from_json(record.read_text()).values
-        write_check(step.name, {"blend": values, "n": len(ran)}, "m", "bfloat16", FINGERPRINT, ValueError)
+        entry = {"blend": values, "n": len(ran), **PASSING[step.name]}
+        write_check(step.name, entry, "m", "bfloat16", FINGERPRINT, ValueError)
         return 0
 
     argv = ["ship", "--model", "m", "--dtype", "bfloat16", "--ratios", "0.15", "--cases", "2,1,2"]
@@ -206,7 +221,7 @@ def test_resume_takes_back_the_check_parts_that_ran_on_the_record_as_it_is(
         "rc": 0,
         "fingerprint": FINGERPRINT,
         "values": calibration.values,
-        "entry": {"blend": calibration.values, "n": 2},
+        "entry": {"blend": calibration.values, "n": 2, **PASSING["similar_check"]},
     }
     assert receipt["argv"][:3] == ["lookup", "--distractors", "similar"]
     assert not (tmp_path / "gate.0.15.heldout_check.json").exists()  # stopped before it wrote a result
@@ -257,9 +272,9 @@ def test_a_resumed_heldout_pass_is_judged_again_by_todays_target(
             return 0
         write_step_result(step, right_blend=11)
         values = BlendSettingsRecord.from_json(record.read_text()).values
-        entry: dict[str, Any] = {"blend": values}
+        entry: dict[str, Any] = {"blend": values, **PASSING[step.name]}
         if step.name == "heldout_check":  # the figures the held-out part writes, as a pass of its time did
-            entry |= {"kl_x_reuse": 0.1186, "benefit_retained": 0.9637, "f1_full": 0.5137, "f1_blend": f1_blend}
+            entry |= {"f1_blend": f1_blend}
         write_check(step.name, entry, "m", "bfloat16", FINGERPRINT, ValueError)
         return 0
 
@@ -301,3 +316,30 @@ def test_a_check_parts_receipt_stands_only_for_the_same_command_weights_and_sett
         "{'recompute_ratio': 0.15, 'score_layers': [6]}"
     )
     assert check_mismatch(receipt | {"rc": 1}, argv, record) == "a miss with an entry"
+
+
+def test_a_resumed_pass_of_any_part_is_judged_by_its_parts_target_as_it_is_today(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each check part judges its own entry (app/calibration/check_parts.py): a target tightened after a receipt
+    was written turns that receipt's pass into a miss, whichever part it is."""
+    from app.calibration import followups_check, long_answers_check, similar_check
+    from bench.ship_resume import todays_misses
+
+    assert {name: todays_misses(name, entry) for name, entry in PASSING.items()} == dict.fromkeys(PASSING, [])
+    monkeypatch.setattr(similar_check, "RIGHT_WITHIN", 0)
+    monkeypatch.setattr(followups_check, "RIGHT_WITHIN", 0)
+    monkeypatch.setattr(long_answers_check, "EXTRA_ALLOWED", 0)
+    assert {name: todays_misses(name, entry) for name, entry in PASSING.items()} == {
+        "similar_check": ["11 of 12 right against full prefill's 12"],
+        "similar_several_check": ["10 of 12 right against full prefill's 11"],
+        "followups_check": ["/v1: 11 right against full prefill's 12"],
+        "heldout_check": [],
+        "long_answers_check": ["1 repetition stops against full prefill's 0"],
+    }
+    # An entry without a figure today's target reads, or a step that is no check part, cannot be judged a pass.
+    assert todays_misses("similar_check", {"num_cases": 12, "num_right_blend": 11}) == [
+        "num_right_full not recorded (checked before the target read it)"
+    ]
+    assert todays_misses("similar_check", None) == ["its entry is no mapping"]
+    assert todays_misses("calibrate", PASSING["similar_check"]) == ["calibrate is no check part"]

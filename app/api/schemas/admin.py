@@ -104,12 +104,15 @@ class CheckPartOut(BaseModel):
         "long_answers_check"
     )
     title: str = Field(description="What the part asks, in words")
-    state: Literal["met", "other settings", "not recorded"] = Field(
-        description="met: checked on the settings in force; other settings: a setting in force differs from what "
-        "it ran on (differs_in); not recorded: the record has no such entry (never run on it, or run and missed)"
+    state: Literal["met", "other settings", "below target", "not recorded"] = Field(
+        description="met: checked on the settings in force and its figures meet the part's target as it is today; "
+        "other settings: a setting in force differs from what it ran on (differs_in); below target: checked on the "
+        "settings in force, its figures miss today's target (misses: a target tightened after it was written); not "
+        "recorded: the record has no such entry (never run on it, or run and missed)"
     )
     summary: str | None = Field(description="Its figures in words (right answers, KL and benefit, or finish reasons)")
     differs_in: list[str] = Field(description="The settings in force that differ from those it ran on")
+    misses: list[str] = Field(description="What its figures miss today's target by, in words (state below target)")
 
 
 class BlendSettingsOut(BaseModel):

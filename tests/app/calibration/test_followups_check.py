@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from app.calibration.followups_check import FollowupsCheck, FollowupsCheckError, record_followups_check
+from app.calibration.followups_check import (
+    FollowupsCheck,
+    FollowupsCheckError,
+    entry_misses,
+    record_followups_check,
+)
 from app.calibration.record import BlendSettingsRecord
 
 
@@ -30,6 +35,16 @@ def test_each_path_must_hold_on_its_own() -> None:
     assert _check((12, 11), (12, 11)).meets_target and _check((10, 12), (9, 8)).meets_target
     assert _check((12, 12), (12, 10)).misses() == ["/v1: 10 right against full prefill's 12"]
     assert _check((12, 10), (12, 12)).misses() == ["/ask: 10 right against full prefill's 12"]
+
+
+def test_a_recorded_entry_is_judged_by_todays_target_on_both_paths() -> None:
+    assert entry_misses(_check((12, 11), (12, 11)).to_dict()) == []
+    assert entry_misses(_check((12, 11), (12, 10)).to_dict()) == ["/v1: 10 right against full prefill's 12"]
+    one_path = {"num_right_full": {"ask": 12}, "num_right_blend": {"ask": 12}}  # the target asks for both
+    assert entry_misses(one_path) == ["/v1: not recorded"]
+    assert entry_misses({"num_right_full": {"ask": 12, "v1": 12}}) == [
+        "num_right_blend not recorded (checked before the target read it)"
+    ]
 
 
 def test_a_passing_check_is_written_and_a_miss_is_refused(shipped_dir) -> None:

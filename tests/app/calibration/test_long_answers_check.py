@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from app.calibration.long_answers_check import LongAnswersCheck, LongAnswersCheckError, record_long_answers_check
+from app.calibration.long_answers_check import (
+    LongAnswersCheck,
+    LongAnswersCheckError,
+    entry_misses,
+    record_long_answers_check,
+)
 from app.calibration.record import BlendSettingsRecord
 
 
@@ -48,6 +53,15 @@ def test_the_target_is_on_repetition_stops_and_unfinished_answers_each_within_fu
     assert _check({"stop": 11, "repetition": 1}, {"stop": 9, "repetition": 3}).misses() == [
         "3 repetition stops against full prefill's 1"
     ]
+
+
+def test_a_recorded_entry_is_judged_by_todays_target_from_its_finish_counts() -> None:
+    met = _check({"stop": 12}, {"stop": 11, "repetition": 1}).to_dict()
+    assert entry_misses(met) == []
+    assert entry_misses(met | {"repetition_blend": 2}) == ["2 repetition stops against full prefill's 0"]
+    assert entry_misses(met | {"length_blend": 3}) == ["3 answers cut at 300 tokens against full's 0"]
+    del met["length_full"]
+    assert entry_misses(met) == ["length_full not recorded (checked before the target read it)"]
 
 
 def test_a_passing_check_is_written_beside_what_the_record_measured(shipped_dir) -> None:

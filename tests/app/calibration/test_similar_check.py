@@ -7,7 +7,7 @@ import json
 import pytest
 
 from app.calibration.record import BlendSettingsRecord
-from app.calibration.similar_check import SimilarCheck, SimilarCheckError, record_similar_check
+from app.calibration.similar_check import SimilarCheck, SimilarCheckError, entry_misses, record_similar_check
 
 
 def _check(full: int, blend: int, shape: str = "one") -> SimilarCheck:
@@ -72,3 +72,15 @@ def test_the_several_values_check_is_a_part_of_its_own_beside_the_one_value_chec
     ):
         record_similar_check(_check(9, 7, "several"), "m", "float32", "f" * 64)
     assert BlendSettingsRecord.from_json(path.read_text()).measured["similar_several_check"] == several
+
+
+def test_the_target_is_within_one_right_answer_and_a_recorded_entry_is_judged_by_it() -> None:
+    assert _check(11, 10).misses() == [] and _check(11, 12).misses() == []
+    assert _check(11, 9).misses() == ["9 of 12 right against full prefill's 11"]
+    assert entry_misses(_check(11, 10).to_dict()) == []
+    assert entry_misses(_check(11, 10, shape="several").to_dict() | {"num_right_blend": 9}) == [
+        "9 of 12 right against full prefill's 11"
+    ]
+    assert entry_misses({"num_cases": 12, "num_right_blend": 9}) == [
+        "num_right_full not recorded (checked before the target read it)"
+    ]

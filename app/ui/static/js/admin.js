@@ -132,9 +132,11 @@ const CHECK_PART_NAMES = { similar_check: "similar pages", similar_several_check
                            long_answers_check: "long answers" };
 function checkParts(parts) {
   if (!parts || !parts.length || parts.every((p) => p.state === "not recorded")) return "none recorded";
-  return parts.map((p) => `${CHECK_PART_NAMES[p.name] ?? p.title} `
-    + (p.state === "met" ? "met" : p.state === "not recorded" ? "not recorded" : `run on other ${p.differs_in.join(", ")}`))
-    .join(" · ");
+  const state = (p) => (p.state === "met" ? "met"
+    : p.state === "not recorded" ? "not recorded"
+    : p.state === "below target" ? `below today's target (${(p.misses ?? []).join("; ")})`
+    : `run on other ${p.differs_in.join(", ")}`);
+  return parts.map((p) => `${CHECK_PART_NAMES[p.name] ?? p.title} ${state(p)}`).join(" · ");
 }
 
 // ---- documents table ---------------------------------------------------------------------------
