@@ -10,6 +10,8 @@ any chunks (no context). Per mode:
     nll               teacher-forced NLL of the first gold answer, mean per token, mean over examples
     benefit_retained  (NLL_no_context − NLL_mode) ÷ (NLL_no_context − NLL_full), of the mean NLLs
     kl_x_reuse        a mode's kl ÷ reuse's (means first), when reuse ran
+    f1_loss_ci95      95% paired bootstrap interval of full prefill's gold F1 minus the mode's (mean
+                      over the examples: positive when the mode answers worse)
     *_ci95            95% paired bootstrap intervals of benefit_retained and kl_x_reuse (1,000
                       resamples of the examples, the same draws for every mode)
 
@@ -185,6 +187,7 @@ def summarize(per_example: list[dict[str, Any]], mode_names: list[str]) -> dict[
             summary["kl_max"] = max(x["kl"] for x in rows)
             summary["benefit_retained"] = benefit_retained(nll_nc, nll_full, summary["nll"])
             summary["benefit_retained_ci95"] = _benefit_interval(per_example, name)
+            summary["f1_loss_ci95"] = _f1_loss_interval(per_example, name)
             if "reuse" in mode_names and name != "reuse":
                 summary["kl_x_reuse"], summary["kl_x_reuse_ci95"] = _kl_x_reuse(per_example, name)
             summary["first_token_agreement"] = mean(float(x["same_first_token"]) for x in rows)
@@ -236,6 +239,13 @@ def _kl_x_reuse_stat(per_example: list[dict[str, Any]], name: str) -> Callable[[
 def _benefit_interval(per_example: list[dict[str, Any]], name: str) -> list[float]:
     """95% paired bootstrap interval of a mode's benefit retained (each resample means-first)."""
     return [round(x, 4) for x in bootstrap_interval(_benefit_stat(per_example, name), len(per_example))]
+
+
+def _f1_loss_interval(per_example: list[dict[str, Any]], name: str) -> list[float]:
+    """95% paired bootstrap interval of full prefill's mean gold F1 minus a mode's: how far one draw's F1 loss
+    (what the held-out check part gates) could move on another draw of as many examples."""
+    loss = [r["modes"]["full"]["f1"] - r["modes"][name]["f1"] for r in per_example]
+    return [round(x, 4) for x in bootstrap_interval(lambda ids: mean(loss[i] for i in ids), len(per_example))]
 
 
 def window_figures(per_example: list[dict[str, Any]], name: str, size: int) -> list[dict[str, Any]]:
@@ -375,6 +385,7 @@ def _ship(result: dict[str, Any], model: str, mode: str) -> int:
         benefit_ci95=blend["benefit_retained_ci95"],
         f1_full=full["f1"],
         f1_blend=blend["f1"],
+        f1_loss_ci95=blend["f1_loss_ci95"],
         blend=result["blend"],
         checked_at=datetime.now(UTC).isoformat(timespec="seconds"),
         chunk_lead_in=result.get("chunk_lead_in"),

@@ -87,7 +87,11 @@ def summarize(name: str, entry: dict[str, Any]) -> str:
             benefit = " / ".join(f"{w['benefit_retained']:.2f}" for w in windows)
             line += f" (by {heldout_check.WINDOW_EXAMPLES}s: KL {kl}×, benefit {benefit})"
         if "f1_blend" in entry:  # the greedy answers against the answer key
-            line += f"; gold-answer F1 {entry['f1_blend']:.2f} (full prefill {entry['f1_full']:.2f})"
+            line += f"; gold-answer F1 {entry['f1_blend']:.2f} (full prefill {entry['f1_full']:.2f}"
+            if entry.get("f1_loss_ci95"):  # the loss's 95% interval, measured since it was reported
+                lo, hi = entry["f1_loss_ci95"]
+                line += f"; loss 95% [{lo:.2f}, {hi:.2f}]"
+            line += ")"
         return line
     return f"{entry['num_right_blend']} of {entry['num_cases']} right (full prefill {entry['num_right_full']})"
 

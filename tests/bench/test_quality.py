@@ -99,6 +99,16 @@ def test_summary_intervals_are_paired_and_kl_is_over_reuse() -> None:
     assert "kl_x_reuse" not in modes["reuse"] and "benefit_retained_ci95" not in modes["full"]
 
 
+def test_summary_f1_loss_interval_is_paired_on_full_prefills_answers() -> None:
+    rows = [_row(4.0, 1.0, 2.0, f1=1.0), _row(4.0, 1.0, 2.0, f1=1.0)]  # reuse answers 0 where full answers 1
+    reuse = summarize(rows, ["full", "reuse"])["modes"]["reuse"]
+    assert reuse["f1_loss_ci95"] == [1.0, 1.0]
+    rows += [_row(4.0, 1.0, 2.0, f1=0.0), _row(4.0, 1.0, 2.0, f1=0.0)]  # both answer 0: the loss halves
+    lo, hi = summarize(rows, ["full", "reuse"])["modes"]["reuse"]["f1_loss_ci95"]
+    assert 0.0 <= lo < 0.5 < hi <= 1.0
+    assert "f1_loss_ci95" not in summarize(rows, ["full", "reuse"])["modes"]["full"]
+
+
 def test_summary_benefit_interval_holds_the_point_value() -> None:
     rows = [_row(4.0, 1.0, 1.0 + 0.1 * i) for i in range(20)]  # reuse loses more on later examples
     reuse = summarize(rows, ["full", "reuse"])["modes"]["reuse"]
@@ -160,6 +170,8 @@ def test_ship_checks_the_default_blend_at_the_records_ratio_and_writes_only_a_pa
     assert (entry["kl_x_reuse"], entry["benefit_retained"]) == (blend["kl_x_reuse"], blend["benefit_retained"])
     assert entry["kl_x_reuse"] < 1e-4 and entry["benefit_retained"] == pytest.approx(1.0, abs=1e-3)
     assert entry["blend"]["recompute_ratio"] == 1.0 and entry["kv_storage_dtype"] == "int4"
+    assert (entry["f1_full"], entry["f1_blend"]) == (result["modes"]["full"]["f1"], blend["f1"])
+    assert entry["f1_loss_ci95"] == blend["f1_loss_ci95"] and len(entry["f1_loss_ci95"]) == 2
     # 20 examples are one window, whose figures are the run's (rounded as the record keeps them).
     assert entry["by_window"] == [
         {

@@ -120,6 +120,10 @@ def test_each_part_says_whether_it_speaks_for_the_settings_in_force() -> None:
         "0.08×, benefit 1.00 / 1.00 / 0.93); gold-answer F1 0.51 (full prefill 0.51)"
     )
     assert (heldout.state, heldout.misses) == ("met", ())
+    record.measured["heldout_check"] |= {"f1_loss_ci95": [-0.0213, 0.0335]}
+    assert check_parts(record, in_force)[3].summary.endswith(
+        "; gold-answer F1 0.51 (full prefill 0.51; loss 95% [-0.02, 0.03])"
+    )
     record.measured["heldout_check"] |= {"f1_blend": 0.4533}
     heldout = check_parts(record, in_force)[3]
     assert (heldout.state, heldout.misses) == (
