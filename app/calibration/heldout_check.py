@@ -17,7 +17,10 @@ answer's likelihood; a candidate can keep both and still answer worse. The 1.5B'
 at five layers without the stale-key bias kept 0.12× reuse's KL and 0.964 of the benefit on the gate's 60 and fell
 0.060 in gold F1 (0.453 against 0.514: 11 answers scored lower, 4 of them wrong or vaguer where full prefill was
 right, 7 higher), where the shipped records' draws of 60 lose at most 0.015 (docs/benchmarks.md, "The 1.5B in
-bfloat16 at 0.13").
+bfloat16 at 0.13"). The loss's 95% paired bootstrap interval is recorded beside the two F1s, not gated: on one draw
+of 60 it is ±0.03 (SmolLM2) to ±0.07 (the 1.5B) wide, so this part catches a large loss on the draw it runs and
+refuses a sound record about one run in ten; that candidate loses 0.020 over the 102 distinct examples of two draws
+(docs/benchmarks.md, "Two draws of 60 for every record").
 """
 
 from __future__ import annotations
