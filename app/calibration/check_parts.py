@@ -23,20 +23,70 @@ from app.calibration import followups_check, heldout_check, long_answers_check, 
 from app.calibration.record import BlendSettingsRecord
 
 
+def _similar_summary(entry: dict[str, Any]) -> str:
+    return f"{entry['num_right_blend']} of {entry['num_cases']} right (full prefill {entry['num_right_full']})"
+
+
+def _followups_summary(entry: dict[str, Any]) -> str:
+    blend, full = entry["num_right_blend"], entry["num_right_full"]
+    return (
+        f"/ask {blend['ask']}, /v1 {blend['v1']} of {entry['num_projects']} right (full prefill {full['ask']}, "
+        f"{full['v1']})"
+    )
+
+
+def _heldout_summary(entry: dict[str, Any]) -> str:
+    line = (
+        f"first-token KL {entry['kl_x_reuse']:.2f}× reuse's, benefit retained {entry['benefit_retained']:.2f} "
+        f"on {entry['num_examples']} {entry['dataset']} examples"
+    )
+    windows = entry.get("by_window") or []
+    if len(windows) > 1:  # one window is the whole run, already said
+        kl = " / ".join(f"{w['kl_x_reuse']:.2f}" for w in windows)
+        benefit = " / ".join(f"{w['benefit_retained']:.2f}" for w in windows)
+        line += f" (by {heldout_check.WINDOW_EXAMPLES}s: KL {kl}×, benefit {benefit})"
+    if "f1_blend" in entry:  # the greedy answers against the answer key
+        line += f"; gold-answer F1 {entry['f1_blend']:.2f} (full prefill {entry['f1_full']:.2f}"
+        if entry.get("f1_loss_ci95"):  # the loss's 95% interval, measured since it was reported
+            lo, hi = entry["f1_loss_ci95"]
+            line += f"; loss 95% [{lo:.2f}, {hi:.2f}]"
+        line += ")"
+    return line
+
+
+def _long_answers_summary(entry: dict[str, Any]) -> str:
+    return (
+        f"repetition stops {entry['repetition_blend']} (full prefill {entry['repetition_full']}), unfinished "
+        f"{entry['length_blend']} (full prefill {entry['length_full']}) of {entry['num_questions']} answers "
+        f"to {entry['max_tokens']} tokens"
+    )
+
+
 @dataclass(frozen=True)
 class CheckPart:
     key: str  # the record's measured key, which the part writes under (and the gate's step name)
     title: str  # what the part asks, in words
     entry_misses: Callable[[dict[str, Any]], list[str]]  # what a recorded entry misses by today's target, in words
+    summarize: Callable[[dict[str, Any]], str]  # a recorded entry's figures as a person reads them
 
 
 # In the order the gate runs them.
 CHECK_PARTS: tuple[CheckPart, ...] = (
-    CheckPart(similar_check.MEASURED_KEYS["one"], "look-ups among similar pages", similar_check.entry_misses),
-    CheckPart(similar_check.MEASURED_KEYS["several"], "pages holding several values", similar_check.entry_misses),
-    CheckPart(followups_check.MEASURED_KEY, "follow-up look-ups", followups_check.entry_misses),
-    CheckPart(heldout_check.MEASURED_KEY, "held-out questions", heldout_check.entry_misses),
-    CheckPart(long_answers_check.MEASURED_KEY, "long answers", long_answers_check.entry_misses),
+    CheckPart(
+        similar_check.MEASURED_KEYS["one"],
+        "look-ups among similar pages",
+        similar_check.entry_misses,
+        _similar_summary,
+    ),
+    CheckPart(
+        similar_check.MEASURED_KEYS["several"],
+        "pages holding several values",
+        similar_check.entry_misses,
+        _similar_summary,
+    ),
+    CheckPart(followups_check.MEASURED_KEY, "follow-up look-ups", followups_check.entry_misses, _followups_summary),
+    CheckPart(heldout_check.MEASURED_KEY, "held-out questions", heldout_check.entry_misses, _heldout_summary),
+    CheckPart(long_answers_check.MEASURED_KEY, "long answers", long_answers_check.entry_misses, _long_answers_summary),
 )
 CHECK_PART_KEYS = frozenset(part.key for part in CHECK_PARTS)
 
@@ -62,40 +112,6 @@ class CheckPartStatus:
         return asdict(self) | {"differs_in": list(self.differs_in), "misses": list(self.misses)}
 
 
-def summarize(name: str, entry: dict[str, Any]) -> str:
-    """A check part's figures as a person reads them."""
-    if name == long_answers_check.MEASURED_KEY:
-        return (
-            f"repetition stops {entry['repetition_blend']} (full prefill {entry['repetition_full']}), unfinished "
-            f"{entry['length_blend']} (full prefill {entry['length_full']}) of {entry['num_questions']} answers "
-            f"to {entry['max_tokens']} tokens"
-        )
-    if name == followups_check.MEASURED_KEY:
-        blend, full = entry["num_right_blend"], entry["num_right_full"]
-        return (
-            f"/ask {blend['ask']}, /v1 {blend['v1']} of {entry['num_projects']} right (full prefill {full['ask']}, "
-            f"{full['v1']})"
-        )
-    if name == heldout_check.MEASURED_KEY:
-        line = (
-            f"first-token KL {entry['kl_x_reuse']:.2f}× reuse's, benefit retained {entry['benefit_retained']:.2f} "
-            f"on {entry['num_examples']} {entry['dataset']} examples"
-        )
-        windows = entry.get("by_window") or []
-        if len(windows) > 1:  # one window is the whole run, already said
-            kl = " / ".join(f"{w['kl_x_reuse']:.2f}" for w in windows)
-            benefit = " / ".join(f"{w['benefit_retained']:.2f}" for w in windows)
-            line += f" (by {heldout_check.WINDOW_EXAMPLES}s: KL {kl}×, benefit {benefit})"
-        if "f1_blend" in entry:  # the greedy answers against the answer key
-            line += f"; gold-answer F1 {entry['f1_blend']:.2f} (full prefill {entry['f1_full']:.2f}"
-            if entry.get("f1_loss_ci95"):  # the loss's 95% interval, measured since it was reported
-                lo, hi = entry["f1_loss_ci95"]
-                line += f"; loss 95% [{lo:.2f}, {hi:.2f}]"
-            line += ")"
-        return line
-    return f"{entry['num_right_blend']} of {entry['num_cases']} right (full prefill {entry['num_right_full']})"
-
-
 def check_parts(
     record: BlendSettingsRecord | None, in_force: dict[str, Any], chunk_lead_in: bool = False
 ) -> list[CheckPartStatus]:
@@ -117,5 +133,5 @@ def check_parts(
         # Settings first: figures taken on other settings say nothing of these, whatever target they meet.
         misses = () if differs else tuple(part.entry_misses(entry))
         state: CheckState = "other settings" if differs else "below target" if misses else "met"
-        statuses.append(CheckPartStatus(name, title, state, summarize(name, entry), differs, misses))
+        statuses.append(CheckPartStatus(name, title, state, part.summarize(entry), differs, misses))
     return statuses
