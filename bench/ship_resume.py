@@ -199,7 +199,7 @@ def todays_misses(step_name: str, entry: Any) -> list[str]:
         return [f"{step_name} is no check part"]
     if not isinstance(entry, dict):
         return ["its entry is no mapping"]
-    return part.entry_misses(entry)
+    return part.judge(entry)
 
 
 def reuse_check(step_name: str, argv: list[str], result_file: Path, record_path: Path) -> int | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from app.calibration import followups_check, heldout_check, long_answers_check, similar_check
 from app.calibration.record import BlendSettingsRecord
@@ -62,12 +62,38 @@ def _long_answers_summary(entry: dict[str, Any]) -> str:
     )
 
 
+_T = TypeVar("_T")
+
+
+def _read(read: Callable[[dict[str, Any]], _T], entry: dict[str, Any]) -> tuple[_T | None, str | None]:
+    """`read(entry)`, or None and why when the entry lacks a figure or holds one of the wrong kind: a record's JSON
+    can be edited by hand, and one unreadable entry must not take /api/stats, the admin page or the gate's
+    `--resume` down with it."""
+    try:
+        return read(entry), None
+    except KeyError as error:
+        return None, f"{error.args[0]} not recorded"
+    except (TypeError, ValueError, IndexError) as error:
+        return None, f"figures not readable ({error})"
+
+
 @dataclass(frozen=True)
 class CheckPart:
     key: str  # the record's measured key, which the part writes under (and the gate's step name)
     title: str  # what the part asks, in words
     entry_misses: Callable[[dict[str, Any]], list[str]]  # what a recorded entry misses by today's target, in words
     summarize: Callable[[dict[str, Any]], str]  # a recorded entry's figures as a person reads them
+
+    def judge(self, entry: dict[str, Any]) -> list[str]:
+        """`entry_misses`, where an entry whose figures cannot be read (a record edited by hand: a figure missing
+        or of the wrong kind) misses by that instead of raising."""
+        misses, unreadable = _read(self.entry_misses, entry)
+        return misses if misses is not None else [str(unreadable)]
+
+    def summary(self, entry: dict[str, Any]) -> str:
+        """`summarize`, or why it cannot be written when the entry's figures cannot be read."""
+        summary, unreadable = _read(self.summarize, entry)
+        return summary if summary is not None else f"not readable: {unreadable}"
 
 
 # In the order the gate runs them.
@@ -131,7 +157,7 @@ def check_parts(
         if bool(entry.get("chunk_lead_in")) != chunk_lead_in:  # None: recorded before the setting, which had none
             differs += ("chunk_lead_in",)
         # Settings first: figures taken on other settings say nothing of these, whatever target they meet.
-        misses = () if differs else tuple(part.entry_misses(entry))
+        misses = () if differs else tuple(part.judge(entry))
         state: CheckState = "other settings" if differs else "below target" if misses else "met"
-        statuses.append(CheckPartStatus(name, title, state, part.summarize(entry), differs, misses))
+        statuses.append(CheckPartStatus(name, title, state, part.summary(entry), differs, misses))
     return statuses

@@ -342,4 +342,7 @@ def test_a_resumed_pass_of_any_part_is_judged_by_its_parts_target_as_it_is_today
         "num_right_full not recorded (checked before the target read it)"
     ]
     assert todays_misses("similar_check", None) == ["its entry is no mapping"]
+    # A figure of the wrong kind (a record edited by hand) misses by that; --resume does not crash on it.
+    [miss] = todays_misses("similar_check", PASSING["similar_check"] | {"num_right_blend": "eleven"})
+    assert miss.startswith("figures not readable (")
     assert todays_misses("calibrate", PASSING["similar_check"]) == ["calibrate is no check part"]

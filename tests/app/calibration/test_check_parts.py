@@ -189,6 +189,47 @@ def test_figures_on_other_settings_are_other_settings_whatever_target_they_miss(
     )
 
 
+def test_an_entry_edited_by_hand_says_what_cannot_be_read_instead_of_raising() -> None:
+    """A record's JSON can be edited by hand: an entry lacking a figure, or holding one of the wrong kind, is judged
+    and summarized in words (and /api/stats still answers), not an exception."""
+    in_force = EngineSettings().blend.replace(**VALUES).model_dump(mode="json")
+    ran_on = {"selector": "query", **VALUES}
+    heldout = HELDOUT | {"f1_full": 0.3, "f1_blend": 0.29, "blend": ran_on}
+    record = _record(
+        {
+            # The target's figures are all there; the summary's count of examples is not: the part is met.
+            "heldout_check": {key: value for key, value in heldout.items() if key != "num_examples"},
+            # A count written as a word: the summary reads it, the target cannot.
+            "similar_check": _similar("eleven", ran_on),  # type: ignore[arg-type]
+            # Follow-ups' right answers as one number where each path has its own: neither can read it.
+            "followups_check": FOLLOWUPS | {"num_right_blend": 12, "blend": ran_on},
+        }
+    )
+    parts = {p.name: p for p in check_parts(record, in_force)}
+    assert (parts["heldout_check"].state, parts["heldout_check"].summary, parts["heldout_check"].misses) == (
+        "met",
+        "not readable: num_examples not recorded",
+        (),
+    )
+    similar = parts["similar_check"]
+    assert (similar.state, similar.summary) == ("below target", "eleven of 12 right (full prefill 11)")
+    assert len(similar.misses) == 1 and similar.misses[0].startswith("figures not readable (")
+    followups = parts["followups_check"]
+    assert followups.state == "below target"
+    assert followups.summary.startswith("not readable: figures not readable (")
+    assert len(followups.misses) == 1 and followups.misses[0].startswith("figures not readable (")
+    # On other settings the figures are not judged; the summary says what it cannot read all the same.
+    moved = _record({"heldout_check": {key: value for key, value in heldout.items() if key != "dataset"}})
+    other = EngineSettings().blend.replace(**VALUES | {"recompute_ratio": 0.1}).model_dump(mode="json")
+    part = check_parts(moved, other)[3]
+    assert (part.state, part.summary, part.differs_in, part.misses) == (
+        "other settings",
+        "not readable: dataset not recorded",
+        ("recompute_ratio",),
+        (),
+    )
+
+
 def test_the_parts_are_found_by_the_key_they_write_under() -> None:
     assert [part.key for part in CHECK_PARTS] == [
         "similar_check",
