@@ -45,6 +45,8 @@ def test_the_device_check_runs_every_step_on_a_cpu(tmp_path: Path, tiny_llama_di
         "BLENDRAG_MODELS_DIR": str(tmp_path / "models"),
         "TOKENIZER": str(tiny_llama_dir),
         "DATASET": str(_dataset(tmp_path / "made_up_dev.json")),
+        "CPU_TTFT": "always",  # the AMX host's step, on whatever CPU this is
+        "CPU_SHAPE": "tiny",
     }
     done = subprocess.run(["/bin/bash", str(SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     log = (res / "device-check.log").read_text()
@@ -60,6 +62,7 @@ def test_the_device_check_runs_every_step_on_a_cpu(tmp_path: Path, tiny_llama_di
         "quality-tiny-fp32.json",
         "decode-tiny.json",
         "decode-tiny-eager.json",
+        "ttft-cpu-tiny.json",
     }
     with tarfile.open(out / "device-check.tgz") as archive:
         names = {Path(n).name for n in archive.getnames()}
@@ -70,3 +73,14 @@ def test_the_device_check_runs_every_step_on_a_cpu(tmp_path: Path, tiny_llama_di
     decode = json.loads((res / "decode-tiny.json").read_text())
     assert decode["decode_graphs"] == "auto"
     assert json.loads((res / "decode-tiny-eager.json").read_text())["decode_graphs"] == "off"
+    # The CPU step times the default model's shipped bfloat16 record (found by the checkpoint's name, as a server
+    # finds it), beside 0.15 and 0.25, on the CPU.
+    from app.calibration.shipped import shipped_blend_settings
+
+    record = shipped_blend_settings("qwen2.5-coder-0.5b", "bfloat16")
+    assert record is not None
+    cpu = json.loads((res / "ttft-cpu-tiny.json").read_text())
+    assert cpu["blend_origin"].startswith("shipped for qwen2.5-coder-0.5b")
+    assert cpu["blend"]["recompute_ratio"] == record.values["recompute_ratio"]
+    assert cpu["ratios"] == [record.values["recompute_ratio"], 0.15, 0.25]
+    assert (cpu["compute_dtype"], cpu["machine"]["device"], cpu["machine"]["torch_threads"]) == ("bfloat16", "cpu", 2)
