@@ -77,8 +77,8 @@ for shape in $SHAPES; do
     fi
     rm -rf "$model"
 done
-# The CPU figure no AMX machine here could take: where the host has AMX (many GPU hosts are Xeons that do), the
-# default model's shape in bfloat16 on two of its cores, the GPU hidden. The checkpoint is written under the default
+# The README's AMX row, which otherwise needs an AMX machine at hand: where the host has AMX (many GPU hosts are
+# Xeons that do), the default model's shape in bfloat16 on two of its cores, the GPU hidden. The checkpoint is written under the default
 # model's name, so the engine takes that model's shipped bfloat16 record as a server does (its ratio, selector,
 # scoring layers, spans, stale-key bias); random weights recompute as many rows as the real ones, so the timing
 # holds. CPU_TTFT=always runs it on any CPU (the rehearsal), never skips it.
