@@ -78,10 +78,10 @@ for shape in $SHAPES; do
     rm -rf "$model"
 done
 # The README's AMX row, which otherwise needs an AMX machine at hand: where the host has AMX (many GPU hosts are
-# Xeons that do), the default model's shape in bfloat16 on two of its cores, the GPU hidden. The checkpoint is written under the default
-# model's name, so the engine takes that model's shipped bfloat16 record as a server does (its ratio, selector,
-# scoring layers, spans, stale-key bias); random weights recompute as many rows as the real ones, so the timing
-# holds. CPU_TTFT=always runs it on any CPU (the rehearsal), never skips it.
+# Xeons that do), the default model's shape in bfloat16 on two of its cores, the GPU hidden. The checkpoint is
+# written under the default model's name, so the engine takes that model's shipped bfloat16 record as a server does
+# (its ratio, selector, scoring layers, spans, stale-key bias); random weights recompute as many rows as the real
+# ones, so the timing holds. CPU_TTFT=always runs it on any CPU (the rehearsal), never skips it.
 CPU_TTFT=${CPU_TTFT:-auto}
 CPU_SHAPE=${CPU_SHAPE:-qwen2.5-0.5b}
 if [ "$CPU_TTFT" = always ] || { [ "$CPU_TTFT" = auto ] && grep -qw amx_tile /proc/cpuinfo; }; then
